@@ -1,0 +1,70 @@
+"""Source-neutral records the analysis works on.
+
+Every loader (OTLP/JSON files, Jaeger, Tempo) turns its input into a :class:`Telemetry`; the rest
+of :mod:`otel_stages.analysis` never sees a wire format. Times are integer nanoseconds on the
+spans' clock (Unix epoch for OTLP), ids are lowercase hex strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+AttributeValue = Any  # str | bool | int | float | list of those
+
+
+@dataclass(frozen=True)
+class Span:
+    """One finished span.
+
+    ``start_ns`` / ``end_ns`` are integer nanoseconds; ``parent_span_id`` is ``None`` for a root.
+    ``resource`` holds the resource attributes of the process that emitted it (``service.name``,
+    ``service.instance.id``...). ``error`` is true when the span status is ERROR.
+    """
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    resource: dict[str, AttributeValue] = field(default_factory=dict)
+    error: bool = False
+
+    @property
+    def duration_ms(self) -> float:
+        """Span duration in milliseconds (never negative for well-formed input)."""
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One gauge / sum data point: ``value`` at ``time_ns`` (the time the sample was taken).
+
+    ``attributes`` are the point attributes (``hw.id``...), ``resource`` the resource attributes.
+    """
+
+    name: str
+    time_ns: int
+    value: float
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    resource: dict[str, AttributeValue] = field(default_factory=dict)
+
+
+@dataclass
+class Telemetry:
+    """What a loader produced: spans, metric points, and readable problems met on the way.
+
+    ``problems`` are messages such as ``"traces.jsonl:12: not JSON (...)"``; the loader kept going.
+    """
+
+    spans: list[Span] = field(default_factory=list)
+    metrics: list[MetricPoint] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def extend(self, other: Telemetry) -> None:
+        """Append another load's spans, points and problems to this one (in place)."""
+        self.spans.extend(other.spans)
+        self.metrics.extend(other.metrics)
+        self.problems.extend(other.problems)

@@ -1,0 +1,161 @@
+"""One table of settings, resolved as: argument > ``OTEL_STAGES_*`` > standard ``OTEL_*`` > default.
+
+:func:`resolve` returns a frozen :class:`Settings`; a bad value raises :class:`ConfigurationError`
+naming the setting, where the value came from and the value itself, so ``configure()`` fails fast
+instead of the service failing later on the request path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATA_DIR = "otel-stages-data"
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class ConfigurationError(ValueError):
+    """A setting has a value otel_stages cannot use; the message names setting, source and value."""
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_positive_float(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("expected a finite number > 0")
+    return value
+
+
+def _parse_protocol(raw: str) -> str:
+    value = raw.strip().lower()
+    if value == "http/json":
+        raise ValueError("http/json is not supported by the Python OTLP exporters; use grpc or http/protobuf")
+    if value not in PROTOCOLS:
+        raise ValueError(f"expected one of {', '.join(PROTOCOLS)}")
+    return value
+
+
+def _parse_endpoint(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if "://" not in value:
+        raise ValueError("expected a URL with a scheme, e.g. http://localhost:4317")
+    return value
+
+
+def _parse_text(raw: str) -> str:
+    value = raw.strip()
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table.
+
+    ``env`` lists the environment variables consulted, highest priority first
+    (``OTEL_STAGES_*`` before standard ``OTEL_*``). ``parse`` turns a string into the value and
+    raises ``ValueError`` with a reason when it can't.
+    """
+
+    name: str
+    env: tuple[str, ...]
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("enabled", ("OTEL_STAGES_ENABLED",), True, _parse_bool,
+            "false makes every stage a near-free no-op (OTEL_SDK_DISABLED=true does too)"),
+    Setting("service_name", ("OTEL_STAGES_SERVICE_NAME", "OTEL_SERVICE_NAME"), "otel-stages",
+            _parse_text, "resource attribute service.name"),
+    Setting("data_dir", ("OTEL_STAGES_DATA_DIR",), DEFAULT_DATA_DIR, _parse_text,
+            "folder for the embedded OTLP/JSON lines files (used when no OTLP endpoint is set)"),
+    Setting("endpoint", ("OTEL_STAGES_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"), None,
+            _parse_endpoint, "OTLP collector URL; unset = write OTLP/JSON files to data_dir"),
+    Setting("protocol", ("OTEL_STAGES_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+            "http/protobuf", _parse_protocol, "OTLP transport: grpc or http/protobuf"),
+    Setting("log_requests", ("OTEL_STAGES_LOG_REQUESTS",), False, _parse_bool,
+            "emit one JSON log line per finished request via logging (logger otel_stages.requests)"),
+    Setting("metric_export_interval_s", ("OTEL_STAGES_METRIC_EXPORT_INTERVAL_S",), 10.0,
+            _parse_positive_float, "seconds between metric exports"),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings (see :data:`SETTINGS` for sources and meaning)."""
+
+    enabled: bool
+    service_name: str
+    data_dir: str
+    endpoint: str | None
+    protocol: str
+    log_requests: bool
+    metric_export_interval_s: float
+
+    @property
+    def data_path(self) -> Path:
+        """``data_dir`` as a :class:`~pathlib.Path`."""
+        return Path(self.data_dir)
+
+
+def _sdk_disabled(environ: Mapping[str, str]) -> bool:
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def resolve(arguments: Mapping[str, Any] | None = None,
+            environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve every setting: explicit argument (not ``None``) > env vars in table order > default.
+
+    Raises :class:`ConfigurationError` for an unknown argument name or an unparsable value,
+    e.g. ``OTEL_EXPORTER_OTLP_PROTOCOL='udp' (setting protocol): expected one of grpc, ...``.
+    """
+    arguments = dict(arguments or {})
+    environ = os.environ if environ is None else environ
+    unknown = set(arguments) - set(_BY_NAME)
+    if unknown:
+        raise ConfigurationError(f"unknown setting(s): {', '.join(sorted(unknown))}; "
+                                 f"known: {', '.join(_BY_NAME)}")
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        values[setting.name] = _resolve_one(setting, arguments.get(setting.name), environ)
+    if _sdk_disabled(environ) and arguments.get("enabled") is None:
+        values["enabled"] = False  # the standard kill switch wins over our own default
+    return Settings(**{f.name: values[f.name] for f in fields(Settings)})
+
+
+def _resolve_one(setting: Setting, argument: Any, environ: Mapping[str, str]) -> Any:
+    if argument is not None:
+        if isinstance(argument, str) or setting.parse is _parse_positive_float:
+            return _parse(setting, str(argument), f"argument {setting.name}=")
+        return argument
+    for var in setting.env:
+        raw = environ.get(var)
+        if raw is not None and raw.strip() != "":
+            return _parse(setting, raw, f"{var}=")
+    return setting.default
+
+
+def _parse(setting: Setting, raw: str, source: str) -> Any:
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{source}{raw!r} (setting {setting.name}): {exc}") from None

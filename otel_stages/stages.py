@@ -1,0 +1,295 @@
+"""``request()`` and ``stage()``: spans for one inference request and its stages (OTel API only).
+
+Both work as context managers and as decorators (sync functions, coroutines, generators and async
+generators). Times come from the span clock (:mod:`otel_stages.clock`) and are passed explicitly,
+so stage durations are monotonic. An exception inside a stage is recorded on the span (exception
+event, status ERROR, ``error.type``) and re-raised unchanged. Failures of the telemetry itself are
+logged once and never reach the caller (see :meth:`otel_stages._runtime.Runtime.internal_error`).
+
+Nothing here imports the OpenTelemetry SDK: a service with its own SDK setup can use these as is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from otel_stages import semconv
+from otel_stages._runtime import RUNTIME
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NOT_ERRORS = (GeneratorExit, StopIteration, StopAsyncIteration)
+
+
+class _Sequence:
+    """1-based request counter for this process; restarts after ``fork()`` (a new process)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._counter = itertools.count(1)
+        self._cold_pending = False
+
+    def next(self) -> tuple[int, bool]:
+        """Return ``(seq, cold)`` for a new request."""
+        with self._lock:
+            seq = next(self._counter)
+            cold = seq == 1 or self._cold_pending
+            self._cold_pending = False
+        return seq, cold
+
+    def mark_cold(self) -> None:
+        with self._lock:
+            self._cold_pending = True
+
+
+_SEQUENCE = _Sequence()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SEQUENCE._reset)
+
+
+def mark_cold_start() -> None:
+    """Flag the *next* request as a cold start (call after loading or reloading a model)."""
+    _SEQUENCE.mark_cold()
+
+
+class StageScope:
+    """One span around a block or a call. Returned by :func:`stage` and :func:`request`.
+
+    As a context manager it yields the OpenTelemetry :class:`~opentelemetry.trace.Span` (an
+    invalid, no-op span when telemetry is disabled) so the block can add attributes. One
+    ``StageScope`` object is entered once; used as a decorator it opens a fresh span per call.
+    """
+
+    __slots__ = ("name", "attributes", "_span", "_token", "_start_ns")
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.attributes = attributes
+        self._span: Span | None = None
+        self._token: object | None = None
+        self._start_ns = 0
+
+    # -- span lifecycle -------------------------------------------------------------------------
+    def _start_attributes(self) -> dict[str, Any]:
+        return self.attributes
+
+    def _open(self, parent: otel_context.Context | None = None) -> Span:
+        if not RUNTIME.enabled:
+            return trace.INVALID_SPAN
+        try:
+            self._start_ns = RUNTIME.clock.now_ns()
+            self._span = RUNTIME.tracer.start_span(
+                self.name, context=parent, attributes=self._start_attributes(),
+                start_time=self._start_ns)
+            return self._span
+        except Exception as exc:  # telemetry must not break inference
+            RUNTIME.internal_error("stage start", exc)
+            self._span = None
+            return trace.INVALID_SPAN
+
+    def _close(self, exc: BaseException | None) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        try:
+            end_ns = RUNTIME.clock.now_ns()
+            if exc is not None and not isinstance(exc, _NOT_ERRORS):
+                record_error(span, exc)
+            for hook in RUNTIME.stage_end_hooks:
+                try:
+                    hook(span, self.name, self._start_ns, end_ns)
+                except Exception as hook_exc:
+                    RUNTIME.internal_error(f"stage end hook {hook!r}", hook_exc)
+            span.end(end_time=end_ns)
+        except Exception as internal:
+            RUNTIME.internal_error("stage end", internal)
+
+    def _attach(self) -> None:
+        if self._span is not None:
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+
+    def _detach(self) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                otel_context.detach(token)
+            except Exception as exc:
+                RUNTIME.internal_error("context detach", exc)
+
+    # -- context manager ------------------------------------------------------------------------
+    def __enter__(self) -> Span:
+        span = self._open()
+        self._attach()
+        return span
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self._detach()
+        self._close(exc)
+        return False  # never swallow the caller's exception
+
+    async def __aenter__(self) -> Span:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    # -- decorator ------------------------------------------------------------------------------
+    def _fresh(self) -> StageScope:
+        return type(self)(self.name, self.attributes)
+
+    def __call__(self, fn: F) -> F:
+        if inspect.isasyncgenfunction(fn):
+            return _wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(fn):
+            return _wrap_generator(fn, self._fresh)  # type: ignore[return-value]
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with self._fresh():
+                    return await fn(*args, **kwargs)
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self._fresh():
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+class RequestScope(StageScope):
+    """The parent span of one inference request; sets ``request.seq`` / ``request.cold_start``."""
+
+    __slots__ = ("request_id", "cold_start")
+
+    def __init__(self, name: str, attributes: dict[str, Any], request_id: str | None = None,
+                 cold_start: bool | None = None) -> None:
+        super().__init__(name, attributes)
+        self.request_id = request_id
+        self.cold_start = cold_start
+
+    def _start_attributes(self) -> dict[str, Any]:
+        seq, cold = _SEQUENCE.next()
+        attrs = dict(self.attributes)
+        attrs[semconv.REQUEST_SEQ] = seq
+        attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
+        attrs[semconv.REQUEST_ID] = self.request_id or uuid.uuid4().hex
+        return attrs
+
+    def _fresh(self) -> RequestScope:
+        return RequestScope(self.name, self.attributes, None, self.cold_start)
+
+
+def stage(name: str, /, **attributes: Any) -> StageScope:
+    """Open a span named ``name`` (``download``, ``decode``, ``resize``, ``queue``, ``forward``
+    or a custom stage) as a child of the current span.
+
+    ``attributes`` are set at start (keys with dots can be passed as ``**{"image.size": n}``).
+    Use ``with stage("decode") as span:`` or ``@stage("forward")`` on a function, coroutine,
+    generator or async generator. Exceptions propagate unchanged after being recorded.
+    """
+    return StageScope(name, attributes)
+
+
+def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = None,
+            cold_start: bool | None = None, **attributes: Any) -> RequestScope:
+    """Open the request span: the parent of the stage spans of one inference request.
+
+    It is a child of the current span when there is one (e.g. an HTTP server span). Sets
+    ``request.seq`` (1-based, per process), ``request.cold_start`` (``True`` for the first
+    request of the process or after :func:`mark_cold_start`, unless ``cold_start`` is given) and
+    ``request.id`` (``request_id`` or a random hex id). Works as context manager and decorator.
+    """
+    return RequestScope(name, attributes, request_id, cold_start)
+
+
+def record_error(span: Span, exc: BaseException) -> None:
+    """Record ``exc`` on ``span`` the standard way: exception event, status ERROR, ``error.type``."""
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+
+
+def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], StageScope]) -> Callable[..., Any]:
+    """The span covers the generator's whole life; its context is active only while it runs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        scope = new_scope()
+        scope._open()
+        error: BaseException | None = None
+        gen = fn(*args, **kwargs)
+        try:
+            method, value = gen.send, None
+            while True:
+                scope._attach()
+                try:
+                    item = method(value)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    scope._detach()
+                try:
+                    method, value = gen.send, (yield item)
+                except GeneratorExit:
+                    gen.close()
+                    raise
+                except BaseException as thrown:
+                    method, value = gen.throw, thrown
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            scope._close(error)
+
+    return wrapper
+
+
+def _wrap_async_generator(fn: Callable[..., Any],
+                          new_scope: Callable[[], StageScope]) -> Callable[..., Any]:
+    """Async twin of :func:`_wrap_generator` (``asend`` / ``athrow`` are forwarded)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        scope = new_scope()
+        scope._open()
+        error: BaseException | None = None
+        agen = fn(*args, **kwargs)
+        try:
+            method, value = agen.asend, None
+            while True:
+                scope._attach()
+                try:
+                    item = await method(value)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    scope._detach()
+                try:
+                    method, value = agen.asend, (yield item)
+                except GeneratorExit:
+                    await agen.aclose()
+                    raise
+                except BaseException as thrown:
+                    method, value = agen.athrow, thrown
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            scope._close(error)
+
+    return wrapper
