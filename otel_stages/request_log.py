@@ -2,7 +2,7 @@
 
 The line carries what an on-call engineer greps for::
 
-    {"request.id": "9f..", "trace_id": "4bf9..", "request.seq": 7, "request.cold_start": false,
+    {"request.id": "9f.." (the trace id when none was given), "trace_id": "4bf9..", "request.seq": 7, "request.cold_start": false,
      "image.size": 948123, "image.width": 1920, "image.height": 1080,
      "stages_ms": {"download": 3.1, "decode": 18.2, "resize": 4.0, "queue": 0.4, "forward": 95.3},
      "total_ms": 121.9, "error": null}
@@ -73,9 +73,10 @@ class RequestLogProcessor(SpanProcessor):
     def _emit(self, span: ReadableSpan, entry: dict[str, Any]) -> None:
         attrs = span.attributes or {}
         total_ms = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
+        trace_id = format(span.context.trace_id, "032x")
         line = {
-            semconv.REQUEST_ID: attrs.get(semconv.REQUEST_ID),
-            "trace_id": format(span.context.trace_id, "032x"),
+            semconv.REQUEST_ID: attrs.get(semconv.REQUEST_ID, trace_id),
+            "trace_id": trace_id,
             semconv.REQUEST_SEQ: attrs.get(semconv.REQUEST_SEQ),
             semconv.REQUEST_COLD_START: attrs.get(semconv.REQUEST_COLD_START),
             **{k: entry.get(k, attrs.get(k)) for k in _IMAGE_KEYS},

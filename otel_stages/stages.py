@@ -16,7 +16,6 @@ import inspect
 import itertools
 import os
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -187,7 +186,8 @@ class RequestScope(StageScope):
         attrs = dict(self.attributes)
         attrs[semconv.REQUEST_SEQ] = seq
         attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
-        attrs[semconv.REQUEST_ID] = self.request_id or uuid.uuid4().hex
+        if self.request_id is not None:
+            attrs[semconv.REQUEST_ID] = self.request_id
         return attrs
 
     def _fresh(self) -> RequestScope:
@@ -212,7 +212,8 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
     It is a child of the current span when there is one (e.g. an HTTP server span). Sets
     ``request.seq`` (1-based, per process), ``request.cold_start`` (``True`` for the first
     request of the process or after :func:`mark_cold_start`, unless ``cold_start`` is given) and
-    ``request.id`` (``request_id`` or a random hex id). Works as context manager and decorator.
+    ``request.id`` when ``request_id`` is given (the trace id already identifies the request
+    otherwise). Works as context manager and decorator.
     """
     return RequestScope(name, attributes, request_id, cold_start)
 
