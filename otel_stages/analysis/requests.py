@@ -83,7 +83,8 @@ def find_requests(spans: Iterable[Span]) -> list[Request]:
     Duplicate spans (same trace and span id) count once. Cold requests: where any request of a
     process carries ``request.cold_start``, that attribute decides; else where requests carry
     ``request.seq``, seq 1 is cold; else the earliest request of each process (keyed by
-    ``service.instance.id``, else ``service.name``) is cold.
+    ``service.instance.id``, else ``service.name``) is cold. So a file that starts mid-process
+    (no seq 1) has no cold request.
     """
     by_id: dict[tuple[str, str], Span] = {}
     for span in spans:
@@ -170,8 +171,8 @@ def _mark_cold(requests: list[Request]) -> list[Request]:
         flags = [r.attributes.get(semconv.REQUEST_COLD_START) for r in group]
         if any(isinstance(f, bool) for f in flags):
             cold = [f is True for f in flags]
-        elif all(r.seq is not None for r in group):
-            cold = [r.seq == 1 for r in group]
+        elif any(r.seq is not None for r in group):
+            cold = [r.seq == 1 for r in group]  # no seq 1 here: the run started before the file
         else:
             cold = [i == 0 for i in range(len(group))]  # already sorted by start time
         for order, (i, req, is_cold) in enumerate(zip(indices, group, cold), start=1):

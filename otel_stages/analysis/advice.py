@@ -1,0 +1,89 @@
+"""Advice text per cause: concrete next steps an engineer can try. Pure data, no logic beyond
+picking lines."""
+
+from __future__ import annotations
+
+MORE_RUNS = (
+    "send the same input 20+ times to one process (otel-stages demo does this) and report again"
+)
+UNTRACED = (
+    "wrap the untraced work (auth, tokenization, response encoding, locks) in stage() spans so"
+    " the swing lands on a named stage"
+)
+WARM_UP = (
+    "warm the model up at startup: run one dummy request before the readiness probe passes, so"
+    " no user pays for weight loading, allocation and kernel compilation"
+)
+
+_ADVICE: dict[str, list[str]] = {
+    "transfer": [
+        "the time is in fetching the image, not in preprocessing: look at network / remote storage",
+        "reuse HTTP connections (one pooled httpx.Client/Session) and set connect/read timeouts",
+        "fetch from storage in the same region/zone, or cache hot images locally",
+        "send image bytes in the request (or presigned URLs to a nearby CDN) instead of slow origins;"
+        " retry slow fetches with a hedged second request",
+    ],
+    "preprocess": [
+        "cap the input size: ask clients to downscale, or reject/resize images above the model's"
+        " input resolution before decoding in full",
+        "decode JPEGs at reduced size with Pillow's Image.draft() (or reduce=) before resize",
+        "decode once: do not re-open or re-convert the same image in several steps",
+        "move decode/resize off the event loop into a thread/process pool sized to the CPU cores",
+    ],
+    "queue": [
+        "requests wait for the batch/executor: lower the batch fill timeout (max wait) or the max"
+        " batch size",
+        "raise executor concurrency / worker count if the GPU has headroom",
+        "watch queue.depth: a deep queue means arrival rate exceeds throughput, so add replicas",
+    ],
+    "gpu_busy": [
+        "the GPU is saturated during slow forwards: reduce work per call (smaller batch, fewer"
+        " image tiles/tokens, shorter max output length)",
+        "use lower precision (bf16/fp16) and fused kernels (torch.compile, TensorRT)",
+        "check for other processes on the same GPU (nvidia-smi) and for input shapes that vary",
+        "add GPU capacity or spread load across replicas",
+    ],
+    "gpu_starved": [
+        "the GPU idles during forward: it waits on the host (data copies, locks, allocation)",
+        "copy inputs with pinned memory and non_blocking=True; prepare tensors before the forward",
+        "avoid host syncs inside forward (.item(), .cpu(), printing tensors) and Python-side locks",
+        "pre-allocate / reuse CUDA memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and"
+        " keep tokenization/preprocessing out of the timed forward",
+    ],
+    "forward": [
+        "the model call swings but there is no usable GPU evidence: enable the GPU sampler"
+        " (hw.gpu.utilization metrics) to tell a busy GPU from a starved one",
+        "check whether input shapes (image tiles, prompt or output length) vary between calls",
+    ],
+    "cold_start": [
+        WARM_UP,
+        "cache compiled kernels / engines (torch.compile cache dir, TensorRT engine) across restarts",
+        "load weights before serving and keep at least one replica warm (min replicas > 0)",
+    ],
+    "other": [
+        "a custom stage swings: time its sub-steps with nested stage() spans to find which one",
+    ],
+}
+
+
+def for_cause(cause: str, *, follows_size: bool | None = None) -> list[str]:
+    """Advice lines for ``cause``; for ``preprocess`` the first line depends on whether cost
+    follows image size (``True``), does not (``False``), or is unknown (``None``)."""
+    lines = list(_ADVICE.get(cause, []))
+    if cause == "preprocess" and follows_size is True:
+        lines.insert(0, "cost follows image size: the large inputs are the slow ones, so cap them")
+    elif cause == "preprocess" and follows_size is False:
+        lines.insert(
+            0,
+            "cost does not follow image size: look for repeated decodes, lock or GIL contention,"
+            " a single-threaded resize or CPU throttling",
+        )
+    return lines
+
+
+def for_stable(largest_stage: str) -> list[str]:
+    """Advice when nothing swings: latency is predictable; cut the biggest stage if needed."""
+    return [
+        "latency is steady: no per-stage fix is needed for variability",
+        f"to lower latency overall, start with {largest_stage}, the largest share of the total",
+    ]

@@ -1,0 +1,330 @@
+"""Diagnosis rules (DESIGN.md section 1) on synthetic request sets built in code."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from otel_stages import semconv
+from otel_stages.analysis import MetricPoint, Span, Telemetry, diagnose
+from otel_stages.analysis.gpu import MIN_GPU_SAMPLES
+from otel_stages.analysis.requests import find_requests
+
+DOWNLOAD, DECODE, RESIZE, QUEUE, FORWARD = semconv.STANDARD_STAGES
+T0_NS = 1_790_000_000_000_000_000
+
+
+def build(
+    rows: Sequence[dict[str, float]],
+    *,
+    instance: str = "proc-1",
+    start_ns: int = T0_NS,
+    images: Sequence[tuple[int, int, int]] | None = None,
+    forward_attrs: Callable[[int], dict] | None = None,
+) -> Telemetry:
+    """One request per row (stage -> ms, in row order, back to back), 50 ms apart.
+
+    ``images[i]`` = (width, height, bytes) put on the decode span of request ``i``.
+    """
+    resource = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: instance}
+    spans: list[Span] = []
+    t = start_ns
+    tag = abs(hash(instance)) % 0xFFFF
+    for i, row in enumerate(rows):
+        trace_id = f"{tag:04x}{i + 1:028x}"
+        request_id = f"{tag:04x}{i + 1:012x}"
+        cursor = t
+        for j, (name, ms) in enumerate(row.items()):
+            end = cursor + int(ms * 1e6)
+            attrs: dict = {}
+            if name == DECODE and images is not None:
+                w, h, b = images[i]
+                attrs = {semconv.IMAGE_WIDTH: w, semconv.IMAGE_HEIGHT: h, semconv.IMAGE_SIZE: b}
+            if name == FORWARD and forward_attrs is not None:
+                attrs = forward_attrs(i)
+            spans.append(
+                Span(trace_id, f"{tag:04x}{i + 1:08x}{j + 1:04x}", request_id, name, cursor, end,
+                     attrs, resource)
+            )
+            cursor = end
+        spans.append(Span(trace_id, request_id, None, semconv.SPAN_REQUEST, t, cursor, {}, resource))
+        t = cursor + 50_000_000
+    return Telemetry(spans=spans)
+
+
+def gpu_points(
+    telemetry: Telemetry, value_in_forward: float, *, every_ms: float = 20.0
+) -> list[MetricPoint]:
+    """hw.gpu.utilization samples every ``every_ms`` over the whole run: ``value_in_forward``
+    inside forward spans, 0.02 outside."""
+    forwards = sorted((s.start_ns, s.end_ns) for s in telemetry.spans if s.name == FORWARD)
+    start = min(s.start_ns for s in telemetry.spans)
+    end = max(s.end_ns for s in telemetry.spans)
+    points = []
+    t = start
+    while t <= end:
+        inside = any(a <= t <= b for a, b in forwards)
+        points.append(
+            MetricPoint(semconv.HW_GPU_UTILIZATION, t, value_in_forward if inside else 0.02,
+                        {semconv.HW_ID: "GPU-0"})
+        )
+        t += int(every_ms * 1e6)
+    return points
+
+
+def steady(n: int = 30, seed: int = 1, **overrides: Callable[[int, random.Random], float]):
+    """Rows of a steady pipeline with +-2 % jitter; ``overrides[stage](i, rng)`` replaces a stage."""
+    rng = random.Random(seed)
+    base = {DOWNLOAD: 3.0, DECODE: 8.0, RESIZE: 3.0, QUEUE: 1.0, FORWARD: 100.0}
+    rows = []
+    for i in range(n):
+        row = {k: v * rng.uniform(0.98, 1.02) for k, v in base.items()}
+        for stage, fn in overrides.items():
+            row[stage] = fn(i, rng)
+        rows.append(row)
+    return rows
+
+
+def test_swings_both_ways_count_the_same():
+    usually_slow = build(steady(decode=lambda i, r: 10.0 if i % 5 == 1 else 200.0))
+    usually_fast = build(steady(decode=lambda i, r: 200.0 if i % 5 == 1 else 10.0))
+    slow_report, fast_report = diagnose(usually_slow), diagnose(usually_fast)
+    for report in (slow_report, fast_report):
+        assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
+    assert slow_report.stages[DECODE].swing_ms == pytest.approx(190.0, abs=1.0)
+    assert fast_report.stages[DECODE].swing_ms == pytest.approx(190.0, abs=1.0)
+
+
+def test_tiny_stage_with_huge_relative_swing_is_not_blamed():
+    rows = steady(
+        resize=lambda i, r: 6.0 if i % 2 else 0.3,  # 20x relative swing, a few ms absolute
+        forward=lambda i, r: 100.0 + 60.0 * (i % 3),
+    )
+    report = diagnose(build(rows))
+    assert report.verdict.stage == FORWARD
+    assert any("resize varies" in e and "too small" in e for e in report.verdict.evidence)
+
+
+def test_tiny_stage_swinging_alone_is_stable():
+    report = diagnose(build(steady(resize=lambda i, r: 6.0 if i % 2 else 0.3)))
+    assert report.verdict.cause == "stable"
+    assert report.verdict.stage is None
+
+
+@pytest.mark.parametrize("swinger, steadier", [(FORWARD, DECODE), (DECODE, FORWARD)])
+def test_two_big_stages_the_one_that_swings_more_comes_first(swinger, steadier):
+    rows = steady(
+        **{
+            swinger: lambda i, r: 150.0 + 150.0 * (i % 3 == 0),  # 150 or 300 ms
+            steadier: lambda i, r: 200.0 + 30.0 * (i % 2),  # 200 or 230 ms: large but steadier
+        }
+    )
+    report = diagnose(build(rows))
+    assert report.verdict.stage == swinger
+    assert report.stages[steadier].share > 0.4  # both stages are big
+
+
+def test_stable_names_no_stage_but_mentions_largest_share():
+    report = diagnose(build(steady()))
+    assert report.verdict.cause == "stable"
+    assert report.verdict.stage is None
+    assert any("largest share: forward" in e for e in report.verdict.evidence)
+
+
+def test_swing_outside_any_stage_blames_no_stage():
+    telemetry = build(steady())
+    # stretch every third request span by 200 ms of untraced time after its stages
+    telemetry.spans = [
+        Span(s.trace_id, s.span_id, None, s.name, s.start_ns, s.end_ns + 200_000_000, {}, s.resource)
+        if s.name == semconv.SPAN_REQUEST and int(s.span_id[-4:], 16) % 3 == 0
+        else s
+        for s in telemetry.spans
+    ]
+    report = diagnose(telemetry)
+    assert report.total is not None and report.total.max_ms > 300
+    assert (report.verdict.cause, report.verdict.stage) == (None, None)
+    assert any("outside the stage spans" in e for e in report.verdict.evidence)
+
+
+def test_cold_start_with_steady_warm_runs():
+    rows = steady()
+    rows[0] = {**rows[0], FORWARD: 3000.0, DECODE: 30.0}
+    report = diagnose(build(rows))
+    assert (report.verdict.cause, report.verdict.stage) == ("cold_start", FORWARD)
+    assert report.cold_start is not None
+    assert report.cold_start.stages_ms[FORWARD] == pytest.approx(3000.0)
+    assert report.stages[FORWARD].max_ms < 200  # the cold request is kept out of warm stats
+    assert report.warm_requests == 29
+
+
+def test_cold_start_and_warm_swing_names_the_warm_cause():
+    rows = steady(queue=lambda i, r: 1.0 if i % 3 else 150.0)
+    rows[0] = {**rows[0], FORWARD: 3000.0}
+    report = diagnose(build(rows))
+    assert (report.verdict.cause, report.verdict.stage) == ("queue", QUEUE)
+    assert report.to_dict()["cold_start"]["total_ms"] > 3000
+    assert any("cold start" in e for e in report.verdict.evidence)
+
+
+def test_first_request_not_far_above_is_not_a_cold_start():
+    rows = steady()
+    rows[0] = {**rows[0], FORWARD: 130.0}
+    report = diagnose(build(rows))
+    assert report.verdict.cause == "stable"
+    assert report.cold_start is not None  # still reported apart
+
+
+def _swinging_forward() -> Telemetry:
+    return build(steady(forward=lambda i, r: 100.0 if i % 3 else 600.0))
+
+
+def test_gpu_busy_and_starved_from_metric_points():
+    busy = _swinging_forward()
+    busy.metrics = gpu_points(busy, 0.95)
+    starved = _swinging_forward()
+    starved.metrics = gpu_points(starved, 0.1)
+    assert diagnose(busy).verdict.cause == "gpu_busy"
+    assert diagnose(starved).verdict.cause == "gpu_starved"
+
+
+def _one_sample_in_each_of(telemetry: Telemetry, n_forwards: int, value: float) -> list[MetricPoint]:
+    warm_forwards = sorted((s.start_ns, s.end_ns) for s in telemetry.spans if s.name == FORWARD)[1:]
+    return [
+        MetricPoint(semconv.HW_GPU_UTILIZATION, (a + b) // 2, value, {semconv.HW_ID: "GPU-0"})
+        for a, b in warm_forwards[:n_forwards]
+    ]
+
+
+def test_gpu_evidence_too_thin_gives_forward():
+    # 10 warm forwards; one 95 % sample in each of 4 of them: 40 % coverage but < 5 samples
+    rows = steady(n=11, forward=lambda i, r: 100.0 if i % 3 else 600.0)
+    thin = build(rows)
+    thin.metrics = _one_sample_in_each_of(thin, MIN_GPU_SAMPLES - 1, 0.95)
+    report = diagnose(thin)
+    assert (report.verdict.cause, report.verdict.stage) == ("forward", FORWARD)
+    assert report.gpu.level == "thin"
+    assert report.gpu.samples == MIN_GPU_SAMPLES - 1
+    assert any("too thin" in e for e in report.verdict.evidence)
+    # one more sample crosses the threshold
+    enough = build(rows)
+    enough.metrics = _one_sample_in_each_of(enough, MIN_GPU_SAMPLES, 0.95)
+    assert diagnose(enough).verdict.cause == "gpu_busy"
+
+
+def test_gpu_samples_covering_few_forwards_give_forward():
+    telemetry = _swinging_forward()
+    # plenty of samples, but all inside the first two forwards: under 30 % coverage
+    first_two = [s for s in telemetry.spans if s.name == FORWARD][1:3]
+    telemetry.metrics = [
+        MetricPoint(semconv.HW_GPU_UTILIZATION, s.start_ns + k * 10_000_000, 0.95)
+        for s in first_two
+        for k in range(8)
+    ]
+    report = diagnose(telemetry)
+    assert report.gpu.samples >= MIN_GPU_SAMPLES
+    assert report.verdict.cause == "forward"
+
+
+def test_no_gpu_data_gives_forward():
+    report = diagnose(_swinging_forward())
+    assert report.verdict.cause == "forward"
+    assert report.gpu.level == "none"
+
+
+def test_gpu_starved_from_forward_span_attributes():
+    telemetry = build(
+        steady(forward=lambda i, r: 100.0 if i % 3 else 600.0),
+        forward_attrs=lambda i: {semconv.GPU_UTILIZATION_MEAN: 0.08, semconv.GPU_SAMPLE_COUNT: 3},
+    )
+    report = diagnose(telemetry)
+    assert report.verdict.cause == "gpu_starved"
+    assert report.gpu.source == "span_attributes"
+
+
+def test_preprocess_cost_follows_pixels():
+    sizes = [(320, 240, 40_000), (4032, 3024, 5_000_000), (1280, 960, 300_000)]
+    images = [sizes[i % 3] for i in range(30)]
+    rows = steady(decode=lambda i, r: images[i][0] * images[i][1] / 100_000 * r.uniform(0.95, 1.05))
+    report = diagnose(build(rows, images=images))
+    assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
+    assert any("follows image pixels" in e for e in report.verdict.evidence)
+    assert "follows image size" in report.verdict.advice[0]
+
+
+def test_preprocess_cost_not_following_size_says_so():
+    sizes = [(320, 240, 40_000), (4032, 3024, 5_000_000)]
+    images = [sizes[i % 2] for i in range(30)]
+    rows = steady(decode=lambda i, r: 150.0 if i % 3 == 0 else 8.0)  # unrelated to size
+    report = diagnose(build(rows, images=images))
+    assert report.verdict.cause == "preprocess"
+    assert any("does not follow image pixels" in e for e in report.verdict.evidence)
+    assert "does not follow image size" in report.verdict.advice[0]
+
+
+def test_comparison_says_the_bottleneck_moved():
+    before = build(steady(decode=lambda i, r: 8.0 if i % 3 else 200.0))
+    after = build(steady(queue=lambda i, r: 150.0 if i % 3 else 1.0))
+    report = diagnose(after, baseline=before)
+    comparison = report.to_dict()["comparison"]
+    assert comparison["bottleneck_moved"] is True
+    assert comparison["baseline_verdict"] == {"cause": "preprocess", "stage": DECODE}
+    assert comparison["verdict"] == {"cause": "queue", "stage": QUEUE}
+    assert any("moved from decode (preprocess) to queue (queue)" in s for s in comparison["summary"])
+    assert comparison["stages"][QUEUE]["change_ms"] > 0
+
+
+def test_comparison_same_bottleneck_does_not_claim_a_move():
+    rows = steady(decode=lambda i, r: 8.0 if i % 3 else 200.0)
+    report = diagnose(build(rows), baseline=build(rows))
+    assert report.comparison is not None
+    assert report.comparison.bottleneck_moved is False
+    assert any("still decode" in s for s in report.comparison.summary)
+
+
+def test_each_process_has_its_own_cold_request():
+    a = steady(seed=1)
+    b = steady(seed=2)
+    a[0] = {**a[0], FORWARD: 3000.0}
+    b[0] = {**b[0], FORWARD: 2800.0}
+    telemetry = build(a, instance="proc-a")
+    telemetry.extend(build(b, instance="proc-b", start_ns=T0_NS + 10_000_000_000))
+    report = diagnose(telemetry)
+    assert report.cold_start is not None and report.cold_start.count == 2
+    assert report.warm_requests == 58
+    assert report.verdict.cause == "cold_start"
+
+
+def test_request_span_under_http_server_span_and_missing_request_span():
+    telemetry = build(steady(n=3))
+    http = []
+    spans = []
+    for s in telemetry.spans:
+        if s.name == semconv.SPAN_REQUEST:
+            parent = "ffff" + s.span_id[4:]
+            http.append(Span(s.trace_id, parent, None, "POST /infer", s.start_ns - 1000, s.end_ns + 1000))
+            s = Span(s.trace_id, s.span_id, parent, s.name, s.start_ns, s.end_ns)
+        spans.append(s)
+    requests = find_requests(spans + http)
+    assert len(requests) == 3
+    assert all(r.span_id is not None and set(r.stages_ms) == set(semconv.STANDARD_STAGES) for r in requests)
+    # drop the request spans: stages are grouped by trace, total = first start .. last end
+    orphans = [s for s in telemetry.spans if s.name != semconv.SPAN_REQUEST]
+    requests = find_requests(orphans)
+    assert len(requests) == 3
+    assert requests[0].span_id is None
+    assert requests[0].total_ms == pytest.approx(sum(requests[0].stages_ms.values()), rel=1e-6)
+
+
+def test_cold_start_attribute_false_everywhere_means_no_cold_request():
+    telemetry = build(steady())
+    telemetry.spans = [
+        Span(s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_ns, s.end_ns,
+             {semconv.REQUEST_COLD_START: False}, s.resource)
+        if s.name == semconv.SPAN_REQUEST else s
+        for s in telemetry.spans
+    ]
+    report = diagnose(telemetry)
+    assert report.cold_start is None
+    assert report.warm_requests == report.requests == 30
