@@ -1,0 +1,141 @@
+"""``otel-stages demo``: run a traced image + prompt inference pipeline locally, then report on it.
+
+Everything is real and local: photo-like JPEGs made with Pillow, an HTTP server on 127.0.0.1, an
+ONNX Runtime CPU model built with random weights, a queue with one batching executor thread.
+Spans go where :func:`otel_stages.configure` sends them: OTLP/JSON files under the data folder by
+default, or an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (then a local copy of
+this run's spans is also written, so the report can be made here). The report reads only the
+files this run wrote. Progress goes to stderr; the report (text or ``--json``) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from otel_stages import mark_cold_start
+
+DEFAULT_FIXED = 24
+DEFAULT_MIXED = 24
+SERVICE_NAME = "otel-stages-demo"
+
+
+def _at_least(minimum: int):  # type: ignore[no-untyped-def]
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the demo's options on its subparser."""
+    parser.add_argument("--requests", type=_at_least(2), default=DEFAULT_FIXED, metavar="N",
+                        help=f"fixed-run requests: same image, same prompt, sequential "
+                             f"(default {DEFAULT_FIXED}; 20+ for a sound diagnosis)")
+    parser.add_argument("--mixed", type=_at_least(0), default=DEFAULT_MIXED, metavar="N",
+                        help=f"mixed-set requests: thumbnails and 12 MP photos sent concurrently, one "
+                             f"of them a truncated JPEG when N >= 2 (default {DEFAULT_MIXED})")
+    parser.add_argument("--concurrency", type=_at_least(1), default=6, metavar="N",
+                        help="request threads for the mixed set (default 6)")
+    parser.add_argument("--threads", type=_at_least(1), default=1, metavar="N",
+                        help="ONNX Runtime intra-op threads (default 1)")
+    parser.add_argument("--max-batch", type=_at_least(1), default=4, metavar="N",
+                        help="most requests per forward call (default 4)")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0, metavar="MS",
+                        help="how long the executor waits to fill a batch after its first item "
+                             "(default 5)")
+    parser.add_argument("--data-dir", metavar="PATH", default=None,
+                        help="folder for the OTLP/JSON files (default: OTEL_STAGES_DATA_DIR or "
+                             "./otel-stages-data)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for images and weights (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _progress(line: str) -> None:
+    print(f"demo: {line}", file=sys.stderr, flush=True)
+
+
+def _local_copy(telemetry, folder: Path) -> Path:  # type: ignore[no-untyped-def]
+    """Exporting over OTLP: also write this run's spans to a local OTLP/JSON file for the report."""
+    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"traces-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-demo-copy.jsonl"
+    telemetry.tracer_provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path)))
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the plan and print the report; 0 on success, 1 when telemetry is off or a setting is bad."""
+    from otel_stages.analysis import diagnose, load_paths
+    from otel_stages.config import ConfigurationError
+    from otel_stages.demo.images import demo_images
+    from otel_stages.demo.model import Encoder, EncoderConfig
+    from otel_stages.demo.pipeline import Pipeline, fixed_jobs, mixed_jobs, run_plan
+    from otel_stages.demo.server import ImageServer
+    from otel_stages.demo.worker import InferenceWorker
+    from otel_stages.render import render
+    from otel_stages.sdk import configure
+
+    started = time.perf_counter()
+    try:
+        # Not installed as the OpenTelemetry globals: the demo's spans all go through otel_stages,
+        # and an embedding process (e.g. a test run) keeps its own global providers.
+        telemetry = configure(service_name=SERVICE_NAME, data_dir=args.data_dir, set_global=False)
+    except ConfigurationError as exc:
+        print(f"otel-stages demo: {exc}", file=sys.stderr)
+        return 1
+    if telemetry.tracer_provider is None:
+        print("otel-stages demo: telemetry is disabled (OTEL_SDK_DISABLED=true or "
+              "OTEL_STAGES_ENABLED=false): there would be nothing to report", file=sys.stderr)
+        return 1
+    try:
+        trace_path = telemetry.trace_path or _local_copy(telemetry, telemetry.settings.data_path)
+        images = demo_images(args.seed)
+        _progress(f"made {len(images)} images in {time.perf_counter() - started:.1f} s "
+                  "(1024x768 fixed, 160x120 thumbnails, 4000x3000 photos, 1 truncated JPEG)")
+        config = EncoderConfig()
+        encoder = Encoder(config, seed=args.seed, threads=args.threads)
+        mark_cold_start()  # a fresh model: the next request is the cold one
+        with ImageServer({p: im.data for p, im in images.items()}) as server, \
+                InferenceWorker(encoder.run, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms) as worker:
+            _progress(f"image server on http://127.0.0.1:{server.port}; model: ViT-like encoder "
+                      f"({config.depth} blocks, dim {config.dim}) on ONNX Runtime CPU, "
+                      f"{args.threads} thread(s), loaded on the first forward")
+            pipeline = Pipeline(server, worker, image_size=config.image_size,
+                                prompt_len=config.prompt_len)
+            try:
+                outcomes = run_plan(pipeline, fixed_jobs(args.requests),
+                                    mixed_jobs(args.mixed, images, args.seed),
+                                    concurrency=args.concurrency, progress=_progress)
+            finally:
+                pipeline.close()
+        batched = [n for n in worker.batch_sizes if n > 1]
+        _progress(f"{len(outcomes)} requests sent, {sum(o.ok for o in outcomes)} ok; "
+                  f"{len(worker.batch_sizes)} forward calls, {len(batched)} of them batched "
+                  f"(largest {max(worker.batch_sizes, default=0)})")
+        if not telemetry.force_flush():
+            _progress("warning: telemetry flush timed out; the report may miss spans")
+        report = diagnose(load_paths([p for p in (trace_path, telemetry.metrics_path)
+                                      if p is not None and p.exists()]))
+        if args.json:
+            print(json.dumps(report.to_dict(), indent=2))
+        else:
+            render(report)
+        where = (f"traces written to {trace_path}" if telemetry.trace_path is not None else
+                 f"traces exported to {telemetry.destination}; local copy for this report: {trace_path}")
+        print(where, file=sys.stderr if args.json else sys.stdout)
+        _progress(f"done in {time.perf_counter() - started:.1f} s")
+        return 0
+    finally:
+        telemetry.shutdown()
