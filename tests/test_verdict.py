@@ -328,3 +328,23 @@ def test_cold_start_attribute_false_everywhere_means_no_cold_request():
     report = diagnose(telemetry)
     assert report.cold_start is None
     assert report.warm_requests == report.requests == 30
+
+
+def test_failed_requests_are_counted_but_kept_out_of_the_statistics():
+    rows = steady(25)
+    telemetry = build(rows)
+    # Request 10 failed in decode after 0.1 ms: it would otherwise be the fastest "warm run".
+    failed_trace = next(s.trace_id for s in telemetry.spans if s.name == semconv.SPAN_REQUEST
+                        and s.start_ns > T0_NS + 9 * 100_000_000)
+    telemetry.spans[:] = [
+        Span(s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_ns,
+             s.start_ns + 100_000 if s.name == DECODE else s.end_ns, s.attributes, s.resource,
+             error=s.name in (DECODE, semconv.SPAN_REQUEST))
+        if s.trace_id == failed_trace else s
+        for s in telemetry.spans
+        if not (s.trace_id == failed_trace and s.name in (RESIZE, QUEUE, FORWARD))
+    ]
+    report = diagnose(telemetry).to_dict()
+    assert report["requests"] == 25
+    assert report["stages"][DECODE]["min_ms"] > 7.0  # the 0.1 ms failed decode is not a run
+    assert any("1 of 25 requests ended with an error" in e for e in report["verdict"]["evidence"])

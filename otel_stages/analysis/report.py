@@ -65,8 +65,8 @@ class SlowRequest:
 class Report:
     """Everything ``otel-stages report`` shows. See :meth:`to_dict` for the JSON shape.
 
-    ``requests`` counts all requests (cold included); ``warm_requests`` the warm ones that
-    ``stages`` (ordered: standard stages in pipeline order, then custom) and ``total`` describe.
+    ``requests`` counts all requests (cold and failed included); ``warm_requests`` the warm,
+    successful ones that ``stages`` (ordered: standard stages in pipeline order, then custom) and ``total`` describe.
     """
 
     requests: int
@@ -120,7 +120,10 @@ def diagnose(
     report with ``requests == 0`` and ``verdict.cause is None``).
     """
     requests = find_requests(telemetry.spans)
-    warm = [r for r in requests if not r.cold]
+    # A failed request stopped early: its short stages would pose as fast runs, so it is counted
+    # but kept out of the statistics.
+    failed = [r for r in requests if r.error]
+    warm = [r for r in requests if not r.cold and not r.error]
     cold = [r for r in requests if r.cold]
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
@@ -128,6 +131,10 @@ def diagnose(
     cold_start = _cold_summary(cold, total)
     gpu = gpu_evidence(warm, telemetry.metrics)
     verdict = decide(warm, stages, total, cold_start, gpu)
+    if failed:
+        verdict.evidence.append(
+            f"{len(failed)} of {len(requests)} requests ended with an error and are left out of the"
+            " stage statistics")
     problems = list(telemetry.problems)
     if telemetry.spans and not requests:
         problems.append(

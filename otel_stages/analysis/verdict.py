@@ -288,9 +288,6 @@ def _append_common(
             verdict.advice.append("also: " + advice_text.WARM_UP)
         elif verdict.cause == CAUSE_STABLE:
             verdict.evidence.append(f"no cold-start penalty: {line}")
-    errors = sum(1 for r in warm if r.error)
-    if errors:
-        verdict.evidence.append(f"{errors} of {len(warm)} warm requests ended with an error")
     if total.count < RECOMMENDED_WARM_RUNS:
         verdict.evidence.append(
             f"only {total.count} warm request{'s' if total.count != 1 else ''}: run the same input {RECOMMENDED_WARM_RUNS}+ times"
