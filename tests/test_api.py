@@ -37,3 +37,17 @@ def test_instrumentation_does_not_import_the_sdk():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_readme_documents_every_setting_and_ci_runs_the_readme_test_command():
+    from pathlib import Path
+
+    from otel_stages.config import SETTINGS
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    missing = [var for s in SETTINGS for var in s.env if f"`{var}" not in readme]
+    assert missing == []
+    commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv")]
+    assert len(commands) == 2 and "otel-stages demo" in commands[0]
+    assert commands[1] in (root / ".ci" / "run").read_text()
