@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install the real tools tests/test_deploy.py runs, from Debian's packages (bookworm):
+#   promtool        <- package `prometheus` (2.42.0 on bookworm; the server it also ships is not
+#                      started here: no init system in CI, and nothing calls it)
+#   docker-compose  <- package `docker-compose` (1.29.2; `docker-compose config` validates the
+#                      compose file without a Docker engine). A working `docker compose` plugin
+#                      is used instead when present.
+# Idempotent and fast when the tools are already there: apt runs only for what is missing.
+set -euo pipefail
+
+packages=()
+command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
+  packages+=(docker-compose)
+fi
+
+if ((${#packages[@]})); then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  echo "install-tools: installing ${packages[*]}"
+  $sudo apt-get update -qq
+  # policy-rc.d 101: never start the packaged prometheus service during install.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod +x "$policy"
+    trap '$sudo rm -f "$policy"' EXIT
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+promtool --version 2>&1 | head -n 1
+if docker compose version >/dev/null 2>&1; then
+  docker compose version | head -n 1
+else
+  docker-compose version --short
+fi
