@@ -10,6 +10,17 @@ Input problems (bad lines, missing files) never stop the report: each is printed
 Exit status: 0 when at least one request was found; 1 when none was (the message says why on
 stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0`` and
 ``"verdict": {"cause": null, ...}``, so scripts can parse it either way).
+
+Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; default 1h):
+
+- ``--jaeger URL --service S [--limit N]``: traces from Jaeger's query API, raw span times;
+- ``--tempo URL [--query TRACEQL] [--limit N]``: traces from a Tempo TraceQL search;
+- ``--prometheus URL [--service S]``: alone, a fleet-wide report from the span-metrics histograms
+  (JSON adds ``"source": "prometheus"``; min/max and cold start are unknown there); next to
+  ``--jaeger``/``--tempo``, where the GPU utilization samples for the traces come from.
+
+A source that cannot be read (unreachable, HTTP error, not JSON) is exit status 1 with the URL and
+the server's message on stderr. Mixing PATHs and remote sources is a usage error (exit status 2).
 """
 
 from __future__ import annotations
@@ -17,14 +28,48 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+import time
+from typing import TYPE_CHECKING
 
 from otel_stages import config
-from otel_stages.analysis import diagnose, load_paths
+from otel_stages.analysis import Telemetry, diagnose, load_paths
+from otel_stages.analysis.jaeger import DEFAULT_LIMIT, SourceError
 from otel_stages.analysis.report import DEFAULT_TOP
+
+if TYPE_CHECKING:
+    from otel_stages.analysis.prometheus import AggregateReport
 
 #: At most this many problems are echoed to stderr (all of them stay in the JSON).
 MAX_STDERR_PROBLEMS = 20
+#: How far back remote sources look when --since is not given.
+DEFAULT_SINCE = "1h"
+
+_NS_PER_UNIT = {
+    "ms": 10**6,
+    "s": 10**9,
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
+    "d": 86400 * 10**9,
+    "w": 7 * 86400 * 10**9,
+}
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+
+
+def parse_since(raw: str) -> int:
+    """``30m``, ``1h``, ``2d``, ``1h30m``, ``90s``, ``1w`` -> nanoseconds (> 0), Prometheus-style
+    (integer counts, units ms/s/m/h/d/w). Raises ``argparse.ArgumentTypeError`` otherwise."""
+    text = raw.strip().lower()
+    parts = _DURATION_PART.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 30m, 1h, 2d or 1h30m, got {raw!r}"
+        )
+    ns = sum(int(n) * _NS_PER_UNIT[u] for n, u in parts)
+    if ns <= 0:
+        raise argparse.ArgumentTypeError(f"expected a duration above 0, got {raw!r}")
+    return ns
 
 
 def default_data_dir() -> str:
@@ -39,6 +84,13 @@ def _non_negative_int(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    value = _non_negative_int(raw)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected 1 or more, got 0")
     return value
 
 
@@ -67,6 +119,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"list the N slowest warm requests (default {DEFAULT_TOP})",
     )
+    remote = parser.add_argument_group("remote sources (instead of PATH)")
+    remote.add_argument(
+        "--jaeger",
+        metavar="URL",
+        help="Jaeger query URL, e.g. http://localhost:16686 (needs --service)",
+    )
+    remote.add_argument("--tempo", metavar="URL", help="Tempo URL, e.g. http://localhost:3200")
+    remote.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="Prometheus URL, e.g. http://localhost:9090: alone, a fleet-wide report from the"
+        " span-metrics histograms; with --jaeger/--tempo, where GPU utilization samples come from",
+    )
+    remote.add_argument(
+        "--service",
+        metavar="S",
+        help="service.name: whose traces (--jaeger), the default TraceQL (--tempo), a filter"
+        " (--prometheus)",
+    )
+    remote.add_argument(
+        "--query",
+        metavar="TRACEQL",
+        help='Tempo TraceQL query (default {resource.service.name="S"} with --service, else {})',
+    )
+    remote.add_argument(
+        "--since",
+        type=parse_since,
+        metavar="DURATION",
+        default=None,
+        help=f"how far back to look: 30m, 1h, 2d, 1h30m ... (default {DEFAULT_SINCE})",
+    )
+    remote.add_argument(
+        "--limit",
+        type=_positive_int,
+        metavar="N",
+        default=None,
+        help=f"read at most N traces, the most recent (default {DEFAULT_LIMIT})",
+    )
 
 
 def _warn(problems: list[str]) -> None:
@@ -80,24 +170,162 @@ def _warn(problems: list[str]) -> None:
         )
 
 
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """Why these arguments do not go together, or ``None``."""
+    traces = args.jaeger or args.tempo
+    if args.jaeger and args.tempo:
+        return "give one trace source: --jaeger or --tempo"
+    if args.paths and (traces or args.prometheus):
+        return (
+            "give trace files/folders (PATH) or a remote source (--jaeger, --tempo,"
+            " --prometheus), not both"
+        )
+    if args.jaeger and not args.service:
+        return "--jaeger needs --service (Jaeger searches traces by service)"
+    if args.query is not None and not args.tempo:
+        return "--query is a TraceQL query for --tempo"
+    if args.limit is not None and not traces:
+        return "--limit goes with --jaeger or --tempo"
+    if not (traces or args.prometheus):
+        for flag in ("service", "since"):
+            if getattr(args, flag) is not None:
+                return f"--{flag} goes with --jaeger, --tempo or --prometheus"
+    if args.prometheus and not traces and args.baseline:
+        return "--baseline compares traces: use it with PATHs, --jaeger or --tempo"
+    return None
+
+
+def _traceql_default(service: str | None) -> str:
+    if not service:
+        return "{}"
+    quoted = service.replace("\\", "\\\\").replace('"', '\\"')
+    return '{resource.service.name="' + quoted + '"}'
+
+
+def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Telemetry, str]:
+    """Spans from Jaeger or Tempo (plus GPU samples from Prometheus when given) and a phrase
+    naming where they came from. Raises :class:`SourceError`."""
+    since_ns = args.since or parse_since(DEFAULT_SINCE)
+    window = {"start_ns": now_ns - since_ns, "end_ns": now_ns, "limit": args.limit or DEFAULT_LIMIT}
+    if args.jaeger:
+        from otel_stages.analysis.jaeger import fetch_jaeger
+
+        telemetry = fetch_jaeger(args.jaeger, args.service, **window)
+        where = f"Jaeger at {args.jaeger} (service {args.service})"
+    else:
+        from otel_stages.analysis.tempo import fetch_tempo
+
+        query = args.query if args.query is not None else _traceql_default(args.service)
+        telemetry = fetch_tempo(args.tempo, query, **window)
+        where = f"Tempo at {args.tempo} (query {query})"
+    if args.prometheus and telemetry.spans:
+        from otel_stages.analysis.prometheus import fetch_gpu_samples
+
+        telemetry.metrics.extend(
+            fetch_gpu_samples(
+                args.prometheus,
+                service=args.service,
+                start_ns=min(s.start_ns for s in telemetry.spans),
+                end_ns=max(s.end_ns for s in telemetry.spans),
+            )
+        )
+    return telemetry, f"{where}, last {_since_text(since_ns)}"
+
+
+def _since_text(since_ns: int) -> str:
+    from otel_stages.analysis.prometheus import format_window
+
+    return format_window(max(1, since_ns // 10**9))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def aggregate_text(report: AggregateReport) -> str:
+    """Plain text for ``report --prometheus``: stage table, verdict, evidence, advice."""
+    who = f"service {report.service}" if report.service else "all services"
+    lines = [
+        f"otel-stages report from Prometheus span metrics ({who}, last"
+        f" {_since_text(report.window_s * 10**9)}, about {report.requests} requests)",
+        "",
+        f"{'stage':<10}{'mean ms':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}"
+        f"{'share':>8}{'spans/s':>10}",
+    ]
+    for s in report.stages.values():
+        lines.append(
+            f"{s.name:<10}{_ms(s.mean_ms):>10}{_ms(s.p50_ms):>10}{_ms(s.p95_ms):>10}"
+            f"{_ms(s.p99_ms):>10}{s.share:>8.0%}{s.rate_per_s:>10.2f}"
+        )
+    v = report.verdict
+    lines += ["", f"verdict: {v.cause or 'none'}" + (f" ({v.stage})" if v.stage else "")]
+    lines += [f"  - {e}" for e in v.evidence]
+    lines += ["advice:"] + [f"  - {a}" for a in v.advice]
+    return "\n".join(lines) + "\n"
+
+
+def _run_prometheus(args: argparse.Namespace) -> int:
+    from otel_stages.analysis.prometheus import fetch_prometheus_report
+
+    try:
+        report = fetch_prometheus_report(
+            args.prometheus,
+            service=args.service,
+            since_ns=args.since or parse_since(DEFAULT_SINCE),
+            now_ns=time.time_ns(),
+        )
+    except SourceError as exc:
+        print(f"otel-stages: error: {exc}", file=sys.stderr)
+        return 1
+    _warn(report.problems)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        sys.stdout.write(aggregate_text(report))
+    if not report.stages:
+        print(
+            f"otel-stages: error: no span metrics for the stages at {args.prometheus}"
+            + (f" for service {args.service}" if args.service else ""),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Load, diagnose, print. Returns the exit status (see the module docstring)."""
-    paths = list(args.paths) or [default_data_dir()]
-    telemetry = load_paths(paths)
+    problem = _usage_problem(args)
+    if problem:
+        print(f"otel-stages report: error: {problem}", file=sys.stderr)
+        return 2
+    remote = bool(args.jaeger or args.tempo)
+    if args.prometheus and not remote:
+        return _run_prometheus(args)
+    if remote:
+        try:
+            telemetry, where = _load_remote(args, time.time_ns())
+        except SourceError as exc:
+            print(f"otel-stages: error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        paths = list(args.paths) or [default_data_dir()]
+        telemetry, where = load_paths(paths), ", ".join(paths)
     baseline = load_paths(args.baseline) if args.baseline else None
     report = diagnose(telemetry, baseline=baseline, top=args.top)
     _warn(report.problems)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        out = report.to_dict()
+        if remote:
+            out = {"source": "jaeger" if args.jaeger else "tempo", **out}
+        print(json.dumps(out, indent=2))
     elif report.requests:
         from otel_stages.render import render  # rich only when text is wanted
 
         render(report, sys.stdout)
     if report.requests == 0:
-        where = ", ".join(paths)
         hint = (
             " (record some first with `otel-stages demo`, or pass trace files/folders)"
-            if not args.paths
+            if not args.paths and not remote
             else ""
         )
         print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
