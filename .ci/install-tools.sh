@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real tools tests/test_deploy.py runs, from Debian's packages (bookworm):
+# Install the real tools the tests run (deploy checks, fake NVML build), from Debian's packages:
 #   promtool        <- package `prometheus` (2.42.0 on bookworm; the server it also ships is not
 #                      started here: no init system in CI, and nothing calls it)
 #   docker-compose  <- package `docker-compose` (1.29.2; `docker-compose config` validates the
@@ -10,6 +10,8 @@ set -euo pipefail
 
 packages=()
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+# gcc builds the stand-in libnvidia-ml.so.1 the GPU tests load under the real pynvml bindings.
+command -v gcc >/dev/null 2>&1 || packages+=(gcc libc6-dev)
 if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
   packages+=(docker-compose)
 fi

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("otel_stages.commands.report", "diagnose per-stage latency from recorded traces"),
     "demo": ("otel_stages.commands.demo", "run a traced image+prompt inference pipeline and report"),
+    "collector-config": ("otel_stages.commands.collector_config", "print the bundled OpenTelemetry Collector config"),
+    "gpu": ("otel_stages.commands.gpu", "live view of GPU utilization, memory and power as the sampler sees it"),
 }
 
 

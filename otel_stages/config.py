@@ -63,6 +63,13 @@ def _parse_text(raw: str) -> str:
     return value
 
 
+def _parse_gpu_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise ValueError("expected auto, on or off")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     """One row of the settings table.
@@ -94,6 +101,10 @@ SETTINGS: tuple[Setting, ...] = (
             "emit one JSON log line per finished request via logging (logger otel_stages.requests)"),
     Setting("metric_export_interval_s", ("OTEL_STAGES_METRIC_EXPORT_INTERVAL_S",), 10.0,
             _parse_positive_float, "seconds between metric exports"),
+    Setting("gpu", ("OTEL_STAGES_GPU",), "auto", _parse_gpu_mode,
+            "GPU sampling via NVML: auto (if available), on (fail configure() without it), off"),
+    Setting("gpu_interval_s", ("OTEL_STAGES_GPU_INTERVAL_S",), 1.0, _parse_positive_float,
+            "seconds between GPU sampler passes (every NVML utilization sample is kept)"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -110,6 +121,8 @@ class Settings:
     protocol: str
     log_requests: bool
     metric_export_interval_s: float
+    gpu: str = "auto"
+    gpu_interval_s: float = 1.0
 
     @property
     def data_path(self) -> Path:

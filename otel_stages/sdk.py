@@ -70,12 +70,14 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               endpoint: str | None = None, protocol: str | None = None,
               enabled: bool | None = None, log_requests: bool | None = None,
               metric_export_interval_s: float | None = None,
+              gpu: str | None = None, gpu_interval_s: float | None = None,
               resource_attributes: dict[str, Any] | None = None,
               set_global: bool = True) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
-    (see :mod:`otel_stages.config`). ``set_global`` also installs the providers as the
+    (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
+    (:mod:`otel_stages.gpu`). ``set_global`` also installs the providers as the
     OpenTelemetry globals (so other instrumentation shares them); the globals can be set only once
     per process, later calls still re-point otel_stages' own spans.
 
@@ -87,6 +89,7 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "service_name": service_name, "data_dir": None if data_dir is None else os.fspath(data_dir),
         "endpoint": endpoint, "protocol": protocol, "enabled": enabled,
         "log_requests": log_requests, "metric_export_interval_s": metric_export_interval_s,
+        "gpu": gpu, "gpu_interval_s": gpu_interval_s,
     }
     settings = resolve(arguments)
     RUNTIME.enabled = settings.enabled
@@ -100,6 +103,11 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         **(resource_attributes or {}),
     })
     span_exporter, metric_exporter, handle = _exporters(settings, instance_id)
+    gpu_readers: list[Any] = []
+    if settings.gpu != "off":  # sampler thread + forward hook; NVML init runs off this thread
+        from otel_stages.gpu import session as gpu_session
+
+        metric_exporter, gpu_readers = gpu_session.start(settings, resource, metric_exporter)
 
     tracer_provider = TracerProvider(resource=resource)
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
@@ -107,7 +115,7 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         tracer_provider.add_span_processor(RequestLogProcessor())
     reader = PeriodicExportingMetricReader(
         metric_exporter, export_interval_millis=settings.metric_export_interval_s * 1000)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    meter_provider = MeterProvider(resource=resource, metric_readers=[*gpu_readers, reader])
 
     handle.settings = settings
     handle.tracer_provider = tracer_provider

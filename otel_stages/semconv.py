@@ -64,6 +64,10 @@ HW_GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"  #: gauge, unit "By" (NVML memory in
 HW_POWER = "hw.power"  #: gauge, unit "W" (NVML milliwatts / 1000)
 HW_TEMPERATURE = "hw.temperature"  #: gauge, unit "Cel" (NVML degrees C)
 
+#: gauge, unit "1", 0..1: fraction of SMs busy, from GPM (Hopper and newer, also per MIG slice).
+#: Not in the hardware semantic conventions, hence the vendor prefix.
+NVIDIA_GPU_SM_ACTIVITY = "nvidia.gpu.sm.activity"
+
 UNIT_RATIO = "1"
 UNIT_BYTES = "By"
 UNIT_WATTS = "W"

@@ -1,0 +1,48 @@
+"""``otel-stages gpu``: live view of what the GPU sampler sees (utilization, memory, power,
+driver sample period and clock), per device. Exit code 1 when NVML is unavailable."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {raw}")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Reads NVML directly (as the service's sampler does). Exit codes: 0 ok, "
+                     "1 NVML unavailable or no GPU.")
+    parser.add_argument("--interval-s", type=_positive_float, default=1.0, metavar="S",
+                        help="seconds between refreshes (default 1)")
+    parser.add_argument("--count", type=_positive_int, default=None, metavar="N",
+                        help="stop after N refreshes (default: until Ctrl-C)")
+    parser.add_argument("--once", action="store_true", help="one refresh, right after init")
+    parser.add_argument("--json", action="store_true", help="one JSON object per refresh")
+
+
+def run(args: argparse.Namespace) -> int:
+    from otel_stages.gpu import live
+    from otel_stages.gpu.nvml import NvmlBackend
+
+    count = 1 if args.once else args.count
+    return live.run(NvmlBackend(), interval_s=args.interval_s, count=count, as_json=args.json,
+                    out=sys.stdout, err=sys.stderr)
