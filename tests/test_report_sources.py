@@ -25,14 +25,9 @@ import pytest
 
 from otel_stages.analysis import Telemetry, diagnose, load_paths
 from otel_stages.analysis.jaeger import parse_jaeger_response, parse_jaeger_span
-from otel_stages.analysis.prometheus import (
-    StageSummary,
-    build_queries,
-    decide_aggregate,
-    gpu_from_window,
-    gpu_samples_query,
-    summarize,
-)
+from otel_stages.analysis.aggregate import StageSummary, decide_aggregate, gpu_from_window, summarize
+from otel_stages.analysis.prometheus import gpu_samples_query
+from otel_stages.analysis.promql import build_queries
 from otel_stages.analysis.tempo import parse_tempo_trace
 from otel_stages.cli import main
 from otel_stages.commands.report import parse_since

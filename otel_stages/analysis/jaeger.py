@@ -25,30 +25,23 @@ resource; the tags the OTLP->Jaeger translator adds (``span.kind``, ``otel.scope
 ``otel.status_*``, ``error``...) are dropped from the attributes, ``error=true`` or
 ``otel.status_code=ERROR`` set :attr:`Span.error`; the parent is the ``CHILD_OF`` reference in the
 same trace.
-
-This module also holds the small HTTP helpers :class:`SourceError` and :func:`get_json` that the
-Tempo and Prometheus readers share.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
 from otel_stages import semconv
+from otel_stages.analysis.http_source import DEFAULT_TIMEOUT_S, SourceError, get_json, http_client
 from otel_stages.analysis.model import AttributeValue, Span, Telemetry
 
-#: Seconds to wait for connect / each read before giving up on a request.
-DEFAULT_TIMEOUT_S = 30.0
 #: Traces asked for when no ``--limit`` is given (Jaeger's own default search depth is 100).
 DEFAULT_LIMIT = 100
 #: Traces re-read in parallel (each is one small GET).
 FETCH_WORKERS = 8
-#: Characters of an error response body quoted in a :class:`SourceError`.
-_BODY_SNIPPET = 300
 
 #: Tags the OTLP->Jaeger translator adds; they are span fields in OTLP, not attributes.
 TRANSLATOR_TAGS = frozenset(
@@ -65,86 +58,6 @@ TRANSLATOR_TAGS = frozenset(
         "internal.span.format",
     }
 )
-
-
-class SourceError(Exception):
-    """A remote source could not be read. The message names the URL and what went wrong
-    (unreachable, timeout, HTTP status with the server's own error text, not JSON); ``status`` is
-    the HTTP status when the server answered with an error, else ``None``."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# --- shared HTTP helper ------------------------------------------------------------------------
-
-
-def http_client(timeout_s: float = DEFAULT_TIMEOUT_S):
-    """An ``httpx.Client`` with ``timeout_s`` and ``Accept: application/json`` (Tempo would
-    otherwise be free to answer in protobuf). The caller closes it (use it as a context manager)."""
-    import httpx  # only the remote sources need it
-
-    return httpx.Client(
-        timeout=httpx.Timeout(timeout_s),
-        headers={"Accept": "application/json", "User-Agent": "otel-stages"},
-        follow_redirects=True,
-    )
-
-
-def get_json(client: Any, url: str, params: Mapping[str, Any] | None = None) -> Any:
-    """``GET url`` with ``params`` and return the decoded JSON body.
-
-    Raises :class:`SourceError` naming the full URL (query string included) when the server cannot
-    be reached, does not answer within the client's timeout, answers with a status other than
-    200 (the message quotes the server's error text: Prometheus ``error``, Jaeger ``errors[].msg``,
-    or the start of the body), or answers with something that is not JSON.
-    """
-    import httpx
-
-    try:
-        response = client.get(url, params=params)
-    except httpx.TimeoutException as exc:
-        raise SourceError(f"GET {_full_url(url, params)}: no answer in time ({exc})") from None
-    except httpx.HTTPError as exc:
-        raise SourceError(f"GET {_full_url(url, params)}: cannot connect ({exc})") from None
-    where = str(response.request.url)
-    if response.status_code != 200:
-        raise SourceError(
-            f"GET {where}: HTTP {response.status_code} {response.reason_phrase}"
-            f"{_error_text(response.text)}",
-            status=response.status_code,
-        )
-    try:
-        return response.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SourceError(f"GET {where}: the answer is not JSON ({exc})") from None
-
-
-def _full_url(url: str, params: Mapping[str, Any] | None) -> str:
-    if not params:
-        return url
-    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
-    return f"{url}?{query}"
-
-
-def _error_text(body: str) -> str:
-    """The server's own error message, if the body says one."""
-    text = body.strip()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    if isinstance(doc, Mapping):
-        if isinstance(doc.get("error"), str):  # Prometheus
-            return f": {doc.get('errorType', 'error')}: {doc['error']}"
-        errors = doc.get("errors")
-        if isinstance(errors, list) and errors:  # Jaeger
-            msgs = [str(e.get("msg", e)) if isinstance(e, Mapping) else str(e) for e in errors]
-            return ": " + "; ".join(msgs)
-    if not text:
-        return ""
-    return ": " + (text[:_BODY_SNIPPET] + ("..." if len(text) > _BODY_SNIPPET else ""))
 
 
 # --- pure parsing ------------------------------------------------------------------------------

@@ -30,14 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
-from otel_stages.analysis.jaeger import (
-    DEFAULT_LIMIT,
-    DEFAULT_TIMEOUT_S,
-    FETCH_WORKERS,
-    SourceError,
-    get_json,
-    http_client,
-)
+from otel_stages.analysis.http_source import DEFAULT_TIMEOUT_S, SourceError, get_json, http_client
+from otel_stages.analysis.jaeger import DEFAULT_LIMIT, FETCH_WORKERS
 from otel_stages.analysis.model import Telemetry
 from otel_stages.analysis.otlp_json import parse_export_request
 

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Telemetry, diagnose, load_paths
-from otel_stages.analysis.jaeger import DEFAULT_LIMIT, SourceError
+from otel_stages.analysis.http_source import SourceError
+from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.report import DEFAULT_TOP
 
 if TYPE_CHECKING:
-    from otel_stages.analysis.prometheus import AggregateReport
+    from otel_stages.analysis.aggregate import AggregateReport
 
 #: At most this many problems are echoed to stderr (all of them stay in the JSON).
 MAX_STDERR_PROBLEMS = 20
@@ -233,7 +234,7 @@ def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Telemetry, str]
 
 
 def _since_text(since_ns: int) -> str:
-    from otel_stages.analysis.prometheus import format_window
+    from otel_stages.analysis.aggregate import format_window
 
     return format_window(max(1, since_ns // 10**9))
 

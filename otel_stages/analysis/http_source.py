@@ -1,0 +1,94 @@
+"""HTTP plumbing shared by the remote report sources (Jaeger, Tempo, Prometheus).
+
+:func:`get_json` is the one place that talks to a server; every failure becomes a
+:class:`SourceError` whose message names the full URL and the server's own error text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+#: Seconds to wait for connect / each read before giving up on a request.
+DEFAULT_TIMEOUT_S = 30.0
+#: Characters of an error response body quoted in a :class:`SourceError`.
+_BODY_SNIPPET = 300
+
+
+class SourceError(Exception):
+    """A remote source could not be read. The message names the URL and what went wrong
+    (unreachable, timeout, HTTP status with the server's own error text, not JSON); ``status`` is
+    the HTTP status when the server answered with an error, else ``None``."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def http_client(timeout_s: float = DEFAULT_TIMEOUT_S):
+    """An ``httpx.Client`` with ``timeout_s`` and ``Accept: application/json`` (Tempo would
+    otherwise be free to answer in protobuf). The caller closes it (use it as a context manager)."""
+    import httpx  # only the remote sources need it
+
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout_s),
+        headers={"Accept": "application/json", "User-Agent": "otel-stages"},
+        follow_redirects=True,
+    )
+
+
+def get_json(client: Any, url: str, params: Mapping[str, Any] | None = None) -> Any:
+    """``GET url`` with ``params`` and return the decoded JSON body.
+
+    Raises :class:`SourceError` naming the full URL (query string included) when the server cannot
+    be reached, does not answer within the client's timeout, answers with a status other than
+    200 (the message quotes the server's error text: Prometheus ``error``, Jaeger ``errors[].msg``,
+    or the start of the body), or answers with something that is not JSON.
+    """
+    import httpx
+
+    try:
+        response = client.get(url, params=params)
+    except httpx.TimeoutException as exc:
+        raise SourceError(f"GET {_full_url(url, params)}: no answer in time ({exc})") from None
+    except httpx.HTTPError as exc:
+        raise SourceError(f"GET {_full_url(url, params)}: cannot connect ({exc})") from None
+    where = str(response.request.url)
+    if response.status_code != 200:
+        raise SourceError(
+            f"GET {where}: HTTP {response.status_code} {response.reason_phrase}"
+            f"{_error_text(response.text)}",
+            status=response.status_code,
+        )
+    try:
+        return response.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SourceError(f"GET {where}: the answer is not JSON ({exc})") from None
+
+
+def _full_url(url: str, params: Mapping[str, Any] | None) -> str:
+    if not params:
+        return url
+    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
+    return f"{url}?{query}"
+
+
+def _error_text(body: str) -> str:
+    """The server's own error message, if the body says one."""
+    text = body.strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, Mapping):
+        if isinstance(doc.get("error"), str):  # Prometheus
+            return f": {doc.get('errorType', 'error')}: {doc['error']}"
+        errors = doc.get("errors")
+        if isinstance(errors, list) and errors:  # Jaeger
+            msgs = [str(e.get("msg", e)) if isinstance(e, Mapping) else str(e) for e in errors]
+            return ": " + "; ".join(msgs)
+    if not text:
+        return ""
+    return ": " + (text[:_BODY_SNIPPET] + ("..." if len(text) > _BODY_SNIPPET else ""))
