@@ -58,6 +58,19 @@ class Telemetry:
             ok = self.meter_provider.force_flush(timeout_millis) and ok
         return ok
 
+    def add_span_file(self, path: Path) -> None:
+        """Also write every span to ``path`` as OTLP/JSON lines (batch-exported, like the rest).
+
+        For a local copy while exporting over OTLP (``otel-stages demo`` reports from it).
+        Raises ``RuntimeError`` when telemetry is disabled (no tracer provider).
+        """
+        from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+
+        if self.tracer_provider is None:
+            raise RuntimeError("telemetry is disabled: no tracer provider to copy spans from")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tracer_provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path)))
+
     def shutdown(self) -> None:
         """Flush and stop the providers (also done automatically at interpreter exit)."""
         if self.tracer_provider is not None:

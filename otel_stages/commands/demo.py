@@ -66,12 +66,8 @@ def _progress(line: str) -> None:
 
 def _local_copy(telemetry, folder: Path) -> Path:  # type: ignore[no-untyped-def]
     """Exporting over OTLP: also write this run's spans to a local OTLP/JSON file for the report."""
-    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"traces-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-demo-copy.jsonl"
-    telemetry.tracer_provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path)))
+    telemetry.add_span_file(path)
     return path
 
 
