@@ -15,6 +15,9 @@ its own request and is recorded on the stage span (status ERROR, exception event
 from __future__ import annotations
 
 import io
+import threading
+import time
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
@@ -26,6 +29,10 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_BYTES = 50 * 2**20  # 50 MiB: well above a 12 MP JPEG, far below memory trouble
 
 _TEXT_PREFIXES = (b"<!doctype", b"<html", b"<?xml", b"{", b"[")
+
+#: Query keys whose values are secrets in signed URLs (OpenTelemetry HTTP semconv list, lower case).
+SENSITIVE_QUERY_KEYS = frozenset({"awsaccesskeyid", "signature", "sig", "x-goog-signature",
+                                  "x-amz-signature", "x-amz-credential", "x-amz-security-token"})
 
 
 class ImageError(ValueError):
@@ -44,39 +51,76 @@ def download(url: str, *, client: httpx.Client | None = None, timeout_s: float =
              max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """GET ``url`` inside a ``download`` span and return the body bytes.
 
-    ``timeout_s`` applies to connect and to each read; ``max_bytes`` caps the body (checked
-    against ``Content-Length`` first, then while streaming). Pass a shared ``client`` to reuse
-    connections. Raises :class:`DownloadError` on a non-2xx status, timeout, transport error or
-    when the body exceeds ``max_bytes``.
+    ``timeout_s`` bounds the whole download: each network operation, and the total time to read
+    the body (a server dripping bytes cannot hold a request forever). With the default client the
+    deadline also covers slow headers (the connection is closed when it passes). ``max_bytes`` caps
+    the body (``Content-Length`` first, then while streaming). Pass a shared ``client`` to reuse
+    connections. ``url.full`` is recorded with credentials and signed-URL query values redacted.
+    Raises :class:`DownloadError` on an invalid URL, a non-2xx status (a redirect the client does
+    not follow included), timeout, transport error or a body over ``max_bytes``.
     """
-    with stage(semconv.STAGE_DOWNLOAD, **{semconv.URL_FULL: url}) as span:
+    shown = redact_url(url)
+    with stage(semconv.STAGE_DOWNLOAD, **{semconv.URL_FULL: shown}) as span:
         own = client is None
         http = client or httpx.Client(timeout=timeout_s, follow_redirects=True)
+        # Own client: closing it from a timer aborts a stalled read (httpx has no total timeout).
+        watchdog = threading.Timer(timeout_s, http.close) if own else None
+        deadline = time.monotonic() + timeout_s
         try:
+            if watchdog is not None:
+                watchdog.daemon = True
+                watchdog.start()
             with http.stream("GET", url, timeout=timeout_s) as response:
                 span.set_attribute(semconv.HTTP_RESPONSE_STATUS_CODE, response.status_code)
-                if response.status_code >= 400:
-                    raise DownloadError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}")
+                if not response.is_success:
+                    raise DownloadError(f"GET {shown}: HTTP {response.status_code} {response.reason_phrase}")
                 declared = response.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                    raise DownloadError(f"GET {url}: Content-Length {declared} bytes exceeds "
+                    raise DownloadError(f"GET {shown}: Content-Length {declared} bytes exceeds "
                                         f"max_bytes={max_bytes}")
                 chunks, total = [], 0
                 for chunk in response.iter_bytes():
                     total += len(chunk)
                     if total > max_bytes:
-                        raise DownloadError(f"GET {url}: body exceeds max_bytes={max_bytes}")
+                        raise DownloadError(f"GET {shown}: body exceeds max_bytes={max_bytes}")
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("body not complete before the deadline")
                     chunks.append(chunk)
-        except httpx.TimeoutException as exc:
-            raise DownloadError(f"GET {url}: timed out after {timeout_s} s ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise DownloadError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, RuntimeError) as exc:
+            # Past the deadline, a read error is the watchdog closing the connection.
+            if isinstance(exc, httpx.TimeoutException) or time.monotonic() >= deadline:
+                raise DownloadError(f"GET {shown}: timed out after {timeout_s} s") from exc
+            raise DownloadError(f"GET {shown}: {type(exc).__name__}: {exc}") from exc
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             if own:
                 http.close()
         data = b"".join(chunks)
         span.set_attribute(semconv.IMAGE_SIZE, len(data))
         return data
+
+
+def redact_url(url: str) -> str:
+    """``url`` with user:password and signed-URL query values replaced by ``REDACTED``.
+
+    Follows the OpenTelemetry HTTP conventions for ``url.full`` (credentials and the query keys
+    in :data:`SENSITIVE_QUERY_KEYS` are redacted). Unparsable input is returned as is.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "REDACTED:REDACTED@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() in SENSITIVE_QUERY_KEYS for k, _ in pairs):
+            query = urlencode([(k, "REDACTED" if k.lower() in SENSITIVE_QUERY_KEYS else v)
+                               for k, v in pairs], safe="/")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def decode(data: bytes) -> Image.Image:
@@ -94,12 +138,12 @@ def decode(data: bytes) -> Image.Image:
         try:
             image.load()  # Image.open only reads the header: decode here, inside the span
             image = ImageOps.exif_transpose(image) or image
-        except (OSError, SyntaxError, ValueError) as exc:  # Pillow's corrupt/truncated signals
+            span.set_attribute(semconv.IMAGE_WIDTH, image.width)
+            span.set_attribute(semconv.IMAGE_HEIGHT, image.height)
+            return to_rgb(image)
+        except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes is bad input
             raise ImageDecodeError(f"corrupt or truncated {image.format} image "
-                                   f"({len(data)} bytes): {exc}") from exc
-        span.set_attribute(semconv.IMAGE_WIDTH, image.width)
-        span.set_attribute(semconv.IMAGE_HEIGHT, image.height)
-        return to_rgb(image)
+                                   f"({len(data)} bytes): {type(exc).__name__}: {exc}") from exc
 
 
 def _open(data: bytes) -> Image.Image:
@@ -115,6 +159,9 @@ def _open(data: bytes) -> Image.Image:
                 if head.startswith(_TEXT_PREFIXES) else "")
         raise ImageDecodeError(f"not a recognised image format ({len(data)} bytes, first bytes "
                                f"{data[:16]!r}){hint}") from exc
+    except Exception as exc:  # noqa: BLE001 - e.g. OSError / ValueError on a truncated header
+        raise ImageDecodeError(f"corrupt image header ({len(data)} bytes): "
+                               f"{type(exc).__name__}: {exc}") from exc
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and image.width * image.height > limit:
         # Pillow only warns between 1x and 2x the limit; a service should refuse.
@@ -145,10 +192,15 @@ def to_rgb(image: Image.Image) -> Image.Image:
                 pass  # broken profile: Pillow's plain conversion is still a sane picture
         return image.convert("RGB")
     if mode.startswith("I") or mode == "F":
-        # 16-bit samples keep their top 8 bits; float images in 0..1 are stretched to 0..255.
         wide = image.convert("F")
-        hi = wide.getextrema()[1]
-        scale = 255.0 if mode == "F" and hi <= 1.0 else (1 / 256 if hi > 255 else 1.0)
+        if mode.startswith("I;16"):
+            scale = 1 / 256  # 16-bit samples keep their top 8 bits, whatever the content
+        elif mode == "I":
+            # 32-bit container of unknown depth (old Pillow opened 16-bit PNGs as "I"): assume
+            # 16-bit when any sample needs it, else 8-bit.
+            scale = 1 / 256 if wide.getextrema()[1] > 255 else 1.0
+        else:
+            scale = 255.0 if wide.getextrema()[1] <= 1.0 else 1.0  # float images in 0..1
         return wide.point(lambda v: v * scale).convert("L").convert("RGB")
     if mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")

@@ -98,8 +98,39 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     release = threading.Event()
 
     def do_GET(self):  # noqa: N802 (stdlib name)
+        try:
+            self._get()
+        except ConnectionError:  # the client gave up (deadline tests): expected
+            pass
+
+    def _get(self):
         if self.path == "/stall":
             self.release.wait(5)  # holds the response until the test is done with it
+            return
+        if self.path.startswith("/drip"):
+            # One byte every 0.1 s: each read is quick, the whole is never done in time.
+            if self.path == "/drip-headers":
+                for ch in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
+                    if self.release.wait(0.1):
+                        return
+                    self.wfile.write(bytes([ch]))
+                    self.wfile.flush()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            for _ in range(100000):
+                if self.release.wait(0.1):
+                    return
+                self.wfile.write(b"x")
+                self.wfile.flush()
+            return
+        if self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/p.jpg")
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"moved")
             return
         body = self.routes.get(self.path)
         if body is None:
@@ -164,3 +195,74 @@ def test_bad_image_fails_only_its_own_request(captured):
     reqs = captured.by_name("request")
     assert [r.status.status_code for r in reqs] == [StatusCode.UNSET, StatusCode.ERROR, StatusCode.UNSET]
     assert len(captured.by_name("resize")) == 2
+
+
+@pytest.mark.parametrize("path", ["/drip", "/drip-headers"])
+def test_download_deadline_covers_a_server_that_drips_bytes(path, captured):
+    import time
+
+    with image_server({}) as base:
+        started = time.monotonic()
+        with pytest.raises(imaging.DownloadError, match="timed out after 0.5 s"):
+            imaging.download(f"{base}{path}", timeout_s=0.5)
+        assert time.monotonic() - started < 3  # not 0.1 s per byte forever
+
+
+def test_download_with_a_client_that_does_not_follow_redirects_fails_clearly(captured):
+    import httpx
+
+    photo = (IMAGES / "photo_320x240.jpg").read_bytes()
+    with image_server({"/p.jpg": photo}) as base, httpx.Client(follow_redirects=False) as client:
+        with pytest.raises(imaging.DownloadError, match="HTTP 302"):
+            imaging.download(f"{base}/moved", client=client)
+        assert imaging.download(f"{base}/moved") == photo  # the default client follows
+
+
+def test_download_invalid_url_is_a_download_error(captured):
+    with pytest.raises(imaging.DownloadError, match="InvalidURL"):
+        imaging.download("http://[::1")
+
+
+def test_credentials_and_signatures_are_redacted_from_spans_and_errors(captured):
+    with image_server({}) as base:
+        host = base.removeprefix("http://")
+        url = f"http://alice:s3cret@{host}/missing.jpg?X-Amz-Signature=abc123&size=large"
+        with pytest.raises(imaging.DownloadError) as info:
+            imaging.download(url)
+    recorded = captured.one("download").attributes[semconv.URL_FULL]
+    assert recorded == f"http://REDACTED:REDACTED@{host}/missing.jpg?X-Amz-Signature=REDACTED&size=large"
+    for text in (recorded, str(info.value), captured.one("download").status.description):
+        assert "s3cret" not in text and "abc123" not in text
+
+
+def test_sixteen_bit_scaling_does_not_depend_on_content():
+    dark = Image.new("I;16", (4, 4), 200)  # 200 / 65535: nearly black
+    bright = Image.new("I;16", (4, 4), 60000)
+    for image, expected in ((dark, 0), (bright, 60000 >> 8)):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        assert imaging.decode(buffer.getvalue()).getpixel((0, 0)) == (expected,) * 3
+
+
+@pytest.mark.parametrize("data", [
+    (IMAGES / "photo_1920x1080.jpg").read_bytes()[:300],  # cut inside the JPEG header
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\x03IHDR\x00\x00\x00",  # truncated IHDR chunk
+])
+def test_header_level_corruption_is_an_image_decode_error(data, captured):
+    with pytest.raises(imaging.ImageDecodeError, match="corrupt"):
+        imaging.decode(data)
+
+
+def test_bit_flipped_inputs_either_decode_or_raise_image_decode_error():
+    import random
+
+    rng = random.Random(7)
+    originals = [(IMAGES / n).read_bytes() for n in ("photo_320x240.jpg", "palette_transparent.png")]
+    for i in range(300):
+        data = bytearray(originals[i % 2])
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(min(len(data), 2048))] = rng.randrange(256)
+        try:
+            imaging.decode(bytes(data))
+        except imaging.ImageDecodeError:
+            pass
