@@ -29,12 +29,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tell why multimodal inference latency jumps around, stage by stage.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"otel-stages {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        # -v also after the subcommand; SUPPRESS keeps a -v given before it
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="log debug messages")
         importlib.import_module(module_name).add_arguments(p)
         p.set_defaults(_module=module_name)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version, else ``otel_stages.__version__`` (a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("otel-stages")
+    except metadata.PackageNotFoundError:
+        from otel_stages import __version__
+
+        return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

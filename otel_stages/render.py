@@ -1,37 +1,41 @@
 """Readable text rendering of an analysis :class:`~otel_stages.analysis.Report` (formatting only).
 
-Uses ``rich``: colors and box drawing on a terminal; plain text, no ANSI codes and a 100-column
-width when the output is a file or a pipe.
+Uses ``rich``: colors and box drawing on a terminal (at its width: ``COLUMNS`` / ``stty cols``);
+plain text, no ANSI codes and a 100-column width when the output is a file or a pipe.
+
+Tables are fitted to the width: numbers and trace ids are never cut and stage names fold onto a
+second line; when a table does not fit, its lowest-priority columns (min, max, ...) are left out
+with a note saying so, and trace ids move to a list under the slowest-requests table.
 """
 
 from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import IO
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from otel_stages import semconv
+from otel_stages.analysis import units
 from otel_stages.analysis.report import Report
 
 #: Width used when the output is not a terminal.
 DEFAULT_WIDTH = 100
 #: Problems listed in the text report (all of them are in the JSON).
 MAX_PROBLEMS = 10
+_ms = units.ms
+_pct = units.pct
 
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def _pct(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "0%" if abs(value) < 0.005 else f"{value:.0%}"
+#: The stage-name column folds onto more lines below this many characters rather than cut.
+NAME_MIN_WIDTH = 10
+#: A fitted table's padding: 1 space at each outer edge, 3 between columns.
+_EDGE, _GAP = 2, 3
 
 
 def _bytes(value: int | None) -> str:
@@ -43,64 +47,109 @@ def _bytes(value: int | None) -> str:
     return f"{value} B"
 
 
-def _stages_table(report: Report) -> RenderableType:
+@dataclass(frozen=True)
+class _Col:
+    """A column of a fitted table: ``drop`` 0 = always shown, higher = dropped sooner when the
+    terminal is narrow; ``fold``: the text may wrap onto more lines (stage names), otherwise the
+    column is never narrower than its widest cell (numbers are never cut)."""
+
+    header: str
+    drop: int = 0
+    justify: JustifyMethod = "right"
+    fold: bool = False
+
+
+def _fit(
+    cols: Sequence[_Col], rows: Sequence[Sequence[str]], width: int,
+    styles: Sequence[str | None] = (),
+) -> tuple[Table, list[str]]:
+    """A table of ``rows`` with as many of ``cols`` as fit in ``width``; returns it and the
+    headers of the columns left out (lowest priority first)."""
+
+    def need(i: int) -> int:
+        w = max([len(cols[i].header), *(len(row[i]) for row in rows)])
+        return min(w, NAME_MIN_WIDTH) if cols[i].fold else w
+
+    keep = list(range(len(cols)))
+    dropped: list[str] = []
+    while sum(need(i) for i in keep) + _GAP * (len(keep) - 1) + _EDGE > width:
+        droppable = [i for i in keep if cols[i].drop > 0]
+        if not droppable:
+            break
+        worst = max(droppable, key=lambda i: (cols[i].drop, i))
+        keep.remove(worst)
+        dropped.append(cols[worst].header)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("stage")
-    for label in ("min", "median", "p95", "max", "share", "swing", "explains"):
-        table.add_column(label, justify="right")
+    for i in keep:
+        c = cols[i]
+        if c.fold:
+            table.add_column(c.header, justify=c.justify, overflow="fold", min_width=need(i))
+        else:
+            table.add_column(c.header, justify=c.justify, no_wrap=True, min_width=need(i))
+    for n, row in enumerate(rows):
+        table.add_row(*(row[i] for i in keep), style=styles[n] if n < len(styles) else None)
+    return table, dropped
+
+
+def _left_out(dropped: list[str]) -> list[RenderableType]:
+    if not dropped:
+        return []
+    return [Text(f"(narrow terminal: {', '.join(dropped)} not shown; widen it or use --json)",
+                 style="dim")]
+
+
+def _stages_table(report: Report, width: int) -> RenderableType:
+    cols = [_Col("stage", justify="left", fold=True), _Col("min", 8), _Col("median"),
+            _Col("p95", 4), _Col("max", 7), _Col("share", 5), _Col("swing"), _Col("explains", 6)]
+    rows, styles = [], []
     for s in report.stages.values():
-        style = "bold" if s.name == report.verdict.stage else None
-        table.add_row(
-            s.name,
-            _ms(s.min_ms),
-            _ms(s.median_ms),
-            _ms(s.p95_ms),
-            _ms(s.max_ms),
-            _pct(s.share),
-            _ms(s.swing_ms),
-            _pct(s.explained),
-            style=style,
-        )
+        rows.append([s.name, _ms(s.min_ms), _ms(s.median_ms), _ms(s.p95_ms), _ms(s.max_ms),
+                     _pct(s.share), _ms(s.swing_ms), _pct(s.explained)])
+        styles.append("bold" if s.name == report.verdict.stage else None)
     if report.total is not None:
         t = report.total
-        table.add_row(
-            "total", _ms(t.min_ms), _ms(t.median_ms), _ms(t.p95_ms), _ms(t.max_ms), "100%",
-            _ms(t.swing_ms), "", style="italic",
-        )
+        rows.append(["total", _ms(t.min_ms), _ms(t.median_ms), _ms(t.p95_ms), _ms(t.max_ms),
+                     "100%", _ms(t.swing_ms), ""])
+        styles.append("italic")
+    table, dropped = _fit(cols, rows, width, styles)
     title = f"Warm-run stages, ms ({report.warm_requests} warm requests; swing = p95 - p5,"
     title += " explains = share of the total's variance)"
-    return Group(Text(title, style="bold"), table)
+    notes = [
+        Text(f"{name} groups {', '.join(kids)}: not a row of its own (its time is theirs)",
+             style="dim")
+        for name, kids in report.groups.items()
+    ]
+    return Group(Text(title, style="bold"), table, *_left_out(dropped), *notes)
 
 
-def _cold_table(report: Report) -> RenderableType:
+def _cold_table(report: Report, width: int) -> RenderableType:
     cold = report.cold_start
     assert cold is not None
     ratio = ""
     if cold.ratio is not None:
         ratio = f", {cold.ratio:.1f}x the warm median of {_ms(cold.warm_median_total_ms)} ms"
     who = "First request of the process" if cold.count == 1 else f"{cold.count} first requests (median)"
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("stage")
-    table.add_column("cold ms", justify="right")
-    table.add_column("warm median ms", justify="right")
+    rows = []
     for name, ms in cold.stages_ms.items():
         warm = report.stages.get(name)
-        table.add_row(name, _ms(ms), _ms(warm.median_ms if warm else None))
+        rows.append([name, _ms(ms), _ms(warm.median_ms if warm else None)])
+    table, _ = _fit([_Col("stage", justify="left", fold=True), _Col("cold ms"),
+                     _Col("warm median ms")], rows, width)
     title = Text(f"{who} (cold, reported apart): {_ms(cold.total_ms)} ms{ratio}", style="bold")
     return Group(title, table)
 
 
-def _slowest_table(report: Report) -> RenderableType:
+def _slowest_table(report: Report, width: int) -> RenderableType:
     extra = report.verdict.stage
     if extra in (None, semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
         extra = None
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for label, justify in (("seq", "right"), ("total ms", "right"), ("image", "right"),
-                           ("bytes", "right"), ("decode ms", "right"), ("resize ms", "right")):
-        table.add_column(label, justify=justify)
+    cols = [_Col("seq"), _Col("total ms"), _Col("image", 4), _Col("bytes", 5),
+            _Col("decode ms", 3 if report.verdict.stage == semconv.STAGE_DECODE else 7),
+            _Col("resize ms", 3 if report.verdict.stage == semconv.STAGE_RESIZE else 6)]
     if extra:
-        table.add_column(f"{extra} ms", justify="right")
-    table.add_column("trace")
+        cols.append(_Col(f"{extra} ms", 2))
+    cols.append(_Col("trace id", 9, justify="left"))
+    rows = []
     for r in report.slowest:
         image = "-"
         if r.image_width is not None and r.image_height is not None:
@@ -115,16 +164,30 @@ def _slowest_table(report: Report) -> RenderableType:
         ]
         if extra:
             row.append(_ms(r.stages_ms.get(extra)))
-        row.append(r.trace_id[:16])
-        table.add_row(*row)
-    return Group(Text(f"{len(report.slowest)} slowest warm requests", style="bold"), table)
+        row.append(r.trace_id)  # full 32 hex digits: pasted into Jaeger / Tempo
+        rows.append(row)
+    table, dropped = _fit(cols, rows, width)
+    parts: list[RenderableType] = [
+        Text(f"{len(report.slowest)} slowest warm requests", style="bold"), table
+    ]
+    if "trace id" in dropped:  # never cut an id: list them under the table instead
+        dropped.remove("trace id")
+        labels = [
+            f"seq {r.seq}:" if r.seq is not None else f"{_ms(r.total_ms)} ms:" for r in report.slowest
+        ]
+        pad = max(len(label) for label in labels)
+        parts.append(Text("trace ids:"))
+        for label, r in zip(labels, report.slowest):
+            parts.append(Text(f"  {label:<{pad}} {r.trace_id}"))
+    parts[2:2] = _left_out(dropped)
+    return Group(*parts)
 
 
 def _bullets(title: str, lines: list[str], style: str, limit: int | None = None) -> RenderableType:
     """``title`` then one ``- line`` per entry with a hanging indent; at most ``limit`` lines."""
     grid = Table.grid(padding=0)
     grid.add_column(width=4, no_wrap=True)
-    grid.add_column()
+    grid.add_column(overflow="fold")  # a long word (path, env var) wraps, never ends in "..."
     shown = lines if limit is None else lines[:limit]
     for line in shown:
         grid.add_row("  - ", Text(line))
@@ -146,28 +209,24 @@ def _verdict(report: Report) -> RenderableType:
     )
 
 
-def _comparison(report: Report) -> RenderableType:
+def _comparison(report: Report, width: int) -> RenderableType:
     c = report.comparison
     assert c is not None
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("stage")
-    for label in ("before ms", "after ms", "change ms", "change %"):
-        table.add_column(label, justify="right")
-    for name, ch in [*c.stages.items(), ("total", c.total)]:
-        table.add_row(
-            name,
-            _ms(ch.baseline_median_ms),
-            _ms(ch.median_ms),
-            "-" if ch.change_ms is None else f"{ch.change_ms:+.1f}",
-            "-" if ch.change_pct is None else f"{ch.change_pct:+.0f}%",
-        )
+    rows = [
+        [name, _ms(ch.baseline_median_ms), _ms(ch.median_ms), units.signed_ms(ch.change_ms),
+         units.signed_pct(ch.change_pct)]
+        for name, ch in [*c.stages.items(), ("total", c.total)]
+    ]
+    table, dropped = _fit([_Col("stage", justify="left", fold=True), _Col("before ms"),
+                           _Col("after ms"), _Col("change ms", 1), _Col("change %")], rows, width)
     summary = Text("\n".join(c.summary), style="bold")
     title = Text(f"Compared with the baseline ({c.baseline_requests} requests), medians", style="bold")
-    return Group(title, table, summary)
+    return Group(title, table, *_left_out(dropped), summary)
 
 
-def renderables(report: Report) -> list[RenderableType]:
-    """The report's sections, in display order, as rich renderables."""
+def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableType]:
+    """The report's sections, in display order, as rich renderables fitted to ``width`` columns
+    (numbers, stage names and trace ids are never cut: low-priority columns are left out)."""
     cold = 0 if report.cold_start is None else report.cold_start.count
     parts: list[RenderableType] = [
         Text(
@@ -176,15 +235,15 @@ def renderables(report: Report) -> list[RenderableType]:
         )
     ]
     if report.stages:
-        parts.append(_stages_table(report))
+        parts.append(_stages_table(report, width))
     if report.cold_start is not None:
-        parts.append(_cold_table(report))
+        parts.append(_cold_table(report, width))
     if report.slowest:
-        parts.append(_slowest_table(report))
+        parts.append(_slowest_table(report, width))
     parts.append(Text(report.gpu.describe()))
     parts.append(_verdict(report))
     if report.comparison is not None:
-        parts.append(_comparison(report))
+        parts.append(_comparison(report, width))
     if report.problems:
         parts.append(
             _bullets(f"Warnings ({len(report.problems)}):", report.problems, "bold yellow", MAX_PROBLEMS)
@@ -215,7 +274,7 @@ def render(report: Report, file: IO[str] | None = None, *, width: int | None = N
         markup=False,  # stage names and messages are data, not markup
         emoji=False,
     )
-    for part in renderables(report):
+    for part in renderables(report, console.width):
         console.print(part)
         console.print()
     if not tty:

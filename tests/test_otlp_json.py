@@ -215,3 +215,19 @@ def test_duplicate_spans_count_once():
     telemetry.extend(parse_export_request(obj))
     (request,) = find_requests(telemetry.spans)
     assert request.stages_ms == {"decode": pytest.approx(4.998)}
+
+
+@pytest.mark.parametrize("pretty", [False, True])
+def test_a_utf8_byte_order_mark_does_not_cost_the_first_line(tmp_path: Path, pretty: bool):
+    lines = (CASES / "stable.otlp.jsonl").read_text().splitlines()
+    path = tmp_path / "bom.jsonl"
+    if pretty:  # one pretty-printed document: the BOM sits before its "{"
+        path.write_bytes(b"\xef\xbb\xbf" + json.dumps(json.loads(lines[0]), indent=2).encode())
+        assert load_paths([path]).problems == [] and load_paths([path]).spans
+        return
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    telemetry = load_paths([path])
+    assert telemetry.problems == []
+    plain = load_paths([CASES / "stable.otlp.jsonl"])
+    assert len(telemetry.spans) == len(plain.spans)
+    assert diagnose(telemetry).requests == 30

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -249,7 +250,7 @@ def test_preprocess_cost_follows_pixels():
     rows = steady(decode=lambda i, r: images[i][0] * images[i][1] / 100_000 * r.uniform(0.95, 1.05))
     report = diagnose(build(rows, images=images))
     assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
-    assert any("follows image pixels" in e for e in report.verdict.evidence)
+    assert any("follows image size: pixels" in e for e in report.verdict.evidence)
     assert "follows image size" in report.verdict.advice[0]
 
 
@@ -348,3 +349,140 @@ def test_failed_requests_are_counted_but_kept_out_of_the_statistics():
     assert report["requests"] == 25
     assert report["stages"][DECODE]["min_ms"] > 7.0  # the 0.1 ms failed decode is not a run
     assert any("1 of 25 requests ended with an error" in e for e in report["verdict"]["evidence"])
+
+
+def _nested(n: int = 30, *, http: bool = False, request_span: bool = True) -> list[Span]:
+    """``request -> download, preprocess -> (decode, resize), forward``; decode swings (every
+    third request +60 ms). ``http`` puts an HTTP server span above the request span;
+    ``request_span=False`` leaves the request span out (stages grouped by trace)."""
+    spans: list[Span] = []
+    t = T0_NS
+    for i in range(n):
+        trace = f"{i + 1:032x}"
+        req, pre, server = (f"{i + 1:012x}{tail}" for tail in ("0000", "0001", "00ff"))
+        decode_ms = 8.0 + (60.0 if i % 3 == 0 else 0.0)
+        times = {"download": 3.0, "decode": decode_ms, "resize": 3.0, "forward": 100.0}
+        cursor = t
+        windows = {}
+        for name, ms in times.items():
+            windows[name] = (cursor, cursor + int(ms * 1e6))
+            cursor = windows[name][1]
+        for j, name in enumerate(times):
+            parent = pre if name in (DECODE, RESIZE) else req
+            spans.append(Span(trace, f"{i + 1:012x}{j + 16:04x}", parent, name, *windows[name]))
+        spans.append(Span(trace, pre, req, "preprocess", windows[DECODE][0], windows[RESIZE][1]))
+        if request_span:
+            spans.append(Span(trace, req, server if http else None, semconv.SPAN_REQUEST, t, cursor,
+                              {semconv.REQUEST_SEQ: i + 1}))
+        if http:
+            spans.append(Span(trace, server, None, "POST /infer", t - 1000, cursor + 1000))
+        t = cursor + 50_000_000
+    random.Random(5).shuffle(spans)
+    return spans
+
+
+@pytest.mark.parametrize(
+    "http, request_span", [(False, True), (True, True), (False, False), (True, False)]
+)
+def test_stages_nested_in_a_custom_stage_belong_to_the_outer_request(http, request_span):
+    spans = _nested(http=http, request_span=request_span)
+    requests = find_requests(spans)
+    assert len(requests) == 30
+    assert all(set(r.stages_ms) == {DOWNLOAD, DECODE, RESIZE, FORWARD} for r in requests)
+    assert all([g.name for g in r.groups] == ["preprocess"] for r in requests)
+    assert all(r.total_ms == pytest.approx(sum(r.stages_ms.values()), abs=0.01) for r in requests)
+    report = diagnose(Telemetry(spans=spans))
+    assert report.requests == 30
+    assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
+    assert "preprocess" not in report.stages  # a group: its time is its children's
+    assert sum(s.share for s in report.stages.values()) < 1.05
+    assert report.total is not None and report.total.min_ms > 110
+    assert report.groups == {"preprocess": [DECODE, RESIZE]}
+
+
+def test_a_request_in_another_service_below_a_custom_stage_stays_apart():
+    # gateway: request -> download, call_model; model server below call_model:
+    # POST /infer -> <inner> -> decode, forward. Two requests, whatever the inner span's name.
+    ms = 1_000_000
+    for inner in (semconv.SPAN_REQUEST, "handle"):
+        spans = [
+            Span("a" * 32, "1" * 16, None, semconv.SPAN_REQUEST, T0_NS, T0_NS + 200 * ms),
+            Span("a" * 32, "2" * 16, "1" * 16, DOWNLOAD, T0_NS, T0_NS + 10 * ms),
+            Span("a" * 32, "3" * 16, "1" * 16, "call_model", T0_NS + 10 * ms, T0_NS + 200 * ms),
+            Span("a" * 32, "4" * 16, "3" * 16, "POST /infer", T0_NS + 20 * ms, T0_NS + 190 * ms),
+            Span("a" * 32, "5" * 16, "4" * 16, inner, T0_NS + 20 * ms, T0_NS + 190 * ms),
+            Span("a" * 32, "6" * 16, "5" * 16, DECODE, T0_NS + 20 * ms, T0_NS + 30 * ms),
+            Span("a" * 32, "7" * 16, "5" * 16, FORWARD, T0_NS + 30 * ms, T0_NS + 190 * ms),
+        ]
+        found = find_requests(spans)
+        assert [sorted(r.stages_ms) for r in found] == [["call_model", DOWNLOAD], [DECODE, FORWARD]]
+        assert [r.groups for r in found] == [(), ()]
+
+
+def test_a_stage_without_request_span_gets_no_made_up_seq():
+    spans = _nested(n=3, request_span=False)
+    spans += [s for s in _nested(n=1) if s.name == semconv.SPAN_REQUEST]  # one real seq-1 request
+    requests = find_requests(spans)
+    assert [r.seq for r in requests] == [1, None, None]
+    assert sum(r.cold for r in requests) == 1
+
+
+def test_size_evidence_is_one_sentence_for_pixels_and_bytes():
+    sizes = [(320, 240, 40_000), (4032, 3024, 6_000_000), (1280, 960, 600_000)]
+    images = [sizes[i % 3] for i in range(30)]
+    rows = steady(decode=lambda i, r: images[i][0] * images[i][1] / 100_000 * r.uniform(0.95, 1.05))
+    evidence = diagnose(build(rows, images=images)).verdict.evidence
+    size_lines = [e for e in evidence if e.startswith("decode time ")]
+    assert len(size_lines) == 1, evidence
+    assert re.fullmatch(r"decode time follows image size: pixels \(r = [01]\.\d\d\) and bytes"
+                        r" \(r = [01]\.\d\d\)", size_lines[0])
+
+
+def test_size_sentence_says_which_measure_follows_more():
+    from otel_stages.analysis.evidence import size_sentence
+
+    assert size_sentence("decode", [("pixels", 0.95), ("bytes", 0.75)]) == (
+        "decode time follows image size, pixels (r = 0.95) more closely than bytes (r = 0.75)")
+    assert size_sentence("resize", [("pixels", 0.91), ("bytes", 0.2)]) == (
+        "resize time follows image pixels (r = 0.91), not bytes (r = 0.20)")
+    assert size_sentence("decode", [("pixels", 0.1), ("bytes", -0.2)]) == (
+        "decode time does not follow image pixels (r = 0.10) or bytes (r = -0.20)")
+
+
+def test_sub_millisecond_stages_keep_their_digits_in_the_evidence():
+    # queue 10 µs .. 40 µs: varies 4x, far too small to matter, and must not read 0.0..0.0 ms
+    rows = steady(decode=lambda i, r: 150.0 if i % 3 == 0 else 8.0,
+                  queue=lambda i, r: 0.010 + 0.030 * (i % 2))
+    evidence = diagnose(build(rows)).verdict.evidence
+    line = next(e for e in evidence if e.startswith("queue varies"))
+    assert "(10 µs .. 40 µs) but only by 30 µs" in line
+    assert not any(re.search(r"\b0\.0 ms|-0%|-1%", e) for e in evidence)
+
+
+def test_custom_wrapper_stage_recorded_with_the_real_api(captured_fake_clock):
+    """The tester's repro: request(); stage download; stage preprocess (decode, resize); forward."""
+    import otel_stages
+
+    cap, clock = captured_fake_clock
+    for i in range(30):
+        with otel_stages.request():
+            for name, ms in ((DOWNLOAD, 3.0), ("preprocess", None), (FORWARD, 100.0)):
+                with otel_stages.stage(name):
+                    if ms is not None:
+                        clock.advance_ms(ms)
+                        continue
+                    with otel_stages.stage(DECODE):
+                        clock.advance_ms(8.0 + (60.0 if i % 3 == 1 else 0.0))
+                    with otel_stages.stage(RESIZE):
+                        clock.advance_ms(3.0)
+        clock.advance_ms(50.0)
+    spans = [
+        Span(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}",
+             None if s.parent is None else f"{s.parent.span_id:016x}", s.name, s.start_time,
+             s.end_time, dict(s.attributes))
+        for s in cap.spans
+    ]
+    report = diagnose(Telemetry(spans=spans))
+    assert report.requests == 30
+    assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
+    assert report.total is not None and report.total.min_ms == pytest.approx(114.0)

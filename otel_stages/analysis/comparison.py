@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from otel_stages.analysis.units import duration, signed_ms, signed_pct
+
 if TYPE_CHECKING:  # pragma: no cover
     from otel_stages.analysis.report import Report
 
@@ -42,14 +44,15 @@ class Change:
         }
 
     def describe(self) -> str:
-        """``"280.0 -> 120.0 ms (-160.0 ms, -57%)"``."""
+        """``"280.0 ms -> 120.0 ms (-160.0 ms, -57%)"``; no sign on a change that rounds to 0."""
         if self.change_ms is None:
-            before = "absent" if self.baseline_median_ms is None else f"{self.baseline_median_ms:.1f} ms"
-            after = "absent" if self.median_ms is None else f"{self.median_ms:.1f} ms"
+            before = "absent" if self.baseline_median_ms is None else duration(self.baseline_median_ms)
+            after = "absent" if self.median_ms is None else duration(self.median_ms)
             return f"{before} -> {after}"
-        pct = "" if self.change_pct is None else f", {self.change_pct:+.0f}%"
+        pct = "" if self.change_pct is None else f", {signed_pct(self.change_pct)}"
         return (
-            f"{self.baseline_median_ms:.1f} -> {self.median_ms:.1f} ms ({self.change_ms:+.1f} ms{pct})"
+            f"{duration(self.baseline_median_ms)} -> {duration(self.median_ms)}"
+            f" ({signed_ms(self.change_ms)} ms{pct})"
         )
 
 

@@ -9,7 +9,8 @@ Two layers:
 - :func:`parse_export_request` turns one decoded JSON object into a :class:`Telemetry` (pure; no
   I/O). :func:`decode_any_value` / :func:`decode_attributes` / :func:`normalize_id` are reusable by
   other loaders.
-- :func:`load_paths` / :func:`load_file` read files and folders. Nothing raises for bad input:
+- :func:`load_paths` / :func:`load_file` / :func:`load_bytes` (stdin) read files and folders
+  (a leading UTF-8 BOM is skipped). Nothing raises for bad input:
   every malformed line, span, point or unreadable path becomes a ``Telemetry.problems`` message
   that names the file and line (``traces.jsonl:12: not valid JSON (...)``); the rest still loads.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 import math
 import os
@@ -305,22 +307,29 @@ def load_file(path: str | os.PathLike[str]) -> Telemetry:
 
     Blank lines are skipped. Problems are ``"<path>:<line>: <what>"``; see :func:`load_paths`.
     """
-    out = Telemetry()
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        out.problems.append(f"{path}: cannot read ({exc.strerror or exc})")
-        return out
+        return Telemetry(problems=[f"{path}: cannot read ({exc.strerror or exc})"])
+    return load_bytes(data, str(path))
+
+
+def load_bytes(data: bytes, name: str) -> Telemetry:
+    """Parse the contents of one file (or of stdin) named ``name`` in problem messages. A UTF-8
+    byte order mark at the start is skipped (Windows editors and PowerShell write one)."""
+    out = Telemetry()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
     lines = data.splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     if first is None:
         return out
-    if not _parses(lines[first]) and _load_document(data, str(path), out):
+    if not _parses(lines[first]) and _load_document(data, name, out):
         return out
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        where = f"{path}:{number}"
+        where = f"{name}:{number}"
         try:
             obj = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:

@@ -67,6 +67,9 @@ class Report:
 
     ``requests`` counts all requests (cold and failed included); ``warm_requests`` the warm,
     successful ones that ``stages`` (ordered: standard stages in pipeline order, then custom) and ``total`` describe.
+    ``groups`` maps each custom stage that holds other stage spans (``preprocess`` around
+    ``decode``/``resize``) to those stages' names: a group is not a row of ``stages``, its
+    children are (see :mod:`otel_stages.analysis.requests`).
     """
 
     requests: int
@@ -79,6 +82,7 @@ class Report:
     slowest: list[SlowRequest] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     comparison: Comparison | None = None
+    groups: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """``{"requests", "stages", "cold_start", "verdict", "gpu", "slowest", "problems",
@@ -108,6 +112,17 @@ def _cold_summary(cold: list[Request], total: Distribution | None) -> ColdStart 
         stages_ms={n: statistics.median(stage_values[n]) for n in order_stages(stage_values)},
         count=len(cold),
     )
+
+
+def _groups(requests: list[Request]) -> dict[str, list[str]]:
+    found: dict[str, set[str]] = {}
+    for req in requests:
+        for group in req.groups:
+            found.setdefault(group.name, set()).update(
+                s.name for s in (*req.spans, *req.groups)
+                if s.parent_span_id == group.span_id and s.trace_id == group.trace_id
+            )
+    return {name: order_stages(kids) for name, kids in sorted(found.items())}
 
 
 def diagnose(
@@ -151,6 +166,7 @@ def diagnose(
         gpu=gpu,
         slowest=[SlowRequest.of(r) for r in sorted(warm, key=lambda r: -r.total_ms)[: max(top, 0)]],
         problems=problems,
+        groups=_groups(requests),
     )
     if baseline is not None:
         before = diagnose(baseline, top=top)

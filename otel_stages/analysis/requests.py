@@ -5,6 +5,16 @@ name: the standard stage names (``semconv.STANDARD_STAGES``), plus every sibling
 stages), plus the children of spans named ``semconv.SPAN_REQUEST``. Attributes are never needed to
 find a request; they only add detail (image size, ``request.seq``, ``request.cold_start``).
 
+A custom stage that itself holds stage spans (``request -> preprocess -> decode, resize``) is a
+*group*, not a request: the request is the outermost parent reached by walking up from the stage
+spans through custom stages only (a custom stage is a sibling of a standard stage or a child of a
+``request`` span, so groups may nest as long as each sits among stage spans). The group's leaf
+stage spans count toward that request; the group's own span is not a stage row (its time is its
+children's, so shares still add up to the total; time inside the group but outside its children is
+untraced time, like gaps in the request span). Spans named ``request`` are never a group, and the
+walk stops at any span that is not a stage (an HTTP server span above the request span, another
+service's span), so requests stay apart.
+
 When the parent span is absent (not exported, dropped, or in another file), stage spans whose
 parent is missing are grouped by trace id and the request's total is the first stage start to the
 last stage end.
@@ -21,6 +31,8 @@ from otel_stages.analysis.model import AttributeValue, Span
 
 _STANDARD = frozenset(semconv.STANDARD_STAGES)
 
+_Key = tuple[str, str]  # (trace id, span id)
+
 
 @dataclass(frozen=True)
 class Request:
@@ -28,10 +40,12 @@ class Request:
 
     ``span_id`` is the request span's id (``None`` when that span is missing). ``total_ms`` is the
     request span's duration, else first stage start .. last stage end. ``stages_ms`` maps stage
-    name -> ms (a repeated stage name is summed). ``image_width``/``image_height`` are pixels and
-    ``image_bytes`` encoded bytes, read from stage spans (then the request span), ``None`` when
-    absent. ``seq`` is ``request.seq`` or the 1-based order within the process. ``cold`` marks the
-    first request of a process (see :func:`find_requests`). ``spans`` are the stage spans.
+    name -> ms (a repeated stage name is summed; groups are left out, their children counted).
+    ``image_width``/``image_height`` are pixels and ``image_bytes`` encoded bytes, read from stage
+    spans (then groups, then the request span), ``None`` when absent. ``seq`` is ``request.seq``
+    from the request span, ``None`` without one (never invented). ``cold`` marks the first request
+    of a process (see :func:`find_requests`). ``spans`` are the leaf stage spans, ``groups`` the
+    custom stage spans that hold other stage spans.
     """
 
     trace_id: str
@@ -48,6 +62,7 @@ class Request:
     resource: dict[str, AttributeValue] = field(default_factory=dict)
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     spans: tuple[Span, ...] = ()
+    groups: tuple[Span, ...] = ()
 
     @property
     def pixels(self) -> int | None:
@@ -86,37 +101,62 @@ def find_requests(spans: Iterable[Span]) -> list[Request]:
     ``service.instance.id``, else ``service.name``) is cold. So a file that starts mid-process
     (no seq 1) has no cold request.
     """
-    by_id: dict[tuple[str, str], Span] = {}
+    by_id: dict[_Key, Span] = {}
     for span in spans:
         by_id.setdefault((span.trace_id, span.span_id), span)
-    unique = list(by_id.values())
-    children: dict[tuple[str, str], list[Span]] = defaultdict(list)
-    for span in unique:
+    children: dict[_Key, list[Span]] = defaultdict(list)
+    for span in by_id.values():
         if span.parent_span_id is not None:
             children[(span.trace_id, span.parent_span_id)].append(span)
 
-    groups: dict[tuple[str, str | None], list[Span]] = {}
-    for parent_key, kids in children.items():
-        parent = by_id.get(parent_key)
+    # stage parents: spans (present or not) whose children are stage spans
+    parents: dict[_Key, list[Span]] = {}
+    for key, kids in children.items():
+        parent = by_id.get(key)
         if parent is not None and parent.name in _STANDARD:
             continue  # detail spans nested inside a stage, not a request
-        named_request = parent is not None and parent.name == semconv.SPAN_REQUEST
-        if not named_request and not any(k.name in _STANDARD for k in kids):
-            continue
-        if parent is not None:
-            groups[parent_key] = kids
-        else:  # parent not exported: fall back to the trace
-            groups.setdefault((parent_key[0], None), []).extend(kids)
-    for span in unique:  # stage spans that are roots themselves: one request per trace
+        if (parent is not None and parent.name == semconv.SPAN_REQUEST) or any(
+            k.name in _STANDARD for k in kids
+        ):
+            parents[key] = kids
+
+    # each stage parent belongs to the request found by walking up through groups
+    members: dict[tuple[str, str | None], tuple[list[Span], list[Span]]] = {}
+    for key, kids in parents.items():
+        root = _owner(key, by_id, parents)
+        leaves, groups = members.setdefault(
+            root if root in by_id else (root[0], None), ([], [])
+        )
+        leaves.extend(k for k in kids if (k.trace_id, k.span_id) not in parents)
+        if key != root:
+            groups.append(by_id[key])
+    for span in by_id.values():  # stage spans that are roots themselves: one request per trace
         if span.parent_span_id is None and span.name in _STANDARD:
-            groups.setdefault((span.trace_id, None), []).append(span)
+            members.setdefault((span.trace_id, None), ([], []))[0].append(span)
 
     requests = [
-        _build(by_id.get(key) if key[1] is not None else None, key[0], kids)
-        for key, kids in groups.items()
+        _build(by_id.get((key[0], key[1])) if key[1] else None, key[0], leaves, groups)
+        for key, (leaves, groups) in members.items()
+        if leaves
     ]
     requests.sort(key=lambda r: (r.start_ns, r.trace_id))
     return _mark_cold(requests)
+
+
+def _owner(key: _Key, by_id: dict[_Key, Span], parents: dict[_Key, list[Span]]) -> _Key:
+    """The request a stage parent belongs to: walk up while the span is a custom stage (a child
+    of another stage parent) that is not named ``request``; stop at anything else."""
+    seen: set[_Key] = set()
+    while key not in seen:
+        seen.add(key)
+        span = by_id.get(key)
+        if span is None or span.name == semconv.SPAN_REQUEST or span.parent_span_id is None:
+            return key
+        up = (span.trace_id, span.parent_span_id)
+        if up not in parents:
+            return key
+        key = up
+    return key  # a parent cycle (malformed ids): stop where it closes
 
 
 def _first_int(spans: Sequence[Span], key: str) -> int | None:
@@ -127,20 +167,24 @@ def _first_int(spans: Sequence[Span], key: str) -> int | None:
     return None
 
 
-def _build(request_span: Span | None, trace_id: str, kids: list[Span]) -> Request:
-    kids = sorted(kids, key=lambda s: (s.start_ns, s.name))
+def _build(
+    request_span: Span | None, trace_id: str, leaves: list[Span], groups: list[Span]
+) -> Request:
+    leaves = sorted(leaves, key=lambda s: (s.start_ns, s.name))
+    groups = sorted(groups, key=lambda s: (s.start_ns, s.name))
     stages_ms: dict[str, float] = {}
-    for span in kids:
+    for span in leaves:
         stages_ms[span.name] = stages_ms.get(span.name, 0.0) + span.duration_ms
     if request_span is not None:
         start_ns, total_ms = request_span.start_ns, request_span.duration_ms
         attributes, resource = dict(request_span.attributes), request_span.resource
     else:
-        start_ns = kids[0].start_ns
-        total_ms = (max(s.end_ns for s in kids) - start_ns) / 1e6
-        attributes, resource = {}, kids[0].resource
-    # image attributes: decode span first (its contract), then any stage, then the request span
-    ordered = sorted(kids, key=lambda s: s.name != semconv.STAGE_DECODE)
+        every = leaves + groups
+        start_ns = min(s.start_ns for s in every)
+        total_ms = (max(s.end_ns for s in every) - start_ns) / 1e6
+        attributes, resource = {}, leaves[0].resource
+    # image attributes: decode span first (its contract), then any stage, groups, the request span
+    ordered = sorted(leaves, key=lambda s: s.name != semconv.STAGE_DECODE) + groups
     if request_span is not None:
         ordered.append(request_span)
     seq = attributes.get(semconv.REQUEST_SEQ)
@@ -153,11 +197,12 @@ def _build(request_span: Span | None, trace_id: str, kids: list[Span]) -> Reques
         image_width=_first_int(ordered, semconv.IMAGE_WIDTH),
         image_height=_first_int(ordered, semconv.IMAGE_HEIGHT),
         image_bytes=_first_int(ordered, semconv.IMAGE_SIZE),
-        error=any(s.error for s in kids) or bool(request_span and request_span.error),
+        error=any(s.error for s in ordered),
         seq=int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None,
         resource=dict(resource),
         attributes=attributes,
-        spans=tuple(kids),
+        spans=tuple(leaves),
+        groups=tuple(groups),
     )
 
 
@@ -175,6 +220,6 @@ def _mark_cold(requests: list[Request]) -> list[Request]:
             cold = [r.seq == 1 for r in group]  # no seq 1 here: the run started before the file
         else:
             cold = [i == 0 for i in range(len(group))]  # already sorted by start time
-        for order, (i, req, is_cold) in enumerate(zip(indices, group, cold), start=1):
-            out[i] = replace(req, cold=is_cold, seq=req.seq if req.seq is not None else order)
+        for i, is_cold in zip(indices, cold):
+            out[i] = replace(requests[i], cold=is_cold)  # seq stays None when not recorded
     return out

@@ -19,16 +19,21 @@ Order of the rules (:func:`decide`):
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.gpu import LEVEL_HIGH, LEVEL_LOW, GpuEvidence
+from otel_stages.analysis.evidence import (  # noqa: F401  (FOLLOWS_SIZE_MIN_R re-exported)
+    FOLLOWS_SIZE_MIN_R,
+    attribute_evidence,
+    follow_evidence,
+    size_evidence,
+)
 from otel_stages.analysis.requests import Request
-from otel_stages.analysis.stats import Distribution, StageStats, correlation
+from otel_stages.analysis.stats import Distribution, StageStats
+from otel_stages.analysis.units import duration, pct
 
 CAUSE_TRANSFER = "transfer"
 CAUSE_PREPROCESS = "preprocess"
@@ -61,8 +66,6 @@ COLD_START_MIN_RATIO = 2.0
 #: When no single stage swings but the total does, the best stage must explain at least this much
 #: of the total's variance to be blamed; below it the swing is in untraced time.
 MIN_EXPLAINED_FOR_SUSPECT = 0.3
-#: |Pearson r| at or above this between stage ms and image pixels/bytes means "cost follows size".
-FOLLOWS_SIZE_MIN_R = 0.7
 #: DESIGN.md: run a fixed input 20+ times; below this the evidence says the verdict is tentative.
 RECOMMENDED_WARM_RUNS = 20
 
@@ -167,7 +170,7 @@ def decide(
     if total is None or not stages:
         evidence = ["no warm requests to compare"]
         if cold is not None:
-            evidence.append(f"only the first (cold) request was found: {cold.total_ms:.1f} ms")
+            evidence.append(f"only the first (cold) request was found: {duration(cold.total_ms)}")
         return Verdict(None, None, evidence, [advice_text.MORE_RUNS])
     median_total = total.median_ms
     ranked = sorted(stages.values(), key=lambda s: s.explained, reverse=True)
@@ -183,8 +186,8 @@ def decide(
             None,
             None,
             [
-                f"request total swings {total.swing_ms:.1f} ms (p5 {total.p5_ms:.1f} -> p95"
-                f" {total.p95_ms:.1f} ms) but no stage explains it: the time is outside the"
+                f"request total swings {duration(total.swing_ms)} (p5 {duration(total.p5_ms)} -> p95"
+                f" {duration(total.p95_ms)}) but no stage explains it: the time is outside the"
                 " stage spans"
             ],
             [advice_text.UNTRACED],
@@ -197,10 +200,11 @@ def decide(
             CAUSE_STABLE,
             None,
             [
-                f"no stage swings: request total p5 {total.p5_ms:.1f} -> p95 {total.p95_ms:.1f} ms"
-                f" around a median of {median_total:.1f} ms over {total.count} warm requests",
-                f"largest share: {largest.name} at {largest.share:.0%} of the median total"
-                f" ({largest.median_ms:.1f} ms)",
+                f"no stage swings: request total p5 {duration(total.p5_ms)} -> p95"
+                f" {duration(total.p95_ms)}"
+                f" around a median of {duration(median_total)} over {total.count} warm requests",
+                f"largest share: {largest.name} at {pct(largest.share)} of the median total"
+                f" ({duration(largest.median_ms)})",
             ],
             advice_text.for_stable(largest.name),
         )
@@ -216,29 +220,30 @@ def _warm_verdict(
     gpu: GpuEvidence,
 ) -> Verdict:
     cause = cause_for(suspect.name, gpu)
+    d = duration
     evidence = [
-        f"{suspect.name} swings {suspect.swing_ms:.1f} ms (p5 {suspect.p5_ms:.1f} -> p95"
-        f" {suspect.p95_ms:.1f} ms, min {suspect.min_ms:.1f}, max {suspect.max_ms:.1f}) and explains"
-        f" {suspect.explained:.0%} of the variance of the request total (median"
-        f" {total.median_ms:.1f} ms, p95 {total.p95_ms:.1f} ms, {total.count} warm requests)",
-        f"{suspect.name} is {suspect.share:.0%} of the median total ({suspect.median_ms:.1f} ms median)",
+        f"{suspect.name} swings {d(suspect.swing_ms)} (p5 {d(suspect.p5_ms)} -> p95"
+        f" {d(suspect.p95_ms)}, min {d(suspect.min_ms)}, max {d(suspect.max_ms)}) and explains"
+        f" {pct(suspect.explained)} of the variance of the request total (median"
+        f" {d(total.median_ms)}, p95 {d(total.p95_ms)}, {total.count} warm requests)",
+        f"{suspect.name} is {pct(suspect.share)} of the median total ({d(suspect.median_ms)} median)",
     ]
     others = [s for s in ranked if s.name != suspect.name]
     if others and stage_swings(others[0], total.median_ms):
         nxt = others[0]
         evidence.append(
-            f"next: {nxt.name} swings {nxt.swing_ms:.1f} ms and explains {nxt.explained:.0%}"
+            f"next: {nxt.name} swings {d(nxt.swing_ms)} and explains {pct(nxt.explained)}"
         )
     elif others:
         widest = max(others, key=lambda s: s.swing_ms)
         evidence.append(
-            f"no other stage swings: the widest, {widest.name}, by {widest.swing_ms:.1f} ms"
+            f"no other stage swings: the widest, {widest.name}, by {d(widest.swing_ms)}"
         )
     for s in others:
         if s.min_ms > 0 and s.max_ms >= 2 * s.min_ms and not stage_swings(s, total.median_ms):
             evidence.append(
-                f"{s.name} varies {s.max_ms / s.min_ms:.1f}x ({s.min_ms:.1f}..{s.max_ms:.1f} ms) but"
-                f" only by {s.max_ms - s.min_ms:.1f} ms: too small to explain the swing"
+                f"{s.name} varies {s.max_ms / s.min_ms:.1f}x ({d(s.min_ms)} .. {d(s.max_ms)}) but"
+                f" only by {d(s.max_ms - s.min_ms)}: too small to explain the swing"
             )
     follows: bool | None = None
     if suspect.name == semconv.STAGE_FORWARD:
@@ -247,9 +252,9 @@ def _warm_verdict(
         lines, follows = size_evidence(warm, suspect.name)
         evidence.extend(lines)
     elif suspect.name == semconv.STAGE_DOWNLOAD:
-        evidence.extend(_follow_evidence(warm, suspect.name, "image bytes", lambda r: r.image_bytes))
+        evidence.extend(follow_evidence(warm, suspect.name, "image bytes", lambda r: r.image_bytes))
     elif suspect.name == semconv.STAGE_QUEUE:
-        evidence.extend(_attribute_evidence(warm, suspect.name, semconv.QUEUE_DEPTH))
+        evidence.extend(attribute_evidence(warm, suspect.name, semconv.QUEUE_DEPTH))
     return Verdict(cause, suspect.name, evidence, advice_text.for_cause(cause, follows_size=follows))
 
 
@@ -260,14 +265,16 @@ def _cold_verdict(cold: ColdStart, stages: dict[str, StageStats], total: Distrib
     }
     stage = max(excess, key=lambda n: excess[n]) if excess else None
     evidence = [
-        f"warm runs are steady: request total p5 {total.p5_ms:.1f} -> p95 {total.p95_ms:.1f} ms"
+        f"warm runs are steady: request total p5 {duration(total.p5_ms)} -> p95"
+        f" {duration(total.p95_ms)}"
         f" over {total.count} warm requests",
     ]
     if stage is not None:
         warm_ms = stages[stage].median_ms if stage in stages else 0.0
         evidence.append(
-            f"{stage} took {cold.stages_ms[stage]:.1f} ms in the cold request vs {warm_ms:.1f} ms"
-            f" warm median: {excess[stage]:.1f} ms of the extra time"
+            f"{stage} took {duration(cold.stages_ms[stage])} in the cold request vs"
+            f" {duration(warm_ms)}"
+            f" warm median: {duration(excess[stage])} of the extra time"
         )
     return Verdict(CAUSE_COLD_START, stage, evidence, advice_text.for_cause(CAUSE_COLD_START))
 
@@ -278,8 +285,8 @@ def _append_common(
     if cold is not None and cold.ratio is not None:
         who = "first request of the process" if cold.count == 1 else f"{cold.count} cold requests"
         line = (
-            f"{who} took {cold.total_ms:.1f} ms, {cold.ratio:.1f}x the warm median total"
-            f" ({cold.warm_median_total_ms:.1f} ms); reported apart from warm runs"
+            f"{who} took {duration(cold.total_ms)}, {cold.ratio:.1f}x the warm median total"
+            f" ({duration(cold.warm_median_total_ms)}); reported apart from warm runs"
         )
         if verdict.cause == CAUSE_COLD_START:
             verdict.evidence.insert(0, line)
@@ -293,58 +300,3 @@ def _append_common(
             f"only {total.count} warm request{'s' if total.count != 1 else ''}: run the same input {RECOMMENDED_WARM_RUNS}+ times"
             " for a firm verdict"
         )
-
-
-def size_evidence(warm: Sequence[Request], stage: str) -> tuple[list[str], bool | None]:
-    """Whether ``stage`` ms follows image pixels / bytes across ``warm`` requests.
-
-    Returns evidence lines and ``True`` (|r| >= FOLLOWS_SIZE_MIN_R for pixels or bytes),
-    ``False`` (sizes vary but cost does not follow), or ``None`` (sizes unknown or all equal).
-    """
-    lines = _follow_evidence(warm, stage, "image pixels", lambda r: r.pixels)
-    lines += _follow_evidence(warm, stage, "image bytes", lambda r: r.image_bytes)
-    rs = [
-        r
-        for r in (_corr(warm, stage, lambda q: q.pixels), _corr(warm, stage, lambda q: q.image_bytes))
-        if r is not None
-    ]
-    follows = None if not rs else max(abs(r) for r in rs) >= FOLLOWS_SIZE_MIN_R
-    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for req in warm:
-        if req.image_width is not None and req.image_height is not None and stage in req.stages_ms:
-            groups[(req.image_width, req.image_height)].append(req.stages_ms[stage])
-    if len(groups) > 1:
-        parts = [
-            f"{w}x{h}: {len(v)} requests, median {statistics.median(v):.1f} ms"
-            for (w, h), v in sorted(groups.items(), key=lambda kv: kv[0][0] * kv[0][1])[:6]
-        ]
-        lines.append(f"{len(groups)} input sizes ({stage}): " + "; ".join(parts))
-    elif len(groups) == 1:
-        (w, h), _ = next(iter(groups.items()))
-        lines.append(f"every request had the same {w}x{h} image, so {stage} cost cannot follow size")
-    return lines, follows
-
-
-def _corr(warm: Sequence[Request], stage: str, key) -> float | None:
-    pairs = [(r.stages_ms[stage], key(r)) for r in warm if stage in r.stages_ms and key(r) is not None]
-    return correlation([p[0] for p in pairs], [float(p[1]) for p in pairs]) if pairs else None
-
-
-def _follow_evidence(warm: Sequence[Request], stage: str, what: str, key) -> list[str]:
-    r = _corr(warm, stage, key)
-    if r is None:
-        return []
-    verb = "follows" if abs(r) >= FOLLOWS_SIZE_MIN_R else "does not follow"
-    return [f"{stage} time {verb} {what} (r = {r:.2f})"]
-
-
-def _attribute_evidence(warm: Sequence[Request], stage: str, key: str) -> list[str]:
-    pairs = [
-        (r.stages_ms[stage], float(v))
-        for r in warm
-        if stage in r.stages_ms
-        and isinstance(v := r.stage_attribute(stage, key), (int, float))
-        and not isinstance(v, bool)
-    ]
-    r = correlation([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
-    return [] if r is None else [f"{stage} time vs {key}: r = {r:.2f}"]

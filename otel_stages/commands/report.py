@@ -1,8 +1,10 @@
 """``otel-stages report [PATH ...] [--json] [--baseline PATH ...] [--top N]``.
 
-Reads OTLP/JSON lines files or folders (default: the embedded exporter's folder,
+Reads OTLP/JSON lines files or folders (``-`` is stdin; default: the embedded exporter's folder,
 ``OTEL_STAGES_DATA_DIR`` or ``./otel-stages-data``), diagnoses them and prints the report as text
-or, with ``--json``, as one JSON object (``indent=2``).
+or, with ``--json``, as one JSON object (``indent=2``). ``--baseline PATH`` (repeatable, one PATH
+each) compares with a recording made before a change; a baseline without requests (missing or
+empty files) is exit status 1, not an empty comparison.
 
 Input problems (bad lines, missing files) never stop the report: each is printed to stderr as
 ``otel-stages: warning: <file>:<line>: ...`` and listed under ``problems``.
@@ -37,7 +39,9 @@ from otel_stages import config
 from otel_stages.analysis import Telemetry, diagnose, load_paths
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
+from otel_stages.analysis.otlp_json import load_bytes
 from otel_stages.analysis.report import DEFAULT_TOP
+from otel_stages.analysis.requests import find_requests
 
 if TYPE_CHECKING:
     from otel_stages.analysis.aggregate import AggregateReport
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
 MAX_STDERR_PROBLEMS = 20
 #: How far back remote sources look when --since is not given.
 DEFAULT_SINCE = "1h"
+#: The PATH that means standard input.
+STDIN = "-"
 
 _NS_PER_UNIT = {
     "ms": 10**6,
@@ -101,17 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "paths",
         nargs="*",
         metavar="PATH",
-        help="OTLP/JSON lines files or folders (searched recursively for *.jsonl / *.json);"
-        " default: $OTEL_STAGES_DATA_DIR or ./otel-stages-data",
+        help="OTLP/JSON lines files or folders (searched recursively for *.jsonl / *.json),"
+        " - for stdin; default: $OTEL_STAGES_DATA_DIR or ./otel-stages-data",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument(
         "--baseline",
-        nargs="+",
-        action="extend",
+        action="append",
         metavar="PATH",
         default=None,
-        help="files or folders recorded before a change: compare against them",
+        help="a file or folder recorded before a change: compare against it (repeat the option"
+        " for several; one PATH each, so PATHs may come before or after it)",
     )
     parser.add_argument(
         "--top",
@@ -193,6 +199,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
                 return f"--{flag} goes with --jaeger, --tempo or --prometheus"
     if args.prometheus and not traces and args.baseline:
         return "--baseline compares traces: use it with PATHs, --jaeger or --tempo"
+    if [*args.paths, *(args.baseline or [])].count(STDIN) > 1:
+        return "stdin (-) can be read only once"
     return None
 
 
@@ -293,6 +301,16 @@ def _run_prometheus(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(paths: list[str]) -> Telemetry:
+    """Files and folders, plus standard input for ``-`` (named ``<stdin>`` in problems)."""
+    telemetry = load_paths([p for p in paths if p != STDIN])
+    if STDIN in paths:
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+        telemetry.extend(load_bytes(data, "<stdin>"))
+    return telemetry
+
+
 def run(args: argparse.Namespace) -> int:
     """Load, diagnose, print. Returns the exit status (see the module docstring)."""
     problem = _usage_problem(args)
@@ -310,8 +328,16 @@ def run(args: argparse.Namespace) -> int:
             return 1
     else:
         paths = list(args.paths) or [default_data_dir()]
-        telemetry, where = load_paths(paths), ", ".join(paths)
-    baseline = load_paths(args.baseline) if args.baseline else None
+        telemetry, where = _load(paths), ", ".join("stdin" if p == STDIN else p for p in paths)
+    baseline = _load(args.baseline) if args.baseline else None
+    if baseline is not None and not find_requests(baseline.spans):
+        _warn([f"baseline: {p}" for p in baseline.problems])
+        print(
+            f"otel-stages: error: no requests found in the baseline ({', '.join(args.baseline)}):"
+            " nothing to compare with",
+            file=sys.stderr,
+        )
+        return 1
     report = diagnose(telemetry, baseline=baseline, top=args.top)
     _warn(report.problems)
     if args.json:

@@ -1,0 +1,103 @@
+"""Evidence sentences from per-request data: does a stage's time follow image size or a span
+attribute (Pearson r across warm requests)? Used by :mod:`otel_stages.analysis.verdict`."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from otel_stages.analysis.requests import Request
+from otel_stages.analysis.stats import correlation
+from otel_stages.analysis.units import duration
+
+#: |Pearson r| at or above this between stage ms and image pixels/bytes means "cost follows size".
+FOLLOWS_SIZE_MIN_R = 0.7
+#: Two correlations this close are reported as equal ("follows pixels and bytes").
+CLOSE_R = 0.05
+
+_Key = Callable[[Request], "int | None"]
+
+
+def size_evidence(warm: Sequence[Request], stage: str) -> tuple[list[str], bool | None]:
+    """Whether ``stage`` ms follows image pixels / bytes across ``warm`` requests.
+
+    Returns evidence lines (one sentence for both measures, e.g. ``decode time follows image
+    pixels (r = 0.95) and bytes (r = 0.91)``, the closer one first; then the per-size medians)
+    and ``True`` (|r| >= FOLLOWS_SIZE_MIN_R for pixels or bytes), ``False`` (sizes vary but cost
+    does not follow), or ``None`` (sizes unknown or all equal).
+    """
+    rs = {
+        "pixels": _corr(warm, stage, lambda q: q.pixels),
+        "bytes": _corr(warm, stage, lambda q: q.image_bytes),
+    }
+    known = [(w, r) for w, r in rs.items() if r is not None]
+    lines = [size_sentence(stage, known)] if known else []
+    follows = None if not known else max(abs(r) for _, r in known) >= FOLLOWS_SIZE_MIN_R
+    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for req in warm:
+        if req.image_width is not None and req.image_height is not None and stage in req.stages_ms:
+            groups[(req.image_width, req.image_height)].append(req.stages_ms[stage])
+    if len(groups) > 1:
+        parts = [
+            f"{w}x{h}: {len(v)} requests, median {duration(statistics.median(v))}"
+            for (w, h), v in sorted(groups.items(), key=lambda kv: kv[0][0] * kv[0][1])[:6]
+        ]
+        lines.append(f"{len(groups)} input sizes ({stage}): " + "; ".join(parts))
+    elif len(groups) == 1:
+        (w, h), _ = next(iter(groups.items()))
+        lines.append(f"every request had the same {w}x{h} image, so {stage} cost cannot follow size")
+    return lines, follows
+
+
+def size_sentence(stage: str, known: Sequence[tuple[str, float]]) -> str:
+    """One sentence for the measures in ``known`` (``[("pixels", r), ("bytes", r)]``): which the
+    time follows (the closer one first) and which it does not (in the given order)."""
+    follow = [(w, r) for w, r in known if abs(r) >= FOLLOWS_SIZE_MIN_R]
+    miss = [(w, r) for w, r in known if abs(r) < FOLLOWS_SIZE_MIN_R]
+    closest = sorted(follow, key=lambda wr: -abs(wr[1]))
+
+    def each(items: Sequence[tuple[str, float]], joiner: str) -> str:
+        return joiner.join(f"{w} (r = {r:.2f})" for w, r in items)
+
+    if len(follow) == 2:
+        (a, ra), (b, rb) = closest
+        if abs(ra) - abs(rb) < CLOSE_R:  # alike: keep the given order
+            (a, ra), (b, rb) = follow
+            return f"{stage} time follows image size: {a} (r = {ra:.2f}) and {b} (r = {rb:.2f})"
+        return (
+            f"{stage} time follows image size, {a} (r = {ra:.2f}) more closely than {b}"
+            f" (r = {rb:.2f})"
+        )
+    if follow and miss:
+        return f"{stage} time follows image {each(follow, '')}, not {each(miss, '')}"
+    if follow:
+        return f"{stage} time follows image {each(follow, '')}"
+    return f"{stage} time does not follow image {each(miss, ' or ')}"
+
+
+def _corr(warm: Sequence[Request], stage: str, key: _Key) -> float | None:
+    pairs = [(r.stages_ms[stage], v) for r in warm if stage in r.stages_ms and (v := key(r)) is not None]
+    return correlation([p[0] for p in pairs], [float(p[1]) for p in pairs]) if pairs else None
+
+
+def follow_evidence(warm: Sequence[Request], stage: str, what: str, key: _Key) -> list[str]:
+    """``["download time follows image bytes (r = 0.93)"]``, or ``[]`` when r is undefined."""
+    r = _corr(warm, stage, key)
+    if r is None:
+        return []
+    verb = "follows" if abs(r) >= FOLLOWS_SIZE_MIN_R else "does not follow"
+    return [f"{stage} time {verb} {what} (r = {r:.2f})"]
+
+
+def attribute_evidence(warm: Sequence[Request], stage: str, key: str) -> list[str]:
+    """``["queue time vs queue.depth: r = 0.81"]`` from a numeric attribute of the stage span."""
+    pairs = [
+        (r.stages_ms[stage], float(v))
+        for r in warm
+        if stage in r.stages_ms
+        and isinstance(v := r.stage_attribute(stage, key), (int, float))
+        and not isinstance(v, bool)
+    ]
+    r = correlation([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
+    return [] if r is None else [f"{stage} time vs {key}: r = {r:.2f}"]
