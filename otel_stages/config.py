@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,11 +32,25 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError("expected true or false")
 
 
-def _parse_positive_float(raw: str) -> float:
-    value = float(raw)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError("expected a finite number > 0")
-    return value
+def _positive_float(min_s: float, max_s: float, why_min: str = "") -> Callable[[str], float]:
+    """Parser for a duration in seconds, ``min_s <= value <= max_s``; ``why_min`` says why the
+    floor is where it is (shown in the error)."""
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError("expected a number of seconds") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError("expected a finite number > 0")
+        if value < min_s:
+            raise ValueError(f"must be >= {min_s:g} s" + (f" ({why_min})" if why_min else ""))
+        if value > max_s:
+            raise ValueError(f"must be <= {max_s:g} s")
+        return value
+
+    parse.numeric = True  # type: ignore[attr-defined]  # numbers given as arguments are parsed too
+    return parse
 
 
 def _parse_protocol(raw: str) -> str:
@@ -53,7 +68,22 @@ def _parse_endpoint(raw: str) -> str | None:
         return None
     if "://" not in value:
         raise ValueError("expected a URL with a scheme, e.g. http://localhost:4317")
-    return value
+    try:
+        url = urllib.parse.urlsplit(value)
+    except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
+        raise ValueError(f"not a valid URL ({exc})") from None
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"scheme must be http or https, not {url.scheme!r} "
+                         "(e.g. http://localhost:4318)")
+    if not url.hostname:
+        raise ValueError("no host in the URL (e.g. http://localhost:4318)")
+    after_host = url.netloc.rpartition("@")[2].rpartition("]")[2]  # past userinfo and [IPv6]
+    if ":" in after_host:  # a port was given: it must be a number in range
+        raw_port = after_host.rpartition(":")[2]
+        port = int(raw_port) if raw_port.isascii() and raw_port.isdigit() else None
+        if port is None or not 1 <= port <= 65535:
+            raise ValueError(f"port must be a number from 1 to 65535, got {raw_port!r}")
+    return url.scheme + value[len(url.scheme):]  # scheme lower-cased (the SDK compares it)
 
 
 def _parse_text(raw: str) -> str:
@@ -100,11 +130,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_requests", ("OTEL_STAGES_LOG_REQUESTS",), False, _parse_bool,
             "emit one JSON log line per finished request via logging (logger otel_stages.requests)"),
     Setting("metric_export_interval_s", ("OTEL_STAGES_METRIC_EXPORT_INTERVAL_S",), 10.0,
-            _parse_positive_float, "seconds between metric exports"),
+            _positive_float(0.1, 3600.0, "each export serialises and writes every metric; "
+                                        "faster than 10 per second is export overhead, not data"),
+            "seconds between metric exports (0.1 to 3600)"),
     Setting("gpu", ("OTEL_STAGES_GPU",), "auto", _parse_gpu_mode,
             "GPU sampling via NVML: auto (if available), on (fail configure() without it), off"),
-    Setting("gpu_interval_s", ("OTEL_STAGES_GPU_INTERVAL_S",), 1.0, _parse_positive_float,
-            "seconds between GPU sampler passes (every NVML utilization sample is kept)"),
+    Setting("gpu_interval_s", ("OTEL_STAGES_GPU_INTERVAL_S",), 1.0,
+            _positive_float(0.05, 3600.0, "NVML's utilization ring holds ~1/6 s periods and every "
+                                         "pass costs NVML calls per GPU; faster passes add cost, "
+                                         "not samples"),
+            "seconds between GPU sampler passes, 0.05 to 3600 (every NVML utilization sample is kept)"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -157,7 +192,7 @@ def resolve(arguments: Mapping[str, Any] | None = None,
 
 def _resolve_one(setting: Setting, argument: Any, environ: Mapping[str, str]) -> Any:
     if argument is not None:
-        if isinstance(argument, str) or setting.parse is _parse_positive_float:
+        if isinstance(argument, str) or getattr(setting.parse, "numeric", False):
             return _parse(setting, str(argument), f"argument {setting.name}=")
         return argument
     for var in setting.env:

@@ -50,3 +50,62 @@ def test_bad_argument_named_as_argument():
         resolve({"protocol": "smtp"}, environ={})
     with pytest.raises(ConfigurationError, match="unknown setting"):
         resolve({"colour": "red"}, environ={})
+
+
+@pytest.mark.parametrize(
+    "endpoint, reason",
+    [
+        ("ftp://x:1", "scheme must be http or https, not 'ftp'"),
+        ("grpc://collector:4317", "scheme must be http or https"),
+        ("http://", "no host"),
+        ("http://:4317", "no host"),
+        ("http://localhost:abc", "port must be a number from 1 to 65535, got 'abc'"),
+        ("http://localhost:", "port must be a number from 1 to 65535, got ''"),
+        ("http://localhost:0", "got '0'"),
+        ("http://localhost:70000", "got '70000'"),
+        ("http://[::1", "not a valid URL"),
+    ],
+)
+def test_endpoint_must_be_an_http_url_with_host_and_numeric_port(endpoint, reason):
+    with pytest.raises(ConfigurationError) as info:
+        resolve({}, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    message = str(info.value)
+    assert message.startswith(f"OTEL_EXPORTER_OTLP_ENDPOINT={endpoint!r} (setting endpoint): ")
+    assert reason in message
+    with pytest.raises(ConfigurationError, match=r"argument endpoint="):
+        resolve({"endpoint": endpoint}, environ={})
+
+
+@pytest.mark.parametrize("endpoint", ["http://localhost:4318", "https://collector.example/otlp",
+                                      "http://[::1]:4317", "http://10.0.0.5", "HTTP://Host:4317"])
+def test_good_endpoints_pass(endpoint):
+    value = resolve({}, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}).endpoint
+    assert value.lower() == endpoint.lower() and value.startswith(("http://", "https://"))
+
+
+@pytest.mark.parametrize(
+    "var, raw, needle",
+    [
+        ("OTEL_STAGES_GPU_INTERVAL_S", "1e-9", "must be >= 0.05 s (NVML's utilization ring"),
+        ("OTEL_STAGES_GPU_INTERVAL_S", "0.049", "must be >= 0.05 s"),
+        ("OTEL_STAGES_GPU_INTERVAL_S", "86400", "must be <= 3600 s"),
+        ("OTEL_STAGES_METRIC_EXPORT_INTERVAL_S", "0.0001", "must be >= 0.1 s (each export"),
+        ("OTEL_STAGES_METRIC_EXPORT_INTERVAL_S", "1e9", "must be <= 3600 s"),
+        ("OTEL_STAGES_METRIC_EXPORT_INTERVAL_S", "inf", "finite"),
+        ("OTEL_STAGES_GPU_INTERVAL_S", "soon", "expected a number of seconds"),
+    ],
+)
+def test_intervals_have_floors_and_ceilings_with_a_reason(var, raw, needle):
+    with pytest.raises(ConfigurationError) as info:
+        resolve({}, environ={var: raw})
+    assert str(info.value).startswith(f"{var}={raw!r} (setting ")
+    assert needle in str(info.value)
+
+
+def test_interval_bounds_apply_to_arguments_and_accept_the_edges():
+    with pytest.raises(ConfigurationError, match=r"argument gpu_interval_s=.*must be >= 0.05 s"):
+        resolve({"gpu_interval_s": 1e-9}, environ={})
+    with pytest.raises(ConfigurationError, match=r"argument metric_export_interval_s=.*>= 0.1 s"):
+        resolve({"metric_export_interval_s": 0.0001}, environ={})
+    edges = resolve({"gpu_interval_s": 0.05, "metric_export_interval_s": 3600}, environ={})
+    assert edges.gpu_interval_s == 0.05 and edges.metric_export_interval_s == 3600.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import http.server
 import json
+import re
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +32,8 @@ from otel_stages.demo.worker import THREAD_NAME, THREAD_NAME_ATTR, InferenceWork
 SMALL = EncoderConfig(image_size=32, patch=16, dim=32, heads=2, depth=2, prompt_len=8)
 ENV_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED",
             "OTEL_STAGES_ENABLED", "OTEL_STAGES_DATA_DIR", "OTEL_STAGES_EXPORTER_OTLP_ENDPOINT",
-            "OTEL_STAGES_EXPORTER_OTLP_PROTOCOL")
+            "OTEL_STAGES_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT")
 
 
 @pytest.fixture
@@ -213,6 +216,47 @@ def test_worker_forward_error_reaches_every_future_of_the_batch(captured):
 def test_worker_rejects_bad_settings():
     with pytest.raises(ValueError, match="max_batch"):
         InferenceWorker(lambda p, q: p, max_batch=0)
+    for wait in (-5.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="finite max_wait_ms >= 0"):
+            InferenceWorker(lambda p, q: p, max_wait_ms=wait)
+
+
+def test_worker_whose_loop_dies_fails_waiting_and_later_requests(captured):
+    """A bug in the executor loop (here: collecting a batch raises) must not strand producers."""
+    model = GatedModel()
+    worker = InferenceWorker(model, max_batch=4, max_wait_ms=0)
+    collect, calls = worker._collect, []
+
+    def broken_collect(items):
+        calls.append(len(items))
+        if len(calls) == 2:
+            raise OverflowError("timeout value is too large")
+        return collect(items)
+
+    worker._collect = broken_collect  # the loop looks it up per batch
+    pixels, prompt = np.zeros((3, 2, 2), np.float32), np.array([1])
+    first = worker.submit(pixels, prompt)
+    assert model.entered.wait(timeout=10)
+    in_hand, queued = worker.submit(pixels, prompt), worker.submit(pixels, prompt)
+    model.release.set()
+    assert first.result(timeout=10).tolist() == [1.0]
+    for future in (in_hand, queued):  # the batch being collected and what waited behind it
+        error = future.exception(timeout=10)
+        assert isinstance(error, WorkerClosed) and "executor thread died" in str(error)
+        assert isinstance(error.__cause__, OverflowError)
+    with pytest.raises(WorkerClosed, match="executor thread died: OverflowError"):
+        worker.submit(pixels, prompt)
+    worker.close(timeout_s=5)  # the dead thread joins at once
+
+
+@pytest.mark.parametrize("value", ["-5", "inf", "nan", "10001", "soon"])
+def test_demo_rejects_bad_max_wait_up_front(value, tmp_path, clean_env, capsys):
+    with pytest.raises(SystemExit) as info:  # a short plan: before the fix it ran (or stalled)
+        main(["demo", "--max-wait-ms", value, "--requests", "2", "--mixed", "0",
+              "--data-dir", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-wait-ms" in err and repr(value) in err and "Traceback" not in err
 
 
 def test_mixed_jobs_mix_sizes_with_one_malformed():
@@ -352,3 +396,24 @@ def test_to_tensor_layout():
     tensor = to_tensor(image)
     assert tensor.shape == (3, 2, 4) and tensor.dtype == np.float32
     np.testing.assert_allclose(tensor[:, 0, 0], [1.0, 0.0, 0.2], atol=1e-6)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_demo_with_dead_collector_warns_and_exits_1(tmp_path, clean_env, capsys):
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")  # seconds: stop retrying quickly
+    assert main(["demo", "--requests", "2", "--mixed", "0", "--data-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "Verdict:" in out  # the local report is still made
+    assert re.search(rf"demo: warning: [1-9]\d* span export batch(es)? to OTLP http/protobuf "
+                     rf"{re.escape(endpoint)} failed \(is a collector listening\?\)", err), err
+    assert "traces exported to" not in out + err
+    assert "traces not (all) exported to" in out

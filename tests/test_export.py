@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +31,9 @@ def restore_runtime():
 @pytest.fixture
 def clean_env(monkeypatch):
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED",
-                "OTEL_STAGES_ENABLED", "OTEL_STAGES_DATA_DIR", "OTEL_SERVICE_NAME"):
+                "OTEL_STAGES_ENABLED", "OTEL_STAGES_DATA_DIR", "OTEL_SERVICE_NAME",
+                "OTEL_STAGES_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_STAGES_GPU"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -128,3 +137,201 @@ def test_otlp_export_to_real_receiver(protocol, receiver, clean_env, monkeypatch
     assert service and set(service) == {"svc-otlp"}
     assert semconv.HW_GPU_UTILIZATION in received.metric_names()
     assert list(tmp_path.iterdir()) == []  # nothing written locally when exporting over OTLP
+
+
+# -- configure() again, fork(), export failures -----------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spans_by_service(path: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            attrs = {a["key"]: a["value"].get("stringValue") for a in rs["resource"]["attributes"]}
+            names = [s["name"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+            out.setdefault(attrs["service.name"], []).extend(names)
+    return out
+
+
+def _sdk_threads() -> dict[str, int]:
+    names = ("OtelBatchSpanRecordProcessor", "OtelPeriodicExportingMetricReader")
+    return {n: sum(t.name == n and t.is_alive() for t in threading.enumerate()) for n in names}
+
+
+def test_second_configure_shuts_down_the_first(tmp_path, clean_env, caplog):
+    first = ots.configure(service_name="one", data_dir=tmp_path / "a", set_global=False, gpu="off")
+    threads = _sdk_threads()
+    _one_request()
+    with caplog.at_level(logging.INFO, logger="otel_stages"):
+        second = ots.configure(service_name="two", data_dir=tmp_path / "b", set_global=False,
+                               gpu="off")
+    assert _sdk_threads() == threads  # the first setup's export threads are gone, not doubled
+    assert not first.tracer_provider.force_flush()  # its span processor is shut down
+    replaced = [r for r in caplog.records if "replaced the previous configuration" in r.getMessage()]
+    assert len(replaced) == 1 and replaced[0].levelno == logging.INFO
+    assert "'one'" in replaced[0].getMessage() and "'two'" in replaced[0].getMessage()
+    _one_request()
+    assert second.force_flush()
+    second.shutdown()
+    second.shutdown()  # idempotent
+    assert _spans_by_service(first.trace_path) == {"one": ["decode", "forward", "request"]}
+    assert _spans_by_service(second.trace_path) == {"two": ["decode", "forward", "request"]}
+
+
+def test_failed_reconfigure_keeps_the_previous_configuration(tmp_path, clean_env):
+    first = ots.configure(service_name="one", data_dir=tmp_path / "a", set_global=False, gpu="off")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigurationError):
+        ots.configure(data_dir=blocker / "sub", set_global=False, gpu="off")
+    _one_request()
+    assert first.force_flush()
+    first.shutdown()
+    assert _spans_by_service(first.trace_path) == {"one": ["decode", "forward", "request"]}
+
+
+def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_second_global_configure_warns_once_instead_of_overriding(tmp_path):
+    done = _python("""
+        import json, logging, sys
+        from pathlib import Path
+        from opentelemetry import trace
+        import otel_stages as ots
+
+        logging.basicConfig(level=logging.INFO)
+        folder = Path(sys.argv[1])
+        a = ots.configure(service_name="one", data_dir=folder / "a", gpu="off")
+        b = ots.configure(service_name="two", data_dir=folder / "b", gpu="off")
+        trace.get_tracer("other-instrumentation").start_span("global").end()
+        with ots.request():
+            pass
+        a.force_flush()
+        b.force_flush()
+        print(json.dumps([str(a.trace_path), str(b.trace_path),
+                          trace.get_tracer_provider() is a.tracer_provider]))
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    a_path, b_path, global_is_first = json.loads(done.stdout)
+    assert global_is_first
+    assert "Overriding of current" not in done.stderr
+    assert done.stderr.count("can be set only once per process") == 1
+    assert "'one'" in done.stderr and "stay up as the OpenTelemetry globals" in done.stderr
+    assert _spans_by_service(Path(a_path)) == {"one": ["global"]}  # the global keeps the first
+    assert _spans_by_service(Path(b_path)) == {"two": ["request"]}  # our spans use the new one
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_after_configure_warns_once_in_child(tmp_path, clean_env):
+    parent = ots.configure(service_name="forky", data_dir=tmp_path / "parent", set_global=False,
+                           gpu="off")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("otel_stages")
+    log.addHandler(handler)
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: report through the pipe, never return into pytest
+            code = 1
+            try:
+                os.close(read_fd)
+                warned = [r.getMessage() for r in records]
+                child = ots.configure(service_name="forky", data_dir=tmp_path / "child",
+                                      set_global=False, gpu="off")
+                _one_request()
+                child.force_flush()
+                result = {"warned": warned, "pid": os.getpid(), "trace_path": str(child.trace_path),
+                          "instance": child.tracer_provider.resource.attributes[
+                              semconv.SERVICE_INSTANCE_ID]}
+                child.shutdown()
+                os.write(write_fd, json.dumps(result).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as pipe:
+            raw = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        log.removeHandler(handler)
+    assert os.waitstatus_to_exitcode(status) == 0, raw
+    result = json.loads(raw)
+    assert [r.getMessage() for r in records] == []  # the parent itself warned nothing
+    (warning,) = [m for m in result["warned"] if "fork" in m]
+    assert warning.startswith("configure() ran before fork(): call otel_stages.configure() in each "
+                              "worker process (e.g. gunicorn post_fork) so each gets its own "
+                              "service.instance.id and files")
+    assert f"pid {result['pid']}" in warning and f"pid {os.getpid()}" in warning
+    # configure() in the child: its own instance id and files
+    assert result["instance"] != parent.tracer_provider.resource.attributes[semconv.SERVICE_INSTANCE_ID]
+    child_path = Path(result["trace_path"])
+    assert child_path.parent == tmp_path / "child" and f"-{result['pid']}-" in child_path.name
+    assert _spans_by_service(child_path) == {"forky": ["decode", "forward", "request"]}
+    parent.shutdown()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_export_failures_count_undelivered_span_batches(tmp_path, clean_env, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")  # seconds: give up retrying quickly
+    dead = ots.configure(endpoint=f"http://127.0.0.1:{_closed_port()}", data_dir=tmp_path,
+                         set_global=False, gpu="off")
+    assert dead.export_failures == 0
+    _one_request()
+    dead.force_flush(5_000)
+    assert dead.export_failures == 1
+    dead.shutdown()
+    ok = ots.configure(data_dir=tmp_path, set_global=False, gpu="off")
+    _one_request()
+    assert ok.force_flush() and ok.export_failures == 0
+    ok.shutdown()
+    assert ots.configure(enabled=False, set_global=False).export_failures == 0
+
+
+def test_second_configure_stops_gpu_export_and_does_not_repeat_nvml_warning(
+        tmp_path, clean_env, monkeypatch, caplog):
+    import functools
+
+    from otel_stages.gpu import session
+    from otel_stages.gpu.backend import FakeBackend
+
+    reason = f"no driver on {tmp_path.name}"  # unique: the once-per-process memory is global
+    monkeypatch.setattr(session, "start", functools.partial(
+        session.start, backend_factory=lambda: FakeBackend([], unavailable=reason)))
+
+    def export_threads(telemetry) -> list[threading.Thread]:
+        threads = [reader._thread for reader in telemetry._gpu_readers]
+        assert threads and all(t.name == "otel-stages-gpu-export" and t.is_alive() for t in threads)
+        return threads
+
+    def ended(threads: list[threading.Thread]) -> bool:
+        for thread in threads:
+            thread.join(5)  # told to stop by the shutdown; it exits on its own
+        return not any(t.is_alive() for t in threads)
+
+    with caplog.at_level(logging.WARNING, logger="otel_stages.gpu"):
+        first = ots.configure(data_dir=tmp_path / "a", set_global=False, gpu="auto")
+        assert not session.current().sampler.wait_ready(5)
+        first_threads = export_threads(first)
+        second = ots.configure(data_dir=tmp_path / "b", set_global=False, gpu="auto")
+        assert not session.current().sampler.wait_ready(5)
+        assert ended(first_threads)
+        second_threads = export_threads(second)
+        third = ots.configure(data_dir=tmp_path / "c", set_global=False, gpu="off")
+        assert ended(second_threads) and third._gpu_readers == []
+    lines = [r.getMessage() for r in caplog.records if reason in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("NVML unavailable")
+    assert first._shut_down and second._shut_down
+    third.shutdown()

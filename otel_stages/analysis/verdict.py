@@ -25,12 +25,7 @@ from dataclasses import dataclass, field
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.gpu import LEVEL_HIGH, LEVEL_LOW, GpuEvidence
-from otel_stages.analysis.evidence import (  # noqa: F401  (FOLLOWS_SIZE_MIN_R re-exported)
-    FOLLOWS_SIZE_MIN_R,
-    attribute_evidence,
-    follow_evidence,
-    size_evidence,
-)
+from otel_stages.analysis.evidence import attribute_evidence, follow_evidence, size_evidence
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import Distribution, StageStats
 from otel_stages.analysis.units import duration, pct

@@ -6,12 +6,18 @@ Spans go where :func:`otel_stages.configure` sends them: OTLP/JSON files under t
 default, or an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (then a local copy of
 this run's spans is also written, so the report can be made here). The report reads only the
 files this run wrote. Progress goes to stderr; the report (text or ``--json``) to stdout.
+
+Exit status: 0 when the run was reported and its spans were delivered; 1 when telemetry is off,
+a setting is bad, or span batches could not be exported (e.g. no collector listening at
+``OTEL_EXPORTER_OTLP_ENDPOINT``): the report is still printed, from the local copy, but the
+spans did not reach their destination, which a script running the demo needs to notice.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -21,6 +27,7 @@ from otel_stages import mark_cold_start
 
 DEFAULT_FIXED = 24
 DEFAULT_MIXED = 24
+MAX_WAIT_MS_LIMIT = 10_000.0  #: a longer batching wait is no demo of batching, just a stall
 SERVICE_NAME = "otel-stages-demo"
 
 
@@ -32,6 +39,18 @@ def _at_least(minimum: int):  # type: ignore[no-untyped-def]
             raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _milliseconds(maximum: float):  # type: ignore[no-untyped-def]
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of milliseconds, got {raw!r}") from None
+        if not math.isfinite(value) or not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a number from 0 to {maximum:g}, got {raw!r}")
         return value
     return parse
 
@@ -50,9 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ONNX Runtime intra-op threads (default 1)")
     parser.add_argument("--max-batch", type=_at_least(1), default=4, metavar="N",
                         help="most requests per forward call (default 4)")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0, metavar="MS",
-                        help="how long the executor waits to fill a batch after its first item "
-                             "(default 5)")
+    parser.add_argument("--max-wait-ms", type=_milliseconds(MAX_WAIT_MS_LIMIT), default=5.0,
+                        metavar="MS",
+                        help="how long the executor waits to fill a batch after its first item, "
+                             f"0 to {MAX_WAIT_MS_LIMIT:g} (default 5)")
     parser.add_argument("--data-dir", metavar="PATH", default=None,
                         help="folder for the OTLP/JSON files (default: OTEL_STAGES_DATA_DIR or "
                              "./otel-stages-data)")
@@ -72,7 +92,8 @@ def _local_copy(telemetry, folder: Path) -> Path:  # type: ignore[no-untyped-def
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the plan and print the report; 0 on success, 1 when telemetry is off or a setting is bad."""
+    """Run the plan and print the report; 0 on success, 1 when telemetry is off, a setting is
+    bad or span batches could not be exported (the report is printed all the same)."""
     from otel_stages.analysis import diagnose, load_paths
     from otel_stages.config import ConfigurationError
     from otel_stages.demo.images import demo_images
@@ -122,16 +143,27 @@ def run(args: argparse.Namespace) -> int:
                   f"(largest {max(worker.batch_sizes, default=0)})")
         if not telemetry.force_flush():
             _progress("warning: telemetry flush timed out; the report may miss spans")
+        failures = telemetry.export_failures
+        if failures:
+            hint = ("is a collector listening?" if telemetry.settings.endpoint is not None else
+                    "is the data folder writable?")
+            _progress(f"warning: {failures} span export batch{'es' if failures != 1 else ''} to "
+                      f"{telemetry.destination} failed ({hint})")
         report = diagnose(load_paths([p for p in (trace_path, telemetry.metrics_path)
                                       if p is not None and p.exists()]))
         if args.json:
             print(json.dumps(report.to_dict(), indent=2))
         else:
             render(report)
-        where = (f"traces written to {trace_path}" if telemetry.trace_path is not None else
-                 f"traces exported to {telemetry.destination}; local copy for this report: {trace_path}")
+        if failures:
+            where = (f"traces not (all) exported to {telemetry.destination}; "
+                     f"this report was made from {trace_path}")
+        elif telemetry.trace_path is not None:
+            where = f"traces written to {trace_path}"
+        else:
+            where = f"traces exported to {telemetry.destination}; local copy for this report: {trace_path}"
         print(where, file=sys.stderr if args.json else sys.stdout)
         _progress(f"done in {time.perf_counter() - started:.1f} s")
-        return 0
+        return 1 if failures else 0
     finally:
         telemetry.shutdown()

@@ -8,10 +8,15 @@ calls :func:`otel_stages.dequeue_batch` (one ``queue`` span per request, enqueue
 runs the model once inside ``batch.stage("forward")`` (one ``forward`` span per request, each a
 child of its own request, with ``batch.size``). Results, or the exception, go to every future of
 the batch. :meth:`close` (or leaving the ``with`` block) sends a sentinel and joins the thread.
+
+Should the executor loop itself fail (a bug, not a model error), the worker fails every waiting
+future and every later :meth:`~InferenceWorker.submit` with :class:`WorkerClosed` instead of
+leaving producers blocked; :meth:`~InferenceWorker.infer` also waits with a timeout.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -43,7 +48,8 @@ _STOP = object()
 
 
 class WorkerClosed(RuntimeError):
-    """:meth:`InferenceWorker.submit` after :meth:`InferenceWorker.close`."""
+    """:meth:`InferenceWorker.submit` after :meth:`InferenceWorker.close`, or after the executor
+    thread died (then ``__cause__`` is what killed it)."""
 
 
 class InferenceWorker:
@@ -55,14 +61,15 @@ class InferenceWorker:
     """
 
     def __init__(self, model: ModelFn, *, max_batch: int = 4, max_wait_ms: float = 4.0) -> None:
-        if max_batch < 1 or max_wait_ms < 0:
-            raise ValueError(f"InferenceWorker: need max_batch >= 1 and max_wait_ms >= 0, "
+        if max_batch < 1 or not math.isfinite(max_wait_ms) or max_wait_ms < 0:
+            raise ValueError(f"InferenceWorker: need max_batch >= 1 and a finite max_wait_ms >= 0, "
                              f"got {max_batch} and {max_wait_ms}")
         self._model = model
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self._queue: queue.Queue[object] = queue.Queue()
         self._closed = False
+        self._died: BaseException | None = None  #: what killed the executor loop, if anything
         self._lock = threading.Lock()
         self.batch_sizes: list[int] = []  #: size of every batch run so far, in order
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
@@ -74,10 +81,13 @@ class InferenceWorker:
 
         Call inside the request's span (the ``queue`` and ``forward`` spans become its children).
         The future resolves to the model output row for this item, or raises what the model
-        raised. Raises :class:`WorkerClosed` after :meth:`close`.
+        raised (:class:`WorkerClosed` if the executor thread dies first). Raises
+        :class:`WorkerClosed` after :meth:`close` or once the executor thread has died.
         """
         future: Future[np.ndarray] = Future()
         with self._lock:  # no item may slip in behind the sentinel
+            if self._died is not None:
+                raise WorkerClosed(f"InferenceWorker executor thread died: {self._died!r}") from self._died
             if self._closed:
                 raise WorkerClosed("InferenceWorker is closed")
             token = enqueue_token(depth=self._queue.qsize())
@@ -89,37 +99,56 @@ class InferenceWorker:
         return self.submit(pixels, prompt_ids).result(timeout=timeout_s)
 
     # -- executor side ---------------------------------------------------------------------------
-    def _collect(self, first: _Item) -> tuple[list[_Item], bool]:
-        """First item plus up to ``max_batch - 1`` more within ``max_wait_s``; (items, stop_seen)."""
-        items = [first]
+    def _collect(self, items: list[_Item]) -> bool:
+        """Add up to ``max_batch - len(items)`` more items to ``items`` (which holds the batch's
+        first) within ``max_wait_s``; ``True`` when the stop sentinel was seen."""
         deadline = time.monotonic() + self.max_wait_s
         while len(items) < self.max_batch:  # bounded by max_batch
-            remaining = deadline - time.monotonic()
+            remaining = min(deadline - time.monotonic(), threading.TIMEOUT_MAX)
             try:
                 nxt = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if nxt is _STOP:
-                return items, True
+                return True
             assert isinstance(nxt, _Item)
             items.append(nxt)
-        return items, False
+        return False
 
     def _loop(self) -> None:
-        stop = False
-        while not stop:  # ends at the sentinel, which close() always sends
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            assert isinstance(first, _Item)
-            items, stop = self._collect(first)
-            try:
+        items: list[_Item] = []
+        try:
+            stop = False
+            while not stop:  # ends at the sentinel, which close() always sends
+                first = self._queue.get()
+                if first is _STOP:
+                    break
+                assert isinstance(first, _Item)
+                items = [first]
+                stop = self._collect(items)
                 self._run_batch(items)
-            except BaseException as exc:  # a bug here must not leave callers waiting forever
-                for item in items:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                raise
+                items = []
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            self._die(items, exc)
+
+    def _die(self, items: list[_Item], exc: BaseException) -> None:
+        """The loop failed: refuse new work, fail the batch in hand and everything queued."""
+        with self._lock:
+            self._died = exc
+            self._closed = True
+            pending = list(items)
+            while True:  # bounded: submit() adds nothing once _closed is set
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Item):
+                    pending.append(item)
+        for item in pending:
+            if not item.future.done():
+                error = WorkerClosed(f"InferenceWorker executor thread died: {exc!r}")
+                error.__cause__ = exc
+                item.future.set_exception(error)
 
     def _run_batch(self, items: list[_Item]) -> None:
         live = [item for item in items if item.future.set_running_or_notify_cancel()]

@@ -33,6 +33,7 @@ from otel_stages.gpu.store import Point, SampleStore
 from otel_stages.gpu.timebase import Timebase
 
 logger = logging.getLogger("otel_stages.gpu")
+_REPORTED_UNAVAILABLE: set[str] = set()  # reasons already logged in this process
 
 STARTING, RUNNING, UNAVAILABLE, STOPPED = "starting", "running", "unavailable", "stopped"
 DEFAULT_INIT_TIMEOUT_S = 10.0
@@ -163,7 +164,9 @@ class Sampler:
     def _unavailable(self, reason: str) -> bool:
         self.status, self.reason = UNAVAILABLE, reason
         self._ready.set()
-        if self.log_unavailable:
+        if self.log_unavailable and reason not in _REPORTED_UNAVAILABLE:
+            # Once per reason and process: a re-configure() on the same host would only repeat it.
+            _REPORTED_UNAVAILABLE.add(reason)
             logger.warning("NVML unavailable: %s; continuing without GPU data "
                            "(set OTEL_STAGES_GPU=off to skip GPU sampling)", reason)
         return False
