@@ -228,9 +228,11 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
     """The report's sections, in display order, as rich renderables fitted to ``width`` columns
     (numbers, stage names and trace ids are never cut: low-priority columns are left out)."""
     cold = 0 if report.cold_start is None else report.cold_start.count
+    failed = f", {report.failed_requests} failed" if report.failed_requests else ""
     parts: list[RenderableType] = [
         Text(
-            f"otel-stages report: {report.requests} requests ({report.warm_requests} warm, {cold} cold)",
+            f"otel-stages report: {report.requests} requests ({report.warm_requests} warm, {cold} cold"
+            f"{failed})",
             style="bold",
         )
     ]

@@ -348,7 +348,10 @@ def test_failed_requests_are_counted_but_kept_out_of_the_statistics():
     report = diagnose(telemetry).to_dict()
     assert report["requests"] == 25
     assert report["stages"][DECODE]["min_ms"] > 7.0  # the 0.1 ms failed decode is not a run
-    assert any("1 of 25 requests ended with an error" in e for e in report["verdict"]["evidence"])
+    assert any("1 of 25 requests ended with an error and was left out" in e for e in report["verdict"]["evidence"])
+    from otel_stages.render import render_text
+
+    assert "25 requests (23 warm, 1 cold, 1 failed)" in render_text(diagnose(telemetry))
 
 
 def _nested(n: int = 30, *, http: bool = False, request_span: bool = True) -> list[Span]:

@@ -74,6 +74,7 @@ class Report:
 
     requests: int
     warm_requests: int
+    failed_requests: int
     stages: dict[str, StageStats]
     total: Distribution | None
     cold_start: ColdStart | None
@@ -147,9 +148,10 @@ def diagnose(
     gpu = gpu_evidence(warm, telemetry.metrics)
     verdict = decide(warm, stages, total, cold_start, gpu)
     if failed:
+        verb = "was" if len(failed) == 1 else "were"
         verdict.evidence.append(
-            f"{len(failed)} of {len(requests)} requests ended with an error and are left out of the"
-            " stage statistics")
+            f"{len(failed)} of {len(requests)} requests ended with an error and {verb} left out of"
+            " the stage statistics")
     problems = list(telemetry.problems)
     if telemetry.spans and not requests:
         problems.append(
@@ -159,6 +161,7 @@ def diagnose(
     report = Report(
         requests=len(requests),
         warm_requests=len(warm),
+        failed_requests=len(failed),
         stages=stages,
         total=total,
         cold_start=cold_start,
