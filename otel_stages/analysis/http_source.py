@@ -7,12 +7,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
+from otel_stages.analysis.model import Telemetry
+
 #: Seconds to wait for connect / each read before giving up on a request.
 DEFAULT_TIMEOUT_S = 30.0
+#: Traces read in parallel (each is one small GET).
+FETCH_WORKERS = 8
 #: Characters of an error response body quoted in a :class:`SourceError`.
 _BODY_SNIPPET = 300
 
@@ -92,3 +97,34 @@ def _error_text(body: str) -> str:
     if not text:
         return ""
     return ": " + (text[:_BODY_SNIPPET] + ("..." if len(text) > _BODY_SNIPPET else ""))
+
+
+def read_traces(client: Any, root: str, trace_ids: Sequence[str],
+                parse: Callable[[Any, str], Telemetry], *, source: str, limit: int,
+                params: Mapping[str, Any] | None = None) -> Telemetry:
+    """GET ``{root}/api/traces/{id}`` for every id, ``FETCH_WORKERS`` at a time, and merge what
+    ``parse(doc, where)`` makes of each answer.
+
+    A trace gone since the search (404) becomes a problem, not an error; reaching ``limit`` ids adds
+    a problem saying older traces were left out. ``source`` ("jaeger", "tempo") prefixes problems.
+    Raises :class:`SourceError` for any other failed read.
+    """
+
+    def read(trace_id: str) -> Telemetry:
+        try:
+            doc = get_json(client, f"{root}/api/traces/{quote(trace_id, safe='')}", params)
+        except SourceError as exc:
+            if exc.status != 404:
+                raise
+            return Telemetry(problems=[f"{source}: trace {trace_id} not found any more ({exc})"])
+        return parse(doc, f"{source} {trace_id}")
+
+    out = Telemetry()
+    with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
+        for part in pool.map(read, trace_ids):
+            out.extend(part)
+    if len(trace_ids) >= limit:
+        out.problems.append(
+            f"{source}: the search returned the limit of {limit} traces; others in the window were"
+            " left out (raise --limit or shorten --since)")
+    return out

@@ -30,18 +30,20 @@ same trace.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import quote
 
 from otel_stages import semconv
-from otel_stages.analysis.http_source import DEFAULT_TIMEOUT_S, SourceError, get_json, http_client
+from otel_stages.analysis.http_source import (
+    DEFAULT_TIMEOUT_S,
+    SourceError,
+    get_json,
+    http_client,
+    read_traces,
+)
 from otel_stages.analysis.model import AttributeValue, Span, Telemetry
 
 #: Traces asked for when no ``--limit`` is given (Jaeger's own default search depth is 100).
 DEFAULT_LIMIT = 100
-#: Traces re-read in parallel (each is one small GET).
-FETCH_WORKERS = 8
 
 #: Tags the OTLP->Jaeger translator adds; they are span fields in OTLP, not attributes.
 TRANSLATOR_TAGS = frozenset(
@@ -233,23 +235,6 @@ def fetch_jaeger(
             )
         )
 
-        def read(trace_id: str) -> Telemetry:
-            url = f"{root}/api/traces/{quote(trace_id, safe='')}"
-            try:
-                doc = get_json(client, url, {"raw": "true"})
-            except SourceError as exc:
-                if exc.status != 404:
-                    raise
-                return Telemetry(problems=[f"jaeger: trace {trace_id} not found any more ({exc})"])
-            return parse_jaeger_response(doc, where=f"jaeger {trace_id}")
-
-        out = Telemetry()
-        with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
-            for part in pool.map(read, ids):
-                out.extend(part)
-    if len(ids) >= limit:
-        out.problems.append(
-            f"jaeger: the search returned the limit of {limit} traces; older ones in the window"
-            " were left out (raise --limit or shorten --since)"
-        )
-    return out
+        return read_traces(client, root, ids,
+                           lambda doc, where: parse_jaeger_response(doc, where=where),
+                           source="jaeger", limit=limit, params={"raw": "true"})

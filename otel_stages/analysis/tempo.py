@@ -26,12 +26,16 @@ parse_export_request`), which decodes base64 or hex ids and keeps nanosecond tim
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import quote
 
-from otel_stages.analysis.http_source import DEFAULT_TIMEOUT_S, SourceError, get_json, http_client
-from otel_stages.analysis.jaeger import DEFAULT_LIMIT, FETCH_WORKERS
+from otel_stages.analysis.http_source import (
+    DEFAULT_TIMEOUT_S,
+    SourceError,
+    get_json,
+    http_client,
+    read_traces,
+)
+from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.model import Telemetry
 from otel_stages.analysis.otlp_json import parse_export_request
 
@@ -117,22 +121,6 @@ def fetch_tempo(
         except ValueError as exc:
             raise SourceError(f"GET {root}/api/search: {exc}") from None
 
-        def read(trace_id: str) -> Telemetry:
-            try:
-                doc = get_json(client, f"{root}/api/traces/{quote(trace_id, safe='')}")
-            except SourceError as exc:
-                if exc.status != 404:
-                    raise
-                return Telemetry(problems=[f"tempo: trace {trace_id} not found any more ({exc})"])
-            return parse_tempo_trace(doc, where=f"tempo {trace_id}")
-
-        out = Telemetry()
-        with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
-            for part in pool.map(read, ids):
-                out.extend(part)
-    if len(ids) >= limit:
-        out.problems.append(
-            f"tempo: the search returned the limit of {limit} traces; others in the window were"
-            " left out (raise --limit or shorten --since)"
-        )
-    return out
+        return read_traces(client, root, ids,
+                           lambda doc, where: parse_tempo_trace(doc, where=where),
+                           source="tempo", limit=limit)
