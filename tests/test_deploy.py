@@ -571,7 +571,8 @@ def test_alert_rules_query_only_produced_metrics(bundled: dict[str, Any]) -> Non
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     recorded = {r["record"] for r in rules if "record" in r}
     exprs = "\n".join(r["expr"] for r in rules)
-    selectors = set(_SELECTOR.findall(exprs)) | set(_RANGE.findall(exprs))
+    # Recorded series read through a range (last_over_time(stage:...[20m])) are checked below.
+    selectors = (set(_SELECTOR.findall(exprs)) | set(_RANGE.findall(exprs))) - recorded
     produced = expected_metric_names(bundled)
     assert selectors and selectors <= produced, sorted(selectors - produced)
     # Every recorded series an alert uses is recorded here.
@@ -636,7 +637,8 @@ _OTEL_ERRORS = (
         ("> 20\n", "> 0\n", _FLOORS),  # tiny stage would page
         ("> 0.1\n", "> 0\n", _FLOORS),  # low-traffic stage would page
         ("> 1.5 * stage:span_duration_ms:p95_1h_offset_1d", "> 0", _DAILY),
-        ("> 1.5 * stage:span_duration_ms:p95_7d", "> 10 * stage:span_duration_ms:p95_7d", _DRIFT),
+        ("> 1.5 * last_over_time(stage:span_duration_ms:p95_7d[20m])",
+         "> 10 * last_over_time(stage:span_duration_ms:p95_7d[20m])", _DRIFT),
         (_OTEL_ERRORS, "", _ERRORS),  # new status-code convention would go unnoticed
     ],
 )
@@ -797,7 +799,7 @@ def test_drift_demo_traffic_trips_the_alert_thresholds() -> None:
     slow = sorted(demo.request_durations_ms("decode", 6.0, rng)["decode"] for _ in range(2000))
     live_p95 = slow[int(0.95 * len(slow))]
     rules = RULES.read_text()
-    assert "> 1.5 * stage:span_duration_ms:p95_7d" in rules and "> 20\n" in rules
+    assert "> 1.5 * last_over_time(stage:span_duration_ms:p95_7d[20m])" in rules and "> 20\n" in rules
     assert live_p95 > 1.5 * baseline and live_p95 - baseline > 20, (baseline, live_p95)
 
 
@@ -821,3 +823,27 @@ def test_drift_demo_emits_a_request_with_stage_children() -> None:
     for name, span in spans.items():
         assert span.parent.span_id == request.context.span_id
         assert span.end_time - span.start_time == pytest.approx(durations[name] * 1e6, abs=2)
+
+
+def _duration_s(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(text[:-1]) * units[text[-1]]
+
+
+def test_slow_recording_rules_are_read_through_last_over_time() -> None:
+    # Prometheus finds an instant sample only within its 5-minute lookback delta: a series
+    # recorded every 15 minutes read with a plain selector is missing 10 minutes in 15, which
+    # resets any `for:` clause. promtool test rules cannot see this (it evaluates every group at
+    # the test's step), so check it here.
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    slow = {r["record"]: _duration_s(g["interval"]) for g in groups
+            if _duration_s(g.get("interval", "1m")) > 5 * 60 for r in g["rules"] if "record" in r}
+    assert slow, "expected the 7-day baseline group to be evaluated slowly"
+    for g in groups:
+        for rule in g["rules"]:
+            for name in slow:
+                expr = rule["expr"]
+                bare = re.findall(rf"(?<![\w:(]){re.escape(name)}(?![\w:\[])", expr)
+                assert not bare, f"{rule.get('alert') or rule.get('record')} reads {name} without last_over_time"
+                for window in re.findall(rf"last_over_time\(\s*{re.escape(name)}\[(\w+)\]\)", expr):
+                    assert _duration_s(window) > slow[name], f"{name}: window {window} within its interval"
