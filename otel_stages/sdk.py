@@ -200,7 +200,10 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
         RUNTIME.enabled = False
         return Telemetry(settings, None, None, destination="disabled")
 
-    instance_id = uuid.uuid4().hex
+    # A deployment's own instance id (OTEL_RESOURCE_ATTRIBUTES, e.g. the pod UID from the
+    # downward API) or the caller's wins; a random one only fills the gap.
+    given = {**Resource.create({}).attributes, **(resource_attributes or {})}
+    instance_id = str(given.get(semconv.SERVICE_INSTANCE_ID) or uuid.uuid4().hex)
     resource = Resource.create({
         semconv.SERVICE_NAME: settings.service_name,
         semconv.SERVICE_INSTANCE_ID: instance_id,
@@ -304,7 +307,8 @@ def _file_exporters(settings: Settings, instance_id: str) -> tuple[SpanExporter,
         ) from None
     # One file pair per process: concurrent writers never interleave partial lines.
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    stem = f"{stamp}-{os.getpid()}-{instance_id[:8]}"
+    tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance_id[:8])  # file-safe
+    stem = f"{stamp}-{os.getpid()}-{tag}"
     trace_path = folder / f"traces-{stem}.jsonl"
     metrics_path = folder / f"metrics-{stem}.jsonl"
     handle = Telemetry(settings, None, None, destination=str(folder.resolve()),

@@ -335,3 +335,15 @@ def test_second_configure_stops_gpu_export_and_does_not_repeat_nvml_warning(
     assert len(lines) == 1 and lines[0].startswith("NVML unavailable")
     assert first._shut_down and second._shut_down
     third.shutdown()
+
+
+def test_deployment_instance_id_from_resource_attributes_is_kept(tmp_path, clean_env, monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=pod-uid-123,k8s.pod.name=p1")
+    telemetry = ots.configure(data_dir=tmp_path, gpu="off", set_global=False)
+    _one_request()
+    telemetry.shutdown()
+    line = json.loads(telemetry.trace_path.read_text().splitlines()[0])
+    resource = {a["key"]: a["value"] for a in line["resourceSpans"][0]["resource"]["attributes"]}
+    assert resource["service.instance.id"] == {"stringValue": "pod-uid-123"}
+    assert resource["k8s.pod.name"] == {"stringValue": "p1"}
+    assert "pod-uid-" in telemetry.trace_path.name
