@@ -97,7 +97,9 @@ class Batch:
         """
         attrs = {semconv.BATCH_SIZE: self.size, **attributes}
         scopes = [StageScope(name, attrs) for _ in self.tokens]
-        spans = [scope._open(parent=token.context) for scope, token in zip(scopes, self.tokens)]
+        start_ns = RUNTIME.clock.now_ns()  # one model call: one window for every request's span
+        spans = [scope._open(parent=token.context, start_ns=start_ns)
+                 for scope, token in zip(scopes, self.tokens)]
         error: BaseException | None = None
         try:
             yield spans
@@ -105,8 +107,9 @@ class Batch:
             error = exc
             raise
         finally:
+            end_ns = RUNTIME.clock.now_ns()
             for scope in scopes:
-                scope._close(error)
+                scope._close(error, end_ns=end_ns)
 
 
 def dequeue_batch(tokens: Sequence[QueueToken], **attributes: Any) -> Batch:

@@ -86,11 +86,11 @@ class StageScope:
     def _start_attributes(self) -> dict[str, Any]:
         return self.attributes
 
-    def _open(self, parent: otel_context.Context | None = None) -> Span:
+    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None) -> Span:
         if not RUNTIME.enabled:
             return trace.INVALID_SPAN
         try:
-            self._start_ns = RUNTIME.clock.now_ns()
+            self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
             self._span = RUNTIME.tracer.start_span(
                 self.name, context=parent, attributes=self._start_attributes(),
                 start_time=self._start_ns)
@@ -100,13 +100,13 @@ class StageScope:
             self._span = None
             return trace.INVALID_SPAN
 
-    def _close(self, exc: BaseException | None) -> None:
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
         span = self._span
         if span is None:
             return
         self._span = None
         try:
-            end_ns = RUNTIME.clock.now_ns()
+            end_ns = RUNTIME.clock.now_ns() if end_ns is None else end_ns
             if exc is not None and not isinstance(exc, _NOT_ERRORS):
                 record_error(span, exc)
             for hook in RUNTIME.stage_end_hooks:

@@ -200,6 +200,7 @@ def test_batch_stage_opens_one_forward_per_request(captured):
     fwds = captured.by_name("forward")
     assert {f.parent.span_id for f in fwds} == {r.context.span_id for r in reqs}
     assert all(f.attributes[semconv.BATCH_SIZE] == 3 for f in fwds)
+    assert len({f.start_time for f in fwds}) == 1 and len({f.end_time for f in fwds}) == 1
     assert all(f.status.status_code is StatusCode.ERROR for f in fwds)
     assert len(captured.by_name("queue")) == 3
 
