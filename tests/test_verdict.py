@@ -208,6 +208,7 @@ def test_gpu_evidence_too_thin_gives_forward():
     assert report.gpu.level == "thin"
     assert report.gpu.samples == MIN_GPU_SAMPLES - 1
     assert any("too thin" in e for e in report.verdict.evidence)
+    assert "too few GPU samples" in report.verdict.advice[0]  # not "enable the sampler"
     # one more sample crosses the threshold
     enough = build(rows)
     enough.metrics = _one_sample_in_each_of(enough, MIN_GPU_SAMPLES, 0.95)
@@ -489,3 +490,15 @@ def test_custom_wrapper_stage_recorded_with_the_real_api(captured_fake_clock):
     assert report.requests == 30
     assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
     assert report.total is not None and report.total.min_ms == pytest.approx(114.0)
+
+
+def test_forward_advice_says_why_the_gpu_evidence_did_not_decide():
+    rows = steady(n=25, forward=lambda i, r: 100.0 if i % 3 else 600.0)
+    none = diagnose(build(rows))
+    assert none.verdict.cause == "forward" and "enable the GPU sampler" in none.verdict.advice[0]
+    medium = build(rows)
+    medium.metrics = gpu_points(medium, 0.5)  # between the starved and busy thresholds
+    report = diagnose(medium)
+    assert report.gpu.level == "medium" and report.verdict.cause == "forward"
+    assert "in between" in report.verdict.advice[0]
+    assert not any("enable the GPU sampler" in a for a in report.verdict.advice)

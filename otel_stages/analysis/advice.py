@@ -51,8 +51,6 @@ _ADVICE: dict[str, list[str]] = {
         " keep tokenization/preprocessing out of the timed forward",
     ],
     "forward": [
-        "the model call swings but there is no usable GPU evidence: enable the GPU sampler"
-        " (hw.gpu.utilization metrics) to tell a busy GPU from a starved one",
         "check whether input shapes (image tiles, prompt or output length) vary between calls",
     ],
     "cold_start": [
@@ -66,10 +64,27 @@ _ADVICE: dict[str, list[str]] = {
 }
 
 
-def for_cause(cause: str, *, follows_size: bool | None = None) -> list[str]:
+#: cause ``forward``: why the GPU evidence could not decide, by GPU evidence level
+#: (:data:`otel_stages.analysis.gpu.LEVEL_NONE` / ``LEVEL_THIN`` / ``LEVEL_MEDIUM``).
+_FORWARD_BY_GPU_LEVEL = {
+    "none": "the model call swings but there is no GPU data: enable the GPU sampler"
+            " (hw.gpu.utilization metrics) to tell a busy GPU from a starved one",
+    "thin": "too few GPU samples fall inside forward spans to call it: collect more runs or lower"
+            " OTEL_STAGES_GPU_INTERVAL_S (the driver samples about every 1/6 s)",
+    "medium": "GPU utilization during forward is in between (neither clearly busy nor starved):"
+              " profile one slow forward (torch.profiler, Nsight Systems) to see whether kernels"
+              " or host-side gaps dominate",
+}
+
+
+def for_cause(cause: str, *, follows_size: bool | None = None,
+              gpu_level: str | None = None) -> list[str]:
     """Advice lines for ``cause``; for ``preprocess`` the first line depends on whether cost
-    follows image size (``True``), does not (``False``), or is unknown (``None``)."""
+    follows image size (``True``), does not (``False``), or is unknown (``None``); for ``forward``
+    on why the GPU evidence (``gpu_level``, a ``GpuEvidence.level``) could not decide."""
     lines = list(_ADVICE.get(cause, []))
+    if cause == "forward":
+        lines.insert(0, _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
     if cause == "preprocess" and follows_size is True:
         lines.insert(0, "cost follows image size: the large inputs are the slow ones, so cap them")
     elif cause == "preprocess" and follows_size is False:

@@ -257,7 +257,7 @@ def decide_aggregate(
                 evidence.append("no other stage spreads beyond one histogram bucket")
         if s.name == semconv.STAGE_FORWARD:
             evidence.append(_gpu_line(gpu, window))
-        verdict = Verdict(cause, s.name, evidence, advice_text.for_cause(cause))
+        verdict = Verdict(cause, s.name, evidence, advice_text.for_cause(cause, gpu_level=gpu.level))
     elif total is not None and _swings(total, median_total):
         verdict = Verdict(
             None,

@@ -250,7 +250,8 @@ def _warm_verdict(
         evidence.extend(follow_evidence(warm, suspect.name, "image bytes", lambda r: r.image_bytes))
     elif suspect.name == semconv.STAGE_QUEUE:
         evidence.extend(attribute_evidence(warm, suspect.name, semconv.QUEUE_DEPTH))
-    return Verdict(cause, suspect.name, evidence, advice_text.for_cause(cause, follows_size=follows))
+    return Verdict(cause, suspect.name, evidence,
+                   advice_text.for_cause(cause, follows_size=follows, gpu_level=gpu.level))
 
 
 def _cold_verdict(cold: ColdStart, stages: dict[str, StageStats], total: Distribution) -> Verdict:
