@@ -4,18 +4,18 @@ driver sample period and clock), per device. Exit code 1 when NVML is unavailabl
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
+from otel_stages.config import SETTINGS
 
-def _positive_float(raw: str) -> float:
+
+def _interval_s(raw: str) -> float:
+    """Same bounds as the service's ``gpu_interval_s`` setting (one table, one rule)."""
+    parse = next(s.parse for s in SETTINGS if s.name == "gpu_interval_s")
     try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {raw}")
-    return value
+        return parse(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{raw!r}: {exc}") from None
 
 
 def _positive_int(raw: str) -> int:
@@ -31,7 +31,7 @@ def _positive_int(raw: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("Reads NVML directly (as the service's sampler does). Exit codes: 0 ok, "
                      "1 NVML unavailable or no GPU.")
-    parser.add_argument("--interval-s", type=_positive_float, default=1.0, metavar="S",
+    parser.add_argument("--interval-s", type=_interval_s, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1)")
     parser.add_argument("--count", type=_positive_int, default=None, metavar="N",
                         help="stop after N refreshes (default: until Ctrl-C)")
