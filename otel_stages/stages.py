@@ -106,17 +106,22 @@ class StageScope:
             return
         self._span = None
         try:
-            end_ns = RUNTIME.clock.now_ns() if end_ns is None else end_ns
-            if exc is not None and not isinstance(exc, _NOT_ERRORS):
-                record_error(span, exc)
-            for hook in RUNTIME.stage_end_hooks:
-                try:
-                    hook(span, self.name, self._start_ns, end_ns)
-                except Exception as hook_exc:
-                    RUNTIME.internal_error(f"stage end hook {hook!r}", hook_exc)
-            span.end(end_time=end_ns)
+            span.end(end_time=self._finish(span, exc, end_ns))
         except Exception as internal:
             RUNTIME.internal_error("stage end", internal)
+
+    def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
+        """Everything before ``span.end``: record ``exc`` (unless it is generator control flow)
+        and run the stage-end hooks. Returns the end time (span-clock ns, now unless given)."""
+        end_ns = RUNTIME.clock.now_ns() if end_ns is None else end_ns
+        if exc is not None and not isinstance(exc, _NOT_ERRORS):
+            record_error(span, exc)
+        for hook in RUNTIME.stage_end_hooks:
+            try:
+                hook(span, self.name, self._start_ns, end_ns)
+            except Exception as hook_exc:
+                RUNTIME.internal_error(f"stage end hook {hook!r}", hook_exc)
+        return end_ns
 
     def _attach(self) -> None:
         if self._span is not None:

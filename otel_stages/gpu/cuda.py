@@ -32,7 +32,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages._runtime import RUNTIME
-from otel_stages.stages import StageScope, record_error
+from otel_stages.stages import StageScope
 
 logger = logging.getLogger("otel_stages.gpu")
 
@@ -201,14 +201,7 @@ def _finish(scope: StageScope, events: tuple[Any, Any], mode: str, stream: Any,
             scope._close(error)
             return
         # events: end time and hooks now, on the request thread; the span ends when resolved
-        end_ns = RUNTIME.clock.now_ns()
-        if error is not None and not isinstance(error, (GeneratorExit, StopIteration)):
-            record_error(span, error)
-        for hook in RUNTIME.stage_end_hooks:
-            try:
-                hook(span, scope.name, scope._start_ns, end_ns)
-            except Exception as hook_exc:
-                RUNTIME.internal_error(f"stage end hook {hook!r}", hook_exc)
+        end_ns = scope._finish(span, error)
         scope._span = None
         _get_resolver().submit(span, events[0], events[1], end_ns)
     except Exception as exc:
