@@ -24,23 +24,12 @@ import time
 from pathlib import Path
 
 from otel_stages import mark_cold_start
+from otel_stages.commands import int_at_least
 
 DEFAULT_FIXED = 24
 DEFAULT_MIXED = 24
 MAX_WAIT_MS_LIMIT = 10_000.0  #: a longer batching wait is no demo of batching, just a stall
 SERVICE_NAME = "otel-stages-demo"
-
-
-def _at_least(minimum: int):  # type: ignore[no-untyped-def]
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
 
 
 def _milliseconds(maximum: float):  # type: ignore[no-untyped-def]
@@ -57,17 +46,17 @@ def _milliseconds(maximum: float):  # type: ignore[no-untyped-def]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the demo's options on its subparser."""
-    parser.add_argument("--requests", type=_at_least(2), default=DEFAULT_FIXED, metavar="N",
+    parser.add_argument("--requests", type=int_at_least(2), default=DEFAULT_FIXED, metavar="N",
                         help=f"fixed-run requests: same image, same prompt, sequential "
                              f"(default {DEFAULT_FIXED}; 20+ for a sound diagnosis)")
-    parser.add_argument("--mixed", type=_at_least(0), default=DEFAULT_MIXED, metavar="N",
+    parser.add_argument("--mixed", type=int_at_least(0), default=DEFAULT_MIXED, metavar="N",
                         help=f"mixed-set requests: thumbnails and 12 MP photos sent concurrently, one "
                              f"of them a truncated JPEG when N >= 2 (default {DEFAULT_MIXED})")
-    parser.add_argument("--concurrency", type=_at_least(1), default=6, metavar="N",
+    parser.add_argument("--concurrency", type=int_at_least(1), default=6, metavar="N",
                         help="request threads for the mixed set (default 6)")
-    parser.add_argument("--threads", type=_at_least(1), default=1, metavar="N",
+    parser.add_argument("--threads", type=int_at_least(1), default=1, metavar="N",
                         help="ONNX Runtime intra-op threads (default 1)")
-    parser.add_argument("--max-batch", type=_at_least(1), default=4, metavar="N",
+    parser.add_argument("--max-batch", type=int_at_least(1), default=4, metavar="N",
                         help="most requests per forward call (default 4)")
     parser.add_argument("--max-wait-ms", type=_milliseconds(MAX_WAIT_MS_LIMIT), default=5.0,
                         metavar="MS",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from otel_stages.commands import int_at_least
 from otel_stages.config import SETTINGS
 
 
@@ -18,22 +19,12 @@ def _interval_s(raw: str) -> float:
         raise argparse.ArgumentTypeError(f"{raw!r}: {exc}") from None
 
 
-def _positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("Reads NVML directly (as the service's sampler does). Exit codes: 0 ok, "
                      "1 NVML unavailable or no GPU.")
     parser.add_argument("--interval-s", type=_interval_s, default=1.0, metavar="S",
                         help="seconds between refreshes (default 1)")
-    parser.add_argument("--count", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--count", type=int_at_least(1), default=None, metavar="N",
                         help="stop after N refreshes (default: until Ctrl-C)")
     parser.add_argument("--once", action="store_true", help="one refresh, right after init")
     parser.add_argument("--json", action="store_true", help="one JSON object per refresh")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Telemetry, diagnose, load_paths
+from otel_stages.commands import int_at_least
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.otlp_json import load_bytes
@@ -84,23 +85,6 @@ def default_data_dir() -> str:
     return os.environ.get("OTEL_STAGES_DATA_DIR", "").strip() or config.DEFAULT_DATA_DIR
 
 
-def _non_negative_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
-
-
-def _positive_int(raw: str) -> int:
-    value = _non_negative_int(raw)
-    if value == 0:
-        raise argparse.ArgumentTypeError("expected 1 or more, got 0")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``report``'s arguments on ``parser``."""
     parser.add_argument(
@@ -121,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--top",
-        type=_non_negative_int,
+        type=int_at_least(0),
         default=DEFAULT_TOP,
         metavar="N",
         help=f"list the N slowest warm requests (default {DEFAULT_TOP})",
@@ -159,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     remote.add_argument(
         "--limit",
-        type=_positive_int,
+        type=int_at_least(1),
         metavar="N",
         default=None,
         help=f"read at most N traces, the most recent (default {DEFAULT_LIMIT})",
