@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
-import http.server
 import json
 import re
 import socket
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,6 +24,7 @@ from otel_stages.demo.model import Encoder, EncoderConfig, build_model, tokenize
 from otel_stages.demo.pipeline import MALFORMED_PATH, mixed_jobs, to_tensor
 from otel_stages.demo.server import ImageServer
 from otel_stages.demo.worker import THREAD_NAME, THREAD_NAME_ATTR, InferenceWorker, WorkerClosed
+from tests.otlp_receiver import http_receiver
 
 SMALL = EncoderConfig(image_size=32, patch=16, dim=32, heads=2, depth=2, prompt_len=8)
 ENV_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED",
@@ -338,44 +335,9 @@ def test_demo_text_report_and_disabled(tmp_path, clean_env, capsys):
     assert "telemetry is disabled" in capsys.readouterr().err
 
 
-@contextmanager
-def _otlp_http_receiver() -> Iterator[tuple[str, list[bytes]]]:
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-    bodies: list[bytes] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            if self.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            if self.path == "/v1/traces":
-                bodies.append(body)
-            answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", bodies
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.slow
 def test_demo_exports_to_collector_and_reports_from_local_copy(tmp_path, clean_env, capsys):
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-    with _otlp_http_receiver() as (endpoint, bodies):
+    with http_receiver() as (endpoint, received):
         clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         assert main(["demo", "--requests", "3", "--mixed", "0", "--data-dir", str(tmp_path),
@@ -383,9 +345,8 @@ def test_demo_exports_to_collector_and_reports_from_local_copy(tmp_path, clean_e
     out, err = capsys.readouterr()
     assert json.loads(out)["requests"] == 3
     assert f"traces exported to OTLP http/protobuf {endpoint}" in err
-    names = [span.name for body in bodies
-             for rs in trace_service_pb2.ExportTraceServiceRequest.FromString(body).resource_spans
-             for ss in rs.scope_spans for span in ss.spans]
+    names = [span.name for req in received.traces
+             for rs in req.resource_spans for ss in rs.scope_spans for span in ss.spans]
     assert names.count("request") == 3 and names.count("forward") == 3
     copies = list(tmp_path.glob("traces-*-demo-copy.jsonl"))
     assert len(copies) == 1 and len(_raw_spans(copies[0])) == len(names)
