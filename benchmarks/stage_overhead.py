@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 import otel_stages as ots
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import RUNTIME, scoped_tracer
 
 REQUESTS = 300  # x6 spans stays under the default 2048-span batch queue
 REPEATS = 3
@@ -69,7 +69,7 @@ def main() -> None:
     RUNTIME.enabled = True
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(_Drop(), max_queue_size=1 << 18))
-    tracer = RUNTIME.tracer = provider.get_tracer(semconv.SCOPE_NAME)
+    tracer = RUNTIME.tracer = scoped_tracer(provider)
 
     def raw() -> None:
         with tracer.start_as_current_span(semconv.SPAN_REQUEST):

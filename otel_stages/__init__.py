@@ -21,14 +21,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from otel_stages._version import __version__ as __version__
 from otel_stages.config import ConfigurationError
 from otel_stages.handoff import Batch, QueueToken, dequeue, dequeue_batch, enqueue_token
 from otel_stages.stages import mark_cold_start, record_error, request, stage
 
 if TYPE_CHECKING:
     from otel_stages.sdk import Telemetry, configure
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Batch",

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("otel_stages.commands.report", "diagnose per-stage latency from recorded traces"),
     "demo": ("otel_stages.commands.demo", "run a traced image+prompt inference pipeline and report"),
-    "collector-config": ("otel_stages.commands.collector_config", "print the bundled OpenTelemetry Collector config"),
-    "gpu": ("otel_stages.commands.gpu", "live view of GPU utilization, memory and power as the sampler sees it"),
+    "collector-config": ("otel_stages.commands.collector_config",
+                         "print the bundled OpenTelemetry Collector config"),
+    "gpu": ("otel_stages.commands.gpu",
+            "live view of GPU utilization, memory and power as the sampler sees it"),
 }
 
 
@@ -42,15 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version() -> str:
-    """The installed distribution's version, else ``otel_stages.__version__`` (a source tree)."""
-    from importlib import metadata
+    """The package version (``otel_stages._version``, which the build also reads)."""
+    from otel_stages._version import __version__
 
-    try:
-        return metadata.version("otel-stages")
-    except metadata.PackageNotFoundError:
-        from otel_stages import __version__
-
-        return __version__
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import RUNTIME, guard
 from otel_stages.stages import StageScope
 
 
@@ -45,18 +45,16 @@ def enqueue_token(depth: int | None = None) -> QueueToken:
     return QueueToken(otel_context.get_current(), RUNTIME.clock.now_ns(), depth)
 
 
+@guard("queue span")
 def _record_queue_span(token: QueueToken, picked_ns: int, attributes: dict[str, Any]) -> None:
     if not RUNTIME.enabled:
         return
-    try:
-        attrs = dict(attributes)
-        if token.depth is not None:
-            attrs[semconv.QUEUE_DEPTH] = token.depth
-        span = RUNTIME.tracer.start_span(semconv.STAGE_QUEUE, context=token.context,
-                                         attributes=attrs, start_time=token.enqueued_ns)
-        span.end(end_time=max(picked_ns, token.enqueued_ns))
-    except Exception as exc:
-        RUNTIME.internal_error("queue span", exc)
+    attrs = dict(attributes)
+    if token.depth is not None:
+        attrs[semconv.QUEUE_DEPTH] = token.depth
+    span = RUNTIME.tracer.start_span(semconv.STAGE_QUEUE, context=token.context,
+                                     attributes=attrs, start_time=token.enqueued_ns)
+    span.end(end_time=max(picked_ns, token.enqueued_ns))
 
 
 @contextmanager

@@ -141,7 +141,7 @@ def decode(data: bytes) -> Image.Image:
             span.set_attribute(semconv.IMAGE_WIDTH, image.width)
             span.set_attribute(semconv.IMAGE_HEIGHT, image.height)
             return to_rgb(image)
-        except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes is bad input
+        except Exception as exc:
             raise ImageDecodeError(f"corrupt or truncated {image.format} image "
                                    f"({len(data)} bytes): {type(exc).__name__}: {exc}") from exc
 
@@ -159,7 +159,7 @@ def _open(data: bytes) -> Image.Image:
                 if head.startswith(_TEXT_PREFIXES) else "")
         raise ImageDecodeError(f"not a recognised image format ({len(data)} bytes, first bytes "
                                f"{data[:16]!r}){hint}") from exc
-    except Exception as exc:  # noqa: BLE001 - e.g. OSError / ValueError on a truncated header
+    except Exception as exc:
         raise ImageDecodeError(f"corrupt image header ({len(data)} bytes): "
                                f"{type(exc).__name__}: {exc}") from exc
     limit = Image.MAX_IMAGE_PIXELS

@@ -2,13 +2,14 @@
 
 The line carries what an on-call engineer greps for::
 
-    {"request.id": "9f.." (the trace id when none was given), "trace_id": "4bf9..", "request.seq": 7, "request.cold_start": false,
+    {"request.id": "9f..", "trace_id": "4bf9..", "request.seq": 7, "request.cold_start": false,
      "image.size": 948123, "image.width": 1920, "image.height": 1080,
      "stages_ms": {"download": 3.1, "decode": 18.2, "resize": 4.0, "queue": 0.4, "forward": 95.3},
      "total_ms": 121.9, "error": null}
 
-It is written through :mod:`logging` (logger ``otel_stages.requests``, level INFO) as the JSON
-text, so any handler or log shipper takes it. Off by default (``OTEL_STAGES_LOG_REQUESTS``).
+``request.id`` is the trace id when none was given. The line is written through :mod:`logging`
+(logger ``otel_stages.requests``, level INFO) as the JSON text, so any handler or log shipper
+takes it. Off by default (``OTEL_STAGES_LOG_REQUESTS``).
 """
 
 from __future__ import annotations

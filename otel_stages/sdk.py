@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.config import ConfigurationError, Settings, resolve
 from otel_stages.request_log import RequestLogProcessor
 
@@ -243,7 +243,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
                 "one (%s). Pass set_global=False to later configure() calls.",
                 _globals_from._describe(), handle._describe())
     RUNTIME.enabled = True
-    RUNTIME.tracer = tracer_provider.get_tracer(semconv.SCOPE_NAME)
+    RUNTIME.tracer = scoped_tracer(tracer_provider)
     return handle
 
 

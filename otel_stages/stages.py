@@ -4,7 +4,7 @@ Both work as context managers and as decorators (sync functions, coroutines, gen
 generators). Times come from the span clock (:mod:`otel_stages.clock`) and are passed explicitly,
 so stage durations are monotonic. An exception inside a stage is recorded on the span (exception
 event, status ERROR, ``error.type``) and re-raised unchanged. Failures of the telemetry itself are
-logged once and never reach the caller (see :meth:`otel_stages._runtime.Runtime.internal_error`).
+logged once and never reach the caller (:class:`otel_stages._runtime.guard`).
 
 Nothing here imports the OpenTelemetry SDK: a service with its own SDK setup can use these as is.
 """
@@ -17,6 +17,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -24,11 +25,15 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import RUNTIME, guard
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NOT_ERRORS = (GeneratorExit, StopIteration, StopAsyncIteration)
+
+_GUARD_START = guard("stage start")
+_GUARD_END = guard("stage end")
+_GUARD_DETACH = guard("context detach")
 
 
 class _Sequence:
@@ -73,7 +78,7 @@ class StageScope:
     ``StageScope`` object is entered once; used as a decorator it opens a fresh span per call.
     """
 
-    __slots__ = ("name", "attributes", "_span", "_token", "_start_ns")
+    __slots__ = ("_span", "_start_ns", "_token", "attributes", "name")
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
@@ -89,26 +94,22 @@ class StageScope:
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None) -> Span:
         if not RUNTIME.enabled:
             return trace.INVALID_SPAN
-        try:
+        self._span = None
+        with _GUARD_START:  # telemetry must not break inference
             self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
             self._span = RUNTIME.tracer.start_span(
                 self.name, context=parent, attributes=self._start_attributes(),
                 start_time=self._start_ns)
             return self._span
-        except Exception as exc:  # telemetry must not break inference
-            RUNTIME.internal_error("stage start", exc)
-            self._span = None
-            return trace.INVALID_SPAN
+        return trace.INVALID_SPAN
 
     def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
         span = self._span
         if span is None:
             return
         self._span = None
-        try:
+        with _GUARD_END:
             span.end(end_time=self._finish(span, exc, end_ns))
-        except Exception as internal:
-            RUNTIME.internal_error("stage end", internal)
 
     def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
         """Everything before ``span.end``: record ``exc`` (unless it is generator control flow)
@@ -117,10 +118,8 @@ class StageScope:
         if exc is not None and not isinstance(exc, _NOT_ERRORS):
             record_error(span, exc)
         for hook in RUNTIME.stage_end_hooks:
-            try:
+            with guard(f"stage end hook {hook!r}"):  # one bad hook must not skip the others
                 hook(span, self.name, self._start_ns, end_ns)
-            except Exception as hook_exc:
-                RUNTIME.internal_error(f"stage end hook {hook!r}", hook_exc)
         return end_ns
 
     def _attach(self) -> None:
@@ -130,10 +129,8 @@ class StageScope:
     def _detach(self) -> None:
         token, self._token = self._token, None
         if token is not None:
-            try:
+            with _GUARD_DETACH:
                 otel_context.detach(token)
-            except Exception as exc:
-                RUNTIME.internal_error("context detach", exc)
 
     # -- context manager ------------------------------------------------------------------------
     def __enter__(self) -> Span:
@@ -141,16 +138,18 @@ class StageScope:
         self._attach()
         return span
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # Returns None: never swallows the caller's exception (and type checkers know it).
         self._detach()
         self._close(exc)
-        return False  # never swallow the caller's exception
 
     async def __aenter__(self) -> Span:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
 
     # -- decorator ------------------------------------------------------------------------------
     def _fresh(self) -> StageScope:
@@ -178,7 +177,7 @@ class StageScope:
 class RequestScope(StageScope):
     """The parent span of one inference request; sets ``request.seq`` / ``request.cold_start``."""
 
-    __slots__ = ("request_id", "cold_start")
+    __slots__ = ("cold_start", "request_id")
 
     def __init__(self, name: str, attributes: dict[str, Any], request_id: str | None = None,
                  cold_start: bool | None = None) -> None:
@@ -254,7 +253,7 @@ def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], StageScope])
                 except GeneratorExit:
                     gen.close()
                     raise
-                except BaseException as thrown:
+                except BaseException as thrown:  # noqa: BLE001 - forwarded into the generator
                     method, value = gen.throw, thrown
         except BaseException as exc:
             error = exc
@@ -290,7 +289,7 @@ def _wrap_async_generator(fn: Callable[..., Any],
                 except GeneratorExit:
                     await agen.aclose()
                     raise
-                except BaseException as thrown:
+                except BaseException as thrown:  # noqa: BLE001 - forwarded into the generator
                     method, value = agen.athrow, thrown
         except BaseException as exc:
             error = exc

@@ -23,8 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.clock import Clock
 
 
@@ -71,7 +70,7 @@ def capture_spans(clock: Clock | None = None) -> Iterator[CapturedSpans]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     saved = (RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock)
-    RUNTIME.tracer = provider.get_tracer(semconv.SCOPE_NAME)
+    RUNTIME.tracer = scoped_tracer(provider)
     RUNTIME.enabled = True
     if clock is not None:
         RUNTIME.clock = clock

@@ -44,7 +44,7 @@ def http_receiver() -> Iterator[tuple[str, Received]]:
     received = Received()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
@@ -87,13 +87,13 @@ def grpc_receiver() -> Iterator[tuple[str, Received]]:
         return dict(context.invocation_metadata()).get("user-agent", "")
 
     class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request, context):  # noqa: N802
+        def Export(self, request, context):
             received.traces.append(request)
             received.user_agents.append(user_agent(context))
             return trace_service_pb2.ExportTraceServiceResponse()
 
     class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request, context):  # noqa: N802
+        def Export(self, request, context):
             received.metrics.append(request)
             received.user_agents.append(user_agent(context))
             return metrics_service_pb2.ExportMetricsServiceResponse()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from otel_stages import semconv
-from otel_stages.analysis import Span, Telemetry, diagnose, load_paths
+from otel_stages.analysis import Recording, Span, diagnose, load_paths
 from otel_stages.analysis.stats import percentile, stage_stats
 from otel_stages.cli import main
 
@@ -104,7 +104,7 @@ def test_verdicts_survive_scaling_and_shuffling(name, factor, tmp_path):
 # --- statistics on a hand-built telemetry ----------------------------------------------------
 
 
-def _hand_built() -> Telemetry:
+def _hand_built() -> Recording:
     """1 cold + 4 warm requests: decode 10/20/30/40 ms, forward 100 ms, nothing else."""
     spans = []
     t = 1_000_000_000_000
@@ -119,7 +119,7 @@ def _hand_built() -> Telemetry:
         ]
         t = f_end + 1_000_000_000
     random.Random(3).shuffle(spans)
-    return Telemetry(spans=spans)
+    return Recording(spans=spans)
 
 
 def test_stats_by_hand():

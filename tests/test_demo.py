@@ -82,7 +82,7 @@ def test_server_serves_bytes_and_404_on_loopback_only():
         with pytest.raises(imaging.DownloadError, match="HTTP 404"):
             imaging.download(server.url("/img/nope.jpg"))
     with pytest.raises(RuntimeError):
-        server.port  # stopped
+        _ = server.port  # stopped
 
 
 # -- model ----------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_default_model_on_real_images():
     size = encoder.config.image_size
     a, b = (to_tensor(imaging.decode(jpeg_photo((320, 240), seed=s)).resize((size, size)))
             for s in (1, 2))
-    assert a.shape == (3, size, size) and 0.0 <= a.min() and a.max() <= 1.0
+    assert a.shape == (3, size, size) and a.min() >= 0.0 and a.max() <= 1.0
     prompt = tokenize("Describe this photo.", encoder.config.prompt_len)
     out = encoder.run(np.stack([a, b]), np.stack([prompt, prompt]))
     assert out.shape == (2, encoder.config.dim) and np.isfinite(out).all()

@@ -305,7 +305,7 @@ def test_second_configure_stops_gpu_export_and_does_not_repeat_nvml_warning(
     import functools
 
     from otel_stages.gpu import session
-    from otel_stages.gpu.backend import FakeBackend
+    from tests.fakegpu import FakeBackend
 
     reason = f"no driver on {tmp_path.name}"  # unique: the once-per-process memory is global
     monkeypatch.setattr(session, "start", functools.partial(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -150,7 +151,7 @@ def test_busy_idle_square_wave_mean_is_half_and_no_sample_lost(run, fake_lib: Pa
     assert len(inside) >= 45
     assert statistics.fmean(inside) == pytest.approx(0.5, abs=0.06)
     assert set(inside) == {0.0, 1.0}
-    gaps = [b["t"] - a["t"] for a, b in zip(points, points[1:])]
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(points)]
     assert all(abs(g - 20_000_000) < 1_000_000 for g in gaps), "a ring sample was lost or merged"
     attrs = _gpu_attrs(out)
     assert attrs[semconv.GPU_UTILIZATION_MEAN] == pytest.approx(0.5, abs=0.06)

@@ -4,6 +4,7 @@ except where the behaviour under test is a thread)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import threading
@@ -21,12 +22,13 @@ from otel_stages.config import ConfigurationError, resolve
 from otel_stages.gpu import attribution as attribution_module
 from otel_stages.gpu import cuda, metrics, session
 from otel_stages.gpu.attribution import Attribution, match_uuid, set_model_device
-from otel_stages.gpu.backend import Device, FakeBackend, FakeDevice, GpuUnavailable, square_wave
+from otel_stages.gpu.backend import Device, GpuUnavailable
 from otel_stages.gpu.reader import GpuMetricReader, SerializedExporter, to_metrics_data
 from otel_stages.gpu.sampler import RUNNING, UNAVAILABLE, Sampler
 from otel_stages.gpu.store import PendingPoint, Point, SampleStore
 from otel_stages.gpu.timebase import BOOTTIME, MONOTONIC, RELATIVE, UNIX, Timebase
 from otel_stages.testing import capture_spans
+from tests.fakegpu import FakeBackend, FakeDevice, square_wave
 
 S = 1_000_000_000
 GPU0 = Device("GPU-aaaa-0000", "NVIDIA Test", 0)
@@ -102,7 +104,7 @@ def test_ring_samples_are_converted_exactly_onto_the_span_clock(domain: str) -> 
     assert sampler.stats()["devices"][0]["clock_domain"] == domain
     assert times[-1] == sampler.clock.now_ns()  # the fake ring's newest sample is "now"
     assert times[0] == start_span_ns  # backlog before start dropped (newest kept)
-    assert [b - a for a, b in zip(times, times[1:])] == [100_000_000] * 20
+    assert [b - a for a, b in itertools.pairwise(times)] == [100_000_000] * 20
 
 
 # --- sampling -----------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def test_successive_passes_neither_repeat_nor_skip_ring_samples() -> None:
         sampler.run_once()
     times = [p.time_ns for p in util_points(sampler)]
     assert len(times) == len(set(times)) == 15
-    assert all(b - a == 100_000_000 for a, b in zip(times, times[1:]))
+    assert all(b - a == 100_000_000 for a, b in itertools.pairwise(times))
     drained = sampler.store.drain()
     assert len([p for p in drained if p.metric == semconv.HW_GPU_UTILIZATION]) == 15
     assert sampler.store.drain() == []

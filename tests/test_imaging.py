@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import ClassVar
 
 import pytest
 from opentelemetry.trace import StatusCode
@@ -94,10 +95,10 @@ def test_resize_records_target(captured):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    routes: dict[str, bytes] = {}
+    routes: ClassVar[dict[str, bytes]] = {}
     release = threading.Event()
 
-    def do_GET(self):  # noqa: N802 (stdlib name)
+    def do_GET(self):
         try:
             self._get()
         except ConnectionError:  # the client gave up (deadline tests): expected

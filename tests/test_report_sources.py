@@ -23,9 +23,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from otel_stages.analysis import Telemetry, diagnose, load_paths
-from otel_stages.analysis.jaeger import parse_jaeger_response, parse_jaeger_span
+from otel_stages.analysis import Recording, diagnose, load_paths
 from otel_stages.analysis.aggregate import StageSummary, decide_aggregate, gpu_from_window, summarize
+from otel_stages.analysis.jaeger import parse_jaeger_response, parse_jaeger_span
 from otel_stages.analysis.prometheus import gpu_samples_query
 from otel_stages.analysis.promql import build_queries
 from otel_stages.analysis.tempo import parse_tempo_trace
@@ -65,7 +65,7 @@ def _start(rec: Recorded) -> ThreadingHTTPServer:
     class Handle(BaseHTTPRequestHandler):
         disable_nagle_algorithm = True  # headers and body go out as separate writes
 
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib name)
+        def do_GET(self) -> None:
             parts = urlsplit(self.path)
             params = parse_qs(parts.query)
             rec.seen.append((parts.path, params))
@@ -255,7 +255,7 @@ def test_gpu_verdict_needs_the_gpu_samples(server, capsys):
 
 def test_jaeger_spans_equal_the_file_spans_truncated_to_microseconds():
     cassette = _recording("jaeger_cold_start")
-    jaeger = Telemetry()
+    jaeger = Recording()
     for body in cassette["traces"].values():
         jaeger.extend(parse_jaeger_response(body))
     file_spans = {
@@ -281,7 +281,7 @@ def test_tempo_spans_equal_the_file_spans(scenario):
     cassette = _recording(f"tempo_{scenario}")
     legacy = "instrumentationLibrarySpans" in json.dumps(next(iter(cassette["traces"].values())))
     assert legacy == (scenario == "queue_batching")
-    tempo = Telemetry()
+    tempo = Recording()
     for body in cassette["traces"].values():
         tempo.extend(parse_tempo_trace(body))
     assert tempo.problems == []
@@ -413,7 +413,7 @@ def test_unreachable_source_exits_1(capsys):
     assert code == 1 and f"127.0.0.1:{port}/api/search" in err and "cannot connect" in err
 
 
-class socket_closed_port:
+class socket_closed_port:  # noqa: N801 - used like a function
     """A port nothing listens on (bound then closed)."""
 
     def __enter__(self) -> int:
@@ -478,7 +478,7 @@ def test_prometheus_report_matches_the_trace_verdict(scenario, server, capsys):
     answers = serve_prometheus(server, scenario)
     code, out, err = report_json(["--prometheus", server.url, "--service", "vlm-server"], capsys)
     assert code == 0, err
-    assert out["source"] == "prometheus" and CONTRACT <= set(out) and out["cold_start"] is None
+    assert out["source"] == "prometheus" and set(out) >= CONTRACT and out["cold_start"] is None
     expected = ANSWERS[scenario]
     assert (
         out["verdict"]["cause"] == expected["cause"]

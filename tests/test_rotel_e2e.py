@@ -435,7 +435,7 @@ def test_demo_telemetry_arrives_intact_through_rotel(demo_protocol, rotel_protoc
     assert series >= {(name, hw_id) for name in (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE)
                       for hw_id in FAKE_UUIDS}
     times: dict[tuple, list[int]] = {}
-    for resource_items, scope, name, unit, attributes, start, at, kind, value in gpu:
+    for resource_items, scope, name, unit, attributes, _start, at, kind, value in gpu:
         point = dict(attributes)
         assert point[semconv.HW_ID] in FAKE_UUIDS
         assert {k: point[k] for k in (semconv.HW_TYPE, semconv.HW_VENDOR, semconv.HW_MODEL)} == {

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from otel_stages import semconv
-from otel_stages.analysis import MetricPoint, Span, Telemetry, diagnose
+from otel_stages.analysis import MetricPoint, Recording, Span, diagnose
 from otel_stages.analysis.gpu import MIN_GPU_SAMPLES
 from otel_stages.analysis.requests import find_requests
 
@@ -24,7 +24,7 @@ def build(
     start_ns: int = T0_NS,
     images: Sequence[tuple[int, int, int]] | None = None,
     forward_attrs: Callable[[int], dict] | None = None,
-) -> Telemetry:
+) -> Recording:
     """One request per row (stage -> ms, in row order, back to back), 50 ms apart.
 
     ``images[i]`` = (width, height, bytes) put on the decode span of request ``i``.
@@ -52,11 +52,11 @@ def build(
             cursor = end
         spans.append(Span(trace_id, request_id, None, semconv.SPAN_REQUEST, t, cursor, {}, resource))
         t = cursor + 50_000_000
-    return Telemetry(spans=spans)
+    return Recording(spans=spans)
 
 
 def gpu_points(
-    telemetry: Telemetry, value_in_forward: float, *, every_ms: float = 20.0
+    telemetry: Recording, value_in_forward: float, *, every_ms: float = 20.0
 ) -> list[MetricPoint]:
     """hw.gpu.utilization samples every ``every_ms`` over the whole run: ``value_in_forward``
     inside forward spans, 0.02 outside."""
@@ -177,7 +177,7 @@ def test_first_request_not_far_above_is_not_a_cold_start():
     assert report.cold_start is not None  # still reported apart
 
 
-def _swinging_forward() -> Telemetry:
+def _swinging_forward() -> Recording:
     return build(steady(forward=lambda i, r: 100.0 if i % 3 else 600.0))
 
 
@@ -190,7 +190,7 @@ def test_gpu_busy_and_starved_from_metric_points():
     assert diagnose(starved).verdict.cause == "gpu_starved"
 
 
-def _one_sample_in_each_of(telemetry: Telemetry, n_forwards: int, value: float) -> list[MetricPoint]:
+def _one_sample_in_each_of(telemetry: Recording, n_forwards: int, value: float) -> list[MetricPoint]:
     warm_forwards = sorted((s.start_ns, s.end_ns) for s in telemetry.spans if s.name == FORWARD)[1:]
     return [
         MetricPoint(semconv.HW_GPU_UTILIZATION, (a + b) // 2, value, {semconv.HW_ID: "GPU-0"})
@@ -395,7 +395,7 @@ def test_stages_nested_in_a_custom_stage_belong_to_the_outer_request(http, reque
     assert all(set(r.stages_ms) == {DOWNLOAD, DECODE, RESIZE, FORWARD} for r in requests)
     assert all([g.name for g in r.groups] == ["preprocess"] for r in requests)
     assert all(r.total_ms == pytest.approx(sum(r.stages_ms.values()), abs=0.01) for r in requests)
-    report = diagnose(Telemetry(spans=spans))
+    report = diagnose(Recording(spans=spans))
     assert report.requests == 30
     assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
     assert "preprocess" not in report.stages  # a group: its time is its children's
@@ -486,7 +486,7 @@ def test_custom_wrapper_stage_recorded_with_the_real_api(captured_fake_clock):
              s.end_time, dict(s.attributes))
         for s in cap.spans
     ]
-    report = diagnose(Telemetry(spans=spans))
+    report = diagnose(Recording(spans=spans))
     assert report.requests == 30
     assert (report.verdict.cause, report.verdict.stage) == ("preprocess", DECODE)
     assert report.total is not None and report.total.min_ms == pytest.approx(114.0)

@@ -1,12 +1,12 @@
 """Pure analysis: load recorded telemetry -> per-stage statistics -> verdict.
 
-``load_paths(paths)`` reads OTLP/JSON files or folders into a :class:`Telemetry`;
+``load_paths(paths)`` reads OTLP/JSON files or folders into a :class:`Recording`;
 ``diagnose(telemetry, baseline=None)`` returns a :class:`Report` whose ``to_dict()`` is the
 ``otel-stages report --json`` contract.
 """
 
-from otel_stages.analysis.model import MetricPoint, Span, Telemetry
+from otel_stages.analysis.model import MetricPoint, Recording, Span
 from otel_stages.analysis.otlp_json import load_paths
 from otel_stages.analysis.report import Report, diagnose
 
-__all__ = ["MetricPoint", "Report", "Span", "Telemetry", "diagnose", "load_paths"]
+__all__ = ["MetricPoint", "Recording", "Report", "Span", "diagnose", "load_paths"]

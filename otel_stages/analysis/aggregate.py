@@ -44,7 +44,6 @@ from otel_stages.analysis.verdict import (
     cause_for,
 )
 
-
 # --- per-stage summaries --------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
-from otel_stages.analysis.model import Telemetry
+from otel_stages.analysis.model import Recording
 
 #: Seconds to wait for connect / each read before giving up on a request.
 DEFAULT_TIMEOUT_S = 30.0
@@ -100,8 +100,8 @@ def _error_text(body: str) -> str:
 
 
 def read_traces(client: Any, root: str, trace_ids: Sequence[str],
-                parse: Callable[[Any, str], Telemetry], *, source: str, limit: int,
-                params: Mapping[str, Any] | None = None) -> Telemetry:
+                parse: Callable[[Any, str], Recording], *, source: str, limit: int,
+                params: Mapping[str, Any] | None = None) -> Recording:
     """GET ``{root}/api/traces/{id}`` for every id, ``FETCH_WORKERS`` at a time, and merge what
     ``parse(doc, where)`` makes of each answer.
 
@@ -110,16 +110,16 @@ def read_traces(client: Any, root: str, trace_ids: Sequence[str],
     Raises :class:`SourceError` for any other failed read.
     """
 
-    def read(trace_id: str) -> Telemetry:
+    def read(trace_id: str) -> Recording:
         try:
             doc = get_json(client, f"{root}/api/traces/{quote(trace_id, safe='')}", params)
         except SourceError as exc:
             if exc.status != 404:
                 raise
-            return Telemetry(problems=[f"{source}: trace {trace_id} not found any more ({exc})"])
+            return Recording(problems=[f"{source}: trace {trace_id} not found any more ({exc})"])
         return parse(doc, f"{source} {trace_id}")
 
-    out = Telemetry()
+    out = Recording()
     with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
         for part in pool.map(read, trace_ids):
             out.extend(part)

@@ -40,7 +40,7 @@ from otel_stages.analysis.http_source import (
     http_client,
     read_traces,
 )
-from otel_stages.analysis.model import AttributeValue, Span, Telemetry
+from otel_stages.analysis.model import AttributeValue, Recording, Span
 
 #: Traces asked for when no ``--limit`` is given (Jaeger's own default search depth is 100).
 DEFAULT_LIMIT = 100
@@ -155,14 +155,14 @@ def parse_jaeger_span(raw: Any, processes: Mapping[str, Any] | None = None) -> S
     )
 
 
-def parse_jaeger_response(doc: Any, *, where: str = "jaeger") -> Telemetry:
-    """A Jaeger ``{"data": [trace, ...]}`` response (search or get-trace) -> :class:`Telemetry`.
+def parse_jaeger_response(doc: Any, *, where: str = "jaeger") -> Recording:
+    """A Jaeger ``{"data": [trace, ...]}`` response (search or get-trace) -> :class:`Recording`.
 
     Pure. A malformed trace or span becomes a ``problems`` message prefixed with ``where``; the
     ``errors`` list of the response and span/trace ``warnings`` (e.g. clock-skew notes) are
     reported as problems too.
     """
-    out = Telemetry()
+    out = Recording()
     if not isinstance(doc, Mapping) or not isinstance(doc.get("data"), list):
         out.problems.append(f"{where}: not a Jaeger API response (no 'data' list)")
         return out
@@ -211,7 +211,7 @@ def fetch_jaeger(
     end_ns: int,
     limit: int = DEFAULT_LIMIT,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Telemetry:
+) -> Recording:
     """Traces of ``service`` that started in ``[start_ns, end_ns]`` (ns since the epoch, sent as
     µs), at most ``limit`` (the most recent ones; Jaeger has no paging), with raw span times.
 

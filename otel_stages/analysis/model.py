@@ -1,6 +1,6 @@
 """Source-neutral records the analysis works on.
 
-Every loader (OTLP/JSON files, Jaeger, Tempo) turns its input into a :class:`Telemetry`; the rest
+Every loader (OTLP/JSON files, Jaeger, Tempo) turns its input into a :class:`Recording`; the rest
 of :mod:`otel_stages.analysis` never sees a wire format. Times are integer nanoseconds on the
 spans' clock (Unix epoch for OTLP), ids are lowercase hex strings.
 """
@@ -53,7 +53,7 @@ class MetricPoint:
 
 
 @dataclass
-class Telemetry:
+class Recording:
     """What a loader produced: spans, metric points, and readable problems met on the way.
 
     ``problems`` are messages such as ``"traces.jsonl:12: not JSON (...)"``; the loader kept going.
@@ -63,7 +63,7 @@ class Telemetry:
     metrics: list[MetricPoint] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
-    def extend(self, other: Telemetry) -> None:
+    def extend(self, other: Recording) -> None:
         """Append another load's spans, points and problems to this one (in place)."""
         self.spans.extend(other.spans)
         self.metrics.extend(other.metrics)

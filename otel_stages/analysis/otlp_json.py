@@ -6,12 +6,12 @@ may also hold one pretty-printed request object, or a JSON array of them.
 
 Two layers:
 
-- :func:`parse_export_request` turns one decoded JSON object into a :class:`Telemetry` (pure; no
+- :func:`parse_export_request` turns one decoded JSON object into a :class:`Recording` (pure; no
   I/O). :func:`decode_any_value` / :func:`decode_attributes` / :func:`normalize_id` are reusable by
   other loaders.
 - :func:`load_paths` / :func:`load_file` / :func:`load_bytes` (stdin) read files and folders
   (a leading UTF-8 BOM is skipped). Nothing raises for bad input:
-  every malformed line, span, point or unreadable path becomes a ``Telemetry.problems`` message
+  every malformed line, span, point or unreadable path becomes a ``Recording.problems`` message
   that names the file and line (``traces.jsonl:12: not valid JSON (...)``); the rest still loads.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from otel_stages.analysis.model import AttributeValue, MetricPoint, Span, Telemetry
+from otel_stages.analysis.model import AttributeValue, MetricPoint, Recording, Span
 
 #: File name endings picked up when a folder is given.
 FILE_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")
@@ -131,15 +131,15 @@ def _time_ns(raw: Any, field: str) -> int:
 # --- pure parsing of one decoded request -----------------------------------------------------
 
 
-def parse_export_request(obj: Any, *, where: str = "") -> Telemetry:
-    """Turn one decoded OTLP JSON export request into :class:`Telemetry` (pure, no I/O).
+def parse_export_request(obj: Any, *, where: str = "") -> Recording:
+    """Turn one decoded OTLP JSON export request into :class:`Recording` (pure, no I/O).
 
     ``obj`` is a dict with ``resourceSpans`` and/or ``resourceMetrics`` (``resourceLogs`` is
     ignored). Gauge and sum points (``asDouble``/``asInt``) become :class:`MetricPoint`; other
     metric kinds are skipped. ``where`` (e.g. ``"traces.jsonl:12"``) prefixes problem messages.
     A malformed span or point is skipped with a problem; the rest of the object still loads.
     """
-    out = Telemetry()
+    out = Recording()
     prefix = f"{where}: " if where else ""
     if not isinstance(obj, Mapping):
         out.problems.append(f"{prefix}expected a JSON object, got {type(obj).__name__}")
@@ -158,7 +158,7 @@ def parse_export_request(obj: Any, *, where: str = "") -> Telemetry:
     return out
 
 
-def _list(value: Any, out: Telemetry, prefix: str, field: str) -> list[Any]:
+def _list(value: Any, out: Recording, prefix: str, field: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -167,7 +167,7 @@ def _list(value: Any, out: Telemetry, prefix: str, field: str) -> list[Any]:
     return value
 
 
-def _resource(block: Any, out: Telemetry, prefix: str) -> dict[str, AttributeValue] | None:
+def _resource(block: Any, out: Recording, prefix: str) -> dict[str, AttributeValue] | None:
     if not isinstance(block, Mapping):
         out.problems.append(f"{prefix}not an object")
         return None
@@ -178,7 +178,7 @@ def _resource(block: Any, out: Telemetry, prefix: str) -> dict[str, AttributeVal
         return None
 
 
-def _parse_resource_spans(rs: Any, out: Telemetry, prefix: str) -> None:
+def _parse_resource_spans(rs: Any, out: Recording, prefix: str) -> None:
     resource = _resource(rs, out, prefix)
     if resource is None:
         return
@@ -226,7 +226,7 @@ def _parse_span(raw: Any, resource: dict[str, AttributeValue]) -> Span:
     )
 
 
-def _parse_resource_metrics(rm: Any, out: Telemetry, prefix: str) -> None:
+def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
     resource = _resource(rm, out, prefix)
     if resource is None:
         return
@@ -272,14 +272,14 @@ def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue]) -> Me
 # --- file I/O --------------------------------------------------------------------------------
 
 
-def load_paths(paths: Iterable[str | os.PathLike[str]]) -> Telemetry:
+def load_paths(paths: Iterable[str | os.PathLike[str]]) -> Recording:
     """Load every given file, and every ``*.jsonl``/``*.json`` under given folders (recursively).
 
-    Returns one :class:`Telemetry` holding all spans and points; problems name the file (as given
+    Returns one :class:`Recording` holding all spans and points; problems name the file (as given
     or as found under the folder) and line. A missing path, an empty folder, or an unreadable file
     is a problem, never an exception. A file reached twice is read once.
     """
-    out = Telemetry()
+    out = Recording()
     seen: set[str] = set()
     for path in map(Path, paths):
         if path.is_dir():
@@ -302,7 +302,7 @@ def load_paths(paths: Iterable[str | os.PathLike[str]]) -> Telemetry:
     return out
 
 
-def load_file(path: str | os.PathLike[str]) -> Telemetry:
+def load_file(path: str | os.PathLike[str]) -> Recording:
     """Read one OTLP/JSON lines file (or a single JSON document / array of requests).
 
     Blank lines are skipped. Problems are ``"<path>:<line>: <what>"``; see :func:`load_paths`.
@@ -310,14 +310,14 @@ def load_file(path: str | os.PathLike[str]) -> Telemetry:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        return Telemetry(problems=[f"{path}: cannot read ({exc.strerror or exc})"])
+        return Recording(problems=[f"{path}: cannot read ({exc.strerror or exc})"])
     return load_bytes(data, str(path))
 
 
-def load_bytes(data: bytes, name: str) -> Telemetry:
+def load_bytes(data: bytes, name: str) -> Recording:
     """Parse the contents of one file (or of stdin) named ``name`` in problem messages. A UTF-8
     byte order mark at the start is skipped (Windows editors and PowerShell write one)."""
-    out = Telemetry()
+    out = Recording()
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
     lines = data.splitlines()
@@ -350,7 +350,7 @@ def _parses(line: bytes) -> bool:
     return True
 
 
-def _load_document(data: bytes, name: str, out: Telemetry) -> bool:
+def _load_document(data: bytes, name: str, out: Recording) -> bool:
     """Whole-file JSON (pretty-printed request or array of requests); False if it isn't one."""
     try:
         doc = json.loads(data.decode("utf-8"))

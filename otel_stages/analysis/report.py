@@ -1,4 +1,4 @@
-"""The report: telemetry -> requests -> warm statistics -> GPU evidence -> verdict (-> comparison).
+"""The report: a recording -> requests -> warm statistics -> GPU evidence -> verdict (-> comparison).
 
 :func:`diagnose` is pure (no I/O); :meth:`Report.to_dict` is the ``otel-stages report --json``
 contract (DESIGN.md section 3).
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from otel_stages.analysis.comparison import Comparison, compare
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
-from otel_stages.analysis.model import Telemetry
+from otel_stages.analysis.model import Recording
 from otel_stages.analysis.requests import Request, find_requests
 from otel_stages.analysis.stats import Distribution, StageStats, distribution, order_stages, stage_stats
 from otel_stages.analysis.verdict import ColdStart, Verdict, decide
@@ -66,7 +66,8 @@ class Report:
     """Everything ``otel-stages report`` shows. See :meth:`to_dict` for the JSON shape.
 
     ``requests`` counts all requests (cold and failed included); ``warm_requests`` the warm,
-    successful ones that ``stages`` (ordered: standard stages in pipeline order, then custom) and ``total`` describe.
+    successful ones that ``stages`` (ordered: standard stages in pipeline order, then custom) and
+    ``total`` describe.
     ``groups`` maps each custom stage that holds other stage spans (``preprocess`` around
     ``decode``/``resize``) to those stages' names: a group is not a row of ``stages``, its
     children are (see :mod:`otel_stages.analysis.requests`).
@@ -127,15 +128,15 @@ def _groups(requests: list[Request]) -> dict[str, list[str]]:
 
 
 def diagnose(
-    telemetry: Telemetry, *, baseline: Telemetry | None = None, top: int = DEFAULT_TOP
+    recording: Recording, *, baseline: Recording | None = None, top: int = DEFAULT_TOP
 ) -> Report:
-    """Diagnose ``telemetry``: find requests, split off cold ones, compute warm-run stats, GPU
+    """Diagnose ``recording``: find requests, split off cold ones, compute warm-run stats, GPU
     evidence and the verdict. ``baseline`` (the same inputs before a change) fills
     ``comparison``; its problems are added prefixed with ``baseline:``. ``top`` is how many
-    slowest warm requests to list. Pure; never raises for odd input (an empty telemetry gives a
+    slowest warm requests to list. Pure; never raises for odd input (an empty recording gives a
     report with ``requests == 0`` and ``verdict.cause is None``).
     """
-    requests = find_requests(telemetry.spans)
+    requests = find_requests(recording.spans)
     # A failed request stopped early: its short stages would pose as fast runs, so it is counted
     # but kept out of the statistics.
     failed = [r for r in requests if r.error]
@@ -145,17 +146,17 @@ def diagnose(
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
     cold_start = _cold_summary(cold, total)
-    gpu = gpu_evidence(warm, telemetry.metrics)
+    gpu = gpu_evidence(warm, recording.metrics)
     verdict = decide(warm, stages, total, cold_start, gpu)
     if failed:
         verb = "was" if len(failed) == 1 else "were"
         verdict.evidence.append(
             f"{len(failed)} of {len(requests)} requests ended with an error and {verb} left out of"
             " the stage statistics")
-    problems = list(telemetry.problems)
-    if telemetry.spans and not requests:
+    problems = list(recording.problems)
+    if recording.spans and not requests:
         problems.append(
-            f"{len(telemetry.spans)} spans read but none is a stage span (expected spans named"
+            f"{len(recording.spans)} spans read but none is a stage span (expected spans named"
             " download/decode/resize/queue/forward, or children of a 'request' span)"
         )
     report = Report(

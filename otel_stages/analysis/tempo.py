@@ -36,7 +36,7 @@ from otel_stages.analysis.http_source import (
     read_traces,
 )
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
-from otel_stages.analysis.model import Telemetry
+from otel_stages.analysis.model import Recording
 from otel_stages.analysis.otlp_json import parse_export_request
 
 
@@ -57,12 +57,12 @@ def _scope_spans(batch: Any) -> Any:
     return out
 
 
-def parse_tempo_trace(doc: Any, *, where: str = "tempo") -> Telemetry:
+def parse_tempo_trace(doc: Any, *, where: str = "tempo") -> Recording:
     """A Tempo trace-by-id response (v1 ``batches``, v2 ``trace``, or plain ``resourceSpans``) ->
-    :class:`Telemetry`. Pure; malformed parts become ``problems`` prefixed with ``where``, as
+    :class:`Recording`. Pure; malformed parts become ``problems`` prefixed with ``where``, as
     does a v2 ``status`` other than complete (``PARTIAL``: the trace was cut by a size limit)."""
     if not isinstance(doc, Mapping):
-        return Telemetry(problems=[f"{where}: expected a JSON object, got {type(doc).__name__}"])
+        return Recording(problems=[f"{where}: expected a JSON object, got {type(doc).__name__}"])
     problems: list[str] = []
     body: Any = doc
     if isinstance(doc.get("trace"), Mapping):  # /api/v2/traces/<id>
@@ -73,11 +73,11 @@ def parse_tempo_trace(doc: Any, *, where: str = "tempo") -> Telemetry:
     batches = body.get("batches", body.get("resourceSpans"))
     if batches is None:
         if not body:  # Tempo answers {} for a trace it has no spans of
-            return Telemetry(problems=problems + [f"{where}: empty trace"])
+            return Recording(problems=[*problems, f"{where}: empty trace"])
         keys = ", ".join(sorted(map(str, body))[:5])
-        return Telemetry(problems=problems + [f"{where}: not a Tempo trace (keys: {keys})"])
+        return Recording(problems=[*problems, f"{where}: not a Tempo trace (keys: {keys})"])
     if not isinstance(batches, list):
-        return Telemetry(problems=problems + [f"{where}: batches is not a list"])
+        return Recording(problems=[*problems, f"{where}: batches is not a list"])
     out = parse_export_request({"resourceSpans": [_scope_spans(b) for b in batches]}, where=where)
     out.problems[:0] = problems
     return out
@@ -105,7 +105,7 @@ def fetch_tempo(
     end_ns: int,
     limit: int = DEFAULT_LIMIT,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Telemetry:
+) -> Recording:
     """Traces matching the TraceQL ``query`` in ``[start_ns, end_ns]`` (ns since the epoch, sent
     as whole seconds, widened to cover the window), at most ``limit``, each read in full.
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
-from otel_stages.analysis.gpu import LEVEL_HIGH, LEVEL_LOW, GpuEvidence
 from otel_stages.analysis.evidence import attribute_evidence, follow_evidence, size_evidence
+from otel_stages.analysis.gpu import LEVEL_HIGH, LEVEL_LOW, GpuEvidence
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import Distribution, StageStats
 from otel_stages.analysis.units import duration, pct
@@ -293,6 +293,7 @@ def _append_common(
             verdict.evidence.append(f"no cold-start penalty: {line}")
     if total.count < RECOMMENDED_WARM_RUNS:
         verdict.evidence.append(
-            f"only {total.count} warm request{'s' if total.count != 1 else ''}: run the same input {RECOMMENDED_WARM_RUNS}+ times"
+            f"only {total.count} warm request{'s' if total.count != 1 else ''}: run the same input"
+            f" {RECOMMENDED_WARM_RUNS}+ times"
             " for a firm verdict"
         )

@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         encoder = Encoder(config, seed=args.seed, threads=args.threads)
         mark_cold_start()  # a fresh model: the next request is the cold one
         with ImageServer({p: im.data for p, im in images.items()}) as server, \
-                InferenceWorker(encoder.run, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms) as worker:
+                InferenceWorker(encoder.run, max_batch=args.max_batch,
+                                max_wait_ms=args.max_wait_ms) as worker:
             _progress(f"image server on http://127.0.0.1:{server.port}; model: ViT-like encoder "
                       f"({config.depth} blocks, dim {config.dim}) on ONNX Runtime CPU, "
                       f"{args.threads} thread(s), loaded on the first forward")

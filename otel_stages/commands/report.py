@@ -36,13 +36,13 @@ import time
 from typing import TYPE_CHECKING
 
 from otel_stages import config
-from otel_stages.analysis import Telemetry, diagnose, load_paths
-from otel_stages.commands import int_at_least
+from otel_stages.analysis import Recording, diagnose, load_paths
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.otlp_json import load_bytes
 from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
+from otel_stages.commands import int_at_least
 
 if TYPE_CHECKING:
     from otel_stages.analysis.aggregate import AggregateReport
@@ -195,7 +195,7 @@ def _traceql_default(service: str | None) -> str:
     return '{resource.service.name="' + quoted + '"}'
 
 
-def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Telemetry, str]:
+def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Recording, str]:
     """Spans from Jaeger or Tempo (plus GPU samples from Prometheus when given) and a phrase
     naming where they came from. Raises :class:`SourceError`."""
     since_ns = args.since or parse_since(DEFAULT_SINCE)
@@ -203,26 +203,26 @@ def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Telemetry, str]
     if args.jaeger:
         from otel_stages.analysis.jaeger import fetch_jaeger
 
-        telemetry = fetch_jaeger(args.jaeger, args.service, **window)
+        recording = fetch_jaeger(args.jaeger, args.service, **window)
         where = f"Jaeger at {args.jaeger} (service {args.service})"
     else:
         from otel_stages.analysis.tempo import fetch_tempo
 
         query = args.query if args.query is not None else _traceql_default(args.service)
-        telemetry = fetch_tempo(args.tempo, query, **window)
+        recording = fetch_tempo(args.tempo, query, **window)
         where = f"Tempo at {args.tempo} (query {query})"
-    if args.prometheus and telemetry.spans:
+    if args.prometheus and recording.spans:
         from otel_stages.analysis.prometheus import fetch_gpu_samples
 
-        telemetry.metrics.extend(
+        recording.metrics.extend(
             fetch_gpu_samples(
                 args.prometheus,
                 service=args.service,
-                start_ns=min(s.start_ns for s in telemetry.spans),
-                end_ns=max(s.end_ns for s in telemetry.spans),
+                start_ns=min(s.start_ns for s in recording.spans),
+                end_ns=max(s.end_ns for s in recording.spans),
             )
         )
-    return telemetry, f"{where}, last {_since_text(since_ns)}"
+    return recording, f"{where}, last {_since_text(since_ns)}"
 
 
 def _since_text(since_ns: int) -> str:
@@ -285,14 +285,14 @@ def _run_prometheus(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(paths: list[str]) -> Telemetry:
+def _load(paths: list[str]) -> Recording:
     """Files and folders, plus standard input for ``-`` (named ``<stdin>`` in problems)."""
-    telemetry = load_paths([p for p in paths if p != STDIN])
+    recording = load_paths([p for p in paths if p != STDIN])
     if STDIN in paths:
         stream = getattr(sys.stdin, "buffer", None)
         data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
-        telemetry.extend(load_bytes(data, "<stdin>"))
-    return telemetry
+        recording.extend(load_bytes(data, "<stdin>"))
+    return recording
 
 
 def run(args: argparse.Namespace) -> int:
@@ -306,13 +306,13 @@ def run(args: argparse.Namespace) -> int:
         return _run_prometheus(args)
     if remote:
         try:
-            telemetry, where = _load_remote(args, time.time_ns())
+            recording, where = _load_remote(args, time.time_ns())
         except SourceError as exc:
             print(f"otel-stages: error: {exc}", file=sys.stderr)
             return 1
     else:
         paths = list(args.paths) or [default_data_dir()]
-        telemetry, where = _load(paths), ", ".join("stdin" if p == STDIN else p for p in paths)
+        recording, where = _load(paths), ", ".join("stdin" if p == STDIN else p for p in paths)
     baseline = _load(args.baseline) if args.baseline else None
     if baseline is not None and not find_requests(baseline.spans):
         _warn([f"baseline: {p}" for p in baseline.problems])
@@ -322,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    report = diagnose(telemetry, baseline=baseline, top=args.top)
+    report = diagnose(recording, baseline=baseline, top=args.top)
     _warn(report.problems)
     if args.json:
         out = report.to_dict()

@@ -41,7 +41,8 @@ _STD = (0.229, 0.224, 0.225)
 class EncoderConfig:
     """Sizes of the network. ``image_size`` pixels (square), ``patch`` pixels (divides image_size),
     ``dim`` channels (divisible by ``heads``), ``depth`` blocks, ``prompt_len`` tokens,
-    ``mlp_ratio`` hidden/dim. Defaults are ViT-Tiny-sized (12 blocks of 192, 3 heads; ~2.5 GFLOP per image)."""
+    ``mlp_ratio`` hidden/dim. Defaults are ViT-Tiny-sized (12 blocks of 192, 3 heads; ~2.5 GFLOP
+    per image)."""
 
     image_size: int = 224
     patch: int = 16
@@ -222,7 +223,8 @@ class Encoder:
         cfg = self.config
         expected = (3, cfg.image_size, cfg.image_size)
         if pixels.ndim != 4 or tuple(pixels.shape[1:]) != expected:
-            raise ValueError(f"pixels: expected [B, {', '.join(map(str, expected))}], got {list(pixels.shape)}")
+            raise ValueError(
+                f"pixels: expected [B, {', '.join(map(str, expected))}], got {list(pixels.shape)}")
         if prompt_ids.shape != (pixels.shape[0], cfg.prompt_len):
             raise ValueError(f"prompt_ids: expected [{pixels.shape[0]}, {cfg.prompt_len}], "
                              f"got {list(prompt_ids.shape)}")

@@ -111,7 +111,7 @@ class Pipeline:
                 tensor = to_tensor(small)
                 embedding = self.worker.infer(tensor, tokenize(job.prompt, self.prompt_len),
                                               timeout_s=self.timeout_s)
-        except Exception as exc:  # one request fails alone; its spans already carry the error
+        except Exception as exc:  # noqa: BLE001 - one request fails alone; its spans already carry the error
             return Outcome(job, (time.perf_counter() - start) * 1e3, error=f"{type(exc).__name__}: {exc}")
         return Outcome(job, (time.perf_counter() - start) * 1e3, embedding=embedding)
 

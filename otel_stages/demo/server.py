@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
+from typing_extensions import Self
+
 HOST = "127.0.0.1"
 
 
@@ -23,10 +25,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive, so the demo's client reuses connections
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_GET(self) -> None:
         self._reply(with_body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._reply(with_body=False)
 
     def _reply(self, *, with_body: bool) -> None:
@@ -45,7 +47,7 @@ class _Handler(BaseHTTPRequestHandler):
         if with_body:
             self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass  # quiet: the demo prints its own progress
 
 
@@ -102,7 +104,7 @@ class ImageServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> ImageServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
+from typing_extensions import Self
 
 from otel_stages import QueueToken, dequeue_batch, enqueue_token
 
@@ -128,7 +129,7 @@ class InferenceWorker:
                 stop = self._collect(items)
                 self._run_batch(items)
                 items = []
-        except BaseException as exc:  # a bug here must not leave callers waiting forever
+        except BaseException as exc:  # noqa: BLE001 - a bug here must not leave callers waiting forever
             self._die(items, exc)
 
     def _die(self, items: list[_Item], exc: BaseException) -> None:
@@ -163,7 +164,7 @@ class InferenceWorker:
                 out = self._model(pixels, prompts)
                 if len(out) != len(live):
                     raise RuntimeError(f"model returned {len(out)} rows for a batch of {len(live)}")
-        except Exception as exc:  # every request of the batch gets the error, the worker lives on
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error, the worker lives on
             for item in live:
                 item.future.set_exception(exc)
             return
@@ -184,7 +185,7 @@ class InferenceWorker:
         if self._thread.is_alive():
             raise TimeoutError(f"executor thread still running after {timeout_s} s")
 
-    def __enter__(self) -> InferenceWorker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

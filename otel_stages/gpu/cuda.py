@@ -31,7 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import guard
 from otel_stages.stages import StageScope
 
 logger = logging.getLogger("otel_stages.gpu")
@@ -113,6 +113,8 @@ class _Resolver:
                 span.end(end_time=end_ns)
 
 
+_GUARD_START = guard("cuda_stage start")
+_GUARD_END = guard("cuda_stage end")
 _resolver: _Resolver | None = None
 _resolver_lock = threading.Lock()
 _logged: set[str] = set()
@@ -169,12 +171,10 @@ def cuda_stage(name: str = semconv.STAGE_FORWARD, /, *, mode: str = "events", st
         _log_once("no-cuda", "cuda_stage: PyTorch with CUDA not available; %s spans carry host "
                   "time only", name)
     elif scope._span is not None:
-        try:
-            events = (factory(), factory())
-            events[0].record(stream)
-        except Exception as exc:  # noqa: BLE001
-            RUNTIME.internal_error("cuda_stage start", exc)
-            events = None
+        with _GUARD_START:
+            created = (factory(), factory())
+            created[0].record(stream)
+            events = created
     scope._attach()
     error: BaseException | None = None
     try:
@@ -193,7 +193,7 @@ def cuda_stage(name: str = semconv.STAGE_FORWARD, /, *, mode: str = "events", st
 def _finish(scope: StageScope, events: tuple[Any, Any], mode: str, stream: Any,
             error: BaseException | None) -> None:
     span = scope._span
-    try:
+    with _GUARD_END:
         events[1].record(stream)
         if mode == "sync":
             events[1].synchronize()
@@ -204,7 +204,5 @@ def _finish(scope: StageScope, events: tuple[Any, Any], mode: str, stream: Any,
         end_ns = scope._finish(span, error)
         scope._span = None
         _get_resolver().submit(span, events[0], events[1], end_ns)
-    except Exception as exc:
-        RUNTIME.internal_error("cuda_stage end", exc)
-        if scope._span is not None:
-            scope._close(error)
+    if scope._span is not None:  # the guard caught a failure before the span was handed over
+        scope._close(error)

@@ -82,7 +82,8 @@ def render(rows: list[dict[str, Any]], interval_s: float) -> str:
         util = _fmt(r["utilization"], "{:6.1%}", "   n/a")
         lines.append(f"  utilization {util}  ({r['utilization_samples']} samples; {how})")
         used, total = r["memory_used_bytes"], r["memory_total_bytes"]
-        memory = "n/a" if used is None else f"{used / GIB:.1f} / {_fmt(total and total / GIB, '{:.1f}', '?')} GiB"
+        limit = _fmt(total and total / GIB, '{:.1f}', '?')
+        memory = "n/a" if used is None else f"{used / GIB:.1f} / {limit} GiB"
         lines.append(f"  memory      {memory}   power {_fmt(r['power_w'], '{:.0f} W')}   "
                      f"temperature {_fmt(r['temperature_c'], '{:.0f} C')}   "
                      f"SM activity {_fmt(r['sm_activity'], '{:.0%}')}")

@@ -132,7 +132,8 @@ class NvmlBackend:
         for slot in range(count):
             try:
                 handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, slot)
-                out.append(Device(_text(nvml.nvmlDeviceGetUUID, handle), _text(nvml.nvmlDeviceGetName, handle),
+                out.append(Device(_text(nvml.nvmlDeviceGetUUID, handle),
+                                  _text(nvml.nvmlDeviceGetName, handle),
                                   gpu.index, parent_uuid=gpu.uuid, handle=handle))
             except nvml.NVMLError:  # NOT_FOUND: empty slot
                 continue

@@ -82,7 +82,7 @@ def to_metrics_data(points: Sequence[PendingPoint], devices: dict[str, Device],
                                                time_unix_nano=p.point.time_ns, value=p.point.value))
         out.append(Metric(name=spec.name, description=spec.description, unit=spec.unit,
                           data=Gauge(data_points=data_points)))
-    from otel_stages import __version__
+    from otel_stages._version import __version__
 
     scope = InstrumentationScope(semconv.SCOPE_NAME, __version__)
     return MetricsData(resource_metrics=[ResourceMetrics(

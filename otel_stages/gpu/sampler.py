@@ -17,6 +17,7 @@ thread before ``close()`` (``nvmlShutdown``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import threading
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME
+from otel_stages._runtime import RUNTIME, guard
 from otel_stages.clock import Clock
 from otel_stages.gpu import metrics
 from otel_stages.gpu.backend import NOT_SUPPORTED, Device, GpuBackend, GpuReadError, GpuUnavailable
@@ -39,6 +40,7 @@ STARTING, RUNNING, UNAVAILABLE, STOPPED = "starting", "running", "unavailable", 
 DEFAULT_INIT_TIMEOUT_S = 10.0
 #: Ring silent this long (or twice its sample period, if longer): take an instant reading.
 _RING_STALE_NS = 1_000_000_000
+_GUARD_PASS = guard("gpu sampler")
 
 
 @dataclass
@@ -127,7 +129,7 @@ class Sampler:
             if not abandon.acquire(blocking=False) and "devices" in outcome:
                 try:  # too late: we already gave up, release what it opened
                     self.backend.close()
-                except Exception:  # noqa: BLE001, S110 - nobody is left to tell
+                except Exception:  # noqa: BLE001 - nobody is left to tell
                     pass
             done.set()
 
@@ -231,13 +233,13 @@ class Sampler:
         """One pass over every device (the thread calls this; tests may call it directly)."""
         t0 = time.perf_counter_ns()
         for state in list(self._states.values()):
-            try:
-                self._sample(state)
-            except GpuReadError as exc:
-                self._log_once(state.device, "read", "GPU %s (%s): reading failed, will retry: %s",
-                               exc, level=logging.WARNING)
-            except Exception as exc:  # a bug here must not stop the sampler or the service
-                RUNTIME.internal_error("gpu sampler", exc)
+            with _GUARD_PASS:  # a bug here must not stop the sampler or the service
+                try:
+                    self._sample(state)
+                except GpuReadError as exc:
+                    self._log_once(state.device, "read",
+                                   "GPU %s (%s): reading failed, will retry: %s", exc,
+                                   level=logging.WARNING)
         with self._cond:
             self._passes += 1
             self._pass_ns.append(time.perf_counter_ns() - t0)
@@ -283,7 +285,8 @@ class Sampler:
         t_ns = t0 + (self.clock.now_ns() - t0) // 2
         for name in wanted:
             if name in values:
-                self.store.add(state.device.uuid, name, [Point(t_ns, metrics.BY_NAME[name].convert(values[name]))])
+                value = metrics.BY_NAME[name].convert(values[name])
+                self.store.add(state.device.uuid, name, [Point(t_ns, value)])
             elif name == semconv.HW_GPU_UTILIZATION:
                 state.utilization = False
                 self._log_once(state.device, name, "GPU %s (%s) reports no utilization (MIG "
@@ -311,7 +314,7 @@ class Sampler:
             logger.debug("GPU %s sample timestamps: %s clock", state.device.uuid, state.domain)
         offset = self.timebase.offset_ns(state.domain, newest)
         if len(raw) > 1:
-            gaps = [b.timestamp_us - a.timestamp_us for a, b in zip(raw, raw[1:])]
+            gaps = [b.timestamp_us - a.timestamp_us for a, b in itertools.pairwise(raw)]
             state.period_ns = statistics.median(gaps) * 1000
         state.last_seen_us = newest
         state.last_ring_ns = newest * 1000 + offset
