@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
-from typing_extensions import Self
-
 HOST = "127.0.0.1"
 
 
@@ -104,7 +102,7 @@ class ImageServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> ImageServer:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

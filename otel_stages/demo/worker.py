@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
-from typing_extensions import Self
 
 from otel_stages import QueueToken, dequeue_batch, enqueue_token
 
@@ -185,7 +184,7 @@ class InferenceWorker:
         if self._thread.is_alive():
             raise TimeoutError(f"executor thread still running after {timeout_s} s")
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> InferenceWorker:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
