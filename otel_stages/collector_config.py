@@ -12,9 +12,9 @@ from importlib import resources
 #: otelcol-contrib release the bundled config is written and checked for.
 COLLECTOR_CONTRIB_VERSION = "0.157.0"
 
-_RESOURCE = ("data", "collector.yaml")
+_RESOURCE = "data/collector.yaml"
 
 
 def collector_config_text() -> str:
     """Return the bundled collector config as text (UTF-8, exactly as shipped)."""
-    return resources.files("otel_stages").joinpath(*_RESOURCE).read_text(encoding="utf-8")
+    return resources.files("otel_stages").joinpath(_RESOURCE).read_text(encoding="utf-8")

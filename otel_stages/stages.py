@@ -17,6 +17,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
+from contextvars import Token
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -84,7 +85,7 @@ class StageScope:
         self.name = name
         self.attributes = attributes
         self._span: Span | None = None
-        self._token: object | None = None
+        self._token: Token[otel_context.Context] | None = None
         self._start_ns = 0
 
     # -- span lifecycle -------------------------------------------------------------------------

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
 
+from otel_stages._runtime import RUNTIME
 from otel_stages.clock import Clock
 from otel_stages.testing import capture_spans
 
@@ -43,3 +45,23 @@ def captured_fake_clock(fake_time):
         yield cap, fake_time
 
 
+
+
+def _runtime_state() -> tuple[object, ...]:
+    return (RUNTIME.enabled, RUNTIME.tracer, RUNTIME.clock, RUNTIME.stage_end_hooks, RUNTIME.reraise)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_no_state_behind(request: pytest.FixtureRequest):
+    """Every test starts and ends with no active span and the library's runtime state as it was
+    (tracer, enabled flag, span clock, stage-end hooks, error policy): a test that changes them
+    must restore them, so no test passes or fails because of the one before it."""
+    assert not trace.get_current_span().get_span_context().is_valid, "a span is active at test start"
+    before = _runtime_state()
+    yield
+    assert not trace.get_current_span().get_span_context().is_valid, (
+        f"{request.node.nodeid} left a span active")
+    after = _runtime_state()
+    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise")
+    changed = [n for n, b, a in zip(names, before, after) if b is not a and b != a]
+    assert not changed, f"{request.node.nodeid} left otel_stages runtime state changed: {changed}"

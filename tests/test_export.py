@@ -75,7 +75,7 @@ def test_report_reads_what_configure_wrote(tmp_path, clean_env):
     ots.mark_cold_start()  # other tests in this process already sent requests
     for _ in range(4):
         _one_request()
-    telemetry.force_flush()
+    telemetry.shutdown()
     report = diagnose(load_paths([tmp_path])).to_dict()
     assert report["requests"] == 4  # every request; the first is also reported apart as cold
     assert report["cold_start"] is not None

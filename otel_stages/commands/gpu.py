@@ -14,7 +14,7 @@ def _interval_s(raw: str) -> float:
     """Same bounds as the service's ``gpu_interval_s`` setting (one table, one rule)."""
     parse = next(s.parse for s in SETTINGS if s.name == "gpu_interval_s")
     try:
-        return parse(raw)
+        return float(parse(raw))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{raw!r}: {exc}") from None
 

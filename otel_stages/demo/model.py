@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -97,7 +98,7 @@ class _Graph:
     def random(self, hint: str, shape: tuple[int, ...], std: float = 0.02) -> str:
         return self.const(hint, (self.rng.standard_normal(shape) * std).astype(np.float32))
 
-    def op(self, op_type: str, inputs: list[str], hint: str | None = None, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], hint: str | None = None, **attrs: Any) -> str:
         out = self.name(hint or op_type.lower())
         self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
         return out
@@ -233,4 +234,5 @@ class Encoder:
             INPUT_PIXELS: np.ascontiguousarray(pixels, dtype=np.float32),
             INPUT_PROMPT: np.ascontiguousarray(prompt_ids, dtype=np.int64),
         })
-        return out
+        result: np.ndarray = out
+        return result
