@@ -5,8 +5,8 @@
 ``otel-stages report --json`` contract.
 """
 
+from otel_stages.analysis.files import load_paths
 from otel_stages.analysis.model import MetricPoint, Recording, Span
-from otel_stages.analysis.otlp_json import load_paths
 from otel_stages.analysis.report import Report, diagnose
 
 __all__ = ["MetricPoint", "Recording", "Report", "Span", "diagnose", "load_paths"]
