@@ -739,3 +739,83 @@ def test_tempo_v2_shape_and_partial_status():
     assert a.spans == b.spans and len(a.spans) == 6
     assert b.problems and "PARTIAL" in b.problems[0] and a.problems == []
     assert parse_tempo_trace({}).problems == ["tempo: empty trace"]
+
+
+# --- Jaeger FOLLOWS_FROM and per-trace failures -------------------------------------------------
+
+
+def test_jaeger_follows_from_keeps_the_span_in_its_request(server, capsys):
+    """OpenTracing-style instrumentation: forward FOLLOWS_FROM its request instead of CHILD_OF.
+    Jaeger's UI nests it under the request; so must the report (not a phantom request)."""
+    code, child_of, _ = report_json([str(TRACES / "queue_batching.otlp.jsonl")], capsys)
+    cassette = serve_jaeger(server, "queue_batching")
+    for body in cassette["traces"].values():
+        for span in body["data"][0]["spans"]:
+            if span["operationName"] == "forward":
+                for ref in span["references"]:
+                    ref["refType"] = "FOLLOWS_FROM"
+    code, out, err = report_json(["--jaeger", server.url, "--service", "vlm-server"], capsys)
+    assert code == 0, err
+    assert out["requests"] == 30 and _verdict(out) == ("queue", "queue")
+    assert {n: s["share"] for n, s in out["stages"].items()} == pytest.approx(
+        {n: s["share"] for n, s in child_of["stages"].items()}, abs=1e-3
+    )
+    spans = parse_jaeger_response(next(iter(cassette["traces"].values()))).spans
+    forward = next(s for s in spans if s.name == "forward")
+    request = next(s for s in spans if s.name == "request")
+    assert forward.parent_span_id == request.span_id and forward.parent_follows_from
+    assert not request.parent_follows_from
+
+
+def test_a_follows_from_into_another_trace_is_not_a_parent():
+    span = parse_jaeger_span(
+        {
+            "traceID": "1", "spanID": "a", "operationName": "forward", "startTime": 1, "duration": 1,
+            "references": [{"refType": "FOLLOWS_FROM", "traceID": "2", "spanID": "b"}],
+        }
+    )
+    assert span.parent_span_id is None and not span.parent_follows_from
+
+
+@pytest.mark.parametrize(
+    "source, status, body, says",
+    [
+        ("tempo", 422, "trace exceeds max size (max bytes: 5000000)", "HTTP 422"),
+        ("jaeger", 500, {"data": None, "errors": [{"code": 500, "msg": "cassandra timeout"}]}, "cassandra timeout"),
+    ],
+)
+def test_one_trace_that_cannot_be_read_is_a_problem_the_rest_is_reported(
+    source, status, body, says, server, capsys
+):
+    cassette = (serve_tempo if source == "tempo" else serve_jaeger)(server, "queue_batching")
+    bad = sorted(cassette["traces"])[3]
+    good = dict(cassette["traces"])
+    route = "/api/traces"
+
+    def answer(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
+        if not rest:
+            return 200, cassette["search"]
+        if rest == bad:
+            return status, body
+        return 200, good[rest]
+
+    server.routes = [(p, h) for p, h in server.routes if p != route]
+    server.route(route, answer)
+    argv = [f"--{source}", server.url] + (["--service", "vlm-server"] if source == "jaeger" else [])
+    code, out, err = report_json(argv, capsys)
+    assert code == 0, err
+    assert out["requests"] == 29 and _verdict(out) == ("queue", "queue")
+    (problem,) = [p for p in out["problems"] if bad in p]
+    assert f"{source}: trace {bad} could not be read" in problem and says in problem
+    assert says in err
+
+
+def test_every_trace_failing_is_an_error(server, capsys):
+    cassette = serve_tempo(server, "cold_start")
+    server.routes = [(p, h) for p, h in server.routes if p != "/api/traces"]
+    server.route("/api/traces", lambda rest, q: (503, "tempo-querier unavailable"))
+    code = main(["report", "--tempo", server.url, "--json"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "HTTP 503" in err and "tempo-querier unavailable" in err
+    assert f"the other {len(cassette['traces']) - 1} traces failed too" in err

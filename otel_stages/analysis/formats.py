@@ -37,7 +37,6 @@ the rest still loads.
 from __future__ import annotations
 
 import codecs
-import io
 import json
 import zlib
 from collections.abc import Mapping
@@ -114,16 +113,22 @@ def _gunzip(data: bytes) -> tuple[bytes, str]:
 
 
 def _unzstd(data: bytes) -> tuple[bytes, str]:
-    """Every zstd frame in turn (streamed frames without a content size too)."""
+    """Every zstd frame in turn (streamed frames without a content size too); returns (what
+    decompressed, why it stopped early or "")."""
     import zstandard  # a dependency; imported here so plain JSON files never load it
 
+    dctx = zstandard.ZstdDecompressor()
     parts: list[bytes] = []
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
-    try:
-        while chunk := reader.read(_CHUNK):
-            parts.append(chunk)
-    except zstandard.ZstdError as exc:
-        return b"".join(parts), str(exc)
+    rest = data
+    while rest.startswith(ZSTD_MAGIC):
+        d = dctx.decompressobj()
+        try:
+            parts.append(d.decompress(rest))
+        except zstandard.ZstdError as exc:
+            return b"".join(parts), str(exc)
+        if not d.eof:
+            return b"".join(parts), "the last frame has no end"
+        rest = d.unused_data
     return b"".join(parts), ""
 
 
