@@ -1,6 +1,7 @@
 """Pure analysis: load recorded telemetry -> per-stage statistics -> verdict.
 
-``load_paths(paths)`` reads OTLP/JSON files or folders into a :class:`Recording`;
+``load_paths(paths)`` reads trace files or folders (OTLP/JSON, Jaeger, Tempo; gzip or zstd; see
+:mod:`otel_stages.analysis.formats`) into a :class:`Recording`;
 ``diagnose(telemetry, baseline=None)`` returns a :class:`Report` whose ``to_dict()`` is the
 ``otel-stages report --json`` contract.
 """
