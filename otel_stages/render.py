@@ -10,11 +10,12 @@ with a note saying so, and trace ids move to a list under the slowest-requests t
 
 from __future__ import annotations
 
+import codecs
 import io
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
 
 from rich import box
 from rich.console import Console, Group, JustifyMethod, RenderableType
@@ -260,13 +261,64 @@ def _is_tty(file: IO[str]) -> bool:
         return False
 
 
+class _Buffer(io.StringIO):
+    """A text buffer that reports the final output's encoding, so rich draws ASCII table rules
+    (its ``safe_box`` substitution) when that encoding has no box-drawing characters."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__()
+        self._target_encoding = encoding
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._target_encoding
+
+
+class _Replacing(io.TextIOBase):
+    """Writes to ``file`` with every character its encoding cannot hold replaced by ``?``: the
+    report never dies with UnicodeEncodeError on a cp1252 / ASCII stdout."""
+
+    def __init__(self, file: IO[str], encoding: str) -> None:
+        super().__init__()
+        self._file, self._encoding = file, encoding
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+    def write(self, text: str) -> int:
+        self._file.write(text.encode(self._encoding, "replace").decode(self._encoding))
+        return len(text)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def isatty(self) -> bool:
+        return _is_tty(self._file)
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+
+def _encoding(file: IO[str]) -> str:
+    """``file``'s encoding (UTF-8 when it has none, e.g. a StringIO); unknown names count as ASCII."""
+    name = getattr(file, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return "ascii"
+
+
 def render(report: Report, file: IO[str] | None = None, *, width: int | None = None) -> None:
     """Write the report to ``file`` (default stdout). On a terminal rich picks colors and width;
     otherwise plain text (no ANSI codes, no trailing spaces) at ``width`` (default
-    :data:`DEFAULT_WIDTH`) columns."""
-    file = sys.stdout if file is None else file
-    tty = _is_tty(file)
-    target = file if tty else io.StringIO()
+    :data:`DEFAULT_WIDTH`) columns. When ``file``'s encoding (cp1252, ASCII...) lacks the table
+    rules' box-drawing characters, rules are ASCII; any other character it cannot hold is ``?``."""
+    dest = sys.stdout if file is None else file
+    tty = _is_tty(dest)
+    out = _Replacing(dest, _encoding(dest))
+    buffer = _Buffer(out.encoding)
+    target = cast(IO[str], out) if tty else buffer
     console = Console(
         file=target,
         force_terminal=tty,
@@ -280,7 +332,7 @@ def render(report: Report, file: IO[str] | None = None, *, width: int | None = N
         console.print(part)
         console.print()
     if not tty:
-        file.write("\n".join(line.rstrip() for line in target.getvalue().splitlines()) + "\n")
+        out.write("\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n")
 
 
 def render_text(report: Report, *, width: int = DEFAULT_WIDTH) -> str:

@@ -50,6 +50,11 @@ IMAGE_TARGET_HEIGHT = "image.target_height"  #: int, pixels
 QUEUE_DEPTH = "queue.depth"  #: int, items already waiting when this one was enqueued
 BATCH_SIZE = "batch.size"  #: int, items in the forward batch
 
+# --- Stage spans made by a stage map (report --stage-map) -------------------------------------
+#: string, on stage spans a stage map made: where the time came from ("events QUEUE_START ->
+#: COMPUTE_START", "attribute gen_ai.latency.time_in_queue (s)", "span compute")
+STAGE_MAP_SOURCE = "otel_stages.stage_map.source"
+
 # --- Standard OpenTelemetry keys we read -----------------------------------------------------
 SERVICE_NAME = "service.name"  #: resource attribute
 SERVICE_INSTANCE_ID = "service.instance.id"  #: resource attribute

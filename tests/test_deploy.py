@@ -685,7 +685,7 @@ def test_compose_file_is_valid_and_complete(compose_cmd: list[str]) -> None:
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ("    image: prom/prometheus:v3.9.1", "    imag: prom/prometheus:v3.9.1"),  # unknown key
+        ("    image: prom/prometheus:v3.14.0", "    imag: prom/prometheus:v3.14.0"),  # unknown key
         ('      - "9090:9090"', '      - "nine:9090"'),  # bad port
         ("      - prometheus-data:/prometheus", "      - prometheus-dat:/prometheus"),  # undeclared
     ],
@@ -847,3 +847,124 @@ def test_slow_recording_rules_are_read_through_last_over_time() -> None:
                 assert not bare, f"{rule.get('alert') or rule.get('record')} reads {name} without last_over_time"
                 for window in re.findall(rf"last_over_time\(\s*{re.escape(name)}\[(\w+)\]\)", expr):
                     assert _duration_s(window) > slow[name], f"{name}: window {window} within its interval"
+
+
+# --------------------------------------------------------------------------------------------
+# Deploy corrections checked against the pinned upstream versions (issue 8)
+# --------------------------------------------------------------------------------------------
+
+
+def _go_format_float(x: float) -> str:
+    """Go's strconv.FormatFloat(x, 'f', -1, 64), which Prometheus' OTLP translation uses for
+    ``le`` (storage/remote/otlptranslator/prometheusremotewrite/histograms.go)."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _connector_bounds_ms(cfg: dict[str, Any]) -> list[float]:
+    """The span_metrics connector's explicit buckets in the histogram unit (ms)."""
+    sm = _span_metrics(cfg)
+    assert sm["histogram"]["unit"] == "ms"
+    out = []
+    for raw in sm["histogram"]["explicit"]["buckets"]:
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s)", str(raw))
+        assert match, raw
+        out.append(float(match.group(1)) * (1000 if match.group(2) == "s" else 1))
+    return out
+
+
+def test_rules_test_uses_only_bucket_bounds_the_connector_emits(bundled: dict[str, Any]) -> None:
+    emitted = {_go_format_float(b) for b in _connector_bounds_ms(bundled)} | {"+Inf"}
+    used = set(re.findall(r'le="([^"]+)"', RULES_TEST.read_text()))
+    assert used, "no bucket series in rules_test.yaml?"
+    assert used <= emitted, f"bounds the connector never emits: {sorted(used - emitted)}"
+    assert {"20", "50", "100", "200", "+Inf"} <= used
+
+
+#: Keys of Prometheus v3.14.0's config (config/config.go yaml tags of Config, OTLPConfig,
+#: StorageConfig/TSDBConfig, GlobalConfig) and its OTLP translation strategies. Prometheus parses
+#: the file strictly: an unknown key is a startup error.
+PROMETHEUS_VERSION = "v3.14.0"
+PROMETHEUS_TOP_KEYS = {"global", "runtime", "alerting", "rule_files", "scrape_config_files",
+                       "scrape_configs", "storage", "tracing", "remote_write", "remote_read", "otlp"}
+PROMETHEUS_OTLP_KEYS = {"promote_all_resource_attributes", "promote_resource_attributes",
+                        "ignore_resource_attributes", "translation_strategy",
+                        "keep_identifying_resource_attributes", "convert_histograms_to_nhcb",
+                        "promote_scope_metadata", "label_name_underscore_sanitization",
+                        "label_name_preserve_multiple_underscores"}
+PROMETHEUS_STORAGE_KEYS = {"tsdb", "exemplars"}
+PROMETHEUS_TSDB_KEYS = {"out_of_order_time_window", "stale_series_compaction_threshold",
+                        "chunk_encoding", "retention"}
+PROMETHEUS_GLOBAL_KEYS = {"scrape_interval", "scrape_timeout", "scrape_protocols",
+                          "evaluation_interval", "rule_query_offset", "query_log_file",
+                          "scrape_failure_log_file", "external_labels", "body_size_limit",
+                          "sample_limit", "target_limit", "label_limit", "label_name_length_limit",
+                          "label_value_length_limit", "keep_dropped_targets",
+                          "metric_name_validation_scheme", "metric_name_escaping_scheme",
+                          "scrape_native_histograms", "convert_classic_histograms_to_nhcb",
+                          "always_scrape_classic_histograms", "extra_scrape_metrics"}
+TRANSLATION_STRATEGIES = {"UnderscoreEscapingWithSuffixes", "UnderscoreEscapingWithoutSuffixes",
+                          "NoUTF8EscapingWithSuffixes", "NoTranslation"}
+PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
+
+
+def test_prometheus_yml_keys_are_those_of_the_pinned_prometheus() -> None:
+    assert f"image: prom/prometheus:{PROMETHEUS_VERSION}" in COMPOSE.read_text()
+    cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
+    assert set(cfg) <= PROMETHEUS_TOP_KEYS, set(cfg) - PROMETHEUS_TOP_KEYS
+    assert set(cfg["global"]) <= PROMETHEUS_GLOBAL_KEYS
+    assert set(cfg["otlp"]) <= PROMETHEUS_OTLP_KEYS, set(cfg["otlp"]) - PROMETHEUS_OTLP_KEYS
+    assert cfg["otlp"]["translation_strategy"] in TRANSLATION_STRATEGIES
+    # the names the report, rules and dashboard read follow from this strategy
+    assert cfg["otlp"]["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
+    assert set(cfg["storage"]) <= PROMETHEUS_STORAGE_KEYS
+    assert set(cfg["storage"]["tsdb"]) <= PROMETHEUS_TSDB_KEYS
+    for job in cfg["scrape_configs"]:
+        assert {"job_name", "static_configs"} >= set(job)
+
+
+def test_prometheus_key_check_catches_a_2x_only_or_misspelled_key(tmp_path: Path) -> None:
+    cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
+    cfg["otlp"]["translation_stratgy"] = cfg["otlp"].pop("translation_strategy")
+    assert not set(cfg["otlp"]) <= PROMETHEUS_OTLP_KEYS
+
+
+def test_readme_does_not_promise_prometheus_2_with_this_prometheus_yml() -> None:
+    text = (ROOT / "collector_config" / "README.md").read_text()
+    assert "2.47+ with" not in text
+    assert "translation_strategy" in text and "3.0" in text
+
+
+def test_compose_collector_has_a_memory_limit_and_keeps_every_trace() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    collector = compose["services"]["collector"]
+    assert collector.get("mem_limit"), "memory_limiter's percentages need a container memory limit"
+    assert collector["environment"]["OTEL_STAGES_SAMPLE_PERCENT"] == "100"
+    tempo = compose["services"]["tempo"]["image"]
+    assert tempo == "grafana/tempo:2.9.5"
+    assert "ingester:" in (DEPLOY / "tempo" / "tempo.yaml").read_text()  # hence the 3.x warning
+    assert "rejects the\n    # `ingester:` and `compactor:`" in COMPOSE.read_text()
+
+
+def _gpu_job_regexes() -> list[str]:
+    out = []
+    for expr in dashboard_queries():
+        if "hw_gpu" in expr:
+            match = re.search(r'job=~"([^"]+)"', expr)
+            assert match, f"GPU query without a job filter: {expr}"
+            out.append(match.group(1))
+    return out
+
+
+@pytest.mark.parametrize("job", ["vlm-server", "inference/vlm-server"])
+def test_dashboard_gpu_panels_match_namespaced_jobs(job: str) -> None:
+    """Prometheus' OTLP receiver sets job to service.name, or service.namespace/service.name."""
+    regexes = _gpu_job_regexes()
+    assert len(regexes) >= 3
+    for regex in regexes:
+        one = regex.replace("$service", "vlm-server")  # one service selected
+        many = regex.replace("$service", "(api|vlm-server)")  # multi-value: Grafana's (a|b)
+        every = regex.replace("$service", ".*")  # All: allValue
+        for r in (one, many, every):
+            assert re.fullmatch(r, job), (r, job)  # Prometheus anchors regex matchers
+        assert not re.fullmatch(one, "other/vlm-server-2")

@@ -190,7 +190,9 @@ def test_folders_are_searched_recursively_and_files_read_once(tmp_path: Path):
     assert len(telemetry.metrics) > 0
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert load_paths([empty]).problems == [f"{empty}: no *.jsonl or *.json files in this folder"]
+    assert load_paths([empty]).problems == [
+        f"{empty}: no trace files (*.jsonl, *.json, *.ndjson, *.gz, *.zst, *.zstd) in this folder"
+    ]
 
 
 def test_pretty_printed_document_and_array_files(tmp_path: Path):

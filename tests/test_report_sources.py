@@ -151,40 +151,110 @@ def serve_tempo(rec: Recorded, scenario: str) -> dict:
     return cassette
 
 
-#: query pattern -> recorded answer key
-PROM_PATTERNS = [
-    (re.compile(r"^histogram_quantile\(0\.05,"), "p5"),
-    (re.compile(r"^histogram_quantile\(0\.5,"), "p50"),
-    (re.compile(r"^histogram_quantile\(0\.95,"), "p95"),
-    (re.compile(r"^histogram_quantile\(0\.99,"), "p99"),
-    (re.compile(r"increase\(traces_span_metrics_duration_milliseconds_bucket\{"), "buckets"),
-    (
-        re.compile(
-            r"rate\(traces_span_metrics_duration_milliseconds_sum\{.*\brate\(traces_span_metrics_duration_milliseconds_count\{"
-        ),
-        "mean",
-    ),
-    (re.compile(r"^avg\(avg_over_time\(hw_gpu_utilization_ratio"), "gpu_mean"),
-    (re.compile(r"^sum\(count_over_time\(hw_gpu_utilization_ratio"), "gpu_samples"),
-    (re.compile(r"^hw_gpu_utilization_ratio(\{[^}]*\})?\[\d+s\]$"), "gpu_raw"),
-]
+#: query kind -> recorded answer key (the family and labels vary with the naming served)
+def _prom_patterns(family: str, gpu: str) -> list[tuple[re.Pattern[str], str]]:
+    def name(series: str) -> str:  # bare, or quoted UTF-8 as the first matcher
+        return re.escape(series) + r"[{\[]" if re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", series) else (
+            r"\{" + re.escape(json.dumps(series))
+        )
+
+    return [
+        (re.compile(r"^histogram_quantile\(0\.05,"), "p5"),
+        (re.compile(r"^histogram_quantile\(0\.5,"), "p50"),
+        (re.compile(r"^histogram_quantile\(0\.95,"), "p95"),
+        (re.compile(r"^histogram_quantile\(0\.99,"), "p99"),
+        (re.compile(r"increase\(" + name(family + "_bucket")), "buckets"),
+        (re.compile(r"rate\(" + name(family + "_sum") + r".*\brate\(" + name(family + "_count")), "mean"),
+        (re.compile(r"^avg\(avg_over_time\(" + name(gpu)), "gpu_mean"),
+        (re.compile(r"^sum\(count_over_time\(" + name(gpu)), "gpu_samples"),
+        (re.compile(r"^hw_gpu_utilization_ratio(\{[^}]*\})?\[\d+s\]$"), "gpu_raw"),
+    ]
 
 
-def serve_prometheus(rec: Recorded, scenario: str) -> dict:
+PROM_PATTERNS = _prom_patterns("traces_span_metrics_duration_milliseconds", "hw_gpu_utilization_ratio")
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How a Prometheus names the span-metrics histogram (a row of the issue's list)."""
+
+    family: str
+    span_label: str = "span_name"
+    service_label: str = "service_name"
+    ms_per_unit: float = 1.0
+    gpu: str = "hw_gpu_utilization_ratio"
+    metadata_unit: str = ""
+
+
+BUNDLED = Naming("traces_span_metrics_duration_milliseconds")
+
+
+def _rename(doc: dict, key: str, naming: Naming) -> dict:
+    """A recorded (bundled-naming) answer as this naming's Prometheus writes it: span label
+    renamed, le bounds and durations in the naming's unit; value strings formatted the way
+    Prometheus formats floats (Go strconv 'f', -1: shortest repr, no trailing .0)."""
+    doc = json.loads(json.dumps(doc))
+    for item in doc["data"]["result"]:
+        metric = item["metric"]
+        if "span_name" in metric and naming.span_label != "span_name":
+            metric[naming.span_label] = metric.pop("span_name")
+        if naming.ms_per_unit != 1.0:
+            if key == "buckets" and metric.get("le") not in (None, "+Inf"):
+                metric["le"] = _go_float(float(metric["le"]) / naming.ms_per_unit)
+            elif key in ("mean", "p5", "p50", "p95", "p99"):
+                item["value"][1] = _go_float(float(item["value"][1]) / naming.ms_per_unit)
+    return doc
+
+
+def _go_float(x: float) -> str:
+    text = repr(x)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def serve_prometheus(rec: Recorded, scenario: str, naming: Naming = BUNDLED, *, other_names=()) -> dict:
+    """/api/v1/query from the recording (in ``naming``'s names), plus the discovery endpoints:
+    /api/v1/label/__name__/values, /api/v1/labels?match[]=..., /api/v1/metadata."""
     answers = _recording(f"prometheus_{scenario}")
+    patterns = _prom_patterns(naming.family, naming.gpu)
+    names = sorted(
+        {f"{naming.family}_{s}" for s in ("bucket", "sum", "count")}
+        | {naming.gpu, "up", "scrape_duration_seconds", *other_names}
+    )
+    labels = sorted({"__name__", "le", naming.span_label, naming.service_label, "job", "span_kind",
+                     "status_code", "collector_instance_id"})
 
     def answer(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
         query = q["query"][0]
-        for pattern, key in PROM_PATTERNS:
+        for pattern, key in patterns:
             if pattern.search(query):
-                return 200, answers[key]
+                return 200, _rename(answers[key], key, naming)
         return 400, {
             "status": "error",
             "errorType": "bad_data",
             "error": f"unrecorded query {query}",
         }
 
+    def label_values(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
+        if rest != "__name__/values":
+            return 404, {"status": "error", "errorType": "not_found", "error": "unrecorded"}
+        return 200, {"status": "success", "data": names}
+
+    def label_names(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
+        (match,) = q["match[]"]
+        series = match.strip('{}"')
+        return 200, {"status": "success", "data": labels if series == f"{naming.family}_bucket" else []}
+
+    def metadata(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
+        (metric,) = q["metric"]
+        if metric != naming.family:
+            return 200, {"status": "success", "data": {}}
+        entry = {"type": "histogram", "help": "", "unit": naming.metadata_unit}
+        return 200, {"status": "success", "data": {metric: [entry]}}
+
     rec.route("/api/v1/query", answer)
+    rec.route("/api/v1/label", label_values)
+    rec.route("/api/v1/labels", label_names)
+    rec.route("/api/v1/metadata", metadata)
     return answers
 
 
@@ -390,7 +460,7 @@ def test_a_trace_gone_since_the_search_is_a_problem_not_an_error(server, capsys)
         ("--tempo", "/api/search", "invalid TraceQL: parse error at line 1", "invalid TraceQL"),
         (
             "--prometheus",
-            "/api/v1/query",
+            "/api/v1/label/__name__/values",
             {"status": "error", "errorType": "bad_data", "error": "parse error"},
             "bad_data: parse error",
         ),
@@ -439,6 +509,11 @@ class socket_closed_port:  # noqa: N801 - used like a function
         (["--prometheus", "http://x", "--limit", "5"], "--limit goes with"),
         (["--since", "1h"], "--since goes with"),
         (["--prometheus", "http://x", "--baseline", "a.jsonl"], "--baseline compares traces"),
+        (["--metric", "m"], "--metric goes with --prometheus"),
+        (["--jaeger", "http://x", "--service", "s", "--prometheus", "http://y", "--span-label", "n"],
+         "--span-label goes with --prometheus (the fleet-wide report)"),
+        (["--prometheus", "http://x", "--stage-map", "triton"], "--stage-map maps spans"),
+        (["a.jsonl", "--stage-map", "nonexistent.yaml"], "--stage-map: nonexistent.yaml: no such stage map"),
     ],
 )
 def test_usage_errors(argv, message, capsys):
@@ -541,8 +616,27 @@ def test_prometheus_text_output(server, capsys):
 def test_prometheus_without_data_exits_1(server, capsys):
     empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
     server.route("/api/v1/query", lambda rest, q: (200, empty))
+    server.route("/api/v1/label", lambda rest, q: (200, {"status": "success", "data": ["up"]}))
     code, out, err = report_json(["--prometheus", server.url, "--service", "nobody"], capsys)
     assert code == 1 and out["verdict"]["cause"] is None and "no span metrics" in err
+    # the empty answer names what was looked for
+    evidence = " ".join(out["verdict"]["evidence"])
+    assert "traces_span_metrics_duration_milliseconds_bucket" in evidence
+    assert "traces_spanmetrics_latency_bucket" in evidence and "latency_bucket" in evidence
+    assert "--metric NAME" in evidence
+
+
+def test_prometheus_family_present_but_no_stage_series_names_the_query(server, capsys):
+    empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
+    serve_prometheus(server, "queue_batching")
+    server.routes = [(p, h) for p, h in server.routes if p != "/api/v1/query"]
+    server.route("/api/v1/query", lambda rest, q: (200, empty))
+    code, out, _ = report_json(["--prometheus", server.url, "--service", "nobody"], capsys)
+    assert code == 1
+    assert (
+        'queried traces_span_metrics_duration_milliseconds_bucket{service_name="nobody",'
+        ' span_name=~"request|download|decode|resize|queue|forward"}' in out["verdict"]["evidence"][-2]
+    )
 
 
 def _promtool() -> str:
@@ -739,3 +833,208 @@ def test_tempo_v2_shape_and_partial_status():
     assert a.spans == b.spans and len(a.spans) == 6
     assert b.problems and "PARTIAL" in b.problems[0] and a.problems == []
     assert parse_tempo_trace({}).problems == ["tempo: empty trace"]
+
+
+# --- Jaeger FOLLOWS_FROM and per-trace failures -------------------------------------------------
+
+
+def test_jaeger_follows_from_keeps_the_span_in_its_request(server, capsys):
+    """OpenTracing-style instrumentation: forward FOLLOWS_FROM its request instead of CHILD_OF.
+    Jaeger's UI nests it under the request; so must the report (not a phantom request)."""
+    code, child_of, _ = report_json([str(TRACES / "queue_batching.otlp.jsonl")], capsys)
+    cassette = serve_jaeger(server, "queue_batching")
+    for body in cassette["traces"].values():
+        for span in body["data"][0]["spans"]:
+            if span["operationName"] == "forward":
+                for ref in span["references"]:
+                    ref["refType"] = "FOLLOWS_FROM"
+    code, out, err = report_json(["--jaeger", server.url, "--service", "vlm-server"], capsys)
+    assert code == 0, err
+    assert out["requests"] == 30 and _verdict(out) == ("queue", "queue")
+    assert {n: s["share"] for n, s in out["stages"].items()} == pytest.approx(
+        {n: s["share"] for n, s in child_of["stages"].items()}, abs=1e-3
+    )
+    spans = parse_jaeger_response(next(iter(cassette["traces"].values()))).spans
+    forward = next(s for s in spans if s.name == "forward")
+    request = next(s for s in spans if s.name == "request")
+    assert forward.parent_span_id == request.span_id and forward.parent_follows_from
+    assert not request.parent_follows_from
+
+
+def test_a_follows_from_into_another_trace_is_not_a_parent():
+    span = parse_jaeger_span(
+        {
+            "traceID": "1", "spanID": "a", "operationName": "forward", "startTime": 1, "duration": 1,
+            "references": [{"refType": "FOLLOWS_FROM", "traceID": "2", "spanID": "b"}],
+        }
+    )
+    assert span.parent_span_id is None and not span.parent_follows_from
+
+
+@pytest.mark.parametrize(
+    "source, status, body, says",
+    [
+        ("tempo", 422, "trace exceeds max size (max bytes: 5000000)", "HTTP 422"),
+        ("jaeger", 500, {"data": None, "errors": [{"code": 500, "msg": "cassandra timeout"}]}, "cassandra timeout"),
+    ],
+)
+def test_one_trace_that_cannot_be_read_is_a_problem_the_rest_is_reported(
+    source, status, body, says, server, capsys
+):
+    cassette = (serve_tempo if source == "tempo" else serve_jaeger)(server, "queue_batching")
+    bad = sorted(cassette["traces"])[3]
+    good = dict(cassette["traces"])
+    route = "/api/traces"
+
+    def answer(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
+        if not rest:
+            return 200, cassette["search"]
+        if rest == bad:
+            return status, body
+        return 200, good[rest]
+
+    server.routes = [(p, h) for p, h in server.routes if p != route]
+    server.route(route, answer)
+    argv = [f"--{source}", server.url] + (["--service", "vlm-server"] if source == "jaeger" else [])
+    code, out, err = report_json(argv, capsys)
+    assert code == 0, err
+    assert out["requests"] == 29 and _verdict(out) == ("queue", "queue")
+    (problem,) = [p for p in out["problems"] if bad in p]
+    assert f"{source}: trace {bad} could not be read" in problem and says in problem
+    assert says in err
+
+
+def test_every_trace_failing_is_an_error(server, capsys):
+    cassette = serve_tempo(server, "cold_start")
+    server.routes = [(p, h) for p, h in server.routes if p != "/api/traces"]
+    server.route("/api/traces", lambda rest, q: (503, "tempo-querier unavailable"))
+    code = main(["report", "--tempo", server.url, "--json"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "HTTP 503" in err and "tempo-querier unavailable" in err
+    assert f"the other {len(cassette['traces']) - 1} traces failed too" in err
+
+
+# --- Prometheus naming: found, not assumed ---------------------------------------------------------
+
+#: Every naming the issue lists, as its Prometheus writes it.
+NAMINGS = {
+    "bundled (connector >= 0.109, OTLP with suffixes)": BUNDLED,
+    "no namespace (connector < 0.109)": Naming("duration_milliseconds"),
+    "Tempo metrics-generator traces_spanmetrics_latency (s, label service)": Naming(
+        "traces_spanmetrics_latency", service_label="service", ms_per_unit=1000.0
+    ),
+    "traces_spanmetrics namespace (Alloy)": Naming("traces_spanmetrics_duration_milliseconds"),
+    "OTLP without translation (NoTranslation)": Naming(
+        "traces.span.metrics.duration", span_label="span.name", service_label="service.name",
+        gpu="hw.gpu.utilization", metadata_unit="ms",
+    ),
+    "OTLP UTF-8 names with suffixes": Naming(
+        "traces.span.metrics.duration_milliseconds", span_label="span.name",
+        service_label="service.name", gpu="hw.gpu.utilization",
+    ),
+    "underscore escaping without unit suffixes": Naming(
+        "traces_span_metrics_duration", gpu="hw_gpu_utilization"
+    ),
+    "seconds unit": Naming("traces_span_metrics_duration_seconds", ms_per_unit=1000.0),
+    "old spanmetrics processor (latency, label operation)": Naming(
+        "latency", span_label="operation"
+    ),
+}
+
+
+@pytest.mark.parametrize("label", list(NAMINGS))
+def test_prometheus_report_for_every_naming(label, make_server, capsys):
+    naming = NAMINGS[label]
+    bundled, variant = make_server(), make_server()
+    serve_prometheus(bundled, "gpu_busy")
+    serve_prometheus(variant, "gpu_busy", naming)
+    code, expected, _ = report_json(["--prometheus", bundled.url, "--service", "vlm-server"], capsys)
+    assert code == 0
+    code, out, err = report_json(["--prometheus", variant.url, "--service", "vlm-server"], capsys)
+    assert code == 0, err
+    assert _verdict(out) == _verdict(expected) == ("gpu_busy", "forward")
+    assert out["gpu"] == expected["gpu"] and out["requests"] == expected["requests"] == 30
+    for name, stage in expected["stages"].items():
+        for key, value in stage.items():
+            got = out["stages"][name][key]
+            assert got == value if value is None else got == pytest.approx(value, rel=1e-6), (name, key)
+    said = [e for e in out["verdict"]["evidence"] if e.startswith("span metrics read from")]
+    assert said and f"{naming.family}_bucket (labels {naming.span_label}, {naming.service_label}" in said[0]
+    sent = [q["query"][0] for _, q in variant.paths("/api/v1/query")]
+    assert sent == list(out["queries"].values())
+    assert all(json.dumps(naming.family)[1:-1] in q for q in sent if "histogram" in q or "rate" in q)
+    assert any(naming.gpu in q for q in sent)
+    (_, names_q), = variant.paths("/api/v1/label/")
+    assert set(names_q) == {"start", "end"} and int(names_q["end"][0]) - int(names_q["start"][0]) == 3600
+
+
+def test_unit_unknown_from_the_name_comes_from_metadata_or_is_said_to_be_assumed(make_server, capsys):
+    seconds = Naming("traces_span_metrics_duration", ms_per_unit=1000.0, metadata_unit="seconds")
+    server = make_server()
+    serve_prometheus(server, "queue_batching", seconds)
+    code, out, _ = report_json(["--prometheus", server.url], capsys)
+    assert code == 0 and _verdict(out) == ("queue", "queue")
+    assert any("unit s)" in e for e in out["verdict"]["evidence"])
+    assert server.paths("/api/v1/metadata")
+    unknown = make_server()
+    serve_prometheus(unknown, "queue_batching", Naming("traces_span_metrics_duration"))
+    code, out, _ = report_json(["--prometheus", unknown.url], capsys)
+    assert code == 0 and any("unit ms (assumed" in e for e in out["verdict"]["evidence"])
+
+
+def test_overrides_metric_and_labels(make_server, capsys):
+    custom = Naming("my_stage_time_seconds", span_label="name", service_label="svc", ms_per_unit=1000.0)
+    server = make_server()
+    serve_prometheus(server, "queue_batching", custom)
+    code, out, _ = report_json(["--prometheus", server.url, "--service", "vlm-server"], capsys)
+    assert code == 1 and "no span-metrics histogram" in " ".join(out["verdict"]["evidence"])
+    argv = ["--prometheus", server.url, "--service", "vlm-server", "--metric",
+            "my_stage_time_seconds_bucket", "--span-label", "name", "--service-label", "svc"]
+    code, out, err = report_json(argv, capsys)
+    assert code == 0, err
+    assert _verdict(out) == ("queue", "queue")
+    assert all('svc="vlm-server"' in q and 'name=~"' in q for q in out["queries"].values() if "rate(" in q)
+    # a unit the name does not carry, forced
+    ms = Naming("my_stage_time", span_label="name", service_label="svc")
+    other = make_server()
+    serve_prometheus(other, "queue_batching", ms)
+    code, out, _ = report_json(["--prometheus", other.url, "--metric", "my_stage_time", "--metric-unit", "ms",
+                                "--span-label", "name", "--service-label", "svc"], capsys)
+    assert code == 0 and any("unit ms)" in e for e in out["verdict"]["evidence"])
+    code, out, _ = report_json(["--prometheus", other.url, "--metric", "nope_seconds"], capsys)
+    assert code == 1 and "--metric nope_seconds: Prometheus has no nope_seconds_bucket" in " ".join(
+        out["verdict"]["evidence"]
+    )
+
+
+def test_two_families_present_the_current_one_is_used_and_the_other_named(server, capsys):
+    serve_prometheus(server, "queue_batching", other_names=["latency_bucket", "latency_sum", "latency_count"])
+    code, out, _ = report_json(["--prometheus", server.url], capsys)
+    assert code == 0 and _verdict(out) == ("queue", "queue")
+    assert any(e.startswith("also present: latency_bucket") for e in out["verdict"]["evidence"])
+
+
+@pytest.mark.parametrize("label", [k for k, n in NAMINGS.items() if "." not in n.family])
+def test_every_naming_query_parses_with_promtool(label, tmp_path):
+    from otel_stages.analysis.promql import naming_for
+
+    naming = NAMINGS[label]
+    exprs = list(build_queries("vlm-server", 3600, naming_for(naming.family, span_label=naming.span_label,
+                                                               service_label=naming.service_label),
+                               naming.gpu).values())
+    result = _promtool_check(exprs, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_utf8_names_use_the_quoted_selector():
+    """Prometheus 3 syntax for dotted names (promtool 2.42 here predates it, so only the text)."""
+    from otel_stages.analysis.promql import naming_for
+
+    naming = naming_for("traces.span.metrics.duration", span_label="span.name", service_label="service.name")
+    q = build_queries("svc", 60, naming, "hw.gpu.utilization")
+    assert q["buckets"] == (
+        'sum by (le, "span.name") (increase({"traces.span.metrics.duration_bucket",'
+        ' "service.name"="svc", "span.name"=~"request|download|decode|resize|queue|forward"}[60s]))'
+    )
+    assert q["gpu_mean"] == 'avg(avg_over_time({"hw.gpu.utilization", job=~"svc|.+/svc"}[60s]))'

@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from otel_stages.analysis.model import Recording
+
+if TYPE_CHECKING:
+    import httpx
 
 #: Seconds to wait for connect / each read before giving up on a request.
 DEFAULT_TIMEOUT_S = 30.0
@@ -32,7 +35,7 @@ class SourceError(Exception):
         self.status = status
 
 
-def http_client(timeout_s: float = DEFAULT_TIMEOUT_S):
+def http_client(timeout_s: float = DEFAULT_TIMEOUT_S) -> httpx.Client:
     """An ``httpx.Client`` with ``timeout_s`` and ``Accept: application/json`` (Tempo would
     otherwise be free to answer in protobuf). The caller closes it (use it as a context manager)."""
     import httpx  # only the remote sources need it
@@ -105,24 +108,33 @@ def read_traces(client: Any, root: str, trace_ids: Sequence[str],
     """GET ``{root}/api/traces/{id}`` for every id, ``FETCH_WORKERS`` at a time, and merge what
     ``parse(doc, where)`` makes of each answer.
 
-    A trace gone since the search (404) becomes a problem, not an error; reaching ``limit`` ids adds
-    a problem saying older traces were left out. ``source`` ("jaeger", "tempo") prefixes problems.
-    Raises :class:`SourceError` for any other failed read.
+    One trace that cannot be read does not stop the others: a trace gone since the search (404),
+    one the server refuses (Tempo answers 422 for a trace above its size limit, Jaeger 5xx when
+    its storage fails on one trace) or an answer that is not JSON becomes a problem naming the
+    trace and the server's message, and the rest is reported. Reaching ``limit`` ids adds a
+    problem saying older traces were left out. ``source`` ("jaeger", "tempo") prefixes problems.
+    Raises :class:`SourceError` only when *every* read failed (the server went away after the
+    search): then the first failure is the error, with the count.
     """
 
-    def read(trace_id: str) -> Recording:
+    def read(trace_id: str) -> tuple[Recording, bool]:
         try:
             doc = get_json(client, f"{root}/api/traces/{quote(trace_id, safe='')}", params)
         except SourceError as exc:
-            if exc.status != 404:
-                raise
-            return Recording(problems=[f"{source}: trace {trace_id} not found any more ({exc})"])
-        return parse(doc, f"{source} {trace_id}")
+            what = "not found any more" if exc.status == 404 else "could not be read"
+            return Recording(problems=[f"{source}: trace {trace_id} {what} ({exc})"]), False
+        return parse(doc, f"{source} {trace_id}"), True
 
     out = Recording()
+    failed: list[str] = []
     with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
-        for part in pool.map(read, trace_ids):
+        for part, ok in pool.map(read, trace_ids):
             out.extend(part)
+            if not ok:
+                failed.append(part.problems[0])
+    if trace_ids and len(failed) == len(trace_ids):
+        more = f" (and the other {len(failed) - 1} traces failed too)" if len(failed) > 1 else ""
+        raise SourceError(failed[0] + more)
     if len(trace_ids) >= limit:
         out.problems.append(
             f"{source}: the search returned the limit of {limit} traces; others in the window were"

@@ -24,7 +24,12 @@ Translation back to the OTLP model: ``serviceName`` and the process tags become 
 resource; the tags the OTLP->Jaeger translator adds (``span.kind``, ``otel.scope.*``,
 ``otel.status_*``, ``error``...) are dropped from the attributes, ``error=true`` or
 ``otel.status_code=ERROR`` set :attr:`Span.error`; the parent is the ``CHILD_OF`` reference in the
-same trace.
+same trace, else the first ``FOLLOWS_FROM`` reference in the same trace (kept as the parent, with
+:attr:`Span.parent_follows_from` set: Jaeger's UI nests such a span under its reference too,
+``getTraceSpanIdsAsTree`` in jaeger-ui takes ``references[0]`` of either kind, so a ``forward``
+span that follows from its request belongs to that request rather than becoming a request of its
+own). ``logs`` become :attr:`Span.events`: the ``event`` field names the event (the OTLP->Jaeger
+translator writes the OTLP event name there), the other fields are its attributes.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from otel_stages.analysis.http_source import (
     http_client,
     read_traces,
 )
-from otel_stages.analysis.model import AttributeValue, Recording, Span
+from otel_stages.analysis.model import AttributeValue, Recording, Span, SpanEvent
 
 #: Traces asked for when no ``--limit`` is given (Jaeger's own default search depth is 100).
 DEFAULT_LIMIT = 100
@@ -78,7 +83,9 @@ def decode_tags(tags: Any) -> dict[str, AttributeValue]:
         if not isinstance(tag, Mapping) or not isinstance(tag.get("key"), str):
             raise ValueError(f"tag without a key: {tag!r}")
         kind = str(tag.get("type", "string")).lower()
-        value = tag.get("value")
+        value: Any = tag.get("value")
+        if kind in ("int64", "float64") and value is None:
+            raise ValueError(f"tag {tag['key']!r} of type {kind} has no value")
         if kind == "int64":
             value = int(value)
         elif kind == "float64":
@@ -102,14 +109,47 @@ def _hex_id(raw: Any, n_bytes: int) -> str | None:
     return None if set(text) == {"0"} else text
 
 
-def _parent(span: Mapping[str, Any], trace_id: str) -> str | None:
+def _parent(span: Mapping[str, Any], trace_id: str) -> tuple[str | None, bool]:
+    """(parent span id, whether the relation is FOLLOWS_FROM): a ``CHILD_OF`` reference in the
+    same trace wins, then the first same-trace ``FOLLOWS_FROM``, then ``parentSpanID``."""
+    follows: str | None = None
     for ref in span.get("references") or []:
-        if not isinstance(ref, Mapping) or str(ref.get("refType", "")).upper() != "CHILD_OF":
+        if not isinstance(ref, Mapping):
+            continue
+        kind = str(ref.get("refType", "")).upper()
+        if kind not in ("CHILD_OF", "FOLLOWS_FROM"):
             continue
         ref_trace = _hex_id(ref.get("traceID"), 16) or trace_id
-        if ref_trace == trace_id:
-            return _hex_id(ref.get("spanID"), 8)
-    return _hex_id(span.get("parentSpanID"), 8)  # deprecated field, still sent by some versions
+        if ref_trace != trace_id:
+            continue  # a link into another trace is not a parent
+        ref_span = _hex_id(ref.get("spanID"), 8)
+        if kind == "CHILD_OF" and ref_span is not None:
+            return ref_span, False
+        if follows is None:
+            follows = ref_span
+    if follows is not None:
+        return follows, True
+    return _hex_id(span.get("parentSpanID"), 8), False  # deprecated field, still sent by some
+
+
+def _events(logs: Any) -> tuple[SpanEvent, ...]:
+    """Jaeger ``logs`` (``[{"timestamp": µs, "fields": [tags]}]``) -> events in time order."""
+    if not logs:
+        return ()
+    if not isinstance(logs, list):
+        raise ValueError("logs is not a list")
+    events = []
+    for log in logs:
+        if not isinstance(log, Mapping):
+            raise ValueError(f"log entry is not an object: {log!r}")
+        ts = log.get("timestamp")
+        if not isinstance(ts, int) or isinstance(ts, bool):
+            raise ValueError(f"log timestamp is not integer microseconds ({ts!r})")
+        fields = decode_tags(log.get("fields"))
+        name = fields.pop("event", None)
+        events.append(SpanEvent(name=str(name or ""), time_ns=ts * 1000, attributes=fields))
+    events.sort(key=lambda e: e.time_ns)
+    return tuple(events)
 
 
 def _resource(process: Any) -> dict[str, AttributeValue]:
@@ -142,16 +182,19 @@ def parse_jaeger_span(raw: Any, processes: Mapping[str, Any] | None = None) -> S
     tags = decode_tags(raw.get("tags"))
     error = tags.get("error") is True or tags.get("otel.status_code") == "ERROR"
     process = raw.get("process") or (processes or {}).get(str(raw.get("processID")))
+    parent, follows_from = _parent(raw, trace_id)
     return Span(
         trace_id=trace_id,
         span_id=span_id,
-        parent_span_id=_parent(raw, trace_id),
+        parent_span_id=parent,
         name=name,
         start_ns=start_us * 1000,
         end_ns=(start_us + duration_us) * 1000,
         attributes={k: v for k, v in tags.items() if k not in TRANSLATOR_TAGS},
         resource=_resource(process),
         error=error,
+        events=_events(raw.get("logs")),
+        parent_follows_from=follows_from,
     )
 
 
@@ -215,8 +258,9 @@ def fetch_jaeger(
     """Traces of ``service`` that started in ``[start_ns, end_ns]`` (ns since the epoch, sent as
     µs), at most ``limit`` (the most recent ones; Jaeger has no paging), with raw span times.
 
-    Raises :class:`SourceError` when the search fails. A trace that vanished between search and
-    read (HTTP 404) is a problem, not an error. Reaching ``limit`` adds a problem saying so.
+    Raises :class:`SourceError` when the search fails, or when every trace read fails. One trace
+    that cannot be read (vanished since the search: 404; a storage error on that trace: 5xx) is a
+    problem, not an error, and the rest is reported. Reaching ``limit`` adds a problem saying so.
     """
     root = base_url.rstrip("/")
     with http_client(timeout_s) as client:

@@ -14,12 +14,26 @@ AttributeValue = Any  # str | bool | int | float | list of those
 
 
 @dataclass(frozen=True)
+class SpanEvent:
+    """One span event (OTLP ``events[]``, a Jaeger ``logs[]`` entry): ``name`` at ``time_ns``
+    (integer nanoseconds, the spans' clock) with its ``attributes``. NVIDIA Triton, for one,
+    records its queue and compute steps as events (``QUEUE_START``, ``COMPUTE_START``...)."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Span:
     """One finished span.
 
     ``start_ns`` / ``end_ns`` are integer nanoseconds; ``parent_span_id`` is ``None`` for a root.
     ``resource`` holds the resource attributes of the process that emitted it (``service.name``,
-    ``service.instance.id``...). ``error`` is true when the span status is ERROR.
+    ``service.instance.id``...). ``error`` is true when the span status is ERROR. ``events`` are
+    the span's events in time order (empty when it has none). ``parent_follows_from`` is true when
+    the parent relation came from a Jaeger/OpenTracing ``FOLLOWS_FROM`` reference rather than
+    ``CHILD_OF`` (the parent does not wait for this span; Jaeger's waterfall still nests it there).
     """
 
     trace_id: str
@@ -31,6 +45,8 @@ class Span:
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     resource: dict[str, AttributeValue] = field(default_factory=dict)
     error: bool = False
+    events: tuple[SpanEvent, ...] = ()
+    parent_follows_from: bool = False
 
     @property
     def duration_ms(self) -> float:

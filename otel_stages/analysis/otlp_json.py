@@ -1,36 +1,38 @@
-"""Read OTLP/JSON: the Collector ``file`` exporter format and the OTLP JSON file exporter's.
+"""Parse OTLP/JSON export requests: the Collector ``file`` exporter format and the OTLP JSON file
+exporter's.
 
 Each line of a ``*.jsonl`` file is one ``ExportTraceServiceRequest`` (``{"resourceSpans": [...]}``)
-or ``ExportMetricsServiceRequest`` (``{"resourceMetrics": [...]}``) JSON object. A ``*.json`` file
-may also hold one pretty-printed request object, or a JSON array of them.
+or ``ExportMetricsServiceRequest`` (``{"resourceMetrics": [...]}``) JSON object.
+:func:`parse_export_request` turns one decoded JSON object into a :class:`Recording` (pure; no
+I/O). OTLP before 1.0 (``instrumentationLibrarySpans`` / ``instrumentationLibraryMetrics`` /
+``instrumentationLibrary``, as Tempo 1.x and old SDKs write) is read like ``scopeSpans``.
+:func:`decode_any_value` / :func:`decode_attributes` / :func:`normalize_id` are reusable by other
+loaders.
 
-Two layers:
-
-- :func:`parse_export_request` turns one decoded JSON object into a :class:`Recording` (pure; no
-  I/O). :func:`decode_any_value` / :func:`decode_attributes` / :func:`normalize_id` are reusable by
-  other loaders.
-- :func:`load_paths` / :func:`load_file` / :func:`load_bytes` (stdin) read files and folders
-  (a leading UTF-8 BOM is skipped). Nothing raises for bad input:
-  every malformed line, span, point or unreadable path becomes a ``Recording.problems`` message
-  that names the file and line (``traces.jsonl:12: not valid JSON (...)``); the rest still loads.
+Reading files, folders and stdin (every format, compressed or not) lives in
+:mod:`otel_stages.analysis.files`; ``load_paths`` / ``load_file`` / ``load_bytes`` here forward to
+it. Nothing raises for bad input: every malformed span or point becomes a ``Recording.problems``
+message that names where it was (``traces.jsonl:12: resourceSpans[0]: span 3 ('decode'): ...``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import codecs
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from otel_stages.analysis.model import AttributeValue, MetricPoint, Recording, Span
+from otel_stages.analysis.model import AttributeValue, MetricPoint, Recording, Span, SpanEvent
 
-#: File name endings picked up when a folder is given.
-FILE_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")
+#: OTLP before 1.0 -> 1.0 field names (protobuf JSON of opentelemetry-proto < 0.15).
+LEGACY_KEYS: dict[str, str] = {
+    "instrumentationLibrarySpans": "scopeSpans",
+    "instrumentationLibraryMetrics": "scopeMetrics",
+    "instrumentationLibraryLogs": "scopeLogs",
+    "instrumentationLibrary": "scope",
+}
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 _STATUS_ERROR = (2, "STATUS_CODE_ERROR")
@@ -178,11 +180,20 @@ def _resource(block: Any, out: Recording, prefix: str) -> dict[str, AttributeVal
         return None
 
 
+def _scopes(block: Mapping[str, Any], key: str, out: Recording, prefix: str) -> list[Any]:
+    """``block[key]`` (``scopeSpans``/``scopeMetrics``), or its pre-1.0 name when only that is there."""
+    if key not in block:
+        legacy = next((k for k, v in LEGACY_KEYS.items() if v == key and k in block), None)
+        if legacy is not None:
+            return _list(block.get(legacy), out, prefix, legacy)
+    return _list(block.get(key), out, prefix, key)
+
+
 def _parse_resource_spans(rs: Any, out: Recording, prefix: str) -> None:
     resource = _resource(rs, out, prefix)
     if resource is None:
         return
-    for scope in _list(rs.get("scopeSpans"), out, prefix, "scopeSpans"):
+    for scope in _scopes(rs, "scopeSpans", out, prefix):
         if not isinstance(scope, Mapping):
             out.problems.append(f"{prefix}scopeSpans entry is not an object")
             continue
@@ -223,14 +234,37 @@ def _parse_span(raw: Any, resource: dict[str, AttributeValue]) -> Span:
         attributes=decode_attributes(raw.get("attributes")),
         resource=resource,
         error=code in _STATUS_ERROR,
+        events=_events(raw.get("events")),
     )
+
+
+def _events(raw: Any) -> tuple[SpanEvent, ...]:
+    """OTLP ``events`` (``[{"timeUnixNano", "name", "attributes"}]``) in time order; ``()`` when
+    there are none (the common case costs nothing)."""
+    if not raw:
+        return ()
+    if not isinstance(raw, list):
+        raise _Malformed("events is not a list")
+    events = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise _Malformed(f"event {i} is not an object")
+        events.append(
+            SpanEvent(
+                name=str(item.get("name") or ""),
+                time_ns=_time_ns(item.get("timeUnixNano"), f"event {i} timeUnixNano"),
+                attributes=decode_attributes(item.get("attributes")),
+            )
+        )
+    events.sort(key=lambda e: e.time_ns)
+    return tuple(events)
 
 
 def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
     resource = _resource(rm, out, prefix)
     if resource is None:
         return
-    for scope in _list(rm.get("scopeMetrics"), out, prefix, "scopeMetrics"):
+    for scope in _scopes(rm, "scopeMetrics", out, prefix):
         if not isinstance(scope, Mapping):
             out.problems.append(f"{prefix}scopeMetrics entry is not an object")
             continue
@@ -269,99 +303,25 @@ def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue]) -> Me
     )
 
 
-# --- file I/O --------------------------------------------------------------------------------
+# --- file I/O (moved to otel_stages.analysis.files; kept here for existing imports) -----------
 
 
 def load_paths(paths: Iterable[str | os.PathLike[str]]) -> Recording:
-    """Load every given file, and every ``*.jsonl``/``*.json`` under given folders (recursively).
+    """See :func:`otel_stages.analysis.files.load_paths`."""
+    from otel_stages.analysis import files
 
-    Returns one :class:`Recording` holding all spans and points; problems name the file (as given
-    or as found under the folder) and line. A missing path, an empty folder, or an unreadable file
-    is a problem, never an exception. A file reached twice is read once.
-    """
-    out = Recording()
-    seen: set[str] = set()
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.name.endswith(FILE_SUFFIXES)
-            )
-            if not found:
-                out.problems.append(f"{path}: no *.jsonl or *.json files in this folder")
-            files = found
-        elif path.exists():
-            files = [path]
-        else:
-            out.problems.append(f"{path}: no such file or folder")
-            continue
-        for file in files:
-            key = os.path.realpath(file)
-            if key not in seen:
-                seen.add(key)
-                out.extend(load_file(file))
-    return out
+    return files.load_paths(paths)
 
 
 def load_file(path: str | os.PathLike[str]) -> Recording:
-    """Read one OTLP/JSON lines file (or a single JSON document / array of requests).
+    """See :func:`otel_stages.analysis.files.load_file`."""
+    from otel_stages.analysis import files
 
-    Blank lines are skipped. Problems are ``"<path>:<line>: <what>"``; see :func:`load_paths`.
-    """
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        return Recording(problems=[f"{path}: cannot read ({exc.strerror or exc})"])
-    return load_bytes(data, str(path))
+    return files.load_file(path)
 
 
 def load_bytes(data: bytes, name: str) -> Recording:
-    """Parse the contents of one file (or of stdin) named ``name`` in problem messages. A UTF-8
-    byte order mark at the start is skipped (Windows editors and PowerShell write one)."""
-    out = Recording()
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    lines = data.splitlines()
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if first is None:
-        return out
-    if not _parses(lines[first]) and _load_document(data, name, out):
-        return out
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = f"{name}:{number}"
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            out.problems.append(f"{where}: not UTF-8 text")
-            continue
-        except json.JSONDecodeError as exc:
-            out.problems.append(f"{where}: not valid JSON ({_short(exc)})")
-            continue
-        out.extend(parse_export_request(obj, where=where))
-    return out
+    """See :func:`otel_stages.analysis.files.load_bytes`."""
+    from otel_stages.analysis import files
 
-
-def _parses(line: bytes) -> bool:
-    try:
-        json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return True
-
-
-def _load_document(data: bytes, name: str, out: Recording) -> bool:
-    """Whole-file JSON (pretty-printed request or array of requests); False if it isn't one."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    items = doc if isinstance(doc, list) else [doc]
-    for i, item in enumerate(items):
-        where = f"{name}[{i}]" if isinstance(doc, list) else name
-        out.extend(parse_export_request(item, where=where))
-    return True
-
-
-def _short(exc: json.JSONDecodeError) -> str:
-    return f"{exc.msg}: line {exc.lineno} column {exc.colno}"
+    return files.load_bytes(data, name)

@@ -20,7 +20,8 @@ Tempo 1.x writes ``instrumentationLibrarySpans`` / ``instrumentationLibrary`` in
 ``scopeSpans`` / ``scope``; the v2 endpoint (``/api/v2/traces/<id>``) wraps the same data as
 ``{"trace": {"resourceSpans": [...]}, "status": ...}``. :func:`parse_tempo_trace` reads all three
 shapes and hands them to the OTLP/JSON parser (:func:`otel_stages.analysis.otlp_json.
-parse_export_request`), which decodes base64 or hex ids and keeps nanosecond times as they are.
+parse_export_request`, which reads the pre-1.0 names too), which decodes base64 or hex ids and
+keeps nanosecond times as they are.
 """
 
 from __future__ import annotations
@@ -38,23 +39,6 @@ from otel_stages.analysis.http_source import (
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.model import Recording
 from otel_stages.analysis.otlp_json import parse_export_request
-
-
-def _scope_spans(batch: Any) -> Any:
-    """One ``ResourceSpans`` with the legacy ``instrumentationLibrary*`` names renamed."""
-    if not isinstance(batch, Mapping) or "scopeSpans" in batch:
-        return batch
-    legacy = batch.get("instrumentationLibrarySpans")
-    if legacy is None:
-        return batch
-    out = {k: v for k, v in batch.items() if k != "instrumentationLibrarySpans"}
-    out["scopeSpans"] = [
-        {("scope" if k == "instrumentationLibrary" else k): v for k, v in scope.items()}
-        if isinstance(scope, Mapping)
-        else scope
-        for scope in (legacy if isinstance(legacy, list) else [legacy])
-    ]
-    return out
 
 
 def parse_tempo_trace(doc: Any, *, where: str = "tempo") -> Recording:
@@ -78,7 +62,7 @@ def parse_tempo_trace(doc: Any, *, where: str = "tempo") -> Recording:
         return Recording(problems=[*problems, f"{where}: not a Tempo trace (keys: {keys})"])
     if not isinstance(batches, list):
         return Recording(problems=[*problems, f"{where}: batches is not a list"])
-    out = parse_export_request({"resourceSpans": [_scope_spans(b) for b in batches]}, where=where)
+    out = parse_export_request({"resourceSpans": batches}, where=where)
     out.problems[:0] = problems
     return out
 
@@ -109,8 +93,10 @@ def fetch_tempo(
     """Traces matching the TraceQL ``query`` in ``[start_ns, end_ns]`` (ns since the epoch, sent
     as whole seconds, widened to cover the window), at most ``limit``, each read in full.
 
-    Raises :class:`SourceError` when the search fails or a trace read fails other than with 404
-    (a trace gone since the search is a problem). Reaching ``limit`` adds a problem saying so.
+    Raises :class:`SourceError` when the search fails, or when every trace read fails. One trace
+    that cannot be read (gone since the search: 404; above Tempo's size limit: 422) is a problem
+    and the rest is reported (:func:`~otel_stages.analysis.http_source.read_traces`). Reaching
+    ``limit`` adds a problem saying so.
     """
     root = base_url.rstrip("/")
     start_s, end_s = start_ns // 1_000_000_000, -(-end_ns // 1_000_000_000)

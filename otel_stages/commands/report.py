@@ -23,6 +23,11 @@ Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; defa
 
 A source that cannot be read (unreachable, HTTP error, not JSON) is exit status 1 with the URL and
 the server's message on stderr. Mixing PATHs and remote sources is a usage error (exit status 2).
+
+Other servers and namings (see :func:`add_mapping_arguments`): ``--stage-map triton|vllm|FILE``
+turns NVIDIA Triton's or vLLM's spans (or any server's, with a map file) into stages before the
+diagnosis (JSON adds ``"stage_map"``); ``--metric``, ``--span-label``, ``--service-label`` and
+``--metric-unit`` pin the span-metrics naming ``--prometheus`` otherwise discovers.
 """
 
 from __future__ import annotations
@@ -42,10 +47,13 @@ from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.otlp_json import load_bytes
 from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
+from otel_stages.analysis.stage_map import StageMapError
 from otel_stages.commands import int_at_least
 
 if TYPE_CHECKING:
     from otel_stages.analysis.aggregate import AggregateReport
+    from otel_stages.analysis.prometheus import NamingOverrides
+    from otel_stages.analysis.stage_map import MapSummary
 
 #: At most this many problems are echoed to stderr (all of them stay in the JSON).
 MAX_STDERR_PROBLEMS = 20
@@ -148,6 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"read at most N traces, the most recent (default {DEFAULT_LIMIT})",
     )
+    add_mapping_arguments(parser)
 
 
 def _warn(problems: list[str]) -> None:
@@ -185,7 +194,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--baseline compares traces: use it with PATHs, --jaeger or --tempo"
     if [*args.paths, *(args.baseline or [])].count(STDIN) > 1:
         return "stdin (-) can be read only once"
-    return None
+    return _mapping_usage_problem(args, traces=bool(traces))
 
 
 def _traceql_default(service: str | None) -> str:
@@ -266,6 +275,7 @@ def _run_prometheus(args: argparse.Namespace) -> int:
             service=args.service,
             since_ns=args.since or parse_since(DEFAULT_SINCE),
             now_ns=time.time_ns(),
+            overrides=naming_overrides(args),
         )
     except SourceError as exc:
         print(f"otel-stages: error: {exc}", file=sys.stderr)
@@ -314,6 +324,11 @@ def run(args: argparse.Namespace) -> int:
         paths = list(args.paths) or [default_data_dir()]
         recording, where = _load(paths), ", ".join("stdin" if p == STDIN else p for p in paths)
     baseline = _load(args.baseline) if args.baseline else None
+    try:
+        recording, baseline, mapped = apply_stage_map_argument(args, recording, baseline)
+    except StageMapError as exc:
+        print(f"otel-stages report: error: --stage-map: {exc}", file=sys.stderr)
+        return 2
     if baseline is not None and not find_requests(baseline.spans):
         _warn([f"baseline: {p}" for p in baseline.problems])
         print(
@@ -328,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
         out = report.to_dict()
         if remote:
             out = {"source": "jaeger" if args.jaeger else "tempo", **out}
+        if mapped is not None:
+            out["stage_map"] = mapped.to_dict()
         print(json.dumps(out, indent=2))
     elif report.requests:
         from otel_stages.render import render  # rich only when text is wanted
@@ -342,3 +359,70 @@ def run(args: argparse.Namespace) -> int:
         print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
         return 1
     return 0
+
+
+# --- issue 8: other servers' traces (--stage-map) and Prometheus naming overrides -------------------
+# Kept apart from the rest of the command on purpose: four small hooks above call into this block.
+
+
+def add_mapping_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--stage-map`` and the ``--prometheus`` naming overrides."""
+    from otel_stages.analysis.stage_map import BUILTIN
+
+    group = parser.add_argument_group("other servers and metric names")
+    group.add_argument(
+        "--stage-map",
+        metavar="MAP",
+        help=f"map another server's spans to stages before the diagnosis: {' or '.join(BUILTIN)}"
+        " (built in), or a YAML/JSON map file",
+    )
+    group.add_argument(
+        "--metric",
+        metavar="NAME",
+        help="--prometheus: the span-duration histogram (default: found among the known namings)",
+    )
+    group.add_argument("--span-label", metavar="LABEL", help="--prometheus: label holding the span name")
+    group.add_argument(
+        "--service-label", metavar="LABEL", help="--prometheus: label holding service.name"
+    )
+    group.add_argument(
+        "--metric-unit",
+        choices=("ms", "s"),
+        help="--prometheus: unit of the histogram when its name does not say",
+    )
+
+
+def _mapping_usage_problem(args: argparse.Namespace, *, traces: bool) -> str | None:
+    naming = [f for f in ("metric", "span_label", "service_label", "metric_unit") if getattr(args, f)]
+    if naming and not (args.prometheus and not traces):
+        return f"--{naming[0].replace('_', '-')} goes with --prometheus (the fleet-wide report)"
+    if args.stage_map and args.prometheus and not traces:
+        return "--stage-map maps spans: use it with PATHs, --jaeger or --tempo"
+    return None
+
+
+def naming_overrides(args: argparse.Namespace) -> NamingOverrides:
+    """The ``--metric``/label/unit options as :class:`NamingOverrides`."""
+    from otel_stages.analysis.prometheus import NamingOverrides
+
+    return NamingOverrides(
+        metric=args.metric,
+        span_label=args.span_label,
+        service_label=args.service_label,
+        unit=args.metric_unit,
+    )
+
+
+def apply_stage_map_argument(
+    args: argparse.Namespace, recording: Recording, baseline: Recording | None
+) -> tuple[Recording, Recording | None, MapSummary | None]:
+    """Apply ``--stage-map`` to the recording (and baseline). Raises :class:`StageMapError`."""
+    if not args.stage_map:
+        return recording, baseline, None
+    from otel_stages.analysis.stage_map import apply_stage_map, load_stage_map
+
+    stage_map = load_stage_map(args.stage_map)
+    recording, summary = apply_stage_map(stage_map, recording)
+    if baseline is not None:
+        baseline, _ = apply_stage_map(stage_map, baseline)
+    return recording, baseline, summary
