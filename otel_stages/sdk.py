@@ -31,7 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_stages import semconv
+from otel_stages import propagation, sampling, semconv
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.config import ConfigurationError, Settings, resolve
 from otel_stages.request_log import RequestLogProcessor
@@ -152,13 +152,17 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               metric_export_interval_s: float | None = None,
               gpu: str | None = None, gpu_interval_s: float | None = None,
               resource_attributes: dict[str, Any] | None = None,
-              set_global: bool = True) -> Telemetry:
+              set_global: bool = True, propagate_context: bool | None = None,
+              sample_ratio: float | None = None, slow_request_ms: float | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
     (:mod:`otel_stages.gpu`). ``set_global`` also installs the providers as the
-    OpenTelemetry globals (so other instrumentation shares them).
+    OpenTelemetry globals (so other instrumentation shares them). ``propagate_context`` (default
+    on) keeps the request's context in thread pools (:mod:`otel_stages.propagation`);
+    ``sample_ratio`` below 1 samples traces but keeps cold, failed and slow
+    (``slow_request_ms``) requests (:mod:`otel_stages.sampling`).
 
     Calling it again replaces the previous configuration: once the new providers are built, the
     previous handle is shut down (flushed, its threads stopped) and an INFO line says so; a call
@@ -185,6 +189,8 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "endpoint": endpoint, "protocol": protocol, "enabled": enabled,
         "log_requests": log_requests, "metric_export_interval_s": metric_export_interval_s,
         "gpu": gpu, "gpu_interval_s": gpu_interval_s,
+        "propagate_context": propagate_context, "sample_ratio": sample_ratio,
+        "slow_request_ms": slow_request_ms,
     }
     settings = resolve(arguments)
     with _lock:
@@ -197,8 +203,10 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
            set_global: bool) -> Telemetry:
     global _globals_from
     if not settings.enabled:
+        _serving(settings)
         RUNTIME.enabled = False
         return Telemetry(settings, None, None, destination="disabled")
+    sampler = sampling.sampler_for(settings)  # raises before anything is built
 
     # A deployment's own instance id (OTEL_RESOURCE_ATTRIBUTES, e.g. the pod UID from the
     # downward API) or the caller's wins; a random one only fills the gap.
@@ -217,8 +225,8 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
         metric_exporter, gpu_readers = gpu_session.start(settings, resource, metric_exporter)
 
     counting = _CountingSpanExporter(span_exporter)
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(counting))
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+    tracer_provider.add_span_processor(sampling.processor_for(settings, BatchSpanProcessor(counting)))
     if settings.log_requests:
         tracer_provider.add_span_processor(RequestLogProcessor())
     reader = PeriodicExportingMetricReader(
@@ -244,7 +252,16 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
                 _globals_from._describe(), handle._describe())
     RUNTIME.enabled = True
     RUNTIME.tracer = scoped_tracer(tracer_provider)
+    _serving(settings)
     return handle
+
+
+def _serving(settings: Settings) -> None:
+    """Thread-pool context propagation follows the newest configuration (on unless disabled)."""
+    if settings.enabled and settings.propagate_context:
+        propagation.instrument()
+    else:
+        propagation.uninstrument()
 
 
 def _replace(handle: Telemetry) -> None:
