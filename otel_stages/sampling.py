@@ -138,6 +138,11 @@ class KeepProcessor(SpanProcessor):
         self._lock = threading.Lock()
 
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+        ctx = span.get_span_context()
+        if not ctx.trace_flags.sampled:  # a trace waiting for a decision: a kept span may end first
+            with self._lock:
+                if ctx.trace_id not in self._decided and ctx.trace_id not in self._pending:
+                    self._pending[ctx.trace_id] = _Trace()
         self.inner.on_start(span, parent_context=parent_context)
 
     def _matters(self, span: ReadableSpan, root: bool) -> bool:
