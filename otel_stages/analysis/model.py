@@ -19,7 +19,9 @@ class Span:
 
     ``start_ns`` / ``end_ns`` are integer nanoseconds; ``parent_span_id`` is ``None`` for a root.
     ``resource`` holds the resource attributes of the process that emitted it (``service.name``,
-    ``service.instance.id``...). ``error`` is true when the span status is ERROR.
+    ``service.instance.id``...). ``error`` is true when the span status is ERROR. ``links`` are
+    the span links as ``(trace_id, span_id)`` pairs (a ``batch`` span links to its member
+    requests, each member's ``forward`` back to the batch); empty when the source has none.
     """
 
     trace_id: str
@@ -31,6 +33,7 @@ class Span:
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     resource: dict[str, AttributeValue] = field(default_factory=dict)
     error: bool = False
+    links: tuple[tuple[str, str], ...] = ()
 
     @property
     def duration_ms(self) -> float:
