@@ -167,7 +167,7 @@ async def _answer(service: Service, http_request: Request, prompt: str, *, url: 
         return await service.describe(prompt, url=url, data=data)
     except imaging.ImageError as exc:
         raise _bad_input(exc) from None
-    except (TimeoutError, WorkerClosed) as exc:
+    except (TimeoutError, asyncio.TimeoutError, WorkerClosed) as exc:  # distinct before 3.11
         detail = f"model unavailable: {type(exc).__name__}: {exc}"
         raise HTTPException(status_code=503, detail=detail) from None
     except Exception as exc:  # noqa: BLE001 - a model failure: a clear 500, recorded on the spans

@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKERS = 3
 DEADLINE_S = 60.0  # bounded: the whole exchange gives up after this
 WAVE = 12
+#: The README's gunicorn command (tests/test_readme_serving.py checks they are the same).
+GUNICORN_ARGS = ["-c", "examples/gunicorn_conf.py", "-w", str(WORKERS), "--preload", "-k",
+                 "uvicorn.workers.UvicornWorker", "examples.fastapi_app:app"]
 
 
 def _free_port() -> int:
@@ -55,9 +58,7 @@ def test_gunicorn_three_preloaded_workers_each_report_their_own_cold_start(tmp_p
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_STAGES_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED",
                 "OTEL_STAGES_ENABLED", "OTEL_STAGES_GPU", "OTEL_TRACES_SAMPLER", "PYTEST_CURRENT_TEST"):
         env.pop(var, None)
-    command = [sys.executable, "-m", "gunicorn", "-c", "examples/gunicorn_conf.py",
-               "-w", str(WORKERS), "--preload", "-k", "uvicorn.workers.UvicornWorker",
-               "-b", f"127.0.0.1:{port}", "examples.fastapi_app:app"]
+    command = [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", *GUNICORN_ARGS]
     photo = (DATA / "images" / "photo_320x240.jpg").read_bytes()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
