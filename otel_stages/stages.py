@@ -51,18 +51,17 @@ def _contextlib_entries() -> frozenset[object]:
 _CONTEXTLIB_ENTRIES = _contextlib_entries()
 
 
-def _current_in_block(frame: Any) -> bool:
-    """Whether a ``with stage()`` block in ``frame`` may make its span the current one.
+def _driven_by_contextlib(frame: Any) -> bool:
+    """Whether generator ``frame`` runs a ``with stage()`` block it may make current.
 
-    Not in a generator or async generator iterated by someone else: the block stays open across
-    ``yield``, so the consumer would see the stage as its current span between items, and a
-    generator closed from another task or thread would detach a context token made in a different
-    context ("Failed to detach context"). The span is still timed and parented; stages nested in
-    such a block become its siblings. A generator driven by ``@contextmanager`` is entered and
-    left by one ``with`` statement, so its block is current as usual.
+    Not when the generator is iterated by someone else: the block stays open across ``yield``, so
+    the consumer would see the stage as its current span between items, and a generator closed
+    from another task or thread would detach a context token made in a different context
+    ("Failed to detach context"). The span is still timed and parented; stages nested in such a
+    block become its siblings. A generator driven by ``@contextmanager`` is entered and left by
+    one ``with`` statement, so its block is current as usual. (Callers test the cheap
+    ``co_flags & _GENERATOR_CODE`` first: this runs only for generator frames.)
     """
-    if not frame.f_code.co_flags & _GENERATOR_CODE:
-        return True
     caller = frame.f_back
     return caller is not None and caller.f_code in _CONTEXTLIB_ENTRIES
 
@@ -167,8 +166,10 @@ class StageScope:
     # -- context manager ------------------------------------------------------------------------
     def __enter__(self) -> Span:
         span = self._open()
-        if self._span is not None and _current_in_block(sys._getframe(1)):
-            self._attach()
+        if self._span is not None:
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._attach()
         return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -179,8 +180,10 @@ class StageScope:
 
     async def __aenter__(self) -> Span:
         span = self._open()
-        if self._span is not None and _current_in_block(sys._getframe(1)):
-            self._attach()
+        if self._span is not None:
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._attach()
         return span
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
