@@ -143,6 +143,7 @@ class KeepProcessor(SpanProcessor):
             with self._lock:
                 if ctx.trace_id not in self._decided and ctx.trace_id not in self._pending:
                     self._pending[ctx.trace_id] = _Trace()
+                    self._limit()
         self.inner.on_start(span, parent_context=parent_context)
 
     def _matters(self, span: ReadableSpan, root: bool) -> bool:
@@ -227,15 +228,17 @@ class KeepProcessor(SpanProcessor):
                 self._held += 1
 
     def _limit(self) -> None:
-        while self._held > self.max_pending_spans and self._pending:
+        # spans held, and traces waiting (a local root that never ends must not pile up either)
+        limit = self.max_pending_spans
+        while (self._held > limit or len(self._pending) > limit) and self._pending:
             _, trace = self._pending.popitem(last=False)
             self._held -= len(trace.held)
             self.overflow_traces += 1
             if self.overflow_traces == 1:
                 logger.warning(
-                    "otel_stages sampling: more than %d unsampled spans waiting for a decision; "
+                    "otel_stages sampling: more than %d unsampled spans or traces waiting for a decision; "
                     "giving up the oldest waiting traces (counted in KeepProcessor.overflow_traces)",
-                    self.max_pending_spans)
+                    limit)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def shutdown(self) -> None:

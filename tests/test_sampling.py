@@ -161,6 +161,9 @@ def test_overflow_gives_up_oldest_waiting_traces_and_counts_them(fake_time, monk
             root.end()
     assert p.keep.overflow_traces == 1
     assert "giving up the oldest waiting traces" in caplog.text
+    leaked = [tracer.start_span(f"never ends {i}") for i in range(5)]  # roots that never end
+    assert len(p.keep._pending) == 3 and p.keep.overflow_traces == 3
+    assert leaked
     p.provider.shutdown()
 
 
