@@ -145,7 +145,8 @@ def setup_telemetry() -> None:
 
 
 def shutdown_telemetry() -> None:
-    """Flush and stop this process's telemetry (gunicorn ``worker_exit``; also at exit)."""
+    """Flush and stop this process's telemetry (the lifespan's shutdown; gunicorn ``worker_exit``).
+    Idempotent."""
     global _configured_pid
     if _telemetry is not None and _configured_pid == os.getpid():
         _telemetry.shutdown()
@@ -199,6 +200,10 @@ def create_app(*, service_factory: Any = Service, instrument_http: bool = True,
             yield
         finally:
             app.state.service.close()
+            if configure_telemetry:
+                # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so the process ends by
+                # the signal and atexit handlers (the SDK's final flush) never run: flush here.
+                shutdown_telemetry()
 
     app = FastAPI(title="describe", lifespan=lifespan)
 

@@ -119,3 +119,46 @@ def test_gunicorn_three_preloaded_workers_each_report_their_own_cold_start(tmp_p
     assert main(["report", str(data_dir)]) == 0
     text = capsys.readouterr().out
     assert f"{WORKERS} cold" in text and f"{WORKERS} first requests (median)" in text  # one per worker
+
+
+@pytest.mark.slow
+def test_uvicorn_from_the_repository_root_serves_and_flushes_on_sigterm(tmp_path):
+    """``uvicorn examples.fastapi_app:app`` as documented. uvicorn re-raises SIGTERM after its
+    shutdown (atexit never runs), so the spans must be flushed by the app's lifespan."""
+    data_dir = tmp_path / "telemetry"
+    port = _free_port()
+    env = {**os.environ, "OTEL_STAGES_DATA_DIR": str(data_dir), "EXAMPLE_MODEL": "small",
+           "OTEL_STAGES_GPU": "off"}
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_STAGES_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED",
+                "OTEL_STAGES_ENABLED", "OTEL_TRACES_SAMPLER", "PYTEST_CURRENT_TEST"):
+        env.pop(var, None)
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.fastapi_app:app", "--port", str(port)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    photo = (DATA / "images" / "photo_320x240.jpg").read_bytes()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "uvicorn did not come up"
+            time.sleep(0.1)
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/describe/upload", timeout=30,
+                           files={"image": ("p.jpg", photo, "image/jpeg")}, data={"prompt": "hi"})
+        assert reply.status_code == 200, reply.text
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            output, _ = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output, _ = server.communicate()
+    assert "Application shutdown complete" in output
+    spans = load_paths(sorted(data_dir.glob("traces-*.jsonl"))).spans
+    (request,) = [s for s in spans if s.name == "request"]
+    assert format(int(reply.json()["trace_id"], 16), "032x") == request.trace_id
+    assert {s.name for s in spans if s.parent_span_id == request.span_id} == {
+        "decode", "resize", "queue", "forward"}
