@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
 import otel_stages as ots
 from otel_stages import semconv, stages
@@ -146,6 +146,11 @@ def test_head_ratio_and_sampled_parents_are_followed(fake_time):
     assert sampler.should_sample(parent, 5, "request").decision is Decision.RECORD_AND_SAMPLE
     local_dead = trace.set_span_in_context(NonRecordingSpan(SpanContext(5, 7, is_remote=False)))
     assert sampler.should_sample(local_dead, 5, "decode").decision is Decision.DROP
+    root = trace.set_span_in_context(trace.INVALID_SPAN)
+    kept = Link(SpanContext(9, 10, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+    dropped = Link(SpanContext(9, 11, is_remote=False))
+    assert sampler.should_sample(root, 12, "batch", links=[dropped, kept]).decision is Decision.RECORD_AND_SAMPLE
+    assert sampler.should_sample(root, 12, "batch", links=[dropped]).decision is Decision.RECORD_ONLY
 
 
 def test_overflow_gives_up_oldest_waiting_traces_and_counts_them(fake_time, monkeypatch, caplog):
