@@ -21,14 +21,14 @@ worker_class = "uvicorn.workers.UvicornWorker"
 preload_app = True
 
 
-def post_fork(server, worker):
+def post_fork(server: object, worker: object) -> None:
     """In the new worker, before it serves: its own telemetry (instance id, files, exporters)."""
     from examples.fastapi_app import setup_telemetry
 
     setup_telemetry()
 
 
-def worker_exit(server, worker):
+def worker_exit(server: object, worker: object) -> None:
     """Flush the worker's spans before it goes (also done at interpreter exit)."""
     from examples.fastapi_app import shutdown_telemetry
 
