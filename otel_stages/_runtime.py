@@ -44,7 +44,10 @@ class Runtime:
 
     def __init__(self) -> None:
         self.enabled: bool = _env_enabled()
-        self.tracer: trace.Tracer = scoped_tracer(trace.get_tracer_provider())  # proxy to global
+        #: The tracer of OpenTelemetry's global provider (a proxy until one is set): what the
+        #: stages use when no configure() is active, e.g. in a service with its own SDK setup.
+        self.default_tracer: trace.Tracer = scoped_tracer(trace.get_tracer_provider())
+        self.tracer: trace.Tracer = self.default_tracer
         #: Re-raise internal errors instead of logging them: ``None`` means "under pytest"
         #: (``PYTEST_CURRENT_TEST`` set), so bugs surface in tests; a test of the log-once
         #: policy sets ``False``.

@@ -100,6 +100,34 @@ def _parse_gpu_mode(raw: str) -> str:
     return value
 
 
+def _fraction(raw: str) -> float:
+    """Parser for a ratio from 0 to 1 inclusive (numbers given as arguments are parsed too)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number from 0 to 1") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise ValueError("expected a number from 0 to 1")
+    return value
+
+
+_fraction.numeric = True  # type: ignore[attr-defined]
+
+
+def _milliseconds(raw: str) -> float:
+    """Parser for a latency threshold in ms, > 0 and at most one hour."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of milliseconds") from None
+    if not math.isfinite(value) or not 0 < value <= 3_600_000:
+        raise ValueError("expected a number of milliseconds > 0 and <= 3600000")
+    return value
+
+
+_milliseconds.numeric = True  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Setting:
     """One row of the settings table.
@@ -140,6 +168,15 @@ SETTINGS: tuple[Setting, ...] = (
                                          "pass costs NVML calls per GPU; faster passes add cost, "
                                          "not samples"),
             "seconds between GPU sampler passes, 0.05 to 3600 (every NVML utilization sample is kept)"),
+    # --- serving (thread pools, sampling) ---
+    Setting("propagate_context", ("OTEL_STAGES_PROPAGATE_CONTEXT",), True, _parse_bool,
+            "keep the request's trace context in work submitted to thread pools "
+            "(concurrent.futures, loop.run_in_executor, asyncio.to_thread, threading.Thread)"),
+    Setting("sample_ratio", ("OTEL_STAGES_SAMPLE_RATIO",), 1.0, _fraction,
+            "share of traces kept, 0 to 1; below 1, cold-start, failed and slow requests are kept "
+            "all the same (decided in-process when the request ends)"),
+    Setting("slow_request_ms", ("OTEL_STAGES_SLOW_REQUEST_MS",), 1000.0, _milliseconds,
+            "with sample_ratio < 1: a request (or local root span) at least this long is kept"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -158,6 +195,9 @@ class Settings:
     metric_export_interval_s: float
     gpu: str = "auto"
     gpu_interval_s: float = 1.0
+    propagate_context: bool = True
+    sample_ratio: float = 1.0
+    slow_request_ms: float = 1000.0
 
     @property
     def data_path(self) -> Path:

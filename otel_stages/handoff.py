@@ -5,7 +5,11 @@ queue; the token carries the request's OpenTelemetry context, the enqueue time o
 and the queue depth. The consumer calls :func:`dequeue` (one item) or :func:`dequeue_batch`
 (several) when it picks work up: that records a ``queue`` span from the enqueue time to now under
 the right request, and makes later stages (``forward``) children of that same request even though
-they run on another thread. OpenTelemetry API only.
+they run on another thread. A batch's model call is one ``batch`` span linked to its members
+(:meth:`Batch.stage`). OpenTelemetry API only.
+
+Results and errors go back to the waiting requests through whatever the queue carries (a
+``concurrent.futures.Future`` per item in :mod:`otel_stages.demo.worker`); telemetry never does it.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Link, Span, get_current_span
 
 from otel_stages import semconv
 from otel_stages._runtime import RUNTIME, guard
 from otel_stages.stages import StageScope
+
+_ROOT = otel_context.Context()  # an empty context: a span started in it is a trace root
+_GUARD_LINKS = guard("batch span links")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,30 +81,56 @@ def dequeue(token: QueueToken, **attributes: Any) -> Iterator[None]:
 class Batch:
     """Several requests' items processed together by one executor call.
 
-    Returned by :func:`dequeue_batch`. :meth:`stage` opens one span per request (each a child of
-    its own request, same start and end) with ``batch.size`` set, since one model call serves
-    them all.
+    Returned by :func:`dequeue_batch`. Each :meth:`stage` is one model call on the whole batch: one
+    ``batch`` span (``batch.size``, a span link to every member request) plus one span per request
+    (each a child of its own request, same start and end, ``batch.size`` set, a link back to the
+    ``batch`` span). The ``batch`` span is a root of its own trace, or a child of ``parent`` when
+    given (the executor's own span), never of a member request: a batch belongs to all of them.
     """
 
-    def __init__(self, tokens: Sequence[QueueToken]) -> None:
+    def __init__(self, tokens: Sequence[QueueToken], parent: otel_context.Context | None = None) -> None:
         self.tokens = tuple(tokens)
+        self.parent = parent
+        #: The ``batch`` span of the running :meth:`stage` (``INVALID_SPAN`` outside it or when
+        #: telemetry is off).
+        self.span: Span = INVALID_SPAN
 
     @property
     def size(self) -> int:
-        """Number of requests in the batch."""
+        """Number of items in the batch."""
         return len(self.tokens)
+
+    def _member_links(self) -> list[Link]:
+        """One link per distinct member request (the span current at enqueue)."""
+        links: dict[tuple[int, int], Link] = {}
+        for token in self.tokens:
+            ctx = get_current_span(token.context).get_span_context()
+            if ctx.is_valid:
+                links.setdefault((ctx.trace_id, ctx.span_id), Link(ctx))
+        return list(links.values())
 
     @contextmanager
     def stage(self, name: str, /, **attributes: Any) -> Iterator[list[Span]]:
-        """Open stage ``name`` in every request of the batch; yields the spans (one per token).
+        """Open stage ``name`` (usually ``forward``) for the batch; yields the member spans (one per
+        token, in token order). Inside the block the ``batch`` span is the current span (see the
+        class docstring), so spans the model code makes are its children.
 
-        An exception in the block is recorded on every span and re-raised unchanged.
+        An exception in the block is recorded on the ``batch`` span and every member span and
+        re-raised unchanged; give it to every waiting request (e.g. ``future.set_exception``).
         """
         attrs = {semconv.BATCH_SIZE: self.size, **attributes}
+        start_ns = RUNTIME.clock.now_ns()  # one model call: one window for every span
+        batch = StageScope(semconv.SPAN_BATCH, attrs)
+        with _GUARD_LINKS:
+            batch._open(parent=self.parent if self.parent is not None else _ROOT,
+                        start_ns=start_ns, links=self._member_links())
+        back = ([Link(batch._span.get_span_context())]
+                if batch._span is not None and batch._span.get_span_context().is_valid else None)
         scopes = [StageScope(name, attrs) for _ in self.tokens]
-        start_ns = RUNTIME.clock.now_ns()  # one model call: one window for every request's span
-        spans = [scope._open(parent=token.context, start_ns=start_ns)
+        spans = [scope._open(parent=token.context, start_ns=start_ns, links=back)
                  for scope, token in zip(scopes, self.tokens)]
+        self.span = batch._span or INVALID_SPAN
+        batch._attach()
         error: BaseException | None = None
         try:
             yield spans
@@ -106,17 +139,22 @@ class Batch:
             raise
         finally:
             end_ns = RUNTIME.clock.now_ns()
+            batch._detach()
             for scope in scopes:
                 scope._close(error, end_ns=end_ns)
+            batch._close(error, end_ns=end_ns)
+            self.span = INVALID_SPAN
 
 
-def dequeue_batch(tokens: Sequence[QueueToken], **attributes: Any) -> Batch:
+def dequeue_batch(tokens: Sequence[QueueToken], *, parent: otel_context.Context | None = None,
+                  **attributes: Any) -> Batch:
     """Consumer side for a batch: record every item's ``queue`` span now; return a :class:`Batch`.
 
-    ``attributes`` are added to each queue span.
+    ``attributes`` are added to each queue span. ``parent``: the context whose span the ``batch``
+    spans become children of (e.g. ``opentelemetry.context.get_current()`` inside the executor's
+    own span); by default each ``batch`` span starts a trace of its own.
     """
     picked_ns = RUNTIME.clock.now_ns()
     for token in tokens:
         _record_queue_span(token, picked_ns, attributes)
-    return Batch(tokens)
-
+    return Batch(tokens, parent)

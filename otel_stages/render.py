@@ -244,6 +244,8 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
     if report.slowest:
         parts.append(_slowest_table(report, width))
     parts.append(Text(report.gpu.describe()))
+    if report.batches is not None:
+        parts.append(_bullets("Batches:", report.batches.describe(), "bold"))
     parts.append(_verdict(report))
     if report.comparison is not None:
         parts.append(_comparison(report, width))

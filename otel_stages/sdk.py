@@ -31,7 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_stages import semconv
+from otel_stages import propagation, sampling, semconv
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.config import ConfigurationError, Settings, resolve
 from otel_stages.request_log import RequestLogProcessor
@@ -96,6 +96,7 @@ class Telemetry:
     _gpu_readers: list[Any] = field(default_factory=list, repr=False, compare=False)
     _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
     _shut_down: bool = field(default=False, repr=False, compare=False)
+    _tracer: Any = field(default=None, repr=False, compare=False)
 
     @property
     def export_failures(self) -> int:
@@ -132,6 +133,8 @@ class Telemetry:
         if self._shut_down:
             return
         self._shut_down = True
+        if self.tracer_provider is not None and RUNTIME.tracer is self._tracer:
+            RUNTIME.tracer = RUNTIME.default_tracer  # not a shut-down provider that drops spans
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         if self.meter_provider is not None:
@@ -152,13 +155,17 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               metric_export_interval_s: float | None = None,
               gpu: str | None = None, gpu_interval_s: float | None = None,
               resource_attributes: dict[str, Any] | None = None,
-              set_global: bool = True) -> Telemetry:
+              set_global: bool = True, propagate_context: bool | None = None,
+              sample_ratio: float | None = None, slow_request_ms: float | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
     (:mod:`otel_stages.gpu`). ``set_global`` also installs the providers as the
-    OpenTelemetry globals (so other instrumentation shares them).
+    OpenTelemetry globals (so other instrumentation shares them). ``propagate_context`` (default
+    on) keeps the request's context in thread pools (:mod:`otel_stages.propagation`);
+    ``sample_ratio`` below 1 samples traces but keeps cold, failed and slow
+    (``slow_request_ms``) requests (:mod:`otel_stages.sampling`).
 
     Calling it again replaces the previous configuration: once the new providers are built, the
     previous handle is shut down (flushed, its threads stopped) and an INFO line says so; a call
@@ -185,6 +192,8 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "endpoint": endpoint, "protocol": protocol, "enabled": enabled,
         "log_requests": log_requests, "metric_export_interval_s": metric_export_interval_s,
         "gpu": gpu, "gpu_interval_s": gpu_interval_s,
+        "propagate_context": propagate_context, "sample_ratio": sample_ratio,
+        "slow_request_ms": slow_request_ms,
     }
     settings = resolve(arguments)
     with _lock:
@@ -197,8 +206,10 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
            set_global: bool) -> Telemetry:
     global _globals_from
     if not settings.enabled:
+        _serving(settings)
         RUNTIME.enabled = False
         return Telemetry(settings, None, None, destination="disabled")
+    sampler = sampling.sampler_for(settings)  # raises before anything is built
 
     # A deployment's own instance id (OTEL_RESOURCE_ATTRIBUTES, e.g. the pod UID from the
     # downward API) or the caller's wins; a random one only fills the gap.
@@ -217,8 +228,8 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
         metric_exporter, gpu_readers = gpu_session.start(settings, resource, metric_exporter)
 
     counting = _CountingSpanExporter(span_exporter)
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(counting))
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+    tracer_provider.add_span_processor(sampling.processor_for(settings, BatchSpanProcessor(counting)))
     if settings.log_requests:
         tracer_provider.add_span_processor(RequestLogProcessor())
     reader = PeriodicExportingMetricReader(
@@ -243,8 +254,17 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
                 "one (%s). Pass set_global=False to later configure() calls.",
                 _globals_from._describe(), handle._describe())
     RUNTIME.enabled = True
-    RUNTIME.tracer = scoped_tracer(tracer_provider)
+    RUNTIME.tracer = handle._tracer = scoped_tracer(tracer_provider)
+    _serving(settings)
     return handle
+
+
+def _serving(settings: Settings) -> None:
+    """Thread-pool context propagation follows the newest configuration (on unless disabled)."""
+    if settings.enabled and settings.propagate_context:
+        propagation.instrument()
+    else:
+        propagation.uninstrument()
 
 
 def _replace(handle: Telemetry) -> None:

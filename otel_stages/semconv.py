@@ -20,6 +20,10 @@ STAGE_DECODE = "decode"  #: bytes -> pixels (Pillow decode + EXIF orientation + 
 STAGE_RESIZE = "resize"  #: pixels -> model input size / tensor
 STAGE_QUEUE = "queue"  #: waiting for the executor / batch to pick the item up
 STAGE_FORWARD = "forward"  #: the model call
+#: One model call on a batch: its own trace (or a child of the executor's span, never of a member
+#: request), ``batch.size`` set, a span link to every member request; each member's ``forward``
+#: links back to it. Not a stage: the report reads it for batch sizes and fill waits.
+SPAN_BATCH = "batch"
 
 #: The standard stages, in pipeline order. Custom stage names are allowed in addition.
 STANDARD_STAGES: tuple[str, ...] = (

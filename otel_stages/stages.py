@@ -15,8 +15,9 @@ import functools
 import inspect
 import itertools
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import Token
 from types import TracebackType
 from typing import Any, TypeVar
@@ -35,6 +36,35 @@ _NOT_ERRORS = (GeneratorExit, StopIteration, StopAsyncIteration)
 _GUARD_START = guard("stage start")
 _GUARD_END = guard("stage end")
 _GUARD_DETACH = guard("context detach")
+
+# A ``with stage()`` block in a generator that yields inside it: see StageScope.__enter__.
+_GENERATOR_CODE = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+
+
+def _contextlib_entries() -> frozenset[object]:
+    """Code objects that drive a generator as a context manager (``@contextmanager``)."""
+    import contextlib
+
+    return frozenset({contextlib._GeneratorContextManager.__enter__.__code__,
+                      contextlib._AsyncGeneratorContextManager.__aenter__.__code__})
+
+
+_CONTEXTLIB_ENTRIES = _contextlib_entries()
+
+
+def _driven_by_contextlib(frame: Any) -> bool:
+    """Whether generator ``frame`` runs a ``with stage()`` block it may make current.
+
+    Not when the generator is iterated by someone else: the block stays open across ``yield``, so
+    the consumer would see the stage as its current span between items, and a generator closed
+    from another task or thread would detach a context token made in a different context
+    ("Failed to detach context"). The span is still timed and parented; stages nested in such a
+    block become its siblings. A generator driven by ``@contextmanager`` is entered and left by
+    one ``with`` statement, so its block is current as usual. (Callers test the cheap
+    ``co_flags & _GENERATOR_CODE`` first: this runs only for generator frames.)
+    """
+    caller = frame.f_back
+    return caller is not None and caller.f_code in _CONTEXTLIB_ENTRIES
 
 
 class _Sequence:
@@ -92,14 +122,15 @@ class StageScope:
     def _start_attributes(self) -> dict[str, Any]:
         return self.attributes
 
-    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None) -> Span:
+    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
+              links: Sequence[trace.Link] | None = None) -> Span:
         if not RUNTIME.enabled:
             return trace.INVALID_SPAN
         self._span = None
         with _GUARD_START:  # telemetry must not break inference
             self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
             self._span = RUNTIME.tracer.start_span(
-                self.name, context=parent, attributes=self._start_attributes(),
+                self.name, context=parent, attributes=self._start_attributes(), links=links,
                 start_time=self._start_ns)
             return self._span
         return trace.INVALID_SPAN
@@ -136,7 +167,10 @@ class StageScope:
     # -- context manager ------------------------------------------------------------------------
     def __enter__(self) -> Span:
         span = self._open()
-        self._attach()
+        if self._span is not None:
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._attach()
         return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -146,7 +180,12 @@ class StageScope:
         self._close(exc)
 
     async def __aenter__(self) -> Span:
-        return self.__enter__()
+        span = self._open()
+        if self._span is not None:
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._attach()
+        return span
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:

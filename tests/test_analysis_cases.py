@@ -38,7 +38,8 @@ def test_case_via_cli_json(name, capsys):
     _check(out["verdict"], name)
     assert out["requests"] >= 20
     assert set(out) == {
-        "requests", "stages", "cold_start", "verdict", "gpu", "slowest", "problems", "comparison"
+        "requests", "stages", "cold_start", "verdict", "gpu", "slowest", "problems", "comparison",
+        "batches",
     }
     assert list(out["stages"])[:5] == list(semconv.STANDARD_STAGES)
     assert all(set(s) == STAGE_KEYS for s in out["stages"].values())

@@ -324,12 +324,24 @@ def test_demo_end_to_end(tmp_path, clean_env, capsys):
     intact = [r for r in requests if r.span_id != failed_request.span_id]
     assert all(kids[r.span_id] == set(semconv.STANDARD_STAGES) and not r.error for r in intact)
 
+    # One batch span per model call, linking the requests it served; the report sums them up.
+    batches = [s for s in spans if s.name == semconv.SPAN_BATCH]
+    assert all(b.parent_span_id is None for b in batches)
+    assert sorted(len(b.links) for b in batches) == sorted(b.attributes[semconv.BATCH_SIZE] for b in batches)
+    assert {link for b in batches for link in b.links} == {(r.trace_id, r.span_id) for r in intact}
+    summary = report["batches"]
+    assert summary["batches"] == len(batches)
+    assert sum(int(size) * n for size, n in summary["sizes"].items()) == len(intact)
+    assert summary["unmatched_members"] == 0 and summary["wait_ms"]["max_ms"] >= 0
+    assert summary["fill_ms"]["max_ms"] <= summary["wait_ms"]["max_ms"] + 1e-6
+
 
 @pytest.mark.slow
 def test_demo_text_report_and_disabled(tmp_path, clean_env, capsys):
     assert main(["demo", "--requests", "3", "--mixed", "0", "--data-dir", str(tmp_path)]) == 0
     out, _ = capsys.readouterr()
     assert "Verdict:" in out and "traces written to" in out
+    assert "Batches:" in out and "3 batches, mean size 1.0" in out  # sequential: one per call
     clean_env.setenv("OTEL_SDK_DISABLED", "true")
     assert main(["demo", "--requests", "2", "--mixed", "0", "--data-dir", str(tmp_path)]) == 1
     assert "telemetry is disabled" in capsys.readouterr().err

@@ -34,6 +34,8 @@ class Span:
     the span's events in time order (empty when it has none). ``parent_follows_from`` is true when
     the parent relation came from a Jaeger/OpenTracing ``FOLLOWS_FROM`` reference rather than
     ``CHILD_OF`` (the parent does not wait for this span; Jaeger's waterfall still nests it there).
+    ``links`` are the span links as ``(trace_id, span_id)`` pairs (a ``batch`` span links to its member
+    requests, each member's ``forward`` back to the batch); empty when the source has none.
     """
 
     trace_id: str
@@ -47,6 +49,7 @@ class Span:
     error: bool = False
     events: tuple[SpanEvent, ...] = ()
     parent_follows_from: bool = False
+    links: tuple[tuple[str, str], ...] = ()
 
     @property
     def duration_ms(self) -> float:

@@ -235,6 +235,7 @@ def _parse_span(raw: Any, resource: dict[str, AttributeValue]) -> Span:
         resource=resource,
         error=code in _STATUS_ERROR,
         events=_events(raw.get("events")),
+        links=_links(raw.get("links")),
     )
 
 
@@ -258,6 +259,27 @@ def _events(raw: Any) -> tuple[SpanEvent, ...]:
         )
     events.sort(key=lambda e: e.time_ns)
     return tuple(events)
+
+
+def _links(raw: Any) -> tuple[tuple[str, str], ...]:
+    """``Span.links`` (``[{"traceId", "spanId", "attributes", "flags"...}]``, the shape the OTLP
+    JSON file exporter writes: ``opentelemetry/exporter/otlp/json/common/_internal/trace_encoder``
+    ``_encode_links``) as ``(trace_id, span_id)`` pairs; link attributes are not kept."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _Malformed("links is not a list")
+    out = []
+    for i, link in enumerate(raw):
+        try:
+            trace_id = normalize_id(link.get("traceId"), 16) if isinstance(link, Mapping) else None
+            span_id = normalize_id(link.get("spanId"), 8) if isinstance(link, Mapping) else None
+        except ValueError as exc:
+            raise _Malformed(f"link {i}: {exc}") from None
+        if trace_id is None or span_id is None:
+            raise _Malformed(f"link {i} has no valid traceId / spanId")
+        out.append((trace_id, span_id))
+    return tuple(out)
 
 
 def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:

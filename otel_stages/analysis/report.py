@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from otel_stages.analysis.batching import BatchSummary, summarize_batches
 from otel_stages.analysis.comparison import Comparison, compare
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
 from otel_stages.analysis.model import Recording
@@ -85,10 +86,11 @@ class Report:
     problems: list[str] = field(default_factory=list)
     comparison: Comparison | None = None
     groups: dict[str, list[str]] = field(default_factory=dict)
+    batches: BatchSummary | None = None  #: batch sizes and fill waits (analysis.batching)
 
     def to_dict(self) -> dict[str, object]:
         """``{"requests", "stages", "cold_start", "verdict", "gpu", "slowest", "problems",
-        "comparison"}`` with ms values rounded to microseconds."""
+        "comparison", "batches"}`` with ms values rounded to microseconds."""
         return {
             "requests": self.requests,
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
@@ -98,6 +100,7 @@ class Report:
             "slowest": [s.to_dict() for s in self.slowest],
             "problems": list(self.problems),
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
+            "batches": None if self.batches is None else self.batches.to_dict(),
         }
 
 
@@ -171,6 +174,7 @@ def diagnose(
         slowest=[SlowRequest.of(r) for r in sorted(warm, key=lambda r: -r.total_ms)[: max(top, 0)]],
         problems=problems,
         groups=_groups(requests),
+        batches=summarize_batches(recording.spans),
     )
     if baseline is not None:
         before = diagnose(baseline, top=top)

@@ -5,9 +5,11 @@ Request threads call :meth:`InferenceWorker.submit` (producer side): it captures
 ``(token, pixels, prompt_ids, future)`` on the queue. The executor thread takes the first waiting
 item, then keeps collecting until ``max_batch`` items or ``max_wait_ms`` after the first one,
 calls :func:`otel_stages.dequeue_batch` (one ``queue`` span per request, enqueue -> pickup) and
-runs the model once inside ``batch.stage("forward")`` (one ``forward`` span per request, each a
-child of its own request, with ``batch.size``). Results, or the exception, go to every future of
-the batch. :meth:`close` (or leaving the ``with`` block) sends a sentinel and joins the thread.
+runs the model once inside ``batch.stage("forward")``: one ``batch`` span for the model call (a
+trace of its own, ``batch.size``, a link to every member request) and one ``forward`` span per
+request (each a child of its own request, with ``batch.size`` and a link to the ``batch`` span).
+Results, or the exception, go to every future of the batch. :meth:`close` (or leaving the
+``with`` block) sends a sentinel and joins the thread.
 
 Should the executor loop itself fail (a bug, not a model error), the worker fails every waiting
 future and every later :meth:`~InferenceWorker.submit` with :class:`WorkerClosed` instead of
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
+from opentelemetry import context as otel_context
 
 from otel_stages import QueueToken, dequeue_batch, enqueue_token
 
@@ -116,6 +119,9 @@ class InferenceWorker:
         return False
 
     def _loop(self) -> None:
+        # A thread started inside a request inherits its context (thread-pool propagation is on):
+        # the executor serves every request, so it runs in an empty one.
+        otel_context.attach(otel_context.Context())
         items: list[_Item] = []
         try:
             stop = False

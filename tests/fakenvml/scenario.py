@@ -92,6 +92,7 @@ def main() -> None:
         return
 
     import otel_stages as ots
+    import otel_stages.sdk  # before t0: configure_s times configure(), not the imports
     from otel_stages._runtime import RUNTIME
     from otel_stages.gpu import session
 
