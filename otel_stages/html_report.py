@@ -61,10 +61,26 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _fig(**kwargs: Any) -> Any:
+#: What BokehJS takes as the start of math text (then it loads MathJax from a CDN).
+_MATH_OPENERS = ("$$", "\\[", "\\(")
+
+
+def _plain(text: str) -> str:
+    """Telemetry text (stage names, GPU models) for Bokeh titles and legends: a zero-width space
+    splits every math delimiter, so the text is drawn as typed and nothing is fetched."""
+    for opener in _MATH_OPENERS:
+        text = text.replace(opener, opener[0] + "\u200b" + opener[1:])
+    return text
+
+
+def _fig(*, small: bool = False, **kwargs: Any) -> Any:
+    """A figure; ``small`` panels (small multiples) get no toolbar, only the hover added later."""
     from bokeh.plotting import figure
 
-    fig: Any = figure(toolbar_location="above", tools="pan,box_zoom,reset,save", **kwargs)
+    if small:
+        fig: Any = figure(toolbar_location=None, tools="", **kwargs)
+    else:
+        fig = figure(toolbar_location="above", tools="pan,box_zoom,reset,save", **kwargs)
     fig.toolbar.logo = None
     fig.title.text_font_size = "12px"
     return fig
@@ -76,40 +92,81 @@ def _hover(fig: Any, renderers: list[Any], tooltips: list[tuple[str, str]]) -> N
     fig.add_tools(HoverTool(renderers=renderers, tooltips=tooltips))
 
 
-def _box(fig: Any, x: object, values: Sequence[float], dist: Any, color: str, label: str,
-         width: float = 0.5) -> None:
-    """Box p5..p95, median line, min..max whiskers, a jittered dot per value (at categorical or
-    numeric ``x``)."""
-    from bokeh.models import ColumnDataSource
-    from bokeh.transform import jitter
+@dataclass(frozen=True)
+class _Box:
+    """One box of :func:`_boxes`: at categorical ``factor``, ``values`` (ms) summarized by
+    ``dist`` (the analysis's Distribution), drawn in ``color``; ``cold`` values as red diamonds."""
 
-    fig.vbar(x=[x], bottom=[dist.p5_ms], top=[dist.p95_ms], width=width, fill_color=color,
-             fill_alpha=0.25, line_color=color)
-    fig.segment(x0=[x], x1=[x], y0=[dist.min_ms], y1=[dist.p5_ms], line_color=color)
-    fig.segment(x0=[x], x1=[x], y0=[dist.p95_ms], y1=[dist.max_ms], line_color=color)
-    fig.vbar(x=[x], bottom=[dist.median_ms], top=[dist.median_ms], width=width, line_color="black",
-             line_width=2)
-    source = ColumnDataSource({"x": [x] * len(values), "ms": list(values),
-                               "n": list(range(1, len(values) + 1))})
-    jittered = jitter("x", width * 0.8, range=fig.x_range) if isinstance(x, str) else jitter(
-        "x", width * 0.8)
-    dots = fig.scatter(x=jittered, y="ms", source=source, size=5, color=color, alpha=0.7)
-    _hover(fig, [dots], [(label, "@ms{0.0} ms"), ("run", "@n")])
+    factor: str
+    values: Sequence[float]
+    dist: Any
+    color: str
+    label: str
+    cold: Sequence[float] = ()
+
+
+#: Spread of the dots around a box's centre, as a fraction of the box width. Offsets follow the
+#: golden-ratio sequence: evenly spread and the same on every render (screenshots compare).
+_DOT_SPREAD = 0.8
+_GOLDEN = 0.6180339887
+
+
+def _boxes(fig: Any, boxes: Sequence[_Box], width: float = 0.5) -> None:
+    """Per box: p5..p95 box, black median line, min..max whiskers, a dot per value, the cold
+    values as red diamonds. Three glyph renderers for all boxes of the figure (each renderer is
+    some ten Bokeh models, and the models are what takes time to build and serialize)."""
+    from bokeh.models import ColumnDataSource
+
+    half = width / 2
+    fig.vbar(x=[b.factor for b in boxes], bottom=[b.dist.p5_ms for b in boxes],
+             top=[b.dist.p95_ms for b in boxes], width=width, fill_color=[b.color for b in boxes],
+             fill_alpha=0.25, line_color=[b.color for b in boxes])
+    lines: dict[str, list[Any]] = {"x0": [], "x1": [], "y0": [], "y1": [], "color": [], "w": []}
+    for b in boxes:
+        d = b.dist
+        for x0, x1, y0, y1, color, w in (
+            (0.0, 0.0, d.min_ms, d.p5_ms, b.color, 1),
+            (0.0, 0.0, d.p95_ms, d.max_ms, b.color, 1),
+            (-half, half, d.median_ms, d.median_ms, "black", 2),
+        ):
+            lines["x0"].append((b.factor, x0))
+            lines["x1"].append((b.factor, x1))
+            lines["y0"].append(y0)
+            lines["y1"].append(y1)
+            lines["color"].append(color)
+            lines["w"].append(w)
+    fig.segment(x0="x0", x1="x1", y0="y0", y1="y1", line_color="color", line_width="w",
+                source=ColumnDataSource(lines))
+    dots: dict[str, list[Any]] = {"x": [], "ms": [], "what": [], "marker": [], "size": [],
+                                  "color": []}
+    for b in boxes:
+        for i, ms in enumerate(b.values):
+            offset = ((i * _GOLDEN) % 1.0 - 0.5) * width * _DOT_SPREAD
+            dots["x"].append((b.factor, offset))
+            dots["ms"].append(ms)
+            dots["what"].append(f"{b.label} #{i + 1}")
+            dots["marker"].append("circle")
+            dots["size"].append(5)
+            dots["color"].append(b.color)
+        for i, ms in enumerate(b.cold):
+            dots["x"].append((b.factor, 0.0))
+            dots["ms"].append(ms)
+            dots["what"].append("cold" if len(b.cold) == 1 else f"cold #{i + 1}")
+            dots["marker"].append("diamond")
+            dots["size"].append(13)
+            dots["color"].append(COLD_COLOR)
+    glyph = fig.scatter(x="x", y="ms", marker="marker", size="size", color="color", alpha=0.75,
+                        source=ColumnDataSource(dots))
+    _hover(fig, [glyph], [("", "@what"), ("ms", "@ms{0.0}")])
 
 
 def _stage_panel(s: StageSeries, order: Sequence[str]) -> Any:
     assert s.warm is not None
     d = s.warm
-    fig = _fig(width=_PANEL_W, height=_PANEL_H, x_range=(-0.6, 0.6), title=s.name)
-    _box(fig, 0.0, s.warm_ms, d, _color(s.name, order), "warm")
-    if s.cold_ms:
-        cold = fig.scatter(x=[0.0] * len(s.cold_ms), y=list(s.cold_ms), marker="diamond", size=13,
-                           color=COLD_COLOR, legend_label="cold")
-        _hover(fig, [cold], [("cold", "@y{0.0} ms")])
-        fig.legend.location = "top_right"
-        fig.legend.label_text_font_size = "10px"
-        fig.legend.background_fill_alpha = 0.6
-    fig.xaxis.ticker = []
+    fig = _fig(small=True, width=_PANEL_W, height=_PANEL_H, x_range=["warm"], title=_plain(s.name))
+    _boxes(fig, [_Box("warm", s.warm_ms, d, _color(s.name, order), "warm", s.cold_ms)])
+    fig.xaxis.major_label_text_font_size = "0px"
+    fig.xaxis.major_tick_line_color = None
     fig.xaxis.axis_label = f"median {d.median_ms:.1f} / swing {d.p95_ms - d.p5_ms:.1f} ms"
     fig.xaxis.axis_label_text_font_size = "11px"
     fig.yaxis.axis_label = "ms"
@@ -117,9 +174,9 @@ def _stage_panel(s: StageSeries, order: Sequence[str]) -> Any:
 
 
 def _grid(figs: list[Any], ncols: int = 4) -> Any:
-    from bokeh.layouts import gridplot
+    from bokeh.layouts import column, row
 
-    return gridplot(figs, ncols=ncols, toolbar_location=None)
+    return column(*(row(*figs[i:i + ncols]) for i in range(0, len(figs), ncols)))
 
 
 def _distributions(c: ReportCharts) -> _Section:
@@ -145,8 +202,8 @@ def _cohorts(c: ReportCharts) -> _Section:
                         " requests cannot be grouped by input.")
     keys = [f"{k.key} (n={len(k.totals_ms)})" for k in c.cohorts]
     totals = _fig(width=_WIDE_W // 2, height=320, x_range=keys, title="request total per cohort, ms")
-    for label, k in zip(keys, c.cohorts):
-        _box(totals, label, k.totals_ms, k.total, "#4C72B0", "total")
+    _boxes(totals, [_Box(label, k.totals_ms, k.total, "#4C72B0", "total")
+                    for label, k in zip(keys, c.cohorts)])
     totals.yaxis.axis_label = "ms"
     order = [s.name for s in c.stages]
     names = [n for n in order if any(n in k.stage_medians_ms for k in c.cohorts)]
@@ -155,7 +212,8 @@ def _cohorts(c: ReportCharts) -> _Section:
         data[n] = [k.stage_medians_ms.get(n, 0.0) for k in c.cohorts]
     stacked = _fig(width=_WIDE_W // 2, height=320, x_range=keys, title="median ms per stage, stacked")
     bars = stacked.vbar_stack(names, x="cohort", width=0.6, source=data,
-                              color=[_color(n, order) for n in names], legend_label=names)
+                              color=[_color(n, order) for n in names],
+                              legend_label=[_plain(n) for n in names])
     _hover(stacked, bars, [("cohort", "@cohort"), ("stage", "$name"), ("median", "@$name{0.0} ms")])
     stacked.legend.location = "top_left"
     stacked.yaxis.axis_label = "ms"
@@ -188,7 +246,7 @@ def _waterfall(c: ReportCharts) -> _Section:
             rows["y"].append(label)
             rows["left"].append(seg.start_ms)
             rows["right"].append(seg.start_ms + seg.duration_ms)
-            rows["stage"].append(seg.stage)
+            rows["stage"].append(_plain(seg.stage))
             rows["ms"].append(seg.duration_ms)
             rows["color"].append(_color(seg.stage, order))
             rows["trace"].append(w.trace_id)
@@ -225,7 +283,7 @@ def _gpu(c: ReportCharts) -> _Section:
     palette = ["#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#8C564B"]
     for i, g in enumerate(c.gpu):
         color = palette[i % len(palette)]
-        label = f"{g.model or 'GPU'} {g.hw_id[:12]}".strip()
+        label = _plain(f"{g.model or 'GPU'} {g.hw_id[:12]}".strip())
         if g.utilization:
             util.line([t for t, _ in g.utilization], [v * 100 for _, v in g.utilization],
                       color=color, line_width=1.5, legend_label=label)
@@ -281,11 +339,17 @@ def _images(c: ReportCharts) -> _Section:
     return _Section("images", title, intro, row(*figs))
 
 
+def _change(s: StageSeries) -> str:
+    """``"forward +43%"`` (median change), ``"decode ±0%"`` under half a percent."""
+    if s.change_pct is None:
+        return s.name
+    return f"{s.name} " + ("±0%" if abs(s.change_pct) < 0.5 else f"{s.change_pct:+.0f}%")
+
+
 def _significance(s: StageSeries) -> str:
-    change = "" if s.change_pct is None else f" {s.change_pct:+.0f}%"
     if s.significant is None:
-        return f"{s.name}{change}, significance not computed"
-    return f"{s.name}{change}, " + ("significant" if s.significant else "within noise")
+        return "significance not tested"
+    return "significant (95%)" if s.significant else "within run-to-run noise"
 
 
 def _baseline(c: ReportCharts) -> _Section:
@@ -300,19 +364,26 @@ def _baseline(c: ReportCharts) -> _Section:
     order = [s.name for s in c.stages]
     figs = []
     for s in shown:
-        fig = _fig(width=_PANEL_W, height=_PANEL_H, x_range=["before", "after"], title=_significance(s))
+        fig = _fig(small=True, width=_PANEL_W, height=_PANEL_H, x_range=["before", "after"],
+                   title=_plain(_change(s)))
+        boxes = []
         if s.baseline is not None:
-            _box(fig, "before", s.baseline_ms, s.baseline, "#888888", "before")
+            boxes.append(_Box("before", s.baseline_ms, s.baseline, "#888888", "before"))
         if s.warm is not None:
             color = _color(s.name, order)
             if s.significant and s.change_pct is not None:
                 color = "#2CA02C" if s.change_pct < 0 else COLD_COLOR
-            _box(fig, "after", s.warm_ms, s.warm, color, "after")
+            boxes.append(_Box("after", s.warm_ms, s.warm, color, "after"))
+        _boxes(fig, boxes)
         fig.yaxis.axis_label = "ms"
+        fig.xaxis.axis_label = _significance(s)
+        fig.xaxis.axis_label_text_font_size = "11px"
+        if s.significant:
+            fig.xaxis.axis_label_text_font_style = "bold"
         figs.append(fig)
-    intro = ("Warm requests per stage, baseline (before) and this recording (after). Title:"
-             " change of the median and whether it is outside run-to-run noise (95% confidence);"
-             " a significant improvement is green, a significant regression red.")
+    intro = ("Warm requests per stage, baseline (before) and this recording (after). Title: change"
+             " of the median; below: whether the change is outside run-to-run noise (95%"
+             " confidence). A significant improvement is green, a significant regression red.")
     summary = " ".join(c.comparison)
     return _Section("baseline", title, intro + (f" {summary}" if summary else ""), _grid(figs))
 
@@ -361,6 +432,7 @@ def render_html(charts: ReportCharts, *, tick: Callable[[], None] | None = None)
     """The whole report as one HTML document (str). ``tick`` is called once per section drawn
     (:data:`SECTION_COUNT` times). Raises :class:`HtmlUnavailable` without Bokeh."""
     try:
+        from bokeh.document import Document
         from bokeh.embed import file_html
         from bokeh.resources import INLINE
     except ImportError as exc:
@@ -404,7 +476,11 @@ def render_html(charts: ReportCharts, *, tick: Callable[[], None] | None = None)
                 f"</title><style>{_CSS}</style></head><body>{''.join(chunks)}</body></html>")
     page = ("{% block preamble %}<style>{{ css }}</style>{% endblock %}"
             "{% block contents %}" + "".join(template) + "{% endblock %}")
-    return str(file_html(models, INLINE, title=charts.title, template=page,
+    doc = Document()
+    with doc.models.freeze():  # one model-graph recompute for all roots, not one per root
+        for model in models:
+            doc.add_root(model)
+    return str(file_html(doc, INLINE, title=charts.title, template=page,
                          template_variables={"chunks": chunks, "css": _CSS}))
 
 
