@@ -190,9 +190,10 @@ def main() -> None:
                 for lib, path in files.items():  # interleaved
                     page = browser.new_page(viewport={"width": 1000, "height": 1400})
                     url = path.as_uri()
-                    page.on("request", lambda r, lib=lib, url=url: r.url != url and requests[lib].add(r.url))
-                    page.on("console", lambda m, lib=lib: m.type == "error" and errors[lib].append(m.text))
-                    page.on("pageerror", lambda e, lib=lib: errors[lib].append(str(e)))
+                    seen, logged = requests[lib], errors[lib]
+                    page.on("request", lambda r, seen=seen, url=url: r.url != url and seen.add(r.url))
+                    page.on("console", lambda m, logged=logged: m.type == "error" and logged.append(m.text))
+                    page.on("pageerror", lambda e, logged=logged: logged.append(str(e)))
                     page.goto(url)
                     page.wait_for_function(READY[lib], polling="raf", timeout=60_000)
                     render[lib].append(page.evaluate("performance.now()"))
@@ -210,7 +211,8 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     print(json.dumps(out["versions"]), "chromium", out["chromium"])
-    print(f"{'scale':<7}{'library':<8}{'HTML kB':>9}{'build ms':>10}{'render ms':>11}{'min ms':>8}  requests/errors")
+    print(f"{'scale':<7}{'library':<8}{'HTML kB':>9}{'build ms':>10}{'render ms':>11}{'min ms':>8}"
+          "  requests/errors")
     for scale, libs in out["results"].items():
         for lib, r in libs.items():
             print(f"{scale:<7}{lib:<8}{r['html_bytes'] / 1000:>9.0f}{r['build_ms']:>10.0f}"

@@ -265,6 +265,7 @@ def _waterfall(c: ReportCharts) -> _Section:
 
 def _gpu(c: ReportCharts) -> _Section:
     from bokeh.layouts import column
+    from bokeh.models import Range1d
     from bokeh.models.annotations import Span
 
     title = "GPU utilization and memory during the forward spans"
@@ -293,6 +294,11 @@ def _gpu(c: ReportCharts) -> _Section:
         if g.memory_limit_bytes:
             mem.add_layout(Span(location=g.memory_limit_bytes / 2**30, dimension="width",
                                 line_color=color, line_dash="dashed"))
+    # from 0 to the limit: "near its limit" must be visible, not auto-zoomed away
+    top = max([g.memory_limit_bytes or 0.0 for g in c.gpu]
+              + [v for g in c.gpu for _, v in g.memory_used_bytes])
+    if top > 0:
+        mem.y_range = Range1d(start=0, end=top * 1.05 / 2**30)
     for fig in (util, mem):
         fig.xaxis.axis_label = "seconds since the first request"
         fig.legend.location = "top_left"
