@@ -281,6 +281,25 @@ def test_progress_draws_only_on_a_terminal() -> None:
     assert off.getvalue() == ""
 
 
+@pytest.mark.parametrize(("env", "coloured"), [({}, True), ({"NO_COLOR": "1"}, False),
+                                               ({"TERM": "dumb"}, False)])
+def test_colour_on_a_terminal_degrades_cleanly(env: dict, coloured: bool, monkeypatch) -> None:
+    from otel_stages.commands.decode_bench import render
+
+    for key in ("NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    bench = summarize([DecodeTimings(name="bad.jpg", size_bytes=3, error="not an image")],
+                      repeat=2, target=(8, 8))
+    tty = _Terminal()
+    render(bench, tty)
+    text = tty.getvalue()
+    assert "bad.jpg" in text and "not an image" in text
+    assert bool(re.search(r"\x1b\[[0-9;]*3[0-9]m", text)) is coloured  # a foreground colour
+
+
 def test_closed_stream_is_not_a_terminal() -> None:
     stream = io.StringIO()
     stream.close()

@@ -151,6 +151,15 @@ def test_significance_is_read_from_the_contract_when_the_analysis_gives_it() -> 
     assert all(s.significant is None for s in today.stages)  # not computed, never guessed
 
 
+def test_charts_are_plain_json_data() -> None:
+    charts = _charts(PAIR_AFTER, PAIR_BEFORE)
+    out = json.loads(json.dumps(charts.to_dict()))
+    assert set(out) == {"title", "origin_unix_ns", "counts", "verdict", "stages", "cohorts",
+                        "waterfall", "images", "gpu", "forward_windows_s", "comparison",
+                        "has_baseline", "problems"}
+    assert out["stages"][0]["warm"]["median_ms"] == charts.stages[0].warm.median_ms  # type: ignore[union-attr]
+
+
 def test_empty_recording_gives_empty_series() -> None:
     charts = report_charts(Recording())
     assert charts.counts["requests"] == 0

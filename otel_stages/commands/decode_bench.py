@@ -113,8 +113,8 @@ def _ms(value: float | None) -> str:
 
 
 def render(bench: DecodeBench, file: IO[str]) -> None:
-    """The table and findings as text: colour and the terminal's width on a terminal, plain
-    text (no escape codes, 120 columns) otherwise."""
+    """The table and findings as text: colour (an unstable image's row yellow, a failed one red)
+    and the terminal's width on a terminal, plain text (no escape codes, 120 columns) otherwise."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -124,7 +124,8 @@ def render(bench: DecodeBench, file: IO[str]) -> None:
 
     tty = is_terminal(file)
     buffer = io.StringIO()
-    console = Console(file=file if tty else buffer, force_terminal=tty, no_color=not tty,
+    # off a terminal: no colour at all; on one, rich decides (NO_COLOR, TERM=dumb turn it off)
+    console = Console(file=file if tty else buffer, force_terminal=tty, no_color=True if not tty else None,
                       width=None if tty else 120, highlight=False, markup=False, emoji=False)
     w, h = bench.target
     console.print(Text(f"decode-bench: {bench.repeat} decodes per image (first apart), then"
