@@ -78,6 +78,10 @@ def browser() -> Iterator[Any]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         _missing("playwright (Python package, in the test extra)")
+    try:
+        import bokeh  # noqa: F401
+    except ImportError:
+        _missing("bokeh (the html extra, in the test extra)")
     with sync_playwright() as pw:
         instance = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         yield instance
