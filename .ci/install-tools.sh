@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real tools the tests run (deploy checks, fake NVML build), from Debian's packages:
+# Install the real tools the tests run (deploy checks, fake NVML build, browser), from Debian's packages:
 #   promtool        <- package `prometheus` (2.42.0 on bookworm; the server it also ships is not
 #                      started here: no init system in CI, and nothing calls it)
 #   docker-compose  <- package `docker-compose` (1.29.2; `docker-compose config` validates the
@@ -12,6 +12,9 @@ packages=()
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
 # gcc builds the stand-in libnvidia-ml.so.1 the GPU tests load under the real pynvml bindings.
 command -v gcc >/dev/null 2>&1 || packages+=(gcc libc6-dev)
+# chromium: the HTML report's browser test (tests/test_html_report.py) renders it headless through
+# playwright's Python driver (pip, the test extra) with executable_path /usr/bin/chromium.
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
   packages+=(docker-compose)
 fi
@@ -32,6 +35,7 @@ if ((${#packages[@]})); then
 fi
 
 promtool --version 2>&1 | head -n 1
+chromium --version 2>/dev/null | head -n 1
 if docker compose version >/dev/null 2>&1; then
   docker compose version | head -n 1
 else

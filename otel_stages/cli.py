@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                          "print the bundled OpenTelemetry Collector config"),
     "gpu": ("otel_stages.commands.gpu",
             "live view of GPU utilization, memory and power as the sampler sees it"),
+    "decode-bench": ("otel_stages.commands.decode_bench",
+                     "time image decode and resize, with and without JPEG draft mode"),
 }
 
 

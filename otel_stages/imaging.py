@@ -20,7 +20,7 @@ import time
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
-from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageCms, ImageOps, UnidentifiedImageError
 
 from otel_stages import semconv
 from otel_stages.stages import stage
@@ -123,27 +123,65 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def decode(data: bytes) -> Image.Image:
+def decode(data: bytes, *, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode encoded image bytes into a fully loaded RGB :class:`PIL.Image.Image`.
 
     Inside a ``decode`` span. Applies EXIF orientation (so width/height are as displayed).
     Keeps Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``; ``None`` disables).
+
+    ``draft=(width, height)``: the size (as displayed) the caller will resize to. A JPEG is then
+    decoded with Pillow's draft mode (``Image.draft``: libjpeg's DCT scaling) at the smallest
+    1/2, 1/4 or 1/8 scale that is still at least that size, which skips most of the decode work
+    for a large photo resized to a small model input; the span records ``image.draft_scale``.
+    Other formats ignore ``draft``. ``image.width`` / ``image.height`` stay the source image's
+    size either way (the returned image is smaller).
+
     Raises :class:`ImageDecodeError` for empty input, non-image bytes (e.g. an HTML error page),
-    truncated or corrupt data, and images above the pixel limit.
+    truncated or corrupt data, and images above the pixel limit; ``ValueError`` for a
+    non-positive ``draft`` size.
     """
+    if draft is not None and (draft[0] <= 0 or draft[1] <= 0):
+        raise ValueError(f"decode: draft size must be positive, got {draft!r}")
     with stage(semconv.STAGE_DECODE, **{semconv.IMAGE_SIZE: len(data)}) as span:
         image = _open(data)
         span.set_attribute(semconv.IMAGE_FORMAT, image.format or "unknown")
         span.set_attribute(semconv.IMAGE_MODE, image.mode)
         try:
+            source = _displayed_size(image) if draft is not None else None
+            if draft is not None and source is not None:
+                scale = _draft(image, draft, swapped=source != image.size)
+                if scale is not None:
+                    span.set_attribute(semconv.IMAGE_DRAFT_SCALE, scale)
             image.load()  # Image.open only reads the header: decode here, inside the span
             image = ImageOps.exif_transpose(image) or image
-            span.set_attribute(semconv.IMAGE_WIDTH, image.width)
-            span.set_attribute(semconv.IMAGE_HEIGHT, image.height)
+            width, height = source or image.size
+            span.set_attribute(semconv.IMAGE_WIDTH, width)
+            span.set_attribute(semconv.IMAGE_HEIGHT, height)
             return to_rgb(image)
         except Exception as exc:
             raise ImageDecodeError(f"corrupt or truncated {image.format} image "
                                    f"({len(data)} bytes): {type(exc).__name__}: {exc}") from exc
+
+
+#: EXIF orientations that turn the picture by 90 degrees (width and height swap when displayed).
+_SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
+
+
+def _displayed_size(image: Image.Image) -> tuple[int, int]:
+    """``(width, height)`` as displayed, from the header and the EXIF orientation (no decode)."""
+    orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+    width, height = image.size
+    return (height, width) if orientation in _SWAPPING_ORIENTATIONS else (width, height)
+
+
+def _draft(image: Image.Image, target: tuple[int, int], *, swapped: bool) -> int | None:
+    """Ask a JPEG loader for draft mode at ``target`` (displayed orientation); return the scale
+    denominator Pillow chose (1, 2, 4 or 8), ``None`` when the format has no draft mode."""
+    stored = (target[1], target[0]) if swapped else target
+    full_width = image.width
+    if image.draft(image.mode, stored) is None:
+        return None
+    return max(1, round(full_width / image.width))
 
 
 def _open(data: bytes) -> Image.Image:

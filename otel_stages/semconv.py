@@ -45,6 +45,7 @@ IMAGE_HEIGHT = "image.height"  #: int, pixels, after EXIF orientation
 IMAGE_SIZE = "image.size"  #: int, bytes of the encoded image
 IMAGE_FORMAT = "image.format"  #: str, Pillow format name (``Image.format``), e.g. "JPEG"
 IMAGE_MODE = "image.mode"  #: str, Pillow mode of the *source* image (``Image.mode``), e.g. "CMYK"
+IMAGE_DRAFT_SCALE = "image.draft_scale"  #: int, 1/2/4/8: JPEG decoded at 1/N size (Pillow draft)
 
 # --- resize attributes -----------------------------------------------------------------------
 IMAGE_TARGET_WIDTH = "image.target_width"  #: int, pixels

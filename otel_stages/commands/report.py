@@ -51,6 +51,7 @@ from otel_stages.analysis.stage_map import StageMapError
 from otel_stages.commands import int_at_least
 
 if TYPE_CHECKING:
+    from otel_stages.analysis import Report
     from otel_stages.analysis.aggregate import AggregateReport
     from otel_stages.analysis.prometheus import NamingOverrides
     from otel_stages.analysis.stage_map import MapSummary
@@ -110,6 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a file or folder recorded before a change: compare against it (repeat the option"
         " for several; one PATH each, so PATHs may come before or after it)",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report with plots to FILE (opens offline; needs"
+        " pip install 'otel-stages[html]'); the text or JSON report is still printed",
     )
     parser.add_argument(
         "--top",
@@ -190,6 +197,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         for flag in ("service", "since"):
             if getattr(args, flag) is not None:
                 return f"--{flag} goes with --jaeger, --tempo or --prometheus"
+    if args.html and args.prometheus and not traces:
+        return "--html draws traces: use it with PATHs, --jaeger or --tempo"
     if args.prometheus and not traces and args.baseline:
         return "--baseline compares traces: use it with PATHs, --jaeger or --tempo"
     if [*args.paths, *(args.baseline or [])].count(STDIN) > 1:
@@ -311,6 +320,11 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"otel-stages report: error: {problem}", file=sys.stderr)
         return 2
+    if args.html:
+        problem = _html_problem(args.html)
+        if problem:
+            print(f"otel-stages report: error: {problem}", file=sys.stderr)
+            return 1
     remote = bool(args.jaeger or args.tempo)
     if args.prometheus and not remote:
         return _run_prometheus(args)
@@ -350,6 +364,8 @@ def run(args: argparse.Namespace) -> int:
         from otel_stages.render import render  # rich only when text is wanted
 
         render(report, sys.stdout)
+    if args.html and report.requests and _write_html(args, recording, baseline, report, where):
+        return 1
     if report.requests == 0:
         hint = (
             " (record some first with `otel-stages demo`, or pass trace files/folders)"
@@ -426,3 +442,42 @@ def apply_stage_map_argument(
     if baseline is not None:
         baseline, _ = apply_stage_map(stage_map, baseline)
     return recording, baseline, summary
+# --- --html (the HTML rendering lives in otel_stages.html_report; this only wires it) ---------
+
+
+def _html_problem(path: str) -> str | None:
+    """Why ``--html FILE`` cannot work (no Bokeh, no such folder), checked before any loading."""
+    import importlib.util
+
+    from otel_stages.html_report import INSTALL_HINT
+
+    if importlib.util.find_spec("bokeh") is None:
+        return INSTALL_HINT
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"--html {path}: folder {folder} does not exist"
+    if os.path.isdir(path):
+        return f"--html {path}: is a folder; give a file name such as report.html"
+    return None
+
+
+def _write_html(
+    args: argparse.Namespace, recording: Recording, baseline: Recording | None, report: Report,
+    where: str,
+) -> bool:
+    """Write the HTML report for ``report``; True when it failed (the message is on stderr)."""
+    from otel_stages.analysis.charts import report_charts
+    from otel_stages.html_report import SECTION_COUNT, write_html
+    from otel_stages.progress import progress
+
+    charts = report_charts(recording, baseline=baseline, report=report,
+                           title=f"otel-stages report: {where}")
+    with progress("writing HTML report", SECTION_COUNT, enabled=not args.json, unit="sections") as bar:
+        try:
+            write_html(charts, args.html, tick=bar.advance)
+        except OSError as exc:
+            print(f"otel-stages: error: cannot write {args.html}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return True
+    print(f"otel-stages: HTML report written to {args.html}", file=sys.stderr)
+    return False
