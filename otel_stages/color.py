@@ -48,9 +48,16 @@ def _transform(icc: bytes, in_mode: str, out_mode: str) -> ImageCms.ImageCmsTran
                                    renderingIntent=ImageCms.Intent.PERCEPTUAL)
 
 
+#: The ICC colour space a profile must describe for each mode (its header's data colour space).
+_SPACE_OF_MODE = {"RGB": "RGB", "RGBA": "RGB", "P": "RGB", "CMYK": "CMYK", "L": "GRAY", "LA": "GRAY"}
+
+
 @functools.lru_cache(maxsize=_CACHED_TRANSFORMS)
-def _description(icc: bytes) -> str:
-    return ImageCms.getProfileDescription(ImageCms.ImageCmsProfile(io.BytesIO(icc))).strip()
+def _describe(icc: bytes) -> tuple[str, str]:
+    """(description, data colour space such as ``RGB`` / ``CMYK`` / ``GRAY``) of a profile."""
+    profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+    return (ImageCms.getProfileDescription(profile).strip(),
+            str(profile.profile.xcolor_space).strip())
 
 
 def to_srgb(image: Image.Image) -> tuple[Image.Image, ColorInfo]:
@@ -60,10 +67,13 @@ def to_srgb(image: Image.Image) -> tuple[Image.Image, ColorInfo]:
     if not icc:
         return _untagged(to_rgb(image)), ColorInfo()
     try:
-        description = _description(bytes(icc)) or "unnamed"
+        description, space = _describe(bytes(icc))
     except (ImageCms.PyCMSError, OSError, ValueError):
         return _untagged(to_rgb(image)), ColorInfo("unreadable", semconv.ICC_DROPPED)
-    if "srgb" in description.lower():
+    description = description or "unnamed"
+    if space != _SPACE_OF_MODE.get(image.mode):  # e.g. an RGB profile on CMYK pixels
+        return _untagged(to_rgb(_untagged(image))), ColorInfo(description, semconv.ICC_DROPPED)
+    if space == "RGB" and "srgb" in description.lower():
         return _untagged(to_rgb(image)), ColorInfo(description, semconv.ICC_SRGB)
     source = image
     if source.mode == "P":
