@@ -26,7 +26,7 @@ class _NotSupported:
     def __new__(cls) -> Self:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
-        return cls._instance
+        return cls._instance  # type: ignore[return-value]  # the one instance of this class
 
     def __bool__(self) -> bool:
         return False

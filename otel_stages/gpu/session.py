@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
@@ -21,7 +22,7 @@ from otel_stages.config import ConfigurationError
 from otel_stages.gpu import nvml
 from otel_stages.gpu.attribution import Attribution
 from otel_stages.gpu.reader import GpuMetricReader, SerializedExporter
-from otel_stages.gpu.sampler import DEFAULT_INIT_TIMEOUT_S, Sampler
+from otel_stages.gpu.sampler import DEFAULT_INIT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, Sampler
 
 MODES = ("auto", "on", "off")
 
@@ -42,14 +43,20 @@ class GpuSession:
     """
 
     def __init__(self, backend_factory: Any, interval_s: float,
-                 init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S) -> None:
+                 init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
         self.backend_factory = backend_factory
         self.interval_s = interval_s
         self.init_timeout_s = init_timeout_s
-        self.sampler = Sampler(backend_factory(), interval_s=interval_s, init_timeout_s=init_timeout_s)
+        self.read_timeout_s = read_timeout_s
+        self.sampler = self._new_sampler()
         self.attribution = Attribution(self.sampler)
         self.reader: GpuMetricReader | None = None
         self._stopped = False
+
+    def _new_sampler(self) -> Sampler:
+        return Sampler(self.backend_factory(), interval_s=self.interval_s,
+                       init_timeout_s=self.init_timeout_s, read_timeout_s=self.read_timeout_s)
 
     def start(self) -> GpuSession:
         """Start sampling in the background and attach the forward hook."""
@@ -69,8 +76,7 @@ class GpuSession:
             return
         nvml.reset_after_fork()
         RUNTIME.remove_stage_end_hook(self.attribution)
-        self.sampler = Sampler(self.backend_factory(), interval_s=self.interval_s,
-                               init_timeout_s=self.init_timeout_s)
+        self.sampler = self._new_sampler()
         self.attribution = Attribution(self.sampler)
         self.start()
         if self.reader is not None:
@@ -87,9 +93,13 @@ def current() -> GpuSession | None:
 
 
 def start(settings: Any, resource: Resource, exporter: MetricExporter,
-          backend_factory: Any = nvml.NvmlBackend) -> tuple[MetricExporter, list[MetricReader]]:
+          backend_factory: Any = nvml.NvmlBackend, *,
+          resource_fn: Callable[[], Resource] | None = None,
+          drops: Any = None) -> tuple[MetricExporter, list[MetricReader]]:
     """Called by ``configure()``: returns the exporter the SDK's periodic reader must use (shared
-    with the GPU reader) and the readers to register *before* it.
+    with the GPU reader) and the readers to register *before* it. ``resource_fn`` gives the
+    resource at export time (default: ``resource``); ``drops`` (a ``DropCounter``) is told about
+    points lost.
 
     ``settings.gpu``: ``off`` -> ``(exporter, [])``; ``auto`` -> sampling starts in the
     background, a host without NVML logs one line and exports no GPU data; ``on`` -> waits for
@@ -99,7 +109,8 @@ def start(settings: Any, resource: Resource, exporter: MetricExporter,
     mode = mode_of(settings.gpu)
     if mode == "off":
         return exporter, []
-    session = GpuSession(backend_factory, settings.gpu_interval_s)
+    session = GpuSession(backend_factory, settings.gpu_interval_s,
+                         read_timeout_s=getattr(settings, "gpu_read_timeout_s", DEFAULT_READ_TIMEOUT_S))
     if mode == "on":
         session.sampler.log_unavailable = False
     with _lock:
@@ -116,7 +127,9 @@ def start(settings: Any, resource: Resource, exporter: MetricExporter,
         raise ConfigurationError(f"OTEL_STAGES_GPU / gpu='on' (setting gpu): no GPU data: {reason} "
                                  "(use gpu='auto' to run on without GPU data)")
     shared = SerializedExporter(exporter)
-    session.reader = GpuMetricReader(session, shared, resource, settings.metric_export_interval_s)
+    session.reader = GpuMetricReader(session, shared, resource_fn or resource,
+                                     settings.metric_export_interval_s,
+                                     on_dropped=None if drops is None else drops.add_points)
     return shared, [session.reader]
 
 
