@@ -37,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -57,6 +58,21 @@ LOG_PERIOD_S = 10.0
 MAX_OPEN_SPANS = 100_000
 
 
+def _after_fork_in_child(method: Callable[[], None]) -> None:
+    """Run the bound ``method`` in a forked child while its object lives (held weakly, as the
+    SDK does, so a replaced configuration can be collected)."""
+    if not hasattr(os, "register_at_fork"):
+        return
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    os.register_at_fork(after_in_child=call)
+
+
 class DropCounter:
     """Spans and metric points that did not reach the destination, by reason. Thread-safe.
 
@@ -73,8 +89,7 @@ class DropCounter:
         self._unlogged_spans = 0
         self._unlogged_points = 0
         self._last_log = 0.0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._reset)
+        _after_fork_in_child(self._reset)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -332,8 +347,10 @@ class OpenSpans(SpanProcessor):
     def __init__(self) -> None:
         self._open: dict[int, Span] = {}
         self._overflow_logged = False
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._open.clear)  # the parent's spans, not ours
+        _after_fork_in_child(self._forget)  # the parent's open spans are not the child's
+
+    def _forget(self) -> None:
+        self._open.clear()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         opened = self._open

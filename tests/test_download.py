@@ -108,6 +108,7 @@ def test_pooled_client_reuses_one_connection_across_calls_and_threads(captured):
     with serve({"/p.jpg": photo}) as server:
         for _ in range(5):
             assert imaging.download(f"{server.base}/p.jpg") == PHOTO
+        assert len(server.connections) == 1  # one keep-alive connection for all five
         results: list[bytes] = []
         threads = [threading.Thread(target=lambda: results.append(imaging.download(f"{server.base}/p.jpg")))
                    for _ in range(4)]

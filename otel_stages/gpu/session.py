@@ -68,7 +68,9 @@ class GpuSession:
         """Detach the hook, stop and join the sampler, shut NVML down. Idempotent."""
         self._stopped = True
         RUNTIME.remove_stage_end_hook(self.attribution)
-        self.sampler.stop()
+        # A call running longer than the read timeout is abandoned anyway: do not wait longer
+        # (this also runs at interpreter exit, before the telemetry's own bounded shutdown).
+        self.sampler.stop(timeout_s=min(5.0, self.read_timeout_s + 0.5))
 
     def restart_after_fork(self) -> None:
         """In a forked child: new backend and sampler (same settings), new threads."""
