@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -450,12 +451,19 @@ def _after_fork_in_child() -> None:
 
 def _shutdown_at_exit() -> None:
     """Interpreter exit: shut down every live handle at once, each within its own
-    ``shutdown_timeout_s`` (the SDK providers' own exit hooks are off: they had no bound)."""
+    ``shutdown_timeout_s`` (the SDK providers' own exit hooks are off: they had no bound), and
+    the GPU sampler with them (its reader's shutdown stops it; this covers a session whose
+    handle is gone)."""
     handles = [h for h in _HANDLES if not h._shut_down and h.tracer_provider is not None]
-    if not handles:
+    steps: list[Callable[[], Any]] = [h.shutdown for h in handles]
+    gpu_session = sys.modules.get("otel_stages.gpu.session")
+    current = gpu_session.current() if gpu_session is not None else None
+    if current is not None:
+        steps.append(current.stop)
+    if not steps:
         return
-    limit_s = max(h.settings.shutdown_timeout_s for h in handles)
-    run_bounded([h.shutdown for h in handles], time.monotonic() + limit_s + 0.5, "otel-stages-exit")
+    limit_s = max((h.settings.shutdown_timeout_s for h in handles), default=5.0)
+    run_bounded(steps, time.monotonic() + limit_s + 0.5, "otel-stages-exit")
 
 
 atexit.register(_shutdown_at_exit)

@@ -8,7 +8,6 @@ survive ``fork()``). This module imports the OpenTelemetry SDK (via the reader);
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 from collections.abc import Callable
@@ -135,12 +134,6 @@ def start(settings: Any, resource: Resource, exporter: MetricExporter,
     return shared, [session.reader]
 
 
-def _stop_at_exit() -> None:
-    session = _current
-    if session is not None:
-        session.stop()
-
-
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
@@ -149,6 +142,5 @@ def _after_fork_in_child() -> None:
         session.restart_after_fork()
 
 
-atexit.register(_stop_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
