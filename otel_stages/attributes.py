@@ -115,7 +115,7 @@ def clean_attributes(attributes: Mapping[str, Any]) -> Mapping[str, Any]:
     for key, value in attributes.items():
         kind = type(value)
         if kind is str:
-            if len(value) > limit or key == "prompt" or key.endswith(_PROMPT_SUFFIXES):
+            if len(value) > limit or "prompt" in key:  # the slow path tells prompt keys apart
                 break
         elif kind is not int and kind is not float and kind is not bool:
             break
