@@ -301,7 +301,8 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     # more per processor); attribute values are capped at the same limit as ours (no marker there).
     limit = settings.attribute_value_length_limit
     tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False,
-                                     span_limits=SpanLimits(max_attribute_length=limit))
+                                     span_limits=SpanLimits(max_attribute_length=limit,
+                                                            max_span_attribute_length=limit))
     open_spans = OpenSpans()  # first: it must see every start and end
     batch = BatchSpanProcessor(counted_spans)
     queued_spans = count_queue_drops(batch, drops)

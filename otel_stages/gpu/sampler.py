@@ -355,7 +355,8 @@ class Sampler:
         return None if reader is None else reader.utilization_source()
 
     def stats(self) -> dict[str, Any]:
-        """Status, init time, pass and per-call cost (ms), and per device: clock domain, ring
+        """Status, init time, passes (one device read once; summed over devices) and their cost and
+        per-call cost (ms), and per device: clock domain, ring
         sample period (ms), utilization source, unsupported and abandoned (skipped) readings.
         JSON-ready."""
         with self._cond, self._timing_lock:
