@@ -193,7 +193,7 @@ def cuda_stage(name: str = semconv.STAGE_FORWARD, /, *, mode: str = "events", st
 def _finish(scope: StageScope, events: tuple[Any, Any], mode: str, stream: Any,
             error: BaseException | None) -> None:
     span = scope._span
-    if span is None:  # telemetry off, or the start failed: nothing to end
+    if span is None:
         return
     with _GUARD_END:
         events[1].record(stream)
