@@ -15,18 +15,16 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from typing_extensions import Self
-
 
 class _NotSupported:
     """Sentinel type: the device cannot report this reading (MIG slice, old driver, vGPU...)."""
 
     _instance: _NotSupported | None = None
 
-    def __new__(cls) -> Self:
+    def __new__(cls) -> _NotSupported:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
-        return cls._instance  # type: ignore[return-value]  # the one instance of this class
+        return cls._instance
 
     def __bool__(self) -> bool:
         return False
