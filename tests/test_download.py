@@ -411,3 +411,17 @@ def test_configured_extra_keys_are_redacted_too():
     finally:
         urls.set_extra_sensitive_keys(())
     assert urls.redact_url("https://a.test/x?session_hint=abc") == "https://a.test/x?session_hint=abc"
+
+
+def test_download_benchmark_smoke(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "download.py"
+    spec = importlib.util.spec_from_file_location("download_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["span_median_ms"]) == {"per_call_client", "pooled_default", "prebuilt_client"}
+    assert report["requests_per_variant"] == 6
