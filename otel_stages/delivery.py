@@ -193,10 +193,11 @@ def count_queue_drops(processor: BatchSpanProcessor, drops: DropCounter) -> Call
 
     Uses two private attributes of SDK 1.45.1's ``BatchProcessor`` (``_metrics``, ``_queue``;
     the version is pinned in pyproject and ``tests/test_delivery.py`` fails if they change): the
-    public API offers no count of these drops. Precision: exact, except that a full-queue append
-    racing the export thread's take of a batch (a window of a few bytecodes) can count one span
-    that was in fact kept: the count never misses a lost span. Counting exactly would need a lock
-    around every queue operation, on the request path."""
+    public API offers no count of these drops. Precision: exact, except when an append to a full
+    queue races the export thread taking a batch (or another thread's append) inside a window of
+    a few bytecodes; then the count can be off by one span. Counting exactly would need a lock
+    around every queue operation on the request path (measured: several times the cost of the
+    append itself)."""
     batch = processor._batch_processor
     queue = batch._queue
     batch._metrics = _QueueAccount(batch._metrics, drops, queue)
