@@ -8,6 +8,10 @@ five empty stages (the worst case: the stages themselves do nothing):
 * ``otel_raw``: the baseline: plain OpenTelemetry SDK ``start_as_current_span`` for the same six
   spans, same provider, ``BatchSpanProcessor`` with an exporter that drops spans;
 * ``enabled_batch``: otel_stages on that same provider (cost on the request path);
+* ``enabled_attrs``: the same with three typical attributes per stage (two ints, one short
+  string: the attribute cleaning's fast path), against ``otel_raw_attrs`` (the SDK, same values);
+* ``enabled_tracked``: ``enabled_batch`` plus the open-span tracking ``configure()`` installs
+  (:class:`otel_stages.delivery.OpenSpans`: a dict insert and delete per span);
 * ``enabled_file``: the embedded default (OTLP/JSON file exporter) end to end.
 
 Targets: ``enabled_batch / otel_raw`` <= 1.5 (otel_stages adds little over the SDK itself) and
@@ -45,6 +49,16 @@ def _instrumented() -> None:
                 pass
 
 
+ATTRS = {"image.width": 640, "image.height": 480, "image.format": "JPEG"}
+
+
+def _instrumented_attrs() -> None:
+    with ots.request():
+        for name in semconv.STANDARD_STAGES:
+            with ots.stage(name, **ATTRS):
+                pass
+
+
 def _bare() -> None:
     for _ in semconv.STANDARD_STAGES:
         pass
@@ -77,16 +91,40 @@ def main() -> None:
                 with tracer.start_as_current_span(name):
                     pass
 
-    # Interleave so drift in machine load hits both alike.
-    raw_runs, ours_runs = [], []
-    for _ in range(3):
-        raw_runs.append(_per_request_us(raw))
-        provider.force_flush()
-        ours_runs.append(_per_request_us(_instrumented))
-        provider.force_flush()
-    results["otel_raw"] = statistics.median(raw_runs)
-    results["enabled_batch"] = statistics.median(ours_runs)
+    def raw_attrs() -> None:
+        with tracer.start_as_current_span(semconv.SPAN_REQUEST):
+            for name in semconv.STANDARD_STAGES:
+                with tracer.start_as_current_span(name, attributes=ATTRS):
+                    pass
+
+    from otel_stages.delivery import OpenSpans
+
+    tracked = TracerProvider()
+    tracked.add_span_processor(OpenSpans())
+    tracked.add_span_processor(BatchSpanProcessor(_Drop(), max_queue_size=1 << 18))
+    plain_tracer, tracked_tracer = tracer, scoped_tracer(tracked)
+
+    def with_tracking() -> None:
+        RUNTIME.tracer = tracked_tracer
+        try:
+            _instrumented()
+        finally:
+            RUNTIME.tracer = plain_tracer
+
+    # Interleave so drift in machine load hits every variant alike.
+    runs: dict[str, list[float]] = {k: [] for k in ("otel_raw", "enabled_batch", "otel_raw_attrs",
+                                                     "enabled_attrs", "enabled_tracked")}
+    variants = {"otel_raw": raw, "enabled_batch": _instrumented, "otel_raw_attrs": raw_attrs,
+                "enabled_attrs": _instrumented_attrs, "enabled_tracked": with_tracking}
+    for _ in range(5):
+        for key, fn in variants.items():
+            runs[key].append(_per_request_us(fn))
+            provider.force_flush()
+            tracked.force_flush()
+    for key, values in runs.items():
+        results[key] = statistics.median(values)
     provider.shutdown()
+    tracked.shutdown()
 
     with tempfile.TemporaryDirectory() as folder:
         telemetry = ots.configure(data_dir=folder, set_global=False)
@@ -99,6 +137,8 @@ def main() -> None:
         "stages_per_request": len(semconv.STANDARD_STAGES),
         "per_request_us": {k: round(v, 2) for k, v in results.items()},
         "ratio_vs_otel_raw": {k: round(v / base, 3) for k, v in results.items() if k != "bare"},
+        "attrs_ratio_vs_otel_raw_attrs": round(results["enabled_attrs"] / results["otel_raw_attrs"], 3),
+        "tracking_us_per_span": round((results["enabled_tracked"] - results["enabled_batch"]) / 6, 3),
         "disabled_us_per_stage": round((results["disabled"] - results["bare"]) / 6, 3),
     }, indent=2))
 

@@ -93,6 +93,31 @@ def _parse_text(raw: str) -> str:
     return value
 
 
+def _positive_int(minimum: int) -> Callable[[str], int]:
+    """Parser for a whole number ``>= minimum``."""
+
+    def parse(raw: str) -> int:
+        value = raw.strip()
+        if not value.lstrip("-").isdigit():
+            raise ValueError("expected a whole number")
+        number = int(value)
+        if number < minimum:
+            raise ValueError(f"must be >= {minimum}")
+        return number
+
+    parse.numeric = True  # type: ignore[attr-defined]
+    return parse
+
+
+def _parse_key_list(raw: str) -> tuple[str, ...]:
+    """Comma-separated names (whitespace around each ignored, empty items skipped)."""
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    bad = [k for k in keys if any(c in k for c in "=&#?/ ")]
+    if bad:
+        raise ValueError(f"not a query parameter name: {bad[0]!r}")
+    return keys
+
+
 def _parse_gpu_mode(raw: str) -> str:
     value = raw.strip().lower()
     if value not in ("auto", "on", "off"):
@@ -177,6 +202,22 @@ SETTINGS: tuple[Setting, ...] = (
             "all the same (decided in-process when the request ends)"),
     Setting("slow_request_ms", ("OTEL_STAGES_SLOW_REQUEST_MS",), 1000.0, _milliseconds,
             "with sample_ratio < 1: a request (or local root span) at least this long is kept"),
+    Setting("gpu_read_timeout_s", ("OTEL_STAGES_GPU_READ_TIMEOUT_S",), 2.0,
+            _positive_float(0.01, 600.0),
+            "an NVML reading still running after this many seconds is abandoned (logged once); "
+            "that reading is skipped until it returns, other readings and GPUs go on"),
+    Setting("shutdown_timeout_s", ("OTEL_STAGES_SHUTDOWN_TIMEOUT_S",), 5.0,
+            _positive_float(0.01, 3600.0),
+            "most seconds Telemetry.shutdown() and process exit wait for the last export; what is "
+            "not delivered by then is counted as dropped"),
+    Setting("attribute_value_length_limit",
+            ("OTEL_STAGES_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+             "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"), 4096, _positive_int(1),
+            "characters kept of each string attribute, status and exception message otel_stages "
+            "writes (longer ones end with a truncation marker giving the original length)"),
+    Setting("redact_query_keys", ("OTEL_STAGES_REDACT_QUERY_KEYS",), (), _parse_key_list,
+            "extra URL query parameter names whose values are redacted (comma-separated), on top "
+            "of the built-in list (OpenTelemetry's plus token, api_key, password, ...)"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -198,6 +239,10 @@ class Settings:
     propagate_context: bool = True
     sample_ratio: float = 1.0
     slow_request_ms: float = 1000.0
+    gpu_read_timeout_s: float = 2.0
+    shutdown_timeout_s: float = 5.0
+    attribute_value_length_limit: int = 4096
+    redact_query_keys: tuple[str, ...] = ()
 
     @property
     def data_path(self) -> Path:
@@ -232,6 +277,8 @@ def resolve(arguments: Mapping[str, Any] | None = None,
 
 def _resolve_one(setting: Setting, argument: Any, environ: Mapping[str, str]) -> Any:
     if argument is not None:
+        if isinstance(argument, (list, tuple, set, frozenset)) and setting.parse is _parse_key_list:
+            argument = ",".join(str(a) for a in argument)
         if isinstance(argument, str) or getattr(setting.parse, "numeric", False):
             return _parse(setting, str(argument), f"argument {setting.name}=")
         return argument

@@ -5,7 +5,15 @@ With no OTLP endpoint set, the embedded default writes OTLP/JSON lines (the offi
 exporter) under ``data_dir``: ``traces-<instance>.jsonl`` and ``metrics-<instance>.jsonl``, one
 pair per process. With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans and metrics go over OTLP, gRPC
 or HTTP per ``OTEL_EXPORTER_OTLP_PROTOCOL``. Spans always pass through a ``BatchSpanProcessor``
-(export never runs on the request path); providers flush at interpreter exit.
+(export never runs on the request path); providers flush at interpreter exit, within
+``shutdown_timeout_s`` (5 s by default) however the collector behaves.
+
+Delivery is bounded and counted (:mod:`otel_stages.delivery`): :meth:`Telemetry.force_flush` and
+:meth:`Telemetry.shutdown` honour their timeouts against a dead or black-holed collector and
+return ``False`` when something was lost; spans and metric points that never arrive are counted
+(:attr:`Telemetry.dropped_spans`, :attr:`Telemetry.dropped_points`, the
+``otel_stages.spans.dropped`` metric, one log line per period); spans still open at shutdown are
+ended and exported with ``otel_stages.interrupted=true``.
 
 One configuration at a time: a second ``configure()`` shuts down what the first one built (see
 :func:`configure` for the OpenTelemetry globals and for ``fork()``).
@@ -13,13 +21,14 @@ One configuration at a time: a second ``configure()`` shuts down what the first 
 
 from __future__ import annotations
 
-import inspect
+import atexit
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,53 +36,25 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.resources import Resource, ServiceInstanceIdResourceDetector
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from otel_stages import propagation, sampling, semconv
+from otel_stages import attributes, propagation, sampling, semconv, urls
 from otel_stages._runtime import RUNTIME, scoped_tracer
+from otel_stages._version import __version__
 from otel_stages.config import ConfigurationError, Settings, resolve
+from otel_stages.delivery import (
+    CountingMetricExporter,
+    CountingSpanExporter,
+    DropCounter,
+    OpenSpans,
+    count_queue_drops,
+    run_bounded,
+)
 from otel_stages.request_log import RequestLogProcessor
 
 logger = logging.getLogger("otel_stages")
-
-
-class _CountingSpanExporter(SpanExporter):
-    """Delegates to ``inner`` and counts the batches it failed to export (a ``FAILURE`` result or
-    an exception), so a dead collector shows up as a number instead of only as log lines."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.batches = 0
-        self.failures = 0
-        self.last_result: SpanExportResult | None = None
-        self._lock = threading.Lock()
-
-    def _record(self, result: SpanExportResult) -> None:
-        with self._lock:
-            self.batches += 1
-            self.last_result = result
-            if result is not SpanExportResult.SUCCESS:
-                self.failures += 1
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self.inner.export(spans)
-        except Exception:
-            self._record(SpanExportResult.FAILURE)
-            raise  # the batch processor logs it, as it would without this wrapper
-        self._record(result)
-        return result
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        if "timeout_millis" in inspect.getfullargspec(self.inner.shutdown).args:
-            self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)  # type: ignore[call-arg]
-        else:
-            self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
 
 
 @dataclass
@@ -82,7 +63,9 @@ class Telemetry:
     a folder path for the embedded files, else ``"<protocol> <endpoint>"``.
 
     ``trace_path`` / ``metrics_path`` are the OTLP/JSON files (``None`` when exporting over OTLP).
-    :attr:`export_failures` counts span batches the exporter could not deliver.
+    :attr:`export_failures` counts span batches the exporter could not deliver;
+    :attr:`dropped_spans` / :attr:`dropped_points` count what never arrived, and :attr:`drops`
+    says why. Thread-safe.
     """
 
     settings: Settings
@@ -92,10 +75,18 @@ class Telemetry:
     trace_path: Path | None = None
     metrics_path: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    _span_exporter: _CountingSpanExporter | None = field(default=None, repr=False, compare=False)
+    _span_exporter: CountingSpanExporter | None = field(default=None, repr=False, compare=False)
+    _metric_exporter: CountingMetricExporter | None = field(default=None, repr=False, compare=False)
+    _drops: DropCounter | None = field(default=None, repr=False, compare=False)
+    _open_spans: OpenSpans | None = field(default=None, repr=False, compare=False)
+    _queued_spans: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
+    _span_processors: list[SpanProcessor] = field(default_factory=list, repr=False, compare=False)
     _gpu_readers: list[Any] = field(default_factory=list, repr=False, compare=False)
     _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
     _shut_down: bool = field(default=False, repr=False, compare=False)
+    _shutdown_result: bool = field(default=True, repr=False, compare=False)
+    _state_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _flushing: list[threading.Thread] = field(default_factory=list, repr=False, compare=False)
     _tracer: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -105,14 +96,53 @@ class Telemetry:
         telemetry is disabled. Read it after :meth:`force_flush` to judge a finished run."""
         return 0 if self._span_exporter is None else self._span_exporter.failures
 
+    @property
+    def dropped_spans(self) -> int:
+        """Spans that will never reach the destination, counted so far in this process: queue
+        full, export failed (after the exporter's retries), still queued or in flight when
+        shutdown's time ran out, or ended after shutdown. 0 when disabled."""
+        return 0 if self._drops is None else self._drops.total_spans
+
+    @property
+    def dropped_points(self) -> int:
+        """Metric data points (GPU samples included) that will never reach the destination:
+        failed exports, a full GPU sample buffer, or left over at the shutdown deadline."""
+        return 0 if self._drops is None else self._drops.total_points
+
+    @property
+    def drops(self) -> dict[str, dict[str, int]]:
+        """``{"spans": {reason: n}, "points": {reason: n}}`` with reasons
+        ``semconv.DROP_REASONS`` (``queue_full``, ``export_failed``, ``shutdown_timeout``,
+        ``already_shutdown``). A copy."""
+        if self._drops is None:
+            return {"spans": {}, "points": {}}
+        return {"spans": dict(self._drops.spans), "points": dict(self._drops.points)}
+
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Export everything buffered now; ``True`` when all providers flushed in time."""
-        ok = True
-        if self.tracer_provider is not None:
-            ok = self.tracer_provider.force_flush(timeout_millis) and ok
+        """Export everything buffered now; waits at most ``timeout_millis``.
+
+        ``True`` only when every provider finished in time *and* nothing was dropped meanwhile
+        (the SDK's own flush returns ``True`` even when every batch failed). A flush that runs
+        out of time goes on in the background; the next call waits for it first (at most one
+        flush per handle runs at a time)."""
+        if self._shut_down or self.tracer_provider is None:
+            return False
+        deadline = time.monotonic() + max(0.0, timeout_millis) / 1000
+        lost_before = self.dropped_spans + self.dropped_points
+        with self._state_lock:
+            running = [t for t in self._flushing if t.is_alive()]
+        for thread in running:  # one flush at a time: wait for the one in progress first
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        steps: list[Callable[[], Any]] = [lambda: self.tracer_provider.force_flush(timeout_millis)]  # type: ignore[union-attr]
         if self.meter_provider is not None:
-            ok = self.meter_provider.force_flush(timeout_millis) and ok
-        return ok
+            steps.append(lambda: self.meter_provider.force_flush(timeout_millis))  # type: ignore[union-attr]
+        outcome, still_running = run_bounded(steps, deadline, "otel-stages-flush")
+        with self._state_lock:
+            self._flushing = still_running
+        finished = all(done and result is True for done, result in outcome)
+        return finished and self.dropped_spans + self.dropped_points == lost_before
 
     def add_span_file(self, path: Path) -> None:
         """Also write every span to ``path`` as OTLP/JSON lines (batch-exported, like the rest).
@@ -125,20 +155,65 @@ class Telemetry:
         if self.tracer_provider is None:
             raise RuntimeError("telemetry is disabled: no tracer provider to copy spans from")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.tracer_provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path)))
+        processor = BatchSpanProcessor(FileSpanExporter(path))
+        self.tracer_provider.add_span_processor(processor)
+        self._span_processors.append(processor)
 
-    def shutdown(self) -> None:
-        """Flush and stop the providers (also done automatically at interpreter exit, and by the
-        next :func:`configure`). Idempotent."""
-        if self._shut_down:
-            return
-        self._shut_down = True
-        if self.tracer_provider is not None and RUNTIME.tracer is self._tracer:
+    def shutdown(self, timeout_millis: int | None = None) -> bool:
+        """End the spans still open (``otel_stages.interrupted=true``), export what is buffered
+        and stop the providers, waiting at most ``timeout_millis`` (default: the
+        ``shutdown_timeout_s`` setting, 5 s). Also run at interpreter exit and by the next
+        :func:`configure`.
+
+        ``True`` when everything was delivered. Otherwise what could not be is counted
+        (:attr:`dropped_spans`, :attr:`dropped_points`), one warning says how much and where to,
+        and an export still in flight is abandoned (a gRPC call is cancelled; an HTTP request
+        runs out its own timeout on a daemon thread). Idempotent: later calls return the first
+        result at once.
+        """
+        with self._state_lock:
+            if self._shut_down:
+                return self._shutdown_result
+            self._shut_down = True
+        if self.tracer_provider is None:
+            return True
+        if RUNTIME.tracer is self._tracer:
             RUNTIME.tracer = RUNTIME.default_tracer  # not a shut-down provider that drops spans
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
+        timeout_s = (self.settings.shutdown_timeout_s if timeout_millis is None
+                     else max(0.0, timeout_millis) / 1000)
+        started = time.monotonic()
+        ok = self._shutdown_until(started + timeout_s)
+        self._shutdown_result = ok
+        if self._drops is not None and (not ok or self._drops.total_spans or self._drops.total_points):
+            self._drops.mark_logged()  # this line replaces any pending periodic one
+            logger.warning(
+                "otel_stages: shut down %s in %.1f s (limit %.1f s); %d spans and %d metric points "
+                "in total were not delivered in this process (%s)", self._describe(),
+                time.monotonic() - started, timeout_s, self.dropped_spans, self.dropped_points,
+                self._drops.summary())
+        return ok
+
+    def _shutdown_until(self, deadline: float) -> bool:
+        assert self.tracer_provider is not None
+        lost_before = self.dropped_spans + self.dropped_points
+        if self._open_spans is not None:
+            self._open_spans.end_all(RUNTIME.clock.now_ns())
+        # Each processor on its own thread: one stuck exporter must not stop the others.
+        steps: list[Callable[[], Any]] = [p.shutdown for p in self._span_processors]
+        steps.append(self.tracer_provider.shutdown)  # processors others added; ours return at once
         if self.meter_provider is not None:
-            self.meter_provider.shutdown()
+            remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+            steps.append(lambda: self.meter_provider.shutdown(timeout_millis=remaining_ms))  # type: ignore[union-attr]
+        outcome, _running = run_bounded(steps, deadline, "otel-stages-shutdown")
+        finished = all(done for done, _result in outcome)
+        if not finished:
+            if self._span_exporter is not None:
+                self._span_exporter.abandon(self._queued_spans())
+            if self._metric_exporter is not None:
+                self._metric_exporter.abandon()
+            for reader in self._gpu_readers:
+                reader.abandon()
+        return finished and self.dropped_spans + self.dropped_points == lost_before
 
     def _describe(self) -> str:
         return f"service.name={self.settings.service_name!r}, {self.destination}"
@@ -147,6 +222,7 @@ class Telemetry:
 _lock = threading.Lock()  # one configure() at a time (re-created in a forked child)
 _last: Telemetry | None = None  # what the latest configure() built; the next one replaces it
 _globals_from: Telemetry | None = None  # the configure() whose providers are the OTel globals
+_HANDLES: list[Telemetry] = []  # every handle built; those not shut down yet are at exit
 
 
 def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[str] | None = None,
@@ -156,16 +232,17 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               gpu: str | None = None, gpu_interval_s: float | None = None,
               resource_attributes: dict[str, Any] | None = None,
               set_global: bool = True, propagate_context: bool | None = None,
-              sample_ratio: float | None = None, slow_request_ms: float | None = None) -> Telemetry:
+              sample_ratio: float | None = None, slow_request_ms: float | None = None,
+              shutdown_timeout_s: float | None = None,
+              attribute_value_length_limit: int | None = None,
+              redact_query_keys: tuple[str, ...] | list[str] | None = None,
+              gpu_read_timeout_s: float | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
     (:mod:`otel_stages.gpu`). ``set_global`` also installs the providers as the
-    OpenTelemetry globals (so other instrumentation shares them). ``propagate_context`` (default
-    on) keeps the request's context in thread pools (:mod:`otel_stages.propagation`);
-    ``sample_ratio`` below 1 samples traces but keeps cold, failed and slow
-    (``slow_request_ms``) requests (:mod:`otel_stages.sampling`).
+    OpenTelemetry globals (so other instrumentation shares them).
 
     Calling it again replaces the previous configuration: once the new providers are built, the
     previous handle is shut down (flushed, its threads stopped) and an INFO line says so; a call
@@ -191,9 +268,12 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "service_name": service_name, "data_dir": None if data_dir is None else os.fspath(data_dir),
         "endpoint": endpoint, "protocol": protocol, "enabled": enabled,
         "log_requests": log_requests, "metric_export_interval_s": metric_export_interval_s,
-        "gpu": gpu, "gpu_interval_s": gpu_interval_s,
+        "gpu": gpu, "gpu_interval_s": gpu_interval_s, "gpu_read_timeout_s": gpu_read_timeout_s,
         "propagate_context": propagate_context, "sample_ratio": sample_ratio,
         "slow_request_ms": slow_request_ms,
+        "shutdown_timeout_s": shutdown_timeout_s,
+        "attribute_value_length_limit": attribute_value_length_limit,
+        "redact_query_keys": redact_query_keys,
     }
     settings = resolve(arguments)
     with _lock:
@@ -205,6 +285,8 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
 def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
            set_global: bool) -> Telemetry:
     global _globals_from
+    attributes.set_value_length_limit(settings.attribute_value_length_limit)
+    urls.set_extra_sensitive_keys(settings.redact_query_keys)
     if not settings.enabled:
         _serving(settings)
         RUNTIME.enabled = False
@@ -221,26 +303,53 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
         **(resource_attributes or {}),
     })
     span_exporter, metric_exporter, handle = _exporters(settings, instance_id)
+    drops = DropCounter(handle._describe())
+    counted_spans = CountingSpanExporter(span_exporter, drops)
+    counted_points = CountingMetricExporter(metric_exporter, drops)
+    # Our own exit handler shuts down within shutdown_timeout_s (the SDK's would wait 30 s and
+    # more per processor); attribute values are capped at the same limit as ours (no marker there).
+    limit = settings.attribute_value_length_limit
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False,
+                                     span_limits=SpanLimits(max_attribute_length=limit,
+                                                            max_span_attribute_length=limit))
+    open_spans = OpenSpans()  # first: it must see every start and end
+    batch = BatchSpanProcessor(counted_spans)
+    queued_spans = count_queue_drops(batch, drops)
+    span_processors: list[SpanProcessor] = [open_spans, sampling.processor_for(settings, batch)]
+    if settings.log_requests:
+        span_processors.append(RequestLogProcessor())
+    for processor in span_processors:
+        tracer_provider.add_span_processor(processor)
+
+    shared_exporter: MetricExporter = counted_points
     gpu_readers: list[Any] = []
     if settings.gpu != "off":  # sampler thread + forward hook; NVML init runs off this thread
         from otel_stages.gpu import session as gpu_session
 
-        metric_exporter, gpu_readers = gpu_session.start(settings, resource, metric_exporter)
-
-    counting = _CountingSpanExporter(span_exporter)
-    tracer_provider = TracerProvider(resource=resource, sampler=sampler)
-    tracer_provider.add_span_processor(sampling.processor_for(settings, BatchSpanProcessor(counting)))
-    if settings.log_requests:
-        tracer_provider.add_span_processor(RequestLogProcessor())
+        # The resource is read at each export: after fork() the SDK gives the child a new
+        # service.instance.id, and the child's GPU points must carry it like its spans do.
+        shared_exporter, gpu_readers = gpu_session.start(
+            settings, resource, counted_points, resource_fn=lambda: tracer_provider.resource,
+            drops=drops)
     reader = PeriodicExportingMetricReader(
-        metric_exporter, export_interval_millis=settings.metric_export_interval_s * 1000)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[*gpu_readers, reader])
+        shared_exporter, export_interval_millis=settings.metric_export_interval_s * 1000)
+    meter_provider = MeterProvider(resource=resource, metric_readers=[*gpu_readers, reader],
+                                   shutdown_on_exit=False)
+    meter_provider.get_meter(semconv.SCOPE_NAME, __version__).create_observable_counter(
+        semconv.SPANS_DROPPED, callbacks=[drops.observe], unit=semconv.UNIT_SPANS,
+        description="Spans that never reached the exporter's destination, by error.type")
 
     handle.settings = settings
     handle.tracer_provider = tracer_provider
     handle.meter_provider = meter_provider
-    handle._span_exporter = counting
+    handle._span_exporter = counted_spans
+    handle._metric_exporter = counted_points
+    handle._drops = drops
+    handle._open_spans = open_spans
+    handle._queued_spans = queued_spans
+    handle._span_processors = span_processors
     handle._gpu_readers = list(gpu_readers)
+    _HANDLES.append(handle)
     if set_global:
         if _globals_from is None:
             trace.set_tracer_provider(tracer_provider)
@@ -337,17 +446,45 @@ def _file_exporters(settings: Settings, instance_id: str) -> tuple[SpanExporter,
 
 
 def _after_fork_in_child() -> None:
-    """The child inherited the parent's configuration: say so once (see :func:`configure`)."""
+    """The child inherited the parent's configuration: say once what that means (see
+    :func:`configure`)."""
     global _lock
     _lock = threading.Lock()  # the parent may have forked while a configure() held it
     inherited = _last
     if inherited is None or inherited.tracer_provider is None or inherited._shut_down:
         return
-    logger.warning("configure() ran before fork(): call otel_stages.configure() in each worker "
-                   "process (e.g. gunicorn post_fork) so each gets its own service.instance.id "
-                   "and files (until then pid %d exports under the instance id of pid %d, to %s)",
-                   os.getpid(), inherited._pid, inherited.destination)
+    # The SDK's own fork handlers (run after this one) give the child's providers a new
+    # service.instance.id from this detector, which keeps one id per pid: name it exactly.
+    detected = ServiceInstanceIdResourceDetector().detect().attributes
+    new_id = detected.get(semconv.SERVICE_INSTANCE_ID)
+    old_id = inherited.tracer_provider.resource.attributes.get(semconv.SERVICE_INSTANCE_ID)
+    where = ("the parent's files" if inherited.trace_path is not None
+             else "the parent's OTLP endpoint")
+    logger.warning("configure() ran before fork(): pid %d inherited the configuration of pid %d; "
+                   "the OpenTelemetry SDK gives its spans and metrics a new service.instance.id "
+                   "%s (pid %d's: %s) but they still go to %s, %s. Call otel_stages.configure() "
+                   "in each worker process (e.g. gunicorn post_fork) for its own files and "
+                   "settings", os.getpid(), inherited._pid, new_id, inherited._pid, old_id, where,
+                   inherited.destination)
 
 
+def _shutdown_at_exit() -> None:
+    """Interpreter exit: shut down every live handle at once, each within its own
+    ``shutdown_timeout_s`` (the SDK providers' own exit hooks are off: they had no bound), and
+    the GPU sampler with them (its reader's shutdown stops it; this covers a session whose
+    handle is gone)."""
+    handles = [h for h in _HANDLES if not h._shut_down and h.tracer_provider is not None]
+    steps: list[Callable[[], Any]] = [h.shutdown for h in handles]
+    gpu_session = sys.modules.get("otel_stages.gpu.session")
+    current = gpu_session.current() if gpu_session is not None else None
+    if current is not None:
+        steps.append(current.stop)
+    if not steps:
+        return
+    limit_s = max((h.settings.shutdown_timeout_s for h in handles), default=5.0)
+    run_bounded(steps, time.monotonic() + limit_s + 0.5, "otel-stages-exit")
+
+
+atexit.register(_shutdown_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

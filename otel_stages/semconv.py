@@ -46,6 +46,17 @@ IMAGE_SIZE = "image.size"  #: int, bytes of the encoded image
 IMAGE_FORMAT = "image.format"  #: str, Pillow format name (``Image.format``), e.g. "JPEG"
 IMAGE_MODE = "image.mode"  #: str, Pillow mode of the *source* image (``Image.mode``), e.g. "CMYK"
 IMAGE_DRAFT_SCALE = "image.draft_scale"  #: int, 1/2/4/8: JPEG decoded at 1/N size (Pillow draft)
+#: str, declared media type of the encoded image: the HTTP ``Content-Type`` (parameters dropped)
+#: or the media type of a ``data:`` URL, e.g. "image/jpeg" (download)
+IMAGE_MEDIA_TYPE = "image.media_type"
+IMAGE_FRAMES = "image.frames"  #: int, frames in an animated image (set only when more than 1)
+IMAGE_FRAME_INDEX = "image.frame_index"  #: int, 0-based frame decoded from an animated image
+#: str, description of the embedded ICC colour profile (``ImageCms.getProfileDescription``)
+IMAGE_ICC_PROFILE = "image.icc_profile"
+#: str, what decode did with that profile: "converted" (pixels converted to sRGB), "srgb" (already
+#: sRGB: nothing to do) or "dropped" (the profile could not be applied and was discarded)
+IMAGE_ICC_PROFILE_ACTION = "image.icc_profile.action"
+ICC_CONVERTED, ICC_SRGB, ICC_DROPPED = "converted", "srgb", "dropped"
 
 # --- resize attributes -----------------------------------------------------------------------
 IMAGE_TARGET_WIDTH = "image.target_width"  #: int, pixels
@@ -63,9 +74,31 @@ STAGE_MAP_SOURCE = "otel_stages.stage_map.source"
 # --- Standard OpenTelemetry keys we read -----------------------------------------------------
 SERVICE_NAME = "service.name"  #: resource attribute
 SERVICE_INSTANCE_ID = "service.instance.id"  #: resource attribute
-URL_FULL = "url.full"  #: str, semconv HTTP client attribute (download)
+URL_FULL = "url.full"  #: str, semconv HTTP client attribute (download), secrets redacted
+URL_SCHEME = "url.scheme"  #: str, semconv: "http", "https" or "data" (download)
+#: str, semconv: host the body finally came from (after redirects) (download)
+SERVER_ADDRESS = "server.address"
+#: int, semconv: redirects followed before the body came (download; set when > 0)
+HTTP_REQUEST_RESEND_COUNT = "http.request.resend_count"
+EXCEPTION_MESSAGE = "exception.message"  #: str, semconv exception event attribute (capped)
+EXCEPTION_STACKTRACE = "exception.stacktrace"  #: str, semconv exception event attribute (capped)
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"  #: int (download)
 ERROR_TYPE = "error.type"  #: str, semconv: class of the error that ended the span
+
+# --- Telemetry about the telemetry ------------------------------------------------------------
+#: bool, true on a span otel_stages ended itself because it was still open when telemetry shut
+#: down (process exit, ``Telemetry.shutdown()``): its end time is the shutdown, not the work's end
+OTEL_STAGES_INTERRUPTED = "otel_stages.interrupted"
+#: counter, unit "{span}": spans that never reached the exporter's destination, by ``error.type``
+SPANS_DROPPED = "otel_stages.spans.dropped"
+UNIT_SPANS = "{span}"
+#: ``error.type`` values of :data:`SPANS_DROPPED` (and keys of ``Telemetry.drops``)
+DROP_QUEUE_FULL = "queue_full"  #: the batch queue was full (export slower than spans came)
+DROP_EXPORT_FAILED = "export_failed"  #: the exporter gave up on the batch (after its own retries)
+DROP_SHUTDOWN_TIMEOUT = "shutdown_timeout"  #: still queued or in flight when shutdown's time ran out
+DROP_AFTER_SHUTDOWN = "already_shutdown"  #: ended after its provider was shut down
+DROP_REASONS: tuple[str, ...] = (DROP_QUEUE_FULL, DROP_EXPORT_FAILED, DROP_SHUTDOWN_TIMEOUT,
+                                 DROP_AFTER_SHUTDOWN)
 
 # --- GPU metrics (OpenTelemetry hardware semantic conventions) --------------------------------
 HW_GPU_UTILIZATION = "hw.gpu.utilization"  #: gauge, unit "1", 0..1 (NVML percent / 100)

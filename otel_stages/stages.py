@@ -28,6 +28,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_stages import semconv
 from otel_stages._runtime import RUNTIME, guard
+from otel_stages.attributes import clean_attributes, exception_attributes, status_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,9 +129,10 @@ class StageScope:
             return trace.INVALID_SPAN
         self._span = None
         with _GUARD_START:  # telemetry must not break inference
+            attributes = clean_attributes(self._start_attributes())  # before the clock starts
             self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
             self._span = RUNTIME.tracer.start_span(
-                self.name, context=parent, attributes=self._start_attributes(), links=links,
+                self.name, context=parent, attributes=attributes, links=links,
                 start_time=self._start_ns)
             return self._span
         return trace.INVALID_SPAN
@@ -263,9 +265,12 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
 
 
 def record_error(span: Span, exc: BaseException) -> None:
-    """Record ``exc`` on ``span`` the standard way: exception event, status ERROR, ``error.type``."""
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    """Record ``exc`` on ``span`` the standard way: exception event, status ERROR, ``error.type``.
+
+    The message in the status and the event, and the event's stack trace, are capped
+    (:mod:`otel_stages.attributes`)."""
+    span.record_exception(exc, attributes=exception_attributes(exc))
+    span.set_status(Status(StatusCode.ERROR, status_message(exc)))
     span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
 
 

@@ -109,3 +109,30 @@ def test_interval_bounds_apply_to_arguments_and_accept_the_edges():
         resolve({"metric_export_interval_s": 0.0001}, environ={})
     edges = resolve({"gpu_interval_s": 0.05, "metric_export_interval_s": 3600}, environ={})
     assert edges.gpu_interval_s == 0.05 and edges.metric_export_interval_s == 3600.0
+
+
+def test_reliability_settings_defaults_and_sources():
+    s = resolve({}, environ={})
+    assert s.shutdown_timeout_s == 5.0
+    assert s.attribute_value_length_limit == 4096
+    assert s.redact_query_keys == ()
+    assert s.gpu_read_timeout_s == 2.0
+    env = {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "300", "OTEL_STAGES_REDACT_QUERY_KEYS": " hint , sid ",
+           "OTEL_STAGES_SHUTDOWN_TIMEOUT_S": "1.5"}
+    s = resolve({}, environ=env)
+    assert (s.attribute_value_length_limit, s.redact_query_keys, s.shutdown_timeout_s) == (300, ("hint", "sid"), 1.5)
+    assert resolve({"attribute_value_length_limit": 50}, environ=env).attribute_value_length_limit == 50
+    assert resolve({"redact_query_keys": ["a", "b"]}, environ={}).redact_query_keys == ("a", "b")
+
+
+@pytest.mark.parametrize("environ, needle", [
+    ({"OTEL_STAGES_SHUTDOWN_TIMEOUT_S": "0"}, "OTEL_STAGES_SHUTDOWN_TIMEOUT_S='0' (setting shutdown_timeout_s)"),
+    ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "lots"}, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT='lots' (setting attribute_value_length_limit): expected a whole number"),
+    ({"OTEL_STAGES_ATTRIBUTE_VALUE_LENGTH_LIMIT": "0"}, "must be >= 1"),
+    ({"OTEL_STAGES_REDACT_QUERY_KEYS": "a=b"}, "not a query parameter name: 'a=b'"),
+    ({"OTEL_STAGES_GPU_READ_TIMEOUT_S": "-2"}, "setting gpu_read_timeout_s"),
+])
+def test_reliability_settings_fail_fast(environ, needle):
+    with pytest.raises(ConfigurationError) as info:
+        resolve({}, environ=environ)
+    assert needle in str(info.value)

@@ -244,6 +244,9 @@ def test_fork_after_configure_warns_once_in_child(tmp_path, clean_env):
             try:
                 os.close(read_fd)
                 warned = [r.getMessage() for r in records]
+                with ots.request(request_id="from-child"):  # still the inherited configuration
+                    pass
+                parent.force_flush()
                 child = ots.configure(service_name="forky", data_dir=tmp_path / "child",
                                       set_global=False, gpu="off")
                 _one_request()
@@ -266,10 +269,25 @@ def test_fork_after_configure_warns_once_in_child(tmp_path, clean_env):
     result = json.loads(raw)
     assert [r.getMessage() for r in records] == []  # the parent itself warned nothing
     (warning,) = [m for m in result["warned"] if "fork" in m]
-    assert warning.startswith("configure() ran before fork(): call otel_stages.configure() in each "
-                              "worker process (e.g. gunicorn post_fork) so each gets its own "
-                              "service.instance.id and files")
-    assert f"pid {result['pid']}" in warning and f"pid {os.getpid()}" in warning
+    parent_id = parent.tracer_provider.resource.attributes[semconv.SERVICE_INSTANCE_ID]
+    assert warning.startswith(f"configure() ran before fork(): pid {result['pid']} inherited the "
+                              f"configuration of pid {os.getpid()}; the OpenTelemetry SDK gives "
+                              "its spans and metrics a new service.instance.id ")
+    assert f"(pid {os.getpid()}'s: {parent_id})" in warning
+    assert f"still go to the parent's files, {tmp_path / 'parent'}" in warning
+    assert "Call otel_stages.configure() in each worker process (e.g. gunicorn post_fork)" in warning
+    # what the warning says is what happened: the child's span, in the parent's file, carries
+    # the new instance id the warning names
+    parent.force_flush()
+    by_instance: dict[str, list[str]] = {}
+    for line in parent.trace_path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            attrs = {a["key"]: a["value"].get("stringValue") for a in rs["resource"]["attributes"]}
+            for ss in rs["scopeSpans"]:
+                by_instance.setdefault(attrs["service.instance.id"], []).extend(
+                    s["name"] for s in ss["spans"])
+    (child_id,) = [i for i in by_instance if i != parent_id]
+    assert f"service.instance.id {child_id} " in warning and by_instance[child_id] == ["request"]
     # configure() in the child: its own instance id and files
     assert result["instance"] != parent.tracer_provider.resource.attributes[semconv.SERVICE_INSTANCE_ID]
     child_path = Path(result["trace_path"])

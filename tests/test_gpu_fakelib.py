@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -233,10 +234,56 @@ def test_forked_child_reinitialises_and_samples(run, fake_lib: Path, tmp_path: P
     log = tmp_path / "calls.log"
     out = run(fake_lib, {"fork": True, "forward_s": 0.4, "configure": {"gpu_interval_s": 0.1}},
               FAKE_NVML_CALL_LOG=str(log), FAKE_NVML_SAMPLE_US="50000")
-    assert out["stats"]["status"] == "running"
+    assert out["stats"]["status"] == "running", out["stats"]
     assert _gpu_attrs(out)[semconv.GPU_SAMPLE_COUNT] >= 4
     init_threads = {line.split()[1] for line in log.read_text().splitlines() if line.startswith("nvmlInit")}
     assert len(init_threads) == 2  # parent and child each ran nvmlInit
+    # the child's GPU points carry the child's identity: the instance id its spans carry
+    child_id = out["forward"]["instance"]
+    assert child_id and child_id != out["parent_instance"]
+    gpu_ids = {p["instance"] for p in out["points"][semconv.HW_GPU_UTILIZATION]}
+    assert gpu_ids == {child_id}
+
+
+# --- isolation: one GPU's failing or hung reading, through the real bindings -------------------
+
+def _metrics_by_gpu(out: dict) -> dict[str, set[str]]:
+    by_gpu: dict[str, set[str]] = {}
+    for name, points in out["points"].items():
+        for p in points:
+            by_gpu.setdefault(p["attrs"][semconv.HW_ID], set()).add(name)
+    return by_gpu
+
+
+GPU_0, GPU_1 = "GPU-fa4e0000-0000-0000-0000-000000000000", "GPU-fa4e0000-0000-0000-0000-000000000001"
+ALL_READINGS = {semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT,
+                semconv.HW_POWER, semconv.HW_TEMPERATURE}
+
+
+def test_one_gpus_failing_power_reading_stops_nothing_else(run, fake_lib: Path) -> None:
+    out = run(fake_lib, {"forward_s": 0.4, "configure": {"gpu_interval_s": 0.1}},
+              FAKE_NVML_GPUS="2", FAKE_NVML_POWER_FAIL_GPU="1")
+    assert _metrics_by_gpu(out) == {GPU_0: ALL_READINGS, GPU_1: ALL_READINGS - {semconv.HW_POWER}}
+    failed = [r["message"] for r in out["logs"] if "failed, will retry" in r["message"]]
+    assert len(failed) == 1 and GPU_1 in failed[0] and "Unknown Error" in failed[0]
+
+
+def test_one_gpus_hung_power_reading_is_abandoned_and_the_rest_go_on(run, fake_lib: Path, tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    started = time.monotonic()
+    out = run(fake_lib, {"forward_s": 1.0, "configure": {"gpu_interval_s": 0.1, "gpu_read_timeout_s": 0.3}},
+              FAKE_NVML_GPUS="2", FAKE_NVML_POWER_HANG_GPU="1", FAKE_NVML_HANG_MS="30000",
+              FAKE_NVML_CALL_LOG=str(log))
+    assert time.monotonic() - started < 20  # the 30 s call was not waited for, not even at exit
+    assert _metrics_by_gpu(out) == {GPU_0: ALL_READINGS, GPU_1: ALL_READINGS - {semconv.HW_POWER}}
+    hung = [r["message"] for r in out["logs"] if "did not return within" in r["message"]]
+    assert len(hung) == 1 and GPU_1 in hung[0] and "hw.power" in hung[0]
+    assert [d["hung"] for d in out["stats"]["devices"]] == [[], [semconv.HW_POWER]]
+    # GPU 0 kept its cadence: ~10 passes in the 1 s forward at 0.1 s, far more than one per 0.3 s
+    assert out["stats"]["devices"][0]["passes"] >= 6
+    calls = log.read_text().splitlines()
+    assert sum(c.startswith("nvmlDeviceGetPowerUsage-hang") for c in calls) == 1  # not re-entered
+    assert not any(c.startswith("nvmlShutdown") for c in calls)  # never under a stuck call
 
 
 # --- the CLI live view --------------------------------------------------------------------------

@@ -166,7 +166,7 @@ class NvmlBackend:
             if reader is None:
                 continue
             try:
-                value = reader(self, device)
+                value: Any = reader(self, device)
             except (self._nvml.NVMLError_NotSupported, self._nvml.NVMLError_FunctionNotFound):
                 continue
             except self._nvml.NVMLError as exc:
@@ -290,4 +290,4 @@ def reset_after_fork() -> None:
 
     pynvml = sys.modules.get("pynvml")
     if pynvml is not None and hasattr(pynvml, "libLoadLock"):
-        pynvml.libLoadLock = threading.Lock()
+        setattr(pynvml, "libLoadLock", threading.Lock())  # noqa: B010 - not in the stubs

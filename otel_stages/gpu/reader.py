@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics import (
@@ -118,16 +118,25 @@ class GpuMetricReader(MetricReader):
     """Drains the sampler's points every ``export_interval_s`` and at flush / shutdown.
 
     ``session`` provides ``sampler`` (with ``store`` and ``devices``) and ``stop()``; it is read
-    on every export, so a sampler restarted after ``fork()`` is picked up.
+    on every export, so a sampler restarted after ``fork()`` is picked up. ``resource`` is a
+    :class:`Resource` or a function returning the current one, called at each export (after
+    ``fork()`` the SDK gives the child a new ``service.instance.id``: its GPU points carry it).
+    ``on_dropped(reason, count)`` is told about points lost: a full sample buffer
+    (``queue_full``) and, via :meth:`abandon`, points left at a shutdown deadline.
     """
 
-    def __init__(self, session: Any, exporter: MetricExporter, resource: Resource,
-                 export_interval_s: float) -> None:
+    def __init__(self, session: Any, exporter: MetricExporter,
+                 resource: Resource | Callable[[], Resource], export_interval_s: float,
+                 on_dropped: Callable[[str, int], None] | None = None) -> None:
         super().__init__(preferred_aggregation={cls: DropAggregation() for cls in _ALL_INSTRUMENTS})
         self._session = session
         self._exporter = exporter
-        self._resource = resource
+        self._resource: Callable[[], Resource] = (
+            resource if callable(resource) else (lambda: resource))
         self._interval_s = export_interval_s
+        self._on_dropped = on_dropped
+        self._dropped_seen = 0
+        self._abandoned = False
         self._stop = threading.Event()
         self._export_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -145,16 +154,28 @@ class GpuMetricReader(MetricReader):
         while not stop.wait(self._interval_s):
             self.export_now()
 
+    def _count_overflow(self, store: Any) -> None:
+        dropped = store.dropped
+        if dropped < self._dropped_seen:  # a new store (sampler restarted after fork)
+            self._dropped_seen = 0
+        if self._on_dropped is not None and dropped > self._dropped_seen:
+            self._on_dropped(semconv.DROP_QUEUE_FULL, dropped - self._dropped_seen)
+        self._dropped_seen = dropped
+
     def export_now(self, timeout_millis: float = 10_000) -> bool:
-        """Export every point not yet exported; ``True`` on success or when there was none."""
+        """Export every point not yet exported; ``True`` on success or when there was none.
+        Failed exports are counted by the exporter (``CountingMetricExporter``)."""
         with self._export_lock:
+            if self._abandoned:
+                return False
             sampler = self._session.sampler
+            self._count_overflow(sampler.store)
             points = sampler.store.drain()
             if not points:
                 return True
             devices = {d.uuid: d for d in sampler.devices}
             try:
-                data = to_metrics_data(points, devices, self._resource)
+                data = to_metrics_data(points, devices, self._resource())
                 result = self._exporter.export(data, timeout_millis=timeout_millis)
             except Exception as exc:  # noqa: BLE001 - telemetry must not break the service
                 logger.warning("exporting %d GPU samples failed: %r", len(points), exc)
@@ -175,4 +196,15 @@ class GpuMetricReader(MetricReader):
         self._stop.set()
         self._session.stop()
         self.export_now(timeout_millis / 2)
+
+    def abandon(self) -> int:
+        """At a shutdown deadline: stop, and count the points still waiting in the sampler's
+        store as ``shutdown_timeout`` drops (an export in flight is counted by the exporter).
+        Returns that count."""
+        self._stop.set()
+        self._abandoned = True
+        points = self._session.sampler.store.drain()
+        if self._on_dropped is not None:
+            self._on_dropped(semconv.DROP_SHUTDOWN_TIMEOUT, len(points))
+        return len(points)
 

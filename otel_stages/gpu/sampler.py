@@ -1,36 +1,30 @@
-"""The sampler thread: reads every GPU each ``interval_s`` into a :class:`SampleStore`.
+"""The sampler: reads every GPU each ``interval_s`` into a :class:`SampleStore`.
 
-Per device and pass:
-
-- utilization: drain the driver's timestamped ring (``GpuBackend.utilization_samples`` with the
-  last timestamp seen, so nothing is read twice or skipped); each ring entry becomes one point
-  at its own time, converted to the span clock (:mod:`otel_stages.gpu.timebase`). Without a ring,
-  or when the ring has been silent for a while (NVML returns NOT_FOUND on an idle GPU), one
-  instant reading (``nvmlDeviceGetUtilizationRates``) stamped at read time. Neither: no points.
-- memory, power, temperature, SM activity: one instant reading each, stamped at the middle of
-  the call. A reading the device does not support is dropped for good (no point, never 0).
-
-NVML is initialised on the sampler's own thread (off the request path) through a helper thread
-with a timeout, so a hung ``nvmlInit`` never blocks the service. :meth:`Sampler.stop` joins the
-thread before ``close()`` (``nvmlShutdown``).
+What one pass reads from one device, and how each reading is isolated, is in
+:mod:`otel_stages.gpu.device`. Threads: the sampler thread initialises NVML (through a helper
+thread with a timeout, so a hung ``nvmlInit`` never blocks the service), then starts one thread
+per device, each on its own cadence, and watches them: a backend call still running after
+``read_timeout_s`` is abandoned (logged once per device and reading), that reading is skipped
+until the call returns, and a fresh thread takes the device over. So one slow or hung GPU, or one
+hung reading, never delays the other GPUs or readings. Request threads never call NVML: a
+forward's catch-up drain (:meth:`Sampler.refresh_utilization`) is handed to the device's thread
+and waited for briefly. :meth:`Sampler.stop` ends the threads before ``close()`` (``nvmlShutdown``),
+which is skipped while an abandoned call is still inside NVML.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from otel_stages import semconv
 from otel_stages._runtime import RUNTIME, guard
 from otel_stages.clock import Clock
-from otel_stages.gpu import metrics
-from otel_stages.gpu.backend import NOT_SUPPORTED, Device, GpuBackend, GpuReadError, GpuUnavailable
-from otel_stages.gpu.store import Point, SampleStore
+from otel_stages.gpu.backend import Device, GpuBackend, GpuReadError, GpuUnavailable
+from otel_stages.gpu.device import RING, Abandoned, DeviceReader
+from otel_stages.gpu.store import SampleStore
 from otel_stages.gpu.timebase import Timebase
 
 logger = logging.getLogger("otel_stages.gpu")
@@ -38,52 +32,43 @@ _REPORTED_UNAVAILABLE: set[str] = set()  # reasons already logged in this proces
 
 STARTING, RUNNING, UNAVAILABLE, STOPPED = "starting", "running", "unavailable", "stopped"
 DEFAULT_INIT_TIMEOUT_S = 10.0
-#: Ring silent this long (or twice its sample period, if longer): take an instant reading.
-_RING_STALE_NS = 1_000_000_000
+DEFAULT_READ_TIMEOUT_S = 2.0
 _GUARD_PASS = guard("gpu sampler")
 
 
-@dataclass
-class _DeviceState:
-    device: Device
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    last_seen_us: int = 0  # newest ring timestamp drained, in the driver's clock
-    domain: str | None = None
-    ring: bool | None = None  # None: not tried yet
-    utilization: bool = True  # False once ring and instant readings are both unsupported
-    last_ring_ns: int | None = None  # span time of the newest ring sample
-    period_ns: float | None = None  # observed spacing of ring samples
-    primed: bool = False  # first drain done (it returns the whole ring: older samples dropped)
-    unsupported: set[str] = field(default_factory=set)
-
-
 class Sampler:
-    """Samples every device of ``backend`` into ``store`` on a daemon thread.
+    """Samples every device of ``backend`` into ``store`` on daemon threads.
 
     ``interval_s``: seconds between passes (0.2 works: ring entries are drained, not polled, so
     none is lost or merged); ``clock``: the span clock (default: the one stages use);
-    ``init_timeout_s``: give up on a ``backend.open()`` that has not returned by then.
-    :attr:`status` is ``starting`` / ``running`` / ``unavailable`` (:attr:`reason` says why) /
-    ``stopped``. Thread-safe.
+    ``init_timeout_s``: give up on a ``backend.open()`` that has not returned by then;
+    ``read_timeout_s``: abandon a backend call still running after this long (see the module
+    docstring). :attr:`status` is ``starting`` / ``running`` / ``unavailable`` (:attr:`reason`
+    says why) / ``stopped``. Thread-safe.
     """
 
     def __init__(self, backend: GpuBackend, *, interval_s: float = 1.0, clock: Clock | None = None,
                  timebase: Timebase | None = None, store: SampleStore | None = None,
-                 init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S) -> None:
+                 init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
         self.backend = backend
         self.interval_s = interval_s
         self.clock = clock or RUNTIME.clock
         self.timebase = timebase or Timebase(self.clock)
         self.store = store or SampleStore()
         self.init_timeout_s = init_timeout_s
+        self.read_timeout_s = read_timeout_s
         #: False: the caller reports unavailability itself (e.g. raises for OTEL_STAGES_GPU=on).
         self.log_unavailable = True
         self.status = STARTING
         self.reason: str | None = None
         self.init_s: float | None = None
-        self._states: dict[str, _DeviceState] = {}
+        self._states: dict[str, DeviceReader] = {}
         self._started_ns = self.clock.now_ns()
         self._thread: threading.Thread | None = None
+        self._device_threads: dict[str, threading.Thread] = {}
+        self._wakes: dict[str, threading.Event] = {}
+        self._jobs: dict[str, list[tuple[str, threading.Event]]] = {}
         self._opened = False
         self._stopping = False
         self._wake = threading.Event()
@@ -91,8 +76,10 @@ class Sampler:
         self._cond = threading.Condition()
         self._passes = 0
         self._pass_ns: list[int] = []
-        self._call_ns: dict[str, list[int]] = {"utilization_samples": [], "read": []}
+        self._call_ns: dict[str, list[int]] = {RING: [], "read": []}
+        self._timing_lock = threading.Lock()
         self._logged: set[tuple[str, str]] = set()
+        self.abandoned_calls = 0  #: backend calls given up on (each logged once per reading)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -111,10 +98,12 @@ class Sampler:
         self._ready.wait(timeout_s)
         return self.status == RUNNING
 
-    def open(self) -> bool:
+    def open(self, announce: bool = True) -> bool:
         """Initialise the backend here (helper thread + timeout); ``True`` when devices were found.
 
         Called by the thread; call it directly to sample synchronously with :meth:`run_once`.
+        ``announce=False`` leaves :meth:`wait_ready` waiting on success (the thread announces
+        once the device threads run).
         """
         t0 = time.perf_counter()
         outcome: dict[str, Any] = {}
@@ -156,9 +145,12 @@ class Sampler:
         devices: list[Device] = outcome["devices"]
         if not devices:
             return self._unavailable("NVML found no GPUs (none visible to this process)")
-        self._states = {d.uuid: _DeviceState(d) for d in devices}
+        self._states = {d.uuid: DeviceReader(d, self.backend, self.store, self.clock, self.timebase,
+                                            self._started_ns, self._log_once, self._timed)
+                        for d in devices}
         self.status = RUNNING
-        self._ready.set()
+        if announce:
+            self._ready.set()
         logger.debug("GPU sampling %d device(s) every %.3g s (init %.3f s): %s", len(devices),
                      self.interval_s, self.init_s, ", ".join(f"{d.uuid} {d.name}" for d in devices))
         return True
@@ -174,50 +166,141 @@ class Sampler:
         return False
 
     def _run(self) -> None:
-        if not self.open():
+        """The sampler thread: init, one thread per device, then watch for stuck calls."""
+        if not self.open(announce=False):
             return
-        next_at = time.monotonic()
+        for uuid in self._states:
+            self._wakes[uuid] = threading.Event()
+            self._jobs[uuid] = []
+            self._spawn(uuid, 0)
+        self._ready.set()
+        tick = max(0.01, min(self.read_timeout_s / 4, self.interval_s, 0.5))
         while True:
-            woken = self._wake.wait(max(0.0, next_at - time.monotonic()))
+            self._wake.wait(tick)
             if self._stopping:
                 break
             self._wake.clear()
-            self.run_once()
-            if not woken:
-                next_at += self.interval_s
-                now = time.monotonic()
-                if next_at <= now:  # fell behind (slow NVML call): skip, do not burst
-                    next_at = now + self.interval_s
+            with _GUARD_PASS:
+                self._watch()
+
+    def _spawn(self, uuid: str, generation: int) -> None:
+        thread = threading.Thread(target=self._device_loop, args=(uuid, generation),
+                                  name=f"otel-stages-gpu-{self._states[uuid].device.index}", daemon=True)
+        self._device_threads[uuid] = thread
+        thread.start()
+
+    def _watch(self) -> None:
+        """Abandon any device thread stuck in one call for longer than ``read_timeout_s``."""
+        now = time.monotonic()
+        for uuid, reader in self._states.items():
+            reading = reader.stuck(now, self.read_timeout_s)
+            if reading is None:
+                continue
+            generation = reader.abandon(reading)
+            self.abandoned_calls += 1
+            self._log_once(reader.device, f"hung {reading}",
+                           "GPU %s (%s): %s did not return within %.3g s; abandoned (its thread is "
+                           "left waiting in NVML), skipped until it returns; other readings and "
+                           "GPUs go on", reading, self.read_timeout_s, level=logging.WARNING)
+            self._spawn(uuid, generation)
+            with self._cond:
+                self._cond.notify_all()  # a flush waiting on this device can count it as done
+
+    def _device_loop(self, uuid: str, generation: int) -> None:
+        """One device's cadence: a pass every ``interval_s``, and jobs (catch-up drains,
+        flushes) as they come. Ends when stopping or when replaced (abandoned)."""
+        reader, wake = self._states[uuid], self._wakes[uuid]
+        next_at = time.monotonic()
+        try:
+            while not self._stopping and generation == reader.generation:
+                woken = wake.wait(max(0.0, next_at - time.monotonic()))
+                if self._stopping or generation != reader.generation:
+                    return
+                wake.clear()
+                with self._cond:
+                    jobs, self._jobs[uuid] = self._jobs[uuid], []
+                due = not woken or any(kind == "pass" for kind, _done in jobs)
+                if due:
+                    self._pass(reader, generation)
+                    next_at += self.interval_s
+                    now = time.monotonic()
+                    if next_at <= now:  # fell behind (slow NVML call): skip, do not burst
+                        next_at = now + self.interval_s
+                elif RING not in reader.skipped():
+                    with _GUARD_PASS:
+                        try:
+                            reader.drain_ring(generation)
+                        except GpuReadError:
+                            pass  # the next pass reports read errors
+                for _kind, done in jobs:
+                    done.set()
+        except Abandoned:
+            return
+
+    def _pass(self, reader: DeviceReader, generation: int) -> None:
+        t0 = time.perf_counter_ns()
+        with _GUARD_PASS:  # a bug here must not stop the sampler or the service
+            reader.sample(generation)
+        with self._cond:
+            self._passes += 1
+            self._pass_ns.append(time.perf_counter_ns() - t0)
+            del self._pass_ns[:-1000]
+            self._cond.notify_all()
+
+    def _submit(self, uuid: str, kind: str) -> threading.Event | None:
+        """Hand ``kind`` ("pass" or "drain") to the device's thread; ``None`` if it has none."""
+        wake = self._wakes.get(uuid)
+        thread = self._device_threads.get(uuid)
+        if wake is None or thread is None or not thread.is_alive() or self._stopping:
+            return None
+        done = threading.Event()
+        with self._cond:
+            self._jobs[uuid].append((kind, done))
+        wake.set()
+        return done
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Run one pass now (waiting for init first) and wait for it; ``False`` when not sampling
-        or it did not finish within ``timeout_s``."""
+        """Run one pass on every device now (waiting for init first) and wait for them;
+        ``False`` when not sampling, or some device did not finish within ``timeout_s`` (a
+        device whose call is abandoned meanwhile finishes its pass on its fresh thread)."""
         deadline = time.monotonic() + timeout_s
         if not self.wait_ready(timeout_s) or self._thread is None or not self._thread.is_alive():
             return False
-        with self._cond:
-            target = self._passes + 1
-            self._wake.set()
-            return self._cond.wait_for(lambda: self._passes >= target or self._stopping,
-                                       max(0.0, deadline - time.monotonic())) and not self._stopping
+        pending = [self._submit(uuid, "pass") for uuid in list(self._states)]
+        ok = True
+        for done in pending:
+            if done is None or not done.wait(max(0.0, deadline - time.monotonic())):
+                ok = False
+        if ok:
+            return not self._stopping
+        # a device thread abandoned mid-pass never sets its event: retry on the fresh threads
+        retry = [self._submit(uuid, "pass") for uuid in list(self._states)]
+        return all(d is not None and d.wait(max(0.0, deadline - time.monotonic())) for d in retry)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop and join the thread, then ``close()`` the backend (never while the thread may
-        still be inside it). Idempotent."""
+        """Stop and join the threads, then ``close()`` the backend (never while a thread may
+        still be inside it: with an abandoned call still in NVML, NVML stays initialised).
+        Idempotent."""
         if self.status == STOPPED:
             return
         self._stopping = True
         self._wake.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
-            if thread.is_alive():
-                logger.warning("GPU sampler did not stop within %.1f s; leaving NVML initialised",
-                               timeout_s)
-                return
+        for wake in self._wakes.values():
+            wake.set()
+        deadline = time.monotonic() + timeout_s
+        threads = [t for t in (self._thread, *self._device_threads.values()) if t is not None]
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
         self.status = STOPPED
         with self._cond:
             self._cond.notify_all()
+        busy = [t.name for t in threads if t.is_alive()] + [
+            f"{r.device.uuid} {name}" for r in self._states.values() for name in r.skipped()]
+        if busy:
+            logger.warning("GPU sampler: %s still inside NVML at stop; leaving NVML initialised",
+                           ", ".join(busy))
+            return
         self._close_backend()
 
     def _close_backend(self) -> None:
@@ -230,100 +313,34 @@ class Sampler:
 
     # -- sampling ------------------------------------------------------------------------------
     def run_once(self) -> None:
-        """One pass over every device (the thread calls this; tests may call it directly)."""
-        t0 = time.perf_counter_ns()
-        for state in list(self._states.values()):
-            with _GUARD_PASS:  # a bug here must not stop the sampler or the service
-                try:
-                    self._sample(state)
-                except GpuReadError as exc:
-                    self._log_once(state.device, "read",
-                                   "GPU %s (%s): reading failed, will retry: %s", exc,
-                                   level=logging.WARNING)
-        with self._cond:
-            self._passes += 1
-            self._pass_ns.append(time.perf_counter_ns() - t0)
-            del self._pass_ns[:-1000]
-            self._cond.notify_all()
+        """One pass over every device on the calling thread, without the read timeout (tests
+        and the ``otel-stages gpu`` live view call this; the threads use their own cadence)."""
+        for reader in list(self._states.values()):
+            self._pass(reader, reader.generation)
 
-    def refresh_utilization(self, uuid: str, wait_s: float = 0.002) -> None:
+    def refresh_utilization(self, uuid: str, wait_s: float = 0.005) -> None:
         """Drain ``uuid``'s ring now (called when a forward ends, so its window is complete up to
-        the driver's last sample). Skipped when the device is busy for longer than ``wait_s``."""
-        state = self._states.get(uuid)
-        if state is None or state.ring is not True or self.status != RUNNING:
+        the driver's last sample). Runs on the device's thread; waits at most ``wait_s`` for it,
+        so a request thread never waits on NVML."""
+        reader = self._states.get(uuid)
+        if reader is None or reader.ring is not True or self.status != RUNNING:
             return
-        if state.lock.acquire(timeout=wait_s):
-            try:
-                self._drain_ring(state)
-            except GpuReadError:
-                pass  # the sampler thread reports read errors
-            finally:
-                state.lock.release()
+        if RING in reader.skipped():
+            return
+        done = self._submit(uuid, "drain")
+        if done is not None:
+            done.wait(wait_s)
 
     def _timed(self, kind: str, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter_ns()
         try:
             return fn(*args)
         finally:
-            calls = self._call_ns[kind]
-            calls.append(time.perf_counter_ns() - t0)
-            del calls[:-1000]
-
-    def _sample(self, state: _DeviceState) -> None:
-        wanted = [m for m in metrics.POINT_METRICS if m not in state.unsupported]
-        if state.utilization:
-            with state.lock:
-                fresh = self._drain_ring(state)
-            stale_ns = max(_RING_STALE_NS, 2 * (state.period_ns or 0))
-            if fresh is None or (fresh == 0 and (state.last_ring_ns is None
-                                                 or self.clock.now_ns() - state.last_ring_ns > stale_ns)):
-                wanted.append(semconv.HW_GPU_UTILIZATION)
-        if not wanted:
-            return
-        t0 = self.clock.now_ns()
-        values = self._timed("read", self.backend.read, state.device, wanted)
-        t_ns = t0 + (self.clock.now_ns() - t0) // 2
-        for name in wanted:
-            if name in values:
-                value = metrics.BY_NAME[name].convert(values[name])
-                self.store.add(state.device.uuid, name, [Point(t_ns, value)])
-            elif name == semconv.HW_GPU_UTILIZATION:
-                state.utilization = False
-                self._log_once(state.device, name, "GPU %s (%s) reports no utilization (MIG "
-                               "instance or unsupported): no %s points for it", name)
-            else:
-                state.unsupported.add(name)
-                self._log_once(state.device, name, "GPU %s (%s): %s not supported, not exported", name)
-
-    def _drain_ring(self, state: _DeviceState) -> int | None:
-        """New ring entries -> store; number added, or ``None`` when there is no ring."""
-        if state.ring is False:
-            return None
-        raw = self._timed("utilization_samples", self.backend.utilization_samples, state.device,
-                          state.last_seen_us)
-        if raw is NOT_SUPPORTED:
-            state.ring = False
-            return None
-        state.ring = True
-        raw = [s for s in raw if s.timestamp_us > state.last_seen_us]
-        if not raw:
-            return 0
-        newest = raw[-1].timestamp_us
-        if state.domain is None:
-            state.domain = self.timebase.detect(newest)
-            logger.debug("GPU %s sample timestamps: %s clock", state.device.uuid, state.domain)
-        offset = self.timebase.offset_ns(state.domain, newest)
-        if len(raw) > 1:
-            gaps = [b.timestamp_us - a.timestamp_us for a, b in itertools.pairwise(raw)]
-            state.period_ns = statistics.median(gaps) * 1000
-        state.last_seen_us = newest
-        state.last_ring_ns = newest * 1000 + offset
-        points = [Point(s.timestamp_us * 1000 + offset, metrics.UTILIZATION.convert(s.percent)) for s in raw]
-        if not state.primed:  # the first drain returns the ring's backlog from before we started:
-            state.primed = True  # keep only its newest entry (the state at start)
-            points = [p for p in points if p.time_ns >= self._started_ns] or points[-1:]
-        self.store.add(state.device.uuid, semconv.HW_GPU_UTILIZATION, points)
-        return len(points)
+            elapsed = time.perf_counter_ns() - t0
+            with self._timing_lock:
+                calls = self._call_ns[kind]
+                calls.append(elapsed)
+                del calls[:-1000]
 
     def _log_once(self, device: Device, kind: str, message: str, *extra: Any,
                   level: int = logging.INFO) -> None:
@@ -334,17 +351,15 @@ class Sampler:
     # -- introspection -------------------------------------------------------------------------
     def utilization_source(self, uuid: str) -> str | None:
         """``"ring"``, ``"instant"``, ``"not_supported"`` or ``None`` (unknown device / not yet)."""
-        state = self._states.get(uuid)
-        if state is None:
-            return None
-        if not state.utilization:
-            return "not_supported"
-        return {True: "ring", False: "instant"}.get(state.ring)  # type: ignore[arg-type]
+        reader = self._states.get(uuid)
+        return None if reader is None else reader.utilization_source()
 
     def stats(self) -> dict[str, Any]:
-        """Status, init time, pass and per-call cost (ms), and per device: clock domain, ring
-        sample period (ms), utilization source and unsupported readings. JSON-ready."""
-        with self._cond:
+        """Status, init time, passes (one device read once; summed over devices) and their cost and
+        per-call cost (ms), and per device: clock domain, ring
+        sample period (ms), utilization source, unsupported and abandoned (skipped) readings.
+        JSON-ready."""
+        with self._cond, self._timing_lock:
             passes = list(self._pass_ns)
             calls = {k: list(v) for k, v in self._call_ns.items()}
 
@@ -358,11 +373,12 @@ class Sampler:
             "max_pass_ms": round(max(passes) / 1e6, 4) if passes else None,
             "mean_call_ms": {k: ms(v) for k, v in calls.items()},
             "points": self.store.total, "points_dropped": self.store.dropped,
+            "abandoned_calls": self.abandoned_calls,
             "devices": [{
-                "uuid": s.device.uuid, "name": s.device.name, "mig": s.device.is_mig,
-                "clock_domain": s.domain,
-                "sample_period_ms": None if s.period_ns is None else round(s.period_ns / 1e6, 3),
-                "utilization": self.utilization_source(s.device.uuid),
-                "unsupported": sorted(s.unsupported),
-            } for s in self._states.values()],
+                "uuid": r.device.uuid, "name": r.device.name, "mig": r.device.is_mig,
+                "clock_domain": r.domain,
+                "sample_period_ms": None if r.period_ns is None else round(r.period_ns / 1e6, 3),
+                "utilization": r.utilization_source(), "passes": r.passes,
+                "unsupported": sorted(r.unsupported), "hung": sorted(r.skipped()),
+            } for r in self._states.values()],
         }

@@ -8,9 +8,9 @@ survive ``fork()``). This module imports the OpenTelemetry SDK (via the reader);
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
@@ -21,7 +21,7 @@ from otel_stages.config import ConfigurationError
 from otel_stages.gpu import nvml
 from otel_stages.gpu.attribution import Attribution
 from otel_stages.gpu.reader import GpuMetricReader, SerializedExporter
-from otel_stages.gpu.sampler import DEFAULT_INIT_TIMEOUT_S, Sampler
+from otel_stages.gpu.sampler import DEFAULT_INIT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, Sampler
 
 MODES = ("auto", "on", "off")
 
@@ -42,14 +42,20 @@ class GpuSession:
     """
 
     def __init__(self, backend_factory: Any, interval_s: float,
-                 init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S) -> None:
+                 init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
         self.backend_factory = backend_factory
         self.interval_s = interval_s
         self.init_timeout_s = init_timeout_s
-        self.sampler = Sampler(backend_factory(), interval_s=interval_s, init_timeout_s=init_timeout_s)
+        self.read_timeout_s = read_timeout_s
+        self.sampler = self._new_sampler()
         self.attribution = Attribution(self.sampler)
         self.reader: GpuMetricReader | None = None
         self._stopped = False
+
+    def _new_sampler(self) -> Sampler:
+        return Sampler(self.backend_factory(), interval_s=self.interval_s,
+                       init_timeout_s=self.init_timeout_s, read_timeout_s=self.read_timeout_s)
 
     def start(self) -> GpuSession:
         """Start sampling in the background and attach the forward hook."""
@@ -61,7 +67,9 @@ class GpuSession:
         """Detach the hook, stop and join the sampler, shut NVML down. Idempotent."""
         self._stopped = True
         RUNTIME.remove_stage_end_hook(self.attribution)
-        self.sampler.stop()
+        # A call running longer than the read timeout is abandoned anyway: do not wait longer
+        # (this also runs at interpreter exit, before the telemetry's own bounded shutdown).
+        self.sampler.stop(timeout_s=min(5.0, self.read_timeout_s + 0.5))
 
     def restart_after_fork(self) -> None:
         """In a forked child: new backend and sampler (same settings), new threads."""
@@ -69,8 +77,7 @@ class GpuSession:
             return
         nvml.reset_after_fork()
         RUNTIME.remove_stage_end_hook(self.attribution)
-        self.sampler = Sampler(self.backend_factory(), interval_s=self.interval_s,
-                               init_timeout_s=self.init_timeout_s)
+        self.sampler = self._new_sampler()
         self.attribution = Attribution(self.sampler)
         self.start()
         if self.reader is not None:
@@ -87,9 +94,13 @@ def current() -> GpuSession | None:
 
 
 def start(settings: Any, resource: Resource, exporter: MetricExporter,
-          backend_factory: Any = nvml.NvmlBackend) -> tuple[MetricExporter, list[MetricReader]]:
+          backend_factory: Any = nvml.NvmlBackend, *,
+          resource_fn: Callable[[], Resource] | None = None,
+          drops: Any = None) -> tuple[MetricExporter, list[MetricReader]]:
     """Called by ``configure()``: returns the exporter the SDK's periodic reader must use (shared
-    with the GPU reader) and the readers to register *before* it.
+    with the GPU reader) and the readers to register *before* it. ``resource_fn`` gives the
+    resource at export time (default: ``resource``); ``drops`` (a ``DropCounter``) is told about
+    points lost.
 
     ``settings.gpu``: ``off`` -> ``(exporter, [])``; ``auto`` -> sampling starts in the
     background, a host without NVML logs one line and exports no GPU data; ``on`` -> waits for
@@ -99,7 +110,8 @@ def start(settings: Any, resource: Resource, exporter: MetricExporter,
     mode = mode_of(settings.gpu)
     if mode == "off":
         return exporter, []
-    session = GpuSession(backend_factory, settings.gpu_interval_s)
+    session = GpuSession(backend_factory, settings.gpu_interval_s,
+                         read_timeout_s=getattr(settings, "gpu_read_timeout_s", DEFAULT_READ_TIMEOUT_S))
     if mode == "on":
         session.sampler.log_unavailable = False
     with _lock:
@@ -116,14 +128,10 @@ def start(settings: Any, resource: Resource, exporter: MetricExporter,
         raise ConfigurationError(f"OTEL_STAGES_GPU / gpu='on' (setting gpu): no GPU data: {reason} "
                                  "(use gpu='auto' to run on without GPU data)")
     shared = SerializedExporter(exporter)
-    session.reader = GpuMetricReader(session, shared, resource, settings.metric_export_interval_s)
+    session.reader = GpuMetricReader(session, shared, resource_fn or resource,
+                                     settings.metric_export_interval_s,
+                                     on_dropped=None if drops is None else drops.add_points)
     return shared, [session.reader]
-
-
-def _stop_at_exit() -> None:
-    session = _current
-    if session is not None:
-        session.stop()
 
 
 def _after_fork_in_child() -> None:
@@ -134,6 +142,5 @@ def _after_fork_in_child() -> None:
         session.restart_after_fork()
 
 
-atexit.register(_stop_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -28,7 +28,7 @@ _MAX_AGE_US = 400 * 86_400 * 1_000_000
 
 def _boottime_ns() -> int:
     try:
-        return time.clock_gettime_ns(time.CLOCK_BOOTTIME)  # type: ignore[attr-defined]
+        return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     except (AttributeError, OSError):  # not Linux: boot time is not distinguishable
         return time.monotonic_ns()
 

@@ -23,6 +23,9 @@
  *                          (computed from the sample timestamps, so exact for every sample);
  *                          0 (default) = constant FAKE_NVML_UTIL percent (default 40)
  *   FAKE_NVML_CALL_LOG     append "<call> <thread id>" lines for init/samples/shutdown to this file
+ *   FAKE_NVML_POWER_HANG_GPU  index of a GPU whose nvmlDeviceGetPowerUsage blocks for
+ *                          FAKE_NVML_HANG_MS (default 30000) ms, as a wedged driver call does
+ *   FAKE_NVML_POWER_FAIL_GPU  index of a GPU whose nvmlDeviceGetPowerUsage returns NVML_ERROR_UNKNOWN
  * Compile with -DFAKE_NO_MEMORY_V2 for a library without nvmlDeviceGetMemoryInfo_v2 (old driver).
  */
 #define _GNU_SOURCE
@@ -64,6 +67,13 @@ static unsigned long long sample_us = 166667, period_us;
 static long long init_delay_ms;
 static unsigned int constant_util = 40;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+enum { NVML_ERROR_UNKNOWN = 999 };
+
+/* A process forked while another thread held log_lock must not inherit it locked. */
+static void reset_log_lock(void) { pthread_mutex_init(&log_lock, NULL); }
+__attribute__((constructor)) static void register_fork_handler(void) {
+    pthread_atfork(NULL, NULL, reset_log_lock);
+}
 
 static int has(const char *flag) {
     const char *s = getenv("FAKE_NVML_SCENARIO");
@@ -276,6 +286,11 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *milliwatts) {
     if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
     if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (env_ll("FAKE_NVML_POWER_FAIL_GPU", -1) == d->index) return NVML_ERROR_UNKNOWN;
+    if (env_ll("FAKE_NVML_POWER_HANG_GPU", -1) == d->index) {
+        log_call("nvmlDeviceGetPowerUsage-hang");
+        usleep((useconds_t)(env_ll("FAKE_NVML_HANG_MS", 30000) * 1000));
+    }
     *milliwatts = 250000;
     return NVML_SUCCESS;
 }

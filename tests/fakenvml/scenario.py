@@ -57,7 +57,9 @@ def read_files(folder: Path) -> tuple[dict | None, dict[str, list[dict]]]:
                         if span["name"] == "forward":
                             forward = {"start_ns": int(span["startTimeUnixNano"]),
                                        "end_ns": int(span["endTimeUnixNano"]),
-                                       "attributes": _attrs(span.get("attributes", []))}
+                                       "attributes": _attrs(span.get("attributes", [])),
+                                       "instance": _attrs(rs["resource"]["attributes"]).get(
+                                           "service.instance.id")}
     for path in sorted(folder.glob("metrics-*.jsonl")):
         for line in path.read_text().splitlines():
             for rm in json.loads(line)["resourceMetrics"]:
@@ -66,7 +68,8 @@ def read_files(folder: Path) -> tuple[dict | None, dict[str, list[dict]]]:
                         for dp in metric.get("gauge", {}).get("dataPoints", []):
                             value = dp["asDouble"] if "asDouble" in dp else int(dp["asInt"])
                             points.setdefault(metric["name"], []).append(
-                                {"t": int(dp["timeUnixNano"]), "v": value, "attrs": _attrs(dp["attributes"])})
+                                {"t": int(dp["timeUnixNano"]), "v": value, "attrs": _attrs(dp["attributes"]),
+                                 "instance": _attrs(rm["resource"]["attributes"]).get("service.instance.id")})
     return forward, points
 
 
@@ -109,6 +112,7 @@ def main() -> None:
         return
     out["configure_s"] = time.perf_counter() - t0
 
+    out["parent_instance"] = telemetry.tracer_provider.resource.attributes.get("service.instance.id")
     child = spec.get("fork") and os.fork() == 0
     if spec.get("fork") and not child:
         _pid, status = os.wait()
