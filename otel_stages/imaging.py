@@ -123,11 +123,15 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def decode(data: bytes) -> Image.Image:
+def decode(data: bytes, *, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode encoded image bytes into a fully loaded RGB :class:`PIL.Image.Image`.
 
     Inside a ``decode`` span. Applies EXIF orientation (so width/height are as displayed).
     Keeps Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``; ``None`` disables).
+    ``draft=(width, height)``: for JPEGs, let the decoder scale by 1/2, 1/4 or 1/8 while decoding
+    (Pillow's ``Image.draft``), to the smallest size still at least ``draft`` (pass the size the
+    image is resized to next); other formats decode in full. ``image.width`` / ``image.height``
+    stay the encoded image's size (the input), not the drafted one.
     Raises :class:`ImageDecodeError` for empty input, non-image bytes (e.g. an HTML error page),
     truncated or corrupt data, and images above the pixel limit.
     """
@@ -135,11 +139,17 @@ def decode(data: bytes) -> Image.Image:
         image = _open(data)
         span.set_attribute(semconv.IMAGE_FORMAT, image.format or "unknown")
         span.set_attribute(semconv.IMAGE_MODE, image.mode)
+        full = image.size
+        if draft is not None and image.format == "JPEG":
+            image.draft(image.mode, draft)  # DCT scaling: configure before load
+        scaled = image.size
         try:
             image.load()  # Image.open only reads the header: decode here, inside the span
             image = ImageOps.exif_transpose(image) or image
-            span.set_attribute(semconv.IMAGE_WIDTH, image.width)
-            span.set_attribute(semconv.IMAGE_HEIGHT, image.height)
+            # as displayed: EXIF orientation may have swapped the (possibly drafted) sides
+            width, height = full if image.size == scaled else (full[1], full[0])
+            span.set_attribute(semconv.IMAGE_WIDTH, width)
+            span.set_attribute(semconv.IMAGE_HEIGHT, height)
             return to_rgb(image)
         except Exception as exc:
             raise ImageDecodeError(f"corrupt or truncated {image.format} image "
