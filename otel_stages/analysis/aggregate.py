@@ -243,7 +243,8 @@ def decide_aggregate(
 @dataclass
 class AggregateReport:
     """What ``otel-stages report --prometheus`` shows; :meth:`to_dict` keeps the report contract's
-    keys (``requests`` estimated, min/max ``None``, ``cold_start`` ``None``) plus ``source``."""
+    keys (``requests`` estimated, min/max ``None``, ``cold_start`` ``None``, ``unaccounted`` with
+    its share of request time only, when the request span's mean is known) plus ``source``."""
 
     requests: int
     stages: dict[str, StageSummary]
@@ -255,6 +256,14 @@ class AggregateReport:
     queries: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
+    def unaccounted(self) -> dict[str, float | None] | None:
+        """Request time outside the stage spans, as a share (1 - the stage shares; the per-request
+        gap is unknown from histograms); ``None`` without the request span's mean."""
+        if self.total is None or not self.total.mean_ms:
+            return None
+        return {"median_ms": None,
+                "share": round(max(0.0, 1.0 - sum(s.share for s in self.stages.values())), 4)}
+
     def to_dict(self) -> dict[str, object]:
         """JSON form (see the class docstring)."""
         return {
@@ -262,6 +271,7 @@ class AggregateReport:
             "requests": self.requests,
             "stages": {n: s.to_dict() for n, s in self.stages.items()},
             "total": None if self.total is None else self.total.to_dict(),
+            "unaccounted": self.unaccounted(),
             "cold_start": None,
             "verdict": self.verdict.to_dict(),
             "gpu": self.gpu.to_dict(),
