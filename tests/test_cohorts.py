@@ -10,14 +10,11 @@ import pytest
 from otel_stages import semconv
 from otel_stages.analysis import Recording, Span, diagnose
 from otel_stages.analysis.cohorts import (
-    COMPARABLE_MIN_REQUESTS,
-    IDLE_GAP_MIN_S,
     REASON_AFTER_IDLE,
     REASON_NEW_INPUT,
     CohortKeys,
     prompt_bucket,
 )
-from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.requests import Request, find_requests
 from otel_stages.analysis.stats import variance_explained_by_groups
 from tests.test_verdict import DECODE, FORWARD, T0_NS
@@ -104,8 +101,8 @@ def test_cold_request_is_compared_with_its_own_cohort():
     assert report.to_dict()["cold_start"]["ratio"] == pytest.approx(cold.ratio, abs=0.01)
 
 
-@pytest.mark.parametrize("same_input, compared_with", [
-    (COMPARABLE_MIN_REQUESTS - 1, "all_warm"), (COMPARABLE_MIN_REQUESTS, "same_input")])
+@pytest.mark.parametrize("same_input, compared_with", [  # COMPARABLE_MIN_REQUESTS 5
+    (4, "all_warm"), (5, "same_input")])
 def test_fewer_than_five_of_its_input_compares_with_all_warm(same_input, compared_with):
     report = diagnose(mixed(n_small=same_input))
     assert report.cold_start is not None and report.cold_start.compared_with == compared_with
@@ -124,8 +121,7 @@ def _first_large(ratio: float, *, cold_first: bool = True) -> Recording:
     return recording(rows, cold_first=cold_first)
 
 
-@pytest.mark.parametrize("ratio, apart", [(COLD_START_MIN_RATIO - 0.01, False),
-                                          (COLD_START_MIN_RATIO + 0.01, True)])
+@pytest.mark.parametrize("ratio, apart", [(1.99, False), (2.01, True)])  # COLD_START_MIN_RATIO
 def test_first_request_of_a_new_input_is_set_apart_when_it_stands_out(ratio, apart):
     report = diagnose(_first_large(ratio))
     assert [a.reason for a in report.set_apart] == ([REASON_NEW_INPUT] if apart else [])
@@ -145,7 +141,7 @@ def test_no_new_input_flag_without_the_process_start():
     assert report.cold_start is None and report.set_apart == []
 
 
-@pytest.mark.parametrize("idle_s, apart", [(IDLE_GAP_MIN_S - 0.1, False), (IDLE_GAP_MIN_S + 0.1, True)])
+@pytest.mark.parametrize("idle_s, apart", [(29.9, False), (30.1, True)])  # IDLE_GAP_MIN_S 30
 def test_a_request_after_an_idle_gap_is_set_apart_when_it_stands_out(idle_s, apart):
     rows = [(SMALL, 200.0, 0.0)] + [(SMALL, 50.0, 0.0)] * 10 + [(SMALL, 150.0, idle_s)]
     rows += [(SMALL, 50.0, 0.0)] * 5

@@ -22,13 +22,7 @@ from otel_stages.analysis.figures import (
     TotalFigures,
     UnaccountedFigures,
 )
-from otel_stages.analysis.gpu import (
-    GPU_BUSY_MIN_UTILIZATION,
-    GPU_STARVED_MAX_UTILIZATION,
-    MIN_GPU_SAMPLES,
-    GpuEvidence,
-    utilization_level,
-)
+from otel_stages.analysis.gpu import GpuEvidence, utilization_level
 
 REF = 100.0  # median request, ms
 NO_GPU = GpuEvidence(level="none")
@@ -69,7 +63,7 @@ def verdict_of(fig: Figures) -> tuple[str | None, str | None]:
 
 
 def test_swing_min_fraction_for_the_total():
-    at = noise.SWING_MIN_FRACTION * REF
+    at = 15.0  # SWING_MIN_FRACTION 0.15 of the 100 ms request (literal: a changed threshold must fail)
     below = figures(stage("forward", at - 0.1, explains=0.9), total_swing=at - 0.1)
     above = figures(stage("forward", at + 0.1, explains=0.9), total_swing=at + 0.1)
     assert verdict_of(below) == ("stable", None)
@@ -78,7 +72,7 @@ def test_swing_min_fraction_for_the_total():
 
 def test_swing_min_fraction_for_a_stage():
     # the total swings well beyond the band; the stage itself is just under / over 15 % of it
-    at = noise.SWING_MIN_FRACTION * REF
+    at = 15.0
     below = figures(stage("forward", at - 0.1, explains=0.9), total_swing=40.0)
     above = figures(stage("forward", at + 0.1, explains=0.9), total_swing=40.0)
     assert verdict_of(below) == (None, None)  # spread: no single stage swings materially
@@ -88,7 +82,7 @@ def test_swing_min_fraction_for_a_stage():
 
 
 def test_spike_min_fraction():
-    at = noise.SPIKE_MIN_FRACTION * REF
+    at = 50.0  # SPIKE_MIN_FRACTION 0.5 of the 100 ms request
     below = figures(stage("forward", 2.0, spike=at - 0.5, explains=0.9), total_swing=2.0,
                     total_spike=at - 0.5)
     above = figures(stage("forward", 2.0, spike=at + 0.5, explains=0.9), total_swing=2.0,
@@ -108,12 +102,12 @@ def test_min_swing_ms_in_a_tiny_service():
                   stage("forward", swing, median=small["forward"], explains=0.9)]
         return figures(*stages, total_swing=swing, ref=5.0)
 
-    assert verdict_of(fig(noise.MIN_SWING_MS - 0.01)) == ("stable", None)
-    assert verdict_of(fig(noise.MIN_SWING_MS + 0.01)) == ("forward", "forward")
+    assert verdict_of(fig(0.99)) == ("stable", None)  # MIN_SWING_MS 1 ms
+    assert verdict_of(fig(1.01)) == ("forward", "forward")
 
 
 def test_stage_min_part_of_the_total_swing():
-    part = decision.STAGE_MIN_PART_OF_SWING * 100.0
+    part = 25.0  # STAGE_MIN_PART_OF_SWING 0.25 of the total's 100 ms swing
 
     def fig(forward_swing: float) -> Figures:
         return figures(stage("decode", 70.0, spike=1.0, explains=0.3),
@@ -154,7 +148,7 @@ def test_jitter_sets_the_band_from_the_data():
 
 
 def test_jitter_is_capped():
-    cap = noise.NOISE_MAX_FRACTION * REF
+    cap = 25.0  # NOISE_MAX_FRACTION 0.25 of the 100 ms request
 
     def fig(total_swing: float) -> Figures:
         stages = [stage(n, 0.6 * m, explains=0.9 if n == "forward" else 0.0)
@@ -166,8 +160,7 @@ def test_jitter_is_capped():
     assert verdict_of(fig(cap + 0.1))[0] is not None
 
 
-@pytest.mark.parametrize("stages, measured", [(noise.NOISE_MIN_STAGES - 1, False),
-                                              (noise.NOISE_MIN_STAGES, True)])
+@pytest.mark.parametrize("stages, measured", [(2, False), (3, True)])  # NOISE_MIN_STAGES 3
 def test_jitter_needs_enough_stages(stages, measured):
     names = ["forward", "decode", "resize"][:stages]
     fig_stages = [stage(n, (0.22 if n == "forward" else 0.2) * MEDIANS[n],
@@ -178,10 +171,7 @@ def test_jitter_needs_enough_stages(stages, measured):
     assert verdict_of(fig) == (("stable", None) if measured else ("forward", "forward"))
 
 
-@pytest.mark.parametrize("median, included", [
-    (noise.NOISE_STAGE_MIN_FRACTION * REF - 0.1, False),
-    (noise.NOISE_STAGE_MIN_FRACTION * REF + 0.1, True),
-])
+@pytest.mark.parametrize("median, included", [(1.9, False), (2.1, True)])  # 2 % of 100 ms
 def test_tiny_stages_do_not_set_the_jitter(median, included):
     stages = [stage("decode", 3.0, median=10.0), stage("resize", 3.0, median=10.0),
               stage("forward", 0.3 * 78.0, median=78.0, explains=0.9),
@@ -205,23 +195,20 @@ def test_the_lower_quartile_is_the_jitter():
 
 
 def test_min_warm_runs():
-    few = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0,
-                  n=decision.MIN_WARM_RUNS - 1)
+    few = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, n=4)  # MIN_WARM_RUNS 5
     v = decide(few)
     assert (v.cause, v.stage, v.tentative) == (None, None, True)
-    assert v.evidence[0].startswith(f"not enough data: {decision.MIN_WARM_RUNS - 1} warm requests")
-    enough = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, n=decision.MIN_WARM_RUNS)
+    assert v.evidence[0].startswith("not enough data: 4 warm requests")
+    enough = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, n=5)
     assert verdict_of(enough) == ("forward", "forward")
 
 
 def test_tentative_below_the_recommended_runs_says_how_many_more():
-    n = decision.RECOMMENDED_WARM_RUNS - 1
-    v = decide(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, n=n))
+    v = decide(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, n=19))
     assert v.tentative and v.cause == "forward"
     assert any("run the same input 1 more time (20+ in all)" in e for e in v.evidence)
     assert v.advice[0] == advice.more_runs(1)
-    firm = decide(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0,
-                          n=decision.RECOMMENDED_WARM_RUNS))
+    firm = decide(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, n=20))
     assert not firm.tentative and not any("tentative" in e for e in firm.evidence)
 
 
@@ -236,9 +223,8 @@ def cold(ratio: float, compared_with: str = SAME_INPUT) -> ColdFigures:
 
 
 def test_cold_start_min_ratio():
-    at = decision.COLD_START_MIN_RATIO
-    below = decide(figures(total_swing=5.0, cold=cold(at - 0.01)))
-    above = decide(figures(total_swing=5.0, cold=cold(at + 0.01)))
+    below = decide(figures(total_swing=5.0, cold=cold(1.99)))  # COLD_START_MIN_RATIO 2
+    above = decide(figures(total_swing=5.0, cold=cold(2.01)))
     assert (below.cause, below.stage) == ("stable", None)
     assert any(e.startswith("no cold-start penalty") for e in below.evidence)
     assert (above.cause, above.stage) == ("cold_start", "forward")
@@ -263,8 +249,7 @@ def test_a_cold_start_next_to_a_warm_swing_keeps_the_warm_cause():
 # --- input mix ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mix, first", [(decision.INPUT_MIX_DOMINATES - 0.01, False),
-                                        (decision.INPUT_MIX_DOMINATES + 0.01, True)])
+@pytest.mark.parametrize("mix, first", [(0.49, False), (0.51, True)])  # INPUT_MIX_DOMINATES 0.5
 def test_a_dominating_input_mix_comes_first(mix, first):
     cohorts = (CohortFigures("4032x3024", 26, 600.0, 790.0, CohortVerdict("stable", None)),
                CohortFigures("1024x768", 24, 50.0, 52.0, CohortVerdict("cold_start", "forward")))
@@ -302,11 +287,8 @@ def test_confirmed_mechanism_names_the_cause_and_an_unconfirmed_one_does_not():
     assert plain.cause == "preprocess" and "2 GC pauses" not in plain.evidence
 
 
-@pytest.mark.parametrize("mean, cause", [
-    (GPU_BUSY_MIN_UTILIZATION - 0.01, "forward"),
-    (GPU_BUSY_MIN_UTILIZATION + 0.01, "gpu_busy"),
-    (GPU_STARVED_MAX_UTILIZATION - 0.01, "gpu_starved"),
-    (GPU_STARVED_MAX_UTILIZATION + 0.01, "forward"),
+@pytest.mark.parametrize("mean, cause", [  # GPU_BUSY_MIN_UTILIZATION 0.7, GPU_STARVED_MAX 0.4
+    (0.69, "forward"), (0.71, "gpu_busy"), (0.39, "gpu_starved"), (0.41, "forward"),
 ])
 def test_gpu_thresholds(mean, cause):
     gpu = GpuEvidence(level=utilization_level(mean, 50, 30, 30), mean_utilization=mean, samples=50,
@@ -316,8 +298,8 @@ def test_gpu_thresholds(mean, cause):
 
 
 def test_gpu_sample_and_coverage_floors():
-    assert utilization_level(0.9, MIN_GPU_SAMPLES - 1, 30, 30) == "thin"
-    assert utilization_level(0.9, MIN_GPU_SAMPLES, 30, 30) == "high"
+    assert utilization_level(0.9, 4, 30, 30) == "thin"  # MIN_GPU_SAMPLES 5
+    assert utilization_level(0.9, 5, 30, 30) == "high"
     assert utilization_level(0.9, 50, 8, 30) == "thin"  # under 30 % of forwards covered
     assert utilization_level(0.9, 50, 9, 30) == "high"
 
@@ -353,7 +335,7 @@ def test_histograms_go_through_the_same_rules(monkeypatch):
         return real(fig)
 
     monkeypatch.setattr(aggregate, "decide", spy)
-    at = noise.SWING_MIN_FRACTION * REF
+    at = 15.0
     below = {"decode": _summary("decode", 25.0, 0.0), "forward": _summary("forward", 75.0, at - 0.5)}
     above = {"decode": _summary("decode", 25.0, 0.0), "forward": _summary("forward", 75.0, at + 0.5)}
     gpu = gpu_from_window(0.9, 100)
