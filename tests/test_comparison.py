@@ -42,6 +42,14 @@ def test_a_real_shift_is_significant_and_reproducible():
     assert a.to_dict()["change_pct"] == pytest.approx(30, abs=3)
 
 
+def test_a_modest_shift_in_noisy_runs_needs_95_percent_confidence():
+    # +18 % on +-30 % noise, 30 requests a side: a 50 % interval would call it, 95 % does not
+    change = compare_samples(draws(30, 100, 0.3, 1), draws(30, 118, 0.3, 2))
+    assert not change.significant
+    assert change.median_ci is not None and change.median_ci.low_ms < change.median_ci.margin_ms
+    assert compare_samples(draws(30, 100, 0.3, 1), draws(30, 140, 0.3, 2)).significant
+
+
 @pytest.mark.parametrize("factor, significant", [(1.08, False), (1.12, True)])  # RUN_DRIFT 10 %
 def test_a_change_must_beat_drift_between_runs(factor, significant):
     # almost no noise within each run: only the drift margin decides
