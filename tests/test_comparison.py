@@ -146,3 +146,50 @@ def test_comparison_json_has_the_contract_keys(capsys):
     total = comparison["total"]
     assert total["median_ci_ms"][0] < 0 < total["median_ci_ms"][1]
     assert set(total["margins_ms"]) == {"median", "p95", "swing"}
+
+
+# --- the whole host moved -------------------------------------------------------------------------
+
+
+def _rows(ratios: dict[str, float]) -> dict:
+    from otel_stages.analysis.comparison import Change
+
+    base = {"download": 5.0, "decode": 10.0, "resize": 5.0, "queue": 5.0, "forward": 75.0}
+    return {n: Change(m, m * ratios.get(n, 1.0)) for n, m in base.items()}
+
+
+@pytest.mark.parametrize("ratios, uniform", [
+    ({"download": 2.0, "decode": 2.1, "resize": 1.9, "queue": 2.5, "forward": 2.2}, True),
+    ({"download": 0.5, "decode": 0.6, "resize": 0.55, "queue": 0.5, "forward": 0.45}, True),
+    ({"forward": 1.45}, False),  # one stage: a change in one place
+    ({"download": 1.5, "decode": 1.5, "resize": 1.5, "queue": 1.5, "forward": 2.9}, True),
+    ({"download": 1.5, "decode": 1.5, "resize": 1.5, "queue": 1.5, "forward": 3.1}, False),  # spread > 2
+    ({"download": 1.08, "decode": 2.0, "resize": 2.0, "queue": 2.0, "forward": 2.0}, False),  # one within drift
+])
+def test_uniform_shift_points_at_the_host(ratios, uniform):
+    from otel_stages.analysis.comparison import uniform_ratios
+
+    assert (uniform_ratios(_rows(ratios), 100.0) is not None) is uniform
+
+
+@pytest.mark.parametrize("stages, uniform", [(2, False), (3, True)])  # UNIFORM_MIN_STAGES 3
+def test_uniform_shift_needs_three_stages(stages, uniform):
+    from otel_stages.analysis.comparison import uniform_ratios
+
+    rows = {n: c for n, c in list(_rows({n: 2.0 for n in ("download", "decode", "resize",
+                                                           "queue", "forward")}).items())[:stages]}
+    assert (uniform_ratios(rows, 25.0) is not None) is uniform
+
+
+def test_a_host_wide_slowdown_is_called_out(capsys):
+    from tests.test_verdict import build, steady
+
+    before = build(steady(30))
+    after = build([{k: v * 2 for k, v in row.items()} for row in steady(30, seed=2)])
+    report = diagnose(after, baseline=before)
+    assert report.comparison is not None and report.comparison.uniform_shift
+    assert report.comparison.total.significant
+    assert report.comparison.summary[0].startswith("every stage moved the same way, by x2.0")
+    regression = diagnose(load_paths([TRUST / "pair_regression.after.otlp.jsonl"]),
+                          baseline=load_paths([TRUST / "pair_regression.before.otlp.jsonl"]))
+    assert regression.comparison is not None and not regression.comparison.uniform_shift

@@ -416,6 +416,7 @@ def test_stages_nested_in_a_custom_stage_belong_to_the_outer_request(http, reque
     assert sum(s.share for s in report.stages.values()) < 1.05
     assert report.total is not None and report.total.min_ms > 110
     assert report.groups == {"preprocess": [DECODE, RESIZE]}
+    assert report.to_dict()["groups"] == {"preprocess": [DECODE, RESIZE]}
 
 
 def test_a_request_in_another_service_below_a_custom_stage_stays_apart():

@@ -14,6 +14,8 @@ percent. So a change counts only when its whole interval lies beyond a margin of
 when any of its statistics' changes counts: "outside run-to-run noise at 95 % confidence". Rows
 with fewer than :data:`MIN_SAMPLES` requests on either side are never significant.
 
+``uniform_shift``: every stage of the request (each at least 2 % of it) moved the same way by a
+similar factor, which points at the host rather than a change in one stage.
 ``bottleneck_moved``: both verdicts name a stage and they differ. ``inputs_differ``: the two
 recordings' input cohorts differ by :data:`INPUTS_DIFFER_MIN` or more (total variation distance
 of the cohort proportions), so a change may be the inputs', not the code's.
@@ -51,6 +53,12 @@ INPUTS_DIFFER_MIN = 0.2
 #: Two runs of the same code drift apart by a few percent as a whole (host load, other tenants,
 #: thermal state, batch mix): a change must be beyond this fraction of the baseline value.
 RUN_DRIFT_FRACTION = 0.10
+#: A change in one place moves one or two stages; when at least this many stages' medians all
+#: moved the same way beyond the drift margin, by factors within :data:`UNIFORM_MAX_SPREAD` of each
+#: other, the whole host got slower or faster (CPU contention, throttling, another workload).
+UNIFORM_MIN_STAGES = 3
+#: ... largest / smallest median ratio among those stages.
+UNIFORM_MAX_SPREAD = 2.0
 
 _STATS = ("median", "p95", "swing")
 
@@ -261,6 +269,7 @@ class Comparison:
     bottleneck_moved: bool
     inputs_differ: bool
     input_distance: float | None = None
+    uniform_shift: bool = False
     summary: list[str] = field(default_factory=list)
 
     @property
@@ -286,6 +295,7 @@ class Comparison:
             "bottleneck_moved": self.bottleneck_moved,
             "inputs_differ": self.inputs_differ,
             "within_noise": self.within_noise,
+            "uniform_shift": self.uniform_shift,
             "input_distance": None if self.input_distance is None else round(self.input_distance, 3),
             "baseline_requests": self.baseline_requests,
             "baseline_verdict": {"cause": self.baseline_cause, "stage": self.baseline_stage},
@@ -310,6 +320,24 @@ def _row_sentence(name: str, c: Change) -> str:
     return f"{name}: " + "; ".join(parts)
 
 
+def uniform_ratios(stages: Mapping[str, Change], baseline_total_ms: float | None) -> list[float] | None:
+    """The stages' median ratios (after / before) when they all moved the same way together
+    (see ``uniform_shift`` in the module docstring), else ``None``. Stages under 2 % of the
+    baseline's median request are left out (their medians are timer-sized)."""
+    from otel_stages.analysis.noise import NOISE_STAGE_MIN_FRACTION
+
+    floor = NOISE_STAGE_MIN_FRACTION * (baseline_total_ms or 0.0)
+    ratios = [c.median_ms / c.baseline_median_ms for c in stages.values()
+              if c.baseline_median_ms and c.median_ms is not None and c.baseline_median_ms >= floor]
+    if len(ratios) < UNIFORM_MIN_STAGES or len(ratios) < len(stages) - 1:
+        return None
+    up = all(r >= 1 + RUN_DRIFT_FRACTION for r in ratios)
+    down = all(r <= 1 / (1 + RUN_DRIFT_FRACTION) for r in ratios)
+    if not (up or down) or max(ratios) / min(ratios) > UNIFORM_MAX_SPREAD:
+        return None
+    return ratios
+
+
 def compare(baseline: Report, current: Report) -> Comparison:
     """Compare two reports of the same inputs (``baseline`` = before the change)."""
     names = order_stages(set(baseline.stage_samples) | set(current.stage_samples))
@@ -321,9 +349,15 @@ def compare(baseline: Report, current: Report) -> Comparison:
     moved = b_stage is not None and stage is not None and b_stage != stage
     distance = cohort_distance(baseline.cohort_counts, current.cohort_counts)
     differ = distance is not None and distance >= INPUTS_DIFFER_MIN
+    ratios = uniform_ratios(stages, total.baseline_median_ms)
     comparison = Comparison(baseline.requests, stages, total, b_cause, b_stage, cause, stage, moved,
-                            differ, distance)
+                            differ, distance, uniform_shift=ratios is not None)
     summary = comparison.summary
+    if ratios is not None:
+        summary.append(
+            f"every stage moved the same way, by x{min(ratios):.2f} to x{max(ratios):.2f} (medians):"
+            " that looks like the host (CPU contention or throttling, another workload), not a change"
+            " in one stage; record both sides on a quiet host, or alternate them, before trusting it")
     if comparison.within_noise:
         summary.append(
             f"within run-to-run noise: no change to the total or any stage is, with {CONFIDENCE:.0%}"

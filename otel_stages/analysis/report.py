@@ -4,7 +4,7 @@
 is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``,
 ``total``, ``stages`` (with ``explains``), ``unaccounted``, ``cohorts``, ``input_mix_explains``,
 ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
-``set_apart``, ``noise``, ``gpu`` and ``slowest``.
+``set_apart``, ``noise``, ``gpu``, ``slowest`` and ``groups``.
 """
 
 from __future__ import annotations
@@ -215,5 +215,6 @@ class Report:
             "noise": noise_to_dict(self.noise, self.total),
             "gpu": self.gpu.to_dict(),
             "slowest": [s.to_dict() for s in self.slowest],
+            "groups": {name: list(kids) for name, kids in self.groups.items()},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
         }

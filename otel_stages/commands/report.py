@@ -389,6 +389,9 @@ def run(args: argparse.Namespace) -> int:
         regressions = report.comparison.regressions(args.fail_on_regression)
         for line in regressions:
             print(f"otel-stages: regression: {line}", file=sys.stderr)
+        if regressions and report.comparison.uniform_shift:
+            print("otel-stages: note: every stage slowed together, which often means a busier or"
+                  " throttled host rather than the change", file=sys.stderr)
         if regressions:
             return EXIT_REGRESSION
     return 0
