@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import numpy as np
@@ -52,7 +53,8 @@ IMAGE_PATH_ATTR = "demo.image"  #: str, server path of the image (request span)
 def to_tensor(image: Image.Image) -> np.ndarray:
     """RGB image -> float32 ``[3, H, W]`` array in 0..1 (channels first, as the model expects)."""
     pixels = np.asarray(image.convert("RGB"), dtype=np.float32)  # [H, W, 3], 0..255
-    return np.ascontiguousarray(pixels.transpose(2, 0, 1)) * np.float32(1 / 255)
+    tensor: np.ndarray = np.ascontiguousarray(pixels.transpose(2, 0, 1)) * np.float32(1 / 255)
+    return tensor
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,8 @@ class Pipeline:
         :class:`~otel_stages.imaging.ImageError` (or a model error) becomes ``Outcome.error``
         and is recorded on the spans (status ERROR) by the stages."""
         start = time.perf_counter()
-        attrs = {PHASE_ATTR: job.phase, IMAGE_PATH_ATTR: job.path,
-                 THREAD_NAME_ATTR: threading.current_thread().name}
+        attrs: dict[str, Any] = {PHASE_ATTR: job.phase, IMAGE_PATH_ATTR: job.path,
+                                 THREAD_NAME_ATTR: threading.current_thread().name}
         try:
             with request(**attrs):
                 data = imaging.download(self.server.url(job.path), client=self._client,
