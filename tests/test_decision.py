@@ -343,3 +343,10 @@ def test_histograms_go_through_the_same_rules(monkeypatch):
     assert (decide_aggregate(above, None, gpu, 3600).cause, len(calls)) == ("gpu_busy", 2)
     assert calls[1].stages["forward"].swing_ms == at + 0.5  # the proven spread, not p95 - p5
     assert calls[1].stages["forward"].explains is None
+
+
+def test_a_spike_says_it_is_a_spike():
+    v = decide(figures(stage("forward", 2.0, spike=60.0, explains=0.9), total_swing=2.0,
+                       total_spike=60.0))
+    assert any(e.startswith("request total spikes: one run lies 60.0 ms from the median 100.0 ms")
+               for e in v.evidence)
