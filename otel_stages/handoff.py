@@ -24,6 +24,7 @@ from opentelemetry.trace import INVALID_SPAN, Link, Span, get_current_span
 
 from otel_stages import semconv
 from otel_stages._runtime import RUNTIME, guard
+from otel_stages.attributes import clean_attributes
 from otel_stages.stages import StageScope
 
 _ROOT = otel_context.Context()  # an empty context: a span started in it is a trace root
@@ -60,7 +61,8 @@ def _record_queue_span(token: QueueToken, picked_ns: int, attributes: dict[str, 
     if token.depth is not None:
         attrs[semconv.QUEUE_DEPTH] = token.depth
     span = RUNTIME.tracer.start_span(semconv.STAGE_QUEUE, context=token.context,
-                                     attributes=attrs, start_time=token.enqueued_ns)
+                                     attributes=clean_attributes(attrs),
+                                     start_time=token.enqueued_ns)
     span.end(end_time=max(picked_ns, token.enqueued_ns))
 
 

@@ -11,6 +11,7 @@ with a note saying so, and trace ids move to a list under the slowest-requests t
 from __future__ import annotations
 
 import codecs
+import datetime
 import io
 import sys
 from collections.abc import Sequence
@@ -24,12 +25,17 @@ from rich.text import Text
 
 from otel_stages import semconv
 from otel_stages.analysis import units
-from otel_stages.analysis.report import Report
+from otel_stages.analysis.cohorts import REASON_NEW_INPUT
+from otel_stages.analysis.comparison import Change
+from otel_stages.analysis.figures import SAME_INPUT
+from otel_stages.analysis.report import Report, Run
 
 #: Width used when the output is not a terminal.
 DEFAULT_WIDTH = 100
 #: Problems listed in the text report (all of them are in the JSON).
 MAX_PROBLEMS = 10
+#: Input cohorts listed in the text report (all of them are in the JSON).
+MAX_COHORTS = 8
 _ms = units.ms
 _pct = units.pct
 
@@ -105,21 +111,51 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     rows, styles = [], []
     for s in report.stages.values():
         rows.append([s.name, _ms(s.min_ms), _ms(s.median_ms), _ms(s.p95_ms), _ms(s.max_ms),
-                     _pct(s.share), _ms(s.swing_ms), _pct(s.explained)])
+                     _pct(s.share), _ms(s.swing_ms), _pct(s.explains)])
         styles.append("bold" if s.name == report.verdict.stage else None)
+    gap = report.unaccounted
+    if gap is not None:
+        rows.append(["(unaccounted)", "", _ms(gap.median_ms), "", "", _pct(gap.share),
+                     _ms(gap.swing_ms), _pct(gap.explains)])
+        styles.append("dim")
     if report.total is not None:
         t = report.total
         rows.append(["total", _ms(t.min_ms), _ms(t.median_ms), _ms(t.p95_ms), _ms(t.max_ms),
                      "100%", _ms(t.swing_ms), ""])
         styles.append("italic")
     table, dropped = _fit(cols, rows, width, styles)
-    title = f"Warm-run stages, ms ({report.warm_requests} warm requests; swing = p95 - p5,"
-    title += " explains = share of the total's variance)"
+    title = f"Warm-run stages, ms ({report.warm_requests} warm requests; share = part of all request"
+    title += " time; swing = p95 - p5; explains = part of the total's variance)"
     notes = [
         Text(f"{name} groups {', '.join(kids)}: not a row of its own (its time is theirs)",
              style="dim")
         for name, kids in report.groups.items()
     ]
+    if gap is not None:
+        notes.append(Text("(unaccounted) = request time outside every stage span", style="dim"))
+    return Group(Text(title, style="bold"), table, *_left_out(dropped), *notes)
+
+
+def _cohort_table(report: Report, width: int) -> RenderableType:
+    rows = []
+    for c in report.cohorts[:MAX_COHORTS]:
+        v = c.verdict
+        verdict = "-" if v is None else (f"{v.cause} ({v.stage})" if v.stage else str(v.cause))
+        if v is not None and v.tentative:
+            verdict += " ?"
+        rows.append([c.key, str(c.requests), _ms(c.median_total_ms), _ms(c.p95_total_ms), verdict])
+    table, dropped = _fit([_Col("input", justify="left", fold=True), _Col("requests"),
+                           _Col("median ms"), _Col("p95 ms", 2), _Col("verdict", justify="left")],
+                          rows, width)
+    mix = report.input_mix_explains
+    title = f"Input cohorts ({len(report.cohorts)}; the input mix explains "
+    title += ("an unknown part" if mix is None else _pct(mix)) + " of the total's variance)"
+    notes: list[RenderableType] = []
+    if len(report.cohorts) > MAX_COHORTS:
+        notes.append(Text(f"... and {len(report.cohorts) - MAX_COHORTS} more (all in --json)",
+                          style="dim"))
+    if any(c.verdict is not None and c.verdict.tentative for c in report.cohorts):
+        notes.append(Text("? = tentative: fewer than 20 warm requests in that cohort", style="dim"))
     return Group(Text(title, style="bold"), table, *_left_out(dropped), *notes)
 
 
@@ -128,16 +164,32 @@ def _cold_table(report: Report, width: int) -> RenderableType:
     assert cold is not None
     ratio = ""
     if cold.ratio is not None:
-        ratio = f", {cold.ratio:.1f}x the warm median of {_ms(cold.warm_median_total_ms)} ms"
+        if cold.compared_with == SAME_INPUT:
+            ratio = (f", {cold.ratio:.1f}x the median of the {cold.comparable_requests} warm requests"
+                     f" with the same input ({cold.cohort or 'same cohort'}:"
+                     f" {_ms(cold.comparable_median_total_ms)} ms)")
+        else:
+            ratio = (f", {cold.ratio:.1f}x the median of all {cold.comparable_requests} warm"
+                     f" requests ({_ms(cold.comparable_median_total_ms)} ms; fewer than 5 share its"
+                     " input)")
     who = "First request of the process" if cold.count == 1 else f"{cold.count} first requests (median)"
-    rows = []
-    for name, ms in cold.stages_ms.items():
-        warm = report.stages.get(name)
-        rows.append([name, _ms(ms), _ms(warm.median_ms if warm else None)])
+    rows = [[name, _ms(ms), _ms(cold.comparable_stages_ms.get(name))]
+            for name, ms in cold.stages_ms.items()]
     table, _ = _fit([_Col("stage", justify="left", fold=True), _Col("cold ms"),
-                     _Col("warm median ms")], rows, width)
+                     _Col("comparable median ms")], rows, width)
     title = Text(f"{who} (cold, reported apart): {_ms(cold.total_ms)} ms{ratio}", style="bold")
-    return Group(title, table)
+    parts: list[RenderableType] = [title, table]
+    if report.set_apart:
+        lines = []
+        for a in report.set_apart:
+            why = ("first request of its input in the process" if a.reason == REASON_NEW_INPUT
+                   else f"after {a.idle_s:.0f} s idle")
+            seq = "" if a.request.seq is None else f"seq {a.request.seq}, "
+            lines.append(f"{seq}{a.cohort or 'unknown input'}: {_ms(a.request.total_ms)} ms, "
+                         f"{a.ratio:.1f}x its input's median ({why}); trace {a.request.trace_id}")
+        parts.append(_bullets(f"Also reported apart as cold ({len(lines)}):", lines, "bold",
+                              MAX_PROBLEMS))
+    return Group(*parts)
 
 
 def _slowest_table(report: Report, width: int) -> RenderableType:
@@ -203,6 +255,8 @@ def _verdict(report: Report) -> RenderableType:
     head.append(str(v.cause) if v.cause else "no verdict", style="bold magenta")
     if v.stage:
         head.append(f" (stage: {v.stage})", style="bold")
+    if v.tentative:
+        head.append(" - tentative", style="bold yellow")
     return Group(
         head,
         _bullets("Evidence:", v.evidence, "bold"),
@@ -210,35 +264,71 @@ def _verdict(report: Report) -> RenderableType:
     )
 
 
+def _changed(ch: Change) -> str:
+    if ch.median_ci is None:
+        return "-"
+    return "yes" if ch.significant else "noise"
+
+
 def _comparison(report: Report, width: int) -> RenderableType:
     c = report.comparison
     assert c is not None
     rows = [
-        [name, _ms(ch.baseline_median_ms), _ms(ch.median_ms), units.signed_ms(ch.change_ms),
-         units.signed_pct(ch.change_pct)]
+        [name, _ms(ch.baseline_median_ms), _ms(ch.median_ms), units.signed_pct(ch.change_pct),
+         _ms(ch.baseline_p95_ms), _ms(ch.p95_ms), units.signed_pct(ch.p95_change_pct), _changed(ch)]
         for name, ch in [*c.stages.items(), ("total", c.total)]
     ]
-    table, dropped = _fit([_Col("stage", justify="left", fold=True), _Col("before ms"),
-                           _Col("after ms"), _Col("change ms", 1), _Col("change %")], rows, width)
-    summary = Text("\n".join(c.summary), style="bold")
-    title = Text(f"Compared with the baseline ({c.baseline_requests} requests), medians", style="bold")
+    table, dropped = _fit([_Col("stage", justify="left", fold=True), _Col("median before", 2),
+                           _Col("after"), _Col("change"), _Col("p95 before", 3), _Col("after", 1),
+                           _Col("change"), _Col("changed")], rows, width)
+    summary = _bullets("Summary:", c.summary, "bold")
+    title = Text(f"Compared with the baseline ({c.baseline_requests} requests), ms; changed = outside"
+                 " run-to-run noise (95% bootstrap intervals of median, p95, swing)", style="bold")
     return Group(title, table, *_left_out(dropped), summary)
+
+
+def _utc(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S")
+
+
+def _run_line(run: Run) -> str:
+    who = run.service_name or "unknown service"
+    if run.service_instance_id:
+        who += f" instance {run.service_instance_id}"
+    return (f"{who}: {run.requests} requests, {_utc(run.first_unix_ns)} .."
+            f" {_utc(run.last_unix_ns)[11:]} UTC")
+
+
+def _header(report: Report) -> list[RenderableType]:
+    counts = report.counts
+    failed = f", {counts.failed} failed" if counts.failed else ""
+    incomplete = f"; {counts.incomplete} incomplete left out" if counts.incomplete else ""
+    head = Text(
+        f"otel-stages report: {report.requests} requests ({counts.warm} warm, {counts.cold} cold"
+        f"{failed}{incomplete})",
+        style="bold",
+    )
+    reported = [r for r in report.runs if r.reported]
+    skipped = len(report.runs) - len(reported)
+    if not report.runs:
+        return [head]
+    if skipped:
+        title = (f"Newest of {len(report.runs)} runs read (--last-run; {skipped} older not"
+                 " reported):")
+    else:
+        title = f"{len(report.runs)} run{'s' if len(report.runs) != 1 else ''} read:"
+    return [Group(head, _bullets(title, [_run_line(r) for r in reported], "", MAX_PROBLEMS))]
 
 
 def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableType]:
     """The report's sections, in display order, as rich renderables fitted to ``width`` columns
     (numbers, stage names and trace ids are never cut: low-priority columns are left out)."""
-    cold = 0 if report.cold_start is None else report.cold_start.count
-    failed = f", {report.failed_requests} failed" if report.failed_requests else ""
-    parts: list[RenderableType] = [
-        Text(
-            f"otel-stages report: {report.requests} requests ({report.warm_requests} warm, {cold} cold"
-            f"{failed})",
-            style="bold",
-        )
-    ]
+    parts = _header(report)
     if report.stages:
         parts.append(_stages_table(report, width))
+    if len(report.cohorts) > 1:
+        parts.append(_cohort_table(report, width))
     if report.cold_start is not None:
         parts.append(_cold_table(report, width))
     if report.slowest:

@@ -38,6 +38,12 @@ STANDARD_STAGES: tuple[str, ...] = (
 REQUEST_ID = "request.id"  #: str, caller-supplied or generated request id
 REQUEST_SEQ = "request.seq"  #: int, 1-based order of requests in this process
 REQUEST_COLD_START = "request.cold_start"  #: bool, first request of a process (or model load)
+#: int, tokens in the prompt (OpenTelemetry GenAI semantic conventions, incubating), on the request
+#: span or any stage span; the report buckets it into input cohorts.
+PROMPT_TOKENS = "gen_ai.usage.input_tokens"
+#: str, the stage a span belongs to when its name carries per-request data (e.g. a span named
+#: ``download /img/13.jpg`` with ``stage = download``); read by the report, never written here.
+STAGE_NAME = "stage"
 
 # --- decode / download attributes ------------------------------------------------------------
 IMAGE_WIDTH = "image.width"  #: int, pixels, after EXIF orientation

@@ -16,7 +16,12 @@ from otel_stages.cli import main
 
 CASES = Path(__file__).parent / "data" / "traces"
 ANSWERS = json.loads((CASES / "answers.json").read_text())
-STAGE_KEYS = {"min_ms", "median_ms", "p95_ms", "max_ms", "share", "swing_ms"}
+STAGE_KEYS = {"min_ms", "median_ms", "p95_ms", "max_ms", "share", "swing_ms", "explains"}
+#: DESIGN.md section 3
+CONTRACT_KEYS = {
+    "requests", "counts", "total", "stages", "unaccounted", "cohorts", "input_mix_explains",
+    "cold_start", "runs", "problems", "verdict", "comparison",
+}
 
 
 def _check(verdict: dict, name: str) -> None:
@@ -37,12 +42,9 @@ def test_case_via_cli_json(name, capsys):
     out = json.loads(captured.out)
     _check(out["verdict"], name)
     assert out["requests"] >= 20
-    assert set(out) == {
-        "requests", "stages", "cold_start", "verdict", "gpu", "slowest", "problems", "comparison",
-        "batches",
-    }
+    assert set(out) >= CONTRACT_KEYS
     assert list(out["stages"])[:5] == list(semconv.STANDARD_STAGES)
-    assert all(set(s) == STAGE_KEYS for s in out["stages"].values())
+    assert all(set(s) >= STAGE_KEYS for s in out["stages"].values())
     assert out["problems"] == [] and captured.err == ""
 
 
@@ -108,7 +110,7 @@ def test_verdicts_survive_scaling_and_shuffling(name, factor, tmp_path):
 def _hand_built() -> Recording:
     """1 cold + 4 warm requests: decode 10/20/30/40 ms, forward 100 ms, nothing else."""
     spans = []
-    t = 1_000_000_000_000
+    t = 1_790_000_000_000_000_000  # 2026: spans before 2000 are left out as impossible
     for i, decode_ms in enumerate([500, 10, 20, 30, 40]):
         trace, req = f"{i + 1:032x}", f"{i + 1:016x}"
         d_end = t + decode_ms * 1_000_000
@@ -132,12 +134,14 @@ def test_stats_by_hand():
     assert (decode.min_ms, decode.median_ms, decode.max_ms) == (10, 25, 40)
     assert decode.p95_ms == pytest.approx(38.5)
     assert decode.swing_ms == pytest.approx(27.0)
-    # totals 110..140, median 125: share 25/125 = 0.2; total = decode + 100 so decode explains all
+    # totals 110..140, sum 500: share = sum(decode) / sum(total) = 100/500 = 0.2; total = decode
+    # + 100, so decode explains all of the variance
     assert decode.share == pytest.approx(0.2)
-    assert decode.explained == pytest.approx(1.0)
+    assert decode.explains == pytest.approx(1.0)
     forward = report.stages["forward"]
-    assert (forward.median_ms, forward.swing_ms, forward.explained) == (100, 0, 0)
+    assert (forward.median_ms, forward.swing_ms, forward.explains) == (100, 0, 0)
     assert forward.share == pytest.approx(0.8)
+    assert report.unaccounted is not None and report.unaccounted.share == pytest.approx(0.0)
     assert report.cold_start is not None
     assert report.cold_start.total_ms == pytest.approx(600.0)
     assert report.cold_start.warm_median_total_ms == pytest.approx(125.0)

@@ -37,6 +37,18 @@ def test_numpy_values_become_python_scalars_and_lists_without_warnings(captured,
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+def test_queue_span_attributes_are_cleaned_too(captured, caplog):
+    with caplog.at_level(logging.WARNING):
+        with ots.request():
+            token = ots.enqueue_token(depth=np.int64(3))
+        with ots.dequeue(token, **{"batch.slot": np.int32(1), "note": np.str_("fifo")}):
+            pass
+    attrs = dict(captured.one(semconv.STAGE_QUEUE).attributes)
+    assert attrs == {"batch.slot": 1, "note": "fifo", semconv.QUEUE_DEPTH: 3}
+    assert [type(attrs[k]) for k in attrs] == [int, str, int]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 def test_plain_attributes_are_passed_through_without_a_copy():
     plain = {"a": 1, "b": 2.0, "c": True, "d": "short"}
     assert clean_attributes(plain) is plain

@@ -21,13 +21,15 @@ from otel_stages.render import render_text
 
 MS = 1_000_000
 PROC = {semconv.SERVICE_INSTANCE_ID: "worker-1"}
+#: A realistic Unix time (2023): the report screens out spans that start before 2000.
+BASE_NS = 1_700_000_000_000_000_000
 
 
 def _request(n: int, enq_ms: float, picked_ms: float, resource=PROC) -> list[Span]:
     trace = f"{n:032x}"
-    req = Span(trace, f"{n:016x}", None, "request", int(enq_ms * MS), int((picked_ms + 50) * MS),
+    req = Span(trace, f"{n:016x}", None, "request", BASE_NS + int(enq_ms * MS), BASE_NS + int((picked_ms + 50) * MS),
                resource=resource)
-    queue = Span(trace, f"{n + 1000:016x}", req.span_id, "queue", int(enq_ms * MS), int(picked_ms * MS),
+    queue = Span(trace, f"{n + 1000:016x}", req.span_id, "queue", BASE_NS + int(enq_ms * MS), BASE_NS + int(picked_ms * MS),
                  resource=resource)
     return [req, queue]
 
@@ -35,8 +37,8 @@ def _request(n: int, enq_ms: float, picked_ms: float, resource=PROC) -> list[Spa
 def _batch(n: int, start_ms: float, end_ms: float, members: list[int], resource=PROC,
            size: int | None = None) -> Span:
     links = tuple((f"{m:032x}", f"{m:016x}") for m in members)
-    return Span(f"{n + 5000:032x}", f"{n + 5000:016x}", None, semconv.SPAN_BATCH, int(start_ms * MS),
-                int(end_ms * MS), attributes={semconv.BATCH_SIZE: size or len(members)},
+    return Span(f"{n + 5000:032x}", f"{n + 5000:016x}", None, semconv.SPAN_BATCH, BASE_NS + int(start_ms * MS),
+                BASE_NS + int(end_ms * MS), attributes={semconv.BATCH_SIZE: size or len(members)},
                 resource=resource, links=links)
 
 

@@ -166,3 +166,46 @@ def test_version(capsys):
 )
 def test_verbose_before_or_after_the_subcommand(argv, verbose):
     assert build_parser().parse_args(argv).verbose is verbose
+
+
+# --- runs, --last-run and the text sections ----------------------------------------------------
+
+
+def test_runs_are_listed_and_last_run_keeps_the_newest(tmp_path, capsys):
+    from otel_stages.analysis import Recording
+
+    older = load_paths([CASES / "queue_batching.otlp.jsonl"])
+    newer = load_paths([CASES / "stable.otlp.jsonl"])
+    shift = max(s.end_ns for s in older.spans) + 60 * 10**9 - min(s.start_ns for s in newer.spans)
+    moved = [s.__class__(**{**s.__dict__, "start_ns": s.start_ns + shift, "end_ns": s.end_ns + shift,
+                            "resource": {**s.resource, "service.instance.id": "newer"}})
+             for s in newer.spans]
+    both = Recording(spans=older.spans + moved)
+    everything = diagnose(both)
+    assert [r.service_instance_id for r in everything.runs][-1] == "newer"
+    assert [r.requests for r in everything.runs] == [30, 30]
+    newest = diagnose(both, last_run=True)
+    assert newest.requests == 30 and newest.verdict.cause == "stable"
+    assert [r.reported for r in newest.runs] == [False, True]
+    out = newest.to_dict()
+    assert [r["reported"] for r in out["runs"]] == [False, True]
+    text = render_text(newest)
+    assert "Newest of 2 runs read (--last-run; 1 older not reported):" in text
+    assert "instance newer: 30 requests" in text
+    assert "2 runs read:" in render_text(everything)
+
+
+def test_last_run_with_prometheus_alone_is_a_usage_error(capsys):
+    assert main(["report", "--prometheus", "http://127.0.0.1:1", "--last-run"]) == 2
+    assert "--last-run picks a process from traces" in capsys.readouterr().err
+
+
+def test_text_has_the_unaccounted_row_cohorts_and_a_tentative_mark():
+    mixed = render_text(_report("preprocess_mixed_sizes", None), width=100)
+    assert "(unaccounted)" in mixed and "Input cohorts (2;" in mixed
+    assert "320x240" in mixed and "? = tentative" in mixed
+    from tests.test_verdict import build, steady
+
+    few = render_text(diagnose(build(steady(12, forward=lambda i, r: 100.0 if i % 3 else 600.0))))
+    assert "Verdict: forward (stage: forward) - tentative" in few
+    assert "run the same input 9 more times" in few

@@ -11,7 +11,7 @@ import pytest
 from otel_stages import semconv
 from otel_stages.analysis import MetricPoint, Recording, Span, diagnose
 from otel_stages.analysis.gpu import MIN_GPU_SAMPLES
-from otel_stages.analysis.requests import find_requests
+from otel_stages.analysis.requests import find_requests, group_spans
 
 DOWNLOAD, DECODE, RESIZE, QUEUE, FORWARD = semconv.STANDARD_STAGES
 T0_NS = 1_790_000_000_000_000_000
@@ -208,7 +208,10 @@ def test_gpu_evidence_too_thin_gives_forward():
     assert report.gpu.level == "thin"
     assert report.gpu.samples == MIN_GPU_SAMPLES - 1
     assert any("too thin" in e for e in report.verdict.evidence)
-    assert "too few GPU samples" in report.verdict.advice[0]  # not "enable the sampler"
+    # 10 warm requests: tentative, so the first advice is to run more; then why the GPU could not
+    # decide (not "enable the sampler")
+    assert report.verdict.tentative and "10 more times" in report.verdict.advice[0]
+    assert "too few GPU samples" in report.verdict.advice[1]
     # one more sample crosses the threshold
     enough = build(rows)
     enough.metrics = _one_sample_in_each_of(enough, MIN_GPU_SAMPLES, 0.95)
@@ -311,12 +314,15 @@ def test_request_span_under_http_server_span_and_missing_request_span():
     requests = find_requests(spans + http)
     assert len(requests) == 3
     assert all(r.span_id is not None and set(r.stages_ms) == set(semconv.STANDARD_STAGES) for r in requests)
-    # drop the request spans: stages are grouped by trace, total = first start .. last end
+    # drop the request spans: the stages' parent never arrived, so they are no requests but
+    # incomplete units, one per missing parent, named in the problems
     orphans = [s for s in telemetry.spans if s.name != semconv.SPAN_REQUEST]
-    requests = find_requests(orphans)
-    assert len(requests) == 3
-    assert requests[0].span_id is None
-    assert requests[0].total_ms == pytest.approx(sum(requests[0].stages_ms.values()), rel=1e-6)
+    grouping = group_spans(orphans)
+    assert grouping.requests == [] and find_requests(orphans) == []
+    assert len(grouping.incomplete) == 3
+    assert all(u.missing_parent_id is not None for u in grouping.incomplete)
+    assert set(grouping.incomplete[0].stages) == set(semconv.STANDARD_STAGES)
+    assert any("3 incomplete traces left out" in p for p in grouping.problems)
 
 
 def test_cold_start_attribute_false_everywhere_means_no_cold_request():
@@ -390,6 +396,14 @@ def _nested(n: int = 30, *, http: bool = False, request_span: bool = True) -> li
 )
 def test_stages_nested_in_a_custom_stage_belong_to_the_outer_request(http, request_span):
     spans = _nested(http=http, request_span=request_span)
+    if not request_span:  # the stages' parent never arrived: incomplete, group and all
+        grouping = group_spans(spans)
+        assert grouping.requests == [] and len(grouping.incomplete) == 30
+        assert all(set(u.stages) >= {DOWNLOAD, DECODE, RESIZE, FORWARD} for u in grouping.incomplete)
+        report = diagnose(Recording(spans=spans))
+        assert report.requests == 0 and report.counts.incomplete == 30
+        assert report.verdict.cause is None
+        return
     requests = find_requests(spans)
     assert len(requests) == 30
     assert all(set(r.stages_ms) == {DOWNLOAD, DECODE, RESIZE, FORWARD} for r in requests)
@@ -402,6 +416,7 @@ def test_stages_nested_in_a_custom_stage_belong_to_the_outer_request(http, reque
     assert sum(s.share for s in report.stages.values()) < 1.05
     assert report.total is not None and report.total.min_ms > 110
     assert report.groups == {"preprocess": [DECODE, RESIZE]}
+    assert report.to_dict()["groups"] == {"preprocess": [DECODE, RESIZE]}
 
 
 def test_a_request_in_another_service_below_a_custom_stage_stays_apart():
@@ -423,12 +438,13 @@ def test_a_request_in_another_service_below_a_custom_stage_stays_apart():
         assert [r.groups for r in found] == [(), ()]
 
 
-def test_a_stage_without_request_span_gets_no_made_up_seq():
+def test_stages_without_their_request_span_are_not_requests_and_invent_nothing():
     spans = _nested(n=3, request_span=False)
     spans += [s for s in _nested(n=1) if s.name == semconv.SPAN_REQUEST]  # one real seq-1 request
-    requests = find_requests(spans)
-    assert [r.seq for r in requests] == [1, None, None]
-    assert sum(r.cold for r in requests) == 1
+    grouping = group_spans(spans)
+    assert [r.seq for r in grouping.requests] == [1]
+    assert sum(r.cold for r in grouping.requests) == 1
+    assert len(grouping.incomplete) == 2  # requests 2 and 3 lost their request span
 
 
 def test_size_evidence_is_one_sentence_for_pixels_and_bytes():

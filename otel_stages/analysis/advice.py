@@ -24,8 +24,6 @@ _ADVICE: dict[str, list[str]] = {
         " retry slow fetches with a hedged second request",
     ],
     "preprocess": [
-        "cap the input size: ask clients to downscale, or reject/resize images above the model's"
-        " input resolution before decoding in full",
         "decode JPEGs at reduced size with Pillow's Image.draft() (or reduce=) before resize",
         "decode once: do not re-open or re-convert the same image in several steps",
         "move decode/resize off the event loop into a thread/process pool sized to the CPU cores",
@@ -77,23 +75,62 @@ _FORWARD_BY_GPU_LEVEL = {
 }
 
 
-def for_cause(cause: str, *, follows_size: bool | None = None,
+#: preprocess, cost follows input size: the large inputs are the slow ones.
+CAP_SIZE = (
+    "cost follows image size: the large inputs are the slow ones, so cap them (ask clients to"
+    " downscale, or reject/resize images above the model's input resolution before decoding in"
+    " full)"
+)
+#: preprocess, sizes vary but cost does not follow them.
+NOT_SIZE = (
+    "cost does not follow image size: look for repeated decodes, lock or GIL contention, a"
+    " single-threaded resize or CPU throttling"
+)
+#: preprocess, every request had the same input size.
+ONE_SIZE = (
+    "every request had the same image size, so the swing is not the input: look for repeated"
+    " decodes, lock or GIL contention, a single-threaded resize or CPU throttling"
+)
+#: preprocess, input sizes unknown.
+SIZE_UNKNOWN = (
+    "record image.width / image.height on the decode span (otel_stages.imaging.decode does) to"
+    " tell whether cost follows input size"
+)
+#: no verdict: the total swings, but spread over several stages.
+SPREAD = (
+    "several stages swing together and none stands out: look for what slows the whole process"
+    " (CPU contention or throttling, garbage-collector pauses, a blocked event loop) and time"
+    " the suspect work in its own stage() spans"
+)
+
+
+def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
               gpu_level: str | None = None) -> list[str]:
-    """Advice lines for ``cause``; for ``preprocess`` the first line depends on whether cost
-    follows image size (``True``), does not (``False``), or is unknown (``None``); for ``forward``
-    on why the GPU evidence (``gpu_level``, a ``GpuEvidence.level``) could not decide."""
+    """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
+    cost follows size (``follows_size=True``: cap the inputs), every input had one size
+    (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``).
+    For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
+    ``GpuEvidence.level``) could not decide."""
     lines = list(_ADVICE.get(cause, []))
     if cause == "forward":
         lines.insert(0, _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
-    if cause == "preprocess" and follows_size is True:
-        lines.insert(0, "cost follows image size: the large inputs are the slow ones, so cap them")
-    elif cause == "preprocess" and follows_size is False:
-        lines.insert(
-            0,
-            "cost does not follow image size: look for repeated decodes, lock or GIL contention,"
-            " a single-threaded resize or CPU throttling",
-        )
+    if cause == "preprocess":
+        if one_size:
+            first = ONE_SIZE
+        elif follows_size is True:
+            first = CAP_SIZE
+        elif follows_size is False:
+            first = NOT_SIZE
+        else:
+            first = SIZE_UNKNOWN
+        lines.insert(0, first)
     return lines
+
+
+def more_runs(missing: int) -> str:
+    """Advice when the verdict is tentative: ``missing`` more warm requests give a firm one."""
+    return (f"send the same input {missing} more time{'s' if missing != 1 else ''} (20+ warm requests"
+            " in all) and report again before acting on this verdict")
 
 
 def for_stable(largest_stage: str) -> list[str]:

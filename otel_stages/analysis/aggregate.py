@@ -1,16 +1,19 @@
 """Fleet-wide stage report from span-metrics histogram summaries (answers of
 :func:`otel_stages.analysis.promql.build_queries`). Pure.
 
-Aggregates have no per-request rows, so the trace report's swing analysis (which stage moves with
-the request total) cannot run. Instead, per stage (:class:`StageSummary`): mean (rate of ``_sum`` /
-rate of ``_count``), p5 / p50 / p95 / p99 from ``histogram_quantile``, span count, and
-``share`` = stage mean / sum of stage means (means add up; quantiles do not). The verdict
-(:func:`decide_aggregate`) applies the trace report's thresholds to the p95 - p5 spread: a stage
-swings when its spread reaches ``SWING_MIN_FRACTION`` of the median request (or p99 - p50 reaches
-``SPIKE_MIN_FRACTION``), counting only the spread the bucket edges *prove* (interpolation inside
-one wide bucket invents a spread). The widest-swinging stage is the suspect; the stage -> cause
-mapping is :func:`otel_stages.analysis.verdict.cause_for`, with GPU evidence from the window mean
-of ``hw_gpu_utilization_ratio``.
+Aggregates have no per-request rows, so which stage moves with the request total (``explains``)
+cannot be known. Per stage (:class:`StageSummary`): mean (rate of ``_sum`` / rate of ``_count``),
+p5 / p50 / p95 / p99 from ``histogram_quantile``, span count, and ``share`` = stage mean / request
+mean (means add up; quantiles do not; without a request span, / sum of stage means). Only the
+spread the bucket edges *prove* counts as swing (interpolation inside one wide bucket invents a
+spread): ``swing_floor_ms`` for p5..p95 and ``spike_floor_ms`` for p50..p99.
+
+The verdict is the trace report's: :func:`decide_aggregate` turns the summaries into
+:class:`~otel_stages.analysis.figures.Figures` and calls
+:func:`otel_stages.analysis.decision.decide`, the one rule set with the same thresholds (stages
+ranked by swing, since ``explains`` is unknown here). GPU evidence comes from the window mean of
+``hw_gpu_utilization_ratio`` through the same busy / starved thresholds
+(:func:`otel_stages.analysis.gpu.utilization_level`).
 """
 
 from __future__ import annotations
@@ -22,27 +25,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis import advice as advice_text
-from otel_stages.analysis.gpu import (
-    GPU_BUSY_MIN_UTILIZATION,
-    GPU_STARVED_MAX_UTILIZATION,
-    LEVEL_HIGH,
-    LEVEL_LOW,
-    LEVEL_MEDIUM,
-    LEVEL_NONE,
-    LEVEL_THIN,
-    MIN_GPU_SAMPLES,
-    GpuEvidence,
-)
+from otel_stages.analysis.decision import decide
+from otel_stages.analysis.figures import Figures, StageFigures, TotalFigures
+from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
 from otel_stages.analysis.promql import GPU_UTILIZATION, QUANTILES, build_queries, parse_vector
 from otel_stages.analysis.stats import order_stages
-from otel_stages.analysis.verdict import (
-    CAUSE_STABLE,
-    SPIKE_MIN_FRACTION,
-    SWING_MIN_FRACTION,
-    Verdict,
-    cause_for,
-)
+from otel_stages.analysis.verdict import Verdict
 
 # --- per-stage summaries --------------------------------------------------------------------------
 
@@ -149,7 +137,8 @@ def summarize(
             spike_floor_ms=_floor(b, 0.5, 0.99),
         )
     total = summaries.pop(semconv.SPAN_REQUEST, None)
-    mean_sum = sum(s.mean_ms or 0.0 for s in summaries.values()) or math.inf
+    mean_sum = ((total.mean_ms if total is not None and total.mean_ms else None)
+                or sum(s.mean_ms or 0.0 for s in summaries.values()) or math.inf)
     stages = {
         n: replace(summaries[n], share=(summaries[n].mean_ms or 0.0) / mean_sum)
         for n in order_stages(summaries)
@@ -164,15 +153,8 @@ def gpu_from_window(mean: float | None, samples: float | None) -> GpuEvidence:
     if mean is None or n == 0:
         return GpuEvidence(level=LEVEL_NONE, source="prometheus")
     mean = mean / 100.0 if mean > 1.5 else mean
-    if n < MIN_GPU_SAMPLES:
-        level = LEVEL_THIN
-    elif mean >= GPU_BUSY_MIN_UTILIZATION:
-        level = LEVEL_HIGH
-    elif mean <= GPU_STARVED_MAX_UTILIZATION:
-        level = LEVEL_LOW
-    else:
-        level = LEVEL_MEDIUM
-    return GpuEvidence(level=level, mean_utilization=mean, samples=n, source="prometheus")
+    return GpuEvidence(level=utilization_level(mean, n), mean_utilization=mean, samples=n,
+                       source="prometheus")
 
 
 def _gpu_line(gpu: GpuEvidence, window: str) -> str:
@@ -187,13 +169,6 @@ def _gpu_line(gpu: GpuEvidence, window: str) -> str:
 # --- verdict from aggregates --------------------------------------------------------------------
 
 
-def _swings(s: StageSummary, median_total_ms: float) -> bool:
-    return median_total_ms > 0 and (
-        s.swing_floor_ms >= SWING_MIN_FRACTION * median_total_ms
-        or s.spike_floor_ms >= SPIKE_MIN_FRACTION * median_total_ms
-    )
-
-
 def format_window(window_s: int) -> str:
     """``3600`` -> ``"1h"``, ``5400`` -> ``"90m"``, ``45`` -> ``"45s"``."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -202,13 +177,43 @@ def format_window(window_s: int) -> str:
     return f"{window_s}s"
 
 
+def stage_figures(s: StageSummary) -> StageFigures:
+    """A histogram summary -> the rules' input: swing and spike are the proven spreads; min,
+    max and ``explains`` are unknown."""
+    return StageFigures(
+        name=s.name, count=round(s.count), median_ms=s.p50_ms or 0.0, swing_ms=s.swing_floor_ms,
+        share=s.share, p5_ms=s.p5_ms, p95_ms=s.p95_ms, mean_ms=s.mean_ms, spike_ms=s.spike_floor_ms,
+    )
+
+
+def figures(
+    stages: Mapping[str, StageSummary], total: StageSummary | None, gpu: GpuEvidence
+) -> Figures:
+    """The rules' input for a window (requests estimated from the request span's count, else the
+    busiest stage's)."""
+    counts = [total.count] if total else [s.count for s in stages.values()]
+    total_fig = None
+    if total is not None and total.p50_ms:
+        total_fig = TotalFigures(
+            count=round(total.count), median_ms=total.p50_ms, swing_ms=total.swing_floor_ms,
+            p5_ms=total.p5_ms, p95_ms=total.p95_ms, spike_ms=total.spike_floor_ms,
+        )
+    return Figures(
+        warm_requests=round(max(counts, default=0.0)),
+        stages={n: stage_figures(s) for n, s in stages.items()},
+        total=total_fig,
+        gpu=gpu,
+    )
+
+
 def decide_aggregate(
     stages: Mapping[str, StageSummary],
     total: StageSummary | None,
     gpu: GpuEvidence,
     window_s: int,
 ) -> Verdict:
-    """Verdict from per-stage histogram summaries (rules in the module docstring). Never raises."""
+    """Verdict from per-stage histogram summaries with the shared rules
+    (:func:`otel_stages.analysis.decision.decide`), plus where the figures came from. Never raises."""
     window = format_window(window_s)
     if not stages:
         return Verdict(
@@ -220,67 +225,15 @@ def decide_aggregate(
                 " before sampling and that its metrics reach Prometheus; widen --since"
             ],
         )
-    median_total = (total.p50_ms if total and total.p50_ms else None) or sum(
-        s.p50_ms or 0.0 for s in stages.values()
-    )
-    ranked = sorted(
-        stages.values(), key=lambda s: (s.swing_floor_ms, s.swing_ms or 0.0, s.share), reverse=True
-    )
-    swinging = [s for s in ranked if _swings(s, median_total)]
-    source = (
+    verdict = decide(figures(stages, total, gpu))
+    if verdict.stage == semconv.STAGE_FORWARD:
+        verdict.evidence = [e for e in verdict.evidence if e != gpu.describe()]
+        verdict.evidence.append(_gpu_line(gpu, window))
+    verdict.evidence.append(
         f"from span-metrics histograms over the last {window}: aggregates cannot say which stage"
         " moves with the request total, and cold starts are mixed in; `otel-stages report"
         " --jaeger/--tempo` gives the per-request view"
     )
-    if swinging:
-        s = swinging[0]
-        cause = cause_for(s.name, gpu)
-        evidence = [
-            f"{s.name} swings: p5 {s.p5_ms:.1f} -> p95 {s.p95_ms:.1f} ms (p99 {s.p99_ms:.1f} ms);"
-            f" the histogram buckets put p5 and p95 at least {s.swing_floor_ms:.1f} ms apart,"
-            f" {s.swing_floor_ms / median_total:.0%} of the median request ({median_total:.1f} ms)",
-            f"{s.name} is {s.share:.0%} of the summed stage means (mean {s.mean_ms or 0:.1f} ms,"
-            f" {s.count:.0f} spans)",
-        ]
-        if len(swinging) > 1:
-            nxt = swinging[1]
-            evidence.append(f"next: {nxt.name} swings at least {nxt.swing_floor_ms:.1f} ms")
-        else:
-            others = [o for o in ranked if o is not s]
-            if others and others[0].swing_floor_ms > 0:
-                evidence.append(
-                    f"no other stage swings: the widest, {others[0].name}, by at least"
-                    f" {others[0].swing_floor_ms:.1f} ms"
-                )
-            elif others:
-                evidence.append("no other stage spreads beyond one histogram bucket")
-        if s.name == semconv.STAGE_FORWARD:
-            evidence.append(_gpu_line(gpu, window))
-        verdict = Verdict(cause, s.name, evidence, advice_text.for_cause(cause, gpu_level=gpu.level))
-    elif total is not None and _swings(total, median_total):
-        verdict = Verdict(
-            None,
-            None,
-            [
-                f"request total swings (p5 {total.p5_ms:.1f} -> p95 {total.p95_ms:.1f} ms) but no"
-                " stage does: the time is outside the stage spans"
-            ],
-            [advice_text.UNTRACED],
-        )
-    else:
-        largest = max(stages.values(), key=lambda x: x.share)
-        verdict = Verdict(
-            CAUSE_STABLE,
-            None,
-            [
-                f"no stage swings beyond the histogram resolution around a median request of"
-                f" {median_total:.1f} ms",
-                f"largest share: {largest.name} at {largest.share:.0%} of the summed stage means"
-                f" (mean {largest.mean_ms or 0:.1f} ms)",
-            ],
-            advice_text.for_stable(largest.name),
-        )
-    verdict.evidence.append(source)
     return verdict
 
 
@@ -290,7 +243,8 @@ def decide_aggregate(
 @dataclass
 class AggregateReport:
     """What ``otel-stages report --prometheus`` shows; :meth:`to_dict` keeps the report contract's
-    keys (``requests`` estimated, min/max ``None``, ``cold_start`` ``None``) plus ``source``."""
+    keys (``requests`` estimated, min/max ``None``, ``cold_start`` ``None``, ``unaccounted`` with
+    its share of request time only, when the request span's mean is known) plus ``source``."""
 
     requests: int
     stages: dict[str, StageSummary]
@@ -302,6 +256,14 @@ class AggregateReport:
     queries: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
+    def unaccounted(self) -> dict[str, float | None] | None:
+        """Request time outside the stage spans, as a share (1 - the stage shares; the per-request
+        gap is unknown from histograms); ``None`` without the request span's mean."""
+        if self.total is None or not self.total.mean_ms:
+            return None
+        return {"median_ms": None,
+                "share": round(max(0.0, 1.0 - sum(s.share for s in self.stages.values())), 4)}
+
     def to_dict(self) -> dict[str, object]:
         """JSON form (see the class docstring)."""
         return {
@@ -309,6 +271,7 @@ class AggregateReport:
             "requests": self.requests,
             "stages": {n: s.to_dict() for n, s in self.stages.items()},
             "total": None if self.total is None else self.total.to_dict(),
+            "unaccounted": self.unaccounted(),
             "cold_start": None,
             "verdict": self.verdict.to_dict(),
             "gpu": self.gpu.to_dict(),

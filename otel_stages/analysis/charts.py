@@ -314,7 +314,7 @@ def report_charts(
     caller has it already; otherwise :func:`~otel_stages.analysis.diagnose` is run here. Pure;
     never raises for odd input (an empty recording gives empty series)."""
     if report is None:
-        from otel_stages.analysis.report import diagnose
+        from otel_stages.analysis.diagnosis import diagnose
 
         report = diagnose(recording, baseline=baseline)
     contract = report.to_dict()
@@ -345,7 +345,7 @@ def report_charts(
         title=title,
         origin_unix_ns=origin,
         counts=counts,
-        verdict=dict(contract.get("verdict") or {}),  # type: ignore[call-overload]
+        verdict=dict(verdict) if isinstance(verdict := contract.get("verdict"), dict) else {},
         stages=_stage_series(names, warm, cold, base_warm, comparison),
         cohorts=_cohorts(warm, cohorts if isinstance(cohorts, list) else None),
         waterfall=_waterfall(warm, cold),
@@ -360,5 +360,6 @@ def report_charts(
         forward_windows_s=tuple(windows),
         comparison=tuple(str(s) for s in (comparison or {}).get("summary", [])),
         has_baseline=baseline is not None,
-        problems=tuple(str(p) for p in contract.get("problems") or []),  # type: ignore[attr-defined]
+        problems=tuple(str(p) for p in problems) if isinstance(
+            problems := contract.get("problems"), list) else (),
     )

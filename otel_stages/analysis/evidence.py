@@ -1,5 +1,6 @@
-"""Evidence sentences from per-request data: does a stage's time follow image size or a span
-attribute (Pearson r across warm requests)? Used by :mod:`otel_stages.analysis.verdict`."""
+"""Evidence from per-request data, for the rules in :mod:`otel_stages.analysis.decision`: does a
+stage's time follow image size or a span attribute (Pearson r across warm requests)? The rules
+work on aggregates only, so :func:`stage_evidence` computes this for every stage up front."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+from otel_stages import semconv
+from otel_stages.analysis.figures import StageEvidence
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import correlation
 from otel_stages.analysis.units import duration
@@ -19,13 +22,14 @@ CLOSE_R = 0.05
 _Key = Callable[[Request], "int | None"]
 
 
-def size_evidence(warm: Sequence[Request], stage: str) -> tuple[list[str], bool | None]:
+def size_evidence(warm: Sequence[Request], stage: str) -> StageEvidence:
     """Whether ``stage`` ms follows image pixels / bytes across ``warm`` requests.
 
-    Returns evidence lines (one sentence for both measures, e.g. ``decode time follows image
-    pixels (r = 0.95) and bytes (r = 0.91)``, the closer one first; then the per-size medians)
-    and ``True`` (|r| >= FOLLOWS_SIZE_MIN_R for pixels or bytes), ``False`` (sizes vary but cost
-    does not follow), or ``None`` (sizes unknown or all equal).
+    ``lines``: one sentence for both measures (e.g. ``decode time follows image pixels (r = 0.95)
+    and bytes (r = 0.91)``, the closer one first), then the per-size medians or the one size.
+    ``follows_size``: ``True`` (|r| >= FOLLOWS_SIZE_MIN_R for pixels or bytes), ``False`` (sizes
+    vary but cost does not follow), ``None`` (sizes unknown or all equal). ``one_size``: every
+    request with a known size had the same width x height (and cost does not follow bytes).
     """
     rs = {
         "pixels": _corr(warm, stage, lambda q: q.pixels),
@@ -47,7 +51,8 @@ def size_evidence(warm: Sequence[Request], stage: str) -> tuple[list[str], bool 
     elif len(groups) == 1:
         (w, h), _ = next(iter(groups.items()))
         lines.append(f"every request had the same {w}x{h} image, so {stage} cost cannot follow size")
-    return lines, follows
+    one_size = len(groups) == 1 and follows is not True  # same pixels, and bytes do not explain it
+    return StageEvidence(tuple(lines), None if one_size else follows, one_size)
 
 
 def size_sentence(stage: str, known: Sequence[tuple[str, float]]) -> str:
@@ -101,3 +106,18 @@ def attribute_evidence(warm: Sequence[Request], stage: str, key: str) -> list[st
     ]
     r = correlation([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
     return [] if r is None else [f"{stage} time vs {key}: r = {r:.2f}"]
+
+
+def stage_evidence(warm: Sequence[Request], stages: Sequence[str]) -> dict[str, StageEvidence]:
+    """Per-request evidence for each of ``stages``: size for decode / resize, image bytes for
+    download, ``queue.depth`` for queue; nothing for the others (forward's evidence is the GPU's)."""
+    out: dict[str, StageEvidence] = {}
+    for stage in stages:
+        if stage in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
+            out[stage] = size_evidence(warm, stage)
+        elif stage == semconv.STAGE_DOWNLOAD:
+            lines = follow_evidence(warm, stage, "image bytes", lambda r: r.image_bytes)
+            out[stage] = StageEvidence(tuple(lines))
+        elif stage == semconv.STAGE_QUEUE:
+            out[stage] = StageEvidence(tuple(attribute_evidence(warm, stage, semconv.QUEUE_DEPTH)))
+    return out

@@ -129,7 +129,10 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint]) -> 
     return best[0]
 
 
-def _classify(mean: float | None, samples: int, covered: int, forwards: int) -> str:
+def utilization_level(mean: float | None, samples: int, covered: int = 0, forwards: int = 0) -> str:
+    """The evidence level for a mean utilization (0..1) backed by ``samples`` samples, ``covered``
+    of ``forwards`` forwards having at least one (pass 0, 0 when coverage is unknown, e.g. for a
+    window mean). The one place the busy / starved thresholds are applied."""
     if mean is None or samples < MIN_GPU_SAMPLES or covered < MIN_FORWARD_COVERAGE * forwards:
         return LEVEL_THIN
     if mean >= GPU_BUSY_MIN_UTILIZATION:
@@ -171,7 +174,7 @@ def _align(
     mean = statistics.fmean(inside) if inside else None
     slow, fast = _split_means(per_forward)
     evidence = GpuEvidence(
-        level=_classify(mean, len(inside), len(per_forward), len(windows)),
+        level=utilization_level(mean, len(inside), len(per_forward), len(windows)),
         mean_utilization=mean,
         samples=len(inside),
         forwards=len(windows),
@@ -208,7 +211,7 @@ def _from_span_attributes(requests: Sequence[Request], n_forwards: int) -> GpuEv
     mean_all = weighted / samples
     slow, fast = _split_means(per_forward)
     return GpuEvidence(
-        level=_classify(mean_all, samples, len(per_forward), n_forwards),
+        level=utilization_level(mean_all, samples, len(per_forward), n_forwards),
         mean_utilization=mean_all,
         samples=samples,
         forwards=n_forwards,

@@ -1,24 +1,32 @@
-"""The report: a recording -> requests -> warm statistics -> GPU evidence -> verdict (-> comparison).
+"""The report: everything ``otel-stages report`` shows, and its JSON form.
 
-:func:`diagnose` is pure (no I/O); :meth:`Report.to_dict` is the ``otel-stages report --json``
-contract (DESIGN.md section 3).
+:class:`Report` is built by :func:`otel_stages.analysis.diagnosis.diagnose`; :meth:`Report.to_dict`
+is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``,
+``total``, ``stages`` (with ``explains``), ``unaccounted``, ``cohorts``, ``input_mix_explains``,
+``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
+``set_apart``, ``noise``, ``gpu``, ``slowest`` and ``groups``.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
-from otel_stages.analysis.batching import BatchSummary, summarize_batches
-from otel_stages.analysis.comparison import Comparison, compare
-from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
-from otel_stages.analysis.model import Recording
-from otel_stages.analysis.requests import Request, find_requests
-from otel_stages.analysis.stats import Distribution, StageStats, distribution, order_stages, stage_stats
-from otel_stages.analysis.verdict import ColdStart, Verdict, decide
+from otel_stages.analysis.batching import BatchSummary
+from otel_stages.analysis.cohorts import SetApart
+from otel_stages.analysis.comparison import Comparison
+from otel_stages.analysis.figures import CohortFigures, ColdFigures
+from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.noise import NoiseBand
+from otel_stages.analysis.requests import Request
+from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
+from otel_stages.analysis.verdict import Verdict
 
 #: Default number of slowest warm requests listed.
 DEFAULT_TOP = 5
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 @dataclass(frozen=True)
@@ -62,122 +70,154 @@ class SlowRequest:
         }
 
 
+@dataclass(frozen=True)
+class Counts:
+    """Requests read: ``warm`` (in the statistics), ``cold`` (first of a process, and warm ones
+    set apart as cold), ``failed`` (ended with an error); ``warm + cold + failed`` is the report's
+    ``requests``. ``incomplete``: stage spans that form no request (parent never arrived, or no
+    request span above them)."""
+
+    warm: int
+    cold: int
+    failed: int
+    incomplete: int
+
+    def to_dict(self) -> dict[str, int]:
+        """JSON form."""
+        return {"warm": self.warm, "cold": self.cold, "failed": self.failed,
+                "incomplete": self.incomplete}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One process read: ``service_name``, ``service_instance_id``, its first request start and
+    last request end (Unix ns), how many ``requests`` (all kinds), and whether it is in the
+    statistics (``reported``: false when ``--last-run`` chose another). ``key`` is its
+    :func:`~otel_stages.analysis.requests.process_key`."""
+
+    key: str
+    service_name: str | None
+    service_instance_id: str | None
+    first_unix_ns: int
+    last_unix_ns: int
+    requests: int
+    reported: bool = True
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form (DESIGN.md section 3 ``runs`` entry plus ``reported``)."""
+        return {
+            "service_name": self.service_name,
+            "service_instance_id": self.service_instance_id,
+            "first_unix_ns": self.first_unix_ns,
+            "last_unix_ns": self.last_unix_ns,
+            "requests": self.requests,
+            "reported": self.reported,
+        }
+
+
+def cold_to_dict(cold: ColdFigures) -> dict[str, object]:
+    """The CLI contract's ``cold_start`` object."""
+    return {
+        "total_ms": round(cold.total_ms, 3),
+        "warm_median_total_ms": _r(cold.warm_median_total_ms),
+        "comparable_median_total_ms": _r(cold.comparable_median_total_ms),
+        "compared_with": cold.compared_with,
+        "ratio": _r(cold.ratio, 2),
+        "stages": {k: round(v, 3) for k, v in cold.stages_ms.items()},
+        "cohort": cold.cohort,
+        "comparable_requests": cold.comparable_requests,
+        "comparable_stages": {k: round(v, 3) for k, v in cold.comparable_stages_ms.items()},
+        "count": cold.count,
+    }
+
+
+def cohort_to_dict(cohort: CohortFigures) -> dict[str, object]:
+    """One entry of the CLI contract's ``cohorts`` list."""
+    return {
+        "key": cohort.key,
+        "requests": cohort.requests,
+        "median_total_ms": round(cohort.median_total_ms, 3),
+        "p95_total_ms": round(cohort.p95_total_ms, 3),
+        "verdict": None if cohort.verdict is None else cohort.verdict.to_dict(),
+    }
+
+
+def noise_to_dict(noise: NoiseBand | None, total: Distribution | None) -> dict[str, object] | None:
+    """The report's ``noise`` object: the band, what set it, and the total's swing against it."""
+    if noise is None:
+        return None
+    return {
+        "band_ms": round(noise.band_ms, 3),
+        "jitter": _r(noise.jitter, 4),
+        "stages_measured": noise.stages,
+        "source": noise.source,
+        "total_swing_ms": None if total is None else round(total.swing_ms, 3),
+        "description": noise.describe(),
+    }
+
+
 @dataclass
 class Report:
     """Everything ``otel-stages report`` shows. See :meth:`to_dict` for the JSON shape.
 
-    ``requests`` counts all requests (cold and failed included); ``warm_requests`` the warm,
-    successful ones that ``stages`` (ordered: standard stages in pipeline order, then custom) and
-    ``total`` describe.
-    ``groups`` maps each custom stage that holds other stage spans (``preprocess`` around
-    ``decode``/``resize``) to those stages' names: a group is not a row of ``stages``, its
-    children are (see :mod:`otel_stages.analysis.requests`).
+    ``stages`` (standard stages in pipeline order, then custom) and ``total`` describe the warm
+    requests. ``groups`` maps each custom stage that holds other stage spans (``preprocess``
+    around ``decode``/``resize``) to those stages' names: a group is not a row of ``stages``.
+    ``total_samples`` / ``stage_samples`` (warm ms values) and ``cohort_counts`` (warm requests per
+    input cohort, ``"unknown"`` for none) feed before/after comparisons.
     """
 
     requests: int
-    warm_requests: int
-    failed_requests: int
+    counts: Counts
     stages: dict[str, StageStats]
     total: Distribution | None
-    cold_start: ColdStart | None
+    unaccounted: Unaccounted | None
+    cold_start: ColdFigures | None
     verdict: Verdict
     gpu: GpuEvidence
+    cohorts: list[CohortFigures] = field(default_factory=list)
+    input_mix_explains: float | None = None
+    set_apart: list[SetApart] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    noise: NoiseBand | None = None
     slowest: list[SlowRequest] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     comparison: Comparison | None = None
     groups: dict[str, list[str]] = field(default_factory=dict)
+    total_samples: list[float] = field(default_factory=list)
+    stage_samples: dict[str, list[float]] = field(default_factory=dict)
+    cohort_counts: dict[str, int] = field(default_factory=dict)
     batches: BatchSummary | None = None  #: batch sizes and fill waits (analysis.batching)
 
+    @property
+    def warm_requests(self) -> int:
+        """Warm requests in the statistics."""
+        return self.counts.warm
+
+    @property
+    def failed_requests(self) -> int:
+        """Requests that ended with an error."""
+        return self.counts.failed
+
     def to_dict(self) -> dict[str, object]:
-        """``{"requests", "stages", "cold_start", "verdict", "gpu", "slowest", "problems",
-        "comparison", "batches"}`` with ms values rounded to microseconds."""
+        """The ``--json`` object (module docstring), ms values rounded to microseconds."""
         return {
             "requests": self.requests,
+            "counts": self.counts.to_dict(),
+            "total": None if self.total is None else self.total.to_dict(),
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
-            "cold_start": None if self.cold_start is None else self.cold_start.to_dict(),
+            "unaccounted": None if self.unaccounted is None else self.unaccounted.to_dict(),
+            "cohorts": [cohort_to_dict(c) for c in self.cohorts],
+            "input_mix_explains": _r(self.input_mix_explains, 4),
+            "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),
+            "set_apart": [a.to_dict() for a in self.set_apart],
+            "runs": [r.to_dict() for r in self.runs],
+            "problems": list(self.problems),
             "verdict": self.verdict.to_dict(),
+            "noise": noise_to_dict(self.noise, self.total),
             "gpu": self.gpu.to_dict(),
             "slowest": [s.to_dict() for s in self.slowest],
-            "problems": list(self.problems),
+            "groups": {name: list(kids) for name, kids in self.groups.items()},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
             "batches": None if self.batches is None else self.batches.to_dict(),
         }
-
-
-def _cold_summary(cold: list[Request], total: Distribution | None) -> ColdStart | None:
-    if not cold:
-        return None
-    stage_values: dict[str, list[float]] = {}
-    for req in cold:
-        for name, ms in req.stages_ms.items():
-            stage_values.setdefault(name, []).append(ms)
-    return ColdStart(
-        total_ms=statistics.median(r.total_ms for r in cold),
-        warm_median_total_ms=total.median_ms if total else None,
-        stages_ms={n: statistics.median(stage_values[n]) for n in order_stages(stage_values)},
-        count=len(cold),
-    )
-
-
-def _groups(requests: list[Request]) -> dict[str, list[str]]:
-    found: dict[str, set[str]] = {}
-    for req in requests:
-        for group in req.groups:
-            found.setdefault(group.name, set()).update(
-                s.name for s in (*req.spans, *req.groups)
-                if s.parent_span_id == group.span_id and s.trace_id == group.trace_id
-            )
-    return {name: order_stages(kids) for name, kids in sorted(found.items())}
-
-
-def diagnose(
-    recording: Recording, *, baseline: Recording | None = None, top: int = DEFAULT_TOP
-) -> Report:
-    """Diagnose ``recording``: find requests, split off cold ones, compute warm-run stats, GPU
-    evidence and the verdict. ``baseline`` (the same inputs before a change) fills
-    ``comparison``; its problems are added prefixed with ``baseline:``. ``top`` is how many
-    slowest warm requests to list. Pure; never raises for odd input (an empty recording gives a
-    report with ``requests == 0`` and ``verdict.cause is None``).
-    """
-    requests = find_requests(recording.spans)
-    # A failed request stopped early: its short stages would pose as fast runs, so it is counted
-    # but kept out of the statistics.
-    failed = [r for r in requests if r.error]
-    warm = [r for r in requests if not r.cold and not r.error]
-    cold = [r for r in requests if r.cold]
-    totals = [r.total_ms for r in warm]
-    stages = stage_stats([r.stages_ms for r in warm], totals)
-    total = distribution(totals) if totals else None
-    cold_start = _cold_summary(cold, total)
-    gpu = gpu_evidence(warm, recording.metrics)
-    verdict = decide(warm, stages, total, cold_start, gpu)
-    if failed:
-        verb = "was" if len(failed) == 1 else "were"
-        verdict.evidence.append(
-            f"{len(failed)} of {len(requests)} requests ended with an error and {verb} left out of"
-            " the stage statistics")
-    problems = list(recording.problems)
-    if recording.spans and not requests:
-        problems.append(
-            f"{len(recording.spans)} spans read but none is a stage span (expected spans named"
-            " download/decode/resize/queue/forward, or children of a 'request' span)"
-        )
-    report = Report(
-        requests=len(requests),
-        warm_requests=len(warm),
-        failed_requests=len(failed),
-        stages=stages,
-        total=total,
-        cold_start=cold_start,
-        verdict=verdict,
-        gpu=gpu,
-        slowest=[SlowRequest.of(r) for r in sorted(warm, key=lambda r: -r.total_ms)[: max(top, 0)]],
-        problems=problems,
-        groups=_groups(requests),
-        batches=summarize_batches(recording.spans),
-    )
-    if baseline is not None:
-        before = diagnose(baseline, top=top)
-        report.problems.extend(f"baseline: {p}" for p in before.problems)
-        report.comparison = compare(before, report)
-    return report

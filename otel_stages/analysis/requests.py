@@ -1,4 +1,4 @@
-"""Group stage spans into requests.
+"""Group stage spans into requests; count what cannot be a request as incomplete.
 
 A *request* is the parent span of the stage spans (DESIGN.md section 2). Stage spans are found by
 name: the standard stage names (``semconv.STANDARD_STAGES``), plus every sibling of those (custom
@@ -7,17 +7,24 @@ find a request; they only add detail (image size, ``request.seq``, ``request.col
 
 A custom stage that itself holds stage spans (``request -> preprocess -> decode, resize``) is a
 *group*, not a request: the request is the outermost parent reached by walking up from the stage
-spans through custom stages only (a custom stage is a sibling of a standard stage or a child of a
-``request`` span, so groups may nest as long as each sits among stage spans). The group's leaf
-stage spans count toward that request; the group's own span is not a stage row (its time is its
-children's, so shares still add up to the total; time inside the group but outside its children is
-untraced time, like gaps in the request span). Spans named ``request`` are never a group, and the
-walk stops at any span that is not a stage (an HTTP server span above the request span, another
-service's span), so requests stay apart.
+spans through custom stages only. The group's leaf stage spans count toward that request; the
+group's own span is not a stage row (its time is its children's; time inside the group but outside
+its children is untraced time, like gaps in the request span). Spans named ``request`` are never a
+group, and the walk stops at any span that is not a stage (an HTTP server span above the request
+span, another service's span), so requests stay apart.
 
-When the parent span is absent (not exported, dropped, or in another file), stage spans whose
-parent is missing are grouped by trace id and the request's total is the first stage start to the
-last stage end.
+*Incomplete*: stage spans whose parent span never arrived (lost context, spans dropped by a full
+export queue, fire-and-forget work, a file not read) and stage spans at the root of their trace
+(no request span above them) are never requests: they are counted as :class:`Incomplete` and
+named in ``problems``. Their times would otherwise enter the statistics as requests of their own.
+
+Per request, each stage span counts only for the part that lies inside the request span (work
+that outlives its request is not request latency); ``unaccounted_ms`` is the request time covered
+by no stage span. Stages that stick out of their request, or overlap each other (so that their
+shares add up to more than the request), are named in ``problems``.
+
+Span names that carry per-request data are handled by :mod:`otel_stages.analysis.naming`.
+Everything here is linear in the number of spans (plus a sort of each request's few stages).
 """
 
 from __future__ import annotations
@@ -28,34 +35,44 @@ from dataclasses import dataclass, field, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.model import AttributeValue, Span
+from otel_stages.analysis.naming import Naming, per_request_names
 
 _STANDARD = frozenset(semconv.STANDARD_STAGES)
 
 _Key = tuple[str, str]  # (trace id, span id)
 
+#: Stage spans of one request may overlap by this much (ms) before it is a problem: clocks of two
+#: threads (or Jaeger's microsecond times) can put one stage's start a hair before the last's end.
+OVERLAP_TOLERANCE_MS = 0.05
+
 
 @dataclass(frozen=True)
 class Request:
-    """One inference request, built from its stage spans.
+    """One inference request, built from its request span and stage spans.
 
-    ``span_id`` is the request span's id (``None`` when that span is missing). ``total_ms`` is the
-    request span's duration, else first stage start .. last stage end. ``stages_ms`` maps stage
-    name -> ms (a repeated stage name is summed; groups are left out, their children counted).
-    ``image_width``/``image_height`` are pixels and ``image_bytes`` encoded bytes, read from stage
-    spans (then groups, then the request span), ``None`` when absent. ``seq`` is ``request.seq``
-    from the request span, ``None`` without one (never invented). ``cold`` marks the first request
-    of a process (see :func:`find_requests`). ``spans`` are the leaf stage spans, ``groups`` the
-    custom stage spans that hold other stage spans.
+    ``span_id`` is the request span's id; ``total_ms`` its duration. ``stages_ms`` maps stage
+    name -> ms inside the request span (a repeated stage name is summed; groups are left out, their
+    children counted). ``unaccounted_ms`` is request time covered by no stage span.
+    ``image_width``/``image_height`` are pixels and ``image_bytes`` encoded bytes,
+    ``image_format`` the Pillow format and ``prompt_tokens`` the prompt length in tokens, read from
+    stage spans (decode first), then groups, then the request span; ``None`` when absent. ``seq``
+    is ``request.seq`` from the request span, ``None`` without one (never invented). ``cold``
+    marks the first request of a process (see :func:`find_requests`). ``spans`` are the leaf stage
+    spans (renamed where their names were per-request), ``groups`` the custom stage spans that
+    hold other stage spans.
     """
 
     trace_id: str
-    span_id: str | None
+    span_id: str
     start_ns: int
     total_ms: float
     stages_ms: dict[str, float]
+    unaccounted_ms: float = 0.0
     image_width: int | None = None
     image_height: int | None = None
     image_bytes: int | None = None
+    image_format: str | None = None
+    prompt_tokens: int | None = None
     error: bool = False
     seq: int | None = None
     cold: bool = False
@@ -63,6 +80,11 @@ class Request:
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     spans: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
+
+    @property
+    def end_ns(self) -> int:
+        """End of the request span, ns."""
+        return self.start_ns + round(self.total_ms * 1e6)
 
     @property
     def pixels(self) -> int | None:
@@ -83,6 +105,29 @@ class Request:
         return [(s.start_ns, s.end_ns) for s in self.spans if s.name == stage]
 
 
+@dataclass(frozen=True)
+class Incomplete:
+    """Stage spans that belong to no request: ``missing_parent_id`` is the id of the parent that
+    never arrived (``None``: the stage spans are roots of their trace). ``stages`` their names,
+    ``duration_ms`` first start to last end, ``process`` the :func:`process_key` of their resource."""
+
+    trace_id: str
+    missing_parent_id: str | None
+    stages: tuple[str, ...]
+    duration_ms: float
+    process: str = ""
+
+
+@dataclass
+class Grouping:
+    """What :func:`group_spans` found: ``requests`` sorted by start, ``incomplete`` units and
+    ``problems`` (sentences about incomplete traces, naming, overlapping or out-of-parent stages)."""
+
+    requests: list[Request]
+    incomplete: list[Incomplete] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
 def process_key(resource: dict[str, AttributeValue]) -> str:
     """The process a resource belongs to: ``service.instance.id``, else ``service.name``, else ``""``."""
     for key in (semconv.SERVICE_INSTANCE_ID, semconv.SERVICE_NAME):
@@ -93,13 +138,22 @@ def process_key(resource: dict[str, AttributeValue]) -> str:
 
 
 def find_requests(spans: Iterable[Span]) -> list[Request]:
-    """Group ``spans`` into :class:`Request` records, sorted by start time.
+    """The requests of :func:`group_spans` (incomplete units and problems dropped)."""
+    return group_spans(spans).requests
 
-    Duplicate spans (same trace and span id) count once. Cold requests: where any request of a
-    process carries ``request.cold_start``, that attribute decides; else where requests carry
-    ``request.seq``, seq 1 is cold; else the earliest request of each process (keyed by
-    ``service.instance.id``, else ``service.name``) is cold. So a file that starts mid-process
-    (no seq 1) has no cold request.
+
+def _is_stage_name(span: Span) -> bool:
+    return span.name in _STANDARD or span.attributes.get(semconv.STAGE_NAME) in _STANDARD
+
+
+def group_spans(spans: Iterable[Span]) -> Grouping:
+    """Group ``spans`` into :class:`Request` records (sorted by start) and :class:`Incomplete`
+    units, with problems. Duplicate spans (same trace and span id) count once.
+
+    Cold requests: where any request of a process carries ``request.cold_start``, that attribute
+    decides; else where requests carry ``request.seq``, seq 1 is cold; else the earliest request
+    of each process (keyed by ``service.instance.id``, else ``service.name``) is cold. So a file
+    that starts mid-process (no seq 1) has no cold request. Never raises.
     """
     by_id: dict[_Key, Span] = {}
     for span in spans:
@@ -116,31 +170,81 @@ def find_requests(spans: Iterable[Span]) -> list[Request]:
         if parent is not None and parent.name in _STANDARD:
             continue  # detail spans nested inside a stage, not a request
         if (parent is not None and parent.name == semconv.SPAN_REQUEST) or any(
-            k.name in _STANDARD for k in kids
+            _is_stage_name(k) for k in kids
         ):
             parents[key] = kids
+    naming = per_request_names(k for kids in parents.values() for k in kids)
 
     # each stage parent belongs to the request found by walking up through groups
-    members: dict[tuple[str, str | None], tuple[list[Span], list[Span]]] = {}
+    members: dict[_Key, tuple[list[Span], list[Span]]] = {}
     for key, kids in parents.items():
         root = _owner(key, by_id, parents)
-        leaves, groups = members.setdefault(
-            root if root in by_id else (root[0], None), ([], [])
-        )
+        leaves, groups = members.setdefault(root, ([], []))
         leaves.extend(k for k in kids if (k.trace_id, k.span_id) not in parents)
         if key != root:
             groups.append(by_id[key])
-    for span in by_id.values():  # stage spans that are roots themselves: one request per trace
-        if span.parent_span_id is None and span.name in _STANDARD:
-            members.setdefault((span.trace_id, None), ([], []))[0].append(span)
 
-    requests = [
-        _build(by_id.get((key[0], key[1])) if key[1] else None, key[0], leaves, groups)
-        for key, (leaves, groups) in members.items()
-        if leaves
-    ]
-    requests.sort(key=lambda r: (r.start_ns, r.trace_id))
-    return _mark_cold(requests)
+    out = Grouping(requests=[], problems=list(naming.problems))
+    issues = _Issues()
+    for key, (leaves, groups) in members.items():
+        named = _renamed(leaves, naming)
+        if not named:
+            continue
+        request_span = by_id.get(key)
+        if request_span is None:
+            out.incomplete.append(_incomplete(key[0], key[1], named + groups))
+        else:
+            out.requests.append(_build(request_span, named, groups, issues))
+    roots = [s for s in by_id.values() if s.parent_span_id is None and s.name in _STANDARD
+             and (s.trace_id, s.span_id) not in parents]
+    out.incomplete.extend(_incomplete(s.trace_id, None, [s]) for s in roots)
+    out.requests.sort(key=lambda r: (r.start_ns, r.trace_id))
+    out.requests = _mark_cold(out.requests)
+    out.problems.extend(_incomplete_problems(out.incomplete))
+    out.problems.extend(issues.problems())
+    return out
+
+
+def _renamed(leaves: list[Span], naming: Naming) -> list[Span]:
+    if not naming.renamed:
+        return leaves
+    out = []
+    for span in leaves:
+        name = naming.name_of(span)
+        if name is not None:
+            out.append(span if name == span.name else replace(span, name=name))
+    return out
+
+
+def _incomplete(trace_id: str, missing: str | None, spans: Sequence[Span]) -> Incomplete:
+    start = min(s.start_ns for s in spans)
+    end = max(s.end_ns for s in spans)
+    names = tuple(sorted({s.name for s in spans}))
+    return Incomplete(trace_id, missing, names, (end - start) / 1e6, process_key(spans[0].resource))
+
+
+def _incomplete_problems(units: list[Incomplete]) -> list[str]:
+    from otel_stages.analysis.units import duration
+
+    problems = []
+    orphans = [u for u in units if u.missing_parent_id is not None]
+    if orphans:
+        u = orphans[0]
+        problems.append(
+            f"{len(orphans)} incomplete trace{'s' if len(orphans) != 1 else ''} left out: stage spans"
+            " whose parent span never arrived (lost context, spans dropped by a full export queue,"
+            " fire-and-forget work, or a file not read); counted under counts.incomplete, not as"
+            f" requests (e.g. trace {u.trace_id}: {', '.join(u.stages)}, {duration(u.duration_ms)})"
+        )
+    roots = [u for u in units if u.missing_parent_id is None]
+    if roots:
+        u = roots[0]
+        problems.append(
+            f"{len(roots)} stage span{'s' if len(roots) != 1 else ''} with no request span above"
+            " (root of the trace) left out as incomplete: wrap each request's stages in"
+            f" otel_stages.request() (e.g. trace {u.trace_id}: {', '.join(u.stages)})"
+        )
+    return problems
 
 
 def _owner(key: _Key, by_id: dict[_Key, Span], parents: dict[_Key, list[Span]]) -> _Key:
@@ -159,6 +263,36 @@ def _owner(key: _Key, by_id: dict[_Key, Span], parents: dict[_Key, list[Span]]) 
     return key  # a parent cycle (malformed ids): stop where it closes
 
 
+class _Issues:
+    """Counts of stages sticking out of their request and of overlapping stages, with one example."""
+
+    def __init__(self) -> None:
+        self.outside = 0
+        self.outside_max_ms = 0.0
+        self.outside_example = ""
+        self.overlap = 0
+        self.overlap_example = ""
+
+    def problems(self) -> list[str]:
+        from otel_stages.analysis.units import duration
+
+        out = []
+        if self.outside:
+            out.append(
+                f"stage spans reach outside their request span in {self.outside} request"
+                f"{'s' if self.outside != 1 else ''} (up to {duration(self.outside_max_ms)} outside,"
+                f" e.g. {self.outside_example}): only the part inside the request counts; work that"
+                " outlives its request (fire-and-forget) is not request latency"
+            )
+        if self.overlap:
+            out.append(
+                f"stage spans overlap in {self.overlap} request{'s' if self.overlap != 1 else ''}"
+                f" (e.g. {self.overlap_example}): stages that run at the same time make the stage"
+                " shares add up to more than the request"
+            )
+        return out
+
+
 def _first_int(spans: Sequence[Span], key: str) -> int | None:
     for span in spans:
         value = span.attributes.get(key)
@@ -167,40 +301,65 @@ def _first_int(spans: Sequence[Span], key: str) -> int | None:
     return None
 
 
-def _build(
-    request_span: Span | None, trace_id: str, leaves: list[Span], groups: list[Span]
-) -> Request:
+def _first_str(spans: Sequence[Span], key: str) -> str | None:
+    for span in spans:
+        value = span.attributes.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _Issues) -> Request:
     leaves = sorted(leaves, key=lambda s: (s.start_ns, s.name))
     groups = sorted(groups, key=lambda s: (s.start_ns, s.name))
+    lo, hi = request_span.start_ns, request_span.end_ns
     stages_ms: dict[str, float] = {}
+    covered = 0
+    inside_sum = 0
+    cursor, cursor_name = lo, ""
+    worst_outside, example = 0, ""
     for span in leaves:
-        stages_ms[span.name] = stages_ms.get(span.name, 0.0) + span.duration_ms
-    if request_span is not None:
-        start_ns, total_ms = request_span.start_ns, request_span.duration_ms
-        attributes, resource = dict(request_span.attributes), request_span.resource
-    else:
-        every = leaves + groups
-        start_ns = min(s.start_ns for s in every)
-        total_ms = (max(s.end_ns for s in every) - start_ns) / 1e6
-        attributes, resource = {}, leaves[0].resource
+        start, end = max(span.start_ns, lo), min(span.end_ns, hi)
+        inside = max(0, end - start)
+        outside = (span.end_ns - span.start_ns) - inside
+        if outside > worst_outside:
+            worst_outside = outside
+            example = f"{span.name} in trace {span.trace_id}"
+        stages_ms[span.name] = stages_ms.get(span.name, 0.0) + inside / 1e6
+        if inside == 0:
+            continue
+        inside_sum += inside
+        if start < cursor and (cursor - start) / 1e6 > OVERLAP_TOLERANCE_MS and not issues.overlap_example:
+            issues.overlap_example = f"{cursor_name} and {span.name} in trace {span.trace_id}"
+        covered += max(0, end - max(start, cursor))
+        if end > cursor:
+            cursor, cursor_name = end, span.name
+    if worst_outside / 1e6 > OVERLAP_TOLERANCE_MS:
+        issues.outside += 1
+        if worst_outside / 1e6 > issues.outside_max_ms:
+            issues.outside_max_ms, issues.outside_example = worst_outside / 1e6, example
+    if (inside_sum - covered) / 1e6 > OVERLAP_TOLERANCE_MS:
+        issues.overlap += 1
+    total_ms = request_span.duration_ms
     # image attributes: decode span first (its contract), then any stage, groups, the request span
-    ordered = sorted(leaves, key=lambda s: s.name != semconv.STAGE_DECODE) + groups
-    if request_span is not None:
-        ordered.append(request_span)
-    seq = attributes.get(semconv.REQUEST_SEQ)
+    ordered = [*sorted(leaves, key=lambda s: s.name != semconv.STAGE_DECODE), *groups, request_span]
+    seq = request_span.attributes.get(semconv.REQUEST_SEQ)
     return Request(
-        trace_id=trace_id,
-        span_id=request_span.span_id if request_span is not None else None,
-        start_ns=start_ns,
+        trace_id=request_span.trace_id,
+        span_id=request_span.span_id,
+        start_ns=lo,
         total_ms=total_ms,
         stages_ms=stages_ms,
+        unaccounted_ms=max(0.0, total_ms - covered / 1e6),
         image_width=_first_int(ordered, semconv.IMAGE_WIDTH),
         image_height=_first_int(ordered, semconv.IMAGE_HEIGHT),
         image_bytes=_first_int(ordered, semconv.IMAGE_SIZE),
+        image_format=_first_str(ordered, semconv.IMAGE_FORMAT),
+        prompt_tokens=_first_int(ordered, semconv.PROMPT_TOKENS),
         error=any(s.error for s in ordered),
         seq=int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None,
-        resource=dict(resource),
-        attributes=attributes,
+        resource=request_span.resource,
+        attributes=request_span.attributes,
         spans=tuple(leaves),
         groups=tuple(groups),
     )
@@ -221,5 +380,6 @@ def _mark_cold(requests: list[Request]) -> list[Request]:
         else:
             cold = [i == 0 for i in range(len(group))]  # already sorted by start time
         for i, is_cold in zip(indices, cold):
-            out[i] = replace(requests[i], cold=is_cold)  # seq stays None when not recorded
+            if is_cold:
+                out[i] = replace(requests[i], cold=True)
     return out

@@ -4,12 +4,18 @@ Definitions used across the report:
 
 - ``median_ms`` / ``p95_ms`` ...: percentiles with linear interpolation between closest ranks
   (numpy's default), over the requests where the stage ran.
-- ``share``: the stage's median divided by the median request total.
+- ``share``: the stage's part of all request time, ``sum(stage ms) / sum(request total ms)`` over
+  the same requests. Shares add up: stage shares plus the unaccounted share (request time outside
+  every stage span) are 1 when stages do not overlap. (Medians do not add up, so a share of the
+  *median* total would not.) The same definition works on sums kept by a database or on histogram
+  ``_sum`` series.
 - ``swing_ms``: ``p95 - p5`` of the stage, i.e. the spread of its middle 90 %. It is symmetric, so a
   stage that is usually slow and sometimes fast swings as much as one that is usually fast and
   sometimes slow, and one freak run at either end of 20-40 runs does not dominate it.
-- ``explained``: how much of the variance of the request total the stage accounts for,
-  ``cov(stage, total) / var(total)``. Over all stages (plus untraced gaps) these add up to 1; a
+- ``spike_ms``: how far the furthest single run lies from the median, either way:
+  ``max(max - median, median - min)``; the one freak run that ``swing_ms`` leaves out.
+- ``explains``: how much of the variance of the request total the stage accounts for,
+  ``cov(stage, total) / var(total)``. Over all stages plus the unaccounted time these add up to 1; a
   stage that swings in step with the total gets most of it, a tiny stage gets little even when its
   *relative* swing is large.
 """
@@ -25,11 +31,43 @@ from otel_stages import semconv
 
 
 @dataclass(frozen=True)
-class StageStats:
-    """Warm-run statistics of one stage. Times in ms; ``share`` and ``explained`` are fractions.
+class Distribution:
+    """Summary of one series of ms values (e.g. request totals). ``count`` values."""
 
-    ``count`` is the number of requests in which the stage ran.
-    """
+    count: int
+    min_ms: float
+    p5_ms: float
+    median_ms: float
+    p95_ms: float
+    max_ms: float
+    mean_ms: float = 0.0
+
+    @property
+    def swing_ms(self) -> float:
+        """``p95 - p5`` (see the module docstring)."""
+        return self.p95_ms - self.p5_ms
+
+    @property
+    def spike_ms(self) -> float:
+        """``max(max - median, median - min)`` (see the module docstring)."""
+        return max(self.max_ms - self.median_ms, self.median_ms - self.min_ms)
+
+    def to_dict(self) -> dict[str, float]:
+        """The CLI contract's ``total`` object, rounded to microseconds (plus ``p5_ms``)."""
+        return {
+            "min_ms": round(self.min_ms, 3),
+            "p5_ms": round(self.p5_ms, 3),
+            "median_ms": round(self.median_ms, 3),
+            "p95_ms": round(self.p95_ms, 3),
+            "max_ms": round(self.max_ms, 3),
+            "swing_ms": round(self.swing_ms, 3),
+        }
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Warm-run statistics of one stage. Times in ms; ``share`` and ``explains`` are fractions
+    (module docstring). ``count`` is the number of requests in which the stage ran."""
 
     name: str
     count: int
@@ -38,12 +76,18 @@ class StageStats:
     median_ms: float
     p95_ms: float
     max_ms: float
+    mean_ms: float
     share: float
     swing_ms: float
-    explained: float
+    explains: float
 
-    def to_dict(self) -> dict[str, float]:
-        """The CLI contract's per-stage object (``min_ms`` ... ``swing_ms``), rounded."""
+    @property
+    def spike_ms(self) -> float:
+        """``max(max - median, median - min)``."""
+        return max(self.max_ms - self.median_ms, self.median_ms - self.min_ms)
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The CLI contract's per-stage object, rounded (plus ``mean_ms``, ``p5_ms``, ``count``)."""
         return {
             "min_ms": round(self.min_ms, 3),
             "median_ms": round(self.median_ms, 3),
@@ -51,24 +95,32 @@ class StageStats:
             "max_ms": round(self.max_ms, 3),
             "share": round(self.share, 4),
             "swing_ms": round(self.swing_ms, 3),
+            "explains": round(self.explains, 4),
+            "p5_ms": round(self.p5_ms, 3),
+            "mean_ms": round(self.mean_ms, 3),
+            "count": self.count,
         }
 
 
 @dataclass(frozen=True)
-class Distribution:
-    """Summary of one series of ms values (e.g. request totals)."""
+class Unaccounted:
+    """Request time outside every stage span, over the same requests as the stages: ``median_ms``
+    and ``swing_ms`` of the per-request gap, its ``share`` of all request time and how much of
+    the total's variance it ``explains``."""
 
-    count: int
-    min_ms: float
-    p5_ms: float
     median_ms: float
-    p95_ms: float
-    max_ms: float
+    swing_ms: float
+    share: float
+    explains: float
 
-    @property
-    def swing_ms(self) -> float:
-        """``p95 - p5`` (see the module docstring)."""
-        return self.p95_ms - self.p5_ms
+    def to_dict(self) -> dict[str, float]:
+        """The CLI contract's ``unaccounted`` object (plus ``swing_ms`` and ``explains``)."""
+        return {
+            "median_ms": round(self.median_ms, 3),
+            "share": round(self.share, 4),
+            "swing_ms": round(self.swing_ms, 3),
+            "explains": round(self.explains, 4),
+        }
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -86,13 +138,15 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def distribution(values: Sequence[float]) -> Distribution:
     """Summarize ``values`` (ms). Raises ``ValueError`` if empty."""
+    ordered = sorted(values)
     return Distribution(
-        count=len(values),
-        min_ms=min(values),
-        p5_ms=percentile(values, 5),
-        median_ms=statistics.median(values),
-        p95_ms=percentile(values, 95),
-        max_ms=max(values),
+        count=len(ordered),
+        min_ms=ordered[0],
+        p5_ms=percentile(ordered, 5),
+        median_ms=statistics.median(ordered),
+        p95_ms=percentile(ordered, 95),
+        max_ms=ordered[-1],
+        mean_ms=statistics.fmean(ordered),
     )
 
 
@@ -109,11 +163,32 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
         return None
 
 
-def explained_fraction(stage_ms: Sequence[float], total_ms: Sequence[float]) -> float:
-    """``cov(stage, total) / var(total)``; 0 when fewer than 2 values or the total is constant."""
-    if len(stage_ms) < 2 or len(set(total_ms)) < 2:
+def explained_fraction(part_ms: Sequence[float], total_ms: Sequence[float]) -> float:
+    """``cov(part, total) / var(total)``; 0 when fewer than 2 values or the total is constant."""
+    if len(part_ms) < 2 or len(set(total_ms)) < 2:
         return 0.0
-    return statistics.covariance(stage_ms, total_ms) / statistics.variance(total_ms)
+    return statistics.covariance(part_ms, total_ms) / statistics.variance(total_ms)
+
+
+def variance_explained_by_groups(groups: Iterable[Sequence[float]]) -> float | None:
+    """How much of the variance of all values the grouping explains: omega squared of a one-way
+    analysis of variance, ``(SS_between - (k - 1) MS_within) / (SS_total + MS_within)``, clipped
+    to 0..1. Unlike the plain ratio ``SS_between / SS_total`` it does not reward many small
+    groups (a group of one "explains" its own value). ``None`` with fewer than 2 groups, no
+    within-group degrees of freedom, or constant values."""
+    series = [list(g) for g in groups if len(g) > 0]
+    k = len(series)
+    n = sum(len(g) for g in series)
+    if k < 2 or n - k < 1:
+        return None
+    grand = statistics.fmean(v for g in series for v in g)
+    ss_total = sum((v - grand) ** 2 for g in series for v in g)
+    if ss_total <= 0:
+        return None
+    ss_between = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in series)
+    ms_within = (ss_total - ss_between) / (n - k)
+    omega = (ss_between - (k - 1) * ms_within) / (ss_total + ms_within)
+    return min(1.0, max(0.0, omega))
 
 
 def order_stages(names: Iterable[str]) -> list[str]:
@@ -129,14 +204,14 @@ def stage_stats(
     """Per-stage statistics over requests.
 
     ``rows[i]`` maps stage name -> ms for request ``i``; ``totals_ms[i]`` is that request's total.
-    A stage missing from a request counts as 0 ms for ``explained`` and is left out of the
-    percentiles. Returns stages in :func:`order_stages` order; empty when ``rows`` is empty.
+    A stage missing from a request counts as 0 ms for ``share`` and ``explains`` and is left out
+    of the percentiles. Returns stages in :func:`order_stages` order; empty when ``rows`` is empty.
     """
     if len(rows) != len(totals_ms):
         raise ValueError("rows and totals_ms differ in length")
     if not rows:
         return {}
-    median_total = statistics.median(totals_ms)
+    time_ms = sum(totals_ms)
     out: dict[str, StageStats] = {}
     for name in order_stages(n for row in rows for n in row):
         ran = [row[name] for row in rows if name in row]
@@ -149,8 +224,24 @@ def stage_stats(
             median_ms=dist.median_ms,
             p95_ms=dist.p95_ms,
             max_ms=dist.max_ms,
-            share=dist.median_ms / median_total if median_total > 0 else 0.0,
+            mean_ms=dist.mean_ms,
+            share=sum(ran) / time_ms if time_ms > 0 else 0.0,
             swing_ms=dist.swing_ms,
-            explained=explained_fraction([row.get(name, 0.0) for row in rows], totals_ms),
+            explains=explained_fraction([row.get(name, 0.0) for row in rows], totals_ms),
         )
     return out
+
+
+def unaccounted_stats(gaps_ms: Sequence[float], totals_ms: Sequence[float]) -> Unaccounted | None:
+    """:class:`Unaccounted` from per-request gaps (ms outside every stage) and totals; ``None``
+    when there are no requests."""
+    if not gaps_ms:
+        return None
+    dist = distribution(gaps_ms)
+    time_ms = sum(totals_ms)
+    return Unaccounted(
+        median_ms=dist.median_ms,
+        swing_ms=dist.swing_ms,
+        share=sum(gaps_ms) / time_ms if time_ms > 0 else 0.0,
+        explains=explained_fraction(gaps_ms, totals_ms),
+    )

@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", metavar="PATH", default=None,
                         help="folder for the OTLP/JSON files (default: OTEL_STAGES_DATA_DIR or "
                              "./otel-stages-data)")
+    parser.add_argument("--decode-draft", action="store_true",
+                        help="decode JPEGs at reduced size (Pillow draft mode) before the resize: "
+                             "one real change to compare with --baseline")
     parser.add_argument("--seed", type=int, default=0, help="seed for images and weights (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -120,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
                       f"({config.depth} blocks, dim {config.dim}) on ONNX Runtime CPU, "
                       f"{args.threads} thread(s), loaded on the first forward")
             pipeline = Pipeline(server, worker, image_size=config.image_size,
-                                prompt_len=config.prompt_len)
+                                prompt_len=config.prompt_len, decode_draft=args.decode_draft)
+            if args.decode_draft:
+                _progress(f"decode: JPEG draft mode, decoded at 1/2..1/8 scale, never below "
+                          f"{config.image_size}x{config.image_size}")
             try:
                 outcomes = run_plan(pipeline, fixed_jobs(args.requests),
                                     mixed_jobs(args.mixed, images, args.seed),

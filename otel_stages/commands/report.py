@@ -1,4 +1,5 @@
-"""``otel-stages report [PATH ...] [--json] [--baseline PATH ...] [--top N]``.
+"""``otel-stages report [PATH ...] [--json] [--baseline PATH ...] [--top N] [--last-run]
+[--fail-on-regression PCT]``.
 
 Reads OTLP/JSON lines files or folders (``-`` is stdin; default: the embedded exporter's folder,
 ``OTEL_STAGES_DATA_DIR`` or ``./otel-stages-data``), diagnoses them and prints the report as text
@@ -9,9 +10,17 @@ empty files) is exit status 1, not an empty comparison.
 Input problems (bad lines, missing files) never stop the report: each is printed to stderr as
 ``otel-stages: warning: <file>:<line>: ...`` and listed under ``problems``.
 
+``--last-run`` reports only the newest process's requests (the one whose first request started
+last; every run read is still listed under ``runs``, and the text header names them); it applies
+to the baseline too. ``--fail-on-regression PCT`` (with ``--baseline``) is a CI gate: exit status 3
+when the request total's median or p95 rose by more than PCT percent *and* that change is outside
+run-to-run noise (the comparison's 95 % bootstrap interval excludes zero); stages are reported but
+do not trip the gate, since users feel the total.
+
 Exit status: 0 when at least one request was found; 1 when none was (the message says why on
 stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0`` and
-``"verdict": {"cause": null, ...}``, so scripts can parse it either way).
+``"verdict": {"cause": null, ...}``, so scripts can parse it either way); 2 usage error; 3
+``--fail-on-regression`` tripped (the report is printed first).
 
 Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; default 1h):
 
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -89,6 +99,22 @@ def parse_since(raw: str) -> int:
     return ns
 
 
+#: Exit status when --fail-on-regression trips.
+EXIT_REGRESSION = 3
+
+
+def _percent(raw: str) -> float:
+    """``10`` / ``2.5`` / ``10%`` -> a percentage >= 0. Raises ``argparse.ArgumentTypeError``."""
+    text = raw.strip().removesuffix("%")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 10 or 2.5, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a percentage of 0 or more, got {raw!r}")
+    return value
+
+
 def default_data_dir() -> str:
     """The embedded exporter's folder: ``OTEL_STAGES_DATA_DIR`` if set, else ``otel-stages-data``."""
     return os.environ.get("OTEL_STAGES_DATA_DIR", "").strip() or config.DEFAULT_DATA_DIR
@@ -124,6 +150,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TOP,
         metavar="N",
         help=f"list the N slowest warm requests (default {DEFAULT_TOP})",
+    )
+    parser.add_argument(
+        "--last-run",
+        action="store_true",
+        help="report only the newest process (service instance) read; the others are listed",
+    )
+    parser.add_argument(
+        "--fail-on-regression",
+        type=_percent,
+        metavar="PCT",
+        default=None,
+        help="with --baseline: exit 3 when the request total's median or p95 rose by more than PCT"
+        " percent beyond run-to-run noise (a CI gate)",
     )
     remote = parser.add_argument_group("remote sources (instead of PATH)")
     remote.add_argument(
@@ -201,6 +240,10 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--html draws traces: use it with PATHs, --jaeger or --tempo"
     if args.prometheus and not traces and args.baseline:
         return "--baseline compares traces: use it with PATHs, --jaeger or --tempo"
+    if args.fail_on_regression is not None and not args.baseline:
+        return "--fail-on-regression compares with a baseline: give --baseline PATH"
+    if args.prometheus and not traces and args.last_run:
+        return "--last-run picks a process from traces: use it with PATHs, --jaeger or --tempo"
     if [*args.paths, *(args.baseline or [])].count(STDIN) > 1:
         return "stdin (-) can be read only once"
     return _mapping_usage_problem(args, traces=bool(traces))
@@ -269,7 +312,8 @@ def aggregate_text(report: AggregateReport) -> str:
             f"{_ms(s.p99_ms):>10}{s.share:>8.0%}{s.rate_per_s:>10.2f}"
         )
     v = report.verdict
-    lines += ["", f"verdict: {v.cause or 'none'}" + (f" ({v.stage})" if v.stage else "")]
+    lines += ["", f"verdict: {v.cause or 'none'}" + (f" ({v.stage})" if v.stage else "")
+              + (" - tentative" if v.tentative else "")]
     lines += [f"  - {e}" for e in v.evidence]
     lines += ["advice:"] + [f"  - {a}" for a in v.advice]
     return "\n".join(lines) + "\n"
@@ -351,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    report = diagnose(recording, baseline=baseline, top=args.top)
+    report = diagnose(recording, baseline=baseline, top=args.top, last_run=args.last_run)
     _warn(report.problems)
     if args.json:
         out = report.to_dict()
@@ -374,6 +418,15 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
         return 1
+    if args.fail_on_regression is not None and report.comparison is not None:
+        regressions = report.comparison.regressions(args.fail_on_regression)
+        for line in regressions:
+            print(f"otel-stages: regression: {line}", file=sys.stderr)
+        if regressions and report.comparison.uniform_shift:
+            print("otel-stages: note: every stage slowed together, which often means a busier or"
+                  " throttled host rather than the change", file=sys.stderr)
+        if regressions:
+            return EXIT_REGRESSION
     return 0
 
 

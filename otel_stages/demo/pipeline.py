@@ -4,7 +4,8 @@ One request (:meth:`Pipeline.handle`) is::
 
     with request():                       # the request span, on the caller's thread
         download(url)                     # download span (real HTTP on 127.0.0.1)
-        decode(bytes)                     # decode span (real Pillow decode, EXIF orientation)
+        decode(bytes)                     # decode span (real Pillow decode, EXIF orientation;
+                                          # JPEG draft decoding at reduced size with decode_draft)
         resize(image, (S, S))             # resize span; then to_tensor (float32 CHW, 0..1)
         worker.infer(tensor, prompt)      # queue + forward spans, recorded on the executor thread
 
@@ -52,8 +53,8 @@ IMAGE_PATH_ATTR = "demo.image"  #: str, server path of the image (request span)
 def to_tensor(image: Image.Image) -> np.ndarray:
     """RGB image -> float32 ``[3, H, W]`` array in 0..1 (channels first, as the model expects)."""
     pixels = np.asarray(image.convert("RGB"), dtype=np.float32)  # [H, W, 3], 0..255
-    out: np.ndarray = np.ascontiguousarray(pixels.transpose(2, 0, 1)) * np.float32(1 / 255)
-    return out
+    tensor: np.ndarray = np.ascontiguousarray(pixels.transpose(2, 0, 1)) * np.float32(1 / 255)
+    return tensor
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,18 @@ class Pipeline:
     """download -> decode -> resize -> queue -> forward against ``server`` and ``worker``.
 
     ``image_size`` is the square model input in pixels; ``prompt_len`` the token count.
+    ``decode_draft``: decode JPEGs at reduced size (Pillow draft mode, 1/2 to 1/8 scale, never
+    below ``image_size``) before the resize, the knob ``otel-stages demo --decode-draft`` turns.
     Thread-safe: :meth:`handle` may run on many threads at once (httpx.Client is thread-safe).
     """
 
     def __init__(self, server: ImageServer, worker: InferenceWorker, *, image_size: int,
-                 prompt_len: int, timeout_s: float = 30.0) -> None:
+                 prompt_len: int, timeout_s: float = 30.0, decode_draft: bool = False) -> None:
         self.server = server
         self.worker = worker
         self.image_size = image_size
         self.prompt_len = prompt_len
+        self.draft = (image_size, image_size) if decode_draft else None
         self.timeout_s = timeout_s
         self._client = httpx.Client(timeout=timeout_s)
 
@@ -103,12 +107,12 @@ class Pipeline:
         and is recorded on the spans (status ERROR) by the stages."""
         start = time.perf_counter()
         attrs: dict[str, Any] = {PHASE_ATTR: job.phase, IMAGE_PATH_ATTR: job.path,
-                 THREAD_NAME_ATTR: threading.current_thread().name}
+                                 THREAD_NAME_ATTR: threading.current_thread().name}
         try:
             with request(**attrs):
                 data = imaging.download(self.server.url(job.path), client=self._client,
                                         timeout_s=self.timeout_s)
-                image = imaging.decode(data)
+                image = imaging.decode(data, draft=self.draft)
                 small = imaging.resize(image, (self.image_size, self.image_size))
                 tensor = to_tensor(small)
                 embedding = self.worker.infer(tensor, tokenize(job.prompt, self.prompt_len),

@@ -1,0 +1,189 @@
+"""Input cohorts: requests with the same input, compared with each other (the method's "run a
+fixed input"). Pure; linear in the requests (plus sorts).
+
+A cohort key is the image ``width x height`` (pixels after EXIF orientation, from the decode
+span), with the Pillow format when the recording holds more than one format, and the prompt length
+bucket (powers of two, ``gen_ai.usage.input_tokens``) when any request records it:
+``"1024x768"``, ``"1024x768 PNG"``, ``"1024x768, prompt 16-31 tokens"``. Requests without any of
+these have no key.
+
+- :func:`cold_figures`: the cold request compared with warm requests of its own cohort when at
+  least :data:`COMPARABLE_MIN_REQUESTS` exist, else with all warm requests (and it says so).
+- :func:`find_set_apart`: models that tune kernels per input shape (cuDNN autotuning,
+  ``torch.compile`` with dynamic shapes, TensorRT profiles) pay again on the first request of each
+  new shape, and a warm process can go cold after a long idle period. The first request of each
+  cohort in a process (when the process's start is in the recording) and requests after an idle
+  gap of :data:`IDLE_GAP_MIN_S` are set apart from the warm runs when they stand out:
+  ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort or more.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO
+from otel_stages.analysis.figures import ALL_WARM, SAME_INPUT, ColdFigures
+from otel_stages.analysis.requests import Request, process_key
+from otel_stages.analysis.stats import order_stages
+
+#: The cold request is compared with warm requests of its own input when at least this many exist;
+#: a median of fewer is one or two runs. The same floor applies to setting requests apart.
+COMPARABLE_MIN_REQUESTS = 5
+#: A gap this long (seconds) between a request and the previous one of its process can make a warm
+#: process cold again (caches evicted, GPU clocks lowered, connections closed).
+IDLE_GAP_MIN_S = 30.0
+
+REASON_NEW_INPUT = "new_input"  #: first request of its cohort in its process
+REASON_AFTER_IDLE = "after_idle"  #: first request after an idle gap
+
+
+class CohortKeys:
+    """Cohort keys for one recording (module docstring): format and prompt bucket join the key
+    only when the recording varies in them, so keys stay comparable within it."""
+
+    def __init__(self, requests: Iterable[Request]) -> None:
+        formats: set[str] = set()
+        self.prompts = False
+        for r in requests:
+            if r.image_format:
+                formats.add(r.image_format)
+            self.prompts = self.prompts or r.prompt_tokens is not None
+        self.formats = len(formats) > 1
+
+    def key(self, req: Request) -> str | None:
+        """The cohort key of ``req``, or ``None`` when its input is unknown."""
+        parts = []
+        if req.image_width is not None and req.image_height is not None:
+            size = f"{req.image_width}x{req.image_height}"
+            if self.formats:
+                size += f" {req.image_format or 'unknown'}"
+            parts.append(size)
+        if self.prompts and req.prompt_tokens is not None:
+            parts.append(f"prompt {prompt_bucket(req.prompt_tokens)} tokens")
+        return ", ".join(parts) or None
+
+
+def prompt_bucket(tokens: int) -> str:
+    """``0`` -> ``"0"``, ``20`` -> ``"16-31"``, ``1`` -> ``"1"``: powers-of-two buckets."""
+    if tokens <= 1:
+        return str(max(tokens, 0))
+    lo = 2 ** int(math.log2(tokens))
+    return f"{lo}-{2 * lo - 1}"
+
+
+def group(requests: Iterable[Request], keys: CohortKeys) -> dict[str, list[Request]]:
+    """Requests by cohort key, largest cohort first (ties by key); requests without a key left out."""
+    out: dict[str, list[Request]] = defaultdict(list)
+    for r in requests:
+        k = keys.key(r)
+        if k is not None:
+            out[k].append(r)
+    return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+
+def _median_stages(requests: Sequence[Request]) -> dict[str, float]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in requests:
+        for name, ms in r.stages_ms.items():
+            values[name].append(ms)
+    return {n: statistics.median(values[n]) for n in order_stages(values)}
+
+
+def cold_figures(
+    cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys
+) -> ColdFigures | None:
+    """The cold request(s) and what they are compared with (module docstring); ``None`` without
+    cold requests. With several cold requests (several processes) times are medians; they are
+    compared with the same input only when every one of them has 5+ warm requests of its input."""
+    if not cold:
+        return None
+    cohorts = group(warm, keys)
+    cold_keys = [keys.key(r) for r in cold]
+    same = all(k is not None and len(cohorts.get(k, ())) >= COMPARABLE_MIN_REQUESTS for k in cold_keys)
+    if same:
+        comparable = [r for k in dict.fromkeys(cold_keys) if k is not None for r in cohorts[k]]
+    else:
+        comparable = list(warm)
+    distinct = set(cold_keys)
+    return ColdFigures(
+        count=len(cold),
+        total_ms=statistics.median(r.total_ms for r in cold),
+        stages_ms=_median_stages(cold),
+        comparable_median_total_ms=(statistics.median(r.total_ms for r in comparable)
+                                    if comparable else None),
+        comparable_stages_ms=_median_stages(comparable),
+        compared_with=SAME_INPUT if same else ALL_WARM,
+        comparable_requests=len(comparable),
+        warm_median_total_ms=statistics.median(r.total_ms for r in warm) if warm else None,
+        cohort=cold_keys[0] if same and len(distinct) == 1 else None,
+    )
+
+
+@dataclass(frozen=True)
+class SetApart:
+    """A warm request reported apart: ``reason`` (:data:`REASON_NEW_INPUT` /
+    :data:`REASON_AFTER_IDLE`), its ``cohort``, ``ratio`` = ``total_ms`` / the cohort's
+    ``comparable_median_total_ms``, and ``idle_s`` (seconds since the process's previous request
+    ended; ``None`` for a new input)."""
+
+    request: Request
+    reason: str
+    cohort: str | None
+    comparable_median_total_ms: float
+    ratio: float
+    idle_s: float | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form for the report's ``set_apart`` list."""
+        return {
+            "trace_id": self.request.trace_id,
+            "seq": self.request.seq,
+            "reason": self.reason,
+            "cohort": self.cohort,
+            "total_ms": round(self.request.total_ms, 3),
+            "comparable_median_total_ms": round(self.comparable_median_total_ms, 3),
+            "ratio": round(self.ratio, 2),
+            "idle_s": None if self.idle_s is None else round(self.idle_s, 1),
+        }
+
+
+def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApart]:
+    """Warm requests to report apart (module docstring), in start order. ``requests`` are all
+    requests (cold and failed included, any order); failed requests are never set apart."""
+    by_process: dict[str, list[Request]] = defaultdict(list)
+    for r in requests:
+        by_process[process_key(r.resource)].append(r)
+    flagged: dict[int, tuple[str, float | None]] = {}
+    for reqs in by_process.values():
+        reqs.sort(key=lambda r: r.start_ns)
+        started = any(r.cold for r in reqs)  # the process's start is in the recording
+        seen: set[str | None] = set()
+        last_end: int | None = None
+        for r in reqs:
+            k = keys.key(r)
+            if not r.cold and not r.error:
+                if last_end is not None and r.start_ns - last_end >= IDLE_GAP_MIN_S * 1e9:
+                    flagged[id(r)] = (REASON_AFTER_IDLE, (r.start_ns - last_end) / 1e9)
+                elif started and k is not None and k not in seen:
+                    flagged[id(r)] = (REASON_NEW_INPUT, None)
+            seen.add(k)
+            last_end = r.end_ns if last_end is None else max(last_end, r.end_ns)
+    if not flagged:
+        return []
+    unflagged = [r for r in requests if not r.cold and not r.error and id(r) not in flagged]
+    cohorts = group(unflagged, keys)
+    out = []
+    for r in sorted((r for r in requests if id(r) in flagged), key=lambda r: r.start_ns):
+        k = keys.key(r)
+        comparable = cohorts.get(k, []) if k is not None else unflagged
+        if len(comparable) < COMPARABLE_MIN_REQUESTS:
+            continue  # nothing to tell it apart from
+        median = statistics.median(c.total_ms for c in comparable)
+        if median > 0 and r.total_ms >= COLD_START_MIN_RATIO * median:
+            reason, idle = flagged[id(r)]
+            out.append(SetApart(r, reason, k, median, r.total_ms / median, idle))
+    return out

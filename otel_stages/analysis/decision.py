@@ -1,0 +1,397 @@
+"""The diagnosis rules of DESIGN.md section 1: one rule set for every source, on aggregates.
+
+:func:`decide` reads :class:`~otel_stages.analysis.figures.Figures` (per-stage statistics, the
+request total, unaccounted time, cold request, cohorts, GPU evidence; see that module for units)
+and returns a :class:`~otel_stages.analysis.verdict.Verdict`. The trace report, the Prometheus
+fleet report and any later source call it with the same thresholds. Order of the rules:
+
+1. Fewer than :data:`MIN_WARM_RUNS` warm requests: no verdict ("not enough data"). Fewer than
+   :data:`RECOMMENDED_WARM_RUNS`: the verdict is ``tentative`` and says how many more to run.
+2. The request total swings only when its ``p95 - p5`` is above the run's noise band, or one run
+   lies ``SPIKE_MIN_FRACTION`` of the median away (:mod:`otel_stages.analysis.noise`). Otherwise:
+   ``cold_start`` when the cold request took ``COLD_START_MIN_RATIO`` times its comparable warm
+   requests (same input when 5+ exist) or more, with the stage that grew most; else ``stable``
+   (the largest share is named as the place to cut latency).
+3. A stage is *material* when its own swing is: at least ``MIN_SWING_MS`` in absolute terms, at
+   least ``SWING_MIN_FRACTION`` of the median request (or a single run ``SPIKE_MIN_FRACTION`` away
+   from the stage median), and at least :data:`STAGE_MIN_PART_OF_SWING` of the total's swing (or
+   spike). Untraced time (``unaccounted``) competes under the same test.
+4. Among material stages the one that explains most of the total's variance is the suspect
+   (so of two large stages the one that swings more in step with the total comes first; by swing
+   only where the source cannot know ``explains``). Untraced time as the suspect: no cause, and the
+   evidence says the time lies outside the stage spans. No material stage although the total
+   swings: no cause, the swing is spread over several stages.
+5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
+
+When the input mix explains :data:`INPUT_MIX_DOMINATES` of the total's variance or more, the
+evidence says so first, with the verdict within the largest cohort. Never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otel_stages import semconv
+from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.figures import (
+    SAME_INPUT,
+    ColdFigures,
+    Figures,
+    StageFigures,
+    TotalFigures,
+)
+from otel_stages.analysis.noise import (
+    MIN_SWING_MS,
+    SPIKE_MIN_FRACTION,
+    SWING_MIN_FRACTION,
+    NoiseBand,
+    noise_band,
+)
+from otel_stages.analysis.units import duration, pct
+from otel_stages.analysis.verdict import (
+    CAUSE_COLD_START,
+    CAUSE_STABLE,
+    Verdict,
+    cause_for,
+)
+
+#: Below this many warm requests there is no verdict at all: p5 / p95 of fewer runs are the
+#: extremes themselves, and one odd run decides everything.
+MIN_WARM_RUNS = 5
+#: DESIGN.md: run a fixed input 20+ times; below this the verdict is tentative.
+RECOMMENDED_WARM_RUNS = 20
+#: A stage must carry at least this part of the total's swing (p95 - p5, or of its spike) to be
+#: blamed: a stage that moves a quarter of what the total moves is a contributor, less is not.
+STAGE_MIN_PART_OF_SWING = 0.25
+#: The cold request is a cold start when its total is at least this multiple of its comparable warm
+#: requests' median: model load / kernel compilation is typically 10x+, ordinary noise < 1.5x.
+COLD_START_MIN_RATIO = 2.0
+#: The input mix dominates when cohorts explain at least this part of the total's variance.
+INPUT_MIX_DOMINATES = 0.5
+
+UNACCOUNTED = "unaccounted"  #: name of the untraced-time candidate in rankings
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    name: str
+    swing_ms: float
+    spike_ms: float | None
+    explains: float | None
+
+
+def total_swings(total: TotalFigures | None, band: NoiseBand) -> bool | None:
+    """Rule 2: does the total swing beyond noise? ``None`` when the total is unknown."""
+    if total is None:
+        return None
+    if total.swing_ms > band.band_ms:
+        return True
+    spike = total.spike_ms
+    return spike is not None and spike >= max(MIN_SWING_MS, SPIKE_MIN_FRACTION * band.reference_ms)
+
+
+def is_material(
+    swing_ms: float, spike_ms: float | None, total: TotalFigures | None, band: NoiseBand
+) -> bool:
+    """Rule 3 for one stage (or the unaccounted time). Without a total the stage must swing
+    beyond the noise band itself (or spike)."""
+    ref = band.reference_ms
+    spike = spike_ms or 0.0
+    if max(swing_ms, spike) < MIN_SWING_MS or ref <= 0:
+        return False
+    spiky = spike >= SPIKE_MIN_FRACTION * ref
+    if total is None:
+        return swing_ms > band.band_ms or spiky
+    if not (swing_ms >= SWING_MIN_FRACTION * ref or spiky):
+        return False
+    parts = []
+    if total.swing_ms > 0:
+        parts.append(swing_ms / total.swing_ms)
+    if spike_ms is not None and total.spike_ms:
+        parts.append(spike_ms / total.spike_ms)
+    return bool(parts) and max(parts) >= STAGE_MIN_PART_OF_SWING
+
+
+def rank(candidates: Sequence[_Candidate]) -> list[_Candidate]:
+    """Rule 4: by explained variance (then swing); by swing where any ``explains`` is unknown."""
+    if all(c.explains is not None for c in candidates):
+        return sorted(candidates, key=lambda c: (c.explains or 0.0, c.swing_ms), reverse=True)
+    return sorted(candidates, key=lambda c: (c.swing_ms, c.spike_ms or 0.0), reverse=True)
+
+
+def decide(fig: Figures) -> Verdict:
+    """Apply the rules (module docstring) to ``fig``. Never raises."""
+    n = fig.warm_requests
+    if n == 0 or not fig.stages:
+        verdict = Verdict(None, None, ["no warm requests to compare"], [advice_text.MORE_RUNS])
+        _cold_line(verdict, fig.cold)
+        return verdict
+    if n < MIN_WARM_RUNS:
+        verdict = Verdict(
+            None, None,
+            [f"not enough data: {n} warm request{'s' if n != 1 else ''}; a verdict needs at least"
+             f" {MIN_WARM_RUNS}, a firm one {RECOMMENDED_WARM_RUNS}+"],
+            [advice_text.more_runs(RECOMMENDED_WARM_RUNS - n)], tentative=True)
+        _cold_line(verdict, fig.cold)
+        return verdict
+    band = noise_band(fig.stages.values(), fig.reference_ms)
+    swings = total_swings(fig.total, band)
+    if swings is False:
+        cold = fig.cold
+        if cold is not None and cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO:
+            verdict = _cold_verdict(fig, cold, band)
+        else:
+            verdict = _stable_verdict(fig, band)
+    else:
+        candidates = [
+            _Candidate(s.name, s.swing_ms, s.spike_ms, s.explains)
+            for s in fig.stages.values()
+            if is_material(s.swing_ms, s.spike_ms, fig.total, band)
+        ]
+        gap = fig.unaccounted
+        if gap is not None and is_material(gap.swing_ms, None, fig.total, band):
+            candidates.append(_Candidate(UNACCOUNTED, gap.swing_ms, None, gap.explains))
+        ranked = rank(candidates)
+        if ranked and ranked[0].name == UNACCOUNTED:
+            verdict = _untraced_verdict(fig, band)
+        elif ranked:
+            verdict = _warm_verdict(fig, fig.stages[ranked[0].name], ranked[1:], band)
+        elif swings is None:
+            verdict = _stable_verdict(fig, band)
+        else:
+            verdict = _spread_verdict(fig, band)
+    _append_common(verdict, fig)
+    return verdict
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+
+
+def _spread_text(s: StageFigures | TotalFigures) -> str:
+    d = duration
+    if s.p5_ms is not None and s.p95_ms is not None:
+        if abs((s.p95_ms - s.p5_ms) - s.swing_ms) <= 1e-6 * max(1.0, s.swing_ms):
+            inner = f"p5 {d(s.p5_ms)} -> p95 {d(s.p95_ms)}"
+        else:  # histograms: the rules use the spread the bucket edges prove
+            inner = (f"p5 {d(s.p5_ms)} -> p95 {d(s.p95_ms)} as interpolated; the histogram buckets"
+                     f" prove at least {d(s.swing_ms)}")
+    else:
+        inner = ""
+    if s.min_ms is not None and s.max_ms is not None:
+        inner += f"{', ' if inner else ''}min {d(s.min_ms)}, max {d(s.max_ms)}"
+    return f" ({inner})" if inner else ""
+
+
+def _centre(s: StageFigures) -> str:
+    """``12.3 ms median``, plus the mean when it differs (shares follow the mean)."""
+    text = f"{duration(s.median_ms)} median"
+    if s.mean_ms is not None and abs(s.mean_ms - s.median_ms) > 0.25 * max(s.median_ms, 1e-9):
+        text += f", {duration(s.mean_ms)} mean"
+    return text
+
+
+def _total_text(fig: Figures) -> str:
+    t = fig.total
+    if t is None:
+        return f"{fig.warm_requests} warm requests"
+    p95 = f", p95 {duration(t.p95_ms)}" if t.p95_ms is not None else ""
+    return f"median {duration(t.median_ms)}{p95}, {t.count} warm requests"
+
+
+def _band_line(fig: Figures, band: NoiseBand, beyond: bool) -> str:
+    t = fig.total
+    assert t is not None
+    if beyond and t.swing_ms <= band.band_ms and t.spike_ms is not None:
+        return (f"request total spikes: one run lies {duration(t.spike_ms)} from the median"
+                f" {duration(t.median_ms)} (at least {pct(SPIKE_MIN_FRACTION)} of it), while its"
+                f" p95 - p5 of {duration(t.swing_ms)} stays within this run's {band.describe()}")
+    where = "beyond" if beyond else "within"
+    return (f"request total swings {duration(t.swing_ms)}{_spread_text(t)}, {where} this run's"
+            f" {band.describe()}")
+
+
+def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candidate],
+                  band: NoiseBand) -> Verdict:
+    d = duration
+    evidence = fig.stage_evidence.get(suspect.name)
+    cause, mechanism = cause_for(suspect.name, fig.gpu, evidence.mechanisms if evidence else ())
+    ref = band.reference_ms
+    if suspect.swing_ms >= SWING_MIN_FRACTION * ref or suspect.spike_ms is None:
+        head = f"{suspect.name} swings {d(suspect.swing_ms)}{_spread_text(suspect)}"
+    else:
+        head = (f"{suspect.name} spikes: one run lies {d(suspect.spike_ms)} from its median"
+                f" {d(suspect.median_ms)}{_spread_text(suspect)}")
+    if suspect.explains is not None:
+        head += (f" and explains {pct(suspect.explains)} of the variance of the request total"
+                 f" ({_total_text(fig)})")
+    else:
+        head += f" ({_total_text(fig)})"
+    lines = [head, f"{suspect.name} is {pct(suspect.share)} of all request time"
+                   f" ({_centre(suspect)})"]
+    if fig.total is not None:
+        lines.append(_band_line(fig, band, True))
+    staged = [o for o in others if o.name != UNACCOUNTED]
+    if staged:
+        nxt = staged[0]
+        also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
+        lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
+    else:
+        rest = [s for s in fig.stages.values() if s.name != suspect.name]
+        if rest:
+            widest = max(rest, key=lambda s: s.swing_ms)
+            lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
+                         f" {d(widest.swing_ms)}")
+    material = {o.name for o in others}
+    for s in fig.stages.values():
+        if (s.name != suspect.name and s.name not in material and s.min_ms and s.max_ms is not None
+                and s.max_ms >= 2 * s.min_ms):
+            lines.append(f"{s.name} varies {s.max_ms / s.min_ms:.1f}x ({d(s.min_ms)} .. {d(s.max_ms)})"
+                         f" but only by {d(s.max_ms - s.min_ms)}: too small to explain the swing")
+    if suspect.name == semconv.STAGE_FORWARD:
+        lines.append(fig.gpu.describe())
+    if evidence is not None:
+        lines.extend(evidence.lines)
+    if mechanism is not None:
+        lines.extend(mechanism.evidence)
+        advice = list(mechanism.advice)
+    else:
+        advice = advice_text.for_cause(
+            cause,
+            follows_size=evidence.follows_size if evidence else None,
+            one_size=evidence.one_size if evidence else False,
+            gpu_level=fig.gpu.level,
+        )
+    return Verdict(cause, suspect.name, lines, advice)
+
+
+def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
+    gap = fig.unaccounted
+    assert gap is not None and fig.total is not None
+    explains = f" and explains {pct(gap.explains)} of its variance" if gap.explains is not None else ""
+    lines = [
+        f"request total swings {duration(fig.total.swing_ms)}{_spread_text(fig.total)} but the time"
+        f" outside the stage spans swings {duration(gap.swing_ms)}{explains}: the swing is outside"
+        f" the stage spans (untraced time: median {duration(gap.median_ms)},"
+        f" {pct(gap.share)} of all request time)",
+        _band_line(fig, band, True),
+    ]
+    return Verdict(None, None, lines, [advice_text.UNTRACED])
+
+
+def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:
+    widest = sorted(fig.stages.values(), key=lambda s: s.swing_ms, reverse=True)[:3]
+    parts = "; ".join(
+        f"{s.name} {duration(s.swing_ms)}"
+        + (f" (explains {pct(s.explains)})" if s.explains is not None else "")
+        for s in widest
+    )
+    lines = [
+        _band_line(fig, band, True),
+        f"but no single stage swings materially (at least {pct(SWING_MIN_FRACTION)} of the median"
+        f" request and {pct(STAGE_MIN_PART_OF_SWING)} of the total's swing): widest {parts}",
+    ]
+    return Verdict(None, None, lines, [advice_text.SPREAD])
+
+
+def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
+    largest = max(fig.stages.values(), key=lambda s: s.share)
+    lines = []
+    if fig.total is not None:
+        lines.append(_band_line(fig, band, False))
+    else:
+        lines.append(f"no stage swings beyond the {band.describe()}")
+    lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
+                 f" ({_centre(largest)})")
+    return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
+
+
+def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
+    excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0) for name, ms in cold.stages_ms.items()}
+    stage = max(excess, key=lambda k: excess[k]) if excess else None
+    lines = [_band_line(fig, band, False).replace("request total swings", "warm runs are steady:"
+                                                   " request total swings", 1)
+             if fig.total is not None else "warm runs are steady"]
+    if stage is not None:
+        lines.append(
+            f"{stage} took {duration(cold.stages_ms[stage])} in the cold request vs"
+            f" {duration(cold.comparable_stages_ms.get(stage, 0.0))} in comparable warm requests:"
+            f" {duration(excess[stage])} of the extra time")
+    return Verdict(CAUSE_COLD_START, stage, lines, advice_text.for_cause(CAUSE_COLD_START))
+
+
+# --- lines every verdict gets ---------------------------------------------------------------------
+
+
+def _cold_sentence(cold: ColdFigures) -> str:
+    who = "first request of the process" if cold.count == 1 else f"{cold.count} cold requests (median)"
+    ratio = cold.ratio
+    if ratio is None:
+        return f"{who} took {duration(cold.total_ms)}; no warm request to compare it with"
+    if cold.compared_with == SAME_INPUT:
+        against = (f"the median of the {cold.comparable_requests} warm requests with the same input"
+                   f" ({cold.cohort}, {duration(cold.comparable_median_total_ms)})")
+    else:
+        against = (f"the median of all {cold.comparable_requests} warm requests"
+                   f" ({duration(cold.comparable_median_total_ms)}; fewer than 5 share its input)")
+    return f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}; reported apart from warm runs"
+
+
+def _cold_line(verdict: Verdict, cold: ColdFigures | None) -> None:
+    if cold is None:
+        return
+    line = _cold_sentence(cold)
+    if verdict.cause == CAUSE_COLD_START:
+        verdict.evidence.insert(0, line)
+    elif cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO:
+        verdict.evidence.append(line + ", and a cold start too")
+        verdict.advice.append("also: " + advice_text.WARM_UP)
+    elif verdict.cause == CAUSE_STABLE:
+        verdict.evidence.append(f"no cold-start penalty: {line}")
+    else:
+        verdict.evidence.append(line)
+
+
+def _mix_line(fig: Figures) -> str | None:
+    mix = fig.input_mix_explains
+    if mix is None or len(fig.cohorts) < 2:
+        return None
+    parts = "; ".join(f"{c.key}: {c.requests} requests, median {duration(c.median_total_ms)}"
+                      for c in fig.cohorts[:4])
+    more = f"; and {len(fig.cohorts) - 4} more" if len(fig.cohorts) > 4 else ""
+    line = (f"the input mix explains {pct(mix)} of the variance of the request total"
+            f" ({len(fig.cohorts)} input cohorts: {parts}{more})")
+    if mix < INPUT_MIX_DOMINATES:
+        return line
+    largest = fig.cohorts[0]
+    if largest.verdict is None:
+        within = f"the largest cohort, {largest.key}, has too few requests for a verdict of its own"
+    else:
+        v = largest.verdict
+        label = f"{v.cause} ({v.stage})" if v.stage else str(v.cause or "no verdict")
+        within = f"within the largest cohort, {largest.key}, the verdict is {label}"
+    return (f"{line}: compare like with like; {within}; the verdict below is over all inputs")
+
+
+def _append_common(verdict: Verdict, fig: Figures) -> None:
+    mix = _mix_line(fig)
+    if mix is not None:
+        if fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES:
+            verdict.evidence.insert(0, mix)
+        else:
+            verdict.evidence.append(mix)
+    _cold_line(verdict, fig.cold)
+    n = fig.warm_requests
+    if n < RECOMMENDED_WARM_RUNS:
+        verdict.tentative = True
+        missing = RECOMMENDED_WARM_RUNS - n
+        verdict.evidence.append(
+            f"only {n} warm request{'s' if n != 1 else ''}: this verdict is tentative; run the same"
+            f" input {missing} more time{'s' if missing != 1 else ''} ({RECOMMENDED_WARM_RUNS}+ in"
+            " all) for a firm one")
+        verdict.advice.insert(0, advice_text.more_runs(missing))
+    if fig.failed_requests:
+        verb = "was" if fig.failed_requests == 1 else "were"
+        verdict.evidence.append(
+            f"{fig.failed_requests} of {fig.requests} requests ended with an error and {verb} left"
+            " out of the stage statistics")

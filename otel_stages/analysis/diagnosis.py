@@ -1,0 +1,232 @@
+"""A recording -> requests -> warm-run figures -> verdict (-> comparison). Pure (no I/O).
+
+Steps of :func:`diagnose`:
+
+1. :func:`~otel_stages.analysis.screen.screen_spans` leaves out spans with impossible times.
+2. :func:`~otel_stages.analysis.requests.group_spans` builds requests and counts incomplete ones.
+3. ``last_run``: keep only the newest process's requests (every run read is still listed).
+4. Split: failed (error), cold (first request of a process), set apart (first of a new input, or
+   after an idle gap, when they stand out; :func:`~otel_stages.analysis.cohorts.find_set_apart`),
+   warm (the rest).
+5. Warm-run statistics and GPU evidence become :class:`~otel_stages.analysis.figures.Figures`,
+   overall and per input cohort, and :func:`~otel_stages.analysis.decision.decide` gives the
+   verdicts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from otel_stages import semconv
+from otel_stages.analysis.batching import summarize_batches
+from otel_stages.analysis.cohorts import CohortKeys, cold_figures, find_set_apart, group
+from otel_stages.analysis.comparison import compare
+from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
+from otel_stages.analysis.evidence import stage_evidence
+from otel_stages.analysis.figures import (
+    CohortFigures,
+    CohortVerdict,
+    ColdFigures,
+    Figures,
+    StageFigures,
+    TotalFigures,
+    UnaccountedFigures,
+)
+from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
+from otel_stages.analysis.model import MetricPoint, Recording
+from otel_stages.analysis.noise import noise_band
+from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, Run, SlowRequest
+from otel_stages.analysis.requests import Request, group_spans, process_key
+from otel_stages.analysis.screen import screen_spans
+from otel_stages.analysis.stats import (
+    Distribution,
+    StageStats,
+    Unaccounted,
+    distribution,
+    order_stages,
+    percentile,
+    stage_stats,
+    unaccounted_stats,
+    variance_explained_by_groups,
+)
+
+#: Verdicts are worked out for at most this many cohorts (the largest); the rest are listed only.
+MAX_COHORT_VERDICTS = 10
+#: ``Report.cohort_counts`` key for warm requests whose input is unknown.
+UNKNOWN_INPUT = "unknown"
+
+
+@dataclass
+class _Warm:
+    """Warm-run statistics and the figures built from them."""
+
+    stages: dict[str, StageStats]
+    total: Distribution | None
+    unaccounted: Unaccounted | None
+    gpu: GpuEvidence
+    cold: ColdFigures | None
+    figures: Figures
+
+
+def stage_figures(s: StageStats) -> StageFigures:
+    """Trace statistics -> the rules' input (all fields known)."""
+    return StageFigures(
+        name=s.name, count=s.count, median_ms=s.median_ms, swing_ms=s.swing_ms, share=s.share,
+        p5_ms=s.p5_ms, p95_ms=s.p95_ms, min_ms=s.min_ms, max_ms=s.max_ms, mean_ms=s.mean_ms,
+        spike_ms=s.spike_ms, explains=s.explains,
+    )
+
+
+def total_figures(t: Distribution) -> TotalFigures:
+    """Request-total statistics -> the rules' input."""
+    return TotalFigures(count=t.count, median_ms=t.median_ms, swing_ms=t.swing_ms, p5_ms=t.p5_ms,
+                        p95_ms=t.p95_ms, min_ms=t.min_ms, max_ms=t.max_ms, spike_ms=t.spike_ms)
+
+
+def _warm(
+    warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
+    *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None, failed: int = 0,
+    requests: int = 0,
+) -> _Warm:
+    totals = [r.total_ms for r in warm]
+    stages = stage_stats([r.stages_ms for r in warm], totals)
+    total = distribution(totals) if totals else None
+    gap = unaccounted_stats([r.unaccounted_ms for r in warm], totals)
+    gpu = gpu_evidence(warm, metrics)
+    cold_fig = cold_figures(cold, warm, keys)
+    figures = Figures(
+        warm_requests=len(warm),
+        stages={n: stage_figures(s) for n, s in stages.items()},
+        total=None if total is None else total_figures(total),
+        gpu=gpu,
+        unaccounted=None if gap is None else UnaccountedFigures(
+            gap.median_ms, gap.swing_ms, gap.share, gap.explains),
+        cold=cold_fig,
+        cohorts=cohorts,
+        input_mix_explains=mix,
+        stage_evidence=stage_evidence(warm, list(stages)),
+        failed_requests=failed,
+        requests=requests,
+    )
+    return _Warm(stages, total, gap, gpu, cold_fig, figures)
+
+
+def _cohorts(
+    warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys
+) -> tuple[list[CohortFigures], float | None]:
+    """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
+    of the total's variance."""
+    groups = group(warm, keys)
+    out = []
+    for i, (key, reqs) in enumerate(groups.items()):
+        totals = [r.total_ms for r in reqs]
+        verdict = None
+        if i < MAX_COHORT_VERDICTS and len(reqs) >= MIN_WARM_RUNS:
+            own_cold = [c for c in cold if keys.key(c) == key]
+            v = decide(_warm(reqs, own_cold, metrics, keys).figures)
+            verdict = CohortVerdict(v.cause, v.stage, v.tentative)
+        out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
+    mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
+    return out, mix
+
+
+def runs_of(requests: Sequence[Request]) -> list[Run]:
+    """One :class:`Run` per process, by first request start."""
+    found: dict[str, list[Request]] = defaultdict(list)
+    for r in requests:
+        found[process_key(r.resource)].append(r)
+    runs = []
+    for key, reqs in found.items():
+        resource = reqs[0].resource
+        name, instance = resource.get(semconv.SERVICE_NAME), resource.get(semconv.SERVICE_INSTANCE_ID)
+        runs.append(Run(
+            key=key,
+            service_name=None if name is None else str(name),
+            service_instance_id=None if instance is None else str(instance),
+            first_unix_ns=min(r.start_ns for r in reqs),
+            last_unix_ns=max(r.end_ns for r in reqs),
+            requests=len(reqs),
+        ))
+    return sorted(runs, key=lambda r: (r.first_unix_ns, r.key))
+
+
+def _groups(requests: list[Request]) -> dict[str, list[str]]:
+    found: dict[str, set[str]] = {}
+    for req in requests:
+        for grp in req.groups:
+            found.setdefault(grp.name, set()).update(
+                s.name for s in (*req.spans, *req.groups)
+                if s.parent_span_id == grp.span_id and s.trace_id == grp.trace_id
+            )
+    return {name: order_stages(kids) for name, kids in sorted(found.items())}
+
+
+def diagnose(
+    recording: Recording, *, baseline: Recording | None = None, top: int = DEFAULT_TOP,
+    last_run: bool = False,
+) -> Report:
+    """Diagnose ``recording`` (module docstring). ``baseline`` (the same inputs before a change)
+    fills ``comparison``; its problems are added prefixed with ``baseline:``. ``top`` is how many
+    slowest warm requests to list. ``last_run``: only the newest process (by first request), for
+    the recording and the baseline alike. Pure; never raises for odd input (an empty recording
+    gives a report with ``requests == 0`` and ``verdict.cause is None``).
+    """
+    screened = screen_spans(recording.spans)
+    grouping = group_spans(screened.spans)
+    requests, incomplete = grouping.requests, grouping.incomplete
+    runs = runs_of(requests)
+    if last_run and runs:
+        newest = max(runs, key=lambda r: (r.first_unix_ns, r.key))
+        requests = [r for r in requests if process_key(r.resource) == newest.key]
+        incomplete = [u for u in incomplete if u.process == newest.key]
+        runs = [replace(r, reported=r.key == newest.key) for r in runs]
+    keys = CohortKeys(requests)
+    failed = [r for r in requests if r.error]
+    cold = [r for r in requests if r.cold and not r.error]
+    apart = find_set_apart(requests, keys)
+    apart_ids = {id(a.request) for a in apart}
+    warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys)
+    result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
+                   failed=len(failed), requests=len(requests))
+    verdict = decide(result.figures)
+    problems = [*recording.problems, *screened.problems, *grouping.problems]
+    if recording.spans and not requests and not incomplete:
+        problems.append(
+            f"{len(recording.spans)} spans read but none is a stage span (expected spans named"
+            " download/decode/resize/queue/forward, or children of a 'request' span)"
+        )
+    counts: dict[str, int] = defaultdict(int)
+    for r in warm:
+        counts[keys.key(r) or UNKNOWN_INPUT] += 1
+    report = Report(
+        requests=len(requests),
+        counts=Counts(warm=len(warm), cold=len(cold) + len(apart), failed=len(failed),
+                      incomplete=len(incomplete)),
+        stages=result.stages,
+        total=result.total,
+        unaccounted=result.unaccounted,
+        cold_start=result.cold,
+        verdict=verdict,
+        gpu=result.gpu,
+        cohorts=cohorts,
+        input_mix_explains=mix,
+        set_apart=apart,
+        runs=runs,
+        noise=(noise_band(result.figures.stages.values(), result.figures.reference_ms)
+               if warm else None),
+        slowest=[SlowRequest.of(r) for r in sorted(warm, key=lambda r: -r.total_ms)[: max(top, 0)]],
+        problems=problems,
+        groups=_groups(requests),
+        total_samples=[r.total_ms for r in warm],
+        stage_samples={n: [r.stages_ms[n] for r in warm if n in r.stages_ms] for n in result.stages},
+        cohort_counts=dict(counts),
+        batches=summarize_batches(screened.spans),
+    )
+    if baseline is not None:
+        before = diagnose(baseline, top=top, last_run=last_run)
+        report.problems.extend(f"baseline: {p}" for p in before.problems)
+        report.comparison = compare(before, report)
+    return report

@@ -1,0 +1,94 @@
+"""Span names that carry per-request data (``download /img/13.jpg``, ``fetch 3f2a9c1d``) are not
+stage names: each would become its own stage row, with one run each and no swing.
+
+:func:`per_request_names` looks at the distinct names of the spans under requests. Names are taken
+as per-request when more than :data:`MAX_STAGE_NAMES` distinct names appear there, or when a
+custom name holds a path, a query, or an id (:func:`looks_per_request`). Such a span is then
+counted under its ``stage`` attribute (``semconv.STAGE_NAME``) when it has one, and otherwise left
+out of the stage rows (its time counts as unaccounted) with a problem saying how to fix the naming.
+Standard stage names are never renamed. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from otel_stages import semconv
+from otel_stages.analysis.model import Span
+
+#: More distinct span names than this under requests means names carry per-request data: a
+#: pipeline has a handful of stages (5 standard ones plus a few custom), not dozens.
+MAX_STAGE_NAMES = 20
+
+#: A path or query (``/``, ``?``, ``=``, ``#``), a hex run of 8+ digits (ids, hashes, UUID parts)
+#: or a number of 3+ digits standing alone (``request 1234``): data, not a stage name.
+_PER_REQUEST = re.compile(r"[/?=#]|(?<![0-9a-z])[0-9a-f]{8,}(?![0-9a-z])|(?<![\w.])\d{3,}(?![\w.])",
+                          re.IGNORECASE)
+_STANDARD = frozenset(semconv.STANDARD_STAGES)
+
+
+def looks_per_request(name: str) -> bool:
+    """True when ``name`` holds a path, query or id (see the module docstring)."""
+    return bool(_PER_REQUEST.search(name))
+
+
+@dataclass
+class Naming:
+    """How to name the stage spans under requests.
+
+    ``renamed`` maps (trace id, span id) -> the stage name to count the span under (its ``stage``
+    attribute), or ``None`` to leave it out of the stage rows. Empty when names look fine.
+    ``problems`` explain what was done and how to fix the instrumentation.
+    """
+
+    renamed: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def name_of(self, span: Span) -> str | None:
+        """The stage name ``span`` counts under (``None``: left out)."""
+        key = (span.trace_id, span.span_id)
+        return self.renamed.get(key, span.name)
+
+
+def per_request_names(stage_spans: Iterable[Span]) -> Naming:
+    """Decide how to name ``stage_spans`` (every span whose parent is a request or a group).
+
+    One pass to collect names, one to rename: linear in the spans.
+    """
+    spans = list(stage_spans)
+    distinct = {s.name for s in spans}
+    too_many = len(distinct) > MAX_STAGE_NAMES
+    suspects = [s for s in spans if s.name not in _STANDARD and (too_many or looks_per_request(s.name))]
+    if not suspects:
+        return Naming()
+    naming = Naming()
+    by_attribute: set[str] = set()
+    dropped = 0
+    for span in suspects:
+        value = span.attributes.get(semconv.STAGE_NAME)
+        if isinstance(value, str) and value.strip():
+            naming.renamed[(span.trace_id, span.span_id)] = value.strip()
+            by_attribute.add(value.strip())
+        else:
+            naming.renamed[(span.trace_id, span.span_id)] = None
+            dropped += 1
+    names = sorted({s.name for s in suspects})
+    why = (f"{len(distinct)} distinct span names under requests" if too_many
+           else "span names that hold a path or an id")
+    head = f"span names look per-request ({why}, e.g. {names[0]!r})"
+    fix = ("name each span by its stage (download, decode, resize, queue, forward or a fixed custom"
+           " name) and put the URL or id in an attribute (url.full, request.id)")
+    if by_attribute:
+        naming.problems.append(
+            f"{head}: {len(suspects) - dropped} spans grouped by their '{semconv.STAGE_NAME}'"
+            f" attribute ({', '.join(sorted(by_attribute))}); {fix}"
+        )
+    if dropped:
+        naming.problems.append(
+            f"{head}: {dropped} spans without a '{semconv.STAGE_NAME}' attribute were left out of the"
+            f" stage rows (their time counts as unaccounted); {fix}, or set a"
+            f" '{semconv.STAGE_NAME}' attribute on them"
+        )
+    return naming

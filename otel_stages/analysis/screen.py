@@ -1,0 +1,99 @@
+"""Leave out spans whose times cannot be real, and say which and why. Pure, linear in the spans.
+
+A span is left out when it
+
+- starts before 2000-01-01 (:data:`EARLIEST_START_NS`): an unset clock, a monotonic reading
+  exported as a Unix time, or a duration written where a timestamp belongs;
+- lasts longer than a day (:data:`MAX_DURATION_NS`): no stage of an inference request does, and
+  one such span would dominate every statistic it enters;
+- ends before it starts.
+
+Times are Unix-epoch nanoseconds, as every loader produces them (OTLP ``*UnixNano``, Jaeger and
+Tempo converted). A left-out request span leaves its stage spans without a parent, so they are
+then counted as incomplete rather than as a request (see :mod:`otel_stages.analysis.requests`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from otel_stages.analysis.model import Span
+
+#: 2000-01-01T00:00:00Z in Unix nanoseconds: nothing this tool reads was recorded earlier.
+EARLIEST_START_NS = 946_684_800 * 10**9
+#: One day in nanoseconds: the longest a span may last and still be a stage of a request.
+MAX_DURATION_NS = 86_400 * 10**9
+
+REASON_EARLY = "starts before 2000-01-01"
+REASON_LONG = "lasts longer than a day"
+REASON_BACKWARDS = "ends before it starts"
+
+
+@dataclass
+class _Tally:
+    count: int = 0
+    example: str = ""
+
+
+@dataclass
+class Screened:
+    """``spans`` that passed; ``left_out`` maps a reason to how many spans it removed;
+    ``problems`` are one sentence per reason with the first example."""
+
+    spans: list[Span]
+    left_out: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def _utc(ns: int) -> str:
+    seconds = ns / 1e9
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{ns} ns"
+    return f"{ns} ns = {moment.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def _reason(span: Span) -> str | None:
+    if span.start_ns < EARLIEST_START_NS:
+        return REASON_EARLY
+    if span.end_ns < span.start_ns:
+        return REASON_BACKWARDS
+    if span.end_ns - span.start_ns > MAX_DURATION_NS:
+        return REASON_LONG
+    return None
+
+
+def _example(span: Span, reason: str) -> str:
+    where = f"'{span.name}' in trace {span.trace_id}"
+    if reason == REASON_EARLY:
+        return f"{where} starts at {_utc(span.start_ns)}"
+    if reason == REASON_BACKWARDS:
+        return f"{where} ends {(span.start_ns - span.end_ns) / 1e6:.3f} ms before its start"
+    return f"{where} lasts {(span.end_ns - span.start_ns) / 3.6e12:.1f} h"
+
+
+def screen_spans(spans: Iterable[Span]) -> Screened:
+    """Split ``spans`` into those with possible times and a count of the rest (see the module
+    docstring). Never raises."""
+    kept: list[Span] = []
+    tallies: dict[str, _Tally] = {}
+    for span in spans:
+        reason = _reason(span)
+        if reason is None:
+            kept.append(span)
+            continue
+        tally = tallies.setdefault(reason, _Tally())
+        tally.count += 1
+        if not tally.example:
+            tally.example = _example(span, reason)
+    problems = [
+        f"{t.count} span{'s' if t.count != 1 else ''} left out: {reason} (e.g. {t.example});"
+        " an unset clock or a duration written as a timestamp"
+        if reason == REASON_EARLY
+        else f"{t.count} span{'s' if t.count != 1 else ''} left out: {reason} (e.g. {t.example})"
+        for reason, t in tallies.items()
+    ]
+    return Screened(kept, {r: t.count for r, t in tallies.items()}, problems)
