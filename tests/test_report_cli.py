@@ -172,13 +172,15 @@ def test_verbose_before_or_after_the_subcommand(argv, verbose):
 
 
 def test_runs_are_listed_and_last_run_keeps_the_newest(tmp_path, capsys):
+    from msgspec.structs import replace
+
     from otel_stages.analysis import Recording
 
     older = load_paths([CASES / "queue_batching.otlp.jsonl"])
     newer = load_paths([CASES / "stable.otlp.jsonl"])
     shift = max(s.end_ns for s in older.spans) + 60 * 10**9 - min(s.start_ns for s in newer.spans)
-    moved = [s.__class__(**{**s.__dict__, "start_ns": s.start_ns + shift, "end_ns": s.end_ns + shift,
-                            "resource": {**s.resource, "service.instance.id": "newer"}})
+    moved = [replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift,
+                     resource={**s.resource, "service.instance.id": "newer"})
              for s in newer.spans]
     both = Recording(spans=older.spans + moved)
     everything = diagnose(both)

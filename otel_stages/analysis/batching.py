@@ -105,18 +105,26 @@ def _size(span: Span) -> int:
 
 
 def summarize_batches(spans: Iterable[Span]) -> BatchSummary | None:
-    """Summarize the ``batch`` spans in ``spans`` (see the module docstring); ``None`` without any."""
+    """Summarize the ``batch`` spans in ``spans`` (see the module docstring); ``None`` without any.
+    Linear, and it keeps only batch spans and the queue spans they link to (a span repeated with
+    the same trace and span id counts once)."""
+    spans = spans if isinstance(spans, Sequence) else list(spans)
     unique: dict[tuple[str, str], Span] = {}
     for span in spans:
-        unique.setdefault((span.trace_id, span.span_id), span)
-    batches = sorted((s for s in unique.values() if s.name == semconv.SPAN_BATCH),
-                     key=lambda s: (s.start_ns, s.span_id))
-    if not batches:
+        if span.name == semconv.SPAN_BATCH:
+            unique.setdefault((span.trace_id, span.span_id), span)
+    if not unique:
         return None
-    queues: dict[tuple[str, str], list[Span]] = defaultdict(list)  # (trace, parent span) -> queue spans
-    for span in unique.values():
+    batches = sorted(unique.values(), key=lambda s: (s.start_ns, s.span_id))
+    linked = {link for batch in batches for link in batch.links}
+    # (trace, parent span) -> {(trace, span): queue span}, for the requests a batch links to
+    found_queues: dict[tuple[str, str], dict[tuple[str, str], Span]] = defaultdict(dict)
+    for span in spans:
         if span.name == semconv.STAGE_QUEUE and span.parent_span_id is not None:
-            queues[(span.trace_id, span.parent_span_id)].append(span)
+            key = (span.trace_id, span.parent_span_id)
+            if key in linked:
+                found_queues[key].setdefault((span.trace_id, span.span_id), span)
+    queues = {key: list(by_id.values()) for key, by_id in found_queues.items()}
 
     # when did the executor become free for each batch: the previous batch's end, per process
     free_at: dict[tuple[str, str], int | None] = {}

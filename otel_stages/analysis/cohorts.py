@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import ALL_WARM, SAME_INPUT, ColdFigures
-from otel_stages.analysis.requests import Request, process_key
+from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.stats import order_stages
 
 #: The cold request is compared with warm requests of its own input when at least this many exist;
@@ -53,9 +53,20 @@ class CohortKeys:
                 formats.add(r.image_format)
             self.prompts = self.prompts or r.prompt_tokens is not None
         self.formats = len(formats) > 1
+        # inputs -> key: a recording has a few distinct inputs and keys are asked for per request,
+        # several times over
+        self._known: dict[tuple[int | None, int | None, str | None, int | None], str | None] = {}
 
     def key(self, req: Request) -> str | None:
         """The cohort key of ``req``, or ``None`` when its input is unknown."""
+        inputs = (req.image_width, req.image_height, req.image_format, req.prompt_tokens)
+        try:
+            return self._known[inputs]
+        except KeyError:
+            key = self._known[inputs] = self._key(req)
+            return key
+
+    def _key(self, req: Request) -> str | None:
         parts = []
         if req.image_width is not None and req.image_height is not None:
             size = f"{req.image_width}x{req.image_height}"
@@ -155,8 +166,8 @@ def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApa
     """Warm requests to report apart (module docstring), in start order. ``requests`` are all
     requests (cold and failed included, any order); failed requests are never set apart."""
     by_process: dict[str, list[Request]] = defaultdict(list)
-    for r in requests:
-        by_process[process_key(r.resource)].append(r)
+    for r, process in zip(requests, process_keys(requests)):
+        by_process[process].append(r)
     flagged: dict[int, tuple[str, float | None]] = {}
     for reqs in by_process.values():
         reqs.sort(key=lambda r: r.start_ns)

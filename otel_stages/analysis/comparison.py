@@ -27,14 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from scipy import stats
-
 from otel_stages.analysis.noise import MIN_SWING_MS
 from otel_stages.analysis.stats import order_stages
 from otel_stages.analysis.units import duration, signed_ms, signed_pct
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from otel_stages.analysis.report import Report
 
 #: Confidence of each row's verdict (family-wise over its median, p95 and swing).
@@ -202,16 +201,22 @@ class Change:
 
 
 def _quantiles(x: np.ndarray[Any, Any], axis: int = -1) -> np.ndarray[Any, Any]:
+    import numpy as np  # numpy (and scipy) load only when a comparison is made
+
     return np.asarray(np.percentile(x, [5.0, 50.0, 95.0], axis=axis))
 
 
 def _statistic(before: np.ndarray[Any, Any], after: np.ndarray[Any, Any],
                axis: int = -1) -> np.ndarray[Any, Any]:
+    import numpy as np
+
     qb, qa = _quantiles(before, axis), _quantiles(after, axis)
     return np.stack([qa[1] - qb[1], qa[2] - qb[2], (qa[2] - qa[0]) - (qb[2] - qb[0])])
 
 
 def _sample(values: Sequence[float], rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     if arr.size > MAX_SAMPLES:
         arr = rng.choice(arr, size=MAX_SAMPLES, replace=False)
@@ -220,6 +225,8 @@ def _sample(values: Sequence[float], rng: np.random.Generator) -> np.ndarray[Any
 
 def compare_samples(before: Sequence[float], after: Sequence[float]) -> Change:
     """One row from the per-request ms values before and after (module docstring)."""
+    import numpy as np
+
     if not before or not after:
         def q(v: Sequence[float]) -> tuple[float | None, float | None, float | None]:
             if not v:
@@ -232,6 +239,8 @@ def compare_samples(before: Sequence[float], after: Sequence[float]) -> Change:
     a5, a50, a95 = (float(v) for v in _quantiles(np.asarray(after, dtype=float)))
     cis: list[Interval | None] = [None, None, None]
     if len(before) >= MIN_SAMPLES and len(after) >= MIN_SAMPLES:
+        from scipy import stats  # here: importing scipy.stats takes seconds, wanted only with a baseline
+
         rng = np.random.default_rng(BOOTSTRAP_SEED)
         res = stats.bootstrap(
             (_sample(before, rng), _sample(after, rng)), _statistic,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from otel_stages import semconv
 from otel_stages.analysis.batching import summarize_batches
 from otel_stages.analysis.cohorts import CohortKeys, cold_figures, find_set_apart, group
+from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
 from otel_stages.analysis.evidence import stage_evidence
@@ -38,7 +39,7 @@ from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, Run, SlowRequest
-from otel_stages.analysis.requests import Request, group_spans, process_key
+from otel_stages.analysis.requests import Request, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.stats import (
     Distribution,
@@ -135,8 +136,8 @@ def _cohorts(
 def runs_of(requests: Sequence[Request]) -> list[Run]:
     """One :class:`Run` per process, by first request start."""
     found: dict[str, list[Request]] = defaultdict(list)
-    for r in requests:
-        found[process_key(r.resource)].append(r)
+    for r, key in zip(requests, process_keys(requests)):
+        found[key].append(r)
     runs = []
     for key, reqs in found.items():
         resource = reqs[0].resource
@@ -173,13 +174,18 @@ def diagnose(
     the recording and the baseline alike. Pure; never raises for odd input (an empty recording
     gives a report with ``requests == 0`` and ``verdict.cause is None``).
     """
+    with paused_gc():
+        return _diagnose(recording, baseline=baseline, top=top, last_run=last_run)
+
+
+def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, last_run: bool) -> Report:
     screened = screen_spans(recording.spans)
     grouping = group_spans(screened.spans)
     requests, incomplete = grouping.requests, grouping.incomplete
     runs = runs_of(requests)
     if last_run and runs:
         newest = max(runs, key=lambda r: (r.first_unix_ns, r.key))
-        requests = [r for r in requests if process_key(r.resource) == newest.key]
+        requests = [r for r, key in zip(requests, process_keys(requests)) if key == newest.key]
         incomplete = [u for u in incomplete if u.process == newest.key]
         runs = [replace(r, reported=r.key == newest.key) for r in runs]
     keys = CohortKeys(requests)

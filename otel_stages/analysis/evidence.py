@@ -82,8 +82,14 @@ def size_sentence(stage: str, known: Sequence[tuple[str, float]]) -> str:
 
 
 def _corr(warm: Sequence[Request], stage: str, key: _Key) -> float | None:
-    pairs = [(r.stages_ms[stage], v) for r in warm if stage in r.stages_ms and (v := key(r)) is not None]
-    return correlation([p[0] for p in pairs], [float(p[1]) for p in pairs]) if pairs else None
+    xs: list[float] = []
+    ys: list[float] = []
+    for r in warm:  # one pass, no pairs: this runs over every warm request of a fleet, per stage
+        ms = r.stages_ms.get(stage)
+        if ms is not None and (v := key(r)) is not None:
+            xs.append(ms)
+            ys.append(float(v))
+    return correlation(xs, ys) if xs else None
 
 
 def follow_evidence(warm: Sequence[Request], stage: str, what: str, key: _Key) -> list[str]:

@@ -1,7 +1,9 @@
-"""Recognise what a trace file holds by its content (never its name) and parse it. Pure: bytes in,
-:class:`~otel_stages.analysis.model.Recording` out.
+"""Recognise what a trace file holds by its content (never its name) and parse it, streaming:
+bytes in (:func:`read_chunks`, or all at once with :func:`decode`), records out into a
+:class:`~otel_stages.analysis.compact.Compactor`. Memory follows the records kept, not the file:
+JSON lines are read one at a time, and compressed input is decompressed as it is read.
 
-Layers, outermost first (:func:`decode`):
+Layers, outermost first:
 
 1. **Compression**, by magic bytes: gzip (``1f 8b``; several members are read in turn, as
    ``gzip -d`` does) and zstd (``28 b5 2f fd``; several frames are read in turn). The
@@ -11,10 +13,14 @@ Layers, outermost first (:func:`decode`):
    ``exportMessageAsBuffer``, chosen whenever ``compression`` is set); with the feature gate
    ``exporter.file.nativeCompression`` (v0.154+) the whole file is a zstd stream of JSON lines
    (``compression_writer.go``). Both are read. A file cut short (the collector still writing, or
-   killed) keeps what decompressed, with a problem saying where it stopped.
+   killed) keeps what decompressed, with a problem saying where it stopped. In the length-prefixed
+   framing, a record of length 0 ends the reading with a problem.
 2. **Framing**: JSON lines (one document per line), one pretty-printed document, several
    concatenated documents, or a JSON array of documents. The Collector's ``format: proto`` (4-byte
-   length + OTLP protobuf) is recognised and named, not read.
+   length + OTLP protobuf) is recognised and named, not read. JSON lines (the first non-blank line
+   is a JSON document) are streamed; the other framings are small documents and are read whole.
+   Each OTLP line goes through the fast reader (:mod:`otel_stages.analysis.otlp_fast`) and, when
+   it holds anything odd, the careful one.
 3. **Document shape**:
 
    - OTLP/JSON export request ``{"resourceSpans"|"resourceMetrics": [...]}`` (also OTLP before
@@ -39,10 +45,13 @@ from __future__ import annotations
 import codecs
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from otel_stages.analysis.compact import Compactor
 from otel_stages.analysis.model import Recording
+from otel_stages.analysis.otlp_fast import read_line
+from otel_stages.analysis.selection import ALL, Selection
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -51,7 +60,9 @@ MAX_NESTING = 3
 #: Protobuf tag of field 1 (``resource_spans``/``resource_metrics``), wire type 2: the first byte
 #: of an OTLP export request in protobuf.
 _PROTO_FIELD1 = 0x0A
-_CHUNK = 1 << 20
+#: Bytes read (and decompressed) at a time.
+CHUNK_BYTES = 1 << 20
+_HEAD_BYTES = 8
 _OTLP_KEYS = ("resourceSpans", "resourceMetrics", "resourceLogs")
 _CONSOLE_HINT = (
     "export with an OTLP exporter instead: otel_stages.configure() writes OTLP/JSON files, so does"
@@ -59,86 +70,181 @@ _CONSOLE_HINT = (
 )
 
 
-def decode(data: bytes, name: str) -> Recording:
-    """Parse one file's (or stdin's) bytes, whatever the format above; ``name`` prefixes problems.
+def decode(data: bytes, name: str, *, selection: Selection = ALL) -> Recording:
+    """Parse one file's (or stdin's) bytes, whatever the format above; ``name`` prefixes problems;
+    ``selection`` says which span attributes to keep.
 
     Never raises for bad input. An empty file gives an empty :class:`Recording`.
     """
-    out = Recording()
-    _decode(data, name, out, depth=0)
-    return out
+    into = Compactor(selection)
+    read_chunks([data], name, into)
+    return into.out
 
 
-def _decode(data: bytes, name: str, out: Recording, depth: int) -> None:
+def read_chunks(chunks: Iterable[bytes], name: str, into: Compactor) -> None:
+    """Parse a file given as successive byte chunks (any sizes) into ``into``; never raises for
+    bad input. Chunks are pulled as reading goes, so a reader that reports progress per chunk
+    reports it as the file is read."""
+    _read(iter(chunks), name, into, depth=0)
+
+
+def _read(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> None:
+    problems = into.out.problems
     if depth > MAX_NESTING:
-        out.problems.append(f"{name}: compressed more than {MAX_NESTING} times over; not read")
+        problems.append(f"{name}: compressed more than {MAX_NESTING} times over; not read")
         return
-    if data.startswith(GZIP_MAGIC):
-        inner, cut = _gunzip(data)
-        if cut:
-            out.problems.append(f"{name}: gzip data cut short or damaged ({cut}); read what came before")
-        _decode(inner, f"{name} (gzip)", out, depth + 1)
+    head, chunks = _peek(chunks)
+    for magic, kind, decompress in ((GZIP_MAGIC, "gzip", _gunzip), (ZSTD_MAGIC, "zstd", _unzstd)):
+        if head.startswith(magic):
+            cut: list[str] = []
+            at = len(problems)
+            _read(decompress(chunks, cut), f"{name} ({kind})", into, depth + 1)
+            if cut:  # said before what the cut-short content gave, as it happened first
+                problems.insert(at, f"{name}: {kind} data cut short or damaged ({cut[0]}); read what"
+                                " came before")
+            return
+    if len(head) >= 5 and head[4:8] == ZSTD_MAGIC:
+        _read_zstd_records(chunks, name, into, depth)
         return
-    if data.startswith(ZSTD_MAGIC):
-        inner, cut = _unzstd(data)
-        if cut:
-            out.problems.append(f"{name}: zstd data cut short or damaged ({cut}); read what came before")
-        _decode(inner, f"{name} (zstd)", out, depth + 1)
+    if len(head) >= 5 and head[4] == _PROTO_FIELD1:  # OTLP protobuf records, or text after all
+        data = b"".join(chunks)
+        records = _length_prefixed(data)
+        if records is not None:
+            _decode_records(records, name, into, depth)
+        else:
+            _decode_text(data, name, into)
         return
-    records = _length_prefixed(data)
-    if records is not None:
-        _decode_records(records, name, out, depth)
-        return
-    _decode_text(data, name, out)
+    _read_text(chunks, name, into)
+
+
+def _peek(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
+    """The first chunk, grown to at least :data:`_HEAD_BYTES` when the input has them, and an
+    iterator that yields it and then the rest."""
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= _HEAD_BYTES:
+            break
+
+    def again() -> Iterator[bytes]:
+        if head:
+            yield head
+        yield from chunks
+
+    return head, again()
 
 
 # --- compression and framing -------------------------------------------------------------------
 
 
-def _gunzip(data: bytes) -> tuple[bytes, str]:
-    """Every gzip member in turn; returns (what decompressed, why it stopped early or "")."""
-    parts: list[bytes] = []
-    rest = data
-    while rest.startswith(GZIP_MAGIC):
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        try:
-            parts.append(d.decompress(rest))
-        except zlib.error as exc:
-            return b"".join(parts), str(exc)
-        if not d.eof:
-            parts.append(d.flush())
-            return b"".join(parts), "the last member has no end"
-        rest = d.unused_data.lstrip(b"\0")  # gzip allows zero padding between members
-    return b"".join(parts), ""
+def _gunzip(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
+    """Every gzip member in turn, as chunks are read; on an early stop, ``cut`` gets why."""
+    d: Any = None
+    data = b""
+    for chunk in chunks:
+        data = data + chunk if data else chunk
+        while data:
+            if d is None:  # between members: gzip allows zero padding
+                data = data.lstrip(b"\0")
+                if len(data) < len(GZIP_MAGIC):
+                    break  # wait for more (or the end)
+                if not data.startswith(GZIP_MAGIC):
+                    return  # trailing garbage after the last member is ignored, as gzip -d does
+                d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            try:
+                out = d.decompress(data)
+            except zlib.error as exc:
+                cut.append(str(exc))
+                return
+            if out:
+                yield out
+            if d.eof:
+                data, d = d.unused_data, None
+            else:
+                data = b""
+    if d is not None:
+        tail = d.flush()
+        if tail:
+            yield tail
+        cut.append("the last member has no end")
 
 
-def _unzstd(data: bytes) -> tuple[bytes, str]:
-    """Every zstd frame in turn (streamed frames without a content size too); returns (what
-    decompressed, why it stopped early or "")."""
+def _unzstd(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
+    """Every zstd frame in turn (streamed frames without a content size too), as chunks are read;
+    on an early stop, ``cut`` gets why."""
     import zstandard  # a dependency; imported here so plain JSON files never load it
 
     dctx = zstandard.ZstdDecompressor()
-    parts: list[bytes] = []
-    rest = data
-    while rest.startswith(ZSTD_MAGIC):
-        d = dctx.decompressobj()
-        try:
-            parts.append(d.decompress(rest))
-        except zstandard.ZstdError as exc:
-            return b"".join(parts), str(exc)
-        if not d.eof:
-            return b"".join(parts), "the last frame has no end"
-        rest = d.unused_data
-    return b"".join(parts), ""
+    d: Any = None
+    data = b""
+    for chunk in chunks:
+        data = data + chunk if data else chunk
+        while data:
+            if d is None:
+                if len(data) < len(ZSTD_MAGIC):
+                    break
+                if not data.startswith(ZSTD_MAGIC):
+                    return
+                d = dctx.decompressobj()
+            try:
+                out = d.decompress(data)
+            except zstandard.ZstdError as exc:
+                cut.append(str(exc))
+                return
+            if out:
+                yield out
+            if d.eof:
+                data, d = d.unused_data, None
+            else:
+                data = b""
+    if d is not None:
+        cut.append("the last frame has no end")
+
+
+class _ByteReader:
+    """Exact-size reads over a chunk iterator (for length-prefixed records)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def read(self, size: int) -> bytes:
+        """``size`` bytes, or fewer at the end of the input."""
+        parts, have = [self._buffer], len(self._buffer)
+        while have < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        self._buffer = data[size:]
+        return data[:size]
+
+
+def _read_zstd_records(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> None:
+    """The Collector file exporter's default zstd framing, one record at a time (a 4-byte
+    big-endian length, then one zstd frame per export); the last record may be cut short."""
+    reader = _ByteReader(chunks)
+    proto = 0
+    number = 0
+    while True:
+        prefix = reader.read(4)
+        if len(prefix) < 4:
+            break
+        number += 1
+        size = int.from_bytes(prefix, "big")
+        if size == 0:
+            into.out.problems.append(f"{name} record {number}: length 0 in the length-prefixed"
+                                     " framing; the rest of the file is not read")
+            break
+        proto += _decode_record(reader.read(size), f"{name} record {number}", into, depth)
+    _proto_problem(proto, name, into)
 
 
 def _length_prefixed(data: bytes) -> list[bytes] | None:
     """Records of the Collector file exporter's binary framing (4-byte big-endian length, then the
-    record), or ``None`` when ``data`` is not that: the first record must be a zstd frame or an
-    OTLP protobuf message, and the lengths must tile the file (only a zstd file may end in a
-    record cut short: the collector was still writing)."""
-    if len(data) < 5 or not (data[4:8] == ZSTD_MAGIC or data[4] == _PROTO_FIELD1):
-        return None
+    record), or ``None`` when ``data`` is not that: the lengths must tile the file."""
     records, pos = [], 0
     while pos + 4 <= len(data):
         size = int.from_bytes(data[pos : pos + 4], "big")
@@ -146,27 +252,34 @@ def _length_prefixed(data: bytes) -> list[bytes] | None:
             return None
         records.append(data[pos + 4 : pos + 4 + size])
         pos += 4 + size
-    if pos != len(data) and data[4:8] != ZSTD_MAGIC:
+    if pos != len(data):
         return None
     return records
 
 
-def _decode_records(records: list[bytes], name: str, out: Recording, depth: int) -> None:
-    proto = 0
-    for i, record in enumerate(records, start=1):
-        where = f"{name} record {i}"
-        if record.startswith(ZSTD_MAGIC):
-            inner, cut = _unzstd(record)
-            if cut:
-                out.problems.append(f"{where}: zstd frame cut short or damaged ({cut})")
-            if inner[:1] == bytes([_PROTO_FIELD1]):
-                proto += 1
-                continue
-            _decode(inner, where, out, depth + 1)
-        else:
-            proto += 1
+def _decode_record(record: bytes, where: str, into: Compactor, depth: int) -> int:
+    """One length-prefixed record; returns 1 when it is OTLP protobuf (counted, not read)."""
+    if not record.startswith(ZSTD_MAGIC):
+        return 1
+    cut: list[str] = []
+    inner = b"".join(_unzstd(iter([record]), cut))
+    if cut:
+        into.out.problems.append(f"{where}: zstd frame cut short or damaged ({cut[0]})")
+    if inner[:1] == bytes([_PROTO_FIELD1]):
+        return 1
+    _read(iter([inner]), where, into, depth + 1)
+    return 0
+
+
+def _decode_records(records: list[bytes], name: str, into: Compactor, depth: int) -> None:
+    proto = sum(_decode_record(r, f"{name} record {i}", into, depth)
+                for i, r in enumerate(records, start=1))
+    _proto_problem(proto, name, into)
+
+
+def _proto_problem(proto: int, name: str, into: Compactor) -> None:
     if proto:
-        out.problems.append(
+        into.out.problems.append(
             f"{name}: {proto} record(s) of OTLP protobuf (the Collector file exporter's"
             " `format: proto`), which otel-stages does not read: set `format: json` on that exporter"
         )
@@ -175,36 +288,120 @@ def _decode_records(records: list[bytes], name: str, out: Recording, depth: int)
 # --- text: lines, documents, arrays -------------------------------------------------------------
 
 
-def _decode_text(data: bytes, name: str, out: Recording) -> None:
-    if data.startswith(codecs.BOM_UTF8):  # Windows editors and PowerShell write one
-        data = data[len(codecs.BOM_UTF8) :]
-    lines = data.splitlines()
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if first is None:
-        return
+def _split_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Lines as ``bytes.splitlines`` gives them (``\n``, ``\r\n`` and ``\r`` end a line), from
+    chunks that may cut lines anywhere; a line longer than a chunk is joined once, not re-copied."""
+    parts: list[bytes] = []
+    for chunk in chunks:
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            parts.append(chunk)
+            continue
+        if parts:
+            parts.append(pieces[0])
+            pieces[0] = b"".join(parts)
+        tail = pieces.pop()
+        parts = [tail] if tail else []
+        for piece in pieces:
+            if b"\r" in piece:
+                yield from piece.splitlines() or [b""]
+            else:
+                yield piece
+    last = b"".join(parts)
+    if last:
+        yield from last.splitlines()
+
+
+class _Tee:
+    """Chunks passed through while remembering them, until :meth:`forget`."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.seen: list[bytes] | None = []
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            if self.seen is not None:
+                self.seen.append(chunk)
+            yield chunk
+
+    def forget(self) -> None:
+        self.seen = None
+
+
+def _read_text(chunks: Iterator[bytes], name: str, into: Compactor) -> None:
+    """JSON lines streamed line by line; when the first non-blank line is no JSON document, the
+    whole text is read at once (one pretty-printed document, concatenated ones, console output)."""
+    tee = _Tee(_strip_bom(chunks))
+    lines = enumerate(_split_lines(iter(tee)), start=1)
     console = 0
-    if _loads(lines[first]) is _BAD:
-        docs = _concatenated(data)
-        if docs is not None:
-            for obj, line in docs:
-                where = f"{name}:{line}" if len(docs) > 1 else name
-                console += _dispatch(obj, where, out)
-            _console_problem(console, name, out)
-            return
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in lines:
         if not raw.strip():
             continue
         where = f"{name}:{number}"
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            out.problems.append(f"{where}: not UTF-8 text")
-            continue
-        except json.JSONDecodeError as exc:
-            out.problems.append(f"{where}: not valid JSON ({_short(exc)})")
-            continue
-        console += _dispatch(obj, where, out)
-    _console_problem(console, name, out)
+        if not read_line(raw, where, into):
+            if _loads(raw) is _BAD:
+                seen = tee.seen or []
+                tee.forget()
+                _decode_text(b"".join(seen) + b"".join(tee.chunks), name, into)
+                return
+            console += _careful_line(raw, where, into)
+        break
+    tee.forget()
+    for number, raw in lines:
+        if raw.strip():
+            where = f"{name}:{number}"
+            if not read_line(raw, where, into):
+                console += _careful_line(raw, where, into)
+    _console_problem(console, name, into)
+
+
+def _strip_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    first = next(chunks, b"")
+    yield first.removeprefix(codecs.BOM_UTF8)  # Windows editors and PowerShell write one
+    yield from chunks
+
+
+def _careful_line(raw: bytes, where: str, into: Compactor) -> int:
+    """One line through the careful reader; returns 1 for a console-exporter span."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        into.out.problems.append(f"{where}: not UTF-8 text")
+        return 0
+    except json.JSONDecodeError as exc:
+        into.out.problems.append(f"{where}: not valid JSON ({_short(exc)})")
+        return 0
+    part = Recording()
+    console = _dispatch(obj, where, part)
+    into.add(part)
+    return console
+
+
+def _decode_text(data: bytes, name: str, into: Compactor) -> None:
+    """Whole-text reading: when the first non-blank line is no JSON document and the text is
+    whitespace-separated documents, those; else lines."""
+    data = data.removeprefix(codecs.BOM_UTF8)
+    first = next((line for line in data.splitlines() if line.strip()), None)
+    if first is None:
+        return
+    docs = _concatenated(data) if _loads(first) is _BAD else None
+    if docs is not None:
+        console = 0
+        for obj, line in docs:
+            where = f"{name}:{line}" if len(docs) > 1 else name
+            part = Recording()
+            console += _dispatch(obj, where, part)
+            into.add(part)
+        _console_problem(console, name, into)
+        return
+    console = 0
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if raw.strip():
+            where = f"{name}:{number}"
+            if not read_line(raw, where, into):
+                console += _careful_line(raw, where, into)
+    _console_problem(console, name, into)
 
 
 class _Bad:
@@ -308,9 +505,9 @@ def _dispatch(obj: Any, where: str, out: Recording) -> int:
     return 0
 
 
-def _console_problem(count: int, name: str, out: Recording) -> None:
+def _console_problem(count: int, name: str, into: Compactor) -> None:
     if count:
-        out.problems.append(
+        into.out.problems.append(
             f"{name}: this is the OpenTelemetry Python ConsoleSpanExporter's output ({count} spans"
             f" printed for reading, not an export format; its times are rounded text), so it is"
             f" not read: {_CONSOLE_HINT}"

@@ -60,9 +60,10 @@ def per_request_names(stage_spans: Iterable[Span]) -> Naming:
     spans = list(stage_spans)
     distinct = {s.name for s in spans}
     too_many = len(distinct) > MAX_STAGE_NAMES
-    suspects = [s for s in spans if s.name not in _STANDARD and (too_many or looks_per_request(s.name))]
-    if not suspects:
+    suspect_names = {n for n in distinct if n not in _STANDARD and (too_many or looks_per_request(n))}
+    if not suspect_names:
         return Naming()
+    suspects = [s for s in spans if s.name in suspect_names]
     naming = Naming()
     by_attribute: set[str] = set()
     dropped = 0

@@ -31,7 +31,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+import msgspec
 
 from otel_stages import semconv
 from otel_stages.analysis.model import AttributeValue, Span
@@ -39,15 +42,12 @@ from otel_stages.analysis.naming import Naming, per_request_names
 
 _STANDARD = frozenset(semconv.STANDARD_STAGES)
 
-_Key = tuple[str, str]  # (trace id, span id)
-
 #: Stage spans of one request may overlap by this much (ms) before it is a problem: clocks of two
 #: threads (or Jaeger's microsecond times) can put one stage's start a hair before the last's end.
 OVERLAP_TOLERANCE_MS = 0.05
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(msgspec.Struct, frozen=True, gc=False):
     """One inference request, built from its request span and stage spans.
 
     ``span_id`` is the request span's id; ``total_ms`` its duration. ``stages_ms`` maps stage
@@ -76,8 +76,8 @@ class Request:
     error: bool = False
     seq: int | None = None
     cold: bool = False
-    resource: dict[str, AttributeValue] = field(default_factory=dict)
-    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    resource: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
+    attributes: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
     spans: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
 
@@ -137,13 +137,23 @@ def process_key(resource: dict[str, AttributeValue]) -> str:
     return ""
 
 
+def process_keys(requests: Iterable[Request]) -> list[str]:
+    """:func:`process_key` of each request's resource, in order; computed once per distinct
+    resource (loaders share one resource dict per process)."""
+    known: dict[int, str] = {}
+    out = []
+    for req in requests:
+        resource = req.resource
+        key = known.get(id(resource))
+        if key is None:
+            key = known[id(resource)] = process_key(resource)
+        out.append(key)
+    return out
+
+
 def find_requests(spans: Iterable[Span]) -> list[Request]:
     """The requests of :func:`group_spans` (incomplete units and problems dropped)."""
     return group_spans(spans).requests
-
-
-def _is_stage_name(span: Span) -> bool:
-    return span.name in _STANDARD or span.attributes.get(semconv.STAGE_NAME) in _STANDARD
 
 
 def group_spans(spans: Iterable[Span]) -> Grouping:
@@ -154,55 +164,111 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
     decides; else where requests carry ``request.seq``, seq 1 is cold; else the earliest request
     of each process (keyed by ``service.instance.id``, else ``service.name``) is cold. So a file
     that starts mid-process (no seq 1) has no cold request. Never raises.
+
+    Linear: spans are bucketed by trace (a request and its stages share a trace, so in whatever
+    order lines and files hold them they meet there), and each trace is grouped with small dicts
+    of its own, freed as soon as it is done.
     """
-    by_id: dict[_Key, Span] = {}
+    by_trace: dict[str, list[Span]] = {}
     for span in spans:
-        by_id.setdefault((span.trace_id, span.span_id), span)
-    children: dict[_Key, list[Span]] = defaultdict(list)
-    for span in by_id.values():
-        if span.parent_span_id is not None:
-            children[(span.trace_id, span.parent_span_id)].append(span)
-
-    # stage parents: spans (present or not) whose children are stage spans
-    parents: dict[_Key, list[Span]] = {}
-    for key, kids in children.items():
-        parent = by_id.get(key)
-        if parent is not None and parent.name in _STANDARD:
-            continue  # detail spans nested inside a stage, not a request
-        if (parent is not None and parent.name == semconv.SPAN_REQUEST) or any(
-            _is_stage_name(k) for k in kids
-        ):
-            parents[key] = kids
-    naming = per_request_names(k for kids in parents.values() for k in kids)
-
-    # each stage parent belongs to the request found by walking up through groups
-    members: dict[_Key, tuple[list[Span], list[Span]]] = {}
-    for key, kids in parents.items():
-        root = _owner(key, by_id, parents)
-        leaves, groups = members.setdefault(root, ([], []))
-        leaves.extend(k for k in kids if (k.trace_id, k.span_id) not in parents)
-        if key != root:
-            groups.append(by_id[key])
+        bucket = by_trace.get(span.trace_id)
+        if bucket is None:
+            by_trace[span.trace_id] = [span]
+        else:
+            bucket.append(span)
+    units: list[_Unit] = []
+    roots: list[Span] = []
+    for bucket in by_trace.values():
+        _trace_units(bucket, units, roots)
+    del by_trace
+    naming = per_request_names([k for unit in units for k in unit[2]])
 
     out = Grouping(requests=[], problems=list(naming.problems))
     issues = _Issues()
-    for key, (leaves, groups) in members.items():
+    orphans: list[Incomplete] = []
+    for trace_id, request_id, leaves, groups, request_span in units:
         named = _renamed(leaves, naming)
         if not named:
             continue
-        request_span = by_id.get(key)
         if request_span is None:
-            out.incomplete.append(_incomplete(key[0], key[1], named + groups))
+            orphans.append(_incomplete(trace_id, request_id, named + groups))
         else:
             out.requests.append(_build(request_span, named, groups, issues))
-    roots = [s for s in by_id.values() if s.parent_span_id is None and s.name in _STANDARD
-             and (s.trace_id, s.span_id) not in parents]
-    out.incomplete.extend(_incomplete(s.trace_id, None, [s]) for s in roots)
-    out.requests.sort(key=lambda r: (r.start_ns, r.trace_id))
+    out.incomplete = orphans + [_incomplete(s.trace_id, None, [s]) for s in roots]
+    out.requests.sort(key=_by_start)
     out.requests = _mark_cold(out.requests)
     out.problems.extend(_incomplete_problems(out.incomplete))
     out.problems.extend(issues.problems())
     return out
+
+
+# (trace id, request span id, leaf stage spans, group spans, the request span or None: never read)
+_Unit = tuple[str, str, list[Span], list[Span], "Span | None"]
+_by_start = attrgetter("start_ns", "trace_id")
+
+
+def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span]) -> None:
+    """The requests (and would-be requests whose span never arrived) of one trace into ``units``,
+    its stage spans without any parent into ``roots``."""
+    by_id = {s.span_id: s for s in reversed(spans)}  # the first of duplicates wins
+    if len(by_id) != len(spans):  # duplicates: keep the first of each, in order
+        first: dict[str, Span] = {}
+        for span in spans:
+            first.setdefault(span.span_id, span)
+        spans = list(first.values())
+    children: dict[str, list[Span]] = {}
+    top: list[Span] = []
+    for span in spans:
+        parent_id = span.parent_span_id
+        if parent_id is None:
+            if span.name in _STANDARD:
+                top.append(span)
+            continue
+        kids = children.get(parent_id)
+        if kids is None:
+            children[parent_id] = [span]
+        else:
+            kids.append(span)
+
+    # stage parents: spans (present or not) whose children are stage spans
+    parents: dict[str, list[Span]] = {}
+    for parent_id, kids in children.items():
+        parent = by_id.get(parent_id)
+        if parent is not None:
+            if parent.name in _STANDARD:
+                continue  # detail spans nested inside a stage, not a request
+            if parent.name == semconv.SPAN_REQUEST:
+                parents[parent_id] = kids
+                continue
+        for kid in kids:
+            if kid.name in _STANDARD or kid.attributes.get(semconv.STAGE_NAME) in _STANDARD:
+                parents[parent_id] = kids
+                break
+    if top:
+        roots.extend(s for s in top if s.span_id not in parents)
+    if not parents:
+        return
+    trace_id = spans[0].trace_id
+    if len(parents) == 1:  # the usual trace: one request span (or its missing id) and its stages
+        ((parent_id, kids),) = parents.items()
+        parent = by_id.get(parent_id)
+        if parent is not None and parent.parent_span_id == parent_id:  # a span its own parent
+            kids = [k for k in kids if k.span_id != parent_id]
+        units.append((trace_id, parent_id, kids, [], parent))
+        return
+
+    # each stage parent belongs to the request found by walking up through groups
+    members: dict[str, tuple[list[Span], list[Span]]] = {}
+    for parent_id, kids in parents.items():
+        root = _owner(parent_id, by_id, parents)
+        entry = members.get(root)
+        if entry is None:
+            entry = members[root] = ([], [])
+        entry[0].extend(k for k in kids if k.span_id not in parents)
+        if root != parent_id:
+            entry[1].append(by_id[parent_id])
+    for root, (leaves, groups) in members.items():
+        units.append((trace_id, root, leaves, groups, by_id.get(root)))
 
 
 def _renamed(leaves: list[Span], naming: Naming) -> list[Span]:
@@ -212,7 +278,7 @@ def _renamed(leaves: list[Span], naming: Naming) -> list[Span]:
     for span in leaves:
         name = naming.name_of(span)
         if name is not None:
-            out.append(span if name == span.name else replace(span, name=name))
+            out.append(span if name == span.name else msgspec.structs.replace(span, name=name))
     return out
 
 
@@ -247,20 +313,20 @@ def _incomplete_problems(units: list[Incomplete]) -> list[str]:
     return problems
 
 
-def _owner(key: _Key, by_id: dict[_Key, Span], parents: dict[_Key, list[Span]]) -> _Key:
-    """The request a stage parent belongs to: walk up while the span is a custom stage (a child
-    of another stage parent) that is not named ``request``; stop at anything else."""
-    seen: set[_Key] = set()
-    while key not in seen:
-        seen.add(key)
-        span = by_id.get(key)
+def _owner(span_id: str, by_id: dict[str, Span], parents: dict[str, list[Span]]) -> str:
+    """The request a stage parent belongs to (span ids of one trace): walk up while the span is a
+    custom stage (a child of another stage parent) that is not named ``request``; stop at
+    anything else."""
+    seen: set[str] = set()
+    while span_id not in seen:
+        seen.add(span_id)
+        span = by_id.get(span_id)
         if span is None or span.name == semconv.SPAN_REQUEST or span.parent_span_id is None:
-            return key
-        up = (span.trace_id, span.parent_span_id)
-        if up not in parents:
-            return key
-        key = up
-    return key  # a parent cycle (malformed ids): stop where it closes
+            return span_id
+        if span.parent_span_id not in parents:
+            return span_id
+        span_id = span.parent_span_id
+    return span_id  # a parent cycle (malformed ids): stop where it closes
 
 
 class _Issues:
@@ -293,47 +359,72 @@ class _Issues:
         return out
 
 
-def _first_int(spans: Sequence[Span], key: str) -> int | None:
-    for span in spans:
-        value = span.attributes.get(key)
+def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
+               merged: dict[str, AttributeValue] | None = None) -> int | None:
+    """The first int (or float, as an int; not a bool) under ``key`` in ``attributes``.
+    ``merged`` (every dict merged, the first one's value winning) answers the usual case
+    without walking the dicts."""
+    if merged is not None:
+        value = merged.get(key)
+        if type(value) is int or (value is None and key not in merged):
+            return value
+    for attrs in attributes:
+        value = attrs.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value)
     return None
 
 
-def _first_str(spans: Sequence[Span], key: str) -> str | None:
-    for span in spans:
-        value = span.attributes.get(key)
+def _first_str(attributes: Sequence[dict[str, AttributeValue]], key: str,
+               merged: dict[str, AttributeValue] | None = None) -> str | None:
+    """The first non-empty str under ``key`` in ``attributes`` (``merged``: see _first_int)."""
+    if merged is not None:
+        value = merged.get(key)
+        if (type(value) is str and value) or (value is None and key not in merged):
+            return value
+    for attrs in attributes:
+        value = attrs.get(key)
         if isinstance(value, str) and value:
             return value
     return None
 
 
+_by_start_name = attrgetter("start_ns", "name")
+
+
 def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _Issues) -> Request:
-    leaves = sorted(leaves, key=lambda s: (s.start_ns, s.name))
-    groups = sorted(groups, key=lambda s: (s.start_ns, s.name))
+    """One request from its span and stage spans (``leaves`` is sorted in place)."""
+    leaves.sort(key=_by_start_name)
+    if len(groups) > 1:
+        groups = sorted(groups, key=_by_start_name)
     lo, hi = request_span.start_ns, request_span.end_ns
     stages_ms: dict[str, float] = {}
     covered = 0
     inside_sum = 0
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
-    for span in leaves:
-        start, end = max(span.start_ns, lo), min(span.end_ns, hi)
-        inside = max(0, end - start)
-        outside = (span.end_ns - span.start_ns) - inside
+    error = request_span.error
+    for span in leaves:  # runs once per span of a million: min()/max() calls spelled out
+        span_start, span_end, name = span.start_ns, span.end_ns, span.name
+        if span.error:
+            error = True
+        start = span_start if span_start > lo else lo
+        end = span_end if span_end < hi else hi
+        inside = end - start if end > start else 0
+        outside = (span_end - span_start) - inside
         if outside > worst_outside:
             worst_outside = outside
-            example = f"{span.name} in trace {span.trace_id}"
-        stages_ms[span.name] = stages_ms.get(span.name, 0.0) + inside / 1e6
+            example = f"{name} in trace {span.trace_id}"
+        before = stages_ms.get(name)
+        stages_ms[name] = inside / 1e6 if before is None else before + inside / 1e6
         if inside == 0:
             continue
         inside_sum += inside
         if start < cursor and (cursor - start) / 1e6 > OVERLAP_TOLERANCE_MS and not issues.overlap_example:
-            issues.overlap_example = f"{cursor_name} and {span.name} in trace {span.trace_id}"
-        covered += max(0, end - max(start, cursor))
+            issues.overlap_example = f"{cursor_name} and {name} in trace {span.trace_id}"
+        covered += end - (start if start > cursor else cursor) if end > cursor else 0
         if end > cursor:
-            cursor, cursor_name = end, span.name
+            cursor, cursor_name = end, name
     if worst_outside / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.outside += 1
         if worst_outside / 1e6 > issues.outside_max_ms:
@@ -341,34 +432,45 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
     if (inside_sum - covered) / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.overlap += 1
     total_ms = request_span.duration_ms
-    # image attributes: decode span first (its contract), then any stage, groups, the request span
-    ordered = [*sorted(leaves, key=lambda s: s.name != semconv.STAGE_DECODE), *groups, request_span]
+    # image attributes: decode spans first (their contract), then the other stages in time order,
+    # groups, the request span
+    attributes = [s.attributes for s in leaves if s.name == semconv.STAGE_DECODE and s.attributes]
+    attributes += [s.attributes for s in leaves if s.name != semconv.STAGE_DECODE and s.attributes]
+    if groups:
+        attributes += [s.attributes for s in groups if s.attributes]
+        error = error or any(s.error for s in groups)
+    if request_span.attributes:
+        attributes.append(request_span.attributes)
+    merged: dict[str, AttributeValue] = {}
+    for attrs in reversed(attributes):
+        merged.update(attrs)
     seq = request_span.attributes.get(semconv.REQUEST_SEQ)
     return Request(
-        trace_id=request_span.trace_id,
-        span_id=request_span.span_id,
-        start_ns=lo,
-        total_ms=total_ms,
-        stages_ms=stages_ms,
-        unaccounted_ms=max(0.0, total_ms - covered / 1e6),
-        image_width=_first_int(ordered, semconv.IMAGE_WIDTH),
-        image_height=_first_int(ordered, semconv.IMAGE_HEIGHT),
-        image_bytes=_first_int(ordered, semconv.IMAGE_SIZE),
-        image_format=_first_str(ordered, semconv.IMAGE_FORMAT),
-        prompt_tokens=_first_int(ordered, semconv.PROMPT_TOKENS),
-        error=any(s.error for s in ordered),
-        seq=int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None,
-        resource=request_span.resource,
-        attributes=request_span.attributes,
-        spans=tuple(leaves),
-        groups=tuple(groups),
+        request_span.trace_id,
+        request_span.span_id,
+        lo,
+        total_ms,
+        stages_ms,
+        max(0.0, total_ms - covered / 1e6),
+        _first_int(attributes, semconv.IMAGE_WIDTH, merged),
+        _first_int(attributes, semconv.IMAGE_HEIGHT, merged),
+        _first_int(attributes, semconv.IMAGE_SIZE, merged),
+        _first_str(attributes, semconv.IMAGE_FORMAT, merged),
+        _first_int(attributes, semconv.PROMPT_TOKENS, merged),
+        error,
+        int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None,
+        False,
+        request_span.resource,
+        request_span.attributes,
+        tuple(leaves),
+        tuple(groups),
     )
 
 
 def _mark_cold(requests: list[Request]) -> list[Request]:
     by_process: dict[str, list[int]] = defaultdict(list)
-    for i, req in enumerate(requests):
-        by_process[process_key(req.resource)].append(i)
+    for i, key in enumerate(process_keys(requests)):
+        by_process[key].append(i)
     out = list(requests)
     for indices in by_process.values():
         group = [requests[i] for i in indices]
@@ -381,5 +483,5 @@ def _mark_cold(requests: list[Request]) -> list[Request]:
             cold = [i == 0 for i in range(len(group))]  # already sorted by start time
         for i, is_cold in zip(indices, cold):
             if is_cold:
-                out[i] = replace(requests[i], cold=True)
+                out[i] = msgspec.structs.replace(requests[i], cold=True)
     return out

@@ -79,11 +79,17 @@ def screen_spans(spans: Iterable[Span]) -> Screened:
     """Split ``spans`` into those with possible times and a count of the rest (see the module
     docstring). Never raises."""
     kept: list[Span] = []
+    keep = kept.append
     tallies: dict[str, _Tally] = {}
+    earliest, longest = EARLIEST_START_NS, MAX_DURATION_NS
     for span in spans:
+        start, end = span.start_ns, span.end_ns
+        if start >= earliest and start <= end and end - start <= longest:  # _reason(span) is None
+            keep(span)
+            continue
         reason = _reason(span)
-        if reason is None:
-            kept.append(span)
+        if reason is None:  # pragma: no cover - the test above is _reason's, inlined for speed
+            keep(span)
             continue
         tally = tallies.setdefault(reason, _Tally())
         tally.count += 1

@@ -41,10 +41,12 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from otel_stages import semconv
 from otel_stages.analysis.model import Recording, Span
@@ -244,7 +246,7 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
         start = min([req.start_ns, *(s.start_ns for s in stages)])
         end = max([req.end_ns, *(s.end_ns for s in stages)])
         added.append(
-            replace(
+            msgspec.structs.replace(
                 req,
                 name=semconv.SPAN_REQUEST,
                 start_ns=start,

@@ -23,6 +23,7 @@ Definitions used across the report:
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,25 +130,49 @@ def percentile(values: Sequence[float], q: float) -> float:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile {q} outside 0..100")
-    ordered = sorted(values)
+    return _percentile_sorted(sorted(values), q)
+
+
+def _percentile_sorted(ordered: Sequence[float], q: float) -> float:
     pos = (len(ordered) - 1) * q / 100
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def _median_sorted(ordered: Sequence[float]) -> float:
+    """``statistics.median`` of already sorted values (it would sort them again)."""
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def distribution(values: Sequence[float]) -> Distribution:
     """Summarize ``values`` (ms). Raises ``ValueError`` if empty."""
     ordered = sorted(values)
+    if not ordered:
+        raise ValueError("distribution of no values")
     return Distribution(
         count=len(ordered),
         min_ms=ordered[0],
-        p5_ms=percentile(ordered, 5),
-        median_ms=statistics.median(ordered),
-        p95_ms=percentile(ordered, 95),
+        p5_ms=_percentile_sorted(ordered, 5),
+        median_ms=_median_sorted(ordered),
+        p95_ms=_percentile_sorted(ordered, 95),
         max_ms=ordered[-1],
         mean_ms=statistics.fmean(ordered),
     )
+
+
+def _centered(values: Sequence[float]) -> list[float]:
+    """``values`` minus their mean (``fsum / n``)."""
+    mean = math.fsum(values) / len(values)
+    return [v - mean for v in values]
+
+
+def _sum_of_products(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """``fsum(x * y)``: the sums ``statistics.covariance`` and ``correlation`` form (Python 3.10,
+    3.11), with the loop in C; a fleet's recording has hundreds of thousands of requests."""
+    return math.fsum(map(operator.mul, xs, ys))
 
 
 def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -157,17 +182,25 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
         raise ValueError("series of different lengths")
     if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return None
-    try:
-        return statistics.correlation(xs, ys)
-    except statistics.StatisticsError:
+    dx, dy = _centered(xs), _centered(ys)
+    sxx, syy = _sum_of_products(dx, dx), _sum_of_products(dy, dy)
+    if sxx <= 0 or syy <= 0:
         return None
+    return _sum_of_products(dx, dy) / math.sqrt(sxx * syy)
 
 
 def explained_fraction(part_ms: Sequence[float], total_ms: Sequence[float]) -> float:
     """``cov(part, total) / var(total)``; 0 when fewer than 2 values or the total is constant."""
     if len(part_ms) < 2 or len(set(total_ms)) < 2:
         return 0.0
-    return statistics.covariance(part_ms, total_ms) / statistics.variance(total_ms)
+    total = _centered(total_ms)
+    return _explained(part_ms, total, _sum_of_products(total, total))
+
+
+def _explained(part_ms: Sequence[float], total: Sequence[float], total_ss: float) -> float:
+    """``cov(part, total) / var(total)`` given the centered totals and their sum of squares (the
+    ``n - 1`` of both cancels)."""
+    return _sum_of_products(_centered(part_ms), total) / total_ss
 
 
 def variance_explained_by_groups(groups: Iterable[Sequence[float]]) -> float | None:
@@ -212,6 +245,9 @@ def stage_stats(
     if not rows:
         return {}
     time_ms = sum(totals_ms)
+    varies = len(rows) >= 2 and len(set(totals_ms)) >= 2
+    total = _centered(totals_ms)
+    total_ss = _sum_of_products(total, total)
     out: dict[str, StageStats] = {}
     for name in order_stages(n for row in rows for n in row):
         ran = [row[name] for row in rows if name in row]
@@ -227,7 +263,8 @@ def stage_stats(
             mean_ms=dist.mean_ms,
             share=sum(ran) / time_ms if time_ms > 0 else 0.0,
             swing_ms=dist.swing_ms,
-            explains=explained_fraction([row.get(name, 0.0) for row in rows], totals_ms),
+            explains=(_explained([row.get(name, 0.0) for row in rows], total, total_ss)
+                      if varies else 0.0),
         )
     return out
 
