@@ -34,8 +34,8 @@ and reused while the generator version is the same (1M spans is 400 MB).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -95,7 +95,7 @@ def record_templates(folder: Path) -> dict[str, Any]:
         (images / name).write_bytes(buffer.getvalue())
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(
@@ -265,7 +265,7 @@ def summary(results: dict[int, dict[str, list[dict[str, float]]]]) -> dict[str, 
         }
     sizes = sorted(rows)
     growth = {f"{b}/{a}": rows[b]["report"]["cpu_s"] / rows[a]["report"]["cpu_s"] / (b / a)
-              for a, b in zip(sizes, sizes[1:])}
+              for a, b in itertools.pairwise(sizes)}
     return {"sizes": rows, "cpu_growth_per_span": growth}
 
 

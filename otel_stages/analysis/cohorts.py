@@ -24,6 +24,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import ALL_WARM, SAME_INPUT, ColdFigures
@@ -36,6 +37,8 @@ COMPARABLE_MIN_REQUESTS = 5
 #: A gap this long (seconds) between a request and the previous one of its process can make a warm
 #: process cold again (caches evicted, GPU clocks lowered, connections closed).
 IDLE_GAP_MIN_S = 30.0
+
+_start = attrgetter("start_ns")
 
 REASON_NEW_INPUT = "new_input"  #: first request of its cohort in its process
 REASON_AFTER_IDLE = "after_idle"  #: first request after an idle gap
@@ -66,6 +69,19 @@ class CohortKeys:
             key = self._known[inputs] = self._key(req)
             return key
 
+    def keys(self, requests: Iterable[Request]) -> list[str | None]:
+        """:meth:`key` of each request, in order (one call for a fleet's many requests)."""
+        known = self._known
+        out: list[str | None] = []
+        for req in requests:
+            inputs = (req.image_width, req.image_height, req.image_format, req.prompt_tokens)
+            try:
+                key = known[inputs]
+            except KeyError:
+                key = known[inputs] = self._key(req)
+            out.append(key)
+        return out
+
     def _key(self, req: Request) -> str | None:
         parts = []
         if req.image_width is not None and req.image_height is not None:
@@ -88,9 +104,9 @@ def prompt_bucket(tokens: int) -> str:
 
 def group(requests: Iterable[Request], keys: CohortKeys) -> dict[str, list[Request]]:
     """Requests by cohort key, largest cohort first (ties by key); requests without a key left out."""
+    requests = requests if isinstance(requests, Sequence) else list(requests)
     out: dict[str, list[Request]] = defaultdict(list)
-    for r in requests:
-        k = keys.key(r)
+    for r, k in zip(requests, keys.keys(requests)):
         if k is not None:
             out[k].append(r)
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
@@ -170,12 +186,11 @@ def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApa
         by_process[process].append(r)
     flagged: dict[int, tuple[str, float | None]] = {}
     for reqs in by_process.values():
-        reqs.sort(key=lambda r: r.start_ns)
+        reqs.sort(key=_start)
         started = any(r.cold for r in reqs)  # the process's start is in the recording
         seen: set[str | None] = set()
         last_end: int | None = None
-        for r in reqs:
-            k = keys.key(r)
+        for r, k in zip(reqs, keys.keys(reqs)):
             if not r.cold and not r.error:
                 if last_end is not None and r.start_ns - last_end >= IDLE_GAP_MIN_S * 1e9:
                     flagged[id(r)] = (REASON_AFTER_IDLE, (r.start_ns - last_end) / 1e9)

@@ -205,8 +205,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
             " download/decode/resize/queue/forward, or children of a 'request' span)"
         )
     counts: dict[str, int] = defaultdict(int)
-    for r in warm:
-        counts[keys.key(r) or UNKNOWN_INPUT] += 1
+    for key in keys.keys(warm):
+        counts[key or UNKNOWN_INPUT] += 1
     report = Report(
         requests=len(requests),
         counts=Counts(warm=len(warm), cold=len(cold) + len(apart), failed=len(failed),

@@ -31,17 +31,31 @@ def size_evidence(warm: Sequence[Request], stage: str) -> StageEvidence:
     vary but cost does not follow), ``None`` (sizes unknown or all equal). ``one_size``: every
     request with a known size had the same width x height (and cost does not follow bytes).
     """
+    # one pass over the requests (a fleet's hundreds of thousands) for both correlations and sizes
+    pixel_ms: list[float] = []
+    pixels: list[float] = []
+    byte_ms: list[float] = []
+    sizes: list[float] = []
+    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for req in warm:
+        ms = req.stages_ms.get(stage)
+        if ms is None:
+            continue
+        width, height, size = req.image_width, req.image_height, req.image_bytes
+        if width is not None and height is not None:
+            pixel_ms.append(ms)
+            pixels.append(float(width * height))
+            groups[(width, height)].append(ms)
+        if size is not None:
+            byte_ms.append(ms)
+            sizes.append(float(size))
     rs = {
-        "pixels": _corr(warm, stage, lambda q: q.pixels),
-        "bytes": _corr(warm, stage, lambda q: q.image_bytes),
+        "pixels": correlation(pixel_ms, pixels) if pixel_ms else None,
+        "bytes": correlation(byte_ms, sizes) if byte_ms else None,
     }
     known = [(w, r) for w, r in rs.items() if r is not None]
     lines = [size_sentence(stage, known)] if known else []
     follows = None if not known else max(abs(r) for _, r in known) >= FOLLOWS_SIZE_MIN_R
-    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for req in warm:
-        if req.image_width is not None and req.image_height is not None and stage in req.stages_ms:
-            groups[(req.image_width, req.image_height)].append(req.stages_ms[stage])
     if len(groups) > 1:
         parts = [
             f"{w}x{h}: {len(v)} requests, median {duration(statistics.median(v))}"

@@ -5,7 +5,7 @@ lines or documents, Jaeger and Tempo JSON, gzip or zstd compressed); file names 
 folder is searched (:data:`FOLDER_SUFFIXES`). Nothing raises for bad input: a missing path, an
 empty folder or an unreadable file is a ``Recording.problems`` message and the rest still loads.
 
-Files are streamed (:data:`~otel_stages.analysis.formats.CHUNK_BYTES` at a time), so memory follows
+Files are streamed (:data:`~otel_stages.analysis.chunks.CHUNK_BYTES` at a time), so memory follows
 what is kept, not the file size: pass a :class:`~otel_stages.analysis.selection.Selection` to keep
 only the attributes the analysis reads (``otel-stages report`` does). Spans of one trace may be
 spread over lines and files: the recording is grouped only after everything is read.
@@ -24,8 +24,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
+from otel_stages.analysis.chunks import CHUNK_BYTES
 from otel_stages.analysis.compact import Compactor, paused_gc
-from otel_stages.analysis.formats import CHUNK_BYTES, read_chunks
+from otel_stages.analysis.formats import read_chunks
 from otel_stages.analysis.model import Recording
 from otel_stages.analysis.selection import ALL, Selection
 

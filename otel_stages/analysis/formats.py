@@ -44,25 +44,30 @@ from __future__ import annotations
 
 import codecs
 import json
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from otel_stages.analysis.chunks import (
+    GZIP_MAGIC,
+    ZSTD_MAGIC,
+    ByteReader,
+    Tee,
+    gunzip,
+    peek,
+    split_lines,
+    strip_bom,
+    unzstd,
+)
 from otel_stages.analysis.compact import Compactor
 from otel_stages.analysis.model import Recording
 from otel_stages.analysis.otlp_fast import read_line
 from otel_stages.analysis.selection import ALL, Selection
 
-GZIP_MAGIC = b"\x1f\x8b"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: Compressed inside compressed inside ...: deeper than this is not a trace file.
 MAX_NESTING = 3
 #: Protobuf tag of field 1 (``resource_spans``/``resource_metrics``), wire type 2: the first byte
 #: of an OTLP export request in protobuf.
 _PROTO_FIELD1 = 0x0A
-#: Bytes read (and decompressed) at a time.
-CHUNK_BYTES = 1 << 20
-_HEAD_BYTES = 8
 _OTLP_KEYS = ("resourceSpans", "resourceMetrics", "resourceLogs")
 _CONSOLE_HINT = (
     "export with an OTLP exporter instead: otel_stages.configure() writes OTLP/JSON files, so does"
@@ -93,8 +98,8 @@ def _read(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> No
     if depth > MAX_NESTING:
         problems.append(f"{name}: compressed more than {MAX_NESTING} times over; not read")
         return
-    head, chunks = _peek(chunks)
-    for magic, kind, decompress in ((GZIP_MAGIC, "gzip", _gunzip), (ZSTD_MAGIC, "zstd", _unzstd)):
+    head, chunks = peek(chunks)
+    for magic, kind, decompress in ((GZIP_MAGIC, "gzip", gunzip), (ZSTD_MAGIC, "zstd", unzstd)):
         if head.startswith(magic):
             cut: list[str] = []
             at = len(problems)
@@ -117,115 +122,13 @@ def _read(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> No
     _read_text(chunks, name, into)
 
 
-def _peek(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
-    """The first chunk, grown to at least :data:`_HEAD_BYTES` when the input has them, and an
-    iterator that yields it and then the rest."""
-    head = b""
-    for chunk in chunks:
-        head += chunk
-        if len(head) >= _HEAD_BYTES:
-            break
-
-    def again() -> Iterator[bytes]:
-        if head:
-            yield head
-        yield from chunks
-
-    return head, again()
-
-
 # --- compression and framing -------------------------------------------------------------------
-
-
-def _gunzip(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
-    """Every gzip member in turn, as chunks are read; on an early stop, ``cut`` gets why."""
-    d: Any = None
-    data = b""
-    for chunk in chunks:
-        data = data + chunk if data else chunk
-        while data:
-            if d is None:  # between members: gzip allows zero padding
-                data = data.lstrip(b"\0")
-                if len(data) < len(GZIP_MAGIC):
-                    break  # wait for more (or the end)
-                if not data.startswith(GZIP_MAGIC):
-                    return  # trailing garbage after the last member is ignored, as gzip -d does
-                d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            try:
-                out = d.decompress(data)
-            except zlib.error as exc:
-                cut.append(str(exc))
-                return
-            if out:
-                yield out
-            if d.eof:
-                data, d = d.unused_data, None
-            else:
-                data = b""
-    if d is not None:
-        tail = d.flush()
-        if tail:
-            yield tail
-        cut.append("the last member has no end")
-
-
-def _unzstd(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
-    """Every zstd frame in turn (streamed frames without a content size too), as chunks are read;
-    on an early stop, ``cut`` gets why."""
-    import zstandard  # a dependency; imported here so plain JSON files never load it
-
-    dctx = zstandard.ZstdDecompressor()
-    d: Any = None
-    data = b""
-    for chunk in chunks:
-        data = data + chunk if data else chunk
-        while data:
-            if d is None:
-                if len(data) < len(ZSTD_MAGIC):
-                    break
-                if not data.startswith(ZSTD_MAGIC):
-                    return
-                d = dctx.decompressobj()
-            try:
-                out = d.decompress(data)
-            except zstandard.ZstdError as exc:
-                cut.append(str(exc))
-                return
-            if out:
-                yield out
-            if d.eof:
-                data, d = d.unused_data, None
-            else:
-                data = b""
-    if d is not None:
-        cut.append("the last frame has no end")
-
-
-class _ByteReader:
-    """Exact-size reads over a chunk iterator (for length-prefixed records)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    def read(self, size: int) -> bytes:
-        """``size`` bytes, or fewer at the end of the input."""
-        parts, have = [self._buffer], len(self._buffer)
-        while have < size:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                break
-            parts.append(chunk)
-            have += len(chunk)
-        data = b"".join(parts)
-        self._buffer = data[size:]
-        return data[:size]
 
 
 def _read_zstd_records(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> None:
     """The Collector file exporter's default zstd framing, one record at a time (a 4-byte
     big-endian length, then one zstd frame per export); the last record may be cut short."""
-    reader = _ByteReader(chunks)
+    reader = ByteReader(chunks)
     proto = 0
     number = 0
     while True:
@@ -262,7 +165,7 @@ def _decode_record(record: bytes, where: str, into: Compactor, depth: int) -> in
     if not record.startswith(ZSTD_MAGIC):
         return 1
     cut: list[str] = []
-    inner = b"".join(_unzstd(iter([record]), cut))
+    inner = b"".join(unzstd(iter([record]), cut))
     if cut:
         into.out.problems.append(f"{where}: zstd frame cut short or damaged ({cut[0]})")
     if inner[:1] == bytes([_PROTO_FIELD1]):
@@ -288,52 +191,11 @@ def _proto_problem(proto: int, name: str, into: Compactor) -> None:
 # --- text: lines, documents, arrays -------------------------------------------------------------
 
 
-def _split_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """Lines as ``bytes.splitlines`` gives them (``\n``, ``\r\n`` and ``\r`` end a line), from
-    chunks that may cut lines anywhere; a line longer than a chunk is joined once, not re-copied."""
-    parts: list[bytes] = []
-    for chunk in chunks:
-        pieces = chunk.split(b"\n")
-        if len(pieces) == 1:
-            parts.append(chunk)
-            continue
-        if parts:
-            parts.append(pieces[0])
-            pieces[0] = b"".join(parts)
-        tail = pieces.pop()
-        parts = [tail] if tail else []
-        for piece in pieces:
-            if b"\r" in piece:
-                yield from piece.splitlines() or [b""]
-            else:
-                yield piece
-    last = b"".join(parts)
-    if last:
-        yield from last.splitlines()
-
-
-class _Tee:
-    """Chunks passed through while remembering them, until :meth:`forget`."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks = chunks
-        self.seen: list[bytes] | None = []
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self.chunks:
-            if self.seen is not None:
-                self.seen.append(chunk)
-            yield chunk
-
-    def forget(self) -> None:
-        self.seen = None
-
-
 def _read_text(chunks: Iterator[bytes], name: str, into: Compactor) -> None:
     """JSON lines streamed line by line; when the first non-blank line is no JSON document, the
     whole text is read at once (one pretty-printed document, concatenated ones, console output)."""
-    tee = _Tee(_strip_bom(chunks))
-    lines = enumerate(_split_lines(iter(tee)), start=1)
+    tee = Tee(strip_bom(chunks))
+    lines = enumerate(split_lines(iter(tee)), start=1)
     console = 0
     for number, raw in lines:
         if not raw.strip():
@@ -354,12 +216,6 @@ def _read_text(chunks: Iterator[bytes], name: str, into: Compactor) -> None:
             if not read_line(raw, where, into):
                 console += _careful_line(raw, where, into)
     _console_problem(console, name, into)
-
-
-def _strip_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    first = next(chunks, b"")
-    yield first.removeprefix(codecs.BOM_UTF8)  # Windows editors and PowerShell write one
-    yield from chunks
 
 
 def _careful_line(raw: bytes, where: str, into: Compactor) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.model import MetricPoint
+from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request
 
 #: Fewer samples than this inside forward spans is too thin to call the GPU busy or starved:
@@ -112,11 +112,12 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint]) -> 
 
     ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. Never raises.
     """
-    forward = semconv.STAGE_FORWARD  # Request.stage_windows_ns, spelled out: one pass over all spans
-    windows = [(s.start_ns, s.end_ns) for r in requests for s in r.spans if s.name == forward]
+    name = semconv.STAGE_FORWARD  # one pass over the spans of a fleet's requests, not one per use
+    forwards = [s for r in requests for s in r.spans if s.name == name]
+    windows = [(s.start_ns, s.end_ns) for s in forwards]
     if not windows:
         return GpuEvidence(level=LEVEL_NONE)
-    from_spans = _from_span_attributes(requests, len(windows))
+    from_spans = _from_span_attributes(forwards, len(windows))
     if from_spans is not None:
         return from_spans
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -189,24 +190,21 @@ def _align(
     return evidence, rise
 
 
-def _from_span_attributes(requests: Sequence[Request], n_forwards: int) -> GpuEvidence | None:
+def _from_span_attributes(forwards: Sequence[Span], n_forwards: int) -> GpuEvidence | None:
     per_forward: list[tuple[int, list[float]]] = []
     weighted = 0.0
     samples = 0
-    for req in requests:
-        for span in req.spans:
-            if span.name != semconv.STAGE_FORWARD:
-                continue
-            mean = span.attributes.get(semconv.GPU_UTILIZATION_MEAN)
-            if not isinstance(mean, (int, float)) or isinstance(mean, bool):
-                continue
-            count = span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1)
-            count = int(count) if isinstance(count, (int, float)) else 1
-            if count <= 0:
-                continue
-            weighted += float(mean) * count
-            samples += count
-            per_forward.append((span.end_ns - span.start_ns, [float(mean)] * count))
+    for span in forwards:
+        mean = span.attributes.get(semconv.GPU_UTILIZATION_MEAN)
+        if not isinstance(mean, (int, float)) or isinstance(mean, bool):
+            continue
+        count = span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1)
+        count = int(count) if isinstance(count, (int, float)) else 1
+        if count <= 0:
+            continue
+        weighted += float(mean) * count
+        samples += count
+        per_forward.append((span.end_ns - span.start_ns, [float(mean)] * count))
     if not per_forward:
         return None
     mean_all = weighted / samples

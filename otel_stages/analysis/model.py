@@ -5,8 +5,9 @@ of :mod:`otel_stages.analysis` never sees a wire format. Times are integer nanos
 spans' clock (Unix epoch for OTLP), ids are lowercase hex strings.
 
 A fleet's recording holds a million spans, so the records are compact and cheap to make: frozen
-``msgspec.Struct`` classes (fixed slots, no per-instance ``__dict__``, built in C: a fifth of the
-time of a frozen dataclass; not tracked by the cyclic garbage collector, as they hold no cycles).
+``msgspec.Struct`` classes (fixed slots, no per-instance ``__dict__``; built in C, 0.3 µs for a
+Span against 3-4 µs for a frozen dataclass's ``__init__`` on the development host; not tracked by
+the cyclic garbage collector, as they hold no cycles).
 They construct, compare and print like dataclasses; to change a field use
 ``msgspec.structs.replace(span, name="decode")`` (``dataclasses.replace`` does not apply). Loaders
 share one resource dict per process and one string per trace id, parent id, span name and

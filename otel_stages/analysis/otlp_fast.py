@@ -2,19 +2,22 @@
 straight into typed structs (only the fields the analysis uses; the rest is skipped in C), then
 into compact :class:`~otel_stages.analysis.model.Span` records.
 
-Why msgspec: on this project's own trace lines (``benchmarks/report_scale.py --parsers``), a
-typed msgspec decode costs about a fifth of ``json.loads`` and orjson's untyped decode about the
-same as ``json.loads`` once the spans are walked, and typed structs skip the dicts that a generic
-decode builds for every span and attribute (BENCHMARKS.md has the figures).
+Why msgspec: on the library's own trace lines (``benchmarks/report_scale.py --parsers``: decode
+every line and sum span durations by name), msgspec decoding into typed structs took 0.25x the
+time of ``json.loads``, msgspec's untyped decode 0.90x and orjson 0.86x: typed structs skip the
+dict a generic decode builds for every span, attribute and value, and fields nobody reads are
+skipped without making objects (BENCHMARKS.md has the figures).
 
 Exactness: :func:`read_line` takes a line only when it can give the very records and problems
 the careful reader (:func:`otel_stages.analysis.otlp_json.parse_export_request`) would: ids of
 exactly 32/16 lowercase hex digits, a name, both times, no end before start, attribute values of
 one known kind. Anything else (base64 or upper-case ids, a malformed span, ``null`` where a value
-belongs, pre-1.0 keys inside a block, a document that is not OTLP) makes it return ``False``
-before keeping anything, and the caller reads that line with the careful reader, which names
-every problem by file, line and span. The one leniency: integers written as ``"1e3"`` or
-``"3.0"`` (no OTLP writer does) are read as the integers they denote.
+belongs, an unknown value kind even in an attribute that is not kept, a document that is not
+OTLP) makes it return ``False`` before keeping anything, and the caller reads that line with the
+careful reader, which names every problem by file, line and span. Two leniencies, in fields no
+OTLP writer gets wrong: integers written as ``"1e3"`` or ``"3.0"`` are read as the integers they
+denote, and bytes that are not UTF-8 inside a field this reader skips (``scope``, ``traceState``)
+are not noticed.
 
 Events and links are rare (exceptions, batching) and go through the careful reader's own
 functions, so they cannot differ. Metric lines (``resourceMetrics``) are read by the careful
@@ -24,6 +27,7 @@ reader too: a GPU sampler writes a few points a second, not spans' millions.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -113,6 +117,7 @@ _HEX = re.compile("[0-9a-f]*")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 _STATUS_ERROR = (2, "STATUS_CODE_ERROR")
+_TRACE_ID, _SPAN_ID, _PARENT_SPAN_ID = (attrgetter(f) for f in ("trace_id", "span_id", "parent_span_id"))
 
 
 class _Fallback(Exception):
@@ -149,8 +154,6 @@ def _read_spans(blocks: list[_ResourceSpans], into: Compactor, out: list[Span]) 
     keys, sets = into.keys, into.attribute_sets
     key_of = keys.get if into.selection.attributes is not None else keys.__getitem__
     new, append = Span, out.append
-    ids: list[str] = []
-    add_ids = ids.append
     for block in blocks:
         scopes = block.scope_spans
         if scopes is UNSET:
@@ -159,9 +162,15 @@ def _read_spans(blocks: list[_ResourceSpans], into: Compactor, out: list[Span]) 
                 scopes = []
         resource = into.resource(_resource(block.resource))
         for scope in scopes:
-            if scope.spans is UNSET:
+            spans = scope.spans
+            if spans is UNSET:
                 continue
-            for s in scope.spans:
+            # ids are lowercase hex (lengths are checked below): one match over them all, the
+            # joins run in C
+            ids = "".join(map(_TRACE_ID, spans)) + "".join(map(_SPAN_ID, spans))
+            if _HEX.fullmatch(ids + "".join(map(_PARENT_SPAN_ID, spans))) is None:
+                raise _Fallback  # an upper-case or non-hex id: the careful reader
+            for s in spans:
                 trace_id, span_id, parent_id, name = s.trace_id, s.span_id, s.parent_span_id, s.name
                 start, end = s.start_time_unix_nano, s.end_time_unix_nano
                 if (len(trace_id) != 32 or len(span_id) != 16 or not name or start is None
@@ -171,11 +180,9 @@ def _read_spans(blocks: list[_ResourceSpans], into: Compactor, out: list[Span]) 
                 if parent_id:
                     if len(parent_id) != 16:
                         raise _Fallback
-                    add_ids(trace_id + span_id + parent_id)
                     parent: str | None = (None if parent_id == _ZERO_SPAN
                                           else parent_ids.setdefault(parent_id, parent_id))
                 else:
-                    add_ids(trace_id + span_id)
                     parent = None
                 attrs: dict[str, AttributeValue] = NO_ATTRIBUTES
                 if s.attributes:
@@ -213,7 +220,7 @@ def _read_spans(blocks: list[_ResourceSpans], into: Compactor, out: list[Span]) 
                 status = s.status
                 append(new(
                     trace_ids.setdefault(trace_id, trace_id),
-                    parent_ids.get(span_id, span_id),
+                    span_id,
                     parent,
                     names.setdefault(name, name),
                     start,
@@ -225,8 +232,6 @@ def _read_spans(blocks: list[_ResourceSpans], into: Compactor, out: list[Span]) 
                     False,
                     () if s.links is UNSET else _links(_RAW_DECODER.decode(s.links)),
                 ))
-    if _HEX.fullmatch("".join(ids)) is None:  # an upper-case or non-hex id: the careful reader
-        raise _Fallback
 
 
 def _dict_of(items: list[Any]) -> dict[str, AttributeValue]:

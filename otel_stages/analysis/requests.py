@@ -359,15 +359,8 @@ class _Issues:
         return out
 
 
-def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
-               merged: dict[str, AttributeValue] | None = None) -> int | None:
-    """The first int (or float, as an int; not a bool) under ``key`` in ``attributes``.
-    ``merged`` (every dict merged, the first one's value winning) answers the usual case
-    without walking the dicts."""
-    if merged is not None:
-        value = merged.get(key)
-        if type(value) is int or (value is None and key not in merged):
-            return value
+def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str) -> int | None:
+    """The first int (or float, as an int; not a bool) under ``key`` in ``attributes``."""
     for attrs in attributes:
         value = attrs.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -375,18 +368,44 @@ def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
     return None
 
 
-def _first_str(attributes: Sequence[dict[str, AttributeValue]], key: str,
-               merged: dict[str, AttributeValue] | None = None) -> str | None:
-    """The first non-empty str under ``key`` in ``attributes`` (``merged``: see _first_int)."""
-    if merged is not None:
-        value = merged.get(key)
-        if (type(value) is str and value) or (value is None and key not in merged):
-            return value
+def _first_str(attributes: Sequence[dict[str, AttributeValue]], key: str) -> str | None:
+    """The first non-empty str under ``key`` in ``attributes``."""
     for attrs in attributes:
         value = attrs.get(key)
         if isinstance(value, str) and value:
             return value
     return None
+
+
+_WIDTH, _HEIGHT, _SIZE, _FORMAT, _TOKENS = (semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT,
+                                            semconv.IMAGE_SIZE, semconv.IMAGE_FORMAT,
+                                            semconv.PROMPT_TOKENS)
+
+
+def _inputs(attributes: list[dict[str, AttributeValue]]
+            ) -> tuple[int | None, int | None, int | None, str | None, int | None]:
+    """Image width, height, bytes, format and prompt tokens: each the first usable value in
+    ``attributes`` (:func:`_first_int`, :func:`_first_str`). The dicts merged, the first one's
+    value winning, answer the usual case at once; an odd value (a float, a bool, an explicit
+    None, an empty format) sends that key through the walk over the dicts."""
+    merged: dict[str, AttributeValue] = {}
+    for attrs in reversed(attributes):
+        merged.update(attrs)
+    get = merged.get
+    width, height, size, image_format, tokens = (get(_WIDTH), get(_HEIGHT), get(_SIZE),
+                                                 get(_FORMAT), get(_TOKENS))
+    if type(width) is not int and (width is not None or _WIDTH in merged):
+        width = _first_int(attributes, _WIDTH)
+    if type(height) is not int and (height is not None or _HEIGHT in merged):
+        height = _first_int(attributes, _HEIGHT)
+    if type(size) is not int and (size is not None or _SIZE in merged):
+        size = _first_int(attributes, _SIZE)
+    if not (type(image_format) is str and image_format) and (image_format is not None
+                                                             or _FORMAT in merged):
+        image_format = _first_str(attributes, _FORMAT)
+    if type(tokens) is not int and (tokens is not None or _TOKENS in merged):
+        tokens = _first_int(attributes, _TOKENS)
+    return width, height, size, image_format, tokens
 
 
 _by_start_name = attrgetter("start_ns", "name")
@@ -404,10 +423,16 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
     error = request_span.error
+    # where the image attributes come from: decode spans first (their contract), then the other
+    # stages in time order, groups, the request span
+    attributes: list[dict[str, AttributeValue]] = []
+    others: list[dict[str, AttributeValue]] = []
     for span in leaves:  # runs once per span of a million: min()/max() calls spelled out
         span_start, span_end, name = span.start_ns, span.end_ns, span.name
         if span.error:
             error = True
+        if span.attributes:
+            (attributes if name == semconv.STAGE_DECODE else others).append(span.attributes)
         start = span_start if span_start > lo else lo
         end = span_end if span_end < hi else hi
         inside = end - start if end > start else 0
@@ -432,18 +457,13 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
     if (inside_sum - covered) / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.overlap += 1
     total_ms = request_span.duration_ms
-    # image attributes: decode spans first (their contract), then the other stages in time order,
-    # groups, the request span
-    attributes = [s.attributes for s in leaves if s.name == semconv.STAGE_DECODE and s.attributes]
-    attributes += [s.attributes for s in leaves if s.name != semconv.STAGE_DECODE and s.attributes]
+    attributes += others
     if groups:
         attributes += [s.attributes for s in groups if s.attributes]
         error = error or any(s.error for s in groups)
     if request_span.attributes:
         attributes.append(request_span.attributes)
-    merged: dict[str, AttributeValue] = {}
-    for attrs in reversed(attributes):
-        merged.update(attrs)
+    width, height, size, image_format, tokens = _inputs(attributes)
     seq = request_span.attributes.get(semconv.REQUEST_SEQ)
     return Request(
         request_span.trace_id,
@@ -452,11 +472,11 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
         total_ms,
         stages_ms,
         max(0.0, total_ms - covered / 1e6),
-        _first_int(attributes, semconv.IMAGE_WIDTH, merged),
-        _first_int(attributes, semconv.IMAGE_HEIGHT, merged),
-        _first_int(attributes, semconv.IMAGE_SIZE, merged),
-        _first_str(attributes, semconv.IMAGE_FORMAT, merged),
-        _first_int(attributes, semconv.PROMPT_TOKENS, merged),
+        width,
+        height,
+        size,
+        image_format,
+        tokens,
         error,
         int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None,
         False,

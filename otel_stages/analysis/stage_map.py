@@ -98,6 +98,10 @@ class StageMap:
     about: str = ""
     layout: str = "end"
 
+    def attribute_keys(self) -> frozenset[str]:
+        """The request-span attributes the ``attribute`` stages read (a loader must keep them)."""
+        return frozenset(r.attribute for r in self.stages if r.attribute)
+
 
 @dataclass
 class MapSummary:

@@ -22,11 +22,13 @@ Definitions used across the report:
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from otel_stages import semconv
 
@@ -175,12 +177,18 @@ def _sum_of_products(xs: Sequence[float], ys: Sequence[float]) -> float:
     return math.fsum(map(operator.mul, xs, ys))
 
 
+def _varies(values: Sequence[float]) -> bool:
+    """Whether ``values`` holds two different values (two passes in C; a set of every value costs
+    more at a fleet's hundreds of thousands)."""
+    return min(values) != max(values)
+
+
 def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Pearson correlation of two equal-length series; ``None`` when fewer than 3 pairs or when
     either series is constant (correlation undefined)."""
     if len(xs) != len(ys):
         raise ValueError("series of different lengths")
-    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+    if len(xs) < 3 or not _varies(xs) or not _varies(ys):
         return None
     dx, dy = _centered(xs), _centered(ys)
     sxx, syy = _sum_of_products(dx, dx), _sum_of_products(dy, dy)
@@ -191,7 +199,7 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 def explained_fraction(part_ms: Sequence[float], total_ms: Sequence[float]) -> float:
     """``cov(part, total) / var(total)``; 0 when fewer than 2 values or the total is constant."""
-    if len(part_ms) < 2 or len(set(total_ms)) < 2:
+    if len(part_ms) < 2 or not _varies(total_ms):
         return 0.0
     total = _centered(total_ms)
     return _explained(part_ms, total, _sum_of_products(total, total))
@@ -245,12 +253,24 @@ def stage_stats(
     if not rows:
         return {}
     time_ms = sum(totals_ms)
-    varies = len(rows) >= 2 and len(set(totals_ms)) >= 2
+    varies = len(rows) >= 2 and _varies(totals_ms)
     total = _centered(totals_ms)
     total_ss = _sum_of_products(total, total)
+    names = order_stages(itertools.chain.from_iterable(rows))
+    # one pass over the rows for every stage: at a fleet's hundreds of thousands of requests the
+    # rows are spread over memory, and each pass over them costs more than the arithmetic
+    columns: dict[str, list[float | None]] = {name: [] for name in names}
+    appends = [(name, columns[name].append) for name in names]
+    for row in rows:
+        get = row.get
+        for name, append in appends:
+            append(get(name))
     out: dict[str, StageStats] = {}
-    for name in order_stages(n for row in rows for n in row):
-        ran = [row[name] for row in rows if name in row]
+    for name in names:
+        column = columns[name]
+        ran = [v for v in column if v is not None]
+        filled = (cast("list[float]", column) if len(ran) == len(column)
+                  else [0.0 if v is None else v for v in column])
         dist = distribution(ran)
         out[name] = StageStats(
             name=name,
@@ -263,8 +283,7 @@ def stage_stats(
             mean_ms=dist.mean_ms,
             share=sum(ran) / time_ms if time_ms > 0 else 0.0,
             swing_ms=dist.swing_ms,
-            explains=(_explained([row.get(name, 0.0) for row in rows], total, total_ss)
-                      if varies else 0.0),
+            explains=_explained(filled, total, total_ss) if varies else 0.0,
         )
     return out
 

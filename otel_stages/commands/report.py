@@ -52,9 +52,9 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Recording, diagnose, load_paths
+from otel_stages.analysis.files import load_bytes, load_stream
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
-from otel_stages.analysis.otlp_json import load_bytes
 from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
 from otel_stages.analysis.stage_map import StageMapError
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from otel_stages.analysis import Report
     from otel_stages.analysis.aggregate import AggregateReport
     from otel_stages.analysis.prometheus import NamingOverrides
+    from otel_stages.analysis.selection import Selection
     from otel_stages.analysis.stage_map import MapSummary
 
 #: At most this many problems are echoed to stderr (all of them stay in the JSON).
@@ -348,13 +349,16 @@ def _run_prometheus(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(paths: list[str]) -> Recording:
-    """Files and folders, plus standard input for ``-`` (named ``<stdin>`` in problems)."""
-    recording = load_paths([p for p in paths if p != STDIN])
+def _load(paths: list[str], selection: Selection) -> Recording:
+    """Files and folders, plus standard input for ``-`` (named ``<stdin>`` in problems), keeping
+    the span attributes ``selection`` names."""
+    recording = load_paths([p for p in paths if p != STDIN], selection=selection)
     if STDIN in paths:
         stream = getattr(sys.stdin, "buffer", None)
-        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
-        recording.extend(load_bytes(data, "<stdin>"))
+        if stream is not None:
+            recording.extend(load_stream(stream, "<stdin>", selection=selection))
+        else:
+            recording.extend(load_bytes(sys.stdin.read().encode("utf-8"), "<stdin>", selection=selection))
     return recording
 
 
@@ -372,6 +376,11 @@ def run(args: argparse.Namespace) -> int:
     remote = bool(args.jaeger or args.tempo)
     if args.prometheus and not remote:
         return _run_prometheus(args)
+    try:  # before any reading: a bad map fails fast, and the map says which attributes to keep
+        selection = report_selection(args)
+    except StageMapError as exc:
+        print(f"otel-stages report: error: --stage-map: {exc}", file=sys.stderr)
+        return 2
     if remote:
         try:
             recording, where = _load_remote(args, time.time_ns())
@@ -380,8 +389,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
     else:
         paths = list(args.paths) or [default_data_dir()]
-        recording, where = _load(paths), ", ".join("stdin" if p == STDIN else p for p in paths)
-    baseline = _load(args.baseline) if args.baseline else None
+        recording = _load(paths, selection)
+        where = ", ".join("stdin" if p == STDIN else p for p in paths)
+    baseline = _load(args.baseline, selection) if args.baseline else None
     try:
         recording, baseline, mapped = apply_stage_map_argument(args, recording, baseline)
     except StageMapError as exc:
@@ -480,6 +490,18 @@ def naming_overrides(args: argparse.Namespace) -> NamingOverrides:
         service_label=args.service_label,
         unit=args.metric_unit,
     )
+
+
+def report_selection(args: argparse.Namespace) -> Selection:
+    """The span attributes the report keeps from files: what the analysis reads, plus the
+    attributes ``--stage-map`` turns into stages. Raises :class:`StageMapError`."""
+    from otel_stages.analysis.selection import for_analysis
+
+    if not args.stage_map:
+        return for_analysis()
+    from otel_stages.analysis.stage_map import load_stage_map
+
+    return for_analysis(load_stage_map(args.stage_map).attribute_keys())
 
 
 def apply_stage_map_argument(

@@ -1,0 +1,172 @@
+"""Byte streams as chunks: sniffing the head, decompressing gzip and zstd as chunks arrive,
+exact-size reads, and splitting into lines. Pure; used by :mod:`otel_stages.analysis.formats`.
+
+A chunk iterator is what a file gives when read :data:`CHUNK_BYTES` at a time; every function
+here pulls chunks only as it needs them, so memory holds a chunk (and a line), not the file.
+Decompressors report an early stop (data cut short or damaged) by appending why to ``cut``
+and ending; what decompressed before stays yielded.
+"""
+
+from __future__ import annotations
+
+import codecs
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: Bytes read (and decompressed) at a time.
+CHUNK_BYTES = 1 << 20
+#: Bytes :func:`peek` makes sure the first chunk has (magic numbers, the framing's first record).
+HEAD_BYTES = 8
+
+
+def peek(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
+    """The first chunk, grown to at least :data:`HEAD_BYTES` when the input has them, and an
+    iterator that yields it and then the rest."""
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= HEAD_BYTES:
+            break
+
+    def again() -> Iterator[bytes]:
+        if head:
+            yield head
+        yield from chunks
+
+    return head, again()
+
+
+def gunzip(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
+    """Every gzip member in turn, as chunks are read; on an early stop, ``cut`` gets why."""
+    d: Any = None
+    data = b""
+    for chunk in chunks:
+        data = data + chunk if data else chunk
+        while data:
+            if d is None:  # between members: gzip allows zero padding
+                data = data.lstrip(b"\0")
+                if len(data) < len(GZIP_MAGIC):
+                    break  # wait for more (or the end)
+                if not data.startswith(GZIP_MAGIC):
+                    return  # trailing garbage after the last member is ignored, as gzip -d does
+                d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            try:
+                out = d.decompress(data)
+            except zlib.error as exc:
+                cut.append(str(exc))
+                return
+            if out:
+                yield out
+            if d.eof:
+                data, d = d.unused_data, None
+            else:
+                data = b""
+    if d is not None:
+        tail = d.flush()
+        if tail:
+            yield tail
+        cut.append("the last member has no end")
+
+
+def unzstd(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
+    """Every zstd frame in turn (streamed frames without a content size too), as chunks are read;
+    on an early stop, ``cut`` gets why."""
+    import zstandard  # a dependency; imported here so plain JSON files never load it
+
+    dctx = zstandard.ZstdDecompressor()
+    d: Any = None
+    data = b""
+    for chunk in chunks:
+        data = data + chunk if data else chunk
+        while data:
+            if d is None:
+                if len(data) < len(ZSTD_MAGIC):
+                    break
+                if not data.startswith(ZSTD_MAGIC):
+                    return
+                d = dctx.decompressobj()
+            try:
+                out = d.decompress(data)
+            except zstandard.ZstdError as exc:
+                cut.append(str(exc))
+                return
+            if out:
+                yield out
+            if d.eof:
+                data, d = d.unused_data, None
+            else:
+                data = b""
+    if d is not None:
+        cut.append("the last frame has no end")
+
+
+class ByteReader:
+    """Exact-size reads over a chunk iterator (for length-prefixed records)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = b""
+
+    def read(self, size: int) -> bytes:
+        """``size`` bytes, or fewer at the end of the input."""
+        parts, have = [self._buffer], len(self._buffer)
+        while have < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        self._buffer = data[size:]
+        return data[:size]
+
+
+def split_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Lines as ``bytes.splitlines`` gives them (``\n``, ``\r\n`` and ``\r`` end a line), from
+    chunks that may cut lines anywhere; a line longer than a chunk is joined once, not re-copied."""
+    parts: list[bytes] = []
+    for chunk in chunks:
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            parts.append(chunk)
+            continue
+        if parts:
+            parts.append(pieces[0])
+            pieces[0] = b"".join(parts)
+        tail = pieces.pop()
+        parts = [tail] if tail else []
+        for piece in pieces:
+            if b"\r" in piece:
+                yield from piece.splitlines() or [b""]
+            else:
+                yield piece
+    last = b"".join(parts)
+    if last:
+        yield from last.splitlines()
+
+
+class Tee:
+    """Chunks passed through while remembering them, until :meth:`forget`."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.seen: list[bytes] | None = []
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            if self.seen is not None:
+                self.seen.append(chunk)
+            yield chunk
+
+    def forget(self) -> None:
+        """Stop remembering and drop what was remembered."""
+        self.seen = None
+
+
+def strip_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    first = next(chunks, b"")
+    yield first.removeprefix(codecs.BOM_UTF8)  # Windows editors and PowerShell write one
+    yield from chunks
