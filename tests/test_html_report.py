@@ -89,13 +89,17 @@ def test_adapter_gpu_series_line_up_with_forward_windows() -> None:
     assert min(a for a, _ in windows) >= 0
 
 
+#: A real Unix time (the report leaves out spans before 2000 as an unset clock).
+T0 = 1_700_000_000 * 10**9
+
+
 def test_percent_utilization_is_scaled_to_a_fraction() -> None:
-    spans = [Span("t1", "r1", None, "request", 0, 10_000_000_000),
-             Span("t1", "f1", "r1", "forward", 1_000_000_000, 9_000_000_000)]
+    spans = [Span("t1", "r1", None, "request", T0, T0 + 10_000_000_000),
+             Span("t1", "f1", "r1", "forward", T0 + 1_000_000_000, T0 + 9_000_000_000)]
     from otel_stages.analysis import MetricPoint
 
-    points = [MetricPoint(semconv.HW_GPU_UTILIZATION, t * 1_000_000_000, 80.0, {semconv.HW_ID: "GPU-1"})
-              for t in range(1, 9)]
+    points = [MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + t * 1_000_000_000, 80.0,
+                          {semconv.HW_ID: "GPU-1"}) for t in range(1, 9)]
     charts = report_charts(Recording(spans=spans, metrics=points))
     assert [v for _, v in charts.gpu[0].utilization] == [0.8] * 8
 
@@ -103,10 +107,11 @@ def test_percent_utilization_is_scaled_to_a_fraction() -> None:
 def test_gpu_samples_far_from_the_requests_are_left_out() -> None:
     from otel_stages.analysis import MetricPoint
 
-    spans = [Span("t1", "r1", None, "request", 3600 * 10**9, 3601 * 10**9),
-             Span("t1", "f1", "r1", "forward", 3600 * 10**9, 3601 * 10**9)]
-    near = MetricPoint(semconv.HW_GPU_UTILIZATION, 3600 * 10**9 + 5 * 10**8, 0.9, {semconv.HW_ID: "g"})
-    far = MetricPoint(semconv.HW_GPU_UTILIZATION, 10**9, 0.1, {semconv.HW_ID: "g"})
+    spans = [Span("t1", "r1", None, "request", T0 + 3600 * 10**9, T0 + 3601 * 10**9),
+             Span("t1", "f1", "r1", "forward", T0 + 3600 * 10**9, T0 + 3601 * 10**9)]
+    near = MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + 3600 * 10**9 + 5 * 10**8, 0.9,
+                       {semconv.HW_ID: "g"})
+    far = MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + 10**9, 0.1, {semconv.HW_ID: "g"})
     charts = report_charts(Recording(spans=spans, metrics=[far, near]))
     assert charts.gpu[0].utilization == ((0.5, 0.9),)
 
@@ -159,7 +164,7 @@ def test_charts_are_plain_json_data() -> None:
     out = json.loads(json.dumps(charts.to_dict()))
     assert set(out) == {"title", "origin_unix_ns", "counts", "verdict", "stages", "cohorts",
                         "waterfall", "images", "gpu", "forward_windows_s", "comparison",
-                        "has_baseline", "problems"}
+                        "has_baseline", "problems", "unaccounted", "total", "input_mix_explains"}
     assert out["stages"][0]["warm"]["median_ms"] == charts.stages[0].warm.median_ms  # type: ignore[union-attr]
 
 
@@ -212,9 +217,9 @@ def test_sections_without_data_say_so_instead_of_drawing() -> None:
 
 def test_text_is_escaped_and_never_reaches_the_template_engine(tmp_path: Path) -> None:
     evil = "<img src=x onerror=alert(1)>{{ 7*7 }}{% raw %}"
-    spans = [Span("t1", "r1", None, "request", 0, 50_000_000),
-             Span("t1", "s1", "r1", "decode", 0, 10_000_000),
-             Span("t1", "s2", "r1", evil, 10_000_000, 40_000_000)]
+    spans = [Span("t1", "r1", None, "request", T0, T0 + 50_000_000),
+             Span("t1", "s1", "r1", "decode", T0, T0 + 10_000_000),
+             Span("t1", "s2", "r1", evil, T0 + 10_000_000, T0 + 40_000_000)]
     charts = report_charts(Recording(spans=spans, problems=[f"bad line: {evil}"]), title=evil)
     page = render_html(charts)
     assert "<img src=x" not in page
