@@ -431,7 +431,7 @@ def render(report: Report, file: IO[str] | None = None, *, width: int | None = N
     console = Console(
         file=target,
         force_terminal=tty,
-        no_color=not tty,
+        no_color=True if not tty else None,  # on a terminal rich decides: NO_COLOR, TERM=dumb
         width=width if width is not None else (None if tty else DEFAULT_WIDTH),
         highlight=False,
         markup=False,  # stage names and messages are data, not markup

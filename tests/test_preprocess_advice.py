@@ -378,3 +378,22 @@ def test_a_service_recorded_through_the_sdk_gives_these_facts(tmp_path: Path) ->
     assert f.threads.on_loop == 8 and f.threads.loop_names == ("MainThread",)
     assert f.repeats is not None and f.repeats.images == 2 and f.repeats.worth
     assert [(a.reason, a.cohort) for a in report.set_apart] == [("new_input", "640x480 PNG")]
+
+
+def test_draft_model_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    import json
+
+    path = ROOT / "benchmarks" / "draft_model.py"
+    spec = importlib.util.spec_from_file_location("draft_model_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["byte_cost_pixels"] == 4.0 and out["rounds"] == 2
+    assert {r["scale"] for r in out["rows"]} == {2, 4, 8}
+    for r in out["rows"]:
+        w, h = map(int, r["size"].split("x"))
+        assert r["model"] == round(estimated_speedup(w * h, r["bytes"], r["scale"]), 2)
+        assert r["imaging_measured"] > 0 and r["pillow_measured"] > 0
