@@ -134,7 +134,7 @@ def test_report_shows_remote_progress_on_a_terminal(terminal_env: pytest.MonkeyP
                                                     make_server) -> None:  # noqa: F811
     server = make_server()
     serve_jaeger(server, "gpu_busy")
-    code, out, err = _report_on_terminals(
+    code, _, err = _report_on_terminals(
         terminal_env, ["--jaeger", server.url, "--service", "vlm-server"])
     assert code == 0 and "reading traces from Jaeger" in ANSI.sub("", err)
 
@@ -207,3 +207,48 @@ def test_demo_help_names_the_demo_s_real_sizes(monkeypatch, capsys) -> None:
     side = EncoderConfig().image_size
     for w, h in (FIXED_SIZE, THUMB_SIZE, PHOTO_SIZE, (side, side)):
         assert f"{w}x{h}" in text
+
+
+# --- the slowest-requests table shows every stage (item 4 of the list) ---------------------
+
+
+def _slowest_block(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "slowest warm requests" in line)
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].strip())
+    return lines[start:end]
+
+
+def test_slowest_table_has_every_stage_and_the_unaccounted_time() -> None:
+    from otel_stages.analysis import diagnose
+    from otel_stages.render import render_text
+
+    report = diagnose(load_paths([TRACES / "queue_batching.otlp.jsonl"]))
+    block = _slowest_block(render_text(report, width=160))
+    header = block[1].split()
+    assert header == ["seq", "total", "image", "bytes", *report.stages, "unaccounted", "trace", "id"]
+    slowest = report.slowest[0]
+    row = next(line for line in block if slowest.trace_id in line)
+    for name in report.stages:  # the numbers of every stage, uncut
+        assert f"{slowest.stages_ms[name]:.1f}" in row or f"{slowest.stages_ms[name]:.2f}" in row
+
+
+def test_a_narrow_slowest_table_drops_the_smallest_stages_first_never_the_verdict_s() -> None:
+    from otel_stages.analysis import diagnose
+    from otel_stages.render import render_text
+
+    report = diagnose(load_paths([TRACES / "queue_batching.otlp.jsonl"]))
+    assert report.verdict.stage == "queue"
+    block = _slowest_block(render_text(report, width=60))
+    header = next(line for line in block if line.strip().startswith("seq")).split()
+    assert "queue" in header and "total" in header
+    text = " ".join(render_text(report, width=60).split())
+    after = text[text.index("slowest warm requests"):]
+    note = after[after.index("(narrow terminal"):].split(")")[0]
+    shown = [n for n in report.stages if n in header]
+    left_out = [n for n in report.stages if n not in header]
+    assert left_out and all(n in note for n in left_out)
+    # every stage left out has a smaller share than every other stage shown (the verdict's aside)
+    for gone in left_out:
+        assert all(report.stages[gone].share <= report.stages[kept].share
+                   for kept in shown if kept != report.verdict.stage)

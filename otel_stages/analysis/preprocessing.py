@@ -17,8 +17,9 @@ Each fact comes from the spans' own attributes (DESIGN.md section 2, :mod:`otel_
       draft ms ~= decode ms * (k * bytes + pixels / scale**2) / (k * bytes + pixels)
 
   with k = :data:`BYTE_COST_PIXELS`. ``benchmarks/draft_model.py`` checks the model against real
-  decodes (within about 15 % here, BENCHMARKS.md); ``otel-stages decode-bench IMAGE --size WxH``
-  measures the same ratio on the user's own files. Requests that recorded ``image.draft_scale``
+  decodes (BENCHMARKS.md: it mostly understates what ``imaging.decode`` gains, and is a rough
+  figure for a bare Pillow decode); ``otel-stages decode-bench IMAGE --size WxH`` measures the
+  same ratio on the user's own files, and the advice says so. Requests that recorded ``image.draft_scale``
   are drafted already and left out; PNG, WebP and the rest have no draft mode.
 * **Repeated inputs.** A warm request whose image has the width, height and encoded bytes of one
   already decoded in the same process decoded it again; a cache of decoded images would have
@@ -49,7 +50,9 @@ _SCALES = (8, 4, 2, 1)
 DRAFT_MIN_SCALE = 2
 #: Decode cost of one encoded byte (entropy decoding, which draft mode does not skip) in units of
 #: the cost of one output pixel (inverse DCT, upsampling, colour conversion, which it scales down).
-#: Fitted on real and generated photos (``benchmarks/draft_model.py``): 3 to 4.5 across them.
+#: Fits on real and generated photos range from about 1 (``imaging.decode``: colour management is
+#: per-pixel work too) to 7 (bare Pillow) on a noisy machine (``benchmarks/draft_model.py``); 4 is
+#: on the conservative side for this library's spans: the estimate rather understates the gain.
 BYTE_COST_PIXELS = 4.0
 #: Draft decoding is advised when the estimated speed-up on the decodes it applies to is at least
 #: this: below it the estimate is within the model's own error (about 15 %).
