@@ -135,10 +135,12 @@ def boxes(target: Any, items: Sequence[Box], width: float = 0.5) -> None:
             dots["marker"].append("circle")
             dots["size"].append(5)
             dots["color"].append(b.color)
-        for kind, values, marker, ink in (("cold", b.cold, "diamond", COLD_COLOR),
-                                          ("set apart", b.apart, "triangle", APART_COLOR)):
+        # side by side, so a cold request and a set-apart one of the same duration both show
+        for kind, values, marker, ink, at in (
+                ("cold", b.cold, "diamond", COLD_COLOR, -0.2 * width),
+                ("set apart", b.apart, "triangle", APART_COLOR, 0.2 * width)):
             for i, ms in enumerate(values):
-                dots["x"].append((b.factor, 0.0))
+                dots["x"].append((b.factor, at if b.cold and b.apart else 0.0))
                 dots["ms"].append(ms)
                 dots["what"].append(kind if len(values) == 1 else f"{kind} #{i + 1}")
                 dots["marker"].append(marker)

@@ -95,19 +95,20 @@ ul.notes { font-size: 14px; color: #333; }
 """
 
 
-_NUMBER = re.compile(r"^[+-]?[0-9][0-9.,]*%?$|^-$")
+_NUMBER = re.compile(r"^[+-]?[0-9][0-9.,]*%?$")
 
 
 def _table(section: Section) -> str:
-    """The section's table: numbers right-aligned, text left-aligned."""
+    """The section's table: columns of numbers (``-`` for unknown) right-aligned, text left."""
     if not section.table:
         return ""
     head, *rows = section.table
+    numeric = [all(_NUMBER.match(row[i]) or row[i] == "-" for row in rows) for i in range(len(head))]
     out = "<table class='numbers'><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"
     for row in rows:
         out += "<tr>" + "".join(
-            f"<td>{_e(cell)}</td>" if _NUMBER.match(cell) else f"<td class='text'>{_e(cell)}</td>"
-            for cell in row) + "</tr>"
+            f"<td>{_e(cell)}</td>" if numeric[i] else f"<td class='text'>{_e(cell)}</td>"
+            for i, cell in enumerate(row)) + "</tr>"
     return out + "</table>"
 
 
