@@ -236,13 +236,14 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               shutdown_timeout_s: float | None = None,
               attribute_value_length_limit: int | None = None,
               redact_query_keys: tuple[str, ...] | list[str] | None = None,
-              gpu_read_timeout_s: float | None = None) -> Telemetry:
+              gpu_read_timeout_s: float | None = None, signals: bool | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
-    (:mod:`otel_stages.gpu`). ``set_global`` also installs the providers as the
-    OpenTelemetry globals (so other instrumentation shares them).
+    (:mod:`otel_stages.gpu`); ``signals`` the per-stage CPU time, GC and event-loop signals and
+    the cgroup throttling metrics (:mod:`otel_stages.signals`). ``set_global`` also installs the
+    providers as the OpenTelemetry globals (so other instrumentation shares them).
 
     Calling it again replaces the previous configuration: once the new providers are built, the
     previous handle is shut down (flushed, its threads stopped) and an INFO line says so; a call
@@ -273,7 +274,7 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "slow_request_ms": slow_request_ms,
         "shutdown_timeout_s": shutdown_timeout_s,
         "attribute_value_length_limit": attribute_value_length_limit,
-        "redact_query_keys": redact_query_keys,
+        "redact_query_keys": redact_query_keys, "signals": signals,
     }
     settings = resolve(arguments)
     with _lock:
@@ -289,7 +290,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     urls.set_extra_sensitive_keys(settings.redact_query_keys)
     if not settings.enabled:
         _serving(settings)
-        RUNTIME.enabled = False
+        RUNTIME.enabled = False  # stages are no-ops: no signals are read either
         return Telemetry(settings, None, None, destination="disabled")
     sampler = sampling.sampler_for(settings)  # raises before anything is built
 
@@ -331,6 +332,13 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
         shared_exporter, gpu_readers = gpu_session.start(
             settings, resource, counted_points, resource_fn=lambda: tracer_provider.resource,
             drops=drops)
+    from otel_stages.signals import session as signals_session
+
+    # GC pause recording and the cgroup sampler (its reader, like the GPU's, stops when a newer
+    # configure() replaces this one or at a shutdown deadline: hence the shared list)
+    shared_exporter, signal_readers = signals_session.start(
+        settings, shared_exporter, resource_fn=lambda: tracer_provider.resource, drops=drops)
+    gpu_readers = [*gpu_readers, *signal_readers]
     reader = PeriodicExportingMetricReader(
         shared_exporter, export_interval_millis=settings.metric_export_interval_s * 1000)
     meter_provider = MeterProvider(resource=resource, metric_readers=[*gpu_readers, reader],
