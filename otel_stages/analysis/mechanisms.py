@@ -20,10 +20,14 @@ else together), plus, per cause:
 3. ``gc_pause``: GC time explains the swing.
 4. ``event_loop_blocked``: event-loop lag explains the swing; the evidence names the stages that
    held the loop (``otel_stages.event_loop.held_ms``).
-5. ``cpu_contention``: waiting explains the swing *and* the stage computes when it is not held up:
-   the median CPU/wall of its faster half is at least :data:`CPU_BOUND_MIN_UTILIZATION`. A stage
-   that waits even when fast (a download, a GPU forward, a lock) waits for something else than
-   a core, which thread CPU time cannot tell apart.
+5. ``cpu_contention``: the *slowdown* ``wall / CPU time`` explains the swing: its share of the
+   variance of ``log(stage ms)`` (``log wall = log cpu + log slowdown``, so the two shares add up to
+   1) is at least :data:`MECHANISM_MIN_EXPLAINS`. A host short of CPU throughout slows every run
+   by the same factor: then the waiting grows with the work, and the swing follows the work (e.g.
+   image size), not the contention. And the stage must be CPU work: its upper quartile of CPU/wall
+   at least :data:`CPU_WORK_MIN_UTILIZATION`. A stage that spends most of even its best runs off
+   the CPU (a download, a GPU forward that blocks on the device, a lock) waits for something thread
+   CPU time cannot tell from a core.
 
 Throttling, GC pauses and a blocked loop all show as waiting too, hence the order. Evidence lines
 compare the slowest quarter of the stage's runs (``>= p75``) with the faster half (``<= median``).
@@ -31,6 +35,7 @@ compare the slowest quarter of the stage's runs (``>= p75``) with the faster hal
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -58,12 +63,18 @@ MIN_SIGNAL_COVERAGE = 0.5
 #: A part explaining at least half of the stage's variance drives its swing more than everything
 #: else together: the mechanism is confirmed.
 MECHANISM_MIN_EXPLAINS = 0.5
-#: The faster half of a CPU-bound stage runs on a core most of its time: decode, resize and a CPU
-#: model measure 0.9+ alone on a core; a download or a GPU forward well under 0.5.
-CPU_BOUND_MIN_UTILIZATION = 0.7
+#: CPU work gets at least this share of a core in its best runs (upper quartile of CPU/wall) even on
+#: a host oversubscribed 4x (decode, resize, a CPU model measure 0.9+ alone on a core); a download
+#: from a remote store or a GPU forward that blocks on the device stays well below it.
+CPU_WORK_MIN_UTILIZATION = 0.25
+#: The percentile of CPU/wall that stands for a stage's best runs.
+BUSY_PERCENTILE = 75.0
 #: The slow runs are those at or above this percentile of the stage's ms; the fast ones at or
 #: below the median.
 SLOW_PERCENTILE = 75.0
+#: Runs with less thread CPU time than this (ms) are left out of the slowdown ratio (a ratio of
+#: two tiny numbers says nothing).
+_MIN_CPU_MS = 0.01
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,9 @@ class StageSignals:
     ``requests``: warm requests the stage ran in; ``slow_min_ms`` / ``fast_max_ms``: the slowest
     quarter's and the faster half's bounds. Parts (:class:`Part`, ``None`` when not recorded):
     ``cpu`` (thread CPU time), ``wait`` (wall - CPU), ``gc``, ``lag`` (event loop), ``throttled``.
-    ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group.
+    ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group;
+    ``busy_utilization`` its upper quartile over all runs. ``slowdown_explains``: the share of the
+    variance of ``log(stage ms)`` that ``log(wall / CPU)`` accounts for (module docstring).
     ``limit_cpus``: the cgroup CPU quota seen. ``held``: stage name -> ms of each of its spans
     that held an event loop. ``mechanisms``: in order of precedence (module docstring).
     ``lines``: sentences about the parts when no mechanism is confirmed.
@@ -112,6 +125,8 @@ class StageSignals:
     throttled: Part | None = None
     slow_cpu_utilization: float | None = None
     fast_cpu_utilization: float | None = None
+    busy_utilization: float | None = None
+    slowdown_explains: float | None = None
     limit_cpus: float | None = None
     mechanisms: tuple[Mechanism, ...] = ()
     lines: tuple[str, ...] = ()
@@ -135,6 +150,10 @@ class StageSignals:
             else round(self.slow_cpu_utilization, 4),
             "fast_cpu_utilization": None if self.fast_cpu_utilization is None
             else round(self.fast_cpu_utilization, 4),
+            "busy_cpu_utilization": None if self.busy_utilization is None
+            else round(self.busy_utilization, 4),
+            "slowdown_explains": None if self.slowdown_explains is None
+            else round(self.slowdown_explains, 4),
             "limit_cpus": self.limit_cpus,
             "mechanism": None if first is None else first.cause,
             "checked": [{"cause": m.cause, "confirmed": m.confirmed} for m in self.mechanisms],
@@ -156,6 +175,22 @@ def _part(samples: Sequence[Sample], get: Callable[[Sample], float | None], slow
     return Part(len(pairs), statistics.median(values),
                 _median([v for w, v in pairs if w >= slow_min]),
                 _median([v for w, v in pairs if w <= fast_max]), explains, max(values))
+
+
+def _busy(samples: Sequence[Sample]) -> float | None:
+    utilizations = [u for s in samples if (u := s.cpu_utilization) is not None]
+    return percentile(utilizations, BUSY_PERCENTILE) if utilizations else None
+
+
+def _slowdown_explains(samples: Sequence[Sample]) -> float | None:
+    """``cov(log slowdown, log wall) / var(log wall)`` over runs with CPU time (module
+    docstring); ``None`` with fewer than 2 such runs or a constant stage."""
+    pairs = [(math.log(s.wall_ms), math.log(s.wall_ms / s.cpu_ms)) for s in samples
+             if s.cpu_ms is not None and s.cpu_ms > _MIN_CPU_MS and s.wall_ms >= s.cpu_ms]
+    walls = [w for w, _ in pairs]
+    if len(pairs) < 2 or len(set(walls)) < 2:
+        return None
+    return explained_fraction([x for _, x in pairs], walls)
 
 
 def _drives(part: Part | None, requests: int) -> bool:
@@ -243,22 +278,31 @@ def _contention(sig: StageSignals) -> Mechanism | None:
     wait = sig.wait
     if wait is None or sig.cpu is None:
         return None
-    fast = sig.fast_cpu_utilization
     line = (f"thread CPU time: in the slowest quarter of {sig.stage} runs (>= "
             f"{duration(sig.slow_min_ms)}) the thread ran {pct(sig.slow_cpu_utilization)} of the"
             f" time ({duration(sig.cpu.slow_median_ms)} CPU, {duration(wait.slow_median_ms)}"
-            f" waiting, medians), in the faster half {pct(fast)}; waiting explains"
+            f" waiting, medians), in the faster half {pct(sig.fast_cpu_utilization)}; waiting is"
             f" {pct(wait.explains)} of {sig.stage}'s variance, CPU work {pct(sig.cpu.explains)}")
-    if not _drives(wait, sig.requests):
-        return Mechanism(CAUSE_CPU_CONTENTION, False, (line,))
-    if fast is None or fast < CPU_BOUND_MIN_UTILIZATION:
+    slowdown = sig.slowdown_explains
+    enough = (wait.requests >= MIN_SIGNAL_REQUESTS
+              and wait.requests >= MIN_SIGNAL_COVERAGE * sig.requests)
+    if not enough or slowdown is None or slowdown < MECHANISM_MIN_EXPLAINS:
+        why = ("" if not enough or slowdown is None else
+               f"; the slowdown (wall / CPU time) explains only {pct(slowdown)} of the variance of"
+               f" log({sig.stage} ms), the amount of CPU work {pct(1 - slowdown)}: the waiting grows"
+               " with the work, the swing follows the work")
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (line + why,))
+    busy = sig.busy_utilization
+    if busy is None or busy < CPU_WORK_MIN_UTILIZATION:
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
-            f"{line}; but {sig.stage} waits even when fast (below"
-            f" {pct(CPU_BOUND_MIN_UTILIZATION)} on a core): it waits for I/O, a lock or a device,"
-            " which thread CPU time cannot tell from waiting for a core",))
+            f"{line}; but even its best runs spend most of their time off the CPU (upper quartile"
+            f" {pct(busy)} on a core, below {pct(CPU_WORK_MIN_UTILIZATION)}): {sig.stage} waits"
+            " for I/O, a lock or a device, which thread CPU time cannot tell from waiting for a"
+            " core",))
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
-        f"{line}: {sig.stage} is CPU work that spent its slow runs waiting for a core (or the"
-        " GIL)",
+        f"{line}: the slowdown (wall / CPU time) explains {pct(slowdown)} of the variance of"
+        f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
+        " core (or the GIL), not doing more work",
     ), (
         f"give {sig.stage} a core: fewer busy threads and processes on the same CPUs (cap"
         " request concurrency and thread pools at the cores available; ONNX Runtime / PyTorch"
@@ -308,6 +352,8 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
                                           and (u := s.cpu_utilization) is not None]),
             fast_cpu_utilization=_median([u for s in samples if s.wall_ms <= fast_max
                                           and (u := s.cpu_utilization) is not None]),
+            busy_utilization=_busy(samples),
+            slowdown_explains=_slowdown_explains(samples),
             limit_cpus=limit,
         )
         found = [

@@ -20,7 +20,8 @@ Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
 then the two readings are of different clocks); ``otel_stages.gc.pause_ms`` and
 ``otel_stages.gc.collections`` when collections ran, with one ``cpython.gc.pause`` event per
-collection of at least :data:`GC_EVENT_MIN_MS` (at most :data:`MAX_GC_EVENTS`); on the loop's
+collection of at least :data:`GC_EVENT_MIN_MS` that ended before the stage did (at most
+:data:`MAX_GC_EVENTS`); on the loop's
 thread ``otel_stages.event_loop.lag_ms`` / ``otel_stages.event_loop.held_ms`` (see
 :mod:`~otel_stages.signals.loop`).
 """
@@ -106,10 +107,11 @@ def _gc_fields(seq: int, start_ns: int, end_ns: int, attributes: dict[str, Any],
     pauses = GC_LOG.since(seq)
     total_ns = 0
     for gc_start, gc_end, generation in pauses:
-        overlap = min(gc_end, end_ns) - max(gc_start, start_ns)
+        running = gc_end < 0  # still open: it held this stage up to the stage's end
+        overlap = (end_ns if running else min(gc_end, end_ns)) - max(gc_start, start_ns)
         if overlap > 0:
             total_ns += overlap
-        if gc_end - gc_start >= _GC_EVENT_MIN_NS and len(events) < MAX_GC_EVENTS:
+        if not running and gc_end - gc_start >= _GC_EVENT_MIN_NS and len(events) < MAX_GC_EVENTS:
             events.append((semconv.EVENT_GC_PAUSE, {
                 semconv.CPYTHON_GC_GENERATION: generation,
                 semconv.GC_DURATION_MS: (gc_end - gc_start) / 1e6,

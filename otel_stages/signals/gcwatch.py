@@ -4,8 +4,10 @@
 ``"stop"`` around every collection, on the thread that triggered it, holding the GIL). It records
 each collection's start and end (span-clock ns) and generation in a ring of :data:`RING`
 entries and counts collections in :attr:`GcLog.seq`. A stage reads ``seq`` at its start and end:
-the collections numbered in between are the ones that ran while it was open, so a stage during
-which nothing was collected pays one integer compare. Cost per collection: two clock reads and a
+the collections numbered in between are the ones that ran while it was open (a collection
+already running when the stage started cannot be: the stage's start ran Python, which the
+collector does not let happen), so a stage during which nothing was collected pays one integer
+compare. Cost per collection: two clock reads and a
 tuple store (about 1-2 µs, against tens of µs for the smallest gen-0 collection).
 """
 
@@ -22,35 +24,43 @@ RING = 256
 _MASK = RING - 1
 _GUARD = guard("gc pause callback")
 
-#: ``(start_ns, end_ns, generation)`` of one collection
+#: ``(start_ns, end_ns, generation)`` of one collection (``end_ns`` -1 while it runs)
 Pause = tuple[int, int, int]
 
 
 class GcLog:
-    """The ring of recent collections. ``seq`` counts collections since :func:`install`; the
-    collection numbered ``k`` is in ``ring[k & (RING - 1)]`` until ``RING`` newer ones replace it.
-    Written only inside a collection (under the GIL); readers copy what they need."""
+    """The ring of recent collections. ``seq`` counts collections since :func:`install`, from
+    their *start*: the collection numbered ``k`` is in ``ring[k & (RING - 1)]`` as
+    ``(start_ns, end_ns, generation)``, ``end_ns`` -1 while it runs, until ``RING`` newer ones
+    replace it. Written only by the collecting thread; readers copy what they need.
 
-    __slots__ = ("_start_ns", "ring", "seq")
+    The times bracket the collection as the callbacks see it. Python code in a callback can hand
+    the GIL to another thread (a thread switch is checked at calls), so the bracket may include a
+    few ms in which other threads ran before or after the collection proper; a stage that ends
+    while a collection is open (the collector was switched out) counts it up to its own end.
+    """
+
+    __slots__ = ("ring", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
-        self._start_ns = 0
         self.ring: list[Pause] = [(0, 0, -1)] * RING
 
     def callback(self, phase: str, info: dict[str, Any]) -> None:
         """The ``gc.callbacks`` entry (``phase`` ``"start"`` / ``"stop"``)."""
         with _GUARD:
+            now = RUNTIME.clock.now_ns()
             if phase == "start":
-                self._start_ns = RUNTIME.clock.now_ns()
-                return
-            end_ns = RUNTIME.clock.now_ns()
-            seq = self.seq + 1
-            self.ring[seq & _MASK] = (self._start_ns, end_ns, int(info.get("generation", -1)))
-            self.seq = seq
+                seq = self.seq + 1
+                self.ring[seq & _MASK] = (now, -1, int(info.get("generation", -1)))
+                self.seq = seq  # visible at once: a stage that ends meanwhile counts it
+            else:
+                start_ns, _, generation = self.ring[self.seq & _MASK]
+                self.ring[self.seq & _MASK] = (start_ns, now, generation)
 
     def since(self, seq: int) -> list[Pause]:
-        """The collections after number ``seq`` (at most :data:`RING`), oldest first."""
+        """The collections started after number ``seq`` (at most :data:`RING`), oldest first;
+        ``end_ns`` is -1 for one still running."""
         now = self.seq
         first = max(seq + 1, now - RING + 1)
         ring = self.ring
