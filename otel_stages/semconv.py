@@ -160,6 +160,10 @@ EVENT_GC_PAUSE = "cpython.gc.pause"
 CPYTHON_GC_GENERATION = "cpython.gc.generation"
 #: float, ms: duration of the whole collection (on the ``cpython.gc.pause`` event)
 GC_DURATION_MS = "otel_stages.gc.duration_ms"
+#: bool, on a ``cpython.gc.pause`` event: the collection had run but its stop callback had not
+#: when the stage ended (the collector was switched out), so ``otel_stages.gc.duration_ms`` is
+#: the time up to the stage's end: an upper bound
+GC_IN_PROGRESS = "otel_stages.gc.in_progress"
 #: float, ms: asyncio event-loop lag measured while the span was open, on a span that ran on the
 #: loop's thread: the sum of how late the loop monitor's ticks ran (the loop was busy elsewhere)
 EVENT_LOOP_LAG_MS = "otel_stages.event_loop.lag_ms"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import gc
 import hashlib
+import itertools
 import os
 import random
 import threading
@@ -130,7 +131,7 @@ class GcStorm(_Background):
 
     def _ring(self) -> list[Any]:
         nodes: list[list[Any]] = [[] for _ in range(self.ring_size)]
-        for a, b in zip(nodes, nodes[1:]):
+        for a, b in itertools.pairwise(nodes):
             a.append(b)
         nodes[-1].append(nodes[0])  # closes the cycle
         return nodes[0]

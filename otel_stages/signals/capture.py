@@ -19,9 +19,10 @@ two values. GC collections (:mod:`~otel_stages.signals.gcwatch`) and loop lag
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
 then the two readings are of different clocks); ``otel_stages.gc.pause_ms`` and
-``otel_stages.gc.collections`` when collections ran, with one ``cpython.gc.pause`` event per
-collection of at least :data:`GC_EVENT_MIN_MS` that ended before the stage did (at most
-:data:`MAX_GC_EVENTS`); on the loop's
+``otel_stages.gc.collections`` when collections ran (one whose stop callback has not run when the
+stage ends counts up to the stage's end if it has collected already, else not at all), with one
+``cpython.gc.pause`` event per collection of at least :data:`GC_EVENT_MIN_MS` (at most
+:data:`MAX_GC_EVENTS`; ``otel_stages.gc.in_progress`` on the first kind); on the loop's
 thread ``otel_stages.event_loop.lag_ms`` / ``otel_stages.event_loop.held_ms`` (see
 :mod:`~otel_stages.signals.loop`).
 """
@@ -33,7 +34,7 @@ from time import thread_time_ns
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.signals.gcwatch import GC_LOG
+from otel_stages.signals.gcwatch import GC_LOG, finished
 from otel_stages.signals.loop import HOLD_MIN_NS, LoopMonitor, monitor_for
 
 #: Collections at least this long become a ``cpython.gc.pause`` span event; shorter ones (most
@@ -106,16 +107,22 @@ def _gc_fields(seq: int, start_ns: int, end_ns: int, attributes: dict[str, Any],
                events: list[Event]) -> None:
     pauses = GC_LOG.since(seq)
     total_ns = 0
-    for gc_start, gc_end, generation in pauses:
-        running = gc_end < 0  # still open: it held this stage up to the stage's end
-        overlap = (end_ns if running else min(gc_end, end_ns)) - max(gc_start, start_ns)
+    for pause in pauses:
+        gc_start, gc_end, generation, _ = pause
+        open_end = gc_end < 0  # the collector was switched out in a callback
+        if open_end and not finished(pause):
+            continue  # ... before collecting: this stage ran meanwhile, it was not paused
+        if open_end:  # ... after collecting: it held this stage up to some time before its end
+            gc_end = end_ns
+        overlap = min(gc_end, end_ns) - max(gc_start, start_ns)
         if overlap > 0:
             total_ns += overlap
-        if not running and gc_end - gc_start >= _GC_EVENT_MIN_NS and len(events) < MAX_GC_EVENTS:
-            events.append((semconv.EVENT_GC_PAUSE, {
-                semconv.CPYTHON_GC_GENERATION: generation,
-                semconv.GC_DURATION_MS: (gc_end - gc_start) / 1e6,
-            }, gc_start))
+        if gc_end - gc_start >= _GC_EVENT_MIN_NS and len(events) < MAX_GC_EVENTS:
+            event = {semconv.CPYTHON_GC_GENERATION: generation,
+                     semconv.GC_DURATION_MS: (gc_end - gc_start) / 1e6}
+            if open_end:
+                event[semconv.GC_IN_PROGRESS] = True
+            events.append((semconv.EVENT_GC_PAUSE, event, gc_start))
     attributes[semconv.GC_PAUSE_MS] = total_ns / 1e6
     attributes[semconv.GC_COLLECTIONS] = len(pauses)
 

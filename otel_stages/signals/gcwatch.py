@@ -24,8 +24,9 @@ RING = 256
 _MASK = RING - 1
 _GUARD = guard("gc pause callback")
 
-#: ``(start_ns, end_ns, generation)`` of one collection (``end_ns`` -1 while it runs)
-Pause = tuple[int, int, int]
+#: ``(start_ns, end_ns, generation, done_before)`` of one collection: ``end_ns`` -1 while it runs;
+#: ``done_before``: ``gc.get_stats()[generation]["collections"]`` at its start (-1: not read)
+Pause = tuple[int, int, int, int]
 
 
 class GcLog:
@@ -36,27 +37,32 @@ class GcLog:
 
     The times bracket the collection as the callbacks see it. Python code in a callback can hand
     the GIL to another thread (a thread switch is checked at calls), so the bracket may include a
-    few ms in which other threads ran before or after the collection proper; a stage that ends
-    while a collection is open (the collector was switched out) counts it up to its own end.
+    few ms in which other threads ran before or after the collection proper. A stage can even end
+    while a collection is open (the collector was switched out in a callback): :func:`finished`
+    tells whether the collection proper already ran (CPython counts it in ``gc.get_stats()``
+    before the stop callbacks), read at the start of generation 1 and 2 collections only (gen-0
+    ones last µs).
     """
 
     __slots__ = ("ring", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
-        self.ring: list[Pause] = [(0, 0, -1)] * RING
+        self.ring: list[Pause] = [(0, 0, -1, -1)] * RING
 
     def callback(self, phase: str, info: dict[str, Any]) -> None:
         """The ``gc.callbacks`` entry (``phase`` ``"start"`` / ``"stop"``)."""
         with _GUARD:
             now = RUNTIME.clock.now_ns()
             if phase == "start":
+                generation = int(info.get("generation", -1))
+                done = gc.get_stats()[generation]["collections"] if generation > 0 else -1
                 seq = self.seq + 1
-                self.ring[seq & _MASK] = (now, -1, int(info.get("generation", -1)))
-                self.seq = seq  # visible at once: a stage that ends meanwhile counts it
+                self.ring[seq & _MASK] = (now, -1, generation, done)
+                self.seq = seq  # visible at once: a stage that ends meanwhile sees it
             else:
-                start_ns, _, generation = self.ring[self.seq & _MASK]
-                self.ring[self.seq & _MASK] = (start_ns, now, generation)
+                start_ns, _, generation, done = self.ring[self.seq & _MASK]
+                self.ring[self.seq & _MASK] = (start_ns, now, generation, done)
 
     def since(self, seq: int) -> list[Pause]:
         """The collections started after number ``seq`` (at most :data:`RING`), oldest first;
@@ -68,6 +74,12 @@ class GcLog:
 
 
 GC_LOG = GcLog()
+
+
+def finished(pause: Pause) -> bool:
+    """Whether an open collection (``end_ns`` -1) has run already (its stop callback has not)."""
+    generation, done = pause[2], pause[3]
+    return done >= 0 and gc.get_stats()[generation]["collections"] > done
 
 
 def install() -> None:
