@@ -82,6 +82,7 @@ class Telemetry:
     _queued_spans: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
     _span_processors: list[SpanProcessor] = field(default_factory=list, repr=False, compare=False)
     _gpu_readers: list[Any] = field(default_factory=list, repr=False, compare=False)
+    _signal_readers: list[Any] = field(default_factory=list, repr=False, compare=False)
     _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
     _shut_down: bool = field(default=False, repr=False, compare=False)
     _shutdown_result: bool = field(default=True, repr=False, compare=False)
@@ -211,7 +212,7 @@ class Telemetry:
                 self._span_exporter.abandon(self._queued_spans())
             if self._metric_exporter is not None:
                 self._metric_exporter.abandon()
-            for reader in self._gpu_readers:
+            for reader in [*self._gpu_readers, *self._signal_readers]:
                 reader.abandon()
         return finished and self.dropped_spans + self.dropped_points == lost_before
 
@@ -335,13 +336,13 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     from otel_stages.signals import session as signals_session
 
     # GC pause recording and the cgroup sampler (its reader, like the GPU's, stops when a newer
-    # configure() replaces this one or at a shutdown deadline: hence the shared list)
+    # configure() replaces this one, and counts what it loses at a shutdown deadline)
     shared_exporter, signal_readers = signals_session.start(
         settings, shared_exporter, resource_fn=lambda: tracer_provider.resource, drops=drops)
-    gpu_readers = [*gpu_readers, *signal_readers]
     reader = PeriodicExportingMetricReader(
         shared_exporter, export_interval_millis=settings.metric_export_interval_s * 1000)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[*gpu_readers, reader],
+    meter_provider = MeterProvider(resource=resource,
+                                   metric_readers=[*gpu_readers, *signal_readers, reader],
                                    shutdown_on_exit=False)
     meter_provider.get_meter(semconv.SCOPE_NAME, __version__).create_observable_counter(
         semconv.SPANS_DROPPED, callbacks=[drops.observe], unit=semconv.UNIT_SPANS,
@@ -357,6 +358,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     handle._queued_spans = queued_spans
     handle._span_processors = span_processors
     handle._gpu_readers = list(gpu_readers)
+    handle._signal_readers = list(signal_readers)
     _HANDLES.append(handle)
     if set_global:
         if _globals_from is None:
@@ -398,9 +400,10 @@ def _replace(handle: Telemetry) -> None:
         logger.info("otel_stages.configure() replaced the previous configuration (%s) with %s; "
                     "the previous providers stay up as the OpenTelemetry globals",
                     previous._describe(), handle._describe())
-        for reader in previous._gpu_readers:
+        for reader in [*previous._gpu_readers, *previous._signal_readers]:
             reader.shutdown()
         previous._gpu_readers = []
+        previous._signal_readers = []
         return
     logger.info("otel_stages.configure() replaced the previous configuration (%s) with %s; "
                 "the previous one is shut down", previous._describe(), handle._describe())
