@@ -208,7 +208,7 @@ def _split(name: str, part: Part, sig: StageSignals, what: str) -> str:
 
 def _throttled(sig: StageSignals) -> Mechanism | None:
     part = sig.throttled
-    if part is None:
+    if part is None or part.max_ms <= 0:  # never throttled during the stage: nothing to say
         return None
     quota = f" (quota {sig.limit_cpus:g} CPUs)" if sig.limit_cpus else ""
     line = _split(sig.stage, part, sig, f"cgroup CPU throttling{quota}")
@@ -315,9 +315,6 @@ def _contention(sig: StageSignals) -> Mechanism | None:
 def _summary(sig: StageSignals) -> tuple[str, ...]:
     """One sentence per recorded part, for a stage with no confirmed mechanism."""
     lines = [m.evidence[0] for m in sig.mechanisms if m.evidence]
-    if sig.cpu is not None and not any(m.cause == CAUSE_CPU_CONTENTION for m in sig.mechanisms):
-        lines.append(f"thread CPU time: {sig.stage} ran {pct(sig.slow_cpu_utilization)} of its"
-                     f" slowest quarter on a core, {pct(sig.fast_cpu_utilization)} of its faster half")
     if sig.cpu is None and sig.requests:
         lines.append(f"no thread CPU time on {sig.stage} spans (signals off, or another producer):"
                      " whether it computed or waited is unknown")
