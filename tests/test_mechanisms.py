@@ -167,6 +167,7 @@ def test_slowdown_threshold(share, cause):
         assert not any("size" in a for a in report.verdict.advice)
     else:
         assert any("the waiting grows with the work" in e for e in report.verdict.evidence)
+        assert not any("on a core of their own" in e for e in report.verdict.evidence)  # ran 50%+
 
 
 @pytest.mark.parametrize("busy, cause", [(0.24, "preprocess"), (0.26, "cpu_contention")])
@@ -191,6 +192,10 @@ def test_uniform_slowdown_is_not_contention():
     assert sig.wait.explains == pytest.approx(0.55)  # waiting is most of the swing in ms ...
     assert sig.slowdown_explains == pytest.approx(0.0, abs=1e-6)  # ... but only as the work grows
     assert any("the swing follows the work" in e for e in report.verdict.evidence)
+    # ... and at 45 % of a core the slow runs mostly waited: the evidence says what a core would give
+    assert mech.MOSTLY_WAITING_UTILIZATION == 0.5
+    assert any("on a core of their own they would take about 160.0 ms of CPU work instead of"
+               " 355.6 ms" in e for e in report.verdict.evidence), report.verdict.evidence
 
 
 def test_slow_and_fast_groups_are_the_slowest_quarter_and_the_faster_half():

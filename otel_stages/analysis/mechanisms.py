@@ -67,6 +67,9 @@ MECHANISM_MIN_EXPLAINS = 0.5
 #: a host oversubscribed 4x (decode, resize, a CPU model measure 0.9+ alone on a core); a download
 #: from a remote store or a GPU forward that blocks on the device stays well below it.
 CPU_WORK_MIN_UTILIZATION = 0.25
+#: Below this CPU/wall in its slowest quarter a stage waited most of its time: the evidence says
+#: how long its slow runs would take on a core of their own (a sentence, not a verdict).
+MOSTLY_WAITING_UTILIZATION = 0.5
 #: The percentile of CPU/wall that stands for a stage's best runs.
 BUSY_PERCENTILE = 75.0
 #: The slow runs are those at or above this percentile of the stage's ms; the fast ones at or
@@ -291,6 +294,12 @@ def _contention(sig: StageSignals) -> Mechanism | None:
                f"; the slowdown (wall / CPU time) explains only {pct(slowdown)} of the variance of"
                f" log({sig.stage} ms), the amount of CPU work {pct(1 - slowdown)}: the waiting grows"
                " with the work, the swing follows the work")
+        slow_util = sig.slow_cpu_utilization
+        if (why and slow_util is not None and slow_util < MOSTLY_WAITING_UTILIZATION
+                and sig.cpu.slow_median_ms is not None):
+            why += (f"; still, the slow runs waited most of their time: on a core of their own they"
+                    f" would take about {duration(sig.cpu.slow_median_ms)} of CPU work instead of"
+                    f" {duration(sig.cpu.slow_median_ms + (wait.slow_median_ms or 0.0))}")
         return Mechanism(CAUSE_CPU_CONTENTION, False, (line + why,))
     busy = sig.busy_utilization
     if busy is None or busy < CPU_WORK_MIN_UTILIZATION:

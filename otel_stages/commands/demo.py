@@ -26,11 +26,20 @@ import math
 import os
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otel_stages import mark_cold_start
 from otel_stages.commands import int_at_least
 from otel_stages.demo.faults import BLOCKING_LOOP, CPU_HOG, FAULTS, GC_STORM
+
+if TYPE_CHECKING:
+    from otel_stages.demo.images import DemoImage
+    from otel_stages.demo.model import EncoderConfig
+    from otel_stages.demo.pipeline import Outcome
+    from otel_stages.demo.server import ImageServer
+    from otel_stages.demo.worker import InferenceWorker
 
 DEFAULT_FIXED = 24
 DEFAULT_MIXED = 24
@@ -96,15 +105,13 @@ def _local_copy(telemetry, folder: Path) -> Path:  # type: ignore[no-untyped-def
     return path
 
 
-def _fault(name: str | None, seed: int):  # type: ignore[no-untyped-def]
+def _fault(name: str | None, seed: int) -> AbstractContextManager[object]:
     """The context manager that keeps fault ``name`` going (a no-op without one)."""
-    import contextlib
-
     from otel_stages.demo.faults import CpuHog, GcStorm
 
     if name == CPU_HOG:
         hog = CpuHog(seed=seed)
-        _progress(f"fault cpu-hog: {len(hog._threads)} busy threads (SHA-256, GIL released), busy "
+        _progress(f"fault cpu-hog: {hog.threads} busy threads (SHA-256, GIL released), busy "
                   f"{hog.busy_s * 1000:.0f} ms / idle {hog.idle_s * 1000:.0f} ms in turn, jittered")
         return hog
     if name == GC_STORM:
@@ -112,10 +119,11 @@ def _fault(name: str | None, seed: int):  # type: ignore[no-untyped-def]
         _progress(f"fault gc-storm: {storm.live_objects} long-lived objects, a thread making a "
                   f"{storm.ring_size}-list reference cycle every {storm.every_s * 1000:.0f} ms")
         return storm
-    return contextlib.nullcontext()
+    return nullcontext()
 
 
-def _blocking_loop(args: argparse.Namespace, server, worker, config, images):  # type: ignore[no-untyped-def]
+def _blocking_loop(args: argparse.Namespace, server: ImageServer, worker: InferenceWorker,
+                   config: EncoderConfig, images: dict[str, DemoImage]) -> list[Outcome]:
     """``--fault blocking-loop``: the asyncio front end, decoding 12 MP photos on its loop."""
     from otel_stages.demo.asyncfront import AsyncFrontEnd
     from otel_stages.demo.pipeline import FIXED_PROMPT, Job

@@ -45,6 +45,11 @@ class _Background:
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
                                           name=f"demo-{self.name}-{i}") for i in range(threads)]
 
+    @property
+    def threads(self) -> int:
+        """How many background threads the fault runs."""
+        return len(self._threads)
+
     def _run(self, index: int) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
