@@ -167,7 +167,6 @@ def test_slowdown_threshold(share, cause):
         assert not any("size" in a for a in report.verdict.advice)
     else:
         assert any("the waiting grows with the work" in e for e in report.verdict.evidence)
-        assert not any("on a core of their own" in e for e in report.verdict.evidence)  # ran 50%+
 
 
 @pytest.mark.parametrize("busy, cause", [(0.24, "preprocess"), (0.26, "cpu_contention")])
@@ -222,6 +221,13 @@ def test_throttled_time_is_interpolated_between_points():
                             for t, v in ((0, 5.0 * MS), (100 * MS, 9.0 * MS), (200 * MS, 1.0 * MS))])
     assert reset.throttled_ms(key, 0, 100 * MS) == pytest.approx(4.0)
     assert reset.throttled_ms(key, 0, 150 * MS) is None  # the counter went down: a new cgroup
+
+
+@pytest.mark.parametrize("utilization, said", [(0.49, True), (0.51, False)])
+def test_mostly_waiting_sentence_threshold(utilization, said):
+    rows = [{"wall": (100 + 60 * x) / utilization, "cpu": 100 + 60 * x} for x in X]
+    evidence = diagnose(recording(rows)).verdict.evidence
+    assert any("on a core of their own" in e for e in evidence) is said
 
 
 # --- precedence --------------------------------------------------------------------------------
