@@ -139,6 +139,33 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     return Group(Text(title, style="bold"), table, *_left_out(dropped), *notes)
 
 
+def _signals_table(report: Report, width: int) -> RenderableType:
+    """Thread CPU time against waiting per stage, and the share of each stage's variance that
+    GC, event-loop lag and throttling explain (analysis.mechanisms)."""
+    cols = [_Col("stage", justify="left", fold=True), _Col("cpu"), _Col("wait"),
+            _Col("core slow/fast", 8), _Col("wait expl"), _Col("slowdown", 5), _Col("gc", 3),
+            _Col("lag", 6), _Col("throttled", 7), _Col("mechanism", 1, "left")]
+    rows, styles = [], []
+    for name, sig in report.signals.items():
+        def part(p: object) -> str:
+            return "-" if p is None else _pct(getattr(p, "explains", None))
+        confirmed = sig.confirmed
+        rows.append([
+            name, _ms(sig.cpu.median_ms if sig.cpu else None),
+            _ms(sig.wait.median_ms if sig.wait else None),
+            f"{_pct(sig.slow_cpu_utilization)} / {_pct(sig.fast_cpu_utilization)}",
+            part(sig.wait), _pct(sig.slowdown_explains), part(sig.gc), part(sig.lag),
+            part(sig.throttled), confirmed.cause if confirmed else "-",
+        ])
+        styles.append("bold" if name == report.verdict.stage else None)
+    table, dropped = _fit(cols, rows, width, styles)
+    title = ("Where the stage time went (cpu, wait = wall - cpu: ms medians; core = CPU/wall in the"
+             " slowest quarter / faster half)")
+    legend = ("wait expl, gc, lag (event loop), throttled: part of the stage's variance; slowdown:"
+              " part of the variance of log(ms) that wall/cpu explains")
+    return Group(Text(title, style="bold"), table, *_left_out(dropped), Text(legend, style="dim"))
+
+
 def _cohort_table(report: Report, width: int) -> RenderableType:
     rows = []
     for c in report.cohorts[:MAX_COHORTS]:
@@ -344,6 +371,8 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
     parts = _header(report)
     if report.stages:
         parts.append(_stages_table(report, width))
+    if report.signals:
+        parts.append(_signals_table(report, width))
     if len(report.cohorts) > 1:
         parts.append(_cohort_table(report, width))
     if report.cold_start is not None:
