@@ -11,10 +11,12 @@ The files have the library's own span shapes. They are made in two steps:
    and ``imaging.resize`` of real JPEGs (640x480 and 1600x1200, so there are two input cohorts),
    the ``queue`` hand-off (``handoff.enqueue_token``/``dequeue``) and a ``forward`` stage: six
    spans per request with exactly the attributes the library writes (``url.full``,
-   ``http.response.status_code``, ``image.*``, ``queue.depth``, ``request.seq``...).
+   ``http.response.status_code``, ``image.*``, ``queue.depth``, ``request.seq``, and issue 13's
+   signals: ``thread.cpu_time_ms``, ``thread.name``, ``otel_stages.gc.pause_ms``...).
 2. **Replication with new ids**: those requests are copied, round-robin, with fresh random trace
    and span ids, times moved so requests follow each other (stage durations scaled by 0.8-1.3,
-   nesting kept), ``request.seq`` renumbered and ``request.cold_start`` true only on the first;
+   nesting kept, ``thread.cpu_time_ms`` scaled alike, so no two spans share a CPU time),
+   ``request.seq`` renumbered and ``request.cold_start`` true only on the first;
    written as the exporter writes them, one export request of 512 spans per line (the
    ``BatchSpanProcessor`` batch size), so a request's spans are often split across two lines.
 
@@ -45,8 +47,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Bumped when the files change, so old ones are not reused.
-GENERATOR_VERSION = 1
+#: Bumped when the files change, so old ones are not reused (2: issue 13's signal attributes).
+GENERATOR_VERSION = 2
+#: Span attributes in ms that scale with the span's duration when a request is replicated.
+SCALED_MS_ATTRIBUTES = frozenset({"thread.cpu_time_ms"})
 #: Spans per line: the SDK BatchSpanProcessor's default max_export_batch_size.
 SPANS_PER_LINE = 512
 TEMPLATE_REQUESTS = 30
@@ -166,8 +170,16 @@ def write_spans(path: Path, n_spans: int, templates: dict[str, Any], seed: int =
                 end = t + int((int(span["endTimeUnixNano"]) - origin) * scale)
                 copy["startTimeUnixNano"], copy["endTimeUnixNano"] = str(start), str(end)
                 end_ns = max(end_ns, end)
+                if any(a["key"] in SCALED_MS_ATTRIBUTES for a in span.get("attributes", ())):
+                    copy["attributes"] = [
+                        {"key": a["key"], "value": {"doubleValue": a["value"]["doubleValue"] * scale}}
+                        if a["key"] in SCALED_MS_ATTRIBUTES and "doubleValue" in a["value"] else a
+                        for a in span["attributes"]
+                    ]
                 if span["name"] == "request":
                     copy["attributes"] = [
+                        *(a for a in copy.get("attributes", ())
+                          if a["key"] not in ("request.seq", "request.cold_start")),
                         {"key": "request.seq", "value": {"intValue": str(k + 1)}},
                         {"key": "request.cold_start", "value": {"boolValue": k == 0}},
                     ]

@@ -23,7 +23,7 @@ from otel_stages.analysis.compact import Compactor
 from otel_stages.analysis.files import load_bytes
 from otel_stages.analysis.otlp_fast import read_line
 from otel_stages.analysis.otlp_json import parse_export_request
-from otel_stages.analysis.selection import ALL, for_analysis
+from otel_stages.analysis.selection import ALL, ANALYSIS_ATTRIBUTES, for_analysis
 
 DATA = Path(__file__).parent / "data" / "traces"
 T = "0af7651916cd43dd8448eb211c80319c"
@@ -216,12 +216,13 @@ def test_selection_keeps_what_the_analysis_reads_and_drops_the_rest(library_line
     assert [(s.span_id, s.start_ns, s.end_ns, s.resource) for s in spans] == [
         (s.span_id, s.start_ns, s.end_ns, s.resource) for s in everything]
     decode = next(s for s in spans if s.name == "decode" and not s.error)
-    assert set(decode.attributes) == {semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT, semconv.IMAGE_SIZE,
-                                      semconv.IMAGE_FORMAT}  # image.mode is not read
     full = next(s for s in everything if s.span_id == decode.span_id)
-    assert semconv.IMAGE_MODE in full.attributes
+    assert set(decode.attributes) == set(full.attributes) & ANALYSIS_ATTRIBUTES
+    assert {semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT, semconv.IMAGE_SIZE, semconv.IMAGE_FORMAT,
+            semconv.THREAD_CPU_TIME_MS, semconv.THREAD_NAME} <= set(decode.attributes)
+    assert semconv.IMAGE_MODE in full.attributes and semconv.IMAGE_MODE not in decode.attributes
     request = next(s for s in spans if s.name == "request")
-    assert set(request.attributes) == {semconv.REQUEST_SEQ, semconv.REQUEST_COLD_START}
+    assert {semconv.REQUEST_SEQ, semconv.REQUEST_COLD_START} <= set(request.attributes) <= ANALYSIS_ATTRIBUTES
     failed = next(s for s in spans if s.name == "decode" and s.error)
     assert failed.events[0].name == "exception" and failed.events[0].attributes == {}
     assert semconv.ERROR_TYPE in failed.attributes

@@ -20,7 +20,7 @@ each chunk as it is read, so a bar moves with the reading, compressed files incl
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -59,6 +59,7 @@ def load_paths(
     *,
     selection: Selection = ALL,
     progress: LoadProgress | None = None,
+    on_file: Callable[[str, int], None] | None = None,
 ) -> Recording:
     """Load every given file, and every file under given folders (recursively) whose name ends in
     one of :data:`FOLDER_SUFFIXES`.
@@ -66,6 +67,8 @@ def load_paths(
     Returns one :class:`Recording` holding all spans and points; problems name the file (as given
     or as found under the folder) and line. A file reached twice is read once. ``selection``:
     which span attributes to keep (default all); ``progress``: see the module docstring.
+    ``on_file(path, size_bytes)`` is called just before each file is read, with its size on disk
+    (0 when it cannot be stat'ed), for a progress bar's label.
     """
     out = Recording()
     files: list[Path] = []
@@ -93,8 +96,17 @@ def load_paths(
     into = Compactor(selection, out)
     with paused_gc():
         for file in files:
+            if on_file is not None:
+                on_file(str(file), _size(file))
             _read_file(file, into, progress)
     return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def load_file(

@@ -1,7 +1,7 @@
 """Which span attributes a load keeps: every one, or only those the analysis reads.
 
 A fleet's trace files carry many attributes the diagnosis never looks at (``url.full``,
-``server.address``, ``http.response.status_code``, ``image.mode``, ``image.target_width``...):
+``server.address``, ``http.response.status_code``, ``image.mode``, ``image.media_type``...):
 at a million spans, keeping them costs hundreds of megabytes. ``otel-stages report`` therefore
 loads with :func:`for_analysis` (plus the attributes a ``--stage-map`` reads), while the library's
 loaders (:func:`otel_stages.analysis.load_paths`) keep everything by default (:data:`ALL`).
@@ -12,9 +12,11 @@ attributes (one shared dict per process) and metric-point attributes (few points
 
 **Reading another attribute in the analysis** (a new mechanism module, say a CPU-time attribute
 on stage spans or a field of a GC-pause event): add its ``semconv`` key to
-:data:`ANALYSIS_ATTRIBUTES`. ``tests/test_selection.py`` fails when a module under
-``otel_stages/analysis`` names a ``semconv`` key on a line that reads attributes and the key is
-missing here, so the report cannot silently load without it.
+:data:`ANALYSIS_ATTRIBUTES`, the one list of them. ``tests/test_selection.py`` fails when it is
+missing: it runs the diagnosis, the text report and the HTML report's data over every recorded
+case with attribute dicts that note each key looked up (any key read but not kept fails), checks
+that the report made from a selective load equals the one from a full load, and checks the
+sources for attribute reads of ``semconv`` keys (for code paths no case reaches).
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     semconv.GPU_BUSY_AT_START,
     semconv.GPU_SAMPLE_COUNT,
     semconv.GPU_DEVICE_TIME_MS,
+    # preprocess facts (preprocessing.py: draft decoding, where decode/resize ran)
+    semconv.IMAGE_DRAFT_SCALE,
+    semconv.IMAGE_TARGET_WIDTH,
+    semconv.IMAGE_TARGET_HEIGHT,
+    semconv.THREAD_NAME,
+    semconv.EVENT_LOOP_RUNNING,
+    # per-stage signals for the mechanisms (stage_signals.py; GC_DURATION_MS is on the
+    # cpython.gc.pause span events)
+    semconv.THREAD_CPU_TIME_MS,
+    semconv.GC_PAUSE_MS,
+    semconv.GC_DURATION_MS,
+    semconv.EVENT_LOOP_LAG_MS,
+    semconv.EVENT_LOOP_HELD_MS,
     # what the metric-point readers name (kept anyway on points; listed for the source check)
     semconv.HW_ID,
     semconv.HW_MODEL,
