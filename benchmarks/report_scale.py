@@ -202,7 +202,8 @@ def data_files(folder: Path, sizes: tuple[int, ...]) -> dict[int, Path]:
     paths = {n: folder / f"spans-{n}-v{GENERATOR_VERSION}.otlp.jsonl" for n in sizes}
     missing = [n for n, p in paths.items() if not p.exists()]
     if missing:
-        templates = record_templates(folder / "templates")
+        # a fresh folder: the exporter's files of an earlier run would be read as templates too
+        templates = record_templates(Path(tempfile.mkdtemp(prefix="templates-", dir=folder)))
         for n in missing:
             print(f"writing {paths[n]} ...", file=sys.stderr, flush=True)
             part = paths[n].with_suffix(".part")

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from otel_stages import semconv
@@ -46,7 +46,7 @@ from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.gpu_memory import memory_evidence, memory_mechanism
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request
-from otel_stages.analysis.stage_signals import Sample, ThrottleSeries, holders, stage_samples
+from otel_stages.analysis.stage_signals import ThrottleSeries, holders, samples_by_stage
 from otel_stages.analysis.stats import explained_fraction, percentile
 from otel_stages.analysis.units import duration, pct
 
@@ -167,33 +167,40 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _part(samples: Sequence[Sample], get: Callable[[Sample], float | None], slow_min: float,
+def _part(walls: Sequence[float], values: Sequence[float | None], slow_min: float,
           fast_max: float) -> Part | None:
-    pairs = [(s.wall_ms, v) for s in samples if (v := get(s)) is not None]
+    """The :class:`Part` of one signal, ``values[i]`` (``None``: not recorded) of the sample whose
+    stage took ``walls[i]`` ms."""
+    pairs = [(w, v) for w, v in zip(walls, values) if v is not None]
     if not pairs:
         return None
-    walls = [w for w, _ in pairs]
-    values = [v for _, v in pairs]
-    explains = explained_fraction(values, walls) if len(set(walls)) > 1 else None
-    return Part(len(pairs), statistics.median(values),
+    known_walls = [w for w, _ in pairs]
+    known = [v for _, v in pairs]
+    varies = min(known_walls) != max(known_walls)
+    if not any(known):  # all 0 (no GC, no lag: the usual case); what the general path gives
+        return Part(len(pairs), 0.0, 0.0 if any(w >= slow_min for w in known_walls) else None,
+                    0.0 if any(w <= fast_max for w in known_walls) else None,
+                    0.0 if varies else None, 0.0)
+    explains = explained_fraction(known, known_walls) if varies else None
+    return Part(len(pairs), statistics.median(known),
                 _median([v for w, v in pairs if w >= slow_min]),
-                _median([v for w, v in pairs if w <= fast_max]), explains, max(values))
+                _median([v for w, v in pairs if w <= fast_max]), explains, max(known))
 
 
-def _busy(samples: Sequence[Sample]) -> float | None:
-    utilizations = [u for s in samples if (u := s.cpu_utilization) is not None]
-    return percentile(utilizations, BUSY_PERCENTILE) if utilizations else None
+def _busy(utilizations: Sequence[float | None]) -> float | None:
+    known = [u for u in utilizations if u is not None]
+    return percentile(known, BUSY_PERCENTILE) if known else None
 
 
-def _slowdown_explains(samples: Sequence[Sample]) -> float | None:
+def _slowdown_explains(walls: Sequence[float], cpus: Sequence[float | None]) -> float | None:
     """``cov(log slowdown, log wall) / var(log wall)`` over runs with CPU time (module
     docstring); ``None`` with fewer than 2 such runs or a constant stage."""
-    pairs = [(math.log(s.wall_ms), math.log(s.wall_ms / s.cpu_ms)) for s in samples
-             if s.cpu_ms is not None and s.cpu_ms > _MIN_CPU_MS and s.wall_ms >= s.cpu_ms]
-    walls = [w for w, _ in pairs]
-    if len(pairs) < 2 or len(set(walls)) < 2:
+    pairs = [(math.log(w), math.log(w / c)) for w, c in zip(walls, cpus)
+             if c is not None and c > _MIN_CPU_MS and w >= c]
+    log_walls = [w for w, _ in pairs]
+    if len(pairs) < 2 or min(log_walls) == max(log_walls):
         return None
-    return explained_fraction([x for _, x in pairs], walls)
+    return explained_fraction([x for _, x in pairs], log_walls)
 
 
 def _drives(part: Part | None, requests: int) -> bool:
@@ -341,25 +348,30 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     held = holders(warm)
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}
+    by_stage = samples_by_stage(warm, stages, throttle)
     for stage in stages:
-        samples = stage_samples(warm, stage, throttle)
+        samples = by_stage[stage]
         if not samples:
             continue
+        # one column per part, built once (a fleet's stage has hundreds of thousands of samples)
         walls = [s.wall_ms for s in samples]
+        cpus = [s.cpu_ms for s in samples]
+        waits = [None if c is None else max(0.0, w - c) for w, c in zip(walls, cpus)]
+        utils = [None if c is None or w <= 0 else min(1.0, c / w) for w, c in zip(walls, cpus)]
         slow_min, fast_max = percentile(walls, SLOW_PERCENTILE), statistics.median(walls)
         sig = StageSignals(
             stage, len(samples), slow_min, fast_max,
-            cpu=_part(samples, lambda s: s.cpu_ms, slow_min, fast_max),
-            wait=_part(samples, lambda s: s.wait_ms, slow_min, fast_max),
-            gc=_part(samples, lambda s: s.gc_ms, slow_min, fast_max),
-            lag=_part(samples, lambda s: s.lag_ms, slow_min, fast_max),
-            throttled=_part(samples, lambda s: s.throttled_ms, slow_min, fast_max),
-            slow_cpu_utilization=_median([u for s in samples if s.wall_ms >= slow_min
-                                          and (u := s.cpu_utilization) is not None]),
-            fast_cpu_utilization=_median([u for s in samples if s.wall_ms <= fast_max
-                                          and (u := s.cpu_utilization) is not None]),
-            busy_utilization=_busy(samples),
-            slowdown_explains=_slowdown_explains(samples),
+            cpu=_part(walls, cpus, slow_min, fast_max),
+            wait=_part(walls, waits, slow_min, fast_max),
+            gc=_part(walls, [s.gc_ms for s in samples], slow_min, fast_max),
+            lag=_part(walls, [s.lag_ms for s in samples], slow_min, fast_max),
+            throttled=_part(walls, [s.throttled_ms for s in samples], slow_min, fast_max),
+            slow_cpu_utilization=_median([u for w, u in zip(walls, utils)
+                                          if w >= slow_min and u is not None]),
+            fast_cpu_utilization=_median([u for w, u in zip(walls, utils)
+                                          if w <= fast_max and u is not None]),
+            busy_utilization=_busy(utils),
+            slowdown_explains=_slowdown_explains(walls, cpus),
             limit_cpus=limit,
         )
         found = [

@@ -122,43 +122,67 @@ def _gc_from_events(span: Span) -> float:
     return total / 1e6
 
 
-def _sample(req: Request, spans: list[Span], throttle: ThrottleSeries, stage: str) -> Sample:
+def _sample(req: Request, spans: list[Span], throttle: ThrottleSeries | None, stage: str) -> Sample:
+    """``throttle`` is ``None`` when it has no series (runs once per stage of a fleet's request:
+    lookups hoisted, float attributes taken as they are)."""
     cpu: float | None = 0.0
     gc: float | None = 0.0
     lag: float | None = 0.0
-    throttled: float | None = 0.0 if throttle else None
-    key = process_key(req.resource)
+    throttled: float | None = 0.0 if throttle is not None else None
+    key = process_key(req.resource) if throttle is not None else ""
     for span in spans:
         attrs = span.attributes
-        span_cpu = _number(attrs.get(semconv.THREAD_CPU_TIME_MS))
+        span_cpu = attrs.get(semconv.THREAD_CPU_TIME_MS)
+        if type(span_cpu) is not float:
+            span_cpu = _number(span_cpu)
         recorded = span_cpu is not None
         cpu = None if cpu is None or span_cpu is None else cpu + span_cpu
-        span_gc = _number(attrs.get(semconv.GC_PAUSE_MS))
-        if span_gc is None and any(e.name == semconv.EVENT_GC_PAUSE for e in span.events):
-            span_gc = _gc_from_events(span)
-        if span_gc is None and recorded:
-            span_gc = 0.0
+        span_gc = attrs.get(semconv.GC_PAUSE_MS)
+        if type(span_gc) is not float:
+            span_gc = _number(span_gc)
+            if span_gc is None and span.events and any(
+                    e.name == semconv.EVENT_GC_PAUSE for e in span.events):
+                span_gc = _gc_from_events(span)
+            if span_gc is None and recorded:
+                span_gc = 0.0
         gc = None if gc is None or span_gc is None else gc + span_gc
-        span_lag = _number(attrs.get(semconv.EVENT_LOOP_LAG_MS))
-        if span_lag is None and recorded:
-            span_lag = 0.0
+        span_lag = attrs.get(semconv.EVENT_LOOP_LAG_MS)
+        if type(span_lag) is not float:
+            span_lag = _number(span_lag)
+            if span_lag is None and recorded:
+                span_lag = 0.0
         lag = None if lag is None or span_lag is None else lag + span_lag
-        if throttled is not None:
+        if throttle is not None and throttled is not None:
             part = throttle.throttled_ms(key, span.start_ns, span.end_ns)
             throttled = None if part is None else throttled + part
     return Sample(req.stages_ms[stage], cpu, gc, lag, throttled)
 
 
+def samples_by_stage(warm: Sequence[Request], stages: Sequence[str],
+                     throttle: ThrottleSeries) -> dict[str, list[Sample]]:
+    """:func:`stage_samples` of each of ``stages`` at once: one pass over the requests' spans (a
+    fleet's recording has hundreds of thousands of requests). Every stage is a key."""
+    out: dict[str, list[Sample]] = {stage: [] for stage in stages}
+    series = throttle if throttle else None
+    for req in warm:
+        ran = req.stages_ms
+        spans_of: dict[str, list[Span]] = {}
+        for span in req.spans:
+            name = span.name
+            if name in out and name in ran:
+                found = spans_of.get(name)
+                if found is None:
+                    spans_of[name] = [span]
+                else:
+                    found.append(span)
+        for name, spans in spans_of.items():
+            out[name].append(_sample(req, spans, series, name))
+    return out
+
+
 def stage_samples(warm: Sequence[Request], stage: str, throttle: ThrottleSeries) -> list[Sample]:
     """One :class:`Sample` per warm request in which ``stage`` ran (request order)."""
-    out = []
-    for req in warm:
-        if stage not in req.stages_ms:
-            continue
-        spans = [s for s in req.spans if s.name == stage]
-        if spans:
-            out.append(_sample(req, spans, throttle, stage))
-    return out
+    return samples_by_stage(warm, [stage], throttle)[stage]
 
 
 def holders(requests: Sequence[Request]) -> dict[str, list[float]]:
