@@ -14,9 +14,9 @@ from __future__ import annotations
 import datetime
 import io
 import sys
-from typing import IO, cast
+from typing import IO
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -25,15 +25,7 @@ from otel_stages.analysis.cohorts import REASON_NEW_INPUT
 from otel_stages.analysis.comparison import Change
 from otel_stages.analysis.figures import SAME_INPUT
 from otel_stages.analysis.report import Report, Run
-from otel_stages.terminal import (
-    Column,
-    ReplacingWriter,
-    TextBuffer,
-    encoding_of,
-    fit_table,
-    is_terminal,
-    left_out_note,
-)
+from otel_stages.terminal import Column, fit_table, left_out_note, text_console
 
 #: Width used when the output is not a terminal.
 DEFAULT_WIDTH = 100
@@ -342,26 +334,14 @@ def render(report: Report, file: IO[str] | None = None, *, width: int | None = N
     """Write the report to ``file`` (default stdout). On a terminal rich picks colors and width;
     otherwise plain text (no ANSI codes, no trailing spaces) at ``width`` (default
     :data:`DEFAULT_WIDTH`) columns. When ``file``'s encoding (cp1252, ASCII...) lacks the table
-    rules' box-drawing characters, rules are ASCII; any other character it cannot hold is ``?``."""
+    rules' box-drawing characters, rules are ASCII; any other character it cannot hold is ``?``
+    (:func:`otel_stages.terminal.text_console`)."""
     dest = sys.stdout if file is None else file
-    tty = is_terminal(dest)
-    out = ReplacingWriter(dest, encoding_of(dest))
-    buffer = TextBuffer(out.encoding)
-    target = cast(IO[str], out) if tty else buffer
-    console = Console(
-        file=target,
-        force_terminal=tty,
-        no_color=True if not tty else None,  # on a terminal rich decides: NO_COLOR, TERM=dumb
-        width=width if width is not None else (None if tty else DEFAULT_WIDTH),
-        highlight=False,
-        markup=False,  # stage names and messages are data, not markup
-        emoji=False,
-    )
-    for part in renderables(report, console.width):
-        console.print(part)
-        console.print()
-    if not tty:
-        out.write("\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n")
+    with text_console(dest, width if width is not None else DEFAULT_WIDTH,
+                      terminal_width=width) as console:
+        for part in renderables(report, console.width):
+            console.print(part)
+            console.print()
 
 
 def render_text(report: Report, *, width: int = DEFAULT_WIDTH) -> str:

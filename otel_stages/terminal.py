@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import codecs
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
 
 from rich import box
-from rich.console import JustifyMethod, RenderableType
+from rich.console import Console, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -135,3 +136,27 @@ def encoding_of(file: IO[str]) -> str:
         return codecs.lookup(name).name
     except LookupError:
         return "ascii"
+
+
+@contextmanager
+def text_console(file: IO[str], width: int, *, terminal_width: int | None = None) -> Iterator[Console]:
+    """A ``rich`` console writing to ``file``. On a terminal: colours as rich decides (``NO_COLOR``,
+    ``TERM=dumb`` turn them off) at ``terminal_width`` (default: the terminal's). Otherwise plain
+    text at ``width`` columns, no escape codes, no trailing spaces, written when the block ends.
+    Either way nothing raises ``UnicodeEncodeError``: table rules turn ASCII when ``file``'s
+    encoding lacks box drawing, any other character it cannot hold becomes ``?``."""
+    tty = is_terminal(file)
+    out = ReplacingWriter(file, encoding_of(file))
+    buffer = TextBuffer(out.encoding)
+    console = Console(
+        file=cast(IO[str], out) if tty else buffer,
+        force_terminal=tty,
+        no_color=True if not tty else None,
+        width=terminal_width if tty else width,
+        highlight=False,
+        markup=False,  # names and messages are data, not markup
+        emoji=False,
+    )
+    yield console
+    if not tty:
+        out.write("\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n")
