@@ -6,6 +6,20 @@ so stage durations are monotonic. An exception inside a stage is recorded on the
 event, status ERROR, ``error.type``) and re-raised unchanged. Failures of the telemetry itself are
 logged once and never reach the caller (:class:`otel_stages._runtime.guard`).
 
+What a call makes depends on :attr:`otel_stages._runtime.Runtime.mode`, read per call (so a
+decorator applied before ``configure()`` follows it):
+
+* ``OFF``: a shared no-op per stage name (nothing allocated, nothing recorded);
+* ``LIVE`` (the default): :class:`StageScope`, a span started and made current on entry;
+* ``DEFERRED``: a record of timestamps and attributes, built into the same span later
+  (:mod:`otel_stages.deferred`).
+
+The hot path of a live stage is :meth:`StageScope.__enter__` / :meth:`StageScope.__exit__`: one
+guarded block each, no per-stage lookups beyond the runtime's attributes. A per-stage probe
+(:class:`otel_stages._runtime.StageProbe`, e.g. CPU time) starts right after the span is made
+current and stops right before the end time is taken; its state lives in the scope's ``_probe``
+slot.
+
 Nothing here imports the OpenTelemetry SDK: a service with its own SDK setup can use these as is.
 """
 
@@ -17,22 +31,25 @@ import itertools
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
 from types import TracebackType
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME, guard
+from otel_stages._runtime import DEFERRED, LIVE, RUNTIME, guard
 from otel_stages.attributes import clean_attributes, exception_attributes, status_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NOT_ERRORS = (GeneratorExit, StopIteration, StopAsyncIteration)
+#: A scope's probe state before the probe started (scopes opened without ``with``, or a probe
+#: installed mid-stage, do not finish one).
+NO_PROBE: Any = object()
 
 _GUARD_START = guard("stage start")
 _GUARD_END = guard("stage end")
@@ -68,6 +85,12 @@ def _driven_by_contextlib(frame: Any) -> bool:
     return caller is not None and caller.f_code in _CONTEXTLIB_ENTRIES
 
 
+def may_attach(frame: Any) -> bool:
+    """Whether a stage entered from ``frame`` may become the current context (see
+    :func:`_driven_by_contextlib`)."""
+    return not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame)
+
+
 class _Sequence:
     """1-based request counter for this process; restarts after ``fork()`` (a new process)."""
 
@@ -81,11 +104,14 @@ class _Sequence:
 
     def next(self) -> tuple[int, bool]:
         """Return ``(seq, cold)`` for a new request."""
-        with self._lock:
-            seq = next(self._counter)
-            cold = seq == 1 or self._cold_pending
+        seq = next(self._counter)  # atomic under the GIL: no lock on the common path
+        pending = self._cold_pending
+        if not pending:
+            return seq, seq == 1
+        with self._lock:  # one request takes the pending flag
+            cold = self._cold_pending
             self._cold_pending = False
-        return seq, cold
+        return seq, cold or seq == 1
 
     def mark_cold(self) -> None:
         with self._lock:
@@ -102,15 +128,146 @@ def mark_cold_start() -> None:
     _SEQUENCE.mark_cold()
 
 
-class StageScope:
-    """One span around a block or a call. Returned by :func:`stage` and :func:`request`.
+def next_request() -> tuple[int, bool]:
+    """``(request.seq, cold)`` for a request starting now (takes the next number)."""
+    return _SEQUENCE.next()
 
-    As a context manager it yields the OpenTelemetry :class:`~opentelemetry.trace.Span` (an
-    invalid, no-op span when telemetry is disabled) so the block can add attributes. One
-    ``StageScope`` object is entered once; used as a decorator it opens a fresh span per call.
+
+def request_attributes(attributes: dict[str, Any], request_id: str | None,
+                       cold_start: bool | None, sequence: tuple[int, bool]) -> dict[str, Any]:
+    """A request span's start attributes: ``attributes`` plus ``request.seq``,
+    ``request.cold_start`` and ``request.id`` (when given); ``sequence`` from
+    :func:`next_request`."""
+    seq, cold = sequence
+    attrs = dict(attributes)
+    attrs[semconv.REQUEST_SEQ] = seq
+    attrs[semconv.REQUEST_COLD_START] = cold if cold_start is None else cold_start
+    if request_id is not None:
+        attrs[semconv.REQUEST_ID] = request_id
+    return attrs
+
+
+class Scope:
+    """What :func:`stage` and :func:`request` return: a context manager (sync and async) that
+    yields the stage's :class:`~opentelemetry.trace.Span` (an invalid, no-op span when telemetry
+    is off; a record taking the same calls in deferred mode), and a decorator that opens a fresh
+    stage per call of a function, coroutine, generator or async generator.
+
+    One scope object is entered once (the no-op one excepted).
     """
 
-    __slots__ = ("_span", "_start_ns", "_token", "attributes", "name")
+    __slots__ = ()
+
+    name: str
+    attributes: dict[str, Any]
+
+    def _fresh(self) -> Scope:
+        """A new scope for one decorated call, of the kind the current mode makes."""
+        return _new_stage(self.name, self.attributes)
+
+    # -- protocol used by the generator wrappers and handoff ---------------------------------------
+    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
+              links: Sequence[Any] | None = None) -> Span:
+        raise NotImplementedError
+
+    def _attach(self) -> None:
+        raise NotImplementedError
+
+    def _detach(self) -> None:
+        raise NotImplementedError
+
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Span:
+        raise NotImplementedError
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Span:
+        raise NotImplementedError
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    # -- decorator ------------------------------------------------------------------------------
+    def __call__(self, fn: F) -> F:
+        if inspect.isasyncgenfunction(fn):
+            return _wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(fn):
+            return _wrap_generator(fn, self._fresh)  # type: ignore[return-value]
+        fresh = self._fresh
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with fresh():
+                    return await fn(*args, **kwargs)
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with fresh():
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+class _NoopScope(Scope):
+    """Telemetry off: records nothing. One shared object per stage name (``_NOOPS``); stateless,
+    so it can be entered by any number of threads and blocks at once."""
+
+    __slots__ = ("attributes", "name")
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.attributes = attributes
+
+    def __enter__(self) -> Span:
+        return INVALID_SPAN
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+    async def __aenter__(self) -> Span:
+        return INVALID_SPAN
+
+    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
+              links: Sequence[Any] | None = None) -> Span:
+        return INVALID_SPAN
+
+    def _attach(self) -> None:
+        pass
+
+    def _detach(self) -> None:
+        pass
+
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
+        pass
+
+
+_NOOPS: dict[str, _NoopScope] = {}
+_MAX_NOOPS = 1024  # distinct stage names kept; past that each call makes its own (names are few)
+
+
+def _noop(name: str, attributes: dict[str, Any]) -> _NoopScope:
+    if attributes:  # kept for a decorator that may run after telemetry is turned on
+        return _NoopScope(name, attributes)
+    scope = _NOOPS.get(name)
+    if scope is None:
+        scope = _NoopScope(name, attributes)
+        if len(_NOOPS) < _MAX_NOOPS:
+            _NOOPS[name] = scope
+    return scope
+
+
+class StageScope(Scope):
+    """A live span around a block or a call: started on entry (parent: the current span) and made
+    current, ended on exit. See :class:`Scope`."""
+
+    __slots__ = ("_probe", "_span", "_start_ns", "_token", "attributes", "name")
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
@@ -118,43 +275,29 @@ class StageScope:
         self._span: Span | None = None
         self._token: Token[otel_context.Context] | None = None
         self._start_ns = 0
+        self._probe: Any = NO_PROBE
 
     # -- span lifecycle -------------------------------------------------------------------------
     def _start_attributes(self) -> dict[str, Any]:
         return self.attributes
 
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
-              links: Sequence[trace.Link] | None = None) -> Span:
-        if not RUNTIME.enabled:
-            return trace.INVALID_SPAN
+              links: Sequence[Any] | None = None) -> Span:
         self._span = None
+        if not RUNTIME.mode:  # scopes made directly (handoff, cuda_stage) follow the switch too
+            return INVALID_SPAN
         with _GUARD_START:  # telemetry must not break inference
-            attributes = clean_attributes(self._start_attributes())  # before the clock starts
-            self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
-            self._span = RUNTIME.tracer.start_span(
-                self.name, context=parent, attributes=attributes, links=links,
-                start_time=self._start_ns)
-            return self._span
-        return trace.INVALID_SPAN
-
-    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
-        span = self._span
-        if span is None:
-            return
-        self._span = None
-        with _GUARD_END:
-            span.end(end_time=self._finish(span, exc, end_ns))
-
-    def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
-        """Everything before ``span.end``: record ``exc`` (unless it is generator control flow)
-        and run the stage-end hooks. Returns the end time (span-clock ns, now unless given)."""
-        end_ns = RUNTIME.clock.now_ns() if end_ns is None else end_ns
-        if exc is not None and not isinstance(exc, _NOT_ERRORS):
-            record_error(span, exc)
-        for hook in RUNTIME.stage_end_hooks:
-            with guard(f"stage end hook {hook!r}"):  # one bad hook must not skip the others
-                hook(span, self.name, self._start_ns, end_ns)
-        return end_ns
+            attributes: Mapping[str, Any] = self._start_attributes()
+            if attributes:
+                attributes = clean_attributes(attributes)  # before the clock starts
+            if start_ns is None:
+                clock = RUNTIME.clock
+                start_ns = clock.monotonic_ns() + clock.offset_ns
+            self._start_ns = start_ns
+            self._span = span = RUNTIME.tracer.start_span(
+                self.name, context=parent, attributes=attributes, links=links, start_time=start_ns)
+            return span
+        return INVALID_SPAN
 
     def _attach(self) -> None:
         if self._span is not None:
@@ -166,54 +309,93 @@ class StageScope:
             with _GUARD_DETACH:
                 otel_context.detach(token)
 
-    # -- context manager ------------------------------------------------------------------------
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        with _GUARD_END:
+            span.end(end_time=self._finish(span, exc, end_ns))
+
+    def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
+        """Everything before ``span.end``: take the end time (now unless given), stop the probe,
+        run the stage-end hooks, record ``exc`` (unless it is generator control flow). Returns
+        the end time (span-clock ns)."""
+        probe = RUNTIME.stage_probe
+        if probe is not None and self._probe is NO_PROBE:
+            probe = None
+        stopped = None
+        if probe is not None:
+            with _GUARD_PROBE:
+                stopped = probe.stop()
+        if end_ns is None:
+            clock = RUNTIME.clock
+            end_ns = clock.monotonic_ns() + clock.offset_ns
+        if probe is not None:
+            with _GUARD_PROBE:
+                probe.finish(span, self.name, self._probe, stopped)
+        run_end_hooks(span, self.name, self._start_ns, end_ns)
+        if exc is not None and not isinstance(exc, _NOT_ERRORS):
+            record_error(span, exc, end_ns)
+        return end_ns
+
+    # -- context manager: the hot path ----------------------------------------------------------
     def __enter__(self) -> Span:
         span = self._open()
         if self._span is not None:
             frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._attach()
+                self._token = otel_context.attach(trace.set_span_in_context(span))
+            probe = RUNTIME.stage_probe
+            if probe is not None:  # last: its window lies inside the span's
+                with _GUARD_PROBE:
+                    self._probe = probe.start()
         return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         # Returns None: never swallows the caller's exception (and type checkers know it).
-        self._detach()
-        self._close(exc)
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        with _GUARD_END:
+            try:
+                end_ns = self._finish(span, exc)
+            finally:  # the context is restored whatever failed
+                token = self._token
+                if token is not None:
+                    self._token = None
+                    otel_context.detach(token)
+            span.end(end_time=end_ns)
 
     async def __aenter__(self) -> Span:
         span = self._open()
         if self._span is not None:
             frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._attach()
+                self._token = otel_context.attach(trace.set_span_in_context(span))
+            probe = RUNTIME.stage_probe
+            if probe is not None:
+                with _GUARD_PROBE:
+                    self._probe = probe.start()
         return span
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(exc_type, exc, tb)
 
-    # -- decorator ------------------------------------------------------------------------------
-    def _fresh(self) -> StageScope:
-        return type(self)(self.name, self.attributes)
+_GUARD_PROBE = guard("stage probe")
 
-    def __call__(self, fn: F) -> F:
-        if inspect.isasyncgenfunction(fn):
-            return _wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, self._fresh)  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with self._fresh():
-                    return await fn(*args, **kwargs)
-            return async_wrapper  # type: ignore[return-value]
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self._fresh():
-                return fn(*args, **kwargs)
-        return wrapper  # type: ignore[return-value]
+def run_end_hooks(span: Any, name: str, start_ns: int, end_ns: int) -> None:
+    """Run the stage-end hooks registered for ``name`` (each behind its own guard: one bad hook
+    must not skip the others)."""
+    table = RUNTIME.stage_end_hooks
+    if not table:
+        return
+    hooks = table.get(name) or table.get(None)
+    if hooks:
+        for hook, hook_guard in hooks:
+            with hook_guard:
+                hook(span, name, start_ns, end_ns)
 
 
 class RequestScope(StageScope):
@@ -228,19 +410,61 @@ class RequestScope(StageScope):
         self.cold_start = cold_start
 
     def _start_attributes(self) -> dict[str, Any]:
-        seq, cold = _SEQUENCE.next()
-        attrs = dict(self.attributes)
-        attrs[semconv.REQUEST_SEQ] = seq
-        attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
-        if self.request_id is not None:
-            attrs[semconv.REQUEST_ID] = self.request_id
-        return attrs
+        return request_attributes(self.attributes, self.request_id, self.cold_start, _SEQUENCE.next())
 
-    def _fresh(self) -> RequestScope:
-        return RequestScope(self.name, self.attributes, None, self.cold_start)
+    def _fresh(self) -> Scope:
+        return _new_request(self.name, self.attributes, None, self.cold_start)
 
 
-def stage(name: str, /, **attributes: Any) -> StageScope:
+# Deferred mode's scope classes. otel_stages.deferred builds on this module and registers them
+# when imported (the package imports it; a SpanBuilder, the way into deferred mode, needs it).
+def register_deferred(stage_class: Any, request_class: Any) -> None:
+    """Called by :mod:`otel_stages.deferred` with its scope classes."""
+    global DeferredScope, DeferredRequest
+    DeferredScope, DeferredRequest = stage_class, request_class
+
+
+DeferredScope: Any = None
+DeferredRequest: Any = None
+
+
+def _new_stage(name: str, attributes: dict[str, Any]) -> Scope:
+    mode = RUNTIME.mode
+    if mode == LIVE:
+        return StageScope(name, attributes)
+    if mode == DEFERRED:
+        return DeferredScope(name, attributes)  # type: ignore[no-any-return]
+    return _noop(name, attributes)
+
+
+def _new_request(name: str, attributes: dict[str, Any], request_id: str | None,
+                 cold_start: bool | None) -> Scope:
+    mode = RUNTIME.mode
+    if mode == LIVE:
+        return RequestScope(name, attributes, request_id, cold_start)
+    if mode == DEFERRED:
+        return DeferredRequest(name, attributes, request_id, cold_start)  # type: ignore[no-any-return]
+    if request_id is None and cold_start is None:
+        return _noop(name, attributes)
+    return _NoopRequest(name, attributes, request_id, cold_start)
+
+
+class _NoopRequest(_NoopScope):
+    """A no-op request scope that keeps ``request_id`` / ``cold_start`` for its decorator."""
+
+    __slots__ = ("cold_start", "request_id")
+
+    def __init__(self, name: str, attributes: dict[str, Any], request_id: str | None,
+                 cold_start: bool | None) -> None:
+        super().__init__(name, attributes)
+        self.request_id = request_id
+        self.cold_start = cold_start
+
+    def _fresh(self) -> Scope:
+        return _new_request(self.name, self.attributes, None, self.cold_start)
+
+
+def stage(name: str, /, **attributes: Any) -> Scope:
     """Open a span named ``name`` (``download``, ``decode``, ``resize``, ``queue``, ``forward``
     or a custom stage) as a child of the current span.
 
@@ -248,11 +472,20 @@ def stage(name: str, /, **attributes: Any) -> StageScope:
     Use ``with stage("decode") as span:`` or ``@stage("forward")`` on a function, coroutine,
     generator or async generator. Exceptions propagate unchanged after being recorded.
     """
-    return StageScope(name, attributes)
+    mode = RUNTIME.mode
+    if not mode:  # off: the shared no-op of this name, nothing else (cf. _noop)
+        if not attributes:
+            scope = _NOOPS.get(name)
+            if scope is not None:
+                return scope
+        return _noop(name, attributes)
+    if mode == LIVE:
+        return StageScope(name, attributes)
+    return _new_stage(name, attributes)
 
 
 def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = None,
-            cold_start: bool | None = None, **attributes: Any) -> RequestScope:
+            cold_start: bool | None = None, **attributes: Any) -> Scope:
     """Open the request span: the parent of the stage spans of one inference request.
 
     It is a child of the current span when there is one (e.g. an HTTP server span). Sets
@@ -261,20 +494,21 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
     ``request.id`` when ``request_id`` is given (the trace id already identifies the request
     otherwise). Works as context manager and decorator.
     """
-    return RequestScope(name, attributes, request_id, cold_start)
+    return _new_request(name, attributes, request_id, cold_start)
 
 
-def record_error(span: Span, exc: BaseException) -> None:
+def record_error(span: Span, exc: BaseException, timestamp_ns: int | None = None) -> None:
     """Record ``exc`` on ``span`` the standard way: exception event, status ERROR, ``error.type``.
 
     The message in the status and the event, and the event's stack trace, are capped
-    (:mod:`otel_stages.attributes`)."""
-    span.record_exception(exc, attributes=exception_attributes(exc))
+    (:mod:`otel_stages.attributes`). ``timestamp_ns``: the event's time (span-clock ns; the
+    stages pass their end time), else the SDK's wall clock now."""
+    span.record_exception(exc, attributes=exception_attributes(exc), timestamp=timestamp_ns)
     span.set_status(Status(StatusCode.ERROR, status_message(exc)))
     span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
 
 
-def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], StageScope]) -> Callable[..., Any]:
+def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], Scope]) -> Callable[..., Any]:
     """The span covers the generator's whole life; its context is active only while it runs."""
 
     @functools.wraps(fn)
@@ -310,7 +544,7 @@ def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], StageScope])
 
 
 def _wrap_async_generator(fn: Callable[..., Any],
-                          new_scope: Callable[[], StageScope]) -> Callable[..., Any]:
+                          new_scope: Callable[[], Scope]) -> Callable[..., Any]:
     """Async twin of :func:`_wrap_generator` (``asend`` / ``athrow`` are forwarded)."""
 
     @functools.wraps(fn)
@@ -343,3 +577,4 @@ def _wrap_async_generator(fn: Callable[..., Any],
             scope._close(error)
 
     return wrapper
+
