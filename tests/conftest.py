@@ -48,7 +48,8 @@ def captured_fake_clock(fake_time):
 
 
 def _runtime_state() -> tuple[object, ...]:
-    return (RUNTIME.enabled, RUNTIME.tracer, RUNTIME.clock, RUNTIME.stage_end_hooks, RUNTIME.reraise)
+    return (RUNTIME.enabled, RUNTIME.tracer, RUNTIME.clock, RUNTIME.stage_end_hooks, RUNTIME.reraise,
+            RUNTIME.deferred, RUNTIME.stage_probe)
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +63,6 @@ def _leaves_no_state_behind(request: pytest.FixtureRequest):
     assert not trace.get_current_span().get_span_context().is_valid, (
         f"{request.node.nodeid} left a span active")
     after = _runtime_state()
-    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise")
+    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise", "deferred", "stage_probe")
     changed = [n for n, b, a in zip(names, before, after) if b is not a and b != a]
     assert not changed, f"{request.node.nodeid} left otel_stages runtime state changed: {changed}"
