@@ -294,9 +294,9 @@ def test_stages_open_at_shutdown_are_interrupted_and_late_ends_are_counted(tmp_p
         for rs in json.loads(line)["resourceSpans"]:
             for ss in rs["scopeSpans"]:
                 spans.extend(ss["spans"])
-    interrupted = sorted(s["name"] for s in spans
-                         if any(a["key"] == semconv.OTEL_STAGES_INTERRUPTED for a in s.get("attributes", [])))
-    assert interrupted == ["forward", "request"]
+    interrupted = [s["name"] for s in spans
+                   if any(a["key"] == semconv.OTEL_STAGES_INTERRUPTED for a in s.get("attributes", []))]
+    assert interrupted == ["forward", "request"]  # a child ends before its parent, as in live mode
     assert sorted(s["name"] for s in spans) == ["decode", "decode", "forward", "request", "request"]
     assert telemetry.dropped_spans == 0
 
