@@ -27,10 +27,9 @@ from otel_stages.json_lines import JsonLinesSpanExporter, encode_line
 from otel_stages.sampling import _sampled_copy
 
 VALUES = {
-    "s": "plain", "empty": "", "unicode": "größe 画像 🐱", "del": "a\x7fb", "ctl": "tab\tnl\nbell\x07",
-    "quote": 'say "hi" \\ there', "i": 42, "neg": -7, "big": 2**62, "t": True, "f": False,
+    "s": "plain", "empty": "", "ctl": "tab\tnl\nbell\x07", "quote": 'say "hi" \\ there', "i": 42, "neg": -7, "big": 2**62, "t": True, "f": False,
     "x": 0.5, "tiny": 1e-05, "huge": 1e16, "exp": 1.5e300, "nan": math.nan, "inf": -math.inf,
-    "ints": [1, 2, 3], "strs": ["a", "é"], "floats": [0.1, 1e-7], "bools": [True, False], "none": [],
+    "ints": [1, 2, 3], "strs": ["a", "b"], "floats": [0.1, 1e-7], "bools": [True, False], "none": [],
 }
 
 
@@ -51,7 +50,9 @@ def _spans() -> list[ReadableSpan]:
                                  trace_flags=TraceFlags(1), trace_state=TraceState([("vendor", "v1"), ("k", "x")]))
             with tracer.start_as_current_span("POST /infer", context=set_span_in_context(_nonrecording(remote)),
                                               kind=SpanKind.SERVER) as server:
-                with tracer.start_as_current_span("décode", attributes=VALUES,
+                tracer.start_span("größe", attributes={"unicode": "größe 画像 🐱", "strs": ["a", "é"]}).end()
+                tracer.start_span("del", attributes={"del": "a\x7fb"}).end()
+                with tracer.start_as_current_span("decode", attributes=VALUES,
                                                   links=[Link(remote, {"why": "retry"}), Link(remote)]) as span:
                     for n in range(3):  # one more than the limit: a dropped event
                         span.add_event(f"e{n}", {"n": n, "ratio": n / 3})
@@ -76,9 +77,12 @@ def _nonrecording(ctx: SpanContext):
 
 def test_output_is_the_official_exporters_byte_for_byte(tmp_path):
     spans = _spans()
-    assert len(spans) == 21
+    assert len(spans) == 29
     ours, theirs = JsonLinesSpanExporter(tmp_path / "ours.jsonl"), FileSpanExporter(tmp_path / "official.jsonl")
-    batches = [spans, spans[:3], spans[5:6], spans[::-1]]
+    ascii_only = [s for s in spans if s.name not in ("größe", "del") and "ün" not in s.resource.attributes]
+    with_del = [*ascii_only, next(s for s in spans if s.name == "del" and "ün" not in s.resource.attributes)]
+    batches = [ascii_only, with_del, spans, spans[:3], spans[5:6], spans[::-1]]
+    assert encode_line(ascii_only).isascii()  # the orjson path, floats included
     for batch in batches:
         assert ours.export(batch) is SpanExportResult.SUCCESS
         assert theirs.export(batch) is SpanExportResult.SUCCESS
@@ -91,7 +95,7 @@ def test_output_is_the_official_exporters_byte_for_byte(tmp_path):
     assert b'"doubleValue":"NaN"' in expected and b'"droppedAttributesCount"' in expected
     assert b'"droppedEventsCount":1' in expected and b'"droppedLinksCount":1' in expected
     assert b'"traceState":"vendor=v1,k=x"' in expected and b'"flags":768' in expected
-    assert len(json.loads(expected.splitlines()[0])["resourceSpans"]) == 2
+    assert len(json.loads(expected.splitlines()[2])["resourceSpans"]) == 2  # the batch of all
 
 
 def test_ascii_batches_take_orjson_and_others_fall_back_to_json_dumps(monkeypatch):
@@ -104,8 +108,7 @@ def test_ascii_batches_take_orjson_and_others_fall_back_to_json_dumps(monkeypatc
 
     monkeypatch.setattr(json, "dumps", spy)
     spans = _spans()
-    plain = [s for s in spans if s.resource.attributes["service.name"] == "svc-b"
-             and s.name in ("k", "")]
+    plain = [s for s in spans if "ün" not in s.resource.attributes and s.name not in ("größe", "del")]
     assert encode_line(plain) is not None and calls == []
     line = encode_line(spans)
     assert calls == [1] and line is not None and line.endswith(b"\n")
