@@ -72,7 +72,8 @@ class SpanBuilder:
         #: Records lost, by reason (also given to ``drops``).
         self.dropped: dict[str, int] = {}
         self.built = 0  #: spans ended so far
-        self._stopped = False
+        #: True once :meth:`shutdown` began: records submitted later are dropped (counted)
+        self.stopped = False
         self._start_thread()
         if hasattr(os, "register_at_fork"):
             ref = weakref.WeakMethod(self._after_fork)
@@ -94,7 +95,7 @@ class SpanBuilder:
         """In a forked child: the parent's records are not the child's; a new thread builds."""
         self.queue.clear()
         self.open.clear()
-        if not self._stopped:
+        if not self.stopped:
             self._start_thread()
 
     # -- request thread ---------------------------------------------------------------------------
@@ -103,14 +104,14 @@ class SpanBuilder:
         queue = self.queue
         waiting = len(queue)
         if waiting >= self.wake_at:
-            if self._stopped:
+            if self.stopped:
                 self._drop(semconv.DROP_AFTER_SHUTDOWN, 1)
                 return
             if waiting >= self.max_queue:
                 self._drop(semconv.DROP_QUEUE_FULL, 1)
                 return
             self._wake.set()
-        elif self._stopped:
+        elif self.stopped:
             self._drop(semconv.DROP_AFTER_SHUTDOWN, 1)
             return
         queue.append(record)
@@ -122,10 +123,10 @@ class SpanBuilder:
 
     # -- building ---------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stopped:
+        while not self.stopped:
             self._wake.wait(self.interval_s)
             self._wake.clear()
-            if not self._stopped:
+            if not self.stopped:
                 self.drain()
 
     def drain(self, deadline: float | None = None) -> bool:
@@ -173,9 +174,9 @@ class SpanBuilder:
         """Stop the thread, end the stages still open (``otel_stages.interrupted=true``, now) and
         build everything by ``deadline`` (``time.monotonic()``); what is left is counted as
         ``shutdown_timeout``. Returns ``True`` when nothing was left. Idempotent."""
-        if self._stopped:
+        if self.stopped:
             return True
-        self._stopped = True
+        self.stopped = True
         self._wake.set()
         self._thread.join(max(0.0, min(deadline - time.monotonic(), self.interval_s + 1.0)))
         now = RUNTIME.clock.now_ns()

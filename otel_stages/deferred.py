@@ -81,6 +81,10 @@ _GUARD_START = guard("deferred stage start")
 _GUARD_END = guard("deferred stage end")
 _GUARD_DETACH = guard("context detach")
 _GUARD_PROBE = guard("stage probe")
+_get_current = otel_context.get_current
+_attach = otel_context.attach
+_detach = otel_context.detach
+_set_value = otel_context.set_value
 
 # Replayed calls (DeferredScope._ops entries start with one of these).
 OP_ATTRIBUTE, OP_EVENT, OP_STATUS, OP_LINK, OP_NAME = range(5)
@@ -105,34 +109,122 @@ class DeferredScope(Scope, Span):
     attributes, cleaned when built), ``start_ns`` / ``end_ns`` (span-clock ns), ``parent`` (the
     enclosing deferred record) or ``parent_context`` (the OpenTelemetry context to parent on),
     ``links`` (``Link`` objects or records, resolved when built), the call log, ``interrupted``.
+    Fields a record rarely sets are class attributes until it does (``opentelemetry.trace.Span``
+    has no ``__slots__``, so records have an instance dict anyway): a new record sets two.
     """
 
-    __slots__ = ("_ops", "_probe", "_token", "attributes", "builder", "end_ns", "interrupted",
-                 "links", "name", "parent", "parent_context", "span", "start_ns")
+    parent: DeferredScope | None = None
+    parent_context: otel_context.Context | None = None
+    links: Sequence[Any] | None = None
+    builder: SpanBuilder | None = None
+    start_ns = 0
+    end_ns: int | None = None  #: set when it ended (by its stage or by shutdown)
+    span: Span | None = None  #: the built span (the builder's)
+    interrupted = False
+    _ops: list[tuple[Any, ...]] | None = None
+    _token: Token[otel_context.Context] | None = None
+    _probe: Any = NO_PROBE
+    #: A request takes its sequence number on entry (DeferredRequest).
+    _is_request = False
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
         self.attributes = attributes
-        self.parent: DeferredScope | None = None
-        self.parent_context: otel_context.Context | None = None
-        self.links: Sequence[Any] | None = None
-        self.builder: SpanBuilder | None = None
-        self.end_ns: int | None = None
-        self.span: Span | None = None  # the built span (the builder's)
-        self.interrupted = False
-        self._ops: list[tuple[Any, ...]] | None = None
-        self._token: Token[otel_context.Context] | None = None
-        self._probe: Any = NO_PROBE
 
     def start_attributes(self) -> Mapping[str, Any]:
         """The attributes the span starts with (what a sampler sees), not yet cleaned."""
         return self.attributes
 
     # -- recording: the hot path ----------------------------------------------------------------
+    # Failures go to the guard through ``except`` (its hot-path form: otel_stages._runtime.guard).
+    def __enter__(self) -> Span:
+        try:
+            if self._is_request:
+                self._take_sequence()
+            context = _get_current()
+            record = context.get(RECORD_KEY)  # Context is a dict
+            if record is None:
+                self.parent_context = context
+            else:
+                self.parent = record  # type: ignore[assignment]  # only records are stored there
+            builder = self.builder = RUNTIME.deferred
+            if builder is not None:
+                builder.open[self] = True  # ended as interrupted if still here at shutdown
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._token = _attach(_set_value(RECORD_KEY, self, context))
+            clock = RUNTIME.clock
+            self.start_ns = clock.monotonic_ns() + clock.offset_ns  # last: times the block only
+            if RUNTIME.stage_probe is not None:
+                self._start_probe()
+        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_START.failed(exc)
+        return self
+
+    async def __aenter__(self) -> Span:  # __enter__'s body: the caller's frame is one up
+        try:
+            if self._is_request:
+                self._take_sequence()
+            context = _get_current()
+            record = context.get(RECORD_KEY)
+            if record is None:
+                self.parent_context = context
+            else:
+                self.parent = record  # type: ignore[assignment]
+            builder = self.builder = RUNTIME.deferred
+            if builder is not None:
+                builder.open[self] = True
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._token = _attach(_set_value(RECORD_KEY, self, context))
+            clock = RUNTIME.clock
+            self.start_ns = clock.monotonic_ns() + clock.offset_ns
+            if RUNTIME.stage_probe is not None:
+                self._start_probe()
+        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_START.failed(exc)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if (exc is not None or RUNTIME.stage_probe is not None or RUNTIME.stage_end_hooks
+                    or self.end_ns is not None):
+                self._close(exc)  # the general path
+                return
+            clock = RUNTIME.clock
+            end_ns = clock.monotonic_ns() + clock.offset_ns  # first: times the block only
+            token = self._token
+            if token is not None:
+                self._token = None
+                _detach(token)
+            builder = self.builder
+            if builder is not None and builder.open.pop(self, None) is not None:
+                self.end_ns = end_ns  # shutdown did not end it first
+                queue = builder.queue
+                if len(queue) < builder.wake_at and not builder.stopped:
+                    queue.append(self)  # SpanBuilder.submit's common case
+                else:
+                    builder.submit(self)
+        except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_END.failed(error)
+
+    def _take_sequence(self) -> None:
+        raise NotImplementedError  # DeferredRequest
+
+    def _start_probe(self) -> None:
+        probe = RUNTIME.stage_probe
+        if probe is not None:
+            with _GUARD_PROBE:
+                self._probe = probe.start()
+
+    # -- the general path (generator wrappers, handoff, errors, hooks, probes) --------------------
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
               links: Sequence[Any] | None = None) -> Span:
         with _GUARD_START:
-            context = otel_context.get_current() if parent is None else parent
+            if self._is_request:
+                self._take_sequence()
+            context = _get_current() if parent is None else parent
             record = context.get(RECORD_KEY)  # Context is a dict
             if record is None:
                 self.parent_context = context
@@ -150,39 +242,13 @@ class DeferredScope(Scope, Span):
         return self
 
     def _attach(self) -> None:
-        self._token = otel_context.attach(otel_context.set_value(RECORD_KEY, self))
+        self._token = _attach(_set_value(RECORD_KEY, self))
 
     def _detach(self) -> None:
         token, self._token = self._token, None
         if token is not None:
             with _GUARD_DETACH:
-                otel_context.detach(token)
-
-    def __enter__(self) -> Span:
-        self._open()
-        frame = sys._getframe(1)
-        if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-            self._token = otel_context.attach(otel_context.set_value(RECORD_KEY, self))
-        probe = RUNTIME.stage_probe
-        if probe is not None:
-            with _GUARD_PROBE:
-                self._probe = probe.start()
-        return self
-
-    async def __aenter__(self) -> Span:
-        self._open()
-        frame = sys._getframe(1)
-        if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-            self._token = otel_context.attach(otel_context.set_value(RECORD_KEY, self))
-        probe = RUNTIME.stage_probe
-        if probe is not None:
-            with _GUARD_PROBE:
-                self._probe = probe.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._close(exc)
+                _detach(token)
 
     def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
         with _GUARD_END:
@@ -202,14 +268,15 @@ class DeferredScope(Scope, Span):
                 if probe is not None:
                     with _GUARD_PROBE:
                         probe.finish(self, self.name, self._probe, stopped)
-                run_end_hooks(self, self.name, self.start_ns, end_ns)
+                if RUNTIME.stage_end_hooks:
+                    run_end_hooks(self, self.name, self.start_ns, end_ns)
                 if exc is not None and not isinstance(exc, _NOT_ERRORS):
                     self._record_error(exc, end_ns)
             finally:  # the context is restored whatever failed
                 token = self._token
                 if token is not None:
                     self._token = None
-                    otel_context.detach(token)
+                    _detach(token)
             builder = self.builder
             if builder is not None and builder.open.pop(self, None) is not None:
                 self.end_ns = end_ns  # shutdown did not end it first
@@ -299,19 +366,18 @@ class DeferredScope(Scope, Span):
 class DeferredRequest(DeferredScope):
     """The deferred request scope: takes ``request.seq`` / ``request.cold_start`` when entered."""
 
-    __slots__ = ("cold_start", "request_id", "sequence")
+    _is_request = True
+    sequence = (0, False)
 
     def __init__(self, name: str, attributes: dict[str, Any], request_id: str | None = None,
                  cold_start: bool | None = None) -> None:
-        super().__init__(name, attributes)
+        self.name = name
+        self.attributes = attributes
         self.request_id = request_id
         self.cold_start = cold_start
-        self.sequence = (0, False)
 
-    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
-              links: Sequence[Any] | None = None) -> Span:
+    def _take_sequence(self) -> None:
         self.sequence = next_request()  # the order requests start in, as in live mode
-        return super()._open(parent, start_ns, links)
 
     def start_attributes(self) -> Mapping[str, Any]:
         return request_attributes(self.attributes, self.request_id, self.cold_start, self.sequence)

@@ -1,11 +1,12 @@
 """``configure()``: the only place that builds OpenTelemetry SDK providers and exporters.
 
 With no OTLP endpoint set, the embedded default writes OTLP/JSON lines (the format of the
-Collector's ``file`` exporter; spans through :class:`otel_stages.json_lines.JsonLinesSpanExporter`,
-byte for byte what the official ``opentelemetry-exporter-otlp-json-file`` exporter writes at a
-fraction of its CPU, metrics through the official exporter) under ``data_dir``: ``traces-<instance>.jsonl`` and ``metrics-<instance>.jsonl``, one
-pair per process. With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans and metrics go over OTLP, gRPC
-or HTTP per ``OTEL_EXPORTER_OTLP_PROTOCOL``. Spans always pass through a ``BatchSpanProcessor``
+Collector's ``file`` exporter) under ``data_dir``: ``traces-<instance>.jsonl`` (spans through
+:class:`otel_stages.json_lines.JsonLinesSpanExporter`: byte for byte what the official
+``opentelemetry-exporter-otlp-json-file`` exporter writes, at a fraction of its CPU) and
+``metrics-<instance>.jsonl`` (the official metric exporter), one pair per process. With
+``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans and metrics go over OTLP, gRPC or HTTP per
+``OTEL_EXPORTER_OTLP_PROTOCOL``. Spans always pass through a ``BatchSpanProcessor``
 (export never runs on the request path); providers flush at interpreter exit, within
 ``shutdown_timeout_s`` (5 s by default) however the collector behaves.
 

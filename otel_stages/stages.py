@@ -224,8 +224,8 @@ class _NoopScope(Scope):
         self.name = name
         self.attributes = attributes
 
-    def __enter__(self) -> Span:
-        return INVALID_SPAN
+    #: A C callable returning INVALID_SPAN: entering a no-op stage runs no Python frame.
+    __enter__ = staticmethod(itertools.repeat(INVALID_SPAN).__next__)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -269,6 +269,10 @@ class StageScope(Scope):
 
     __slots__ = ("_probe", "_span", "_start_ns", "_token", "attributes", "name")
 
+    #: Whether the start attributes come from :meth:`_start_attributes` (a request: sequence
+    #: number) rather than :attr:`attributes` as given (saves a call per stage).
+    _computed_attributes = False
+
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
         self.attributes = attributes
@@ -277,7 +281,7 @@ class StageScope(Scope):
         self._start_ns = 0
         self._probe: Any = NO_PROBE
 
-    # -- span lifecycle -------------------------------------------------------------------------
+    # -- span lifecycle (generator wrappers, handoff, cuda_stage) ---------------------------------
     def _start_attributes(self) -> dict[str, Any]:
         return self.attributes
 
@@ -318,11 +322,12 @@ class StageScope(Scope):
             span.end(end_time=self._finish(span, exc, end_ns))
 
     def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
-        """Everything before ``span.end``: take the end time (now unless given), stop the probe,
-        run the stage-end hooks, record ``exc`` (unless it is generator control flow). Returns
-        the end time (span-clock ns)."""
+        """Everything before ``span.end``: stop the probe, take the end time (now unless given),
+        finish the probe, run the stage-end hooks, record ``exc`` (unless it is generator control
+        flow). Returns the end time (span-clock ns)."""
         probe = RUNTIME.stage_probe
-        if probe is not None and self._probe is NO_PROBE:
+        started = getattr(self, "_probe", NO_PROBE)  # set only when a probe started (stage())
+        if started is NO_PROBE:
             probe = None
         stopped = None
         if probe is not None:
@@ -333,24 +338,65 @@ class StageScope(Scope):
             end_ns = clock.monotonic_ns() + clock.offset_ns
         if probe is not None:
             with _GUARD_PROBE:
-                probe.finish(span, self.name, self._probe, stopped)
-        run_end_hooks(span, self.name, self._start_ns, end_ns)
+                probe.finish(span, self.name, started, stopped)
+        if RUNTIME.stage_end_hooks:
+            run_end_hooks(span, self.name, self._start_ns, end_ns)
         if exc is not None and not isinstance(exc, _NOT_ERRORS):
             record_error(span, exc, end_ns)
         return end_ns
 
     # -- context manager: the hot path ----------------------------------------------------------
+    # What the raw SDK does per span (start_span, attach, detach, end) plus the span clock. The
+    # current context is read once and passed on: start_span, its sampler and set_span_in_context
+    # would each read it again, which pays for most of this wrapper's own calls. Failures go to
+    # the guard through ``except`` (the guard's hot-path form: see otel_stages._runtime.guard).
     def __enter__(self) -> Span:
-        span = self._open()
-        if self._span is not None:
+        try:
+            attributes: Mapping[str, Any] = (self._start_attributes() if self._computed_attributes
+                                             else self.attributes)
+            if attributes:
+                attributes = clean_attributes(attributes)  # before the clock starts
+            context = _get_current()
+            clock = RUNTIME.clock
+            self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
+            self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
+                                                          start_time=start_ns)
             frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._token = otel_context.attach(trace.set_span_in_context(span))
-            probe = RUNTIME.stage_probe
-            if probe is not None:  # last: its window lies inside the span's
-                with _GUARD_PROBE:
-                    self._probe = probe.start()
-        return span
+                self._token = _attach(_set_span_in_context(span, context))
+            if RUNTIME.stage_probe is not None:  # last: its window lies inside the span's
+                self._start_probe()
+            return span
+        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form: telemetry must not break inference
+            _GUARD_START.failed(exc)
+        return INVALID_SPAN
+
+    async def __aenter__(self) -> Span:  # __enter__'s body: the caller's frame is one up
+        try:
+            attributes: Mapping[str, Any] = (self._start_attributes() if self._computed_attributes
+                                             else self.attributes)
+            if attributes:
+                attributes = clean_attributes(attributes)
+            context = _get_current()
+            clock = RUNTIME.clock
+            self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
+            self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
+                                                          start_time=start_ns)
+            frame = sys._getframe(1)
+            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
+                self._token = _attach(_set_span_in_context(span, context))
+            if RUNTIME.stage_probe is not None:
+                self._start_probe()
+            return span
+        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_START.failed(exc)
+        return INVALID_SPAN
+
+    def _start_probe(self) -> None:
+        probe = RUNTIME.stage_probe
+        if probe is not None:
+            with _GUARD_PROBE:
+                self._probe = probe.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -359,30 +405,30 @@ class StageScope(Scope):
         if span is None:
             return
         self._span = None
-        with _GUARD_END:
+        try:
             try:
-                end_ns = self._finish(span, exc)
+                if RUNTIME.stage_probe is None and not RUNTIME.stage_end_hooks:  # the common case
+                    clock = RUNTIME.clock
+                    end_ns = clock.monotonic_ns() + clock.offset_ns
+                    if exc is not None and not isinstance(exc, _NOT_ERRORS):
+                        record_error(span, exc, end_ns)
+                else:
+                    end_ns = self._finish(span, exc)
             finally:  # the context is restored whatever failed
                 token = self._token
                 if token is not None:
                     self._token = None
-                    otel_context.detach(token)
+                    _detach(token)
             span.end(end_time=end_ns)
-
-    async def __aenter__(self) -> Span:
-        span = self._open()
-        if self._span is not None:
-            frame = sys._getframe(1)
-            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._token = otel_context.attach(trace.set_span_in_context(span))
-            probe = RUNTIME.stage_probe
-            if probe is not None:
-                with _GUARD_PROBE:
-                    self._probe = probe.start()
-        return span
+        except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_END.failed(error)
 
 
 _GUARD_PROBE = guard("stage probe")
+_get_current = otel_context.get_current
+_attach = otel_context.attach
+_detach = otel_context.detach
+_set_span_in_context = trace.set_span_in_context
 
 
 def run_end_hooks(span: Any, name: str, start_ns: int, end_ns: int) -> None:
@@ -409,8 +455,16 @@ class RequestScope(StageScope):
         self.request_id = request_id
         self.cold_start = cold_start
 
+    _computed_attributes = True
+
     def _start_attributes(self) -> dict[str, Any]:
-        return request_attributes(self.attributes, self.request_id, self.cold_start, _SEQUENCE.next())
+        seq, cold = _SEQUENCE.next()  # request_attributes() inlined: a request is a sixth of spans
+        attrs = dict(self.attributes) if self.attributes else {}
+        attrs[semconv.REQUEST_SEQ] = seq
+        attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
+        if self.request_id is not None:
+            attrs[semconv.REQUEST_ID] = self.request_id
+        return attrs
 
     def _fresh(self) -> Scope:
         return _new_request(self.name, self.attributes, None, self.cold_start)
@@ -475,13 +529,24 @@ def stage(name: str, /, **attributes: Any) -> Scope:
     mode = RUNTIME.mode
     if not mode:  # off: the shared no-op of this name, nothing else (cf. _noop)
         if not attributes:
-            scope = _NOOPS.get(name)
-            if scope is not None:
-                return scope
+            noop = _NOOPS.get(name)
+            if noop is not None:
+                return noop
         return _noop(name, attributes)
-    if mode == LIVE:
-        return StageScope(name, attributes)
-    return _new_stage(name, attributes)
+    if mode == LIVE:  # StageScope(name, attributes) without the __init__ frame: same fields
+        scope = _new_object(StageScope)
+        scope.name = name
+        scope.attributes = attributes
+        scope._span = None
+        scope._token = None
+        return scope
+    record = _new_object(DeferredScope)  # DeferredScope(name, attributes), as above
+    record.name = name
+    record.attributes = attributes
+    return record  # type: ignore[no-any-return]
+
+
+_new_object = object.__new__
 
 
 def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = None,

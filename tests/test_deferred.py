@@ -249,10 +249,10 @@ def test_a_full_queue_drops_records_and_counts_them():
     with capture_spans(span_mode="deferred") as captured:
         tracer = RUNTIME.tracer
         builder = SpanBuilder(tracer, drops=drops, interval_s=3600, max_queue=3, wake_at=3)
-        builder._stopped = True  # its thread ends: nothing drains the queue meanwhile
+        builder.stopped = True  # its thread ends: nothing drains the queue meanwhile
         builder._wake.set()
         builder._thread.join(5)
-        builder._stopped = False
+        builder.stopped = False
         RUNTIME.deferred = builder
         try:
             for _ in range(5):
