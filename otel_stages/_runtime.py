@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_stages import semconv
@@ -30,6 +31,10 @@ logger = logging.getLogger("otel_stages")
 #: ``span`` is the live span, or in deferred mode the stage's record, which takes the same
 #: ``set_attribute`` / ``set_attributes`` / ``add_event`` calls.
 StageEndHook = Callable[[Any, str, int, int], None]
+
+#: The OpenTelemetry context key under which the innermost open deferred stage travels (with the
+#: context, so thread-pool propagation, ``asyncio`` and ``enqueue_token`` carry it like a span).
+RECORD_KEY = otel_context.create_key("otel_stages.deferred_stage")
 
 #: :attr:`Runtime.mode` values: telemetry off (stages are shared no-ops), spans made on the request
 #: thread (``live``), spans built later from recorded timestamps (``deferred``).

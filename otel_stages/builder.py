@@ -157,6 +157,12 @@ class SpanBuilder:
             links=links, start_time=record.start_ns)
         return span
 
+    def start_now(self, record: DeferredScope) -> Span:
+        """``record``'s span, started now on the caller's thread if it has none yet (parents
+        first), for a live span that must be its child. The builder still ends it."""
+        with self._lock:
+            return self._start(record)
+
     def _build(self, record: DeferredScope) -> None:
         span = self._start(record)
         record.replay(span)

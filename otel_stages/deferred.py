@@ -27,7 +27,9 @@ What it gives up, and when to use it:
   the same start attributes as in live mode. Records waiting to be built hold their attribute
   values (pass values, not objects you change afterwards); an exception is formatted when its
   stage ends, as in live mode.
-* ``gpu.cuda_stage`` makes live spans (its GPU-time resolution needs the span).
+* ``gpu.cuda_stage`` makes a live span (its GPU-time resolution needs the span); inside a
+  deferred stage, that stage's span (and its parents') is started there and then, on the request
+  thread, so the live span has its parent (:meth:`SpanBuilder.start_now`).
 
 Use it when span creation on the request thread is a measurable share of the request (many
 short stages, a CPU-bound service, tight latency budgets) and the stages are leaves or contain
@@ -54,7 +56,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, Span, SpanContext, S
 from opentelemetry.util import types
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME, guard
+from otel_stages._runtime import RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import exception_attributes, status_message
 from otel_stages.stages import (
     _GENERATOR_CODE,
@@ -72,10 +74,6 @@ from otel_stages.stages import (
 if TYPE_CHECKING:
     from otel_stages.builder import SpanBuilder
 
-#: The context key under which the innermost open deferred stage travels (with the OpenTelemetry
-#: context, so thread-pool propagation, ``asyncio`` and :func:`otel_stages.enqueue_token` carry
-#: it like a span).
-RECORD_KEY = otel_context.create_key("otel_stages.deferred_stage")
 
 _GUARD_START = guard("deferred stage start")
 _GUARD_END = guard("deferred stage end")

@@ -24,9 +24,9 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import INVALID_SPAN, Link, Span, get_current_span
 
 from otel_stages import semconv
-from otel_stages._runtime import DEFERRED, RUNTIME, guard
+from otel_stages._runtime import DEFERRED, RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import clean_attributes
-from otel_stages.deferred import RECORD_KEY, DeferredScope, recorded
+from otel_stages.deferred import DeferredScope, recorded
 from otel_stages.stages import _new_stage
 
 _ROOT = otel_context.Context()  # an empty context: a span started in it is a trace root

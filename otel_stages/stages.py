@@ -41,7 +41,7 @@ from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from otel_stages import semconv
-from otel_stages._runtime import DEFERRED, LIVE, RUNTIME, guard
+from otel_stages._runtime import DEFERRED, LIVE, RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import clean_attributes, exception_attributes, status_message
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -294,6 +294,8 @@ class StageScope(Scope):
             attributes: Mapping[str, Any] = self._start_attributes()
             if attributes:
                 attributes = clean_attributes(attributes)  # before the clock starts
+            if parent is None and RUNTIME.mode == DEFERRED:  # a live span in a deferred stage
+                parent = _deferred_parent()
             if start_ns is None:
                 clock = RUNTIME.clock
                 start_ns = clock.monotonic_ns() + clock.offset_ns
@@ -422,6 +424,17 @@ class StageScope(Scope):
             span.end(end_time=end_ns)
         except Exception as error:  # noqa: BLE001 - the guard's hot-path form
             _GUARD_END.failed(error)
+
+
+def _deferred_parent() -> otel_context.Context | None:
+    """The current context with the innermost deferred stage's span in it (started now if need
+    be: otel_stages.builder.SpanBuilder.start_now), or ``None`` when no deferred stage is open."""
+    current = _get_current()
+    record = current.get(RECORD_KEY)  # Context is a dict
+    builder = RUNTIME.deferred
+    if record is None or builder is None:
+        return None
+    return trace.set_span_in_context(builder.start_now(record), current)
 
 
 _GUARD_PROBE = guard("stage probe")

@@ -321,3 +321,51 @@ def test_configure_span_mode_switches_and_is_validated(tmp_path, monkeypatch):
         assert RUNTIME.deferred is None
     finally:
         live.shutdown()
+
+
+def test_a_cuda_stage_inside_a_deferred_request_is_its_child():
+    from otel_stages.gpu import cuda
+    from tests.test_gpu_logic import FakeEvent
+
+    done = threading.Event()
+    done.set()
+    with capture_spans(span_mode="deferred") as captured:
+        with ots.request():
+            with ots.stage("preprocess"):
+                pass
+            with cuda.cuda_stage("forward", mode="sync", event_factory=lambda: FakeEvent(done, 3.0)):
+                pass
+        spans = {s.name: s for s in captured.spans}
+    assert set(spans) == {"request", "preprocess", "forward"}
+    request = spans["request"]
+    assert spans["forward"].parent.span_id == request.context.span_id  # live span, deferred parent
+    assert spans["preprocess"].parent.span_id == request.context.span_id
+    assert spans["forward"].attributes[semconv.GPU_DEVICE_TIME_MS] == 3.0
+
+
+@pytest.mark.parametrize(("ms", "kept"), [(99.0, False), (100.0, True)])
+def test_sampling_keeps_slow_and_failed_requests_in_deferred_mode_too(fake_time, monkeypatch, ms, kept):
+    from tests.test_sampling import SLOW_MS, Pipeline
+
+    assert SLOW_MS == 100.0
+    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    pipeline = Pipeline(fake_time)
+    saved = RUNTIME.tracer, RUNTIME.clock
+    RUNTIME.tracer = trace.get_tracer_provider().get_tracer("unused")  # the builder's tracer is used
+    RUNTIME.clock = Clock(monotonic_ns=fake_time, wall_ns=lambda: WALL0)
+    builder = SpanBuilder(pipeline.provider.get_tracer("otel_stages"))
+    RUNTIME.deferred = builder
+    try:
+        pipeline.request(cold=True)  # kept at the head
+        pipeline.request(ms=ms)
+        with pytest.raises(ValueError):
+            pipeline.request(fail=True)
+        builder.flush()
+    finally:
+        RUNTIME.deferred = None
+        RUNTIME.tracer, RUNTIME.clock = saved
+        builder.shutdown(time.monotonic() + 5)
+        pipeline.provider.shutdown()
+    requests = [s for s in pipeline.exporter.get_finished_spans() if s.name == "request"]
+    assert len(requests) == (3 if kept else 2)
+    assert pipeline.names().count("decode") == (3 if kept else 2)
