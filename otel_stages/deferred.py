@@ -156,6 +156,7 @@ class DeferredScope(Scope, Span):
             if RUNTIME.stage_probe is not None:
                 self._start_probe()
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+            self._abandon()
             _GUARD_START.failed(exc)
         return self
 
@@ -180,6 +181,7 @@ class DeferredScope(Scope, Span):
             if RUNTIME.stage_probe is not None:
                 self._start_probe()
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+            self._abandon()
             _GUARD_START.failed(exc)
         return self
 
@@ -190,12 +192,14 @@ class DeferredScope(Scope, Span):
                     or self.end_ns is not None):
                 self._close(exc)  # the general path
                 return
-            clock = RUNTIME.clock
-            end_ns = clock.monotonic_ns() + clock.offset_ns  # first: times the block only
-            token = self._token
-            if token is not None:
-                self._token = None
-                _detach(token)
+            try:
+                clock = RUNTIME.clock
+                end_ns = clock.monotonic_ns() + clock.offset_ns  # first: times the block only
+            finally:  # the context is restored whatever failed
+                token = self._token
+                if token is not None:
+                    self._token = None
+                    _detach(token)
             builder = self.builder
             if builder is not None and builder.open.pop(self, None) is not None:
                 self.end_ns = end_ns  # shutdown did not end it first
@@ -209,6 +213,17 @@ class DeferredScope(Scope, Span):
 
     def _take_sequence(self) -> None:
         raise NotImplementedError  # DeferredRequest
+
+    def _abandon(self) -> None:
+        """A failed start: restore the context, forget the record, make its end a no-op."""
+        self.end_ns = 0
+        token = self._token
+        if token is not None:
+            self._token = None
+            _detach(token)
+        builder = self.builder
+        if builder is not None:
+            builder.open.pop(self, None)
 
     def _start_probe(self) -> None:
         probe = RUNTIME.stage_probe

@@ -42,7 +42,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from otel_stages import semconv
 from otel_stages._runtime import DEFERRED, LIVE, RECORD_KEY, RUNTIME, guard
-from otel_stages.attributes import clean_attributes, exception_attributes, status_message
+from otel_stages.attributes import clean_attributes, clean_value, exception_attributes, status_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -224,12 +224,11 @@ class _NoopScope(Scope):
         self.name = name
         self.attributes = attributes
 
-    #: A C callable returning INVALID_SPAN: entering a no-op stage runs no Python frame.
+    # Entering and leaving a no-op stage runs no Python frame: both are C callables. ``__enter__``
+    # returns INVALID_SPAN (for ``as span``); ``__exit__`` is ``"".format``, which takes any
+    # arguments and returns "", a false value, so the block's exception propagates unchanged.
     __enter__ = staticmethod(itertools.repeat(INVALID_SPAN).__next__)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        return None
+    __exit__ = staticmethod("".format)  # type: ignore[assignment]
 
     async def __aenter__(self) -> Span:
         return INVALID_SPAN
@@ -354,10 +353,12 @@ class StageScope(Scope):
     # the guard through ``except`` (the guard's hot-path form: see otel_stages._runtime.guard).
     def __enter__(self) -> Span:
         try:
-            attributes: Mapping[str, Any] = (self._start_attributes() if self._computed_attributes
-                                             else self.attributes)
-            if attributes:
-                attributes = clean_attributes(attributes)  # before the clock starts
+            if self._computed_attributes:  # before the clock starts
+                attributes: Mapping[str, Any] = self._start_attributes()  # cleaned
+            else:
+                attributes = self.attributes
+                if attributes:
+                    attributes = clean_attributes(attributes)
             context = _get_current()
             clock = RUNTIME.clock
             self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
@@ -375,10 +376,12 @@ class StageScope(Scope):
 
     async def __aenter__(self) -> Span:  # __enter__'s body: the caller's frame is one up
         try:
-            attributes: Mapping[str, Any] = (self._start_attributes() if self._computed_attributes
-                                             else self.attributes)
-            if attributes:
-                attributes = clean_attributes(attributes)
+            if self._computed_attributes:  # before the clock starts
+                attributes: Mapping[str, Any] = self._start_attributes()  # cleaned
+            else:
+                attributes = self.attributes
+                if attributes:
+                    attributes = clean_attributes(attributes)
             context = _get_current()
             clock = RUNTIME.clock
             self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
@@ -471,12 +474,14 @@ class RequestScope(StageScope):
     _computed_attributes = True
 
     def _start_attributes(self) -> dict[str, Any]:
-        seq, cold = _SEQUENCE.next()  # request_attributes() inlined: a request is a sixth of spans
-        attrs = dict(self.attributes) if self.attributes else {}
+        """Cleaned, with the next sequence number (request_attributes() inlined: a request is a
+        sixth of the spans of a typical request)."""
+        seq, cold = _SEQUENCE.next()
+        attrs = dict(clean_attributes(self.attributes)) if self.attributes else {}
         attrs[semconv.REQUEST_SEQ] = seq
         attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
         if self.request_id is not None:
-            attrs[semconv.REQUEST_ID] = self.request_id
+            attrs[semconv.REQUEST_ID] = clean_value(self.request_id, key=semconv.REQUEST_ID)
         return attrs
 
     def _fresh(self) -> Scope:
@@ -572,6 +577,20 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
     ``request.id`` when ``request_id`` is given (the trace id already identifies the request
     otherwise). Works as context manager and decorator.
     """
+    mode = RUNTIME.mode
+    if not mode and not attributes and request_id is None and cold_start is None:
+        noop = _NOOPS.get(name)  # off: the shared no-op, as in stage()
+        if noop is not None:
+            return noop
+    if mode == LIVE:  # RequestScope(...) without the __init__ frames: same fields
+        scope = _new_object(RequestScope)
+        scope.name = name
+        scope.attributes = attributes
+        scope._span = None
+        scope._token = None
+        scope.request_id = request_id
+        scope.cold_start = cold_start
+        return scope
     return _new_request(name, attributes, request_id, cold_start)
 
 
