@@ -547,9 +547,10 @@ def stage(name: str, /, **attributes: Any) -> Scope:
     mode = RUNTIME.mode
     if not mode:  # off: the shared no-op of this name, nothing else (cf. _noop)
         if not attributes:
-            noop = _NOOPS.get(name)
-            if noop is not None:
-                return noop
+            try:
+                return _NOOPS[name]
+            except KeyError:
+                pass
         return _noop(name, attributes)
     if mode == LIVE:  # StageScope(name, attributes) without the __init__ frame: same fields
         scope = _new_object(StageScope)
@@ -579,9 +580,10 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
     """
     mode = RUNTIME.mode
     if not mode and not attributes and request_id is None and cold_start is None:
-        noop = _NOOPS.get(name)  # off: the shared no-op, as in stage()
-        if noop is not None:
-            return noop
+        try:
+            return _NOOPS[name]  # off: the shared no-op, as in stage()
+        except KeyError:
+            pass
     if mode == LIVE:  # RequestScope(...) without the __init__ frames: same fields
         scope = _new_object(RequestScope)
         scope.name = name
