@@ -324,7 +324,8 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
                                      span_limits=SpanLimits(max_attribute_length=limit,
                                                             max_span_attribute_length=limit))
     open_spans = OpenSpans()  # first: it must see every start and end
-    batch = BatchSpanProcessor(counted_spans)
+    queue_size, batch_size = _batch_sizes(settings)
+    batch = BatchSpanProcessor(counted_spans, max_queue_size=queue_size, max_export_batch_size=batch_size)
     queued_spans = count_queue_drops(batch, drops)
     span_processors: list[SpanProcessor] = [open_spans, sampling.processor_for(settings, batch)]
     if settings.log_requests:
@@ -380,6 +381,23 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     RUNTIME.enabled = True
     _serving(settings)
     return handle
+
+
+#: Batch processor sizes for the embedded span file: four times the SDK's queue (slack for about
+#: 1.4 s of export stall at 6000 spans/s, at most ~12 MB of finished spans) and twice its batch
+#: (one write and flush per 1024 spans). benchmarks/exporter.py measures them.
+FILE_MAX_QUEUE_SIZE = 8192
+FILE_MAX_EXPORT_BATCH_SIZE = 1024
+_BSP_SIZE_ENV = ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+
+
+def _batch_sizes(settings: Settings) -> tuple[int | None, int | None]:
+    """``BatchSpanProcessor`` ``(max_queue_size, max_export_batch_size)``: ours for the embedded
+    file unless ``OTEL_BSP_MAX_QUEUE_SIZE`` or ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` is set (then
+    ``None``: the SDK reads both, as usual); the SDK's own over OTLP."""
+    if settings.endpoint is not None or any(os.environ.get(var, "").strip() for var in _BSP_SIZE_ENV):
+        return None, None
+    return FILE_MAX_QUEUE_SIZE, FILE_MAX_EXPORT_BATCH_SIZE
 
 
 def _serving(settings: Settings) -> None:

@@ -147,3 +147,30 @@ def test_lone_surrogates_are_escaped_as_json_dumps_does(tmp_path, bad):
                        attributes={"s": bad}, instrumentation_scope=span.instrumentation_scope)
     line = encode_line([odd])
     assert line is not None and b"\\ud800" in line
+
+
+def test_configure_sizes_the_file_batch_processor_unless_the_environment_does(tmp_path, monkeypatch):
+    import otel_stages as ots
+    from otel_stages import sdk
+    from otel_stages.sampling import KeepProcessor
+
+    def sizes(telemetry):
+        processor = telemetry._span_processors[1]
+        processor = processor.inner if isinstance(processor, KeepProcessor) else processor
+        batch = processor._batch_processor
+        return batch._max_queue_size, batch._max_export_batch_size
+
+    for var in sdk._BSP_SIZE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    telemetry = ots.configure(data_dir=tmp_path, gpu="off", set_global=False)
+    try:
+        assert sizes(telemetry) == (sdk.FILE_MAX_QUEUE_SIZE, sdk.FILE_MAX_EXPORT_BATCH_SIZE) == (8192, 1024)
+        assert isinstance(telemetry._span_exporter.inner, JsonLinesSpanExporter)
+    finally:
+        telemetry.shutdown()
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100")
+    telemetry = ots.configure(data_dir=tmp_path, gpu="off", set_global=False)
+    try:
+        assert sizes(telemetry) == (2048, 100)  # the SDK's default queue, the environment's batch
+    finally:
+        telemetry.shutdown()
