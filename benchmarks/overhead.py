@@ -15,9 +15,12 @@ empty: the worst case, where the instrumentation is all there is. Candidates:
   request span's two attributes (``request.seq``, ``request.cold_start``) so it makes the same
   spans as otel_stages;
 * ``sdk_start_as_current_span``: the same with ``tracer.start_as_current_span``;
-* ``live``, ``deferred``: otel_stages in each span mode;
-* ``live_cpu``, ``deferred_cpu``: the same with a per-stage probe reading ``time.thread_time_ns()``
-  at start and end and setting one attribute (what per-stage CPU time costs);
+* ``live``, ``deferred``: otel_stages in each span mode, per-stage signals at their default (on:
+  thread CPU time, GC and event-loop checks, :mod:`otel_stages.signals`);
+* ``live_no_signals``, ``deferred_no_signals``: the same with ``configure(signals=False)``;
+* ``sdk_start_span_signals``: ``sdk_start_span`` plus the same signal calls by hand
+  (``signals.on_start`` after each start time, ``signals.on_finish`` before each end): the
+  like-for-like baseline of ``live`` with signals on;
 * ``sdk_start_span_attrs``, ``live_attrs``, ``deferred_attrs``: three typical attributes per stage
   (two ints, one short string).
 
@@ -33,7 +36,8 @@ Ratios are taken per round, then the median over rounds, for the request thread'
 also counts the moments other processes held the core; CPU time is the work itself.
 
 Targets (issue 11): ``deferred / sdk_start_span <= 0.25``, ``live / sdk_start_span <= 1.05``,
-``disabled / bare <= 1.5``.
+``disabled / bare <= 1.5``; each reported with signals on (the default) and off
+(``targets`` and ``targets_no_signals``).
 """
 
 from __future__ import annotations
@@ -55,15 +59,17 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 import otel_stages as ots
-from otel_stages import semconv
-from otel_stages._runtime import RUNTIME, StageProbe
+from otel_stages import semconv, signals
+from otel_stages._runtime import RUNTIME
 from otel_stages.builder import SpanBuilder
 
 STAGES = semconv.STANDARD_STAGES
 SPANS_PER_REQUEST = 1 + len(STAGES)
 ATTRS = {semconv.IMAGE_WIDTH: 640, semconv.IMAGE_HEIGHT: 480, semconv.IMAGE_FORMAT: "JPEG"}
-CPU_ATTRIBUTE = "benchmark.thread_cpu_ns"  # what the probe sets (issue 13 names its own)
 TARGETS = {"deferred_vs_sdk_start_span": 0.25, "live_vs_sdk_start_span": 1.05, "disabled_vs_bare": 1.5}
+#: the same targets with signals off
+TARGETS_NO_SIGNALS = {"deferred_no_signals_vs_sdk_start_span": 0.25,
+                      "live_no_signals_vs_sdk_start_span": 1.05}
 
 mono = time.monotonic_ns
 thread_ns = time.thread_time_ns
@@ -141,6 +147,28 @@ def _sdk_candidates(tracer: trace.Tracer) -> dict[str, Callable[[], None]]:
         detach(req_token)
         req.end()
 
+    on_start, on_finish, now = signals.on_start, signals.on_finish, time.time_ns
+
+    def start_span_signals() -> None:
+        start_ns = now()
+        state = on_start()
+        req = tracer.start_span(semconv.SPAN_REQUEST, attributes=request_attributes(),
+                                start_time=start_ns)
+        req_token = attach(current(req))
+        for name in STAGES:
+            span_start_ns = now()
+            span_state = on_start()
+            span = tracer.start_span(name, start_time=span_start_ns)
+            token = attach(current(span))
+            detach(token)
+            end_ns = now()
+            on_finish(span, span_state, span_start_ns, end_ns)
+            span.end(end_ns)
+        detach(req_token)
+        end_ns = now()
+        on_finish(req, state, start_ns, end_ns)
+        req.end(end_ns)
+
     def start_as_current_span() -> None:
         with tracer.start_as_current_span(semconv.SPAN_REQUEST, attributes=request_attributes()):
             for name in STAGES:
@@ -148,14 +176,7 @@ def _sdk_candidates(tracer: trace.Tracer) -> dict[str, Callable[[], None]]:
                     pass
 
     return {"sdk_start_span": start_span, "sdk_start_as_current_span": start_as_current_span,
-            "sdk_start_span_attrs": start_span_attrs}
-
-
-def _cpu_probe() -> StageProbe:
-    def finish(span: Any, name: str, started: int, stopped: int) -> None:
-        span.set_attribute(CPU_ATTRIBUTE, stopped - started)
-
-    return StageProbe(start=thread_ns, stop=thread_ns, finish=finish)
+            "sdk_start_span_attrs": start_span_attrs, "sdk_start_span_signals": start_span_signals}
 
 
 class _Bench:
@@ -165,7 +186,6 @@ class _Bench:
         self.telemetry = telemetry
         self.tracer = telemetry._tracer
         self.builder = SpanBuilder(self.tracer, drops=telemetry._drops)
-        probe = _cpu_probe()
         sdk = _sdk_candidates(self.tracer)
         self.candidates: dict[str, tuple[dict[str, Any], Callable[[], None]]] = {
             "bare_pairs": ({"enabled": False}, _bare_pairs),
@@ -176,8 +196,9 @@ class _Bench:
             "sdk_start_as_current_span": ({}, sdk["sdk_start_as_current_span"]),
             "live": ({}, _otel_stages),
             "deferred": ({"deferred": True}, _otel_stages),
-            "live_cpu": ({"probe": probe}, _otel_stages),
-            "deferred_cpu": ({"deferred": True, "probe": probe}, _otel_stages),
+            "live_no_signals": ({"signals": False}, _otel_stages),
+            "deferred_no_signals": ({"deferred": True, "signals": False}, _otel_stages),
+            "sdk_start_span_signals": ({}, sdk["sdk_start_span_signals"]),
             "sdk_start_span_attrs": ({}, sdk["sdk_start_span_attrs"]),
             "live_attrs": ({}, _otel_stages_attrs),
             "deferred_attrs": ({"deferred": True}, _otel_stages_attrs),
@@ -201,14 +222,15 @@ class _Bench:
         self._settle()
         RUNTIME.enabled = setup.get("enabled", True)
         RUNTIME.deferred = self.builder if setup.get("deferred") else None
-        RUNTIME.stage_probe = setup.get("probe")
+        signals.enable(setup.get("signals", True))
         try:
             wall0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
             for _ in range(requests):
                 body()
             wall1, cpu1 = time.perf_counter_ns(), time.thread_time_ns()
         finally:
-            RUNTIME.enabled, RUNTIME.deferred, RUNTIME.stage_probe = True, None, None
+            RUNTIME.enabled, RUNTIME.deferred = True, None
+            signals.enable(True)
         return (wall1 - wall0) / requests / 1e3, (cpu1 - cpu0) / requests / 1e3
 
 
@@ -219,9 +241,12 @@ RATIOS = {  # name: (candidate, baseline)
     "disabled_vs_bare_pairs": ("disabled", "bare_pairs"),
     "sdk_start_as_current_span_vs_sdk_start_span": ("sdk_start_as_current_span", "sdk_start_span"),
     "live_vs_sdk_start_as_current_span": ("live", "sdk_start_as_current_span"),
-    "live_cpu_vs_live": ("live_cpu", "live"),
-    "deferred_cpu_vs_deferred": ("deferred_cpu", "deferred"),
-    "deferred_cpu_vs_sdk_start_span": ("deferred_cpu", "sdk_start_span"),
+    "deferred_no_signals_vs_sdk_start_span": ("deferred_no_signals", "sdk_start_span"),
+    "live_no_signals_vs_sdk_start_span": ("live_no_signals", "sdk_start_span"),
+    "live_vs_sdk_start_span_signals": ("live", "sdk_start_span_signals"),
+    "sdk_start_span_signals_vs_sdk_start_span": ("sdk_start_span_signals", "sdk_start_span"),
+    "live_vs_live_no_signals": ("live", "live_no_signals"),
+    "deferred_vs_deferred_no_signals": ("deferred", "deferred_no_signals"),
     "bare_cpu_vs_bare": ("bare_cpu", "bare"),
     "live_attrs_vs_sdk_start_span_attrs": ("live_attrs", "sdk_start_span_attrs"),
     "deferred_attrs_vs_sdk_start_span_attrs": ("deferred_attrs", "sdk_start_span_attrs"),
@@ -233,6 +258,7 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
     load_before = os.getloadavg()
     telemetry = ots.configure(data_dir=folder, gpu="off", set_global=False, span_mode="live",
                               service_name="overhead-benchmark")
+    signals_default = signals.is_enabled()  # configure()'s default: on
     bench = _Bench(telemetry)
     names = list(bench.candidates)
     walls: dict[str, list[float]] = {n: [] for n in names}
@@ -259,7 +285,7 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
     finally:
         ok = telemetry.shutdown()
         bench.builder.shutdown(time.monotonic() + 5)
-    deferred_requests = (rounds + warmup) * requests * 3  # deferred, deferred_cpu, deferred_attrs
+    deferred_requests = (rounds + warmup) * requests * 3  # deferred, _no_signals, _attrs
     median = statistics.median
     cpu_us = {n: round(median(v), 3) for n, v in cpus.items()}
 
@@ -280,13 +306,15 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
             "live_over_sdk_start_span": per_span("live", "sdk_start_span"),
             "sdk_start_span": per_span("sdk_start_span"),
             "deferred": per_span("deferred"),
-            "cpu_time_probe_live": per_span("live_cpu", "live"),
-            "cpu_time_probe_deferred": per_span("deferred_cpu", "deferred"),
+            "signals_live": per_span("live", "live_no_signals"),
+            "signals_deferred": per_span("deferred", "deferred_no_signals"),
+            "signals_sdk_by_hand": per_span("sdk_start_span_signals", "sdk_start_span"),
             "thread_time_pair_bare": per_span("bare_cpu", "bare"),
         },
         "builder_us_per_span": round(bench.builder_s * 1e6 / max(1, bench.built), 2),
         "deferred_spans_built": bench.built,
         "deferred_spans_expected": deferred_requests * SPANS_PER_REQUEST,
+        "signals_default": signals_default,
         "spans_dropped": telemetry.dropped_spans,
         "shutdown_ok": ok,
         "duration_s": round(time.monotonic() - started, 1),
@@ -297,6 +325,9 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
     }
     report["targets"] = {k: {"ratio": report["ratios"][k], "at_most": t, "met": report["ratios"][k] <= t}
                          for k, t in TARGETS.items()}
+    report["targets_no_signals"] = {
+        k: {"ratio": report["ratios"][k], "at_most": t, "met": report["ratios"][k] <= t}
+        for k, t in TARGETS_NO_SIGNALS.items()}
     return report
 
 

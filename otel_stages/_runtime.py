@@ -2,7 +2,7 @@
 
 Holds the tracer the stages use, the on/off switch and the span mode (:attr:`Runtime.mode`), the
 span clock, the stage-end hooks keyed by stage name (how the GPU sampler attaches per-forward
-figures), the per-stage probe slot, and the "log once, never break the caller" error policy
+figures), and the "log once, never break the caller" error policy
 (:class:`guard`, the one place that policy is written).
 """
 
@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -39,22 +38,6 @@ RECORD_KEY = otel_context.create_key("otel_stages.deferred_stage")
 #: :attr:`Runtime.mode` values: telemetry off (stages are shared no-ops), spans made on the request
 #: thread (``live``), spans built later from recorded timestamps (``deferred``).
 OFF, LIVE, DEFERRED = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class StageProbe:
-    """A per-stage capture on the stage's own thread, e.g. its CPU time.
-
-    ``start()`` runs right after the stage's start time is taken, ``stop()`` right before its end
-    time is taken (both should be cheap, e.g. ``time.thread_time_ns``); then ``finish(span, name,
-    started, stopped)`` adds what it derives (attributes, events) before the span ends, like a
-    stage-end hook. In deferred mode ``span`` is the stage's record (module docstring of
-    :mod:`otel_stages.deferred`). Failures go through :class:`guard`.
-    """
-
-    start: Callable[[], Any]
-    stop: Callable[[], Any]
-    finish: Callable[[Any, str, Any, Any], None]
 
 
 def scoped_tracer(provider: trace.TracerProvider) -> trace.Tracer:
@@ -91,8 +74,6 @@ class Runtime:
         #: without hooks of their own). Empty when there are none, so a stage pays one truth test.
         self.stage_end_hooks: dict[str | None, tuple[tuple[StageEndHook, guard], ...]] = {}
         self._hooks: list[tuple[StageEndHook, str | None]] = []
-        #: The per-stage probe (one at most), or ``None``.
-        self.stage_probe: StageProbe | None = None
         self._reported: set[str] = set()
         self._lock = threading.Lock()
 

@@ -24,7 +24,9 @@ What it gives up, and when to use it:
   replayed on it, in order. Events without a timestamp get the span clock's time of the call.
 * Spans reach processors and exporters later (the builder runs every
   :data:`~otel_stages.builder.BUILD_INTERVAL_S` s, sooner when many records wait); samplers see
-  the same start attributes as in live mode. Records waiting to be built hold their attribute
+  the same start attributes as in live mode. The per-stage signals (:mod:`otel_stages.signals`)
+  are read on the request thread when the stage ends (thread CPU time is per thread) and set on
+  the span when it is built, so they equal live mode's. Records waiting to be built hold their attribute
   values (pass values, not objects you change afterwards); an exception is formatted when its
   stage ends, as in live mode.
 * ``gpu.cuda_stage`` makes a live span (its GPU-time resolution needs the span); inside a
@@ -58,10 +60,10 @@ from opentelemetry.util import types
 from otel_stages import semconv
 from otel_stages._runtime import RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import exception_attributes, status_message
+from otel_stages.signals import capture as _capture
 from otel_stages.stages import (
     _GENERATOR_CODE,
     _NOT_ERRORS,
-    NO_PROBE,
     Scope,
     _driven_by_contextlib,
     _new_request,
@@ -69,6 +71,7 @@ from otel_stages.stages import (
     register_deferred,
     request_attributes,
     run_end_hooks,
+    start_signals,
 )
 
 if TYPE_CHECKING:
@@ -78,14 +81,18 @@ if TYPE_CHECKING:
 _GUARD_START = guard("deferred stage start")
 _GUARD_END = guard("deferred stage end")
 _GUARD_DETACH = guard("context detach")
-_GUARD_PROBE = guard("stage probe")
+_GUARD_SIGNALS = guard("stage signals")
+_on_start = _capture.on_start
+_finish_fields = _capture.finish_fields
 _get_current = otel_context.get_current
 _attach = otel_context.attach
 _detach = otel_context.detach
 _set_value = otel_context.set_value
 
-# Replayed calls (DeferredScope._ops entries start with one of these).
-OP_ATTRIBUTE, OP_EVENT, OP_STATUS, OP_LINK, OP_NAME = range(5)
+# Replayed calls (DeferredScope._ops entries start with one of these). OP_SIGNALS: the stage's
+# signal attributes and events (otel_stages.signals.finish_fields, read on the request thread when
+# the stage ended), set as otel_stages.signals.on_finish sets them on a live span.
+OP_ATTRIBUTE, OP_EVENT, OP_STATUS, OP_LINK, OP_NAME, OP_SIGNALS = range(6)
 
 
 def exception_event(exc: BaseException) -> dict[str, Any]:
@@ -121,7 +128,8 @@ class DeferredScope(Scope, Span):
     interrupted = False
     _ops: list[tuple[Any, ...]] | None = None
     _token: Token[otel_context.Context] | None = None
-    _probe: Any = NO_PROBE
+    #: :func:`otel_stages.signals.on_start` readings (``None``: signals off)
+    _signals: _capture.State | None = None
     #: A request takes its sequence number on entry (DeferredRequest).
     _is_request = False
 
@@ -153,8 +161,11 @@ class DeferredScope(Scope, Span):
                 self._token = _attach(_set_value(RECORD_KEY, self, context))
             clock = RUNTIME.clock
             self.start_ns = clock.monotonic_ns() + clock.offset_ns  # last: times the block only
-            if RUNTIME.stage_probe is not None:
-                self._start_probe()
+            if _capture._enabled:  # issue 13's readings, right after the start time
+                try:
+                    self._signals = _on_start()
+                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+                    _GUARD_SIGNALS.failed(exc)
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
             self._abandon()
             _GUARD_START.failed(exc)
@@ -177,9 +188,12 @@ class DeferredScope(Scope, Span):
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
                 self._token = _attach(_set_value(RECORD_KEY, self, context))
             clock = RUNTIME.clock
-            self.start_ns = clock.monotonic_ns() + clock.offset_ns
-            if RUNTIME.stage_probe is not None:
-                self._start_probe()
+            self.start_ns = clock.monotonic_ns() + clock.offset_ns  # last: times the block only
+            if _capture._enabled:  # issue 13's readings, right after the start time
+                try:
+                    self._signals = _on_start()
+                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+                    _GUARD_SIGNALS.failed(exc)
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
             self._abandon()
             _GUARD_START.failed(exc)
@@ -188,13 +202,15 @@ class DeferredScope(Scope, Span):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            if (exc is not None or RUNTIME.stage_probe is not None or RUNTIME.stage_end_hooks
-                    or self.end_ns is not None):
+            if exc is not None or RUNTIME.stage_end_hooks or self.end_ns is not None:
                 self._close(exc)  # the general path
                 return
             try:
                 clock = RUNTIME.clock
                 end_ns = clock.monotonic_ns() + clock.offset_ns  # first: times the block only
+                state = self._signals
+                if state is not None:
+                    self._signal_fields(state, end_ns)
             finally:  # the context is restored whatever failed
                 token = self._token
                 if token is not None:
@@ -225,13 +241,22 @@ class DeferredScope(Scope, Span):
         if builder is not None:
             builder.open.pop(self, None)
 
-    def _start_probe(self) -> None:
-        probe = RUNTIME.stage_probe
-        if probe is not None:
-            with _GUARD_PROBE:
-                self._probe = probe.start()
+    def _signal_fields(self, state: _capture.State, end_ns: int) -> None:
+        """Read the stage's signals now, on its own thread (thread CPU time is per thread), and
+        log them for the builder: what :func:`otel_stages.signals.on_finish` sets on a live span."""
+        try:
+            fields = _finish_fields(state, self.start_ns, end_ns)
+        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_SIGNALS.failed(exc)
+            return
+        if fields is not None:
+            ops = self._ops
+            if ops is None:
+                self._ops = [(OP_SIGNALS, fields)]
+            else:
+                ops.append((OP_SIGNALS, fields))
 
-    # -- the general path (generator wrappers, handoff, errors, hooks, probes) --------------------
+    # -- the general path (generator wrappers, handoff, errors, hooks) --------------------
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
               links: Sequence[Any] | None = None) -> Span:
         with _GUARD_START:
@@ -252,6 +277,7 @@ class DeferredScope(Scope, Span):
                 clock = RUNTIME.clock
                 start_ns = clock.monotonic_ns() + clock.offset_ns
             self.start_ns = start_ns
+            self._signals = start_signals()
         return self
 
     def _attach(self) -> None:
@@ -268,19 +294,12 @@ class DeferredScope(Scope, Span):
             try:
                 if self.end_ns is not None:  # ended already: end(), or interrupted at shutdown
                     return
-                probe = RUNTIME.stage_probe
-                if probe is not None and self._probe is NO_PROBE:
-                    probe = None
-                stopped = None
-                if probe is not None:
-                    with _GUARD_PROBE:
-                        stopped = probe.stop()
                 if end_ns is None:
                     clock = RUNTIME.clock
                     end_ns = clock.monotonic_ns() + clock.offset_ns
-                if probe is not None:
-                    with _GUARD_PROBE:
-                        probe.finish(self, self.name, self._probe, stopped)
+                state = self._signals
+                if state is not None:
+                    self._signal_fields(state, end_ns)
                 if RUNTIME.stage_end_hooks:
                     run_end_hooks(self, self.name, self.start_ns, end_ns)
                 if exc is not None and not isinstance(exc, _NOT_ERRORS):
@@ -370,6 +389,11 @@ class DeferredScope(Scope, Span):
                 span.add_event(op[1], op[2], timestamp=op[3])
             elif kind == OP_STATUS:
                 span.set_status(op[1], op[2])
+            elif kind == OP_SIGNALS:  # as otel_stages.signals.on_finish does
+                attributes, events = op[1]
+                span.set_attributes(attributes)
+                for name, event_attributes, time_ns in events:
+                    span.add_event(name, event_attributes, timestamp=time_ns)
             elif kind == OP_LINK:
                 span.add_link(op[1], op[2])
             else:
@@ -405,7 +429,7 @@ register_deferred(DeferredScope, DeferredRequest)
 def recorded(name: str, attributes: dict[str, Any], parent: otel_context.Context, start_ns: int,
              end_ns: int, links: Sequence[Any] | None = None) -> None:
     """Queue a span for work that is already over (a queue wait): child of ``parent``'s record or
-    span, from ``start_ns`` to ``end_ns`` (span-clock ns). No hooks or probe run (the work did not
+    span, from ``start_ns`` to ``end_ns`` (span-clock ns). No hooks or signals run (the work did not
     run here). A no-op outside deferred mode."""
     builder = RUNTIME.deferred
     if builder is None:

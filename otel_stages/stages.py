@@ -15,10 +15,12 @@ decorator applied before ``configure()`` follows it):
   (:mod:`otel_stages.deferred`).
 
 The hot path of a live stage is :meth:`StageScope.__enter__` / :meth:`StageScope.__exit__`: one
-guarded block each, no per-stage lookups beyond the runtime's attributes. A per-stage probe
-(:class:`otel_stages._runtime.StageProbe`, e.g. CPU time) starts right after the span is made
-current and stops right before the end time is taken; its state lives in the scope's ``_probe``
-slot.
+guarded block each, no per-stage lookups beyond the runtime's attributes. The per-stage signals
+(:mod:`otel_stages.signals`: thread CPU time, GC pauses, event-loop lag) are read right after the
+start time is taken (:func:`otel_stages.signals.on_start`, kept in the scope's ``_signals`` slot)
+and set on the span right after the end time is taken, before the stage-end hooks and the error
+(:func:`otel_stages.signals.on_finish`); with ``configure(signals=False)`` a stage pays one flag
+test for them.
 
 Nothing here imports the OpenTelemetry SDK: a service with its own SDK setup can use these as is.
 """
@@ -43,17 +45,31 @@ from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 from otel_stages import semconv
 from otel_stages._runtime import DEFERRED, LIVE, RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import clean_attributes, clean_value, exception_attributes, status_message
+from otel_stages.signals import capture as _capture
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NOT_ERRORS = (GeneratorExit, StopIteration, StopAsyncIteration)
-#: A scope's probe state before the probe started (scopes opened without ``with``, or a probe
-#: installed mid-stage, do not finish one).
-NO_PROBE: Any = object()
 
 _GUARD_START = guard("stage start")
 _GUARD_END = guard("stage end")
 _GUARD_DETACH = guard("context detach")
+#: Signal failures are logged apart from the span's: the span is still made and ended.
+_GUARD_SIGNALS = guard("stage signals")
+_on_start = _capture.on_start
+_on_finish = _capture.on_finish
+
+
+def start_signals() -> _capture.State | None:
+    """The stage's signal readings at its start (:func:`otel_stages.signals.on_start`), or
+    ``None`` when signals are off or reading them failed (logged through the guard)."""
+    if not _capture._enabled:
+        return None
+    try:
+        return _on_start()
+    except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+        _GUARD_SIGNALS.failed(exc)
+    return None
 
 # A ``with stage()`` block in a generator that yields inside it: see StageScope.__enter__.
 _GENERATOR_CODE = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
@@ -266,7 +282,7 @@ class StageScope(Scope):
     """A live span around a block or a call: started on entry (parent: the current span) and made
     current, ended on exit. See :class:`Scope`."""
 
-    __slots__ = ("_probe", "_span", "_start_ns", "_token", "attributes", "name")
+    __slots__ = ("_signals", "_span", "_start_ns", "_token", "attributes", "name")
 
     #: Whether the start attributes come from :meth:`_start_attributes` (a request: sequence
     #: number) rather than :attr:`attributes` as given (saves a call per stage).
@@ -278,7 +294,7 @@ class StageScope(Scope):
         self._span: Span | None = None
         self._token: Token[otel_context.Context] | None = None
         self._start_ns = 0
-        self._probe: Any = NO_PROBE
+        self._signals: _capture.State | None = None
 
     # -- span lifecycle (generator wrappers, handoff, cuda_stage) ---------------------------------
     def _start_attributes(self) -> dict[str, Any]:
@@ -299,6 +315,7 @@ class StageScope(Scope):
                 clock = RUNTIME.clock
                 start_ns = clock.monotonic_ns() + clock.offset_ns
             self._start_ns = start_ns
+            self._signals = start_signals()
             self._span = span = RUNTIME.tracer.start_span(
                 self.name, context=parent, attributes=attributes, links=links, start_time=start_ns)
             return span
@@ -323,23 +340,18 @@ class StageScope(Scope):
             span.end(end_time=self._finish(span, exc, end_ns))
 
     def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
-        """Everything before ``span.end``: stop the probe, take the end time (now unless given),
-        finish the probe, run the stage-end hooks, record ``exc`` (unless it is generator control
-        flow). Returns the end time (span-clock ns)."""
-        probe = RUNTIME.stage_probe
-        started = getattr(self, "_probe", NO_PROBE)  # set only when a probe started (stage())
-        if started is NO_PROBE:
-            probe = None
-        stopped = None
-        if probe is not None:
-            with _GUARD_PROBE:
-                stopped = probe.stop()
+        """Everything before ``span.end``: take the end time (now unless given), set the signals,
+        run the stage-end hooks, record ``exc`` (unless it is generator control flow). Returns the
+        end time (span-clock ns)."""
         if end_ns is None:
             clock = RUNTIME.clock
             end_ns = clock.monotonic_ns() + clock.offset_ns
-        if probe is not None:
-            with _GUARD_PROBE:
-                probe.finish(span, self.name, started, stopped)
+        state = self._signals
+        if state is not None:
+            try:
+                _on_finish(span, state, self._start_ns, end_ns)
+            except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+                _GUARD_SIGNALS.failed(error)
         if RUNTIME.stage_end_hooks:
             run_end_hooks(span, self.name, self._start_ns, end_ns)
         if exc is not None and not isinstance(exc, _NOT_ERRORS):
@@ -362,13 +374,19 @@ class StageScope(Scope):
             context = _get_current()
             clock = RUNTIME.clock
             self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
+            if _capture._enabled:  # issue 13's readings, right after the start time
+                try:
+                    self._signals = _on_start()
+                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+                    self._signals = None
+                    _GUARD_SIGNALS.failed(exc)
+            else:
+                self._signals = None
             self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
                                                           start_time=start_ns)
             frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
                 self._token = _attach(_set_span_in_context(span, context))
-            if RUNTIME.stage_probe is not None:  # last: its window lies inside the span's
-                self._start_probe()
             return span
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form: telemetry must not break inference
             _GUARD_START.failed(exc)
@@ -385,23 +403,23 @@ class StageScope(Scope):
             context = _get_current()
             clock = RUNTIME.clock
             self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
+            if _capture._enabled:  # issue 13's readings, right after the start time
+                try:
+                    self._signals = _on_start()
+                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+                    self._signals = None
+                    _GUARD_SIGNALS.failed(exc)
+            else:
+                self._signals = None
             self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
                                                           start_time=start_ns)
             frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
                 self._token = _attach(_set_span_in_context(span, context))
-            if RUNTIME.stage_probe is not None:
-                self._start_probe()
             return span
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
             _GUARD_START.failed(exc)
         return INVALID_SPAN
-
-    def _start_probe(self) -> None:
-        probe = RUNTIME.stage_probe
-        if probe is not None:
-            with _GUARD_PROBE:
-                self._probe = probe.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -412,7 +430,7 @@ class StageScope(Scope):
         self._span = None
         try:
             try:
-                if RUNTIME.stage_probe is None and not RUNTIME.stage_end_hooks:  # the common case
+                if self._signals is None and not RUNTIME.stage_end_hooks:  # signals off, no hooks
                     clock = RUNTIME.clock
                     end_ns = clock.monotonic_ns() + clock.offset_ns
                     if exc is not None and not isinstance(exc, _NOT_ERRORS):
@@ -440,7 +458,6 @@ def _deferred_parent() -> otel_context.Context | None:
     return trace.set_span_in_context(builder.start_now(record), current)
 
 
-_GUARD_PROBE = guard("stage probe")
 _get_current = otel_context.get_current
 _attach = otel_context.attach
 _detach = otel_context.detach

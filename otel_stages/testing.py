@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from otel_stages import signals
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.builder import SpanBuilder
 from otel_stages.clock import Clock
@@ -66,13 +67,17 @@ class CapturedSpans:
 
 
 @contextmanager
-def capture_spans(clock: Clock | None = None, span_mode: str = "live") -> Iterator[CapturedSpans]:
+def capture_spans(clock: Clock | None = None, span_mode: str = "live", *,
+                  signals_on: bool = False) -> Iterator[CapturedSpans]:
     """Record otel_stages spans in memory for the duration of the block.
 
     ``clock`` replaces the span clock inside the block (inject a fake for exact timings).
     ``span_mode``: ``"live"`` or ``"deferred"`` (:mod:`otel_stages.deferred`; reading
-    :attr:`CapturedSpans.spans` builds what has ended). Restores the previous tracer, clock,
-    enabled flag and span mode afterwards. Raises ``ValueError`` for another ``span_mode``.
+    :attr:`CapturedSpans.spans` builds what has ended). ``signals_on``: also record the
+    per-stage signals (:mod:`otel_stages.signals`: thread CPU time, GC pauses, event-loop lag).
+    Off by default here, so that captured spans are the same on every run (CPU time never is,
+    and means nothing against a fake clock). Restores the previous tracer, clock, enabled flag,
+    span mode and signals setting afterwards. Raises ``ValueError`` for another ``span_mode``.
     """
     if span_mode not in ("live", "deferred"):
         raise ValueError(f"span_mode={span_mode!r}: expected live or deferred")
@@ -80,7 +85,9 @@ def capture_spans(clock: Clock | None = None, span_mode: str = "live") -> Iterat
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     saved = (RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock, RUNTIME.deferred)
+    saved_signals = signals.is_enabled()
     RUNTIME.tracer = scoped_tracer(provider)
+    signals.enable(signals_on)
     if clock is not None:
         RUNTIME.clock = clock
     builder = SpanBuilder(RUNTIME.tracer) if span_mode == "deferred" else None
@@ -90,6 +97,7 @@ def capture_spans(clock: Clock | None = None, span_mode: str = "live") -> Iterat
         yield CapturedSpans(exporter, provider, builder)
     finally:
         RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock, RUNTIME.deferred = saved
+        signals.enable(saved_signals)
         if builder is not None:
             builder.shutdown(time.monotonic() + 5.0)
         provider.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import threading
 import time
@@ -16,10 +17,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import otel_stages as ots
 from otel_stages import propagation, semconv, stages
-from otel_stages._runtime import RUNTIME, StageProbe
+from otel_stages._runtime import RUNTIME
 from otel_stages.builder import SpanBuilder
 from otel_stages.clock import Clock
 from otel_stages.deferred import DeferredScope
+from otel_stages.signals import capture, gcwatch
 from otel_stages.testing import capture_spans
 from tests.conftest import FakeTime
 
@@ -47,6 +49,7 @@ def _pipeline(fake: FakeTime, clock: Clock, pool: concurrent.futures.Executor) -
                 with ots.stage("icc") as inner:  # a custom stage nested in a stage
                     inner.set_status(StatusCode.OK)
                     fake.advance_ms(1)
+                    _collection(fake, generation=2, ms=1.5)  # inside icc, so inside decode too
             try:
                 with ots.stage(semconv.STAGE_RESIZE, **{semconv.IMAGE_TARGET_WIDTH: 224}):
                     fake.advance_ms(2)
@@ -109,8 +112,13 @@ def _hook(span: Any, name: str, start_ns: int, end_ns: int) -> None:
     span.set_attributes({"hooked.ms": (end_ns - start_ns) / 1e6})
 
 
-def _probe_finish(span: Any, name: str, started: Any, stopped: Any) -> None:
-    span.set_attribute("probe.delta", stopped - started)
+def _collection(fake: FakeTime, generation: int, ms: float) -> None:
+    """One garbage collection as CPython reports it to ``gc.callbacks`` (real collections are
+    off during the comparison: they would fall in different stages on each run)."""
+    info = {"generation": generation, "collected": 0, "uncollectable": 0}
+    gcwatch.GC_LOG.callback("start", info)
+    fake.advance_ms(ms)
+    gcwatch.GC_LOG.callback("stop", info)
 
 
 def _normalised(spans: list[Any]) -> list[dict[str, Any]]:
@@ -162,19 +170,21 @@ def _run(span_mode: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]
     fake = FakeTime()
     clock = Clock(monotonic_ns=fake, wall_ns=lambda: WALL0)
     monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
-    counter = iter(range(1000, 10_000, 10))
+    # The CPU clock: 10 ns per read, in call order across threads, so each span's figure says
+    # which reads fell inside it (and on which thread they were made).
+    counter = iter(range(1000, 100_000, 10))
+    monkeypatch.setattr(capture, "thread_time_ns", lambda: next(counter))
     RUNTIME.add_stage_end_hook(_hook, semconv.STAGE_FORWARD)
-    RUNTIME.stage_probe = StageProbe(start=lambda: next(counter), stop=lambda: next(counter),
-                                     finish=_probe_finish)
     propagation.instrument()
+    gc.disable()
     try:
-        with capture_spans(clock=clock, span_mode=span_mode) as captured:
+        with capture_spans(clock=clock, span_mode=span_mode, signals_on=True) as captured:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 _pipeline(fake, clock, pool)
             spans = captured.spans
     finally:
+        gc.enable()
         propagation.uninstrument()
-        RUNTIME.stage_probe = None
         RUNTIME.remove_stage_end_hook(_hook)
     return _normalised(spans)
 
@@ -199,14 +209,27 @@ def test_deferred_spans_equal_live_spans_one_by_one(monkeypatch):
     assert by_label[req + "/resize[0]"]["events"][0][0] == "exception"
     assert by_label[req + "/download[0]"]["attributes"]["prompt"].startswith("[not recorded")
     order = by_label[req + "/download[0]"]["attribute_order"]
-    assert order[-3:] == [semconv.HTTP_RESPONSE_STATUS_CODE, semconv.IMAGE_SIZE, "probe.delta"]
+    assert order[-4:] == [semconv.HTTP_RESPONSE_STATUS_CODE, semconv.IMAGE_SIZE,
+                          semconv.THREAD_CPU_TIME_MS, semconv.THREAD_CPU_UTILIZATION]
     assert by_label["batch[0]"]["links"] == ["request[0]", "request[1]"]
     assert by_label["batch[0]"]["status"][0] == "ERROR"
     assert by_label["request[0]/forward[0]"]["links"] == ["batch[0]"]
     assert "hooked.ms" in by_label[req + "/forward[0]"]["attributes"]
     assert "hooked.ms" not in by_label[req + "/decode[0]"]["attributes"]  # keyed by stage name
-    assert by_label[req + "/decode[0]/icc[0]"]["attributes"]["probe.delta"] == 10  # start, stop
-    assert by_label[req + "/decode[0]"]["attributes"]["probe.delta"] == 30  # icc's two inside
+    # Signals: CPU reads at each stage's start and end, nested reads inside (not at build time)
+    icc, decode = by_label[req + "/decode[0]/icc[0]"], by_label[req + "/decode[0]"]
+    assert icc["attributes"][semconv.THREAD_CPU_TIME_MS] == 10 / 1e6
+    assert decode["attributes"][semconv.THREAD_CPU_TIME_MS] == 30 / 1e6  # icc's two reads inside
+    assert by_label[req + "/tokenize[0]"]["attributes"][semconv.THREAD_CPU_TIME_MS] == 10 / 1e6
+    # ... and the collection inside icc, on both spans it paused (with its event)
+    for span in (icc, decode):
+        assert span["attributes"][semconv.GC_COLLECTIONS] == 1
+        assert span["attributes"][semconv.GC_PAUSE_MS] == 1.5
+        assert [e[0] for e in span["events"]][-1] == semconv.EVENT_GC_PAUSE
+        assert span["events"][-1][1][semconv.CPYTHON_GC_GENERATION] == 2
+    assert semconv.GC_COLLECTIONS not in by_label[req + "/download[0]"]["attributes"]
+    # the error is recorded after the signals, as in live mode
+    assert by_label[req + "/resize[0]"]["attribute_order"][-1] == semconv.ERROR_TYPE
     forward = by_label[req + "/forward[0]"]
     assert forward["end"] - forward["start"] == 7_000_000
 

@@ -178,6 +178,9 @@ def test_queue_accounting_hook_matches_the_pinned_sdk():
 
 
 def test_failed_metric_exports_are_counted_as_dropped_points(tmp_path, monkeypatch):
+    from otel_stages.signals import session
+
+    monkeypatch.setattr(session, "CGROUP_ROOT", tmp_path / "no-cgroup")  # only the points below
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")
     telemetry = ots.configure(endpoint=closed_port(), data_dir=tmp_path, gpu="off", set_global=False,
                               metric_export_interval_s=3600)

@@ -1,5 +1,5 @@
 """The switch between span modes, the shared no-op of telemetry off, stage-end hooks keyed by stage
-name, and the per-stage probe slot (what per-stage CPU time plugs into)."""
+name, and where the per-stage signals (otel_stages.signals) are read in each mode."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from opentelemetry.trace import INVALID_SPAN
 
 import otel_stages as ots
 from otel_stages import semconv, stages
-from otel_stages._runtime import DEFERRED, LIVE, OFF, RECORD_KEY, RUNTIME, StageProbe
+from otel_stages._runtime import DEFERRED, LIVE, OFF, RECORD_KEY, RUNTIME
 from otel_stages.builder import SpanBuilder
+from otel_stages.clock import Clock
+from otel_stages.signals import capture
 from otel_stages.testing import capture_spans
 
 
@@ -107,52 +109,69 @@ def test_hooks_run_only_for_their_stage_name_and_every_stage_hooks_for_all(span_
 
 
 @pytest.mark.parametrize("span_mode", ["live", "deferred"])
-def test_the_probe_starts_inside_the_span_and_finishes_before_it_ends(span_mode, fake_time):
-    from otel_stages.clock import Clock
+def test_signals_are_read_right_after_each_timestamp_on_the_stage_thread(span_mode, monkeypatch):
+    calls: list[str] = []
+    now = [5_000_000_000]
+    cpu = iter(range(1_000_000, 100_000_000, 2_000_000))  # 2 ms of CPU between reads
 
-    calls: list[tuple[str, int]] = []
+    def monotonic_ns() -> int:
+        calls.append("clock")
+        now[0] += 4_000_000
+        return now[0]
 
-    def start() -> int:
-        calls.append(("start", fake_time.now))
-        return 7
+    def thread_time_ns() -> int:
+        calls.append("cpu")
+        return next(cpu)
 
-    def stop() -> int:
-        calls.append(("stop", fake_time.now))
-        return 12
-
-    def finish(span, name, started, stopped):
-        span.set_attribute("probe.delta", stopped - started)
-
-    RUNTIME.stage_probe = StageProbe(start=start, stop=stop, finish=finish)
-    try:
-        with capture_spans(clock=Clock(monotonic_ns=fake_time), span_mode=span_mode) as captured:
-            with ots.stage("decode"):
-                fake_time.advance_ms(3)
-            decode = captured.one("decode")
-    finally:
-        RUNTIME.stage_probe = None
-    assert [c[0] for c in calls] == ["start", "stop"]
-    assert decode.attributes["probe.delta"] == 5
-    assert decode.end_time - decode.start_time == 3_000_000
+    clock = Clock(monotonic_ns=monotonic_ns, wall_ns=lambda: 10**18)
+    monkeypatch.setattr(capture, "thread_time_ns", thread_time_ns)
+    with capture_spans(clock=clock, span_mode=span_mode, signals_on=True) as captured:
+        calls.clear()
+        with ots.stage("decode"):
+            calls.append("block")
+        recorded = list(calls)
+        decode = captured.one("decode")
+    # the CPU window is the span's window: read right after the start and the end time
+    assert recorded == ["clock", "cpu", "block", "clock", "cpu"]
+    assert decode.end_time - decode.start_time == 4_000_000
+    assert decode.attributes[semconv.THREAD_CPU_TIME_MS] == 2.0
+    assert decode.attributes[semconv.THREAD_CPU_UTILIZATION] == 0.5
 
 
 @pytest.mark.parametrize("span_mode", ["live", "deferred"])
-def test_a_failing_probe_or_hook_is_logged_once_and_the_stage_goes_on(span_mode, monkeypatch, caplog):
+def test_signals_off_reads_nothing(span_mode, monkeypatch):
+    def thread_time_ns() -> int:
+        raise AssertionError("signals are off: no CPU clock read")
+
+    monkeypatch.setattr(capture, "thread_time_ns", thread_time_ns)
+    with capture_spans(span_mode=span_mode, signals_on=False) as captured:
+        with ots.stage("decode"):
+            pass
+        decode = captured.one("decode")
+    assert not any(key.startswith(("thread.", "otel_stages.gc", "otel_stages.event_loop"))
+                   for key in decode.attributes)
+
+
+@pytest.mark.parametrize("span_mode", ["live", "deferred"])
+def test_failing_signals_or_hook_are_logged_once_and_the_stage_goes_on(span_mode, monkeypatch, caplog):
     def broken(*args):
-        raise RuntimeError("probe bug")
+        raise RuntimeError("signals bug")
 
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     monkeypatch.setattr(RUNTIME, "_reported", set())  # "logged once" per process: start afresh
-    RUNTIME.stage_probe = StageProbe(start=broken, stop=broken, finish=broken)
+    monkeypatch.setattr(capture, "thread_time_ns", broken)
+    RUNTIME.add_stage_end_hook(broken)
     try:
-        with capture_spans(span_mode=span_mode) as captured:
+        with capture_spans(span_mode=span_mode, signals_on=True) as captured:
             for _ in range(2):
                 with ots.stage("decode"):
                     pass
             assert captured.names() == ["decode", "decode"]
     finally:
-        RUNTIME.stage_probe = None
-    assert sum("probe bug" in r.getMessage() for r in caplog.records) == 1
+        RUNTIME.remove_stage_end_hook(broken)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("signals bug" in m and "stage signals" in m for m in messages) == 1
+    assert sum("signals bug" in m and "stage end hook" in m for m in messages) == 1
 
 
 @pytest.mark.parametrize("span_mode", ["live", "deferred"])

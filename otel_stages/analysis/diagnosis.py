@@ -35,9 +35,10 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
+from otel_stages.analysis.mechanisms import StageSignals, stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
-from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, Run, SlowRequest
+from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, group_spans, process_key
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.stats import (
@@ -68,6 +69,7 @@ class _Warm:
     gpu: GpuEvidence
     cold: ColdFigures | None
     figures: Figures
+    signals: dict[str, StageSignals]
 
 
 def stage_figures(s: StageStats) -> StageFigures:
@@ -95,6 +97,7 @@ def _warm(
     total = distribution(totals) if totals else None
     gap = unaccounted_stats([r.unaccounted_ms for r in warm], totals)
     gpu = gpu_evidence(warm, metrics)
+    signals = stage_signals(warm, list(stages), metrics, gpu)  # CPU, GC, loop, throttling, memory
     cold_fig = cold_figures(cold, warm, keys)
     figures = Figures(
         warm_requests=len(warm),
@@ -106,11 +109,11 @@ def _warm(
         cold=cold_fig,
         cohorts=cohorts,
         input_mix_explains=mix,
-        stage_evidence=stage_evidence(warm, list(stages)),
+        stage_evidence=with_mechanisms(stage_evidence(warm, list(stages)), signals),
         failed_requests=failed,
         requests=requests,
     )
-    return _Warm(stages, total, gap, gpu, cold_fig, figures)
+    return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
 
 def _cohorts(
@@ -224,9 +227,13 @@ def diagnose(
         stage_samples={n: [r.stages_ms[n] for r in warm if n in r.stages_ms] for n in result.stages},
         cohort_counts=dict(counts),
         batches=summarize_batches(screened.spans),
+        request_sets=RequestSets(tuple(warm), tuple(cold), tuple(a.request for a in apart),
+                                 tuple(failed), keys),
+        signals=result.signals,
     )
     if baseline is not None:
         before = diagnose(baseline, top=top, last_run=last_run)
         report.problems.extend(f"baseline: {p}" for p in before.problems)
         report.comparison = compare(before, report)
+        report.baseline_sets = before.request_sets
     return report

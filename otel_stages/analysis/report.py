@@ -4,7 +4,8 @@
 is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``,
 ``total``, ``stages`` (with ``explains``), ``unaccounted``, ``cohorts``, ``input_mix_explains``,
 ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
-``set_apart``, ``noise``, ``gpu``, ``slowest`` and ``groups``.
+``set_apart``, ``noise``, ``gpu``, ``slowest``, ``groups`` and ``signals`` (per stage: thread CPU
+time against waiting, GC, event-loop lag, throttling; :mod:`otel_stages.analysis.mechanisms`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from otel_stages.analysis.batching import BatchSummary
-from otel_stages.analysis.cohorts import SetApart
+from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
 from otel_stages.analysis.figures import CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.mechanisms import StageSignals
 from otel_stages.analysis.noise import NoiseBand
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
@@ -31,7 +33,8 @@ def _r(value: float | None, digits: int = 3) -> float | None:
 
 @dataclass(frozen=True)
 class SlowRequest:
-    """One of the slowest warm requests: total and per-stage ms, image pixels and bytes."""
+    """One of the slowest warm requests: total and per-stage ms, time outside every stage span
+    (``unaccounted_ms``), image pixels and bytes."""
 
     trace_id: str
     seq: int | None
@@ -41,6 +44,7 @@ class SlowRequest:
     image_height: int | None
     image_bytes: int | None
     error: bool
+    unaccounted_ms: float = 0.0
 
     @classmethod
     def of(cls, req: Request) -> SlowRequest:
@@ -54,6 +58,7 @@ class SlowRequest:
             image_height=req.image_height,
             image_bytes=req.image_bytes,
             error=req.error,
+            unaccounted_ms=req.unaccounted_ms,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -63,11 +68,34 @@ class SlowRequest:
             "seq": self.seq,
             "total_ms": round(self.total_ms, 3),
             "stages": {k: round(v, 3) for k, v in self.stages_ms.items()},
+            "unaccounted_ms": round(self.unaccounted_ms, 3),
             "image_width": self.image_width,
             "image_height": self.image_height,
             "image_bytes": self.image_bytes,
             "error": self.error,
         }
+
+
+@dataclass(frozen=True)
+class RequestSets:
+    """The requests behind a report's figures, for renderers that draw single requests (the HTML
+    report); not part of the JSON. ``warm``: in the statistics; ``cold``: first request of each
+    process; ``set_apart``: warm requests reported apart as cold (``Report.set_apart`` says why);
+    ``failed``: ended with an error; ``keys``: this recording's cohort keys
+    (:class:`~otel_stages.analysis.cohorts.CohortKeys`), so a renderer groups exactly as the report
+    does."""
+
+    warm: tuple[Request, ...]
+    cold: tuple[Request, ...]
+    set_apart: tuple[Request, ...]
+    failed: tuple[Request, ...]
+    keys: CohortKeys
+
+    @property
+    def all(self) -> tuple[Request, ...]:
+        """Every request of the report, in start order."""
+        return tuple(sorted((*self.warm, *self.cold, *self.set_apart, *self.failed),
+                            key=lambda r: (r.start_ns, r.trace_id)))
 
 
 @dataclass(frozen=True)
@@ -188,6 +216,11 @@ class Report:
     stage_samples: dict[str, list[float]] = field(default_factory=dict)
     cohort_counts: dict[str, int] = field(default_factory=dict)
     batches: BatchSummary | None = None  #: batch sizes and fill waits (analysis.batching)
+    #: the requests behind the figures (not in the JSON); ``baseline_sets`` the baseline's
+    request_sets: RequestSets | None = None
+    baseline_sets: RequestSets | None = None
+    #: per stage: thread CPU vs waiting, GC, event-loop lag, throttling (analysis.mechanisms)
+    signals: dict[str, StageSignals] = field(default_factory=dict)
 
     @property
     def warm_requests(self) -> int:
@@ -220,4 +253,5 @@ class Report:
             "groups": {name: list(kids) for name, kids in self.groups.items()},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
             "batches": None if self.batches is None else self.batches.to_dict(),
+            "signals": {name: s.to_dict() for name, s in self.signals.items()},
         }
