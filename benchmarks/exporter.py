@@ -20,8 +20,14 @@ run, used by the test suite with no timed assertion). Two parts, both in one pro
   fast as they can for a few seconds): the export thread gets about a ninth of the GIL, so spans
   are dropped; every one is counted (``spans_written + spans_dropped == spans_expected``).
 
+Each part runs with the per-stage signals at their default (on: two more attributes per span,
+:mod:`otel_stages.signals`) and off (``configure(signals=False)``), load runs alternating
+(``--signals on|off|both``, default both; ``encode`` / ``encode_no_signals``, each load run says
+``signals``).
+
 Targets (issue 11): with the default ``configure()`` no span lost at that load; the exporter's
-CPU per span at most half the official exporter's.
+CPU per span at most half the official exporter's (``targets``: signals on, the default;
+``targets_no_signals``: off).
 """
 
 from __future__ import annotations
@@ -70,8 +76,8 @@ def _one_request() -> None:
                                  semconv.GPU_SAMPLE_COUNT: 3})
 
 
-def _batch(size: int = 512) -> list[ReadableSpan]:
-    with capture_spans() as captured:
+def _batch(size: int = 512, signals: bool = True) -> list[ReadableSpan]:
+    with capture_spans(signals_on=signals) as captured:
         while len(captured.exporter.get_finished_spans()) < size:
             _one_request()
         return captured.spans[:size]
@@ -85,9 +91,10 @@ def _cpu_per_span(exporter: SpanExporter, batch: Sequence[ReadableSpan], repeat:
     return (time.thread_time_ns() - started) / repeat / len(batch) / 1e3
 
 
-def encode(rounds: int, repeat: int, folder: Path) -> dict[str, Any]:
+def encode(rounds: int, repeat: int, folder: Path, signals: bool = True) -> dict[str, Any]:
     """Part one (module docstring): µs of CPU per span, and the ratio per round."""
-    batch = _batch()
+    batch = _batch(signals=signals)
+    folder.mkdir(parents=True, exist_ok=True)
     ours = json_lines.JsonLinesSpanExporter(folder / "ours.jsonl")
     official = FileSpanExporter(folder / "official.jsonl")
     ours_us, official_us, ratios = [], [], []
@@ -126,7 +133,7 @@ def encode(rounds: int, repeat: int, folder: Path) -> dict[str, Any]:
                 fn(request)
             serialise_us[name].append((time.thread_time_ns() - started) / repeat / len(batch) / 1e3)
     return {
-        "batch_spans": len(batch), "rounds": rounds, "exports_per_round": repeat,
+        "signals": signals, "batch_spans": len(batch), "rounds": rounds, "exports_per_round": repeat,
         "official_cpu_us_per_span": round(statistics.median(official_us), 2),
         "ours_cpu_us_per_span": round(statistics.median(ours_us), 2),
         "ratio": round(statistics.median(ratios), 3),
@@ -190,13 +197,13 @@ def _busy_request() -> None:
 
 
 def load(exporter: str, threads: int, rate: float, duration_s: float, folder: Path,
-         busy: bool = False) -> dict[str, Any]:
+         busy: bool = False, signals: bool = True) -> dict[str, Any]:
     """Part two (module docstring) for ``exporter`` ``"ours"`` or ``"official"``; ``busy``: part
-    three (no pacing, no sleeping)."""
+    three (no pacing, no sleeping); ``signals``: the ``configure()`` setting."""
     context = _official_file_exporter() if exporter == "official" else contextlib.nullcontext()
     with context:
         telemetry = ots.configure(data_dir=folder / exporter, gpu="off", set_global=False,
-                                  service_name=f"load-{exporter}")
+                                  service_name=f"load-{exporter}", signals=signals)
     timed = _Timed(telemetry._span_exporter.inner)  # type: ignore[union-attr]
     telemetry._span_exporter.inner = timed  # type: ignore[union-attr]
     sent = [0] * threads
@@ -240,7 +247,7 @@ def load(exporter: str, threads: int, rate: float, duration_s: float, folder: Pa
                 written += len(scope["spans"])
     requests = sum(sent)
     return {
-        "exporter": exporter, "threads": threads, "target_requests_per_s": rate,
+        "exporter": exporter, "signals": signals, "threads": threads, "target_requests_per_s": rate,
         "requests": requests, "requests_per_s": round(requests / elapsed, 1),
         "requests_behind_schedule": sum(late),
         "spans_expected": requests * (1 + len(semconv.STANDARD_STAGES)),
@@ -251,39 +258,60 @@ def load(exporter: str, threads: int, rate: float, duration_s: float, folder: Pa
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a few seconds, for the test suite")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load run (default 10)")
-    parser.add_argument("--load-rounds", type=int, default=2, help="load runs per exporter (default 2)")
-    args = parser.parse_args(argv)
-    rounds, repeat, duration, load_rounds, threads, rate = 15, 3, args.duration, args.load_rounds, 8, 1000.0
-    if args.smoke:
-        rounds, repeat, duration, load_rounds, threads, rate = 2, 1, 1.0, 1, 2, 100.0
-    load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as name:
-        folder = Path(name)
-        report: dict[str, Any] = {"encode": encode(rounds, repeat, folder)}
-        runs: dict[str, list[dict[str, Any]]] = {"ours": [], "official": []}
-        for index in range(load_rounds):
-            order = ["ours", "official"] if index % 2 == 0 else ["official", "ours"]
-            for exporter in order:
-                runs[exporter].append(load(exporter, threads, rate, duration, folder / f"run{index}"))
-        report["load"] = runs
-        report["busy"] = {exporter: load(exporter, threads, rate, min(duration, 3.0), folder / "busy",
-                                         busy=True) for exporter in ("ours", "official")}
+def _targets(runs: dict[str, list[dict[str, Any]]], encoded: dict[str, Any]) -> dict[str, Any]:
     ours_runs = runs["ours"]
     cpu_ratio = (statistics.median(r["export_cpu_us_per_span"] for r in ours_runs)
                  / statistics.median(r["export_cpu_us_per_span"] for r in runs["official"]))
-    report["targets"] = {
+    return {
         "no_spans_lost_default_configure": {
             "met": all(r["spans_written"] == r["spans_expected"] and r["spans_dropped"] == 0
                        for r in ours_runs)},
         "export_cpu_vs_official_under_load": {"ratio": round(cpu_ratio, 3), "at_most": TARGET_CPU_RATIO,
                                               "met": cpu_ratio <= TARGET_CPU_RATIO},
-        "encode_cpu_vs_official": {"ratio": report["encode"]["ratio"], "at_most": TARGET_CPU_RATIO,
-                                   "met": report["encode"]["ratio"] <= TARGET_CPU_RATIO},
+        "encode_cpu_vs_official": {"ratio": encoded["ratio"], "at_most": TARGET_CPU_RATIO,
+                                   "met": encoded["ratio"] <= TARGET_CPU_RATIO},
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, for the test suite")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load run (default 10)")
+    parser.add_argument("--load-rounds", type=int, default=2,
+                        help="load runs per exporter and signals setting (default 2)")
+    parser.add_argument("--signals", choices=("on", "off", "both"), default="both",
+                        help="per-stage signals setting(s) to measure (default both; configure() "
+                             "has them on)")
+    args = parser.parse_args(argv)
+    rounds, repeat, duration, load_rounds, threads, rate = 15, 3, args.duration, args.load_rounds, 8, 1000.0
+    if args.smoke:
+        rounds, repeat, duration, load_rounds, threads, rate = 2, 1, 1.0, 1, 2, 100.0
+    settings = {"on": [True], "off": [False], "both": [True, False]}[args.signals]
+    load_before = os.getloadavg()
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        for signals in settings:
+            key = "encode" if signals else "encode_no_signals"
+            report[key] = encode(rounds, repeat, folder / key, signals=signals)
+        runs: dict[bool, dict[str, list[dict[str, Any]]]] = {
+            signals: {"ours": [], "official": []} for signals in settings}
+        for index in range(load_rounds):  # alternating exporters and settings
+            order = ["ours", "official"] if index % 2 == 0 else ["official", "ours"]
+            for exporter in order:
+                for signals in (settings if index % 2 == 0 else settings[::-1]):
+                    runs[signals][exporter].append(load(
+                        exporter, threads, rate, duration, folder / f"run{index}-{signals}",
+                        signals=signals))
+        report["load"] = {exporter: [run for signals in settings for run in runs[signals][exporter]]
+                          for exporter in ("ours", "official")}
+        report["busy"] = {exporter: load(exporter, threads, rate, min(duration, 3.0), folder / "busy",
+                                         busy=True, signals=settings[0])
+                          for exporter in ("ours", "official")}
+    if True in runs:
+        report["targets"] = _targets(runs[True], report["encode"])
+    if False in runs:
+        report["targets_no_signals"] = _targets(runs[False], report["encode_no_signals"])
     report["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                          "platform": platform.platform(),
                          "load_avg_before": [round(x, 2) for x in load_before],

@@ -84,6 +84,8 @@ _GUARD_DETACH = guard("context detach")
 _GUARD_SIGNALS = guard("stage signals")
 _on_start = _capture.on_start
 _finish_fields = _capture.finish_fields
+_cpu_only_ns = _capture.cpu_only_ns
+_cpu_fields = _capture.cpu_fields
 _get_current = otel_context.get_current
 _attach = otel_context.attach
 _detach = otel_context.detach
@@ -91,8 +93,9 @@ _set_value = otel_context.set_value
 
 # Replayed calls (DeferredScope._ops entries start with one of these). OP_SIGNALS: the stage's
 # signal attributes and events (otel_stages.signals.finish_fields, read on the request thread when
-# the stage ended), set as otel_stages.signals.on_finish sets them on a live span.
-OP_ATTRIBUTE, OP_EVENT, OP_STATUS, OP_LINK, OP_NAME, OP_SIGNALS = range(6)
+# the stage ended), set as otel_stages.signals.on_finish sets them on a live span; OP_CPU: the same
+# when thread CPU time was all there was (capture.cpu_only_ns: the fields are made when built).
+OP_ATTRIBUTE, OP_EVENT, OP_STATUS, OP_LINK, OP_NAME, OP_SIGNALS, OP_CPU = range(7)
 
 
 def exception_event(exc: BaseException) -> dict[str, Any]:
@@ -243,18 +246,20 @@ class DeferredScope(Scope, Span):
 
     def _signal_fields(self, state: _capture.State, end_ns: int) -> None:
         """Read the stage's signals now, on its own thread (thread CPU time is per thread), and
-        log them for the builder: what :func:`otel_stages.signals.on_finish` sets on a live span."""
+        log them for the builder: what :func:`otel_stages.signals.on_finish` sets on a live span
+        (the attributes made when built when CPU time is all there is)."""
         try:
-            fields = _finish_fields(state, self.start_ns, end_ns)
+            cpu_ns = _cpu_only_ns(state)
+            op: tuple[Any, ...] = ((OP_CPU, cpu_ns, end_ns) if cpu_ns is not None
+                                   else (OP_SIGNALS, _finish_fields(state, self.start_ns, end_ns)))
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
             _GUARD_SIGNALS.failed(exc)
             return
-        if fields is not None:
-            ops = self._ops
-            if ops is None:
-                self._ops = [(OP_SIGNALS, fields)]
-            else:
-                ops.append((OP_SIGNALS, fields))
+        ops = self._ops
+        if ops is None:
+            self._ops = [op]
+        else:
+            ops.append(op)
 
     # -- the general path (generator wrappers, handoff, errors, hooks) --------------------
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
@@ -389,7 +394,9 @@ class DeferredScope(Scope, Span):
                 span.add_event(op[1], op[2], timestamp=op[3])
             elif kind == OP_STATUS:
                 span.set_status(op[1], op[2])
-            elif kind == OP_SIGNALS:  # as otel_stages.signals.on_finish does
+            elif kind == OP_CPU:  # as otel_stages.signals.on_finish does
+                span.set_attributes(_cpu_fields(op[1], self.start_ns, op[2])[0])
+            elif kind == OP_SIGNALS:
                 attributes, events = op[1]
                 span.set_attributes(attributes)
                 for name, event_attributes, time_ns in events:

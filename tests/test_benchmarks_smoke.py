@@ -41,13 +41,18 @@ def test_overhead_smoke_measures_every_candidate_and_builds_every_deferred_span(
 
 def test_exporter_smoke_writes_the_official_bytes_and_loses_nothing():
     report = _run("exporter.py")
-    assert report["encode"]["same_bytes"] is True
-    assert {"json.dumps", "orjson"} <= set(report["encode"]["serialise_only_cpu_us_per_span"])
+    for key in ("encode", "encode_no_signals"):  # with the signals' float attributes too
+        assert report[key]["same_bytes"] is True
+        assert {"json.dumps", "orjson"} <= set(report[key]["serialise_only_cpu_us_per_span"])
+    assert report["encode"]["signals"] is True and report["encode_no_signals"]["signals"] is False
     for exporter in ("ours", "official"):
-        (run,) = report["load"][exporter]
-        assert run["requests"] > 0 and run["spans_expected"] == run["requests"] * 6
-        assert run["spans_written"] + run["spans_dropped"] == run["spans_expected"]
-        assert run["export_cpu_us_per_span"] > 0
+        runs = report["load"][exporter]
+        assert [run["signals"] for run in runs] == [True, False]
+        for run in runs:
+            assert run["requests"] > 0 and run["spans_expected"] == run["requests"] * 6
+            assert run["spans_written"] + run["spans_dropped"] == run["spans_expected"]
+            assert run["export_cpu_us_per_span"] > 0
     for run in report["busy"].values():  # drops are possible there, and every one is counted
         assert run["spans_written"] + run["spans_dropped"] == run["spans_expected"] > 0
     assert report["targets"]["no_spans_lost_default_configure"]["met"] is True
+    assert report["targets_no_signals"]["no_spans_lost_default_configure"]["met"] is True
