@@ -430,9 +430,15 @@ class StageScope(Scope):
         self._span = None
         try:
             try:
-                if self._signals is None and not RUNTIME.stage_end_hooks:  # signals off, no hooks
+                if not RUNTIME.stage_end_hooks:  # the common case: _finish inlined
                     clock = RUNTIME.clock
                     end_ns = clock.monotonic_ns() + clock.offset_ns
+                    state = self._signals
+                    if state is not None:
+                        try:
+                            _on_finish(span, state, self._start_ns, end_ns)
+                        except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+                            _GUARD_SIGNALS.failed(error)
                     if exc is not None and not isinstance(exc, _NOT_ERRORS):
                         record_error(span, exc, end_ns)
                 else:
