@@ -16,6 +16,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_stages import semconv
 from otel_stages._runtime import RUNTIME
 from otel_stages.config import ConfigurationError
 from otel_stages.gpu import nvml
@@ -61,7 +62,7 @@ class GpuSession:
     def start(self) -> GpuSession:
         """Start sampling in the background and attach the forward hook."""
         self.sampler.start()
-        RUNTIME.add_stage_end_hook(self.attribution)
+        RUNTIME.add_stage_end_hook(self.attribution, semconv.STAGE_FORWARD)
         return self
 
     def stop(self) -> None:
