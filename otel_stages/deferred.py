@@ -60,16 +60,14 @@ from opentelemetry.util import types
 from otel_stages import semconv
 from otel_stages._runtime import RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import exception_attributes, status_message
+from otel_stages.frames import _GENERATOR_CODE, _driven_by_contextlib
+from otel_stages.sequence import next_request, request_attributes
 from otel_stages.signals import capture as _capture
 from otel_stages.stages import (
-    _GENERATOR_CODE,
     _NOT_ERRORS,
     Scope,
-    _driven_by_contextlib,
     _new_request,
-    next_request,
     register_deferred,
-    request_attributes,
     run_end_hooks,
     start_signals,
 )
@@ -146,7 +144,8 @@ class DeferredScope(Scope, Span):
 
     # -- recording: the hot path ----------------------------------------------------------------
     # Failures go to the guard through ``except`` (its hot-path form: otel_stages._runtime.guard).
-    def __enter__(self) -> Span:
+    def _enter_at(self, frame: Any) -> Span:
+        """Record the start; ``frame`` is the caller's (a generator's ``with`` does not attach)."""
         try:
             if self._is_request:
                 self._take_sequence()
@@ -159,7 +158,6 @@ class DeferredScope(Scope, Span):
             builder = self.builder = RUNTIME.deferred
             if builder is not None:
                 builder.open[self] = True  # ended as interrupted if still here at shutdown
-            frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
                 self._token = _attach(_set_value(RECORD_KEY, self, context))
             clock = RUNTIME.clock
@@ -174,33 +172,11 @@ class DeferredScope(Scope, Span):
             _GUARD_START.failed(exc)
         return self
 
-    async def __aenter__(self) -> Span:  # __enter__'s body: the caller's frame is one up
-        try:
-            if self._is_request:
-                self._take_sequence()
-            context = _get_current()
-            record = context.get(RECORD_KEY)
-            if record is None:
-                self.parent_context = context
-            else:
-                self.parent = record  # type: ignore[assignment]
-            builder = self.builder = RUNTIME.deferred
-            if builder is not None:
-                builder.open[self] = True
-            frame = sys._getframe(1)
-            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._token = _attach(_set_value(RECORD_KEY, self, context))
-            clock = RUNTIME.clock
-            self.start_ns = clock.monotonic_ns() + clock.offset_ns  # last: times the block only
-            if _capture._enabled:  # issue 13's readings, right after the start time
-                try:
-                    self._signals = _on_start()
-                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
-                    _GUARD_SIGNALS.failed(exc)
-        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
-            self._abandon()
-            _GUARD_START.failed(exc)
-        return self
+    def __enter__(self) -> Span:
+        return self._enter_at(sys._getframe(1))
+
+    async def __aenter__(self) -> Span:
+        return self._enter_at(sys._getframe(1))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

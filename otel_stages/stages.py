@@ -30,9 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import os
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
 from types import TracebackType
@@ -45,6 +43,8 @@ from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 from otel_stages import semconv
 from otel_stages._runtime import DEFERRED, LIVE, RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import clean_attributes, clean_value, exception_attributes, status_message
+from otel_stages.frames import _GENERATOR_CODE, _driven_by_contextlib, wrap_async_generator, wrap_generator
+from otel_stages.sequence import next_request
 from otel_stages.signals import capture as _capture
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,98 +70,6 @@ def start_signals() -> _capture.State | None:
     except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
         _GUARD_SIGNALS.failed(exc)
     return None
-
-# A ``with stage()`` block in a generator that yields inside it: see StageScope.__enter__.
-_GENERATOR_CODE = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
-
-
-def _contextlib_entries() -> frozenset[object]:
-    """Code objects that drive a generator as a context manager (``@contextmanager``)."""
-    import contextlib
-
-    return frozenset({contextlib._GeneratorContextManager.__enter__.__code__,
-                      contextlib._AsyncGeneratorContextManager.__aenter__.__code__})
-
-
-_CONTEXTLIB_ENTRIES = _contextlib_entries()
-
-
-def _driven_by_contextlib(frame: Any) -> bool:
-    """Whether generator ``frame`` runs a ``with stage()`` block it may make current.
-
-    Not when the generator is iterated by someone else: the block stays open across ``yield``, so
-    the consumer would see the stage as its current span between items, and a generator closed
-    from another task or thread would detach a context token made in a different context
-    ("Failed to detach context"). The span is still timed and parented; stages nested in such a
-    block become its siblings. A generator driven by ``@contextmanager`` is entered and left by
-    one ``with`` statement, so its block is current as usual. (Callers test the cheap
-    ``co_flags & _GENERATOR_CODE`` first: this runs only for generator frames.)
-    """
-    caller = frame.f_back
-    return caller is not None and caller.f_code in _CONTEXTLIB_ENTRIES
-
-
-def may_attach(frame: Any) -> bool:
-    """Whether a stage entered from ``frame`` may become the current context (see
-    :func:`_driven_by_contextlib`)."""
-    return not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame)
-
-
-class _Sequence:
-    """1-based request counter for this process; restarts after ``fork()`` (a new process)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reset()
-
-    def _reset(self) -> None:
-        self._counter = itertools.count(1)
-        self._cold_pending = False
-
-    def next(self) -> tuple[int, bool]:
-        """Return ``(seq, cold)`` for a new request."""
-        seq = next(self._counter)  # atomic under the GIL: no lock on the common path
-        pending = self._cold_pending
-        if not pending:
-            return seq, seq == 1
-        with self._lock:  # one request takes the pending flag
-            cold = self._cold_pending
-            self._cold_pending = False
-        return seq, cold or seq == 1
-
-    def mark_cold(self) -> None:
-        with self._lock:
-            self._cold_pending = True
-
-
-_SEQUENCE = _Sequence()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_SEQUENCE._reset)
-
-
-def mark_cold_start() -> None:
-    """Flag the *next* request as a cold start (call after loading or reloading a model)."""
-    _SEQUENCE.mark_cold()
-
-
-def next_request() -> tuple[int, bool]:
-    """``(request.seq, cold)`` for a request starting now (takes the next number)."""
-    return _SEQUENCE.next()
-
-
-def request_attributes(attributes: dict[str, Any], request_id: str | None,
-                       cold_start: bool | None, sequence: tuple[int, bool]) -> dict[str, Any]:
-    """A request span's start attributes: ``attributes`` plus ``request.seq``,
-    ``request.cold_start`` and ``request.id`` (when given); ``sequence`` from
-    :func:`next_request`."""
-    seq, cold = sequence
-    attrs = dict(attributes)
-    attrs[semconv.REQUEST_SEQ] = seq
-    attrs[semconv.REQUEST_COLD_START] = cold if cold_start is None else cold_start
-    if request_id is not None:
-        attrs[semconv.REQUEST_ID] = request_id
-    return attrs
-
 
 class Scope:
     """What :func:`stage` and :func:`request` return: a context manager (sync and async) that
@@ -212,9 +120,9 @@ class Scope:
     # -- decorator ------------------------------------------------------------------------------
     def __call__(self, fn: F) -> F:
         if inspect.isasyncgenfunction(fn):
-            return _wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
+            return wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
         if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, self._fresh)  # type: ignore[return-value]
+            return wrap_generator(fn, self._fresh)  # type: ignore[return-value]
         fresh = self._fresh
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
@@ -363,7 +271,8 @@ class StageScope(Scope):
     # current context is read once and passed on: start_span, its sampler and set_span_in_context
     # would each read it again, which pays for most of this wrapper's own calls. Failures go to
     # the guard through ``except`` (the guard's hot-path form: see otel_stages._runtime.guard).
-    def __enter__(self) -> Span:
+    def _enter_at(self, frame: Any) -> Span:
+        """Start the span; ``frame`` is the caller's (a generator's ``with`` does not attach)."""
         try:
             if self._computed_attributes:  # before the clock starts
                 attributes: Mapping[str, Any] = self._start_attributes()  # cleaned
@@ -384,7 +293,6 @@ class StageScope(Scope):
                 self._signals = None
             self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
                                                           start_time=start_ns)
-            frame = sys._getframe(1)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
                 self._token = _attach(_set_span_in_context(span, context))
             return span
@@ -392,34 +300,11 @@ class StageScope(Scope):
             _GUARD_START.failed(exc)
         return INVALID_SPAN
 
-    async def __aenter__(self) -> Span:  # __enter__'s body: the caller's frame is one up
-        try:
-            if self._computed_attributes:  # before the clock starts
-                attributes: Mapping[str, Any] = self._start_attributes()  # cleaned
-            else:
-                attributes = self.attributes
-                if attributes:
-                    attributes = clean_attributes(attributes)
-            context = _get_current()
-            clock = RUNTIME.clock
-            self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
-            if _capture._enabled:  # issue 13's readings, right after the start time
-                try:
-                    self._signals = _on_start()
-                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
-                    self._signals = None
-                    _GUARD_SIGNALS.failed(exc)
-            else:
-                self._signals = None
-            self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
-                                                          start_time=start_ns)
-            frame = sys._getframe(1)
-            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._token = _attach(_set_span_in_context(span, context))
-            return span
-        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
-            _GUARD_START.failed(exc)
-        return INVALID_SPAN
+    def __enter__(self) -> Span:
+        return self._enter_at(sys._getframe(1))
+
+    async def __aenter__(self) -> Span:
+        return self._enter_at(sys._getframe(1))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -499,7 +384,7 @@ class RequestScope(StageScope):
     def _start_attributes(self) -> dict[str, Any]:
         """Cleaned, with the next sequence number (request_attributes() inlined: a request is a
         sixth of the spans of a typical request)."""
-        seq, cold = _SEQUENCE.next()
+        seq, cold = next_request()
         attrs = dict(clean_attributes(self.attributes)) if self.attributes else {}
         attrs[semconv.REQUEST_SEQ] = seq
         attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
@@ -628,75 +513,3 @@ def record_error(span: Span, exc: BaseException, timestamp_ns: int | None = None
     span.record_exception(exc, attributes=exception_attributes(exc), timestamp=timestamp_ns)
     span.set_status(Status(StatusCode.ERROR, status_message(exc)))
     span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
-
-
-def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], Scope]) -> Callable[..., Any]:
-    """The span covers the generator's whole life; its context is active only while it runs."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        scope = new_scope()
-        scope._open()
-        error: BaseException | None = None
-        gen = fn(*args, **kwargs)
-        try:
-            method, value = gen.send, None
-            while True:
-                scope._attach()
-                try:
-                    item = method(value)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    scope._detach()
-                try:
-                    method, value = gen.send, (yield item)
-                except GeneratorExit:
-                    gen.close()
-                    raise
-                except BaseException as thrown:  # noqa: BLE001 - forwarded into the generator
-                    method, value = gen.throw, thrown
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            scope._close(error)
-
-    return wrapper
-
-
-def _wrap_async_generator(fn: Callable[..., Any],
-                          new_scope: Callable[[], Scope]) -> Callable[..., Any]:
-    """Async twin of :func:`_wrap_generator` (``asend`` / ``athrow`` are forwarded)."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        scope = new_scope()
-        scope._open()
-        error: BaseException | None = None
-        agen = fn(*args, **kwargs)
-        try:
-            method, value = agen.asend, None
-            while True:
-                scope._attach()
-                try:
-                    item = await method(value)
-                except StopAsyncIteration:
-                    return
-                finally:
-                    scope._detach()
-                try:
-                    method, value = agen.asend, (yield item)
-                except GeneratorExit:
-                    await agen.aclose()
-                    raise
-                except BaseException as thrown:  # noqa: BLE001 - forwarded into the generator
-                    method, value = agen.athrow, thrown
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            scope._close(error)
-
-    return wrapper
-

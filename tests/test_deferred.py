@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 import otel_stages as ots
-from otel_stages import propagation, semconv, stages
+from otel_stages import propagation, semconv, sequence
 from otel_stages._runtime import RUNTIME
 from otel_stages.builder import SpanBuilder
 from otel_stages.clock import Clock
@@ -169,7 +169,7 @@ def _normalised(spans: list[Any]) -> list[dict[str, Any]]:
 def _run(span_mode: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     fake = FakeTime()
     clock = Clock(monotonic_ns=fake, wall_ns=lambda: WALL0)
-    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
     # The CPU clock: 10 ns per read, in call order across threads, so each span's figure says
     # which reads fell inside it (and on which thread they were made).
     counter = iter(range(1000, 100_000, 10))
@@ -371,7 +371,7 @@ def test_sampling_keeps_slow_and_failed_requests_in_deferred_mode_too(fake_time,
     from tests.test_sampling import SLOW_MS, Pipeline
 
     assert SLOW_MS == 100.0
-    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
     pipeline = Pipeline(fake_time)
     saved = RUNTIME.tracer, RUNTIME.clock
     RUNTIME.tracer = trace.get_tracer_provider().get_tracer("unused")  # the builder's tracer is used
