@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from otel_stages._version import __version__ as __version__
 from otel_stages.config import ConfigurationError
 from otel_stages.handoff import Batch, QueueToken, dequeue, dequeue_batch, enqueue_token
-from otel_stages.stages import mark_cold_start, record_error, request, stage
+from otel_stages.sequence import mark_cold_start
+from otel_stages.stages import record_error, request, stage
 
 if TYPE_CHECKING:
     from otel_stages.sdk import Telemetry, configure

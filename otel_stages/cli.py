@@ -52,20 +52,30 @@ def version() -> str:
     return __version__
 
 
+def _tolerant_stdout() -> None:
+    """Characters stdout's encoding cannot hold (box drawing, a stage name in another script on
+    an ASCII or cp1252 terminal) become ``?`` instead of raising ``UnicodeEncodeError``."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="replace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError):  # not a TextIOWrapper (captured, replaced) or closed
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the process exit code.
 
     Exit codes: 0 success, 1 the command failed (message on stderr), 2 usage error.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="otel-stages: %(levelname)s %(name)s: %(message)s",
-    )
     try:
+        _tolerant_stdout()
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING,
+            format="otel-stages: %(levelname)s %(name)s: %(message)s",
+        )
         return int(importlib.import_module(args._module).run(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also while the parser imports the commands' modules
         return 130
     except BrokenPipeError:  # e.g. `otel-stages report | head`
         return 0

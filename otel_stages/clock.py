@@ -16,24 +16,29 @@ from collections.abc import Callable
 class Clock:
     """Anchored monotonic clock. Thread-safe (immutable after construction).
 
-    ``monotonic_ns`` / ``wall_ns`` are injectable for tests.
+    ``monotonic_ns`` / ``wall_ns`` are injectable for tests. ``now_ns() == monotonic_ns() +
+    offset_ns``; hot paths read the two attributes instead of calling :meth:`now_ns` (one Python
+    call less per timestamp).
     """
+
+    __slots__ = ("monotonic_ns", "offset_ns")
 
     def __init__(self, monotonic_ns: Callable[[], int] = time.monotonic_ns,
                  wall_ns: Callable[[], int] = time.time_ns) -> None:
-        self._monotonic_ns = monotonic_ns
+        #: The monotonic source (``time.monotonic_ns`` unless injected), nanoseconds.
+        self.monotonic_ns = monotonic_ns
         mono0 = monotonic_ns()
         wall0 = wall_ns()
-        # Offset such that now_ns() == wall time at anchoring, then advances monotonically.
-        self._offset_ns = wall0 - mono0
+        #: Offset such that now_ns() == wall time at anchoring, then advances monotonically.
+        self.offset_ns = wall0 - mono0
 
     def now_ns(self) -> int:
         """Current span-clock time: Unix-epoch nanoseconds, monotonic non-decreasing."""
-        return self._monotonic_ns() + self._offset_ns
+        return self.monotonic_ns() + self.offset_ns
 
     def from_monotonic_ns(self, monotonic_ns: int) -> int:
         """Convert a ``time.monotonic_ns()`` reading into span-clock nanoseconds."""
-        return monotonic_ns + self._offset_ns
+        return monotonic_ns + self.offset_ns
 
     def from_unix_ns(self, unix_ns: int, wall_ns: Callable[[], int] = time.time_ns) -> int:
         """Convert a wall-clock (Unix epoch) reading into span-clock nanoseconds.

@@ -125,6 +125,16 @@ def _parse_gpu_mode(raw: str) -> str:
     return value
 
 
+SPAN_MODES = ("live", "deferred")
+
+
+def _parse_span_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in SPAN_MODES:
+        raise ValueError("expected live or deferred")
+    return value
+
+
 def _fraction(raw: str) -> float:
     """Parser for a ratio from 0 to 1 inclusive (numbers given as arguments are parsed too)."""
     try:
@@ -186,6 +196,10 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_float(0.1, 3600.0, "each export serialises and writes every metric; "
                                         "faster than 10 per second is export overhead, not data"),
             "seconds between metric exports (0.1 to 3600)"),
+    Setting("span_mode", ("OTEL_STAGES_SPAN_MODE",), "live", _parse_span_mode,
+            "live: spans made on the request thread; deferred: the request thread records times "
+            "and attributes, spans are built off it (other libraries' spans cannot nest under a "
+            "deferred stage: see otel_stages.deferred)"),
     Setting("gpu", ("OTEL_STAGES_GPU",), "auto", _parse_gpu_mode,
             "GPU sampling via NVML: auto (if available), on (fail configure() without it), off"),
     Setting("gpu_interval_s", ("OTEL_STAGES_GPU_INTERVAL_S",), 1.0,
@@ -246,6 +260,7 @@ class Settings:
     shutdown_timeout_s: float = 5.0
     attribute_value_length_limit: int = 4096
     redact_query_keys: tuple[str, ...] = ()
+    span_mode: str = "live"
     signals: bool = True
 
     @property

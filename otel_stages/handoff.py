@@ -6,7 +6,8 @@ and the queue depth. The consumer calls :func:`dequeue` (one item) or :func:`deq
 (several) when it picks work up: that records a ``queue`` span from the enqueue time to now under
 the right request, and makes later stages (``forward``) children of that same request even though
 they run on another thread. A batch's model call is one ``batch`` span linked to its members
-(:meth:`Batch.stage`). OpenTelemetry API only.
+(:meth:`Batch.stage`). Both span modes (:mod:`otel_stages.deferred`): in deferred mode the token's
+context carries the request's record instead of its span. OpenTelemetry API only.
 
 Results and errors go back to the waiting requests through whatever the queue carries (a
 ``concurrent.futures.Future`` per item in :mod:`otel_stages.demo.worker`); telemetry never does it.
@@ -23,9 +24,10 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import INVALID_SPAN, Link, Span, get_current_span
 
 from otel_stages import semconv
-from otel_stages._runtime import RUNTIME, guard
+from otel_stages._runtime import DEFERRED, RECORD_KEY, RUNTIME, guard
 from otel_stages.attributes import clean_attributes
-from otel_stages.stages import StageScope
+from otel_stages.deferred import DeferredScope, recorded
+from otel_stages.stages import _new_stage
 
 _ROOT = otel_context.Context()  # an empty context: a span started in it is a trace root
 _GUARD_LINKS = guard("batch span links")
@@ -35,8 +37,9 @@ _GUARD_LINKS = guard("batch span links")
 class QueueToken:
     """What crosses the queue with a work item.
 
-    ``context``: the producer's OpenTelemetry context (holds the request span);
-    ``enqueued_ns``: span-clock nanoseconds at enqueue; ``depth``: items already waiting, or None.
+    ``context``: the producer's OpenTelemetry context (holds the request span, or in deferred
+    mode the request's record); ``enqueued_ns``: span-clock nanoseconds at enqueue; ``depth``:
+    items already waiting, or None.
     """
 
     context: otel_context.Context
@@ -55,15 +58,20 @@ def enqueue_token(depth: int | None = None) -> QueueToken:
 
 @guard("queue span")
 def _record_queue_span(token: QueueToken, picked_ns: int, attributes: dict[str, Any]) -> None:
-    if not RUNTIME.enabled:
+    mode = RUNTIME.mode
+    if not mode:
         return
     attrs = dict(attributes)
     if token.depth is not None:
         attrs[semconv.QUEUE_DEPTH] = token.depth
+    end_ns = max(picked_ns, token.enqueued_ns)
+    if mode == DEFERRED:  # already over: queued for building at once (no hooks: not run here)
+        recorded(semconv.STAGE_QUEUE, attrs, token.context, token.enqueued_ns, end_ns)
+        return
     span = RUNTIME.tracer.start_span(semconv.STAGE_QUEUE, context=token.context,
                                      attributes=clean_attributes(attrs),
                                      start_time=token.enqueued_ns)
-    span.end(end_time=max(picked_ns, token.enqueued_ns))
+    span.end(end_time=end_ns)
 
 
 @contextmanager
@@ -102,10 +110,15 @@ class Batch:
         """Number of items in the batch."""
         return len(self.tokens)
 
-    def _member_links(self) -> list[Link]:
-        """One link per distinct member request (the span current at enqueue)."""
-        links: dict[tuple[int, int], Link] = {}
+    def _member_links(self) -> list[Any]:
+        """One link per distinct member request (what was current at enqueue): a ``Link``, or in
+        deferred mode the member's record (the builder links to its span)."""
+        links: dict[Any, Any] = {}
         for token in self.tokens:
+            record = token.context.get(RECORD_KEY)  # Context is a dict
+            if record is not None:
+                links.setdefault(id(record), record)
+                continue
             ctx = get_current_span(token.context).get_span_context()
             if ctx.is_valid:
                 links.setdefault((ctx.trace_id, ctx.span_id), Link(ctx))
@@ -122,16 +135,20 @@ class Batch:
         """
         attrs = {semconv.BATCH_SIZE: self.size, **attributes}
         start_ns = RUNTIME.clock.now_ns()  # one model call: one window for every span
-        batch = StageScope(semconv.SPAN_BATCH, attrs)
+        batch = _new_stage(semconv.SPAN_BATCH, attrs)
+        opened: Span = INVALID_SPAN
         with _GUARD_LINKS:
-            batch._open(parent=self.parent if self.parent is not None else _ROOT,
-                        start_ns=start_ns, links=self._member_links())
-        back = ([Link(batch._span.get_span_context())]
-                if batch._span is not None and batch._span.get_span_context().is_valid else None)
-        scopes = [StageScope(name, attrs) for _ in self.tokens]
+            opened = batch._open(parent=self.parent if self.parent is not None else _ROOT,
+                                 start_ns=start_ns, links=self._member_links())
+        back: list[Any] | None = None
+        if isinstance(opened, DeferredScope):
+            back = [opened]  # resolved to the batch span's context when built
+        elif opened.get_span_context().is_valid:
+            back = [Link(opened.get_span_context())]
+        scopes = [_new_stage(name, attrs) for _ in self.tokens]
         spans = [scope._open(parent=token.context, start_ns=start_ns, links=back)
                  for scope, token in zip(scopes, self.tokens)]
-        self.span = batch._span or INVALID_SPAN
+        self.span = opened
         batch._attach()
         error: BaseException | None = None
         try:

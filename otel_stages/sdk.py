@@ -1,10 +1,12 @@
 """``configure()``: the only place that builds OpenTelemetry SDK providers and exporters.
 
-With no OTLP endpoint set, the embedded default writes OTLP/JSON lines (the official
-``opentelemetry-exporter-otlp-json-file`` exporter, the format of the Collector's ``file``
-exporter) under ``data_dir``: ``traces-<instance>.jsonl`` and ``metrics-<instance>.jsonl``, one
-pair per process. With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans and metrics go over OTLP, gRPC
-or HTTP per ``OTEL_EXPORTER_OTLP_PROTOCOL``. Spans always pass through a ``BatchSpanProcessor``
+With no OTLP endpoint set, the embedded default writes OTLP/JSON lines (the format of the
+Collector's ``file`` exporter) under ``data_dir``: ``traces-<instance>.jsonl`` (spans through
+:class:`otel_stages.json_lines.JsonLinesSpanExporter`: byte for byte what the official
+``opentelemetry-exporter-otlp-json-file`` exporter writes, at a fraction of its CPU) and
+``metrics-<instance>.jsonl`` (the official metric exporter), one pair per process. With
+``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans and metrics go over OTLP, gRPC or HTTP per
+``OTEL_EXPORTER_OTLP_PROTOCOL``. Spans always pass through a ``BatchSpanProcessor``
 (export never runs on the request path); providers flush at interpreter exit, within
 ``shutdown_timeout_s`` (5 s by default) however the collector behaves.
 
@@ -43,6 +45,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from otel_stages import attributes, propagation, sampling, semconv, urls
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages._version import __version__
+from otel_stages.builder import SpanBuilder
 from otel_stages.config import ConfigurationError, Settings, resolve
 from otel_stages.delivery import (
     CountingMetricExporter,
@@ -52,6 +55,7 @@ from otel_stages.delivery import (
     count_queue_drops,
     run_bounded,
 )
+from otel_stages.json_lines import JsonLinesSpanExporter
 from otel_stages.request_log import RequestLogProcessor
 
 logger = logging.getLogger("otel_stages")
@@ -89,6 +93,7 @@ class Telemetry:
     _state_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _flushing: list[threading.Thread] = field(default_factory=list, repr=False, compare=False)
     _tracer: Any = field(default=None, repr=False, compare=False)
+    _builder: SpanBuilder | None = field(default=None, repr=False, compare=False)
 
     @property
     def export_failures(self) -> int:
@@ -136,6 +141,8 @@ class Telemetry:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 return False
+        if self._builder is not None and not self._builder.drain(deadline):
+            return False  # deferred stages ended so far become spans before the SDK flushes
         steps: list[Callable[[], Any]] = [lambda: self.tracer_provider.force_flush(timeout_millis)]  # type: ignore[union-attr]
         if self.meter_provider is not None:
             steps.append(lambda: self.meter_provider.force_flush(timeout_millis))  # type: ignore[union-attr]
@@ -151,12 +158,10 @@ class Telemetry:
         For a local copy while exporting over OTLP (``otel-stages demo`` reports from it).
         Raises ``RuntimeError`` when telemetry is disabled (no tracer provider).
         """
-        from opentelemetry.exporter.otlp.json.file import FileSpanExporter
-
         if self.tracer_provider is None:
             raise RuntimeError("telemetry is disabled: no tracer provider to copy spans from")
         path.parent.mkdir(parents=True, exist_ok=True)
-        processor = BatchSpanProcessor(FileSpanExporter(path))
+        processor = BatchSpanProcessor(JsonLinesSpanExporter(path))
         self.tracer_provider.add_span_processor(processor)
         self._span_processors.append(processor)
 
@@ -180,6 +185,8 @@ class Telemetry:
             return True
         if RUNTIME.tracer is self._tracer:
             RUNTIME.tracer = RUNTIME.default_tracer  # not a shut-down provider that drops spans
+        if self._builder is not None and RUNTIME.deferred is self._builder:
+            RUNTIME.deferred = None  # new stages are live ones on that tracer
         timeout_s = (self.settings.shutdown_timeout_s if timeout_millis is None
                      else max(0.0, timeout_millis) / 1000)
         started = time.monotonic()
@@ -197,6 +204,8 @@ class Telemetry:
     def _shutdown_until(self, deadline: float) -> bool:
         assert self.tracer_provider is not None
         lost_before = self.dropped_spans + self.dropped_points
+        if self._builder is not None:  # deferred stages first: built, or ended as interrupted
+            self._builder.shutdown(deadline)
         if self._open_spans is not None:
             self._open_spans.end_all(RUNTIME.clock.now_ns())
         # Each processor on its own thread: one stuck exporter must not stop the others.
@@ -237,14 +246,17 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               shutdown_timeout_s: float | None = None,
               attribute_value_length_limit: int | None = None,
               redact_query_keys: tuple[str, ...] | list[str] | None = None,
-              gpu_read_timeout_s: float | None = None, signals: bool | None = None) -> Telemetry:
+              gpu_read_timeout_s: float | None = None, span_mode: str | None = None,
+              signals: bool | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
-    (:mod:`otel_stages.gpu`); ``signals`` the per-stage CPU time, GC and event-loop signals and
-    the cgroup throttling metrics (:mod:`otel_stages.signals`). ``set_global`` also installs the
-    providers as the OpenTelemetry globals (so other instrumentation shares them).
+    (:mod:`otel_stages.gpu`); ``span_mode="deferred"`` moves span creation off the request thread
+    (:mod:`otel_stages.deferred` says what that gives up); ``signals`` the per-stage CPU time, GC
+    and event-loop signals and the cgroup throttling metrics (:mod:`otel_stages.signals`).
+    ``set_global`` also installs the providers as the OpenTelemetry globals (so other
+    instrumentation shares them).
 
     Calling it again replaces the previous configuration: once the new providers are built, the
     previous handle is shut down (flushed, its threads stopped) and an INFO line says so; a call
@@ -275,7 +287,7 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "slow_request_ms": slow_request_ms,
         "shutdown_timeout_s": shutdown_timeout_s,
         "attribute_value_length_limit": attribute_value_length_limit,
-        "redact_query_keys": redact_query_keys, "signals": signals,
+        "redact_query_keys": redact_query_keys, "span_mode": span_mode, "signals": signals,
     }
     settings = resolve(arguments)
     with _lock:
@@ -292,6 +304,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     if not settings.enabled:
         _serving(settings)
         RUNTIME.enabled = False  # stages are no-ops: no signals are read either
+        RUNTIME.deferred = None
         return Telemetry(settings, None, None, destination="disabled")
     sampler = sampling.sampler_for(settings)  # raises before anything is built
 
@@ -315,7 +328,8 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
                                      span_limits=SpanLimits(max_attribute_length=limit,
                                                             max_span_attribute_length=limit))
     open_spans = OpenSpans()  # first: it must see every start and end
-    batch = BatchSpanProcessor(counted_spans)
+    queue_size, batch_size = _batch_sizes(settings)
+    batch = BatchSpanProcessor(counted_spans, max_queue_size=queue_size, max_export_batch_size=batch_size)
     queued_spans = count_queue_drops(batch, drops)
     span_processors: list[SpanProcessor] = [open_spans, sampling.processor_for(settings, batch)]
     if settings.log_requests:
@@ -372,10 +386,30 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
                 "configuration (%s) for other instrumentation; otel_stages' own spans use the new "
                 "one (%s). Pass set_global=False to later configure() calls.",
                 _globals_from._describe(), handle._describe())
-    RUNTIME.enabled = True
     RUNTIME.tracer = handle._tracer = scoped_tracer(tracer_provider)
+    handle._builder = (SpanBuilder(handle._tracer, drops=drops) if settings.span_mode == "deferred"
+                       else None)
+    RUNTIME.deferred = handle._builder
+    RUNTIME.enabled = True
     _serving(settings)
     return handle
+
+
+#: Batch processor sizes for the embedded span file: four times the SDK's queue (slack for about
+#: 1.4 s of export stall at 6000 spans/s, at most ~12 MB of finished spans) and twice its batch
+#: (one write and flush per 1024 spans). benchmarks/exporter.py measures them.
+FILE_MAX_QUEUE_SIZE = 8192
+FILE_MAX_EXPORT_BATCH_SIZE = 1024
+_BSP_SIZE_ENV = ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+
+
+def _batch_sizes(settings: Settings) -> tuple[int | None, int | None]:
+    """``BatchSpanProcessor`` ``(max_queue_size, max_export_batch_size)``: ours for the embedded
+    file unless ``OTEL_BSP_MAX_QUEUE_SIZE`` or ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` is set (then
+    ``None``: the SDK reads both, as usual); the SDK's own over OTLP."""
+    if settings.endpoint is not None or any(os.environ.get(var, "").strip() for var in _BSP_SIZE_ENV):
+        return None, None
+    return FILE_MAX_QUEUE_SIZE, FILE_MAX_EXPORT_BATCH_SIZE
 
 
 def _serving(settings: Settings) -> None:
@@ -436,7 +470,7 @@ def _exporters(settings: Settings, instance_id: str) -> tuple[SpanExporter, Metr
 
 
 def _file_exporters(settings: Settings, instance_id: str) -> tuple[SpanExporter, MetricExporter, Telemetry]:
-    from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
+    from opentelemetry.exporter.otlp.json.file import FileMetricExporter
 
     folder = settings.data_path
     try:
@@ -453,7 +487,7 @@ def _file_exporters(settings: Settings, instance_id: str) -> tuple[SpanExporter,
     metrics_path = folder / f"metrics-{stem}.jsonl"
     handle = Telemetry(settings, None, None, destination=str(folder.resolve()),
                        trace_path=trace_path, metrics_path=metrics_path)
-    return FileSpanExporter(trace_path), FileMetricExporter(metrics_path), handle
+    return JsonLinesSpanExporter(trace_path), FileMetricExporter(metrics_path), handle
 
 
 def _after_fork_in_child() -> None:

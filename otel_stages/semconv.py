@@ -93,8 +93,10 @@ URL_SCHEME = "url.scheme"  #: str, semconv: "http", "https" or "data" (download)
 SERVER_ADDRESS = "server.address"
 #: int, semconv: redirects followed before the body came (download; set when > 0)
 HTTP_REQUEST_RESEND_COUNT = "http.request.resend_count"
+EXCEPTION_TYPE = "exception.type"  #: str, semconv exception event attribute (module.qualname)
 EXCEPTION_MESSAGE = "exception.message"  #: str, semconv exception event attribute (capped)
 EXCEPTION_STACKTRACE = "exception.stacktrace"  #: str, semconv exception event attribute (capped)
+EXCEPTION_ESCAPED = "exception.escaped"  #: str "True"/"False", as the SDK's record_exception sets it
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"  #: int (download)
 ERROR_TYPE = "error.type"  #: str, semconv: class of the error that ended the span
 

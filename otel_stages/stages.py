@@ -6,6 +6,22 @@ so stage durations are monotonic. An exception inside a stage is recorded on the
 event, status ERROR, ``error.type``) and re-raised unchanged. Failures of the telemetry itself are
 logged once and never reach the caller (:class:`otel_stages._runtime.guard`).
 
+What a call makes depends on :attr:`otel_stages._runtime.Runtime.mode`, read per call (so a
+decorator applied before ``configure()`` follows it):
+
+* ``OFF``: a shared no-op per stage name (nothing allocated, nothing recorded);
+* ``LIVE`` (the default): :class:`StageScope`, a span started and made current on entry;
+* ``DEFERRED``: a record of timestamps and attributes, built into the same span later
+  (:mod:`otel_stages.deferred`).
+
+The hot path of a live stage is :meth:`StageScope.__enter__` / :meth:`StageScope.__exit__`: one
+guarded block each, no per-stage lookups beyond the runtime's attributes. The per-stage signals
+(:mod:`otel_stages.signals`: thread CPU time, GC pauses, event-loop lag) are read right after the
+start time is taken (:func:`otel_stages.signals.on_start`, kept in the scope's ``_signals`` slot)
+and set on the span right after the end time is taken, before the stage-end hooks and the error
+(:func:`otel_stages.signals.on_finish`); with ``configure(signals=False)`` a stage pays one flag
+test for them.
+
 Nothing here imports the OpenTelemetry SDK: a service with its own SDK setup can use these as is.
 """
 
@@ -14,21 +30,22 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import os
 import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
 from types import TracebackType
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
-from otel_stages import semconv, signals
-from otel_stages._runtime import RUNTIME, guard
-from otel_stages.attributes import clean_attributes, exception_attributes, status_message
+from otel_stages import semconv
+from otel_stages._runtime import DEFERRED, LIVE, RECORD_KEY, RUNTIME, guard
+from otel_stages.attributes import clean_attributes, clean_value, exception_attributes, status_message
+from otel_stages.frames import _GENERATOR_CODE, _driven_by_contextlib, wrap_async_generator, wrap_generator
+from otel_stages.sequence import next_request
+from otel_stages.signals import capture as _capture
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,80 +54,147 @@ _NOT_ERRORS = (GeneratorExit, StopIteration, StopAsyncIteration)
 _GUARD_START = guard("stage start")
 _GUARD_END = guard("stage end")
 _GUARD_DETACH = guard("context detach")
-
-# A ``with stage()`` block in a generator that yields inside it: see StageScope.__enter__.
-_GENERATOR_CODE = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
-
-
-def _contextlib_entries() -> frozenset[object]:
-    """Code objects that drive a generator as a context manager (``@contextmanager``)."""
-    import contextlib
-
-    return frozenset({contextlib._GeneratorContextManager.__enter__.__code__,
-                      contextlib._AsyncGeneratorContextManager.__aenter__.__code__})
+#: Signal failures are logged apart from the span's: the span is still made and ended.
+_GUARD_SIGNALS = guard("stage signals")
+_on_start = _capture.on_start
+_on_finish = _capture.on_finish
 
 
-_CONTEXTLIB_ENTRIES = _contextlib_entries()
+def start_signals() -> _capture.State | None:
+    """The stage's signal readings at its start (:func:`otel_stages.signals.on_start`), or
+    ``None`` when signals are off or reading them failed (logged through the guard)."""
+    if not _capture._enabled:
+        return None
+    try:
+        return _on_start()
+    except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+        _GUARD_SIGNALS.failed(exc)
+    return None
 
+class Scope:
+    """What :func:`stage` and :func:`request` return: a context manager (sync and async) that
+    yields the stage's :class:`~opentelemetry.trace.Span` (an invalid, no-op span when telemetry
+    is off; a record taking the same calls in deferred mode), and a decorator that opens a fresh
+    stage per call of a function, coroutine, generator or async generator.
 
-def _driven_by_contextlib(frame: Any) -> bool:
-    """Whether generator ``frame`` runs a ``with stage()`` block it may make current.
-
-    Not when the generator is iterated by someone else: the block stays open across ``yield``, so
-    the consumer would see the stage as its current span between items, and a generator closed
-    from another task or thread would detach a context token made in a different context
-    ("Failed to detach context"). The span is still timed and parented; stages nested in such a
-    block become its siblings. A generator driven by ``@contextmanager`` is entered and left by
-    one ``with`` statement, so its block is current as usual. (Callers test the cheap
-    ``co_flags & _GENERATOR_CODE`` first: this runs only for generator frames.)
+    One scope object is entered once (the no-op one excepted).
     """
-    caller = frame.f_back
-    return caller is not None and caller.f_code in _CONTEXTLIB_ENTRIES
+
+    __slots__ = ()
+
+    name: str
+    attributes: dict[str, Any]
+
+    def _fresh(self) -> Scope:
+        """A new scope for one decorated call, of the kind the current mode makes."""
+        return _new_stage(self.name, self.attributes)
+
+    # -- protocol used by the generator wrappers and handoff ---------------------------------------
+    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
+              links: Sequence[Any] | None = None) -> Span:
+        raise NotImplementedError
+
+    def _attach(self) -> None:
+        raise NotImplementedError
+
+    def _detach(self) -> None:
+        raise NotImplementedError
+
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Span:
+        raise NotImplementedError
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Span:
+        raise NotImplementedError
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    # -- decorator ------------------------------------------------------------------------------
+    def __call__(self, fn: F) -> F:
+        if inspect.isasyncgenfunction(fn):
+            return wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(fn):
+            return wrap_generator(fn, self._fresh)  # type: ignore[return-value]
+        fresh = self._fresh
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with fresh():
+                    return await fn(*args, **kwargs)
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with fresh():
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
 
 
-class _Sequence:
-    """1-based request counter for this process; restarts after ``fork()`` (a new process)."""
+class _NoopScope(Scope):
+    """Telemetry off: records nothing. One shared object per stage name (``_NOOPS``); stateless,
+    so it can be entered by any number of threads and blocks at once."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reset()
+    __slots__ = ("attributes", "name")
 
-    def _reset(self) -> None:
-        self._counter = itertools.count(1)
-        self._cold_pending = False
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.attributes = attributes
 
-    def next(self) -> tuple[int, bool]:
-        """Return ``(seq, cold)`` for a new request."""
-        with self._lock:
-            seq = next(self._counter)
-            cold = seq == 1 or self._cold_pending
-            self._cold_pending = False
-        return seq, cold
+    # Entering and leaving a no-op stage runs no Python frame: both are C callables. ``__enter__``
+    # returns INVALID_SPAN (for ``as span``); ``__exit__`` is ``"".format``, which takes any
+    # arguments and returns "", a false value, so the block's exception propagates unchanged.
+    __enter__ = staticmethod(itertools.repeat(INVALID_SPAN).__next__)
+    __exit__ = staticmethod("".format)  # type: ignore[assignment]
 
-    def mark_cold(self) -> None:
-        with self._lock:
-            self._cold_pending = True
+    async def __aenter__(self) -> Span:
+        return INVALID_SPAN
 
+    def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
+              links: Sequence[Any] | None = None) -> Span:
+        return INVALID_SPAN
 
-_SEQUENCE = _Sequence()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_SEQUENCE._reset)
+    def _attach(self) -> None:
+        pass
 
+    def _detach(self) -> None:
+        pass
 
-def mark_cold_start() -> None:
-    """Flag the *next* request as a cold start (call after loading or reloading a model)."""
-    _SEQUENCE.mark_cold()
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
+        pass
 
 
-class StageScope:
-    """One span around a block or a call. Returned by :func:`stage` and :func:`request`.
+_NOOPS: dict[str, _NoopScope] = {}
+_MAX_NOOPS = 1024  # distinct stage names kept; past that each call makes its own (names are few)
 
-    As a context manager it yields the OpenTelemetry :class:`~opentelemetry.trace.Span` (an
-    invalid, no-op span when telemetry is disabled) so the block can add attributes. One
-    ``StageScope`` object is entered once; used as a decorator it opens a fresh span per call.
-    """
+
+def _noop(name: str, attributes: dict[str, Any]) -> _NoopScope:
+    if attributes:  # kept for a decorator that may run after telemetry is turned on
+        return _NoopScope(name, attributes)
+    scope = _NOOPS.get(name)
+    if scope is None:
+        scope = _NoopScope(name, attributes)
+        if len(_NOOPS) < _MAX_NOOPS:
+            _NOOPS[name] = scope
+    return scope
+
+
+class StageScope(Scope):
+    """A live span around a block or a call: started on entry (parent: the current span) and made
+    current, ended on exit. See :class:`Scope`."""
 
     __slots__ = ("_signals", "_span", "_start_ns", "_token", "attributes", "name")
+
+    #: Whether the start attributes come from :meth:`_start_attributes` (a request: sequence
+    #: number) rather than :attr:`attributes` as given (saves a call per stage).
+    _computed_attributes = False
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
@@ -118,46 +202,32 @@ class StageScope:
         self._span: Span | None = None
         self._token: Token[otel_context.Context] | None = None
         self._start_ns = 0
-        self._signals: signals.capture.State | None = None
+        self._signals: _capture.State | None = None
 
-    # -- span lifecycle -------------------------------------------------------------------------
+    # -- span lifecycle (generator wrappers, handoff, cuda_stage) ---------------------------------
     def _start_attributes(self) -> dict[str, Any]:
         return self.attributes
 
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
-              links: Sequence[trace.Link] | None = None) -> Span:
-        if not RUNTIME.enabled:
-            return trace.INVALID_SPAN
+              links: Sequence[Any] | None = None) -> Span:
         self._span = None
+        if not RUNTIME.mode:  # scopes made directly (handoff, cuda_stage) follow the switch too
+            return INVALID_SPAN
         with _GUARD_START:  # telemetry must not break inference
-            attributes = clean_attributes(self._start_attributes())  # before the clock starts
-            self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
-            self._signals = signals.on_start()  # issue 13: thread CPU, GC and loop readings
-            self._span = RUNTIME.tracer.start_span(
-                self.name, context=parent, attributes=attributes, links=links,
-                start_time=self._start_ns)
-            return self._span
-        return trace.INVALID_SPAN
-
-    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
-        span = self._span
-        if span is None:
-            return
-        self._span = None
-        with _GUARD_END:
-            span.end(end_time=self._finish(span, exc, end_ns))
-
-    def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
-        """Everything before ``span.end``: record ``exc`` (unless it is generator control flow)
-        and run the stage-end hooks. Returns the end time (span-clock ns, now unless given)."""
-        end_ns = RUNTIME.clock.now_ns() if end_ns is None else end_ns
-        signals.on_finish(span, self._signals, self._start_ns, end_ns)  # issue 13
-        if exc is not None and not isinstance(exc, _NOT_ERRORS):
-            record_error(span, exc)
-        for hook in RUNTIME.stage_end_hooks:
-            with guard(f"stage end hook {hook!r}"):  # one bad hook must not skip the others
-                hook(span, self.name, self._start_ns, end_ns)
-        return end_ns
+            attributes: Mapping[str, Any] = self._start_attributes()
+            if attributes:
+                attributes = clean_attributes(attributes)  # before the clock starts
+            if parent is None and RUNTIME.mode == DEFERRED:  # a live span in a deferred stage
+                parent = _deferred_parent()
+            if start_ns is None:
+                clock = RUNTIME.clock
+                start_ns = clock.monotonic_ns() + clock.offset_ns
+            self._start_ns = start_ns
+            self._signals = start_signals()
+            self._span = span = RUNTIME.tracer.start_span(
+                self.name, context=parent, attributes=attributes, links=links, start_time=start_ns)
+            return span
+        return INVALID_SPAN
 
     def _attach(self) -> None:
         if self._span is not None:
@@ -169,54 +239,133 @@ class StageScope:
             with _GUARD_DETACH:
                 otel_context.detach(token)
 
-    # -- context manager ------------------------------------------------------------------------
-    def __enter__(self) -> Span:
-        span = self._open()
-        if self._span is not None:
-            frame = sys._getframe(1)
+    def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        with _GUARD_END:
+            span.end(end_time=self._finish(span, exc, end_ns))
+
+    def _finish(self, span: Span, exc: BaseException | None, end_ns: int | None = None) -> int:
+        """Everything before ``span.end``: take the end time (now unless given), set the signals,
+        run the stage-end hooks, record ``exc`` (unless it is generator control flow). Returns the
+        end time (span-clock ns)."""
+        if end_ns is None:
+            clock = RUNTIME.clock
+            end_ns = clock.monotonic_ns() + clock.offset_ns
+        state = self._signals
+        if state is not None:
+            try:
+                _on_finish(span, state, self._start_ns, end_ns)
+            except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+                _GUARD_SIGNALS.failed(error)
+        if RUNTIME.stage_end_hooks:
+            run_end_hooks(span, self.name, self._start_ns, end_ns)
+        if exc is not None and not isinstance(exc, _NOT_ERRORS):
+            record_error(span, exc, end_ns)
+        return end_ns
+
+    # -- context manager: the hot path ----------------------------------------------------------
+    # What the raw SDK does per span (start_span, attach, detach, end) plus the span clock. The
+    # current context is read once and passed on: start_span, its sampler and set_span_in_context
+    # would each read it again, which pays for most of this wrapper's own calls. Failures go to
+    # the guard through ``except`` (the guard's hot-path form: see otel_stages._runtime.guard).
+    def _enter_at(self, frame: Any) -> Span:
+        """Start the span; ``frame`` is the caller's (a generator's ``with`` does not attach)."""
+        try:
+            if self._computed_attributes:  # before the clock starts
+                attributes: Mapping[str, Any] = self._start_attributes()  # cleaned
+            else:
+                attributes = self.attributes
+                if attributes:
+                    attributes = clean_attributes(attributes)
+            context = _get_current()
+            clock = RUNTIME.clock
+            self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
+            if _capture._enabled:  # issue 13's readings, right after the start time
+                try:
+                    self._signals = _on_start()
+                except Exception as exc:  # noqa: BLE001 - the guard's hot-path form
+                    self._signals = None
+                    _GUARD_SIGNALS.failed(exc)
+            else:
+                self._signals = None
+            self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
+                                                          start_time=start_ns)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._attach()
-        return span
+                self._token = _attach(_set_span_in_context(span, context))
+            return span
+        except Exception as exc:  # noqa: BLE001 - the guard's hot-path form: telemetry must not break inference
+            _GUARD_START.failed(exc)
+        return INVALID_SPAN
+
+    def __enter__(self) -> Span:
+        return self._enter_at(sys._getframe(1))
+
+    async def __aenter__(self) -> Span:
+        return self._enter_at(sys._getframe(1))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         # Returns None: never swallows the caller's exception (and type checkers know it).
-        self._detach()
-        self._close(exc)
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        try:
+            try:
+                if not RUNTIME.stage_end_hooks:  # the common case: _finish inlined
+                    clock = RUNTIME.clock
+                    end_ns = clock.monotonic_ns() + clock.offset_ns
+                    state = self._signals
+                    if state is not None:
+                        try:
+                            _on_finish(span, state, self._start_ns, end_ns)
+                        except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+                            _GUARD_SIGNALS.failed(error)
+                    if exc is not None and not isinstance(exc, _NOT_ERRORS):
+                        record_error(span, exc, end_ns)
+                else:
+                    end_ns = self._finish(span, exc)
+            finally:  # the context is restored whatever failed
+                token = self._token
+                if token is not None:
+                    self._token = None
+                    _detach(token)
+            span.end(end_time=end_ns)
+        except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+            _GUARD_END.failed(error)
 
-    async def __aenter__(self) -> Span:
-        span = self._open()
-        if self._span is not None:
-            frame = sys._getframe(1)
-            if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._attach()
-        return span
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(exc_type, exc, tb)
+def _deferred_parent() -> otel_context.Context | None:
+    """The current context with the innermost deferred stage's span in it (started now if need
+    be: otel_stages.builder.SpanBuilder.start_now), or ``None`` when no deferred stage is open."""
+    current = _get_current()
+    record = current.get(RECORD_KEY)  # Context is a dict
+    builder = RUNTIME.deferred
+    if record is None or builder is None:
+        return None
+    return trace.set_span_in_context(builder.start_now(record), current)
 
-    # -- decorator ------------------------------------------------------------------------------
-    def _fresh(self) -> StageScope:
-        return type(self)(self.name, self.attributes)
 
-    def __call__(self, fn: F) -> F:
-        if inspect.isasyncgenfunction(fn):
-            return _wrap_async_generator(fn, self._fresh)  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, self._fresh)  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with self._fresh():
-                    return await fn(*args, **kwargs)
-            return async_wrapper  # type: ignore[return-value]
+_get_current = otel_context.get_current
+_attach = otel_context.attach
+_detach = otel_context.detach
+_set_span_in_context = trace.set_span_in_context
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self._fresh():
-                return fn(*args, **kwargs)
-        return wrapper  # type: ignore[return-value]
+
+def run_end_hooks(span: Any, name: str, start_ns: int, end_ns: int) -> None:
+    """Run the stage-end hooks registered for ``name`` (each behind its own guard: one bad hook
+    must not skip the others)."""
+    table = RUNTIME.stage_end_hooks
+    if not table:
+        return
+    hooks = table.get(name) or table.get(None)
+    if hooks:
+        for hook, hook_guard in hooks:
+            with hook_guard:
+                hook(span, name, start_ns, end_ns)
 
 
 class RequestScope(StageScope):
@@ -230,20 +379,72 @@ class RequestScope(StageScope):
         self.request_id = request_id
         self.cold_start = cold_start
 
+    _computed_attributes = True
+
     def _start_attributes(self) -> dict[str, Any]:
-        seq, cold = _SEQUENCE.next()
-        attrs = dict(self.attributes)
+        """Cleaned, with the next sequence number (request_attributes() inlined: a request is a
+        sixth of the spans of a typical request)."""
+        seq, cold = next_request()
+        attrs = dict(clean_attributes(self.attributes)) if self.attributes else {}
         attrs[semconv.REQUEST_SEQ] = seq
         attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
         if self.request_id is not None:
-            attrs[semconv.REQUEST_ID] = self.request_id
+            attrs[semconv.REQUEST_ID] = clean_value(self.request_id, key=semconv.REQUEST_ID)
         return attrs
 
-    def _fresh(self) -> RequestScope:
-        return RequestScope(self.name, self.attributes, None, self.cold_start)
+    def _fresh(self) -> Scope:
+        return _new_request(self.name, self.attributes, None, self.cold_start)
 
 
-def stage(name: str, /, **attributes: Any) -> StageScope:
+# Deferred mode's scope classes. otel_stages.deferred builds on this module and registers them
+# when imported (the package imports it; a SpanBuilder, the way into deferred mode, needs it).
+def register_deferred(stage_class: Any, request_class: Any) -> None:
+    """Called by :mod:`otel_stages.deferred` with its scope classes."""
+    global DeferredScope, DeferredRequest
+    DeferredScope, DeferredRequest = stage_class, request_class
+
+
+DeferredScope: Any = None
+DeferredRequest: Any = None
+
+
+def _new_stage(name: str, attributes: dict[str, Any]) -> Scope:
+    mode = RUNTIME.mode
+    if mode == LIVE:
+        return StageScope(name, attributes)
+    if mode == DEFERRED:
+        return DeferredScope(name, attributes)  # type: ignore[no-any-return]
+    return _noop(name, attributes)
+
+
+def _new_request(name: str, attributes: dict[str, Any], request_id: str | None,
+                 cold_start: bool | None) -> Scope:
+    mode = RUNTIME.mode
+    if mode == LIVE:
+        return RequestScope(name, attributes, request_id, cold_start)
+    if mode == DEFERRED:
+        return DeferredRequest(name, attributes, request_id, cold_start)  # type: ignore[no-any-return]
+    if request_id is None and cold_start is None:
+        return _noop(name, attributes)
+    return _NoopRequest(name, attributes, request_id, cold_start)
+
+
+class _NoopRequest(_NoopScope):
+    """A no-op request scope that keeps ``request_id`` / ``cold_start`` for its decorator."""
+
+    __slots__ = ("cold_start", "request_id")
+
+    def __init__(self, name: str, attributes: dict[str, Any], request_id: str | None,
+                 cold_start: bool | None) -> None:
+        super().__init__(name, attributes)
+        self.request_id = request_id
+        self.cold_start = cold_start
+
+    def _fresh(self) -> Scope:
+        return _new_request(self.name, self.attributes, None, self.cold_start)
+
+
+def stage(name: str, /, **attributes: Any) -> Scope:
     """Open a span named ``name`` (``download``, ``decode``, ``resize``, ``queue``, ``forward``
     or a custom stage) as a child of the current span.
 
@@ -251,11 +452,32 @@ def stage(name: str, /, **attributes: Any) -> StageScope:
     Use ``with stage("decode") as span:`` or ``@stage("forward")`` on a function, coroutine,
     generator or async generator. Exceptions propagate unchanged after being recorded.
     """
-    return StageScope(name, attributes)
+    mode = RUNTIME.mode
+    if not mode:  # off: the shared no-op of this name, nothing else (cf. _noop)
+        if not attributes:
+            try:
+                return _NOOPS[name]
+            except KeyError:
+                pass
+        return _noop(name, attributes)
+    if mode == LIVE:  # StageScope(name, attributes) without the __init__ frame: same fields
+        scope = _new_object(StageScope)
+        scope.name = name
+        scope.attributes = attributes
+        scope._span = None
+        scope._token = None
+        return scope
+    record = _new_object(DeferredScope)  # DeferredScope(name, attributes), as above
+    record.name = name
+    record.attributes = attributes
+    return record  # type: ignore[no-any-return]
+
+
+_new_object = object.__new__
 
 
 def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = None,
-            cold_start: bool | None = None, **attributes: Any) -> RequestScope:
+            cold_start: bool | None = None, **attributes: Any) -> Scope:
     """Open the request span: the parent of the stage spans of one inference request.
 
     It is a child of the current span when there is one (e.g. an HTTP server span). Sets
@@ -264,85 +486,30 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
     ``request.id`` when ``request_id`` is given (the trace id already identifies the request
     otherwise). Works as context manager and decorator.
     """
-    return RequestScope(name, attributes, request_id, cold_start)
+    mode = RUNTIME.mode
+    if not mode and not attributes and request_id is None and cold_start is None:
+        try:
+            return _NOOPS[name]  # off: the shared no-op, as in stage()
+        except KeyError:
+            pass
+    if mode == LIVE:  # RequestScope(...) without the __init__ frames: same fields
+        scope = _new_object(RequestScope)
+        scope.name = name
+        scope.attributes = attributes
+        scope._span = None
+        scope._token = None
+        scope.request_id = request_id
+        scope.cold_start = cold_start
+        return scope
+    return _new_request(name, attributes, request_id, cold_start)
 
 
-def record_error(span: Span, exc: BaseException) -> None:
+def record_error(span: Span, exc: BaseException, timestamp_ns: int | None = None) -> None:
     """Record ``exc`` on ``span`` the standard way: exception event, status ERROR, ``error.type``.
 
     The message in the status and the event, and the event's stack trace, are capped
-    (:mod:`otel_stages.attributes`)."""
-    span.record_exception(exc, attributes=exception_attributes(exc))
+    (:mod:`otel_stages.attributes`). ``timestamp_ns``: the event's time (span-clock ns; the
+    stages pass their end time), else the SDK's wall clock now."""
+    span.record_exception(exc, attributes=exception_attributes(exc), timestamp=timestamp_ns)
     span.set_status(Status(StatusCode.ERROR, status_message(exc)))
     span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
-
-
-def _wrap_generator(fn: Callable[..., Any], new_scope: Callable[[], StageScope]) -> Callable[..., Any]:
-    """The span covers the generator's whole life; its context is active only while it runs."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        scope = new_scope()
-        scope._open()
-        error: BaseException | None = None
-        gen = fn(*args, **kwargs)
-        try:
-            method, value = gen.send, None
-            while True:
-                scope._attach()
-                try:
-                    item = method(value)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    scope._detach()
-                try:
-                    method, value = gen.send, (yield item)
-                except GeneratorExit:
-                    gen.close()
-                    raise
-                except BaseException as thrown:  # noqa: BLE001 - forwarded into the generator
-                    method, value = gen.throw, thrown
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            scope._close(error)
-
-    return wrapper
-
-
-def _wrap_async_generator(fn: Callable[..., Any],
-                          new_scope: Callable[[], StageScope]) -> Callable[..., Any]:
-    """Async twin of :func:`_wrap_generator` (``asend`` / ``athrow`` are forwarded)."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        scope = new_scope()
-        scope._open()
-        error: BaseException | None = None
-        agen = fn(*args, **kwargs)
-        try:
-            method, value = agen.asend, None
-            while True:
-                scope._attach()
-                try:
-                    item = await method(value)
-                except StopAsyncIteration:
-                    return
-                finally:
-                    scope._detach()
-                try:
-                    method, value = agen.asend, (yield item)
-                except GeneratorExit:
-                    await agen.aclose()
-                    raise
-                except BaseException as thrown:  # noqa: BLE001 - forwarded into the generator
-                    method, value = agen.athrow, thrown
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            scope._close(error)
-
-    return wrapper

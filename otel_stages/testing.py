@@ -13,9 +13,10 @@ after the block, with no sleeps and no global provider touched::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_stages import signals
 from otel_stages._runtime import RUNTIME, scoped_tracer
+from otel_stages.builder import SpanBuilder
 from otel_stages.clock import Clock
 
 
@@ -34,10 +36,14 @@ class CapturedSpans:
 
     exporter: InMemorySpanExporter
     provider: TracerProvider
+    builder: SpanBuilder | None = field(default=None, repr=False)
 
     @property
     def spans(self) -> list[ReadableSpan]:
-        """All finished spans so far (a copy)."""
+        """All finished spans so far (a copy); in deferred mode, stages ended so far are built
+        first."""
+        if self.builder is not None:
+            self.builder.flush()
         return list(self.exporter.get_finished_spans())
 
     def names(self) -> list[str]:
@@ -61,30 +67,39 @@ class CapturedSpans:
 
 
 @contextmanager
-def capture_spans(clock: Clock | None = None, *, signals_on: bool = False) -> Iterator[CapturedSpans]:
+def capture_spans(clock: Clock | None = None, span_mode: str = "live", *,
+                  signals_on: bool = False) -> Iterator[CapturedSpans]:
     """Record otel_stages spans in memory for the duration of the block.
 
     ``clock`` replaces the span clock inside the block (inject a fake for exact timings).
-    ``signals_on``: also record the per-stage signals (:mod:`otel_stages.signals`: thread CPU
-    time, GC pauses, event-loop lag). Off by default here, so that captured spans are the same
-    on every run (CPU time never is, and means nothing against a fake clock).
-    Restores the previous tracer, clock, enabled flag and signals setting afterwards.
+    ``span_mode``: ``"live"`` or ``"deferred"`` (:mod:`otel_stages.deferred`; reading
+    :attr:`CapturedSpans.spans` builds what has ended). ``signals_on``: also record the
+    per-stage signals (:mod:`otel_stages.signals`: thread CPU time, GC pauses, event-loop lag).
+    Off by default here, so that captured spans are the same on every run (CPU time never is,
+    and means nothing against a fake clock). Restores the previous tracer, clock, enabled flag,
+    span mode and signals setting afterwards. Raises ``ValueError`` for another ``span_mode``.
     """
+    if span_mode not in ("live", "deferred"):
+        raise ValueError(f"span_mode={span_mode!r}: expected live or deferred")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    saved = (RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock)
+    saved = (RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock, RUNTIME.deferred)
     saved_signals = signals.is_enabled()
     RUNTIME.tracer = scoped_tracer(provider)
-    RUNTIME.enabled = True
     signals.enable(signals_on)
     if clock is not None:
         RUNTIME.clock = clock
+    builder = SpanBuilder(RUNTIME.tracer) if span_mode == "deferred" else None
+    RUNTIME.deferred = builder
+    RUNTIME.enabled = True
     try:
-        yield CapturedSpans(exporter, provider)
+        yield CapturedSpans(exporter, provider, builder)
     finally:
-        RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock = saved
+        RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock, RUNTIME.deferred = saved
         signals.enable(saved_signals)
+        if builder is not None:
+            builder.shutdown(time.monotonic() + 5.0)
         provider.shutdown()
 
 

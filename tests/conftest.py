@@ -50,7 +50,7 @@ def captured_fake_clock(fake_time):
 
 def _runtime_state() -> tuple[object, ...]:
     return (RUNTIME.enabled, RUNTIME.tracer, RUNTIME.clock, RUNTIME.stage_end_hooks, RUNTIME.reraise,
-            signals.is_enabled())
+            RUNTIME.deferred, signals.is_enabled())
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +64,6 @@ def _leaves_no_state_behind(request: pytest.FixtureRequest):
     assert not trace.get_current_span().get_span_context().is_valid, (
         f"{request.node.nodeid} left a span active")
     after = _runtime_state()
-    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise", "signals")
+    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise", "deferred", "signals")
     changed = [n for n, b, a in zip(names, before, after) if b is not a and b != a]
     assert not changed, f"{request.node.nodeid} left otel_stages runtime state changed: {changed}"

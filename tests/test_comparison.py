@@ -193,3 +193,59 @@ def test_a_host_wide_slowdown_is_called_out(capsys):
     regression = diagnose(load_paths([TRUST / "pair_regression.after.otlp.jsonl"]),
                           baseline=load_paths([TRUST / "pair_regression.before.otlp.jsonl"]))
     assert regression.comparison is not None and not regression.comparison.uniform_shift
+
+
+# --- too few requests to test: never "within noise", and the gate does not pass ---------------------
+
+
+def _first_requests(src: Path, dst: Path, count: int) -> None:
+    """``src`` (OTLP/JSON lines as the collector's file exporter writes them) cut to its first
+    ``count`` traces by start time, every span of each kept, under the same resources."""
+    objs = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    starts: dict[str, int] = {}
+    for o in objs:
+        for rs in o.get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    t = int(sp["startTimeUnixNano"])
+                    starts[sp["traceId"]] = min(t, starts.get(sp["traceId"], t))
+    keep = set(sorted(starts, key=starts.__getitem__)[:count])
+    with dst.open("w") as out:
+        for o in objs:
+            if "resourceSpans" not in o:
+                continue
+            for rs in o["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    ss["spans"] = [sp for sp in ss["spans"] if sp["traceId"] in keep]
+            out.write(json.dumps(o) + "\n")
+
+
+def _thin_pair(tmp_path: Path, warm: int) -> list[str]:
+    """pair_regression (total median +37.7 %, beyond noise with all its requests) cut to the cold
+    request and ``warm`` warm ones on each side."""
+    paths = []
+    for side in ("after", "before"):
+        dst = tmp_path / f"{side}.otlp.jsonl"
+        _first_requests(TRUST / f"pair_regression.{side}.otlp.jsonl", dst, warm + 1)
+        paths.append(str(dst))
+    return [paths[0], "--baseline", paths[1]]
+
+
+@pytest.mark.parametrize("warm, tested", [(4, False), (5, True)])  # MIN_SAMPLES 5
+def test_thin_data_is_not_tested_rather_than_within_noise(tmp_path, capsys, warm, tested):
+    assert main(["report", *_thin_pair(tmp_path, warm), "--json"]) == 0
+    comparison = json.loads(capsys.readouterr().out)["comparison"]
+    assert comparison["tested"] is tested
+    assert comparison["within_noise"] is False  # untested: not judged; tested: a real change
+    not_tested = [s for s in comparison["summary"] if s.startswith("not tested")]
+    assert bool(not_tested) is (not tested)
+    judged = any(s.startswith("within run-to-run noise") for s in comparison["summary"])
+    assert judged is tested  # untested: no row is called noise; tested: the quiet stages are
+    assert not any("None" in s for s in comparison["summary"])
+
+
+@pytest.mark.parametrize("warm, code", [(4, 4), (5, 3)])  # EXIT_UNTESTED 4, EXIT_REGRESSION 3
+def test_the_gate_fails_when_it_cannot_judge(tmp_path, capsys, warm, code):
+    assert main(["report", *_thin_pair(tmp_path, warm), "--fail-on-regression", "10"]) == code
+    err = capsys.readouterr().err
+    assert ("cannot judge: too few warm requests (4 before, 4 after" in err) is (code == 4)

@@ -355,6 +355,39 @@ def test_text_report_on_a_non_utf8_stdout(encoding):
     assert "-----" in text and "\u2500" not in text  # ASCII table rules
 
 
+@pytest.mark.parametrize("argv", [
+    ["collector-config"],
+    ["decode-bench", "--repeat", "2"],  # the image is added below
+    ["--help"],
+])
+def test_every_command_survives_an_ascii_stdout(argv, tmp_path):
+    if argv[0] == "decode-bench":
+        from PIL import Image
+
+        image = tmp_path / "photo.jpg"
+        Image.new("RGB", (320, 240), (200, 120, 40)).save(image, quality=90)
+        argv = [*argv, str(image)]
+    env = dict(os.environ, PYTHONIOENCODING="ascii", COLUMNS="100")
+    result = subprocess.run([sys.executable, "-m", "otel_stages.cli", *argv], capture_output=True,
+                            env=env, check=False)
+    err = result.stderr.decode("ascii", "replace")
+    assert result.returncode == 0 and "Traceback" not in err, err
+    out = result.stdout.decode("utf-8")
+    assert out.strip()
+    if argv[0] == "decode-bench":
+        assert "\u2500" not in out and "-----" in out  # ASCII table rules
+
+
+def test_ctrl_c_while_the_commands_load_is_a_quiet_exit(monkeypatch):
+    import otel_stages.cli as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["report", "x"]) == 130
+
+
 def test_text_report_on_utf8_keeps_box_rules(capsys):
     assert main(["report", str(TRACES / "gpu_busy.otlp.jsonl")]) == 0
     assert "\u2500\u2500\u2500" in capsys.readouterr().out

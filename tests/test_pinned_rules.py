@@ -10,7 +10,7 @@ import os
 import pytest
 
 import otel_stages as ots
-from otel_stages import semconv, stages
+from otel_stages import semconv, sequence
 from otel_stages.analysis import MetricPoint, diagnose
 from otel_stages.analysis.gpu import gpu_evidence
 from otel_stages.analysis.otlp_json import normalize_id
@@ -35,7 +35,7 @@ def _snapshot(captured) -> list[dict]:
 
 
 def test_queue_span_runs_from_enqueue_to_pickup_exactly(captured_fake_clock, monkeypatch):
-    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
     captured, clock = captured_fake_clock
     with ots.request():
         clock.advance_ms(2)  # the request's own work before the hand-off
@@ -84,7 +84,7 @@ def test_request_counter_restarts_in_a_forked_child(captured):
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe and exits at once
         try:
-            seq, cold = stages._SEQUENCE.next()
+            seq, cold = sequence._SEQUENCE.next()
             os.write(write, f"{seq} {cold}".encode())
         finally:
             os._exit(0)

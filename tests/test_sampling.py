@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
 import otel_stages as ots
-from otel_stages import semconv, stages
+from otel_stages import semconv, sequence
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.clock import Clock
 from otel_stages.config import resolve
@@ -46,7 +46,7 @@ class Pipeline:
 
 @pytest.fixture
 def pipeline(fake_time, monkeypatch):
-    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
     p = Pipeline(fake_time)
     saved = RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock
     RUNTIME.tracer, RUNTIME.enabled = scoped_tracer(p.provider), True
@@ -191,7 +191,7 @@ def test_configure_sample_ratio_zero_writes_only_what_matters(tmp_path, monkeypa
     from otel_stages.sdk import configure
 
     monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
-    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
     telemetry = configure(data_dir=tmp_path, gpu="off", set_global=False, sample_ratio=0,
                           slow_request_ms=10_000)
     try:

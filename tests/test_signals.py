@@ -12,6 +12,7 @@ import pytest
 
 import otel_stages as ots
 from otel_stages import semconv, signals
+from otel_stages.clock import Clock
 from otel_stages.config import resolve
 from otel_stages.signals import capture, gcwatch, loop
 from otel_stages.testing import capture_spans
@@ -221,8 +222,9 @@ def test_lag_threshold(monkeypatch, lag_ns, counted):
     monitor = loop.LoopMonitor.__new__(loop.LoopMonitor)
     monitor._loop = lambda: fake
     monitor.ticks = monitor.lag_ns = 0
-    now = 7_000_000_000
-    monkeypatch.setattr(loop.RUNTIME.clock, "now_ns", lambda: now)
+    clock = Clock(monotonic_ns=lambda: 7_000_000_000, wall_ns=lambda: 7_000_000_000)
+    monkeypatch.setattr(loop.RUNTIME, "clock", clock)  # Clock has slots: replace it whole
+    now = clock.now_ns()
     monitor._due_ns = now - lag_ns
     monitor._tick()
     assert monitor.ticks == 1
@@ -268,3 +270,25 @@ def test_monitor_follows_its_loop_and_goes_with_it():
 
     monitor = asyncio.run(probe())
     assert monitor.loop is None or monitor.loop.is_closed()
+
+
+def test_cpu_only_fast_path_gives_what_finish_fields_gives(monkeypatch):
+    # deferred span mode reads only the CPU clock when that is all there is to report
+    cpu = iter([1_000, 4_000, 4_000])
+    monkeypatch.setattr(capture, "thread_time_ns", lambda: next(cpu))
+    state = capture.on_start()
+    assert state is not None
+    cpu_ns = capture.cpu_only_ns(state)
+    assert cpu_ns == 3_000
+    assert capture.cpu_fields(cpu_ns, 0, 6_000) == capture.finish_fields(state, 0, 6_000)
+    gcwatch.GC_LOG.callback("start", {"generation": 0})  # a collection since: not CPU only
+    gcwatch.GC_LOG.callback("stop", {"generation": 0})
+    assert capture.cpu_only_ns(state) is None
+
+
+def test_cpu_only_fast_path_not_on_an_event_loop():
+    async def stage_state() -> object:
+        return capture.on_start()
+
+    state = asyncio.run(stage_state())
+    assert capture.cpu_only_ns(state) is None  # type: ignore[arg-type]

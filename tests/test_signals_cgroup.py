@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 import otel_stages as ots
 from otel_stages import semconv
 from otel_stages.analysis import diagnose, load_paths
+from otel_stages.clock import Clock
 from otel_stages.signals import cgroup, session
 
 # /proc/self/mountinfo lines as a container runtime leaves them (man 5 proc).
@@ -118,10 +120,17 @@ def test_mount_points_with_escaped_spaces(tmp_path):
 # --- sampler --------------------------------------------------------------------------------------
 
 
+def _clock(now_ns: Callable[[], int]) -> Clock:
+    """A span clock reading ``now_ns()`` (offset 0; Clock has slots, so it is replaced whole)."""
+    clock = Clock(monotonic_ns=lambda: 0, wall_ns=lambda: 0)
+    clock.monotonic_ns = now_ns
+    return clock
+
+
 def test_sampler_keeps_points_only_where_values_change(monkeypatch):
     readings = iter([cgroup.CpuReading(10, 0, 0, 1.0)] * 3 + [cgroup.CpuReading(13, 1, 5_000_000, 1.0)])
     clock = iter(range(1_000, 10_000, 1_000))
-    monkeypatch.setattr(cgroup.RUNTIME.clock, "now_ns", lambda: next(clock))
+    monkeypatch.setattr(cgroup.RUNTIME, "clock", _clock(lambda: next(clock)))
     sampler = cgroup.CgroupSampler(cgroup.CpuCgroup(2, Path("/x")), reader=lambda _c: next(readings))
     for _ in range(4):
         sampler.sample()
@@ -136,7 +145,7 @@ def test_sampler_heartbeat_and_flush(monkeypatch):
     sampler = cgroup.CgroupSampler(cgroup.CpuCgroup(2, Path("/x")),
                                    reader=lambda _c: cgroup.CpuReading(None, None, 7, None))
     times = iter([0, beat // 2, beat - 1, beat + 5, beat + 6])
-    monkeypatch.setattr(cgroup.RUNTIME.clock, "now_ns", lambda: next(times))
+    monkeypatch.setattr(cgroup.RUNTIME, "clock", _clock(lambda: next(times)))
     sampler.sample()
     sampler.sample()  # unchanged, within the heartbeat: held back
     sampler.sample()  # held back, replacing the previous one

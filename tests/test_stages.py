@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import otel_stages as ots
-from otel_stages import semconv, stages
+from otel_stages import semconv, sequence
 from otel_stages._runtime import RUNTIME
 from otel_stages.clock import Clock
 
@@ -44,7 +44,7 @@ def test_request_is_child_of_enclosing_http_server_span(captured):
 
 
 def test_seq_and_cold_start(captured, monkeypatch):
-    monkeypatch.setattr(stages, "_SEQUENCE", stages._Sequence())
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
     for _ in range(3):
         with ots.request():
             pass

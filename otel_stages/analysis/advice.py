@@ -73,9 +73,10 @@ _FORWARD_BY_GPU_LEVEL = {
 }
 
 
-#: preprocess, cost follows input size: the large inputs are the slow ones.
+#: preprocess, the stage's cost follows input size: the large inputs are its slow runs.
 CAP_SIZE = (
-    "cost follows image size: the large inputs are the slow ones, so cap them (ask clients to"
+    "preprocessing cost follows image size: the large inputs take longest to decode and resize"
+    " (whatever else slows whole requests), so cap them (ask clients to"
     " downscale, or reject/resize images above the model's input resolution before decoding in"
     " full)"
 )

@@ -282,9 +282,16 @@ class Comparison:
     summary: list[str] = field(default_factory=list)
 
     @property
+    def tested(self) -> bool:
+        """Whether the request total had enough requests on both sides (:data:`MIN_SAMPLES`)
+        to be tested at all; when not, nothing is judged (neither changed nor within noise)."""
+        return self.total.median_ci is not None
+
+    @property
     def within_noise(self) -> bool:
-        """No row changed beyond run-to-run noise."""
-        return not self.total.significant and not any(c.significant for c in self.stages.values())
+        """The total was tested and no row changed beyond run-to-run noise."""
+        return (self.tested and not self.total.significant
+                and not any(c.significant for c in self.stages.values()))
 
     def regressions(self, threshold_pct: float) -> list[str]:
         """The total's statistics (median, p95) that rose significantly by more than
@@ -303,6 +310,7 @@ class Comparison:
             "stages": {name: c.to_dict() for name, c in self.stages.items()},
             "bottleneck_moved": self.bottleneck_moved,
             "inputs_differ": self.inputs_differ,
+            "tested": self.tested,
             "within_noise": self.within_noise,
             "uniform_shift": self.uniform_shift,
             "input_distance": None if self.input_distance is None else round(self.input_distance, 3),
@@ -315,7 +323,8 @@ class Comparison:
 
 
 def _label(stage: str | None, cause: str | None) -> str:
-    return str(cause) if stage is None else f"{stage} ({cause})"
+    name = cause or "no verdict"
+    return name if stage is None else f"{stage} ({name})"
 
 
 def _row_sentence(name: str, c: Change) -> str:
@@ -367,7 +376,12 @@ def compare(baseline: Report, current: Report) -> Comparison:
             f"every stage moved the same way, by x{min(ratios):.2f} to x{max(ratios):.2f} (medians):"
             " that looks like the host (CPU contention or throttling, another workload), not a change"
             " in one stage; record both sides on a quiet host, or alternate them, before trusting it")
-    if comparison.within_noise:
+    if not comparison.tested:
+        summary.append(
+            f"not tested: too few warm requests ({total.baseline_count} before, {total.count} after;"
+            f" at least {MIN_SAMPLES} a side): the changes shown are not judged against run-to-run"
+            " noise; record more requests on both sides")
+    elif comparison.within_noise:
         summary.append(
             f"within run-to-run noise: no change to the total or any stage is, with {CONFIDENCE:.0%}"
             f" confidence, larger than {RUN_DRIFT_FRACTION:.0%} of its baseline value (bootstrap"
@@ -381,7 +395,7 @@ def compare(baseline: Report, current: Report) -> Comparison:
             summary.append(f"within run-to-run noise: {', '.join(quiet)}")
     few = [n for n, c in [("total", total), *stages.items()]
            if c.baseline_count and c.count and (min(c.baseline_count, c.count) < MIN_SAMPLES)]
-    if few:
+    if few and comparison.tested:
         summary.append(f"too few requests to test {', '.join(few)} (fewer than {MIN_SAMPLES} on a side)")
     chance = ("" if not comparison.within_noise
               else " (no change is significant: the verdicts may differ by chance)")
@@ -398,7 +412,7 @@ def compare(baseline: Report, current: Report) -> Comparison:
     elif stage is not None:
         summary.append(f"the bottleneck is still {_label(stage, cause)}")
     else:
-        summary.append(f"verdict before: {b_cause}, now: {cause}")
+        summary.append(f"verdict before: {b_cause or 'no verdict'}, now: {cause or 'no verdict'}")
     if differ:
         summary.append(
             f"the inputs differ (cohort mix {distance:.0%} apart): part of any change may be the"

@@ -27,7 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     text = collector_config_text()
     if args.output is None:
-        sys.stdout.write(text)
+        binary = getattr(sys.stdout, "buffer", None)
+        if binary is None:
+            sys.stdout.write(text)
+        else:  # YAML is UTF-8 whatever the terminal's locale (a C/ASCII locale would refuse it)
+            sys.stdout.flush()
+            binary.write(text.encode("utf-8"))
+            binary.flush()
         return 0
     try:
         args.output.write_text(text, encoding="utf-8")

@@ -17,7 +17,6 @@ still measured and printed; the reason is on stderr and in the JSON row's ``erro
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 import sys
@@ -115,45 +114,39 @@ def _ms(value: float | None) -> str:
 
 def render(bench: DecodeBench, file: IO[str]) -> None:
     """The table and findings as text: colour (an unstable image's row yellow, a failed one red)
-    and the terminal's width on a terminal, plain text (no escape codes, 120 columns) otherwise."""
+    and the terminal's width on a terminal, plain text (no escape codes, 120 columns) otherwise;
+    never a ``UnicodeEncodeError`` (:func:`otel_stages.terminal.text_console`)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from otel_stages.progress import is_terminal
+    from otel_stages.terminal import text_console
 
-    tty = is_terminal(file)
-    buffer = io.StringIO()
-    # off a terminal: no colour at all; on one, rich decides (NO_COLOR, TERM=dumb turn it off)
-    console = Console(file=file if tty else buffer, force_terminal=tty, no_color=True if not tty else None,
-                      width=None if tty else 120, highlight=False, markup=False, emoji=False)
-    w, h = bench.target
-    console.print(Text(f"decode-bench: {bench.repeat} decodes per image (first apart), then"
-                       f" {bench.repeat} rounds of decode + resize to {w}x{h}; times in ms",
-                       style="bold"))
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("image", overflow="fold")  # a long path wraps, never cut
-    for header in ("size", "bytes", "first", "min", "median", "max", "resize", "draft speed-up"):
-        table.add_column(header, justify="right", no_wrap=True)
-    for r in bench.rows:
-        if r.error is not None:
-            table.add_row(r.name, "-", _bytes(r.size_bytes) if r.size_bytes else "-", "error",
-                          "", "", "", "", "", style="red")
-            continue
-        if r.draft_speedup is not None:
-            speedup = f"{r.draft_speedup:.1f}x (1/{r.draft_scale})"
-        else:
-            speedup = "n/a" if r.draft_scale is None else "none (1/1)"
-        table.add_row(r.name, f"{r.width}x{r.height}", _bytes(r.size_bytes), _ms(r.first_decode_ms),
-                      _ms(r.decode_min_ms), _ms(r.decode_median_ms), _ms(r.decode_max_ms),
-                      _ms(r.resize_median_ms), speedup,
-                      style="yellow" if r.unstable else None)
-    console.print(table)
-    for line in bench.findings:
-        console.print(Text(f"- {line}"))
-    for r in bench.rows:
-        if r.error is not None:
-            console.print(Text(f"- {r.name}: not measured: {r.error}", style="red"))
-    if not tty:
-        file.write("\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n")
+    with text_console(file, 120) as console:
+        w, h = bench.target
+        console.print(Text(f"decode-bench: {bench.repeat} decodes per image (first apart), then"
+                           f" {bench.repeat} rounds of decode + resize to {w}x{h}; times in ms",
+                           style="bold"))
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+        table.add_column("image", overflow="fold")  # a long path wraps, never cut
+        for header in ("size", "bytes", "first", "min", "median", "max", "resize", "draft speed-up"):
+            table.add_column(header, justify="right", no_wrap=True)
+        for r in bench.rows:
+            if r.error is not None:
+                table.add_row(r.name, "-", _bytes(r.size_bytes) if r.size_bytes else "-", "error",
+                              "", "", "", "", "", style="red")
+                continue
+            if r.draft_speedup is not None:
+                speedup = f"{r.draft_speedup:.1f}x (1/{r.draft_scale})"
+            else:
+                speedup = "n/a" if r.draft_scale is None else "none (1/1)"
+            table.add_row(r.name, f"{r.width}x{r.height}", _bytes(r.size_bytes), _ms(r.first_decode_ms),
+                          _ms(r.decode_min_ms), _ms(r.decode_median_ms), _ms(r.decode_max_ms),
+                          _ms(r.resize_median_ms), speedup,
+                          style="yellow" if r.unstable else None)
+        console.print(table)
+        for line in bench.findings:
+            console.print(Text(f"- {line}"))
+        for r in bench.rows:
+            if r.error is not None:
+                console.print(Text(f"- {r.name}: not measured: {r.error}", style="red"))

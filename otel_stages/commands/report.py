@@ -20,7 +20,8 @@ do not trip the gate, since users feel the total.
 Exit status: 0 when at least one request was found; 1 when none was (the message says why on
 stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0`` and
 ``"verdict": {"cause": null, ...}``, so scripts can parse it either way); 2 usage error; 3
-``--fail-on-regression`` tripped (the report is printed first).
+``--fail-on-regression`` tripped (the report is printed first); 4 ``--fail-on-regression`` could
+not test (fewer than 5 warm requests on a side: a gate that cannot judge does not pass).
 
 Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; default 1h):
 
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Recording, diagnose, load_paths
+from otel_stages.analysis.comparison import MIN_SAMPLES
 from otel_stages.analysis.files import load_bytes, load_stream
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
@@ -103,6 +105,9 @@ def parse_since(raw: str) -> int:
 
 #: Exit status when --fail-on-regression trips.
 EXIT_REGRESSION = 3
+#: Exit status when --fail-on-regression cannot judge (too few requests on a side): a gate that
+#: cannot test must not pass silently.
+EXIT_UNTESTED = 4
 
 
 def _percent(raw: str) -> float:
@@ -129,7 +134,8 @@ EPILOG = (
     " variance; image sizes in pixels (width x height), encoded sizes in bytes (kB, MB = 1000s);"
     " GPU utilization in percent, memory in GiB. JSON keys carry their unit (_ms, _ns, _s, _bytes);"
     " share, explains and utilization are fractions 0..1 there. Exit status: 0 report printed, 1"
-    " nothing to report or unreadable input, 2 usage error, 3 --fail-on-regression tripped."
+    " nothing to report or unreadable input, 2 usage error, 3 --fail-on-regression tripped, 4"
+    " --fail-on-regression could not test (too few requests on a side)."
 )
 
 
@@ -465,6 +471,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
         return 1
     if args.fail_on_regression is not None and report.comparison is not None:
+        if not report.comparison.tested:
+            total = report.comparison.total
+            print(f"otel-stages: error: --fail-on-regression cannot judge: too few warm requests"
+                  f" ({total.baseline_count} before, {total.count} after; at least {MIN_SAMPLES}"
+                  " a side); record more requests", file=sys.stderr)
+            return EXIT_UNTESTED
         regressions = report.comparison.regressions(args.fail_on_regression)
         for line in regressions:
             print(f"otel-stages: regression: {line}", file=sys.stderr)

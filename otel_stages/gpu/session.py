@@ -16,12 +16,14 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_stages import semconv
 from otel_stages._runtime import RUNTIME
 from otel_stages.config import ConfigurationError
 from otel_stages.gpu import nvml
 from otel_stages.gpu.attribution import Attribution
-from otel_stages.gpu.reader import GpuMetricReader, SerializedExporter
+from otel_stages.gpu.reader import GpuMetricReader
 from otel_stages.gpu.sampler import DEFAULT_INIT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, Sampler
+from otel_stages.sample_export import SerializedExporter
 
 MODES = ("auto", "on", "off")
 
@@ -60,7 +62,7 @@ class GpuSession:
     def start(self) -> GpuSession:
         """Start sampling in the background and attach the forward hook."""
         self.sampler.start()
-        RUNTIME.add_stage_end_hook(self.attribution)
+        RUNTIME.add_stage_end_hook(self.attribution, semconv.STAGE_FORWARD)
         return self
 
     def stop(self) -> None:

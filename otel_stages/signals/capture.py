@@ -7,14 +7,16 @@ The stage hot path makes two calls, both on the thread that runs the stage::
     on_finish(span, state, start_ns, end_ns)    # in the finish step, before span.end()
 
 (:func:`finish_fields` returns the attributes and events instead, for a span that is only created
-when the stage ends.) ``start_ns`` / ``end_ns`` are the span's own times (span clock).
+when the stage ends; deferred span mode first asks :func:`cpu_only_ns`, which reads only the CPU
+clock when that is all there is to report, and leaves :func:`cpu_fields` to the span builder.)
+``start_ns`` / ``end_ns`` are the span's own times (span clock).
 
 What it costs when nothing happens: a ``time.thread_time_ns()`` at each end (a system call:
 CLOCK_THREAD_CPUTIME_ID has no vDSO fast path), a C call that returns the thread's running
 asyncio loop (``None`` off a loop), one integer compare for GC, and one ``set_attributes`` with
 two values. GC collections (:mod:`~otel_stages.signals.gcwatch`) and loop lag
 (:mod:`~otel_stages.signals.loop`) add work only to stages during which they happened.
-``benchmarks/stage_overhead.py`` measures it (row ``enabled_signals``).
+``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``).
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
@@ -90,7 +92,7 @@ def finish_fields(state: State | None, start_ns: int,
     if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS:
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
-    events: list[Event] = []
+    events: list[Event] = []  # (cpu_fields must stay what this gives when only the CPU counts)
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
     monitor = state[1]
@@ -101,6 +103,27 @@ def finish_fields(state: State | None, start_ns: int,
         if monitor.ticks == state[2] and wall_ns >= HOLD_MIN_NS:
             attributes[semconv.EVENT_LOOP_HELD_MS] = wall_ns / 1e6
     return attributes, events
+
+
+def cpu_only_ns(state: State) -> int | None:
+    """The thread CPU time since :func:`on_start` (ns, read now), when that is all
+    :func:`finish_fields` would report now: no collection started since and not on an event loop.
+    ``None`` otherwise: call :func:`finish_fields`. Then ``cpu_fields(cpu_ns, start_ns, end_ns)``,
+    later and on any thread, equals ``finish_fields(state, start_ns, end_ns)`` now."""
+    if GC_LOG.seq != state[0] or state[1] is not None:
+        return None
+    return thread_time_ns() - state[4]
+
+
+def cpu_fields(cpu_ns: int, start_ns: int, end_ns: int) -> tuple[dict[str, Any], list[Event]]:
+    """What :func:`finish_fields` returns for a stage with ``cpu_ns`` of thread CPU time (from
+    :func:`cpu_only_ns`) and nothing else to report."""
+    wall_ns = end_ns - start_ns
+    attributes: dict[str, Any] = {}
+    if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS:
+        attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
+        attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
+    return attributes, []
 
 
 def _gc_fields(seq: int, start_ns: int, end_ns: int, attributes: dict[str, Any],

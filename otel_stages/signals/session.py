@@ -1,10 +1,8 @@
 """Wiring for ``configure()``: GC recording, and the cgroup sampler exported as metrics.
 
-Like the GPU samples (:mod:`otel_stages.gpu.reader`, which says why SDK instruments do not fit:
-they stamp points with the collection time and keep one per collection), each cgroup reading is
-exported at the time it was taken: :class:`CgroupMetricReader` is a ``MetricReader`` on the
-same ``MeterProvider`` that builds the ``MetricsData`` itself and hands it to the exporter the SDK's
-periodic reader uses (shared through :class:`~otel_stages.gpu.reader.SerializedExporter`).
+Like the GPU samples, each cgroup reading is exported at the time it was taken:
+:class:`CgroupMetricReader` is a :class:`~otel_stages.sample_export.SampleReader` (which says
+why SDK instruments do not fit), sharing the exporter the SDK's periodic reader uses.
 Counters are cumulative monotonic sums, the limit a gauge (names in :mod:`otel_stages.semconv`).
 This module imports the OpenTelemetry SDK; only ``otel_stages.sdk`` imports it.
 """
@@ -13,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,21 +21,15 @@ from opentelemetry.sdk.metrics.export import (
     Gauge,
     Metric,
     MetricExporter,
-    MetricExportResult,
     MetricReader,
     MetricsData,
     NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
     Sum,
 )
-from opentelemetry.sdk.metrics.view import DropAggregation
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_stages import semconv
-from otel_stages._version import __version__
-from otel_stages.gpu.reader import _ALL_INSTRUMENTS, SerializedExporter
+from otel_stages.sample_export import SampleReader, SerializedExporter, metrics_data
 from otel_stages.signals import capture, cgroup, gcwatch
 
 logger = logging.getLogger("otel_stages.signals")
@@ -75,67 +66,41 @@ def to_metrics_data(points: Sequence[cgroup.Point], start_ns: int, resource: Res
                                  aggregation_temporality=AggregationTemporality.CUMULATIVE)
                              if counter else Gauge(data_points=data_points))
         out.append(Metric(name=name, description=description, unit=unit, data=data))
-    scope = InstrumentationScope(semconv.SCOPE_NAME, __version__)
-    return MetricsData(resource_metrics=[ResourceMetrics(
-        resource=resource, scope_metrics=[ScopeMetrics(scope=scope, metrics=out, schema_url="")],
-        schema_url="")])
+    return metrics_data(out, resource)
 
 
-class CgroupMetricReader(MetricReader):
+class CgroupMetricReader(SampleReader):
     """Exports a :class:`~otel_stages.signals.cgroup.CgroupSampler`'s points every
-    ``export_interval_s`` and at flush / shutdown (SDK instruments are dropped for it).
-    ``on_dropped(reason, count)`` is told about points lost."""
+    ``export_interval_s`` and at flush / shutdown (see
+    :class:`~otel_stages.sample_export.SampleReader`)."""
+
+    what = "cgroup samples"
+    thread_name = "otel-stages-cgroup-export"
+    logger = logging.getLogger("otel_stages.signals")
 
     def __init__(self, sampler: cgroup.CgroupSampler, exporter: MetricExporter,
                  resource: Callable[[], Resource], export_interval_s: float,
                  on_dropped: Callable[[str, int], None] | None = None) -> None:
-        super().__init__(preferred_aggregation={cls: DropAggregation() for cls in _ALL_INSTRUMENTS})
+        super().__init__(exporter, resource, export_interval_s, on_dropped)
         self.sampler = sampler
-        self._exporter = exporter
-        self._resource = resource
-        self._interval_s = export_interval_s
-        self._on_dropped = on_dropped
-        self._dropped_seen = 0
-        self._abandoned = False
-        self._export_lock = threading.Lock()
-        self._stop = threading.Event()
         self.start_thread()
 
     def start_thread(self) -> None:
         """(Re)start the sampler and the export thread (also in a forked child)."""
         self.sampler.start()
-        self._stop = threading.Event()
-        self._export_lock = threading.Lock()
-        threading.Thread(target=self._ticker, name="otel-stages-cgroup-export", daemon=True).start()
+        super().start_thread()
 
-    def _ticker(self) -> None:
-        stop = self._stop
-        while not stop.wait(self._interval_s):
-            self.export_now()
+    def _drain(self) -> list[Any]:
+        return list(self.sampler.drain())
 
-    def export_now(self, timeout_millis: float = 10_000) -> bool:
-        """Export every point not yet exported; ``True`` on success or when there was none."""
-        with self._export_lock:
-            if self._abandoned:
-                return False
-            dropped = self.sampler.dropped
-            if self._on_dropped is not None and dropped > self._dropped_seen:
-                self._on_dropped(semconv.DROP_QUEUE_FULL, dropped - self._dropped_seen)
-            self._dropped_seen = dropped
-            points = self.sampler.drain()
-            if not points:
-                return True
-            try:
-                data = to_metrics_data(points, self.sampler.start_ns, self._resource())
-                result = self._exporter.export(data, timeout_millis=timeout_millis)
-            except Exception as exc:  # noqa: BLE001 - telemetry must not break the service
-                logger.warning("exporting %d cgroup samples failed: %r", len(points), exc)
-                return False
-            return result == MetricExportResult.SUCCESS
+    def _dropped_total(self) -> int:
+        return int(self.sampler.dropped)
 
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-                         **kwargs: Any) -> None:
-        """SDK instruments are dropped for this reader: nothing to do."""
+    def _to_data(self, points: list[Any], resource: Resource) -> MetricsData:
+        return to_metrics_data(points, self.sampler.start_ns, resource)
+
+    def _halt(self) -> None:
+        self.sampler.stop(0.0)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Take a reading now, then export."""
@@ -148,16 +113,6 @@ class CgroupMetricReader(MetricReader):
         self.sampler.stop()
         self.sampler.sample(flush=True)
         self.export_now(timeout_millis / 2)
-
-    def abandon(self) -> int:
-        """At a shutdown deadline: stop and count what was not exported as ``shutdown_timeout``."""
-        self._stop.set()
-        self.sampler.stop(0.0)
-        self._abandoned = True
-        points = self.sampler.drain()
-        if self._on_dropped is not None:
-            self._on_dropped(semconv.DROP_SHUTDOWN_TIMEOUT, len(points))
-        return len(points)
 
 
 _current: CgroupMetricReader | None = None
