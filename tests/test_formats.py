@@ -19,6 +19,7 @@ producer writes it:
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
@@ -391,3 +392,69 @@ def test_ctrl_c_while_the_commands_load_is_a_quiet_exit(monkeypatch):
 def test_text_report_on_utf8_keeps_box_rules(capsys):
     assert main(["report", str(TRACES / "gpu_busy.otlp.jsonl")]) == 0
     assert "\u2500\u2500\u2500" in capsys.readouterr().out
+
+
+# --- what is not traces: one clear line, nothing read ------------------------------------------
+
+
+def _problems(tmp_path: Path, name: str, data: bytes) -> list[str]:
+    from otel_stages.analysis import load_paths
+
+    path = tmp_path / name
+    path.write_bytes(data)
+    recording = load_paths([path])
+    assert recording.spans == []
+    return recording.problems
+
+
+def test_zipkin_json_is_named_once_not_per_span(tmp_path):
+    # Zipkin v2 spans as POST /api/v2/spans takes them and GET /api/v2/traces answers (a list of
+    # traces): openzipkin/zipkin-api zipkin2-api.yaml (Span: traceId, id, parentId, name,
+    # timestamp and duration in µs, localEndpoint, tags)
+    spans = [{"traceId": "efc63f0cd0e873a0000c6d07ef7b77e9", "id": f"{i:016x}", "name": "decode",
+              "timestamp": 1790000000000000 + i, "duration": 5134, "kind": "SERVER",
+              "localEndpoint": {"serviceName": "svc"}, "tags": {"stage": "decode"}}
+             for i in range(1, 31)]
+    for doc in (spans, [spans[:10], spans[10:]]):
+        problems = _problems(tmp_path, "zipkin.json", json.dumps(doc).encode())
+        assert len(problems) == 1 and "Zipkin v2 JSON (30 spans)" in problems[0], problems
+
+
+def test_a_report_fed_back_is_named(tmp_path, capsys):
+    assert main(["report", str(TRACES / "gpu_busy.otlp.jsonl"), "--json"]) == 0
+    problems = _problems(tmp_path, "report.json", capsys.readouterr().out.encode())
+    assert len(problems) == 1 and "an otel-stages report (report --json output)" in problems[0]
+
+
+@pytest.mark.parametrize("fmt, kind", [("JPEG", "a JPEG image"), ("PNG", "a PNG image"),
+                                       ("WEBP", "a WebP image")])
+def test_an_image_given_as_traces_is_one_problem(tmp_path, fmt, kind):
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 200, 30)).save(out, fmt)
+    problems = _problems(tmp_path, "photo.bin", out.getvalue())
+    assert problems == [f"{tmp_path / 'photo.bin'}: {kind}, not a trace file; not read"]
+
+
+def test_utf16_text_is_named(tmp_path):
+    text = (TRACES / "gpu_busy.otlp.jsonl").read_text()
+    problems = _problems(tmp_path, "t.jsonl", codecs.BOM_UTF16_LE + text.encode("utf-16-le"))
+    assert len(problems) == 1 and "UTF-16 text (save it as UTF-8)" in problems[0]
+
+
+def test_a_missing_path_on_the_command_line_is_a_usage_error(tmp_path, capsys):
+    good = str(TRACES / "gpu_busy.otlp.jsonl")
+    assert main(["report", good, str(tmp_path / "typo.jsonl")]) == 2
+    assert "no such file or folder: " in capsys.readouterr().err
+    assert main(["report", good, "--baseline", str(tmp_path / "nope")]) == 2
+    assert main(["report", good]) == 0
+
+
+def test_a_folder_without_trace_names_says_how_to_read_its_files(tmp_path):
+    from otel_stages.analysis import load_paths
+
+    (tmp_path / "traces").write_text((TRACES / "gpu_busy.otlp.jsonl").read_text())
+    folder = load_paths([tmp_path])
+    assert folder.spans == [] and "a file named otherwise is read when given by name" in folder.problems[0]
+    assert load_paths([tmp_path / "traces"]).spans  # the same file by name: read by content

@@ -80,7 +80,8 @@ def load_paths(
             )
             if not found:
                 endings = ", ".join(f"*{s}" for s in (*DATA_SUFFIXES, *COMPRESSED_SUFFIXES))
-                out.problems.append(f"{path}: no trace files ({endings}) in this folder")
+                out.problems.append(f"{path}: no trace files ({endings}) in this folder; a file"
+                                    " named otherwise is read when given by name")
         elif path.exists():
             found = [path]
         else:

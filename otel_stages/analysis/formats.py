@@ -119,7 +119,32 @@ def _read(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> No
         else:
             _decode_text(data, name, into)
         return
+    binary = _binary_kind(head)
+    if binary is not None:
+        problems.append(f"{name}: {binary}, not a trace file; not read")
+        return
     _read_text(chunks, name, into)
+
+
+#: Magic numbers of files people pass by mistake (the images the service serves, archives).
+_BINARY_MAGIC = ((b"\xff\xd8\xff", "a JPEG image"), (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+                 (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a zip archive"),
+                 (b"%PDF", "a PDF document"), (b"\x7fELF", "an executable"))
+
+
+def _binary_kind(head: bytes) -> str | None:
+    """What the file is when its first bytes are binary rather than text, else ``None``."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "UTF-16 text (save it as UTF-8)"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    for magic, kind in _BINARY_MAGIC:
+        if head.startswith(magic):
+            return kind
+    sample = head[:4096]
+    if b"\x00" in sample:
+        return "binary data"
+    return None
 
 
 # --- compression and framing -------------------------------------------------------------------
@@ -325,6 +350,13 @@ def _dispatch(obj: Any, where: str, out: Recording) -> int:
     from otel_stages.analysis.tempo import parse_tempo_trace
 
     if isinstance(obj, list):
+        zipkin = _zipkin_spans(obj)
+        if zipkin:
+            out.problems.append(
+                f"{where}: Zipkin v2 JSON ({zipkin} spans), not read: otel-stages reads OTLP;"
+                " send the spans through an OpenTelemetry Collector with the zipkin receiver and"
+                " an OTLP or file exporter, or record them with otel_stages.configure()")
+            return 0
         if not all(isinstance(item, Mapping) for item in obj):
             kinds = sorted({type(item).__name__ for item in obj if not isinstance(item, Mapping)})
             out.problems.append(f"{where}: expected a JSON object, got an array of {', '.join(kinds)}")
@@ -335,6 +367,9 @@ def _dispatch(obj: Any, where: str, out: Recording) -> int:
         return 0
     if any(k in obj for k in _OTLP_KEYS):
         out.extend(parse_export_request(obj, where=where))
+    elif obj.keys() >= _REPORT_KEYS:  # before Tempo's: a report has a "batches" key too
+        out.problems.append(f"{where}: an otel-stages report (report --json output), not traces;"
+                            " give the trace files it was made from")
     elif "result" in obj and isinstance(obj["result"], Mapping):  # Jaeger api/v3
         out.extend(parse_export_request(obj["result"], where=f"{where}: result"))
     elif "error" in obj and isinstance(obj["error"], Mapping) and len(obj) == 1:
@@ -359,6 +394,23 @@ def _dispatch(obj: Any, where: str, out: Recording) -> int:
             " {\"result\": ...}) and Tempo ({\"batches\": [...]}) JSON"
         )
     return 0
+
+
+#: Keys every ``otel-stages report --json`` object has (DESIGN.md section 3).
+_REPORT_KEYS = frozenset({"requests", "stages", "verdict"})
+
+
+def _zipkin_spans(obj: list[Any]) -> int:
+    """How many Zipkin v2 spans ``obj`` holds when it is Zipkin JSON (a list of spans, as
+    ``POST /api/v2/spans`` takes, or a list of traces, as ``GET /api/v2/traces`` answers: spans
+    with ``traceId``, ``id`` and ``timestamp`` / ``localEndpoint``; zipkin2-api.yaml), else 0."""
+    spans = [s for item in obj for s in (item if isinstance(item, list) else [item])]
+
+    def is_span(s: Any) -> bool:
+        return (isinstance(s, Mapping) and "traceId" in s and "id" in s
+                and ("timestamp" in s or "localEndpoint" in s) and not s.keys() & set(_OTLP_KEYS))
+
+    return len(spans) if spans and all(map(is_span, spans)) else 0
 
 
 def _console_problem(count: int, name: str, into: Compactor) -> None:

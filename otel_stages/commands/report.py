@@ -7,7 +7,9 @@ or, with ``--json``, as one JSON object (``indent=2``). ``--baseline PATH`` (rep
 each) compares with a recording made before a change; a baseline without requests (missing or
 empty files) is exit status 1, not an empty comparison.
 
-Input problems (bad lines, missing files) never stop the report: each is printed to stderr as
+A PATH (or --baseline PATH) that does not exist is a usage error (exit 2, nothing read): a typo
+must not pass a CI run. Problems inside the input (bad lines, unreadable files) never stop the
+report: each is printed to stderr as
 ``otel-stages: warning: <file>:<line>: ...`` and listed under ``problems``.
 
 ``--last-run`` reports only the newest process's requests (the one whose first request started
@@ -266,6 +268,9 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--last-run picks a process from traces: use it with PATHs, --jaeger or --tempo"
     if [*args.paths, *(args.baseline or [])].count(STDIN) > 1:
         return "stdin (-) can be read only once"
+    missing = [p for p in [*args.paths, *(args.baseline or [])] if p != STDIN and not os.path.exists(p)]
+    if missing:  # a typo must not pass a CI run with a report of the other files
+        return f"no such file or folder: {', '.join(missing)}"
     return _mapping_usage_problem(args, traces=bool(traces))
 
 
