@@ -96,6 +96,22 @@ def _forward_s(spec: dict) -> float:
     return float(spec.get("forward_s", 0.0))
 
 
+def _wait_for_a_clear_start(spec: dict) -> None:
+    """Start a forward only where the phase it starts in holds it: a fast forward at least
+    3x its length before a pressure phase begins (on a loaded machine a sleep overshoots), a slow
+    one at least half its length before its pressure phase ends (so the sampler sees it under
+    pressure). The recording then says what the scenario means, whatever the machine's load."""
+    period_us = int(spec.get("pressure_period_ms", 0)) * 1000
+    if not period_us or "slow_forward_s" not in spec:
+        return
+    at_us = time.time_ns() // 1000 % (2 * period_us)
+    pressure = at_us < period_us
+    left_s = ((period_us if pressure else 2 * period_us) - at_us) / 1e6
+    needed_s = 0.5 * float(spec["slow_forward_s"]) if pressure else 3 * float(spec.get("forward_s", 0.0))
+    if left_s < needed_s:
+        time.sleep(left_s + 0.005)  # outside the request: the next phase's start
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     logging.getLogger().addHandler(_Collect(level=logging.INFO))
@@ -138,6 +154,7 @@ def main() -> None:
         current.sampler.wait_ready(10)
     t0 = time.perf_counter()
     for _ in range(spec.get("requests", 1)):
+        _wait_for_a_clear_start(spec)
         with ots.request():
             with ots.stage("forward"):
                 time.sleep(_forward_s(spec))
