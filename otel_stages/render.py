@@ -264,9 +264,14 @@ def _comparison(report: Report, width: int) -> RenderableType:
                            Column("after"), Column("change"), Column("p95 before", 3), Column("after", 1),
                            Column("change"), Column("changed")], rows, width)
     summary = _bullets("Summary:", c.summary, "bold")
-    title = Text(f"Compared with the baseline ({c.baseline_requests} requests), ms; changed = outside"
-                 " run-to-run noise (95% bootstrap intervals of median, p95, swing)", style="bold")
+    title = Text(f"Compared with the baseline ({_count(c.baseline_requests, 'request')}), ms;"
+                 " changed = outside run-to-run noise (95% bootstrap intervals of median, p95,"
+                 " swing)", style="bold")
     return Group(title, table, *left_out_note(dropped), summary)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _utc(ns: int) -> str:
@@ -278,7 +283,7 @@ def _run_line(run: Run) -> str:
     who = run.service_name or "unknown service"
     if run.service_instance_id:
         who += f" instance {run.service_instance_id}"
-    return (f"{who}: {run.requests} requests, {_utc(run.first_unix_ns)} .."
+    return (f"{who}: {_count(run.requests, 'request')}, {_utc(run.first_unix_ns)} .."
             f" {_utc(run.last_unix_ns)[11:]} UTC")
 
 
@@ -287,7 +292,7 @@ def _header(report: Report) -> list[RenderableType]:
     failed = f", {counts.failed} failed" if counts.failed else ""
     incomplete = f"; {counts.incomplete} incomplete left out" if counts.incomplete else ""
     head = Text(
-        f"otel-stages report: {report.requests} requests ({counts.warm} warm, {counts.cold} cold"
+        f"otel-stages report: {_count(report.requests, 'request')} ({counts.warm} warm, {counts.cold} cold"
         f"{failed}{incomplete})",
         style="bold",
     )

@@ -78,8 +78,8 @@ def left_out_note(dropped: list[str]) -> list[RenderableType]:
     """A dim line naming the columns :func:`fit_table` left out (nothing when none were)."""
     if not dropped:
         return []
-    return [Text(f"(narrow terminal: {', '.join(dropped)} not shown; widen it or use --json)",
-                 style="dim")]
+    return [Text(f"(too narrow: {', '.join(dropped)} not shown; widen the terminal or set"
+                 " COLUMNS, or use --json)", style="dim")]
 
 
 def is_terminal(file: IO[str]) -> bool:

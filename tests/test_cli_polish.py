@@ -244,7 +244,7 @@ def test_a_narrow_slowest_table_drops_the_smallest_stages_first_never_the_verdic
     assert "queue" in header and "total" in header
     text = " ".join(render_text(report, width=60).split())
     after = text[text.index("slowest warm requests"):]
-    note = after[after.index("(narrow terminal"):].split(")")[0]
+    note = after[after.index("(too narrow"):].split(")")[0]
     shown = [n for n in report.stages if n in header]
     left_out = [n for n in report.stages if n not in header]
     assert left_out and all(n in note for n in left_out)
