@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "otel_stages"
 
 #: Modules that build the pipeline ``configure()`` sets up; instrumentation and analysis never
 #: import the SDK (tests/test_api.py checks the same at run time for the hot path).
-SDK_SIDE = {"otel_stages.sdk", "otel_stages.delivery", "otel_stages.request_log",
+SDK_SIDE = {"otel_stages.sdk", "otel_stages.telemetry", "otel_stages.delivery", "otel_stages.request_log",
             "otel_stages.sample_export", "otel_stages.sampling", "otel_stages.testing",
             "otel_stages.gpu.reader", "otel_stages.gpu.session", "otel_stages.signals.session",
             "otel_stages.json_lines"}
