@@ -30,7 +30,7 @@ from otel_stages.analysis.prometheus import gpu_samples_query
 from otel_stages.analysis.promql import build_queries
 from otel_stages.analysis.tempo import parse_tempo_trace
 from otel_stages.cli import main
-from otel_stages.commands.report import parse_since
+from otel_stages.commands.remote import parse_since
 
 DATA = Path(__file__).parent / "data"
 SOURCES = DATA / "sources"
@@ -513,7 +513,9 @@ class socket_closed_port:  # noqa: N801 - used like a function
         (["--jaeger", "http://x", "--service", "s", "--prometheus", "http://y", "--span-label", "n"],
          "--span-label goes with --prometheus (the fleet-wide report)"),
         (["--prometheus", "http://x", "--stage-map", "triton"], "--stage-map maps spans"),
-        (["a.jsonl", "--stage-map", "nonexistent.yaml"], "--stage-map: nonexistent.yaml: no such stage map"),
+        ([str(TRACES / "stable.otlp.jsonl"), "--stage-map", "nonexistent.yaml"],
+         "--stage-map: nonexistent.yaml: no such stage map"),
+        (["a.jsonl"], "no such file or folder: a.jsonl"),
     ],
 )
 def test_usage_errors(argv, message, capsys):

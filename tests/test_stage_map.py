@@ -185,7 +185,8 @@ def test_bad_maps_are_named_errors(text, says):
 def test_builtin_maps_load_and_bad_name_is_a_usage_error(capsys):
     assert load_stage_map("triton").request == {"InferRequest"}
     assert load_stage_map("vllm").request == {"llm_request"}
-    assert main(["report", "x.jsonl", "--stage-map", "tgi"]) == 2
+    existing = str(Path(__file__).parent / "data" / "traces" / "stable.otlp.jsonl")
+    assert main(["report", existing, "--stage-map", "tgi"]) == 2
     assert "built-in maps: triton, vllm" in capsys.readouterr().err
 
 

@@ -48,7 +48,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -63,47 +62,22 @@ from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
 from otel_stages.analysis.stage_map import StageMapError
 from otel_stages.commands import int_at_least
+from otel_stages.commands.remote import (
+    DEFAULT_SINCE,
+    load_remote,
+    parse_since,
+    run_prometheus,
+    warn,
+)
 from otel_stages.progress import show_progress
 
 if TYPE_CHECKING:
     from otel_stages.analysis import Report
-    from otel_stages.analysis.aggregate import AggregateReport
-    from otel_stages.analysis.prometheus import NamingOverrides
     from otel_stages.analysis.selection import Selection
     from otel_stages.analysis.stage_map import MapSummary
 
-#: At most this many problems are echoed to stderr (all of them stay in the JSON).
-MAX_STDERR_PROBLEMS = 20
-#: How far back remote sources look when --since is not given.
-DEFAULT_SINCE = "1h"
 #: The PATH that means standard input.
 STDIN = "-"
-
-_NS_PER_UNIT = {
-    "ms": 10**6,
-    "s": 10**9,
-    "m": 60 * 10**9,
-    "h": 3600 * 10**9,
-    "d": 86400 * 10**9,
-    "w": 7 * 86400 * 10**9,
-}
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
-
-
-def parse_since(raw: str) -> int:
-    """``30m``, ``1h``, ``2d``, ``1h30m``, ``90s``, ``1w`` -> nanoseconds (> 0), Prometheus-style
-    (integer counts, units ms/s/m/h/d/w). Raises ``argparse.ArgumentTypeError`` otherwise."""
-    text = raw.strip().lower()
-    parts = _DURATION_PART.findall(text)
-    if not text or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration such as 30m, 1h, 2d or 1h30m, got {raw!r}"
-        )
-    ns = sum(int(n) * _NS_PER_UNIT[u] for n, u in parts)
-    if ns <= 0:
-        raise argparse.ArgumentTypeError(f"expected a duration above 0, got {raw!r}")
-    return ns
-
 
 #: Exit status when --fail-on-regression trips.
 EXIT_REGRESSION = 3
@@ -227,17 +201,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_mapping_arguments(parser)
 
 
-def _warn(problems: list[str]) -> None:
-    for problem in problems[:MAX_STDERR_PROBLEMS]:
-        print(f"otel-stages: warning: {problem}", file=sys.stderr)
-    if len(problems) > MAX_STDERR_PROBLEMS:
-        print(
-            f"otel-stages: warning: ... and {len(problems) - MAX_STDERR_PROBLEMS} more problems"
-            " (all are listed under \"problems\" with --json)",
-            file=sys.stderr,
-        )
-
-
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """Why these arguments do not go together, or ``None``."""
     traces = args.jaeger or args.tempo
@@ -268,121 +231,13 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--last-run picks a process from traces: use it with PATHs, --jaeger or --tempo"
     if [*args.paths, *(args.baseline or [])].count(STDIN) > 1:
         return "stdin (-) can be read only once"
+    mapping = _mapping_usage_problem(args, traces=bool(traces))
+    if mapping:
+        return mapping
     missing = [p for p in [*args.paths, *(args.baseline or [])] if p != STDIN and not os.path.exists(p)]
     if missing:  # a typo must not pass a CI run with a report of the other files
         return f"no such file or folder: {', '.join(missing)}"
-    return _mapping_usage_problem(args, traces=bool(traces))
-
-
-def _traceql_default(service: str | None) -> str:
-    if not service:
-        return "{}"
-    quoted = service.replace("\\", "\\\\").replace('"', '\\"')
-    return '{resource.service.name="' + quoted + '"}'
-
-
-def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Recording, str]:
-    """Spans from Jaeger or Tempo (plus GPU samples from Prometheus when given) and a phrase
-    naming where they came from, with a progress bar per trace read on a terminal. Raises
-    :class:`SourceError`."""
-    from otel_stages.progress import progress
-
-    since_ns = args.since or parse_since(DEFAULT_SINCE)
-    start_ns, limit = now_ns - since_ns, args.limit or DEFAULT_LIMIT
-    source = "Jaeger" if args.jaeger else "Tempo"
-    with progress(f"reading traces from {source}", None, enabled=show_progress(args.json),
-                  unit="traces") as bar:
-        def on_trace(done: int, total: int) -> None:
-            bar.set_total(total)
-            bar.advance()
-
-        if args.jaeger:
-            from otel_stages.analysis.jaeger import fetch_jaeger
-
-            recording = fetch_jaeger(args.jaeger, args.service, start_ns=start_ns, end_ns=now_ns,
-                                     limit=limit, on_trace=on_trace)
-            where = f"Jaeger at {args.jaeger} (service {args.service})"
-        else:
-            from otel_stages.analysis.tempo import fetch_tempo
-
-            query = args.query if args.query is not None else _traceql_default(args.service)
-            recording = fetch_tempo(args.tempo, query, start_ns=start_ns, end_ns=now_ns,
-                                    limit=limit, on_trace=on_trace)
-            where = f"Tempo at {args.tempo} (query {query})"
-    if args.prometheus and recording.spans:
-        from otel_stages.analysis.prometheus import fetch_gpu_samples
-
-        recording.metrics.extend(
-            fetch_gpu_samples(
-                args.prometheus,
-                service=args.service,
-                start_ns=min(s.start_ns for s in recording.spans),
-                end_ns=max(s.end_ns for s in recording.spans),
-            )
-        )
-    return recording, f"{where}, last {_since_text(since_ns)}"
-
-
-def _since_text(since_ns: int) -> str:
-    from otel_stages.analysis.aggregate import format_window
-
-    return format_window(max(1, since_ns // 10**9))
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def aggregate_text(report: AggregateReport) -> str:
-    """Plain text for ``report --prometheus``: stage table, verdict, evidence, advice."""
-    who = f"service {report.service}" if report.service else "all services"
-    lines = [
-        f"otel-stages report from Prometheus span metrics ({who}, last"
-        f" {_since_text(report.window_s * 10**9)}, about {report.requests} requests)",
-        "",
-        f"{'stage':<10}{'mean ms':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}"
-        f"{'share':>8}{'spans/s':>10}",
-    ]
-    for s in report.stages.values():
-        lines.append(
-            f"{s.name:<10}{_ms(s.mean_ms):>10}{_ms(s.p50_ms):>10}{_ms(s.p95_ms):>10}"
-            f"{_ms(s.p99_ms):>10}{s.share:>8.0%}{s.rate_per_s:>10.2f}"
-        )
-    v = report.verdict
-    lines += ["", f"verdict: {v.cause or 'none'}" + (f" ({v.stage})" if v.stage else "")
-              + (" - tentative" if v.tentative else "")]
-    lines += [f"  - {e}" for e in v.evidence]
-    lines += ["advice:"] + [f"  - {a}" for a in v.advice]
-    return "\n".join(lines) + "\n"
-
-
-def _run_prometheus(args: argparse.Namespace) -> int:
-    from otel_stages.analysis.prometheus import fetch_prometheus_report
-
-    try:
-        report = fetch_prometheus_report(
-            args.prometheus,
-            service=args.service,
-            since_ns=args.since or parse_since(DEFAULT_SINCE),
-            now_ns=time.time_ns(),
-            overrides=naming_overrides(args),
-        )
-    except SourceError as exc:
-        print(f"otel-stages: error: {exc}", file=sys.stderr)
-        return 1
-    _warn(report.problems)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        sys.stdout.write(aggregate_text(report))
-    if not report.stages:
-        print(
-            f"otel-stages: error: no span metrics for the stages at {args.prometheus}"
-            + (f" for service {args.service}" if args.service else ""),
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return None
 
 
 def _load(paths: list[str], selection: Selection, *, show: bool = False,
@@ -421,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
     remote = bool(args.jaeger or args.tempo)
     if args.prometheus and not remote:
-        return _run_prometheus(args)
+        return run_prometheus(args)
     try:  # before any reading: a bad map fails fast, and the map says which attributes to keep
         selection = report_selection(args)
     except StageMapError as exc:
@@ -429,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if remote:
         try:
-            recording, where = _load_remote(args, time.time_ns())
+            recording, where = load_remote(args, time.time_ns())
         except SourceError as exc:
             print(f"otel-stages: error: {exc}", file=sys.stderr)
             return 1
@@ -445,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"otel-stages report: error: --stage-map: {exc}", file=sys.stderr)
         return 2
     if baseline is not None and not find_requests(baseline.spans):
-        _warn([f"baseline: {p}" for p in baseline.problems])
+        warn([f"baseline: {p}" for p in baseline.problems])
         print(
             f"otel-stages: error: no requests found in the baseline ({', '.join(args.baseline)}):"
             " nothing to compare with",
@@ -453,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     report = diagnose(recording, baseline=baseline, top=args.top, last_run=args.last_run)
-    _warn(report.problems)
+    warn(report.problems)
     if args.json:
         out = report.to_dict()
         if remote:
@@ -531,18 +386,6 @@ def _mapping_usage_problem(args: argparse.Namespace, *, traces: bool) -> str | N
     if args.stage_map and args.prometheus and not traces:
         return "--stage-map maps spans: use it with PATHs, --jaeger or --tempo"
     return None
-
-
-def naming_overrides(args: argparse.Namespace) -> NamingOverrides:
-    """The ``--metric``/label/unit options as :class:`NamingOverrides`."""
-    from otel_stages.analysis.prometheus import NamingOverrides
-
-    return NamingOverrides(
-        metric=args.metric,
-        span_label=args.span_label,
-        service_label=args.service_label,
-        unit=args.metric_unit,
-    )
 
 
 def report_selection(args: argparse.Namespace) -> Selection:
