@@ -4,10 +4,12 @@ comes from the analysis through that structure.
 
 Sections, top to bottom: verdict, evidence and advice; per-stage distributions of warm runs (box =
 p5..p95, the swing; line = median; whiskers = min..max; a dot per request; the cold request as a
-red diamond); cohorts side by side; a waterfall of the slowest, median and cold requests; GPU
-utilization and memory over time with the forward spans shaded; decode and resize time against
-image pixels and bytes; before/after per stage with the significance marks. A section without
-data says so in words instead of drawing an empty plot.
+red diamond, a request set apart as cold as an orange triangle; then the time outside every
+stage span and the request total); cohorts side by side with their verdicts; a waterfall of the
+slowest, median, cold and set-apart requests with the unaccounted time drawn; GPU utilization and
+memory over time with the forward spans shaded; decode and resize time against image pixels and
+bytes; before/after per stage and for the total with the significance marks. A section without
+data says so in words instead of drawing an empty plot; sections with numbers add a small table.
 
 Bokeh was chosen over Plotly and Vega-Altair by file size and render time in headless Chromium
 (``benchmarks/plot_libraries.md``). Needs the ``html`` extra: ``pip install 'otel-stages[html]'``.
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from otel_stages.analysis.charts import ReportCharts
-from otel_stages.html_plots import SECTION_COUNT, SECTIONS
+from otel_stages.analysis.decision import RECOMMENDED_WARM_RUNS
+from otel_stages.html_plots import SECTION_COUNT, SECTIONS, Section
 
 __all__ = ["SECTION_COUNT", "HtmlUnavailable", "render_html", "write_html"]
 
@@ -37,15 +41,30 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _counts(c: ReportCharts) -> str:
+    """``48 requests: 46 warm, 1 cold (1 first of a process, 0 set apart), 1 failed; 2 incomplete
+    traces left out``, from the contract's counts."""
+    n = c.counts
+    text = f"{n.get('requests', 0)} requests: {n.get('warm', 0)} warm"
+    if "cold" in n:
+        apart = n.get("set_apart", 0)
+        text += f", {n['cold']} cold"
+        if apart:
+            text += f" ({n['cold'] - apart} first of a process, {apart} set apart)"
+    if "failed" in n:
+        text += f", {n['failed']} failed"
+    if n.get("incomplete"):
+        text += f"; {n['incomplete']} incomplete traces left out"
+    return text
+
+
 def _verdict_html(c: ReportCharts) -> str:
     v = c.verdict
     cause = v.get("cause") or "no verdict"
     stage = f" <span class='stage'>stage: {_e(v['stage'])}</span>" if v.get("stage") else ""
-    tentative = (" <span class='tentative'>tentative: fewer than 20 warm requests</span>"
-                 if v.get("tentative") else "")
-    counts = ", ".join(f"{v} {k}" for k, v in c.counts.items() if k != "requests")
-    parts = [f"<h1>{_e(c.title)}</h1>",
-             f"<p class='counts'>{c.counts.get('requests', 0)} requests ({_e(counts)})</p>",
+    tentative = (f" <span class='tentative'>tentative: fewer than {RECOMMENDED_WARM_RUNS} warm"
+                 f" requests ({c.counts.get('warm', 0)})</span>" if v.get("tentative") else "")
+    parts = [f"<h1>{_e(c.title)}</h1>", f"<p class='counts'>{_e(_counts(c))}</p>",
              f"<div class='verdict'><h2>Verdict: <span class='cause'>{_e(cause)}</span>{stage}"
              f"{tentative}</h2>"]
     for name, key in (("Evidence", "evidence"), ("Advice", "advice")):
@@ -68,7 +87,29 @@ h3 { font-size: 15px; margin: 12px 0 4px; } .counts { color: #555; margin-top: 0
 .intro { color: #444; font-size: 14px; } .nodata { color: #666; font-style: italic;
          border: 1px dashed #BBB; padding: 12px; background: #FAFAFA; }
 .problems { color: #7A5A00; font-size: 13px; }
+table.numbers { border-collapse: collapse; font-size: 13px; margin: 8px 0 4px; }
+table.numbers th, table.numbers td { padding: 2px 10px; border-bottom: 1px solid #E4E4E4; }
+table.numbers th { text-align: left; color: #444; } table.numbers td { text-align: right; }
+table.numbers td.text { text-align: left; }
+ul.notes { font-size: 14px; color: #333; }
 """
+
+
+_NUMBER = re.compile(r"^[+-]?[0-9][0-9.,]*%?$")
+
+
+def _table(section: Section) -> str:
+    """The section's table: columns of numbers (``-`` for unknown) right-aligned, text left."""
+    if not section.table:
+        return ""
+    head, *rows = section.table
+    numeric = [all(_NUMBER.match(row[i]) or row[i] == "-" for row in rows) for i in range(len(head))]
+    out = "<table class='numbers'><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"
+    for row in rows:
+        out += "<tr>" + "".join(
+            f"<td>{_e(cell)}</td>" if numeric[i] else f"<td class='text'>{_e(cell)}</td>"
+            for i, cell in enumerate(row)) + "</tr>"
+    return out + "</table>"
 
 
 def render_html(charts: ReportCharts, *, tick: Callable[[], None] | None = None) -> str:
@@ -100,6 +141,8 @@ def render_html(charts: ReportCharts, *, tick: Callable[[], None] | None = None)
         chunk = f"<section id='{s.key}'><h2>{_e(s.title)}</h2>"
         if s.intro:
             chunk += f"<p class='intro'>{_e(s.intro)}</p>"
+        if s.bullets:
+            chunk += "<ul class='notes'>" + "".join(f"<li>{_e(b)}</li>" for b in s.bullets) + "</ul>"
         if s.model is None:
             chunk += f"<p class='nodata'>{_e(s.note)}</p>"
         text(chunk)
@@ -107,7 +150,7 @@ def render_html(charts: ReportCharts, *, tick: Callable[[], None] | None = None)
             s.model.name = s.key  # section keys are fixed identifiers, never user text
             models.append(s.model)
             template.append("{{ embed(roots." + s.key + ") }}")
-        text("</section>")
+        text(_table(s) + "</section>")
     if charts.problems:
         shown = charts.problems[:50]
         more = len(charts.problems) - len(shown)

@@ -13,6 +13,9 @@
   ``image.icc_profile`` / ``image.icc_profile.action`` and, for animated images,
   ``image.frames`` and ``image.frame_index``.
 * :func:`resize` records ``image.target_width`` / ``image.target_height``.
+* :func:`decode` and :func:`resize` record where they ran: ``thread.name`` and
+  ``otel_stages.event_loop.running`` (an asyncio event loop was running on that thread), which
+  the report needs to tell "use a pool sized to the cores" from "move it off the event loop".
 
 Every failure is an :class:`ImageError` (a ``ValueError``) with a precise message that never
 contains a secret from the URL; it fails only its own request and is recorded on the stage span
@@ -21,8 +24,11 @@ contains a secret from the URL; it fails only its own request and is recorded on
 
 from __future__ import annotations
 
+import asyncio
 import io
+import threading
 import time
+from typing import Any
 
 import httpx
 from opentelemetry.trace import Span
@@ -257,6 +263,18 @@ def _download_data_url(url: str, max_bytes: int) -> bytes:
         return data
 
 
+def _where() -> dict[str, Any]:
+    """``thread.name`` and whether an asyncio event loop is running on this thread; computed
+    before the stage span starts, so the span times only the user's work."""
+    try:
+        asyncio.get_running_loop()
+        running = True
+    except RuntimeError:
+        running = False
+    return {semconv.THREAD_NAME: threading.current_thread().name,
+            semconv.EVENT_LOOP_RUNNING: running}
+
+
 def decode(data: bytes, *, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode encoded image bytes into a fully loaded 8-bit sRGB RGB :class:`PIL.Image.Image`.
 
@@ -279,7 +297,7 @@ def decode(data: bytes, *, draft: tuple[int, int] | None = None) -> Image.Image:
     """
     if draft is not None and (draft[0] <= 0 or draft[1] <= 0):
         raise ValueError(f"decode: draft size must be positive, got {draft!r}")
-    with stage(semconv.STAGE_DECODE, **{semconv.IMAGE_SIZE: len(data)}) as span:
+    with stage(semconv.STAGE_DECODE, **{semconv.IMAGE_SIZE: len(data)}, **_where()) as span:
         image = _open(data)
         span.set_attribute(semconv.IMAGE_FORMAT, image.format or "unknown")
         span.set_attribute(semconv.IMAGE_MODE, image.mode)
@@ -376,5 +394,5 @@ def resize(image: Image.Image, size: tuple[int, int],
     if width <= 0 or height <= 0:
         raise ValueError(f"resize: size must be positive, got {size!r}")
     with stage(semconv.STAGE_RESIZE, **{semconv.IMAGE_TARGET_WIDTH: width,
-                                         semconv.IMAGE_TARGET_HEIGHT: height}):
+                                         semconv.IMAGE_TARGET_HEIGHT: height}, **_where()):
         return image.resize((width, height), resample=resample, reducing_gap=3.0)

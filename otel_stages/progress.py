@@ -1,21 +1,26 @@
 """Progress bars for long CLI work (reading large files or remote backends, benchmarks).
 
-Shown only where a person watches: on standard error when it is a terminal, and never when the
-caller turns it off (``--json`` output, scripts). Piped or redirected output gets no bar and no
-escape codes. The bar is ``rich``'s, drawn on stderr, and removed when the work ends, so stdout
-(the report, the table) is never mixed with it. Colour follows rich's rules: ``NO_COLOR`` and
-``TERM=dumb`` turn it off.
+Shown only where a person watches: on standard error when it is a terminal that can move the
+cursor (not ``TERM=dumb``), and never when the caller turns it off: commands pass
+``enabled=show_progress(args.json)``, which is false for ``--json`` output and when standard output
+is piped or redirected (scripts). The bar is ``rich``'s, drawn on stderr, and removed when the work
+ends, so stdout (the report, the table) is never mixed with it. Colour follows rich's rules:
+``NO_COLOR`` turns it off.
 
 Usage::
 
-    with progress("reading traces", total=len(files), enabled=not args.json) as bar:
+    with progress("reading traces", total=len(files), enabled=show_progress(args.json)) as bar:
         for path in files:
             load(path)
             bar.advance()
+
+``unit="bytes"`` counts bytes and shows them as ``12.3/45.6 MB``; any other unit is shown after
+``done/total``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +36,9 @@ class Bar(Protocol):
     def set_total(self, total: float | None) -> None:
         """Change the amount of work (``None``: unknown, the bar pulses)."""
 
+    def describe(self, text: str) -> None:
+        """Change the label (e.g. the file being read)."""
+
 
 class _Silent:
     """The bar when none is shown: every call does nothing."""
@@ -39,6 +47,9 @@ class _Silent:
         pass
 
     def set_total(self, total: float | None) -> None:
+        pass
+
+    def describe(self, text: str) -> None:
         pass
 
 
@@ -53,6 +64,9 @@ class _RichBar:
     def set_total(self, total: float | None) -> None:
         self._bar.update(self._task, total=total)  # type: ignore[attr-defined]
 
+    def describe(self, text: str) -> None:
+        self._bar.update(self._task, description=text)  # type: ignore[attr-defined]
+
 
 def is_terminal(stream: IO[str]) -> bool:
     """Whether ``stream`` is an interactive terminal (``False`` for files, pipes, closed streams)."""
@@ -60,6 +74,19 @@ def is_terminal(stream: IO[str]) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def show_progress(json_output: bool) -> bool:
+    """Whether a command should draw progress at all: not for ``--json`` output, and not when
+    standard output is piped or redirected (a script reads it). :func:`progress` still checks that
+    its own stream (stderr) is a terminal."""
+    return not json_output and is_terminal(sys.stdout)
+
+
+def _can_draw(stream: IO[str]) -> bool:
+    """A terminal that can move the cursor (``TERM=dumb`` cannot: a bar would print line after
+    line)."""
+    return is_terminal(stream) and os.environ.get("TERM", "").strip().lower() != "dumb"
 
 
 @contextmanager
@@ -73,27 +100,30 @@ def progress(
 ) -> Iterator[Bar]:
     """A transient progress bar on ``stream`` (default ``sys.stderr``) for ``total`` units of work
     (``None``: unknown), labelled ``description`` and, when given, the ``unit`` (``"files"``,
-    ``"decodes"``). Shown only when ``enabled`` and ``stream`` is a terminal; otherwise the bar
-    does nothing. Yields a :class:`Bar`."""
+    ``"decodes"``; ``"bytes"`` shows kB / MB). Shown only when ``enabled`` and ``stream`` is a
+    terminal that can move the cursor; otherwise the bar does nothing. Yields a :class:`Bar`."""
     stream = sys.stderr if stream is None else stream
-    if not enabled or not is_terminal(stream):
+    if not enabled or not _can_draw(stream):
         yield _Silent()
         return
     from rich.console import Console
     from rich.progress import (
         BarColumn,
+        DownloadColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
 
+    counted: list[ProgressColumn] = (
+        [DownloadColumn()] if unit == "bytes" else [MofNCompleteColumn(), TextColumn(unit)])
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn(unit),
+        *counted,
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),

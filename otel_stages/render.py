@@ -23,7 +23,6 @@ from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from otel_stages import semconv
 from otel_stages.analysis import units
 from otel_stages.analysis.cohorts import REASON_NEW_INPUT
 from otel_stages.analysis.comparison import Change
@@ -64,6 +63,7 @@ class _Col:
     drop: int = 0
     justify: JustifyMethod = "right"
     fold: bool = False
+    fold_header: bool = False  #: only the header may fold (a long stage name over numbers)
 
 
 def _fit(
@@ -74,7 +74,10 @@ def _fit(
     headers of the columns left out (lowest priority first)."""
 
     def need(i: int) -> int:
-        w = max([len(cols[i].header), *(len(row[i]) for row in rows)])
+        cells = max([0, *(len(row[i]) for row in rows)])
+        if cols[i].fold_header:
+            return max(cells, min(len(cols[i].header), NAME_MIN_WIDTH))
+        w = max(len(cols[i].header), cells)
         return min(w, NAME_MIN_WIDTH) if cols[i].fold else w
 
     keep = list(range(len(cols)))
@@ -89,7 +92,7 @@ def _fit(
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     for i in keep:
         c = cols[i]
-        if c.fold:
+        if c.fold or c.fold_header:
             table.add_column(c.header, justify=c.justify, overflow="fold", min_width=need(i))
         else:
             table.add_column(c.header, justify=c.justify, no_wrap=True, min_width=need(i))
@@ -192,37 +195,51 @@ def _cold_table(report: Report, width: int) -> RenderableType:
     return Group(*parts)
 
 
+#: Drop priorities of the slowest-requests table (higher goes first when the terminal is narrow):
+#: trace ids first (they move to a list under the table, never cut), then bytes, then stage
+#: columns from the smallest share of request time up, then the image size. The request's seq,
+#: its total and the verdict's stage are always shown.
+_DROP_TRACE, _DROP_BYTES, _DROP_STAGES, _DROP_IMAGE = 100, 90, 10, 5
+UNACCOUNTED_COLUMN = "unaccounted"
+
+
 def _slowest_table(report: Report, width: int) -> RenderableType:
-    extra = report.verdict.stage
-    if extra in (None, semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-        extra = None
-    cols = [_Col("seq"), _Col("total ms"), _Col("image", 4), _Col("bytes", 5),
-            _Col("decode ms", 3 if report.verdict.stage == semconv.STAGE_DECODE else 7),
-            _Col("resize ms", 3 if report.verdict.stage == semconv.STAGE_RESIZE else 6)]
-    if extra:
-        cols.append(_Col(f"{extra} ms", 2))
-    cols.append(_Col("trace id", 9, justify="left"))
+    names = list(report.stages)
+    for r in report.slowest:
+        names += [n for n in r.stages_ms if n not in names]
+    shares: dict[str, float] = {n: s.share for n, s in report.stages.items()}
+    if report.unaccounted is not None:
+        names.append(UNACCOUNTED_COLUMN)
+        shares[UNACCOUNTED_COLUMN] = report.unaccounted.share
+    ranked = sorted((n for n in names if n != report.verdict.stage),
+                    key=lambda n: (-shares.get(n, 0.0), names.index(n)))
+    drop = {n: _DROP_STAGES + i + 1 for i, n in enumerate(ranked)}  # smallest share: highest
+    images = any(r.image_width is not None and r.image_height is not None for r in report.slowest)
+    sizes = any(r.image_bytes is not None for r in report.slowest)
+    cols = [_Col("seq"), _Col("total")]
+    if images:
+        cols.append(_Col("image", _DROP_IMAGE))
+    if sizes:
+        cols.append(_Col("bytes", _DROP_BYTES))
+    cols += [_Col(n, drop.get(n, 0), fold_header=True) for n in names]
+    cols.append(_Col("trace id", _DROP_TRACE, justify="left"))
     rows = []
     for r in report.slowest:
-        image = "-"
-        if r.image_width is not None and r.image_height is not None:
-            image = f"{r.image_width}x{r.image_height}"
-        row = [
-            "-" if r.seq is None else str(r.seq),
-            _ms(r.total_ms) + (" (error)" if r.error else ""),
-            image,
-            _bytes(r.image_bytes),
-            _ms(r.stages_ms.get(semconv.STAGE_DECODE)),
-            _ms(r.stages_ms.get(semconv.STAGE_RESIZE)),
-        ]
-        if extra:
-            row.append(_ms(r.stages_ms.get(extra)))
+        row = ["-" if r.seq is None else str(r.seq), _ms(r.total_ms) + (" (error)" if r.error else "")]
+        if images:
+            row.append(f"{r.image_width}x{r.image_height}"
+                       if r.image_width is not None and r.image_height is not None else "-")
+        if sizes:
+            row.append(_bytes(r.image_bytes))
+        row += [_ms(r.unaccounted_ms if n == UNACCOUNTED_COLUMN else r.stages_ms.get(n))
+                for n in names]
         row.append(r.trace_id)  # full 32 hex digits: pasted into Jaeger / Tempo
         rows.append(row)
     table, dropped = _fit(cols, rows, width)
-    parts: list[RenderableType] = [
-        Text(f"{len(report.slowest)} slowest warm requests", style="bold"), table
-    ]
+    title = f"{len(report.slowest)} slowest warm requests, ms per stage"
+    if report.unaccounted is not None:
+        title += " (unaccounted = outside every stage span)"
+    parts: list[RenderableType] = [Text(title, style="bold"), table]
     if "trace id" in dropped:  # never cut an id: list them under the table instead
         dropped.remove("trace id")
         labels = [
@@ -414,7 +431,7 @@ def render(report: Report, file: IO[str] | None = None, *, width: int | None = N
     console = Console(
         file=target,
         force_terminal=tty,
-        no_color=not tty,
+        no_color=True if not tty else None,  # on a terminal rich decides: NO_COLOR, TERM=dumb
         width=width if width is not None else (None if tty else DEFAULT_WIDTH),
         highlight=False,
         markup=False,  # stage names and messages are data, not markup

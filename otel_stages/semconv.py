@@ -68,6 +68,13 @@ ICC_CONVERTED, ICC_SRGB, ICC_DROPPED = "converted", "srgb", "dropped"
 IMAGE_TARGET_WIDTH = "image.target_width"  #: int, pixels
 IMAGE_TARGET_HEIGHT = "image.target_height"  #: int, pixels
 
+# --- where decode / resize ran (decode, resize) -----------------------------------------------
+#: str, semconv general attribute: name of the thread that did the work (``threading`` name)
+THREAD_NAME = "thread.name"
+#: bool, true when an asyncio event loop was running on the thread that did the work
+#: (``asyncio.get_running_loop()`` succeeded): CPU work there stalls every other coroutine
+EVENT_LOOP_RUNNING = "otel_stages.event_loop.running"
+
 # --- queue / forward attributes --------------------------------------------------------------
 QUEUE_DEPTH = "queue.depth"  #: int, items already waiting when this one was enqueued
 BATCH_SIZE = "batch.size"  #: int, items in the forward batch

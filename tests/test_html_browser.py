@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,9 +150,20 @@ def assert_renders_cleanly(page: Page, sections: list[str]) -> None:
     assert fraction > 0.05 and colors > 200, f"blank-looking page: {fraction:.1%} ink, {colors} colours"
 
 
+@dataclass
+class Demo:
+    """The demo's recordings: ``plain`` and ``draft`` (``--decode-draft``, the same plan after a
+    change), and ``html``: the HTML report of ``plain``."""
+
+    plain: Path
+    draft: Path
+    html: Path
+
+
 @pytest.fixture(scope="module")
-def demo_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo, run small under the stand-in NVML library, and its HTML report."""
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """The demo, run small under the stand-in NVML library, twice (before and after the one real
+    change it offers, JPEG draft decoding), and the HTML report of the first run."""
     sys.path.insert(0, str(ROOT / "tests" / "fakenvml"))
     try:
         import build as fakenvml_build
@@ -166,26 +178,98 @@ def demo_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.update({"LD_LIBRARY_PATH": str(lib), "PYTHONPATH": str(ROOT), "OTEL_STAGES_GPU": "on",
                 "OTEL_STAGES_GPU_INTERVAL_S": "0.1", "FAKE_NVML_PERIOD_MS": "300",
                 "FAKE_NVML_SAMPLE_US": "50000"})
-    data = folder / "data"
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_stages.cli", "demo", "--requests", "8", "--mixed", "4",
-         "--data-dir", str(data), "--json"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    runs = {}
+    for name, extra in (("plain", []), ("draft", ["--decode-draft"])):
+        runs[name] = folder / name
+        done = subprocess.run(
+            [sys.executable, "-m", "otel_stages.cli", "demo", "--requests", "8", "--mixed", "4",
+             "--data-dir", str(runs[name]), "--json", *extra],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
     out = folder / "demo.html"
-    assert main(["report", str(data), "--html", str(out)]) == 0
+    assert main(["report", str(runs["plain"]), "--html", str(out)]) == 0
+    return Demo(runs["plain"], runs["draft"], out)
+
+
+@pytest.mark.slow
+def test_demo_report_renders_every_plot_offline_without_errors(browser, demo: Demo) -> None:
+    page = open_page(browser, demo.html, "demo-report")
+    # the demo has no baseline: every other section draws, the baseline one says why it cannot
+    assert_renders_cleanly(page, ALL_SECTIONS[:-1])
+    text = demo.html.read_text(encoding="utf-8")
+    assert "No baseline given" in text
+    # the plots drew in the stage colours (decode orange, forward pink), not just the text
+    assert pixels_near(page.png, (0xE6, 0x9F, 0x00)) > 500
+    assert pixels_near(page.png, (0xCC, 0x79, 0xA7)) > 500
+    # the report's own figures: the verdict is tentative (8 + 4 requests), the waterfall lists the
+    # unaccounted time, and the untraced time has its own panel
+    assert "tentative: fewer than 20 warm requests" in text
+    assert "unaccounted (no stage span)" in text and "<th>unaccounted ms</th>" in text
+    # no request was set apart, so no orange triangle (the check above can fail)
+    assert pixels_near(page.png, (0xFF, 0x9F, 0x4A), tolerance=12) == 0
+
+
+@pytest.mark.slow
+def test_demo_before_after_draft_decoding_marks_the_change(browser, demo: Demo, tmp_path: Path) -> None:
+    """A real change (--decode-draft) against the same plan before it: the baseline section draws
+    every stage and the total, with the comparison's own significance flags."""
+    out = tmp_path / "demo-pair.html"
+    assert main(["report", str(demo.draft), "--baseline", str(demo.plain), "--html", str(out)]) == 0
+    page = open_page(browser, out, "demo-pair-report")
+    assert_renders_cleanly(page, ALL_SECTIONS)
+    from otel_stages.analysis import diagnose, load_paths
+
+    report = diagnose(load_paths([demo.draft]), baseline=load_paths([demo.plain]))
+    assert report.comparison is not None
+    rows = _sections_html(out)["baseline"]
+    for name, change in [*report.comparison.stages.items(), ("total", report.comparison.total)]:
+        mark = "not tested" if change.median_ci is None else (
+            "yes: significant (95%)" if change.significant else "no")
+        assert re.search(rf"<td class='text'>{name}</td>.*?<td class='text'>{re.escape(mark)}</td>",
+                         rows), (name, mark)
+
+
+@pytest.fixture(scope="module")
+def scenario_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/scenario_service.py recorded (real SDK and Pillow, JPEG and PNG, a pool, an event
+    loop, a new-input request set apart as cold) and its HTML report. Its verdict depends on this
+    machine's timing; the figures checked here do not."""
+    folder = tmp_path_factory.mktemp("scenario")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "scenario_service.py"),
+                           str(folder / "data")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = folder / "scenario.html"
+    assert main(["report", str(folder / "data"), "--html", str(out)]) == 0
     return out
 
 
 @pytest.mark.slow
-def test_demo_report_renders_every_plot_offline_without_errors(browser, demo_html: Path) -> None:
-    page = open_page(browser, demo_html, "demo-report")
-    # the demo has no baseline: every other section draws, the baseline one says why it cannot
-    assert_renders_cleanly(page, ALL_SECTIONS[:-1])
-    assert "No baseline given" in demo_html.read_text(encoding="utf-8")
-    # the plots drew in the stage colours (decode orange, forward pink), not just the text
-    assert pixels_near(page.png, (0xE6, 0x9F, 0x00)) > 500
-    assert pixels_near(page.png, (0xCC, 0x79, 0xA7)) > 500
+def test_cohorts_set_apart_and_unaccounted_are_drawn_as_the_report_counts_them(
+        browser, scenario_html: Path) -> None:
+    page = open_page(browser, scenario_html, "scenario-report")
+    assert_renders_cleanly(page, ["stages", "cohorts", "waterfall", "images"])
+    sections = _sections_html(scenario_html)
+    # cohorts keyed as the report keys them (format joins the key when formats vary), side by
+    # side, with the PNG cohort's tentative verdict
+    assert "1600x1200 JPEG" in sections["cohorts"] and "640x480 PNG" in sections["cohorts"]
+    assert re.search(r"<td class='text'>640x480 PNG</td>.*? - tentative</td>", sections["cohorts"])
+    # the new-input request set apart as cold: a waterfall row, and orange triangles in the plots
+    assert "set apart (new input)" in sections["waterfall"]
+    assert "orange triangle: a request set apart as cold" in sections["stages"]
+    # (#FF7F0E at the marks' alpha 0.75 over white; decode's orange dots stay outside 12)
+    assert pixels_near(page.png, (0xFF, 0x9F, 0x4A), tolerance=12) > 100
+    # the untraced sleep between decode and resize is drawn as unaccounted time (legend in the
+    # plot's data) and counted in the waterfall's table
+    assert "unaccounted (no stage span)" in scenario_html.read_text(encoding="utf-8")
+    assert "<th>unaccounted ms</th>" in sections["waterfall"]
+
+
+def _sections_html(path: Path) -> dict[str, str]:
+    parts = re.split(r"<section id='", path.read_text(encoding="utf-8"))[1:]
+    return {p.split("'", 1)[0]: p for p in parts}
 
 
 @pytest.mark.slow
@@ -204,13 +288,14 @@ def test_math_like_stage_names_fetch_nothing(browser, tmp_path: Path) -> None:
 
     spans = []
     for i in range(6):
-        t = i * 100_000_000
+        t = 1_700_000_000 * 10**9 + i * 100_000_000  # a real Unix time: the report keeps it
         spans += [Span(f"t{i}", "r", None, "request", t, t + 60_000_000),
                   Span(f"t{i}", "a", "r", "$$x^2$$", t, t + 10_000_000 * (1 + i % 3)),
                   Span(f"t{i}", "b", "r", r"\(y\)", t + 30_000_000, t + 50_000_000)]
     out = write_html(report_charts(Recording(spans=spans)), tmp_path / "math.html")
     page = open_page(browser, out, "math-names")
     assert page.requests == [] and page.errors == []
+    assert "stages" in page.roots and "waterfall" in page.roots  # the names were drawn
 
 
 # --- the checks themselves can fail --------------------------------------------------------------

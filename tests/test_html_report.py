@@ -89,13 +89,17 @@ def test_adapter_gpu_series_line_up_with_forward_windows() -> None:
     assert min(a for a, _ in windows) >= 0
 
 
+#: A real Unix time (the report leaves out spans before 2000 as an unset clock).
+T0 = 1_700_000_000 * 10**9
+
+
 def test_percent_utilization_is_scaled_to_a_fraction() -> None:
-    spans = [Span("t1", "r1", None, "request", 0, 10_000_000_000),
-             Span("t1", "f1", "r1", "forward", 1_000_000_000, 9_000_000_000)]
+    spans = [Span("t1", "r1", None, "request", T0, T0 + 10_000_000_000),
+             Span("t1", "f1", "r1", "forward", T0 + 1_000_000_000, T0 + 9_000_000_000)]
     from otel_stages.analysis import MetricPoint
 
-    points = [MetricPoint(semconv.HW_GPU_UTILIZATION, t * 1_000_000_000, 80.0, {semconv.HW_ID: "GPU-1"})
-              for t in range(1, 9)]
+    points = [MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + t * 1_000_000_000, 80.0,
+                          {semconv.HW_ID: "GPU-1"}) for t in range(1, 9)]
     charts = report_charts(Recording(spans=spans, metrics=points))
     assert [v for _, v in charts.gpu[0].utilization] == [0.8] * 8
 
@@ -103,10 +107,11 @@ def test_percent_utilization_is_scaled_to_a_fraction() -> None:
 def test_gpu_samples_far_from_the_requests_are_left_out() -> None:
     from otel_stages.analysis import MetricPoint
 
-    spans = [Span("t1", "r1", None, "request", 3600 * 10**9, 3601 * 10**9),
-             Span("t1", "f1", "r1", "forward", 3600 * 10**9, 3601 * 10**9)]
-    near = MetricPoint(semconv.HW_GPU_UTILIZATION, 3600 * 10**9 + 5 * 10**8, 0.9, {semconv.HW_ID: "g"})
-    far = MetricPoint(semconv.HW_GPU_UTILIZATION, 10**9, 0.1, {semconv.HW_ID: "g"})
+    spans = [Span("t1", "r1", None, "request", T0 + 3600 * 10**9, T0 + 3601 * 10**9),
+             Span("t1", "f1", "r1", "forward", T0 + 3600 * 10**9, T0 + 3601 * 10**9)]
+    near = MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + 3600 * 10**9 + 5 * 10**8, 0.9,
+                       {semconv.HW_ID: "g"})
+    far = MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + 10**9, 0.1, {semconv.HW_ID: "g"})
     charts = report_charts(Recording(spans=spans, metrics=[far, near]))
     assert charts.gpu[0].utilization == ((0.5, 0.9),)
 
@@ -159,7 +164,7 @@ def test_charts_are_plain_json_data() -> None:
     out = json.loads(json.dumps(charts.to_dict()))
     assert set(out) == {"title", "origin_unix_ns", "counts", "verdict", "stages", "cohorts",
                         "waterfall", "images", "gpu", "forward_windows_s", "comparison",
-                        "has_baseline", "problems"}
+                        "has_baseline", "problems", "unaccounted", "total", "input_mix_explains"}
     assert out["stages"][0]["warm"]["median_ms"] == charts.stages[0].warm.median_ms  # type: ignore[union-attr]
 
 
@@ -212,9 +217,9 @@ def test_sections_without_data_say_so_instead_of_drawing() -> None:
 
 def test_text_is_escaped_and_never_reaches_the_template_engine(tmp_path: Path) -> None:
     evil = "<img src=x onerror=alert(1)>{{ 7*7 }}{% raw %}"
-    spans = [Span("t1", "r1", None, "request", 0, 50_000_000),
-             Span("t1", "s1", "r1", "decode", 0, 10_000_000),
-             Span("t1", "s2", "r1", evil, 10_000_000, 40_000_000)]
+    spans = [Span("t1", "r1", None, "request", T0, T0 + 50_000_000),
+             Span("t1", "s1", "r1", "decode", T0, T0 + 10_000_000),
+             Span("t1", "s2", "r1", evil, T0 + 10_000_000, T0 + 40_000_000)]
     charts = report_charts(Recording(spans=spans, problems=[f"bad line: {evil}"]), title=evil)
     page = render_html(charts)
     assert "<img src=x" not in page
@@ -282,3 +287,101 @@ def test_report_help_names_units_and_the_extra(capsys, monkeypatch) -> None:
         main(["report", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--html FILE" in text and "otel-stages[html]" in text
+
+
+# --- the final report contract: the charts draw exactly what the report counts ----------------------
+
+
+def _contract_recording() -> Recording:
+    """One process: a cold first request, 12 JPEG 1024x768 and 6 PNG 640x480 requests (formats vary,
+    so the report's cohort keys carry them), the first PNG 3x slower than the others (set apart
+    as a new input), and 2 ms between decode and forward that no stage span covers."""
+    resource = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: "i-1"}
+    spans = []
+    plan = [("JPEG", 1024, 768, 30.0)] * 13 + [("PNG", 640, 480, 90.0)] + [("PNG", 640, 480, 30.0)] * 5
+    for i, (fmt, w, h, forward_ms) in enumerate(plan):
+        t = T0 + i * 1_000_000_000
+        trace = f"{i + 1:032x}"
+        decode_end = t + 10_000_000 + i * 100_000
+        forward_start = decode_end + 2_000_000  # untraced gap
+        end = forward_start + int(forward_ms * 1e6)
+        spans += [
+            Span(trace, "r", None, "request", t, end, {semconv.REQUEST_SEQ: i + 1}, resource),
+            Span(trace, "d", "r", "decode", t, decode_end,
+                 {semconv.IMAGE_WIDTH: w, semconv.IMAGE_HEIGHT: h, semconv.IMAGE_SIZE: 100_000 + i,
+                  semconv.IMAGE_FORMAT: fmt}, resource),
+            Span(trace, "f", "r", "forward", forward_start, end, {}, resource),
+        ]
+    return Recording(spans=spans)
+
+
+def test_cohorts_use_the_report_s_own_keys_and_verdicts() -> None:
+    recording = _contract_recording()
+    report = diagnose(recording)
+    charts = report_charts(recording, report=report)
+    contract = report.to_dict()["cohorts"]
+    assert [c["key"] for c in contract] == ["1024x768 JPEG", "640x480 PNG"]
+    assert [c.key for c in charts.cohorts] == [c["key"] for c in contract]
+    assert [len(c.totals_ms) for c in charts.cohorts] == [c["requests"] for c in contract]
+    for series, entry in zip(charts.cohorts, contract):
+        assert series.total.median_ms == pytest.approx(entry["median_total_ms"], abs=1e-3)
+        verdict = entry["verdict"] or {}
+        assert (series.cause, series.tentative) == (verdict.get("cause"), bool(verdict.get("tentative")))
+    assert charts.cohorts[0].tentative  # 12 warm requests: fewer than 20
+    assert charts.input_mix_explains == report.to_dict()["input_mix_explains"]
+
+
+def test_set_apart_and_cold_requests_are_marked_where_the_report_puts_them() -> None:
+    recording = _contract_recording()
+    report = diagnose(recording)
+    charts = report_charts(recording, report=report)
+    (apart,) = report.set_apart
+    assert apart.reason == "new_input" and apart.cohort == "640x480 PNG"
+    assert charts.counts == {"requests": 19, **report.to_dict()["counts"], "set_apart": 1}
+    forward = next(s for s in charts.stages if s.name == "forward")
+    assert forward.apart_ms == (apart.request.stages_ms["forward"],)
+    assert len(forward.warm_ms) == report.warm_requests == 17  # set-apart and cold are not warm
+    assert forward.cold_ms == (30.0,)
+    kinds = {p.trace_id: p.kind for p in charts.images}
+    assert kinds[apart.request.trace_id] == "set_apart" and kinds[f"{1:032x}"] == "cold"
+    labels = [w.label for w in charts.waterfall]
+    assert labels[-1] == "set apart (new input)" and "cold" in labels
+    # the slowest warm request is the report's slowest, never the set-apart one
+    assert charts.waterfall[0].trace_id == report.slowest[0].trace_id
+    page = render_html(charts)
+    assert "1 first of a process, 1 set apart" in page and "orange triangle" in page
+
+
+def test_the_waterfall_draws_the_unaccounted_time_the_report_counts() -> None:
+    recording = _contract_recording()
+    charts = report_charts(recording)
+    for row in charts.waterfall:
+        assert row.gaps and all(g.stage == "unaccounted" for g in row.gaps)
+        assert sum(g.duration_ms for g in row.gaps) == pytest.approx(row.unaccounted_ms, abs=1e-6)
+        assert row.unaccounted_ms == pytest.approx(2.0, abs=1e-6)
+    assert charts.unaccounted is not None
+    assert charts.unaccounted.warm is not None and charts.unaccounted.warm.median_ms == pytest.approx(2.0)
+
+
+def test_gaps_cover_what_no_segment_covers() -> None:
+    from otel_stages.analysis.charts import Segment, gaps
+
+    segs = [Segment("a", 1.0, 2.0), Segment("b", 2.5, 1.0), Segment("c", 6.0, 10.0)]
+    assert gaps(segs, 8.0) == (Segment("unaccounted", 0.0, 1.0), Segment("unaccounted", 3.5, 2.5))
+    assert gaps([], 5.0) == (Segment("unaccounted", 0.0, 5.0),)
+
+
+def test_the_total_carries_the_comparison_s_significance() -> None:
+    recording, baseline = load_paths([PAIR_AFTER]), load_paths([PAIR_BEFORE])
+    report = diagnose(recording, baseline=baseline)
+    charts = report_charts(recording, baseline=baseline, report=report)
+    total = report.to_dict()["comparison"]["total"]  # type: ignore[index]
+    assert charts.total is not None
+    assert charts.total.significant is total["significant"] is True  # forward +45 %: the total too
+    assert charts.total.change_pct == total["change_pct"]
+    assert charts.total.baseline is not None and charts.total.warm is not None
+    page = render_html(charts)
+    baseline_html = _sections(page)["baseline"]
+    assert re.search(r"<td class='text'>total</td>.*?yes: significant \(95%\)", baseline_html)
+    assert re.search(r"<td class='text'>decode</td>(?:(?!</tr>).)*<td class='text'>no</td>",
+                     baseline_html)

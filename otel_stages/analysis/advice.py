@@ -1,7 +1,10 @@
 """Advice text per cause: concrete next steps an engineer can try. Pure data, no logic beyond
-picking lines."""
+picking lines (and filling in the numbers of the facts that picked them)."""
 
 from __future__ import annotations
+
+from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts
+from otel_stages.analysis.units import duration, pct
 
 MORE_RUNS = (
     "send the same input 20+ times to one process (otel-stages demo does this) and report again"
@@ -22,11 +25,6 @@ _ADVICE: dict[str, list[str]] = {
         "fetch from storage in the same region/zone, or cache hot images locally",
         "send image bytes in the request (or presigned URLs to a nearby CDN) instead of slow origins;"
         " retry slow fetches with a hedged second request",
-    ],
-    "preprocess": [
-        "decode JPEGs at reduced size with Pillow's Image.draft() (or reduce=) before resize",
-        "decode once: do not re-open or re-convert the same image in several steps",
-        "move decode/resize off the event loop into a thread/process pool sized to the CPU cores",
     ],
     "queue": [
         "requests wait for the batch/executor: lower the batch fill timeout (max wait) or the max"
@@ -83,13 +81,13 @@ CAP_SIZE = (
 )
 #: preprocess, sizes vary but cost does not follow them.
 NOT_SIZE = (
-    "cost does not follow image size: look for repeated decodes, lock or GIL contention, a"
-    " single-threaded resize or CPU throttling"
+    "cost does not follow image size: look for repeated decodes, lock or GIL contention, CPU"
+    " contention or throttling"
 )
 #: preprocess, every request had the same input size.
 ONE_SIZE = (
     "every request had the same image size, so the swing is not the input: look for repeated"
-    " decodes, lock or GIL contention, a single-threaded resize or CPU throttling"
+    " decodes, lock or GIL contention, CPU contention or throttling"
 )
 #: preprocess, input sizes unknown.
 SIZE_UNKNOWN = (
@@ -105,13 +103,16 @@ SPREAD = (
 
 
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
-              gpu_level: str | None = None) -> list[str]:
+              gpu_level: str | None = None, preprocess: PreprocessFacts | None = None) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
-    (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``).
+    (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``);
+    the concrete fixes after it follow the decode / resize facts (:func:`preprocess_fixes`).
     For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
     ``GpuEvidence.level``) could not decide."""
     lines = list(_ADVICE.get(cause, []))
+    if cause == "preprocess":
+        lines = preprocess_fixes(preprocess)
     if cause == "forward":
         lines.insert(0, _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
     if cause == "preprocess":
@@ -139,3 +140,86 @@ def for_stable(largest_stage: str) -> list[str]:
         "latency is steady: no per-stage fix is needed for variability",
         f"to lower latency overall, start with {largest_stage}, the largest share of the total",
     ]
+
+
+# --- preprocess: concrete fixes from the decode / resize facts ---------------------------------
+
+#: preprocess, decode / resize ran on a thread with a running asyncio event loop.
+OFF_LOOP = (
+    "move decode/resize off the asyncio event loop: await loop.run_in_executor(pool, ...) with one"
+    " ThreadPoolExecutor sized to the CPU cores; while it runs on the loop's thread no other request"
+    " makes progress"
+)
+#: preprocess, the facts do not say where decode / resize ran.
+RECORD_THREADS = (
+    "record thread.name and otel_stages.event_loop.running on the decode/resize spans"
+    " (otel_stages.imaging does) to tell whether a pool or moving the work off an event loop is the"
+    " fix"
+)
+#: preprocess, decodes whose format or resize target is unknown: draft decoding cannot be judged.
+RECORD_DRAFT_FACTS = (
+    "record image.format on the decode span and image.target_width / image.target_height on the"
+    " resize span (otel_stages.imaging does) to estimate what JPEG draft decoding would save"
+)
+#: preprocess, some requests decoded their image more than once.
+DECODE_ONCE = (
+    "decode once per request: pass the decoded image along instead of re-opening or re-converting"
+    " the same bytes in several steps"
+)
+#: preprocess from a source without per-request data (span-metric histograms).
+NO_REQUEST_FACTS = [
+    "if the inputs are JPEGs much larger than the model input, decode them in draft mode"
+    " (imaging.decode(data, draft=(w, h)) or Pillow's Image.draft); otel-stages decode-bench IMAGE"
+    " --size WxH measures the speed-up on your files",
+    "report on the traces (not span metrics) for fixes from per-request data: repeated inputs,"
+    " draft decoding estimates, the threads and event loop decode/resize ran on",
+]
+
+
+def draft_advice(d: DraftEstimate) -> str:
+    """The draft-decoding fix with the estimate's numbers and the command that measures it."""
+    w, _, h = d.target.partition("x")
+    return (
+        f"decode the large JPEGs in draft mode (imaging.decode(data, draft=({w}, {h})), or Pillow's"
+        f" Image.draft('RGB', ({w}, {h})) before load()): {d.requests} warm"
+        f" request{'s' if d.requests != 1 else ''} would decode an estimated {d.speedup:.1f}x faster"
+        f" ({duration(d.saved_ms)} less decode time in all; most of it {d.source} -> {d.target},"
+        f" decoded at 1/{d.scale} scale, so resize starts from 1/{d.scale * d.scale} of the pixels);"
+        f" otel-stages decode-bench IMAGE --size {d.target} measures the same ratio on one of your"
+        " files"
+    )
+
+
+def preprocess_fixes(facts: PreprocessFacts | None) -> list[str]:
+    """The concrete fixes the facts support, most disruptive first: off the event loop, draft
+    decoding, a cache for repeated inputs, decode once, a pool sized to the cores; then what to
+    record when a fact is unknown. ``None`` (no per-request data): :data:`NO_REQUEST_FACTS`."""
+    if facts is None:
+        return list(NO_REQUEST_FACTS)
+    lines = []
+    t = facts.threads
+    if t is not None and t.on_loop:
+        lines.append(OFF_LOOP)
+    if facts.draft is not None and facts.draft.worth:
+        lines.append(draft_advice(facts.draft))
+    rep = facts.repeats
+    if rep is not None and rep.worth:
+        lines.append(
+            f"cache decoded images: {rep.requests} warm decode{'s' if rep.requests != 1 else ''}"
+            f" ({pct(rep.share)} of decode time, {duration(rep.decode_ms)}) repeated an image the"
+            " process had decoded before; if production traffic repeats images as this recording"
+            " does, keep decoded (or resized) pixels in a small LRU keyed by a hash of the encoded"
+            " bytes (or by URL when URLs are stable)")
+    if facts.decoded_twice:
+        lines.append(DECODE_ONCE)
+    if t is not None and not t.on_loop and t.several:
+        lines.append(
+            f"run decode/resize in one thread pool sized to the CPU cores, shared by all requests"
+            f" (ThreadPoolExecutor(max_workers=os.cpu_count())): it ran on {t.threads} threads, and"
+            " Pillow releases the GIL while decoding and resizing, so more threads than cores only"
+            " slice the same cores between requests")
+    if t is None or t.threads is None:
+        lines.append(RECORD_THREADS)
+    if facts.draft_unknown:
+        lines.append(RECORD_DRAFT_FACTS)
+    return lines

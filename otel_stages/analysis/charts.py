@@ -2,11 +2,13 @@
 :mod:`otel_stages.html_report` (which computes nothing).
 
 :func:`report_charts` is the one adapter: ``Recording`` (+ baseline ``Recording``) ->
-:func:`~otel_stages.analysis.requests.find_requests` and :func:`~otel_stages.analysis.diagnose`
--> :class:`ReportCharts`. It reads the diagnosis only through ``Report.to_dict()`` (the
-``report --json`` contract of DESIGN.md section 3: ``verdict``, ``counts``, ``cohorts``,
-``comparison``), so a new analysis behind the same contract needs no change here; where a key of
-the contract is absent it falls back as documented on each field.
+:func:`~otel_stages.analysis.diagnose` -> :class:`ReportCharts`. Figures come from the diagnosis
+through ``Report.to_dict()`` (the ``report --json`` contract of DESIGN.md section 3: ``verdict``,
+``counts``, ``cohorts``, ``input_mix_explains``, ``comparison``), so a new analysis behind the same
+contract needs no change here; where a key of the contract is absent it falls back as documented
+on each field. Single requests (dots, waterfall rows) come from the report's own
+:class:`~otel_stages.analysis.report.RequestSets`: the same warm, cold, set-apart and failed
+requests and the same cohort keys as the text report, never a second classification.
 
 Units: ms for durations, seconds for positions on the recording's time axis (from
 :attr:`ReportCharts.origin_unix_ns`), bytes, pixels, utilization 0..1. Percentiles use
@@ -18,26 +20,30 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from otel_stages import semconv
-from otel_stages.analysis.model import MetricPoint, Recording
-from otel_stages.analysis.requests import Request, find_requests
+from otel_stages.analysis.gpu_series import GpuSeries, gpu_series
+from otel_stages.analysis.model import Recording
+from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import Distribution, distribution, order_stages
 
 if TYPE_CHECKING:
-    from otel_stages.analysis.report import Report
+    from otel_stages.analysis.report import Report, RequestSets
 
-#: Utilization values above this are percent (0..100) from a producer that did not divide by 100
-#: (same rule as :mod:`otel_stages.analysis.gpu`).
-PERCENT_GUESS = 1.5
 #: GPU samples are kept from this long before the first request to after the last one (seconds, or
 #: ``GPU_PAD_FRACTION`` of the requests' time span when that is longer): a metrics file that covers
 #: hours must not squash the minutes the requests ran into a sliver of the plot.
 GPU_PAD_S = 1.0
 GPU_PAD_FRACTION = 0.05
+#: Name of the series (and waterfall segments) for request time outside every stage span.
+UNACCOUNTED = "unaccounted"
+#: Name of the request-total series.
+TOTAL = "total"
+#: ``ImagePoint.kind`` / waterfall labels: warm, first request of a process, set apart as cold.
+WARM, COLD, SET_APART = "warm", "cold", "set_apart"
 
 
 @dataclass(frozen=True)
@@ -51,32 +57,38 @@ class Segment:
 
 @dataclass(frozen=True)
 class WaterfallRow:
-    """A request drawn as a waterfall: ``label`` is ``"slowest warm"``, ``"median warm"`` or
-    ``"cold"``; ``segments`` are its leaf stage spans (a gap between them is time no stage
-    covers)."""
+    """A request drawn as a waterfall: ``label`` is ``"slowest warm"``, ``"median warm"``,
+    ``"cold"`` or ``"set apart (new input)"`` / ``"set apart (after idle)"``; ``segments`` are its
+    leaf stage spans; ``gaps`` the stretches of the request no stage span covers (stage
+    ``"unaccounted"``), which add up to ``unaccounted_ms``, the report's own figure."""
 
     label: str
     trace_id: str
     seq: int | None
     total_ms: float
     segments: tuple[Segment, ...]
+    gaps: tuple[Segment, ...] = ()
+    unaccounted_ms: float = 0.0
 
 
 @dataclass(frozen=True)
 class StageSeries:
     """One stage's per-request durations (ms).
 
-    ``warm_ms``: warm successful requests, in time order; ``warm``: their distribution (``None``
-    when the stage never ran warm); ``cold_ms``: the cold request(s); ``baseline_ms`` /
-    ``baseline``: warm requests of the baseline (empty / ``None`` without one); ``change_pct``
-    and ``significant`` from the contract's ``comparison.stages[name]`` (``None`` when absent:
-    no baseline, or an analysis that does not test significance).
+    ``warm_ms``: the report's warm requests, in time order; ``warm``: their distribution (``None``
+    when the stage never ran warm); ``cold_ms``: the first request(s) of a process; ``apart_ms``:
+    warm requests the report set apart as cold; ``baseline_ms`` / ``baseline``: the baseline's
+    warm requests (empty / ``None`` without one); ``change_pct`` and ``significant`` from the
+    contract's ``comparison.stages[name]`` (``comparison.total`` for the total; ``None`` when
+    absent: no baseline, a row the comparison does not test, or an analysis that does not test
+    significance).
     """
 
     name: str
     warm_ms: tuple[float, ...]
     warm: Distribution | None
     cold_ms: tuple[float, ...] = ()
+    apart_ms: tuple[float, ...] = ()
     baseline_ms: tuple[float, ...] = ()
     baseline: Distribution | None = None
     change_pct: float | None = None
@@ -85,9 +97,10 @@ class StageSeries:
 
 @dataclass(frozen=True)
 class CohortSeries:
-    """Warm requests with the same input (``key``, e.g. ``"1024x768"``): their totals (ms), the
-    totals' distribution, each stage's median, and the cohort's own verdict when the contract's
-    ``cohorts`` entry has one."""
+    """Warm requests with the same input (``key``: the report's cohort key, e.g. ``"1024x768"``,
+    ``"1024x768 PNG"``): their totals (ms), the totals' distribution, each stage's median (and
+    ``"unaccounted"``'s), and the cohort's own verdict when the contract's ``cohorts`` entry has
+    one (``tentative``: fewer than 20 warm requests in it)."""
 
     key: str
     totals_ms: tuple[float, ...]
@@ -95,13 +108,14 @@ class CohortSeries:
     stage_medians_ms: dict[str, float]
     cause: str | None = None
     stage: str | None = None
+    tentative: bool = False
 
 
 @dataclass(frozen=True)
 class ImagePoint:
     """One successful request's image and its preprocessing time: pixels (width * height, as
     displayed), encoded ``bytes``, ``decode_ms`` / ``resize_ms`` (``None`` when the stage did not
-    run); ``cold`` marks the cold request."""
+    run); ``kind``: ``"warm"``, ``"cold"`` (first of a process) or ``"set_apart"``."""
 
     trace_id: str
     width: int | None
@@ -109,7 +123,7 @@ class ImagePoint:
     bytes: int | None
     decode_ms: float | None
     resize_ms: float | None
-    cold: bool
+    kind: str = WARM
 
     @property
     def pixels(self) -> int | None:
@@ -118,31 +132,20 @@ class ImagePoint:
 
 
 @dataclass(frozen=True)
-class GpuSeries:
-    """One GPU (``hw.id``; ``model`` = ``hw.model``): ``utilization`` as ``(t_s, 0..1)`` and
-    ``memory_used_bytes`` as ``(t_s, bytes)`` samples in time order; ``memory_limit_bytes`` the
-    largest ``hw.gpu.memory.limit`` seen (``None`` without)."""
-
-    hw_id: str
-    model: str | None
-    utilization: tuple[tuple[float, float], ...]
-    memory_used_bytes: tuple[tuple[float, float], ...]
-    memory_limit_bytes: float | None
-
-
-@dataclass(frozen=True)
 class ReportCharts:
     """Everything the HTML report draws; see the module docstring for units.
 
-    - ``counts``: ``requests``, ``warm``, ``cold``, ``failed`` (the contract's ``counts`` when
-      present, else counted here: failed = errored and not cold);
+    - ``counts``: ``requests``, then the contract's ``counts`` (``warm``, ``cold`` (set-apart
+      included), ``failed``, ``incomplete``) and ``set_apart``;
     - ``verdict``: the contract's ``verdict`` object as is (``cause``, ``stage``, ``evidence``,
-      ``advice``, and ``tentative`` when the analysis gives it);
+      ``advice``, ``tentative``);
     - ``stages``: one :class:`StageSeries` per stage, pipeline order, stages of the baseline too;
-    - ``cohorts``: largest first (the contract's ``cohorts`` order when present, else warm
-      requests grouped by image ``WxH``);
-    - ``waterfall``: the slowest warm, the median warm (total closest to the median) and the cold
-      request, those that exist;
+      ``unaccounted`` and ``total``: the same for time outside every stage span and for the
+      request total (``None`` without requests);
+    - ``cohorts``: the contract's ``cohorts``, largest first; ``input_mix_explains``: the part of
+      the total's variance they explain (``None``: unknown);
+    - ``waterfall``: the slowest warm, the median warm (total closest to the median), the cold
+      request and the set-apart request that stands out most, those that exist;
     - ``images``: successful requests with a known image size or byte count;
     - ``gpu`` and ``forward_windows_s``: GPU samples and the ``(start_s, end_s)`` of every forward
       span (a batch's shared forward once), on the same axis;
@@ -164,17 +167,13 @@ class ReportCharts:
     comparison: tuple[str, ...] = ()
     has_baseline: bool = False
     problems: tuple[str, ...] = field(default_factory=tuple)
+    unaccounted: StageSeries | None = None
+    total: StageSeries | None = None
+    input_mix_explains: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (dataclasses as dicts, tuples as lists)."""
         return asdict(self)
-
-
-def cohort_key(req: Request) -> str | None:
-    """``"WxH"`` of the request's image (pixels, as displayed), ``None`` when unknown."""
-    if req.image_width is None or req.image_height is None:
-        return None
-    return f"{req.image_width}x{req.image_height}"
 
 
 def _segments(req: Request) -> tuple[Segment, ...]:
@@ -184,16 +183,35 @@ def _segments(req: Request) -> tuple[Segment, ...]:
     )
 
 
+def gaps(segments: Sequence[Segment], total_ms: float) -> tuple[Segment, ...]:
+    """The stretches of ``[0, total_ms]`` that no segment covers (segments clipped to the
+    request, as the analysis clips stage spans), as ``"unaccounted"`` segments in time order."""
+    out = []
+    at = 0.0
+    for seg in sorted(segments, key=lambda s: s.start_ms):
+        start = min(max(seg.start_ms, 0.0), total_ms)
+        end = min(max(seg.start_ms + seg.duration_ms, 0.0), total_ms)
+        if start > at:
+            out.append(Segment(UNACCOUNTED, at, start - at))
+        at = max(at, end)
+    if total_ms > at:
+        out.append(Segment(UNACCOUNTED, at, total_ms - at))
+    return tuple(out)
+
+
 def _dist(values: Sequence[float]) -> Distribution | None:
     return distribution(values) if values else None
 
 
-def _waterfall(warm: Sequence[Request], cold: Sequence[Request]) -> tuple[WaterfallRow, ...]:
+def _waterfall(sets: RequestSets, apart_reason: Mapping[str, str]) -> tuple[WaterfallRow, ...]:
     rows: list[WaterfallRow] = []
 
     def add(label: str, req: Request) -> None:
-        rows.append(WaterfallRow(label, req.trace_id, req.seq, req.total_ms, _segments(req)))
+        segments = _segments(req)
+        rows.append(WaterfallRow(label, req.trace_id, req.seq, req.total_ms, segments,
+                                 gaps(segments, req.total_ms), req.unaccounted_ms))
 
+    warm = sets.warm
     if warm:
         slowest = max(warm, key=lambda r: r.total_ms)
         median = statistics.median(r.total_ms for r in warm)
@@ -201,105 +219,83 @@ def _waterfall(warm: Sequence[Request], cold: Sequence[Request]) -> tuple[Waterf
         add("slowest warm", slowest)
         if typical is not slowest:
             add("median warm", typical)
-    if cold:
-        add("cold", cold[0])
+    if sets.cold:
+        add(COLD, sets.cold[0])
+    if sets.set_apart:
+        worst = max(sets.set_apart, key=lambda r: r.total_ms)
+        why = apart_reason.get(worst.trace_id, "").replace("_", " ")
+        add(f"set apart ({why})" if why else "set apart", worst)
     return tuple(rows)
 
 
-def _stage_series(
-    names: Sequence[str],
-    warm: Sequence[Request],
-    cold: Sequence[Request],
-    base_warm: Sequence[Request] | None,
-    comparison: Mapping[str, Any] | None,
-) -> tuple[StageSeries, ...]:
-    compared = comparison.get("stages", {}) if comparison else {}
-    out = []
-    for name in names:
-        values = tuple(r.stages_ms[name] for r in warm if name in r.stages_ms)
-        before = tuple(r.stages_ms[name] for r in base_warm or () if name in r.stages_ms)
-        change = compared.get(name) or {}
-        pct = change.get("change_pct")
-        significant = change.get("significant")
-        out.append(StageSeries(
-            name=name,
-            warm_ms=values,
-            warm=_dist(values),
-            cold_ms=tuple(r.stages_ms[name] for r in cold if name in r.stages_ms),
-            baseline_ms=before,
-            baseline=_dist(before),
-            change_pct=float(pct) if isinstance(pct, (int, float)) else None,
-            significant=significant if isinstance(significant, bool) else None,
-        ))
-    return tuple(out)
+def _series(
+    name: str,
+    value: Callable[[Request], float | None],
+    sets: RequestSets,
+    base: RequestSets | None,
+    change: Mapping[str, Any] | None,
+) -> StageSeries:
+    def values(reqs: Sequence[Request]) -> tuple[float, ...]:
+        return tuple(v for r in reqs if (v := value(r)) is not None)
+
+    warm, before = values(sets.warm), values(base.warm if base else ())
+    change = change or {}
+    pct, significant = change.get("change_pct"), change.get("significant")
+    return StageSeries(
+        name=name,
+        warm_ms=warm,
+        warm=_dist(warm),
+        cold_ms=values(sets.cold),
+        apart_ms=values(sets.set_apart),
+        baseline_ms=before,
+        baseline=_dist(before),
+        change_pct=float(pct) if isinstance(pct, (int, float)) else None,
+        significant=significant if isinstance(significant, bool) else None,
+    )
 
 
-def _cohorts(
-    warm: Sequence[Request], contract: Sequence[Mapping[str, Any]] | None
-) -> tuple[CohortSeries, ...]:
+def _cohorts(sets: RequestSets, contract: Sequence[Mapping[str, Any]]) -> tuple[CohortSeries, ...]:
     groups: dict[str, list[Request]] = defaultdict(list)
-    for req in warm:
-        key = cohort_key(req)
+    for req in sets.warm:
+        key = sets.keys.key(req)
         if key is not None:
             groups[key].append(req)
-    if contract:
-        order = [str(c.get("key")) for c in contract if str(c.get("key")) in groups]
-        verdicts = {str(c.get("key")): c.get("verdict") or {} for c in contract}
-    else:
-        order = sorted(groups, key=lambda k: (-len(groups[k]), k))
-        verdicts = {}
     out = []
-    for key in order:
-        reqs = groups[key]
+    for entry in contract:
+        key = str(entry.get("key"))
+        reqs = groups.get(key)
+        if not reqs:
+            continue
         totals = tuple(r.total_ms for r in reqs)
         per_stage: dict[str, list[float]] = defaultdict(list)
         for r in reqs:
             for name, ms in r.stages_ms.items():
                 per_stage[name].append(ms)
-        v = verdicts.get(key, {})
+        medians = {n: statistics.median(per_stage[n]) for n in order_stages(per_stage)}
+        medians[UNACCOUNTED] = statistics.median(r.unaccounted_ms for r in reqs)
+        v = entry.get("verdict") or {}
         out.append(CohortSeries(
             key=key,
             totals_ms=totals,
             total=distribution(totals),
-            stage_medians_ms={n: statistics.median(per_stage[n]) for n in order_stages(per_stage)},
+            stage_medians_ms=medians,
             cause=v.get("cause"),
             stage=v.get("stage"),
+            tentative=bool(v.get("tentative")),
         ))
     return tuple(out)
 
 
-def _gpu(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns: int) -> tuple[GpuSeries, ...]:
-    util: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    used: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    limit: dict[str, float] = {}
-    model: dict[str, str] = {}
-    for p in points:
-        if not lo_ns <= p.time_ns <= hi_ns:
-            continue
-        hw_id = str(p.attributes.get(semconv.HW_ID, ""))
-        if p.name == semconv.HW_GPU_UTILIZATION:
-            util[hw_id].append((p.time_ns, p.value))
-        elif p.name == semconv.HW_GPU_MEMORY_USAGE:
-            used[hw_id].append((p.time_ns, p.value))
-        elif p.name == semconv.HW_GPU_MEMORY_LIMIT:
-            limit[hw_id] = max(limit.get(hw_id, 0.0), p.value)
-        else:
-            continue
-        name = p.attributes.get(semconv.HW_MODEL)
-        if isinstance(name, str) and name:
-            model[hw_id] = name
-    out = []
-    for hw_id in sorted(set(util) | set(used)):
-        samples = sorted(util.get(hw_id, []))
-        scale = 100.0 if samples and max(v for _, v in samples) > PERCENT_GUESS else 1.0
-        out.append(GpuSeries(
-            hw_id=hw_id,
-            model=model.get(hw_id),
-            utilization=tuple(((t - origin_ns) / 1e9, v / scale) for t, v in samples),
-            memory_used_bytes=tuple(((t - origin_ns) / 1e9, v) for t, v in sorted(used.get(hw_id, []))),
-            memory_limit_bytes=limit.get(hw_id),
-        ))
-    return tuple(out)
+def _sets(recording: Recording, baseline: Recording | None, report: Any
+          ) -> tuple[RequestSets, RequestSets | None]:
+    sets, base = getattr(report, "request_sets", None), getattr(report, "baseline_sets", None)
+    if sets is None or (baseline is not None and base is None):
+        from otel_stages.analysis.diagnosis import diagnose
+
+        again = diagnose(recording, baseline=baseline)
+        sets, base = again.request_sets, again.baseline_sets
+    assert sets is not None
+    return sets, base
 
 
 def report_charts(
@@ -318,48 +314,61 @@ def report_charts(
 
         report = diagnose(recording, baseline=baseline)
     contract = report.to_dict()
-    requests = find_requests(recording.spans)
-    warm = [r for r in requests if not r.cold and not r.error]
-    cold = [r for r in requests if r.cold]
-    base_warm = None
-    if baseline is not None:
-        base_warm = [r for r in find_requests(baseline.spans) if not r.cold and not r.error]
-    names = order_stages({n for r in [*warm, *cold, *(base_warm or [])] for n in r.stages_ms})
+    sets, base = _sets(recording, baseline, report)
+    requests = sets.all
+    names = order_stages({n for r in (*requests, *(base.warm if base else ())) for n in r.stages_ms})
     comparison = contract.get("comparison")
     comparison = comparison if isinstance(comparison, dict) else None
+    compared = comparison.get("stages", {}) if comparison else {}
 
     origin = min((r.start_ns for r in requests), default=0)
-    end = max((r.start_ns + int(r.total_ms * 1e6) for r in requests), default=origin)
+    end = max((r.end_ns for r in requests), default=origin)
     pad = max(int(GPU_PAD_S * 1e9), int((end - origin) * GPU_PAD_FRACTION))
     windows = sorted({
         ((s - origin) / 1e9, (e - origin) / 1e9)
         for r in requests for s, e in r.stage_windows_ns(semconv.STAGE_FORWARD)
     })
     counts = contract.get("counts")
-    if not isinstance(counts, dict):
-        counts = {"warm": len(warm), "cold": len(cold),
-                  "failed": sum(1 for r in requests if r.error and not r.cold)}
-    counts = {"requests": len(requests), **{str(k): int(v) for k, v in counts.items()}}
+    counts = counts if isinstance(counts, dict) else {
+        "warm": len(sets.warm), "cold": len(sets.cold) + len(sets.set_apart),
+        "failed": len(sets.failed)}
+    counts = {"requests": len(requests), **{str(k): int(v) for k, v in counts.items()},
+              "set_apart": len(sets.set_apart)}
     cohorts = contract.get("cohorts")
+    apart = contract.get("set_apart")
+    reasons = {str(a.get("trace_id")): str(a.get("reason") or "")
+               for a in (apart if isinstance(apart, list) else []) if isinstance(a, dict)}
+    kinds = {id(r): kind for kind, reqs in ((WARM, sets.warm), (COLD, sets.cold),
+                                            (SET_APART, sets.set_apart)) for r in reqs}
+    mix = contract.get("input_mix_explains")
     return ReportCharts(
         title=title,
         origin_unix_ns=origin,
         counts=counts,
         verdict=dict(verdict) if isinstance(verdict := contract.get("verdict"), dict) else {},
-        stages=_stage_series(names, warm, cold, base_warm, comparison),
-        cohorts=_cohorts(warm, cohorts if isinstance(cohorts, list) else None),
-        waterfall=_waterfall(warm, cold),
+        stages=tuple(_series(n, _stage_ms(n), sets, base, compared.get(n)) for n in names),
+        cohorts=_cohorts(sets, cohorts if isinstance(cohorts, list) else []),
+        waterfall=_waterfall(sets, reasons),
         images=tuple(
             ImagePoint(r.trace_id, r.image_width, r.image_height, r.image_bytes,
                        r.stages_ms.get(semconv.STAGE_DECODE), r.stages_ms.get(semconv.STAGE_RESIZE),
-                       r.cold)
+                       kinds[id(r)])
             for r in requests
-            if not r.error and (r.pixels is not None or r.image_bytes is not None)
+            if id(r) in kinds and (r.pixels is not None or r.image_bytes is not None)
         ),
-        gpu=_gpu(recording.metrics, origin, origin - pad, end + pad) if requests else (),
+        gpu=gpu_series(recording.metrics, origin, origin - pad, end + pad) if requests else (),
         forward_windows_s=tuple(windows),
         comparison=tuple(str(s) for s in (comparison or {}).get("summary", [])),
         has_baseline=baseline is not None,
         problems=tuple(str(p) for p in problems) if isinstance(
             problems := contract.get("problems"), list) else (),
+        unaccounted=(_series(UNACCOUNTED, lambda r: r.unaccounted_ms, sets, base, None)
+                     if requests else None),
+        total=(_series(TOTAL, lambda r: r.total_ms, sets, base,
+                       comparison.get("total") if comparison else None) if requests else None),
+        input_mix_explains=float(mix) if isinstance(mix, (int, float)) else None,
     )
+
+
+def _stage_ms(name: str) -> Callable[[Request], float | None]:
+    return lambda r: r.stages_ms.get(name)

@@ -261,6 +261,7 @@ def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candida
             follows_size=evidence.follows_size if evidence else None,
             one_size=evidence.one_size if evidence else False,
             gpu_level=fig.gpu.level,
+            preprocess=evidence.preprocess if evidence else None,
         )
     return Verdict(cause, suspect.name, lines, advice)
 

@@ -37,7 +37,7 @@ from otel_stages.analysis.figures import (
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
-from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, Run, SlowRequest
+from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, group_spans, process_key
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.stats import (
@@ -224,9 +224,12 @@ def diagnose(
         stage_samples={n: [r.stages_ms[n] for r in warm if n in r.stages_ms] for n in result.stages},
         cohort_counts=dict(counts),
         batches=summarize_batches(screened.spans),
+        request_sets=RequestSets(tuple(warm), tuple(cold), tuple(a.request for a in apart),
+                                 tuple(failed), keys),
     )
     if baseline is not None:
         before = diagnose(baseline, top=top, last_run=last_run)
         report.problems.extend(f"baseline: {p}" for p in before.problems)
         report.comparison = compare(before, report)
+        report.baseline_sets = before.request_sets
     return report

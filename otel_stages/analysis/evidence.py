@@ -7,9 +7,12 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import StageEvidence
+from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
+from otel_stages.analysis.preprocessing import preprocess_facts
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import correlation
 from otel_stages.analysis.units import duration
@@ -109,12 +112,16 @@ def attribute_evidence(warm: Sequence[Request], stage: str, key: str) -> list[st
 
 
 def stage_evidence(warm: Sequence[Request], stages: Sequence[str]) -> dict[str, StageEvidence]:
-    """Per-request evidence for each of ``stages``: size for decode / resize, image bytes for
+    """Per-request evidence for each of ``stages``: size for decode / resize (plus the facts behind
+    the concrete preprocessing advice, :mod:`otel_stages.analysis.preprocessing`), image bytes for
     download, ``queue.depth`` for queue; nothing for the others (forward's evidence is the GPU's)."""
     out: dict[str, StageEvidence] = {}
+    facts = None
     for stage in stages:
         if stage in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-            out[stage] = size_evidence(warm, stage)
+            facts = facts or preprocess_facts(warm)
+            size = size_evidence(warm, stage)
+            out[stage] = replace(size, lines=(*size.lines, *preprocess_lines(facts)), preprocess=facts)
         elif stage == semconv.STAGE_DOWNLOAD:
             lines = follow_evidence(warm, stage, "image bytes", lambda r: r.image_bytes)
             out[stage] = StageEvidence(tuple(lines))

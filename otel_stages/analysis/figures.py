@@ -151,6 +151,93 @@ class Mechanism:
 
 
 @dataclass(frozen=True)
+class DraftEstimate:
+    """What JPEG draft decoding (Pillow ``Image.draft``: libjpeg's DCT scaling) would save, from the
+    warm requests' own sizes (:mod:`otel_stages.analysis.preprocessing`).
+
+    ``requests``: warm decodes of a JPEG at least twice the resize target in both sides and not
+    drafted yet; ``scale``, ``source`` / ``target``: the reduction (2, 4 or 8: decoded at
+    1/scale per side) and ``"WxH"`` sizes that carry most of their decode time; ``decode_ms``: their decode
+    time in all, ms; ``speedup``: estimated ``decode_ms`` / decode time with draft (>= 1);
+    ``share``: ``decode_ms`` / all warm decode time (0..1); ``worth``: passes the thresholds, so
+    the advice names it.
+    """
+
+    requests: int
+    scale: int
+    source: str
+    target: str
+    decode_ms: float
+    speedup: float
+    share: float
+    worth: bool
+
+    @property
+    def saved_ms(self) -> float:
+        """Estimated decode time saved over these requests, ms."""
+        return self.decode_ms - self.decode_ms / self.speedup
+
+
+@dataclass(frozen=True)
+class RepeatedInputs:
+    """Warm decodes of an image already decoded earlier in the same process (same width, height
+    and encoded bytes): ``requests`` of them, over ``images`` distinct images, ``decode_ms`` in all
+    (ms), ``share`` of all warm decode time (0..1); ``worth``: passes the thresholds (and the
+    recording has more than one input, so the repeats are not just a fixed-input run)."""
+
+    requests: int
+    images: int
+    decode_ms: float
+    share: float
+    worth: bool
+
+
+@dataclass(frozen=True)
+class ThreadUse:
+    """Where decode / resize ran, from ``thread.name`` and ``otel_stages.event_loop.running`` on
+    their spans (warm requests). ``threads``: the most distinct threads that ran them in one process
+    (``None``: no span recorded ``thread.name``); ``names``: a few of those names; ``on_loop``:
+    spans that ran while an asyncio event loop was running on their thread, of ``loop_known``
+    spans that recorded it, on the threads ``loop_names``; ``spans``: decode / resize spans looked
+    at; ``several``: ``threads`` reaches ``POOL_MIN_THREADS`` (then a pool sized to the cores is
+    the advice)."""
+
+    spans: int
+    threads: int | None
+    names: tuple[str, ...]
+    on_loop: int
+    loop_known: int
+    several: bool = False
+    loop_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreprocessFacts:
+    """Per-request facts about decode / resize that name concrete fixes (computed by
+    :func:`otel_stages.analysis.preprocessing.preprocess_facts` over the warm requests).
+
+    ``decodes``: warm requests with a decode span; ``jpeg``: of them JPEG (or MPO) sources;
+    ``drafted``: of them already draft-decoded (``image.draft_scale`` recorded), with
+    ``drafted_scale`` the most common scale; ``draft``: the estimate (``None`` when no JPEG could
+    be drafted, or sizes are unknown); ``draft_unknown``: no estimate because decodes lack
+    ``image.format`` or JPEG decodes lack a resize target (``image.target_width`` /
+    ``image.target_height``); ``repeats``: repeated inputs (``None``: none, or sizes unknown);
+    ``threads``: where the work ran; ``decoded_twice``: warm requests with more than one decode
+    span.
+    """
+
+    decodes: int = 0
+    jpeg: int = 0
+    drafted: int = 0
+    drafted_scale: int | None = None
+    draft_unknown: bool = False
+    draft: DraftEstimate | None = None
+    repeats: RepeatedInputs | None = None
+    threads: ThreadUse | None = None
+    decoded_twice: int = 0
+
+
+@dataclass(frozen=True)
 class StageEvidence:
     """Per-request evidence about one stage, computed by the caller.
 
@@ -158,13 +245,15 @@ class StageEvidence:
     ``follows_size``: the stage's time follows input size (``True``), sizes vary but time does
     not follow (``False``), unknown (``None``). ``one_size``: every request had the same input
     size (then "cap the input size" would contradict the evidence). ``mechanisms``: in order of
-    precedence; the first confirmed one names the cause.
+    precedence; the first confirmed one names the cause. ``preprocess``: decode / resize facts
+    behind the concrete preprocessing advice (draft decoding, caching, pool, event loop).
     """
 
     lines: tuple[str, ...] = ()
     follows_size: bool | None = None
     one_size: bool = False
     mechanisms: tuple[Mechanism, ...] = ()
+    preprocess: PreprocessFacts | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ empty folder or an unreadable file is a ``Recording.problems`` message and the r
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from otel_stages.analysis.formats import decode
@@ -29,12 +29,15 @@ FOLDER_SUFFIXES: tuple[str, ...] = (
 )
 
 
-def load_paths(paths: Iterable[str | os.PathLike[str]]) -> Recording:
+def load_paths(paths: Iterable[str | os.PathLike[str]], *,
+               on_file: Callable[[str, int], None] | None = None) -> Recording:
     """Load every given file, and every file under given folders (recursively) whose name ends in
     one of :data:`FOLDER_SUFFIXES`.
 
     Returns one :class:`Recording` holding all spans and points; problems name the file (as given
-    or as found under the folder) and line. A file reached twice is read once.
+    or as found under the folder) and line. A file reached twice is read once. ``on_file(path,
+    size_bytes)`` is called just before each file is read, with its size on disk (0 when it cannot
+    be stat'ed), for progress bars.
     """
     out = Recording()
     seen: set[str] = set()
@@ -56,8 +59,17 @@ def load_paths(paths: Iterable[str | os.PathLike[str]]) -> Recording:
             key = os.path.realpath(file)
             if key not in seen:
                 seen.add(key)
+                if on_file is not None:
+                    on_file(str(file), _size(file))
                 out.extend(load_file(file))
     return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def load_file(path: str | os.PathLike[str]) -> Recording:

@@ -104,7 +104,8 @@ def _error_text(body: str) -> str:
 
 def read_traces(client: Any, root: str, trace_ids: Sequence[str],
                 parse: Callable[[Any, str], Recording], *, source: str, limit: int,
-                params: Mapping[str, Any] | None = None) -> Recording:
+                params: Mapping[str, Any] | None = None,
+                on_trace: Callable[[int, int], None] | None = None) -> Recording:
     """GET ``{root}/api/traces/{id}`` for every id, ``FETCH_WORKERS`` at a time, and merge what
     ``parse(doc, where)`` makes of each answer.
 
@@ -114,7 +115,8 @@ def read_traces(client: Any, root: str, trace_ids: Sequence[str],
     trace and the server's message, and the rest is reported. Reaching ``limit`` ids adds a
     problem saying older traces were left out. ``source`` ("jaeger", "tempo") prefixes problems.
     Raises :class:`SourceError` only when *every* read failed (the server went away after the
-    search): then the first failure is the error, with the count.
+    search): then the first failure is the error, with the count. ``on_trace(done, total)`` is
+    called after each trace is read (or fails), for progress bars.
     """
 
     def read(trace_id: str) -> tuple[Recording, bool]:
@@ -128,10 +130,12 @@ def read_traces(client: Any, root: str, trace_ids: Sequence[str],
     out = Recording()
     failed: list[str] = []
     with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
-        for part, ok in pool.map(read, trace_ids):
+        for done, (part, ok) in enumerate(pool.map(read, trace_ids), start=1):
             out.extend(part)
             if not ok:
                 failed.append(part.problems[0])
+            if on_trace is not None:
+                on_trace(done, len(trace_ids))
     if trace_ids and len(failed) == len(trace_ids):
         more = f" (and the other {len(failed) - 1} traces failed too)" if len(failed) > 1 else ""
         raise SourceError(failed[0] + more)

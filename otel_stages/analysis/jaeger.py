@@ -34,7 +34,7 @@ translator writes the OTLP event name there), the other fields are its attribute
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_stages import semconv
@@ -254,6 +254,7 @@ def fetch_jaeger(
     end_ns: int,
     limit: int = DEFAULT_LIMIT,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_trace: Callable[[int, int], None] | None = None,
 ) -> Recording:
     """Traces of ``service`` that started in ``[start_ns, end_ns]`` (ns since the epoch, sent as
     µs), at most ``limit`` (the most recent ones; Jaeger has no paging), with raw span times.
@@ -261,6 +262,7 @@ def fetch_jaeger(
     Raises :class:`SourceError` when the search fails, or when every trace read fails. One trace
     that cannot be read (vanished since the search: 404; a storage error on that trace: 5xx) is a
     problem, not an error, and the rest is reported. Reaching ``limit`` adds a problem saying so.
+    ``on_trace(done, total)``: called after each trace read.
     """
     root = base_url.rstrip("/")
     with http_client(timeout_s) as client:
@@ -281,4 +283,4 @@ def fetch_jaeger(
 
         return read_traces(client, root, ids,
                            lambda doc, where: parse_jaeger_response(doc, where=where),
-                           source="jaeger", limit=limit, params={"raw": "true"})
+                           source="jaeger", limit=limit, on_trace=on_trace, params={"raw": "true"})

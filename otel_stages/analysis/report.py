@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from otel_stages.analysis.batching import BatchSummary
-from otel_stages.analysis.cohorts import SetApart
+from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
 from otel_stages.analysis.figures import CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
@@ -31,7 +31,8 @@ def _r(value: float | None, digits: int = 3) -> float | None:
 
 @dataclass(frozen=True)
 class SlowRequest:
-    """One of the slowest warm requests: total and per-stage ms, image pixels and bytes."""
+    """One of the slowest warm requests: total and per-stage ms, time outside every stage span
+    (``unaccounted_ms``), image pixels and bytes."""
 
     trace_id: str
     seq: int | None
@@ -41,6 +42,7 @@ class SlowRequest:
     image_height: int | None
     image_bytes: int | None
     error: bool
+    unaccounted_ms: float = 0.0
 
     @classmethod
     def of(cls, req: Request) -> SlowRequest:
@@ -54,6 +56,7 @@ class SlowRequest:
             image_height=req.image_height,
             image_bytes=req.image_bytes,
             error=req.error,
+            unaccounted_ms=req.unaccounted_ms,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -63,11 +66,34 @@ class SlowRequest:
             "seq": self.seq,
             "total_ms": round(self.total_ms, 3),
             "stages": {k: round(v, 3) for k, v in self.stages_ms.items()},
+            "unaccounted_ms": round(self.unaccounted_ms, 3),
             "image_width": self.image_width,
             "image_height": self.image_height,
             "image_bytes": self.image_bytes,
             "error": self.error,
         }
+
+
+@dataclass(frozen=True)
+class RequestSets:
+    """The requests behind a report's figures, for renderers that draw single requests (the HTML
+    report); not part of the JSON. ``warm``: in the statistics; ``cold``: first request of each
+    process; ``set_apart``: warm requests reported apart as cold (``Report.set_apart`` says why);
+    ``failed``: ended with an error; ``keys``: this recording's cohort keys
+    (:class:`~otel_stages.analysis.cohorts.CohortKeys`), so a renderer groups exactly as the report
+    does."""
+
+    warm: tuple[Request, ...]
+    cold: tuple[Request, ...]
+    set_apart: tuple[Request, ...]
+    failed: tuple[Request, ...]
+    keys: CohortKeys
+
+    @property
+    def all(self) -> tuple[Request, ...]:
+        """Every request of the report, in start order."""
+        return tuple(sorted((*self.warm, *self.cold, *self.set_apart, *self.failed),
+                            key=lambda r: (r.start_ns, r.trace_id)))
 
 
 @dataclass(frozen=True)
@@ -188,6 +214,9 @@ class Report:
     stage_samples: dict[str, list[float]] = field(default_factory=dict)
     cohort_counts: dict[str, int] = field(default_factory=dict)
     batches: BatchSummary | None = None  #: batch sizes and fill waits (analysis.batching)
+    #: the requests behind the figures (not in the JSON); ``baseline_sets`` the baseline's
+    request_sets: RequestSets | None = None
+    baseline_sets: RequestSets | None = None
 
     @property
     def warm_requests(self) -> int:

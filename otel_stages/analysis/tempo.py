@@ -26,7 +26,7 @@ keeps nanosecond times as they are.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_stages.analysis.http_source import (
@@ -89,6 +89,7 @@ def fetch_tempo(
     end_ns: int,
     limit: int = DEFAULT_LIMIT,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_trace: Callable[[int, int], None] | None = None,
 ) -> Recording:
     """Traces matching the TraceQL ``query`` in ``[start_ns, end_ns]`` (ns since the epoch, sent
     as whole seconds, widened to cover the window), at most ``limit``, each read in full.
@@ -96,7 +97,7 @@ def fetch_tempo(
     Raises :class:`SourceError` when the search fails, or when every trace read fails. One trace
     that cannot be read (gone since the search: 404; above Tempo's size limit: 422) is a problem
     and the rest is reported (:func:`~otel_stages.analysis.http_source.read_traces`). Reaching
-    ``limit`` adds a problem saying so.
+    ``limit`` adds a problem saying so. ``on_trace(done, total)``: called after each trace read.
     """
     root = base_url.rstrip("/")
     start_s, end_s = start_ns // 1_000_000_000, -(-end_ns // 1_000_000_000)
@@ -109,4 +110,4 @@ def fetch_tempo(
 
         return read_traces(client, root, ids,
                            lambda doc, where: parse_tempo_trace(doc, where=where),
-                           source="tempo", limit=limit)
+                           source="tempo", limit=limit, on_trace=on_trace)

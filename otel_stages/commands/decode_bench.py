@@ -7,7 +7,8 @@ findings (cost follows pixels or bytes across images, an image whose decode is u
 Timing is done by :mod:`otel_stages.decode_bench`, the table by
 :mod:`otel_stages.analysis.decode_table`.
 
-A progress bar goes to stderr on a terminal only (never with ``--json`` or when stderr is piped).
+A progress bar goes to stderr on a terminal only (never with ``--json`` or when stdout or stderr is
+piped).
 
 Exit status: 0 every image measured; 1 some image could not be read or decoded (the others are
 still measured and printed; the reason is on stderr and in the JSON row's ``error``); 2 usage.
@@ -73,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
     """Measure, summarize, print. Returns the exit status (see the module docstring)."""
     from otel_stages.analysis.decode_table import DecodeTimings, summarize
     from otel_stages.decode_bench import measure, runs_per_image
-    from otel_stages.progress import progress
+    from otel_stages.progress import progress, show_progress
 
     timings: list[DecodeTimings] = []
     total = len(args.images) * runs_per_image(args.repeat)
-    with progress("decode-bench", total, enabled=not args.json, unit="runs") as bar:
+    with progress("decode-bench", total, enabled=show_progress(args.json), unit="runs") as bar:
         for name in args.images:
             try:
                 data = Path(name).read_bytes()

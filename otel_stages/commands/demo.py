@@ -46,6 +46,9 @@ def _milliseconds(maximum: float):  # type: ignore[no-untyped-def]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the demo's options on its subparser."""
+    parser.epilog = ("Images: a 1024x768 fixed photo, 160x120 thumbnails and 4000x3000 (12 MP)"
+                     " photos, resized to the model's 224x224 pixel input. The report it prints"
+                     " gives times in milliseconds (see otel-stages report --help for every unit).")
     parser.add_argument("--requests", type=int_at_least(2), default=DEFAULT_FIXED, metavar="N",
                         help=f"fixed-run requests: same image, same prompt, sequential "
                              f"(default {DEFAULT_FIXED}; 20+ for a sound diagnosis)")

@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int_at_least(1), default=None, metavar="N",
                         help="stop after N refreshes (default: until Ctrl-C)")
     parser.add_argument("--once", action="store_true", help="one refresh, right after init")
-    parser.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per refresh (units in the key names: _bytes, _w, _c,"
+                        " _ms; utilization and sm_activity 0..1)")
 
 
 def run(args: argparse.Namespace) -> int:

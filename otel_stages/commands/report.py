@@ -63,6 +63,7 @@ from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
 from otel_stages.analysis.stage_map import StageMapError
 from otel_stages.commands import int_at_least
+from otel_stages.progress import show_progress
 
 if TYPE_CHECKING:
     from otel_stages.analysis import Report
@@ -124,8 +125,20 @@ def default_data_dir() -> str:
     return os.environ.get("OTEL_STAGES_DATA_DIR", "").strip() or config.DEFAULT_DATA_DIR
 
 
+#: ``report --help`` ends with the units of what it prints.
+EPILOG = (
+    "Units: times are milliseconds (ms) of wall time from the span timestamps; share = percent of"
+    " all request time; swing = p95 - p5 in ms; explains = percent of the request total's"
+    " variance; image sizes in pixels (width x height), encoded sizes in bytes (kB, MB = 1000s);"
+    " GPU utilization in percent, memory in GiB. JSON keys carry their unit (_ms, _ns, _s, _bytes);"
+    " share, explains and utilization are fractions 0..1 there. Exit status: 0 report printed, 1"
+    " nothing to report or unreadable input, 2 usage error, 3 --fail-on-regression tripped."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``report``'s arguments on ``parser``."""
+    parser.epilog = EPILOG
     parser.add_argument(
         "paths",
         nargs="*",
@@ -153,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_at_least(0),
         default=DEFAULT_TOP,
         metavar="N",
-        help=f"list the N slowest warm requests (default {DEFAULT_TOP})",
+        help=f"list the N slowest warm requests, every stage in ms (default {DEFAULT_TOP})",
     )
     parser.add_argument(
         "--last-run",
@@ -267,20 +280,32 @@ def _traceql_default(service: str | None) -> str:
 
 def _load_remote(args: argparse.Namespace, now_ns: int) -> tuple[Recording, str]:
     """Spans from Jaeger or Tempo (plus GPU samples from Prometheus when given) and a phrase
-    naming where they came from. Raises :class:`SourceError`."""
+    naming where they came from, with a progress bar per trace read on a terminal. Raises
+    :class:`SourceError`."""
+    from otel_stages.progress import progress
+
     since_ns = args.since or parse_since(DEFAULT_SINCE)
-    window = {"start_ns": now_ns - since_ns, "end_ns": now_ns, "limit": args.limit or DEFAULT_LIMIT}
-    if args.jaeger:
-        from otel_stages.analysis.jaeger import fetch_jaeger
+    start_ns, limit = now_ns - since_ns, args.limit or DEFAULT_LIMIT
+    source = "Jaeger" if args.jaeger else "Tempo"
+    with progress(f"reading traces from {source}", None, enabled=show_progress(args.json),
+                  unit="traces") as bar:
+        def on_trace(done: int, total: int) -> None:
+            bar.set_total(total)
+            bar.advance()
 
-        recording = fetch_jaeger(args.jaeger, args.service, **window)
-        where = f"Jaeger at {args.jaeger} (service {args.service})"
-    else:
-        from otel_stages.analysis.tempo import fetch_tempo
+        if args.jaeger:
+            from otel_stages.analysis.jaeger import fetch_jaeger
 
-        query = args.query if args.query is not None else _traceql_default(args.service)
-        recording = fetch_tempo(args.tempo, query, **window)
-        where = f"Tempo at {args.tempo} (query {query})"
+            recording = fetch_jaeger(args.jaeger, args.service, start_ns=start_ns, end_ns=now_ns,
+                                     limit=limit, on_trace=on_trace)
+            where = f"Jaeger at {args.jaeger} (service {args.service})"
+        else:
+            from otel_stages.analysis.tempo import fetch_tempo
+
+            query = args.query if args.query is not None else _traceql_default(args.service)
+            recording = fetch_tempo(args.tempo, query, start_ns=start_ns, end_ns=now_ns,
+                                    limit=limit, on_trace=on_trace)
+            where = f"Tempo at {args.tempo} (query {query})"
     if args.prometheus and recording.spans:
         from otel_stages.analysis.prometheus import fetch_gpu_samples
 
@@ -357,9 +382,23 @@ def _run_prometheus(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(paths: list[str]) -> Recording:
-    """Files and folders, plus standard input for ``-`` (named ``<stdin>`` in problems)."""
-    recording = load_paths([p for p in paths if p != STDIN])
+def _load(paths: list[str], *, show: bool = False, what: str = "traces") -> Recording:
+    """Files and folders, plus standard input for ``-`` (named ``<stdin>`` in problems). With
+    ``show`` (a person watches a terminal), a progress bar in bytes, per file; its total is known
+    when every PATH is a file (folders are searched as they are read)."""
+    from otel_stages.progress import progress
+
+    files = [p for p in paths if p != STDIN]
+    total = sum(os.path.getsize(p) for p in files) if all(os.path.isfile(p) for p in files) else None
+    pending = [0]
+    with progress(f"reading {what}", total, enabled=show and bool(files), unit="bytes") as bar:
+        def on_file(path: str, size: int) -> None:
+            bar.advance(pending[0])  # the previous file is read
+            pending[0] = size
+            bar.describe(f"reading {what}: {os.path.basename(path)}")
+
+        recording = load_paths(files, on_file=on_file)
+        bar.advance(pending[0])
     if STDIN in paths:
         stream = getattr(sys.stdin, "buffer", None)
         data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
@@ -397,8 +436,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
     else:
         paths = list(args.paths) or [default_data_dir()]
-        recording, where = _load(paths), ", ".join("stdin" if p == STDIN else p for p in paths)
-    baseline = _load(args.baseline) if args.baseline else None
+        recording = _load(paths, show=show_progress(args.json))
+        where = ", ".join("stdin" if p == STDIN else p for p in paths)
+    baseline = (_load(args.baseline, show=show_progress(args.json), what="baseline")
+                if args.baseline else None)
     try:
         recording, baseline, mapped = apply_stage_map_argument(args, recording, baseline)
     except StageMapError as exc:
@@ -542,7 +583,8 @@ def _write_html(
 
     charts = report_charts(recording, baseline=baseline, report=report,
                            title=f"otel-stages report: {where}")
-    with progress("writing HTML report", SECTION_COUNT, enabled=not args.json, unit="sections") as bar:
+    with progress("writing HTML report", SECTION_COUNT, enabled=show_progress(args.json),
+                  unit="sections") as bar:
         try:
             write_html(charts, args.html, tick=bar.advance)
         except OSError as exc:

@@ -30,13 +30,13 @@ from types import TracebackType
 import numpy as np
 from opentelemetry import context as otel_context
 
-from otel_stages import QueueToken, dequeue_batch, enqueue_token
+from otel_stages import QueueToken, dequeue_batch, enqueue_token, semconv
 
 #: ``run(pixels [B, 3, S, S] float32, prompt_ids [B, T] int64) -> [B, ...]`` (e.g. Encoder.run)
 ModelFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 THREAD_NAME = "demo-executor"
-THREAD_NAME_ATTR = "thread.name"  #: OTel semconv key; set on forward spans (and request spans)
+THREAD_NAME_ATTR = semconv.THREAD_NAME  #: set on forward spans (and request spans)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""GPU samples for the HTML report's time axis: ``hw.gpu.utilization`` / ``hw.gpu.memory.*`` points
+near the requests, per GPU, in seconds from the first request (plain data for
+:mod:`otel_stages.analysis.charts`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otel_stages import semconv
+from otel_stages.analysis.model import MetricPoint
+
+#: Utilization values above this are percent (0..100) from a producer that did not divide by 100
+#: (same rule as :mod:`otel_stages.analysis.gpu`).
+PERCENT_GUESS = 1.5
+
+
+@dataclass(frozen=True)
+class GpuSeries:
+    """One GPU (``hw.id``; ``model`` = ``hw.model``): ``utilization`` as ``(t_s, 0..1)`` and
+    ``memory_used_bytes`` as ``(t_s, bytes)`` samples in time order; ``memory_limit_bytes`` the
+    largest ``hw.gpu.memory.limit`` seen (``None`` without)."""
+
+    hw_id: str
+    model: str | None
+    utilization: tuple[tuple[float, float], ...]
+    memory_used_bytes: tuple[tuple[float, float], ...]
+    memory_limit_bytes: float | None
+
+
+def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns: int
+               ) -> tuple[GpuSeries, ...]:
+    """One :class:`GpuSeries` per ``hw.id`` from the points taken in ``[lo_ns, hi_ns]`` (Unix
+    ns), times in seconds from ``origin_ns``; utilization given in percent is scaled to 0..1."""
+    util: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    used: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    limit: dict[str, float] = {}
+    model: dict[str, str] = {}
+    for p in points:
+        if not lo_ns <= p.time_ns <= hi_ns:
+            continue
+        hw_id = str(p.attributes.get(semconv.HW_ID, ""))
+        if p.name == semconv.HW_GPU_UTILIZATION:
+            util[hw_id].append((p.time_ns, p.value))
+        elif p.name == semconv.HW_GPU_MEMORY_USAGE:
+            used[hw_id].append((p.time_ns, p.value))
+        elif p.name == semconv.HW_GPU_MEMORY_LIMIT:
+            limit[hw_id] = max(limit.get(hw_id, 0.0), p.value)
+        else:
+            continue
+        name = p.attributes.get(semconv.HW_MODEL)
+        if isinstance(name, str) and name:
+            model[hw_id] = name
+    out = []
+    for hw_id in sorted(set(util) | set(used)):
+        samples = sorted(util.get(hw_id, []))
+        scale = 100.0 if samples and max(v for _, v in samples) > PERCENT_GUESS else 1.0
+        out.append(GpuSeries(
+            hw_id=hw_id,
+            model=model.get(hw_id),
+            utilization=tuple(((t - origin_ns) / 1e9, v / scale) for t, v in samples),
+            memory_used_bytes=tuple(((t - origin_ns) / 1e9, v) for t, v in sorted(used.get(hw_id, []))),
+            memory_limit_bytes=limit.get(hw_id),
+        ))
+    return tuple(out)
