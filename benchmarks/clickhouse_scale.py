@@ -142,7 +142,7 @@ def child_fill(path: str, spans: int, processes: int) -> dict[str, object]:
 
 def child_report(path: str, max_memory_mb: int, dump: str) -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
-    from otel_stages.analysis import clickhouse_sql
+    from otel_stages.analysis import clickhouse_figures, clickhouse_sql
     from otel_stages.analysis.clickhouse import Tables, connect, parse_url, run_queries
     from otel_stages.analysis.clickhouse_result import build_aggregates
 
@@ -155,6 +155,7 @@ def child_report(path: str, max_memory_mb: int, dump: str) -> dict[str, object]:
         results, method = run_queries(engine, tables, query)
     agg = build_aggregates(results, url=f"chdb:{path}", method=method, start_ns=None,
                            end_ns=None, service=None)
+    verdict = clickhouse_figures.verdict(agg)  # Figures -> the one rule set, as the CLI does
     wall = time.perf_counter() - t0
     Path(dump).write_text(json.dumps({"results": results, "method": method}))
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -162,7 +163,8 @@ def child_report(path: str, max_memory_mb: int, dump: str) -> dict[str, object]:
             "rss_mb": usage.ru_maxrss / 1024,
             "rss_after_import_mb": rss_import, "requests": agg.counts.requests,
             "warm": agg.counts.warm, "stages": list(agg.stages), "gpu_samples": agg.gpu.samples,
-            "cohorts": agg.cohorts_total, "quantiles": agg.quantile_function}
+            "cohorts": agg.cohorts_total, "quantiles": agg.quantile_function,
+            "verdict": [verdict.cause, verdict.stage]}
 
 
 def child_scan(path: str, max_memory_mb: int) -> dict[str, object]:
@@ -182,12 +184,14 @@ def child_client(dump: str) -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
     import clickhouse_connect  # noqa: F401 - what a server report imports
 
+    from otel_stages.analysis import clickhouse_figures
     from otel_stages.analysis.clickhouse_result import build_aggregates
 
     data = json.loads(Path(dump).read_text())
     agg = build_aggregates(data["results"], url="http://server", method=data["method"],
                            start_ns=None, end_ns=None, service=None)
     json.dumps(agg.to_dict())
+    clickhouse_figures.verdict(agg)
     return {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "answer_bytes": len(json.dumps(data["results"]))}
 

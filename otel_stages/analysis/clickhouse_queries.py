@@ -40,6 +40,8 @@ from otel_stages.analysis.clickhouse_sql import (
 R = requests()
 _TOTAL_MS = "total_ns / 1e6"
 _KNOWN = "width IS NOT NULL AND height IS NOT NULL"
+#: Cold requests in the statistics' sense: first of their process and not failed.
+_COLD = "is_request AND cold AND NOT error"
 _UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
 _MEAN_TOTAL = f"(SELECT avgIf({_TOTAL_MS}, warm) FROM {R})"
 
@@ -63,7 +65,8 @@ FROM {R}"""
 def stages_sql(method: str, where: str = "warm", by: str = "") -> str:
     """One row per stage (per ``by`` group too): its distribution where it ran, ``cross``, and
     its correlation with the input's pixels and encoded bytes over the requests where both are
-    known (``pixels_corr``, ``bytes_corr``; NaN when undefined). ``by`` (e.g.
+    known (``pixels_corr``, ``bytes_corr``; NaN when undefined), and with the queue span's
+    ``queue.depth`` (``depth_corr``). ``by`` (e.g.
     ``"width, height, fmt"``) splits by cohort; ``cross`` is then within it."""
     keys = f"{by}, " if by else ""
     if by:
@@ -75,10 +78,11 @@ def stages_sql(method: str, where: str = "warm", by: str = "") -> str:
     return f"""SELECT {keys}stage,
     {distribution("stage", "ms", "1", method)},
     sum(ms * dt) AS cross,
-    corrStable(ms, pixels) AS pixels_corr, corrStable(ms, toFloat64(bytes)) AS bytes_corr
+    corrStable(ms, pixels) AS pixels_corr, corrStable(ms, toFloat64(bytes)) AS bytes_corr,
+    corrStable(ms, qdepth) AS depth_corr
 FROM (
     SELECT {keys}stage_names, stage_ns, {_TOTAL_MS} - {mean} AS dt,
-        toFloat64(width) * toFloat64(height) AS pixels, bytes
+        toFloat64(width) * toFloat64(height) AS pixels, bytes, qdepth
     FROM {source} WHERE {where}
 )
 ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
@@ -108,6 +112,7 @@ def cohort_mix_sql() -> str:
     for ``input_mix_explains``."""
     return f"""SELECT
     count() AS cohorts, sum(n) AS known, sum(ss) AS ss_within,
+    (SELECT uniqExactIf(fmt, fmt != '') FROM {R} WHERE is_request) AS formats,
     (SELECT countIf(warm AND NOT ({_KNOWN})) FROM {R}) AS unknown,
     (SELECT if(count() > 1, varSampStable({_TOTAL_MS}) * (count() - 1), 0) FROM {R}
      WHERE warm AND {_KNOWN}) AS ss_total
@@ -118,22 +123,23 @@ FROM (
 
 
 def cold_sql(method: str) -> str:
-    """One row: the cold requests' total distribution (failed cold ones included)."""
-    return f"SELECT {distribution('total', _TOTAL_MS, 'is_request AND cold', method)} FROM {R}"
+    """One row: the cold requests' total distribution (failed cold ones left out, as in
+    :func:`otel_stages.analysis.diagnosis.diagnose`)."""
+    return f"SELECT {distribution('total', _TOTAL_MS, _COLD, method)} FROM {R}"
 
 
 def cold_stages_sql(method: str) -> str:
     """Per stage: the median over cold requests where it ran."""
     return f"""SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
 FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
-WHERE is_request AND cold GROUP BY stage ORDER BY stage"""
+WHERE {_COLD} GROUP BY stage ORDER BY stage"""
 
 
 def cold_cohorts_sql(method: str) -> str:
     """Per input of cold requests (NULL width = unknown): cold count and median total, and the
     warm requests with the same input (count, median total)."""
     return f"""SELECT width, height, fmt,
-    countIf(cold) AS cold_n, {median(_TOTAL_MS, "cold", method)} AS cold_median_ms,
+    countIf({_COLD}) AS cold_n, {median(_TOTAL_MS, _COLD, method)} AS cold_median_ms,
     countIf(warm) AS warm_n, {median(_TOTAL_MS, "warm", method)} AS warm_median_ms
 FROM {R} WHERE is_request
 GROUP BY width, height, fmt HAVING cold_n > 0
@@ -145,13 +151,21 @@ def cold_cohort_stages_sql(method: str) -> str:
     """Per input of cold requests (the largest ``{top_cohorts:UInt32}``, known inputs only): each
     stage's median over the warm requests with that input (what the cold request is compared
     with, stage by stage)."""
-    cold_inputs = (f"SELECT width, height, fmt FROM {R} WHERE is_request AND cold AND {_KNOWN}"
+    cold_inputs = (f"SELECT width, height, fmt FROM {R} WHERE {_COLD} AND {_KNOWN}"
                    f" GROUP BY width, height, fmt ORDER BY count() DESC, width, height, fmt"
                    f" LIMIT {{top_cohorts:UInt32}}")
     return f"""SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
 FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
 WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({cold_inputs})
 GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, stage"""
+
+
+def cold_input_stages_sql(method: str) -> str:
+    """Per input of cold requests (NULL width = unknown): each stage's median over those cold
+    requests (a cohort's own cold request, stage by stage)."""
+    return f"""SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+WHERE {_COLD} GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, stage"""
 
 
 def runs_sql() -> str:
@@ -310,6 +324,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("cold_stages", cold_stages_sql(method), {}),
         ("cold_cohorts", cold_cohorts_sql(method), tops),
         ("cold_cohort_stages", cold_cohort_stages_sql(method), tops),
+        ("cold_input_stages", cold_input_stages_sql(method), {}),
         ("gpu_spans", gpu_spans_sql(), {}),
         ("gpu_metrics", gpu_metrics_sql(), {}),
         ("runs", runs_sql(), tops),

@@ -95,7 +95,8 @@ class StageAggregate:
     ``ran.sum / total.sum`` (these, plus the unaccounted share, add up to 1 when stages do not
     overlap). ``pixels_correlation`` / ``bytes_correlation``: Pearson correlation of the stage
     with the input's ``image.width * image.height`` / ``image.size`` over the requests where both
-    are known (``None`` when undefined: fewer than 3 such requests, or a constant series)."""
+    are known (``None`` when undefined: fewer than 3 such requests, or a constant series);
+    ``depth_correlation``: the same with the queue span's ``queue.depth``."""
 
     name: str
     ran: Summary
@@ -105,6 +106,7 @@ class StageAggregate:
     share_of_time: float
     pixels_correlation: float | None = None
     bytes_correlation: float | None = None
+    depth_correlation: float | None = None
 
 
 def _stages(rows: Rows, total: Summary | None) -> dict[str, StageAggregate]:
@@ -124,6 +126,7 @@ def _stages(rows: Rows, total: Summary | None) -> dict[str, StageAggregate]:
             share_of_time=ran.sum_ms / total.sum_ms if total and total.sum_ms > 0 else 0.0,
             pixels_correlation=_correlation(row.get("pixels_corr"), ran.count),
             bytes_correlation=_correlation(row.get("bytes_corr"), ran.count),
+            depth_correlation=_correlation(row.get("depth_corr"), ran.count),
         )
     return out
 
@@ -140,11 +143,13 @@ def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {name: values[name] for name in ordered_stages(values)}
 
 
-def input_key(width: int | None, height: int | None, fmt: str | None) -> str:
-    """``"1024x768"``, ``"1024x768 JPEG"`` with a format, ``"unknown"`` without a size."""
+def input_key(width: int | None, height: int | None, fmt: str | None, formats: int = 2) -> str:
+    """The trace report's cohort key (:class:`otel_stages.analysis.cohorts.CohortKeys`):
+    ``"1024x768"``, ``"1024x768 JPEG"`` when the requests hold more than one format
+    (``formats``), ``"unknown"`` without a size."""
     if width is None or height is None:
         return "unknown"
-    return f"{width}x{height}" + (f" {fmt}" if fmt else "")
+    return f"{width}x{height}" + (f" {fmt or 'unknown'}" if formats > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -174,11 +179,12 @@ class ColdInput:
     warm_requests: int
     warm_median_total_ms: float | None
     warm_stages_median_ms: dict[str, float] = field(default_factory=dict)
+    cold_stages_median_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ColdStartAggregate:
-    """Cold requests (first of each process; failed ones included): their ``total``
+    """Cold requests (first of each process; failed ones left out): their ``total``
     distribution, per-stage medians over the cold requests where the stage ran, and per input
     (largest first) the comparison with warm requests of the same input."""
 
@@ -320,6 +326,15 @@ class FleetAggregates:
     runs: list[RunAggregate]
     slowest: list[SlowRequest]
     problems: list[str] = field(default_factory=list)
+    formats: int = 0
+
+    def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
+        """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
+        ``"WxH"``, with the format only when the requests hold more than one (:attr:`formats`);
+        ``None`` for an unknown input."""
+        if width is None or height is None:
+            return None
+        return input_key(width, height, fmt, self.formats)
 
     def to_dict(self) -> dict[str, Any]:
         """The whole structure as JSON-ready dicts and lists (``swing_ms`` added to each
@@ -371,6 +386,18 @@ def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total
     return out
 
 
+def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> float | None:
+    """The part of the total's variance the input cohorts explain, from sums of squares: omega
+    squared, as :func:`otel_stages.analysis.stats.variance_explained_by_groups` (clipped to
+    0..1; ``None`` with fewer than 2 groups, no within-group degrees of freedom, or a constant
+    total)."""
+    if groups < 2 or n - groups < 1 or ss_total <= 0:
+        return None
+    ms_within = ss_within / (n - groups)
+    omega = (ss_total - ss_within - (groups - 1) * ms_within) / (ss_total + ms_within)
+    return min(1.0, max(0.0, omega))
+
+
 def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                      start_ns: int | None, end_ns: int | None, service: str | None
                      ) -> FleetAggregates:
@@ -386,6 +413,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         odd_spans=int(odd.get("n") or 0), by_trace=int(head["n_by_trace"]),
         runs=int(head["n_runs"]), warm_forwards=int(head["n_warm_forwards"] or 0),
     )
+    formats = int(results["cohort_mix"][0].get("formats") or 0)
     cohort_stage_rows: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for row in results["cohort_stages"]:
         cohort_stage_rows.setdefault((row["width"], row["height"], row["fmt"]), []).append(row)
@@ -396,7 +424,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
             continue
         key = (row["width"], row["height"], row["fmt"])
         cohorts.append(CohortAggregate(
-            key=input_key(row["width"], row["height"], row["fmt"] or None), width=int(row["width"]),
+            key=input_key(row["width"], row["height"], row["fmt"] or None, formats),
+            width=int(row["width"]),
             height=int(row["height"]), format=row["fmt"] or None, total=cohort_total,
             stages=_stages(cohort_stage_rows.get(key, []), cohort_total)))
     mix = results["cohort_mix"][0]
@@ -410,12 +439,15 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
             stages_median_ms=_ordered({str(r["stage"]): float(r["median_ms"])
                                        for r in results["cold_stages"]}),
             by_input=[ColdInput(
-                key=input_key(r["width"], r["height"], r["fmt"] or None), width=r["width"],
+                key=input_key(r["width"], r["height"], r["fmt"] or None, formats), width=r["width"],
                 height=r["height"], format=r["fmt"] or None, cold_requests=int(r["cold_n"]),
                 cold_median_total_ms=float(r["cold_median_ms"]), warm_requests=int(r["warm_n"]),
                 warm_median_total_ms=float(r["warm_median_ms"]) if int(r["warm_n"]) else None,
                 warm_stages_median_ms=_ordered({
                     str(x["stage"]): float(x["median_ms"]) for x in results["cold_cohort_stages"]
+                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}),
+                cold_stages_median_ms=_ordered({
+                    str(x["stage"]): float(x["median_ms"]) for x in results["cold_input_stages"]
                     if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}))
                 for r in results["cold_cohorts"]],
         )
@@ -436,8 +468,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         counts=counts, total=total, unaccounted=summary(head, "unaccounted"),
         stages=_stages(results["stages"], total), cohorts=cohorts, cohorts_total=n_cohorts,
         known_input_requests=int(mix["known"] or 0), unknown_input_requests=int(mix["unknown"] or 0),
-        input_mix_explains=(1.0 - float(mix["ss_within"] or 0.0) / ss_total
-                            if n_cohorts >= 2 and ss_total > 0 else None),
+        input_mix_explains=omega_squared(ss_total, float(mix["ss_within"] or 0.0), n_cohorts,
+                                         int(mix["known"] or 0)),
+        formats=int(mix.get("formats") or 0),
         unaccounted_explained=(float(head["unaccounted_cross"] or 0.0) / total.sum_of_squares_ms2
                                if total and total.sum_of_squares_ms2 > 0 else None),
         cold_start=cold_start,
