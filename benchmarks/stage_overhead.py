@@ -12,7 +12,12 @@ five empty stages (the worst case: the stages themselves do nothing):
   string: the attribute cleaning's fast path), against ``otel_raw_attrs`` (the SDK, same values);
 * ``enabled_tracked``: ``enabled_batch`` plus the open-span tracking ``configure()`` installs
   (:class:`otel_stages.delivery.OpenSpans`: a dict insert and delete per span);
-* ``enabled_file``: the embedded default (OTLP/JSON file exporter) end to end.
+* ``enabled_file``: the embedded default (OTLP/JSON file exporter) end to end;
+* ``enabled_no_signals``: ``enabled_batch`` with the per-stage signals off
+  (``configure(signals=False)``): ``enabled_batch - enabled_no_signals`` is what thread CPU time,
+  the GC and event-loop checks and their two attributes cost per request (6 spans);
+  ``signals_capture_ns_per_stage`` times :func:`otel_stages.signals.on_start` +
+  :func:`otel_stages.signals.finish_fields` alone (no span), the part a deferred span keeps.
 
 Targets: ``enabled_batch / otel_raw`` <= 1.5 (otel_stages adds little over the SDK itself) and
 ``disabled`` under 1 us per stage.
@@ -30,7 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_stages as ots
-from otel_stages import semconv
+from otel_stages import semconv, signals
 from otel_stages._runtime import RUNTIME, scoped_tracer
 
 REQUESTS = 300  # x6 spans stays under the default 2048-span batch queue
@@ -111,11 +116,20 @@ def main() -> None:
         finally:
             RUNTIME.tracer = plain_tracer
 
+    def no_signals() -> None:
+        signals.enable(False)
+        try:
+            _instrumented()
+        finally:
+            signals.enable(True)
+
     # Interleave so drift in machine load hits every variant alike.
     runs: dict[str, list[float]] = {k: [] for k in ("otel_raw", "enabled_batch", "otel_raw_attrs",
-                                                     "enabled_attrs", "enabled_tracked")}
+                                                     "enabled_attrs", "enabled_tracked",
+                                                     "enabled_no_signals")}
     variants = {"otel_raw": raw, "enabled_batch": _instrumented, "otel_raw_attrs": raw_attrs,
-                "enabled_attrs": _instrumented_attrs, "enabled_tracked": with_tracking}
+                "enabled_attrs": _instrumented_attrs, "enabled_tracked": with_tracking,
+                "enabled_no_signals": no_signals}
     for _ in range(5):
         for key, fn in variants.items():
             runs[key].append(_per_request_us(fn))
@@ -131,6 +145,7 @@ def main() -> None:
         results["enabled_file"] = _per_request_us(_instrumented)
         telemetry.shutdown()
 
+    capture_ns = _signals_capture_ns()
     base = results["otel_raw"]
     print(json.dumps({
         "requests_per_run": REQUESTS,
@@ -140,7 +155,28 @@ def main() -> None:
         "attrs_ratio_vs_otel_raw_attrs": round(results["enabled_attrs"] / results["otel_raw_attrs"], 3),
         "tracking_us_per_span": round((results["enabled_tracked"] - results["enabled_batch"]) / 6, 3),
         "disabled_us_per_stage": round((results["disabled"] - results["bare"]) / 6, 3),
+        "signals_us_per_span": round((results["enabled_batch"] - results["enabled_no_signals"]) / 6, 3),
+        "signals_capture_ns_per_stage": round(capture_ns),
     }, indent=2))
+
+
+def _signals_capture_ns(calls: int = 20_000) -> float:
+    """on_start + finish_fields per stage, no span, off an event loop: median of interleaved
+    rounds, minus the same loop doing nothing."""
+    def capture() -> float:
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            signals.finish_fields(signals.on_start(), 0, 1_000_000)
+        return (time.perf_counter_ns() - start) / calls
+
+    def empty() -> float:
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            pass
+        return (time.perf_counter_ns() - start) / calls
+
+    rounds = [(capture(), empty()) for _ in range(7)]
+    return statistics.median(c - e for c, e in rounds)
 
 
 if __name__ == "__main__":

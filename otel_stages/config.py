@@ -215,6 +215,9 @@ SETTINGS: tuple[Setting, ...] = (
              "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"), 4096, _positive_int(1),
             "characters kept of each string attribute, status and exception message otel_stages "
             "writes (longer ones end with a truncation marker giving the original length)"),
+    Setting("signals", ("OTEL_STAGES_SIGNALS",), True, _parse_bool,
+            "why a stage was slow: per-stage thread CPU time, GC pauses, asyncio event-loop lag, and "
+            "the cgroup's CPU quota and throttled time as metrics (false turns all of it off)"),
     Setting("redact_query_keys", ("OTEL_STAGES_REDACT_QUERY_KEYS",), (), _parse_key_list,
             "extra URL query parameter names whose values are redacted (comma-separated), on top "
             "of the built-in list (OpenTelemetry's plus token, api_key, password, ...)"),
@@ -243,6 +246,7 @@ class Settings:
     shutdown_timeout_s: float = 5.0
     attribute_value_length_limit: int = 4096
     redact_query_keys: tuple[str, ...] = ()
+    signals: bool = True
 
     @property
     def data_path(self) -> Path:

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Protocol
 
+from otel_stages.terminal import is_terminal
+
 
 class Bar(Protocol):
     """What the body of :func:`progress` gets: ``advance`` by units of work, ``total`` changes."""
@@ -66,14 +68,6 @@ class _RichBar:
 
     def describe(self, text: str) -> None:
         self._bar.update(self._task, description=text)  # type: ignore[attr-defined]
-
-
-def is_terminal(stream: IO[str]) -> bool:
-    """Whether ``stream`` is an interactive terminal (``False`` for files, pipes, closed streams)."""
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
 
 
 def show_progress(json_output: bool) -> bool:

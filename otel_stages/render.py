@@ -3,23 +3,20 @@
 Uses ``rich``: colors and box drawing on a terminal (at its width: ``COLUMNS`` / ``stty cols``);
 plain text, no ANSI codes and a 100-column width when the output is a file or a pipe.
 
-Tables are fitted to the width: numbers and trace ids are never cut and stage names fold onto a
-second line; when a table does not fit, its lowest-priority columns (min, max, ...) are left out
-with a note saying so, and trace ids move to a list under the slowest-requests table.
+Tables are fitted to the width (:func:`otel_stages.terminal.fit_table`): numbers and trace ids are
+never cut and stage names fold onto a second line; when a table does not fit, its lowest-priority
+columns (min, max, ...) are left out with a note saying so, and trace ids move to a list under the
+slowest-requests table.
 """
 
 from __future__ import annotations
 
-import codecs
 import datetime
 import io
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import IO, cast
 
-from rich import box
-from rich.console import Console, Group, JustifyMethod, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +25,15 @@ from otel_stages.analysis.cohorts import REASON_NEW_INPUT
 from otel_stages.analysis.comparison import Change
 from otel_stages.analysis.figures import SAME_INPUT
 from otel_stages.analysis.report import Report, Run
+from otel_stages.terminal import (
+    Column,
+    ReplacingWriter,
+    TextBuffer,
+    encoding_of,
+    fit_table,
+    is_terminal,
+    left_out_note,
+)
 
 #: Width used when the output is not a terminal.
 DEFAULT_WIDTH = 100
@@ -37,11 +43,6 @@ MAX_PROBLEMS = 10
 MAX_COHORTS = 8
 _ms = units.ms
 _pct = units.pct
-
-#: The stage-name column folds onto more lines below this many characters rather than cut.
-NAME_MIN_WIDTH = 10
-#: A fitted table's padding: 1 space at each outer edge, 3 between columns.
-_EDGE, _GAP = 2, 3
 
 
 def _bytes(value: int | None) -> str:
@@ -53,64 +54,9 @@ def _bytes(value: int | None) -> str:
     return f"{value} B"
 
 
-@dataclass(frozen=True)
-class _Col:
-    """A column of a fitted table: ``drop`` 0 = always shown, higher = dropped sooner when the
-    terminal is narrow; ``fold``: the text may wrap onto more lines (stage names), otherwise the
-    column is never narrower than its widest cell (numbers are never cut)."""
-
-    header: str
-    drop: int = 0
-    justify: JustifyMethod = "right"
-    fold: bool = False
-    fold_header: bool = False  #: only the header may fold (a long stage name over numbers)
-
-
-def _fit(
-    cols: Sequence[_Col], rows: Sequence[Sequence[str]], width: int,
-    styles: Sequence[str | None] = (),
-) -> tuple[Table, list[str]]:
-    """A table of ``rows`` with as many of ``cols`` as fit in ``width``; returns it and the
-    headers of the columns left out (lowest priority first)."""
-
-    def need(i: int) -> int:
-        cells = max([0, *(len(row[i]) for row in rows)])
-        if cols[i].fold_header:
-            return max(cells, min(len(cols[i].header), NAME_MIN_WIDTH))
-        w = max(len(cols[i].header), cells)
-        return min(w, NAME_MIN_WIDTH) if cols[i].fold else w
-
-    keep = list(range(len(cols)))
-    dropped: list[str] = []
-    while sum(need(i) for i in keep) + _GAP * (len(keep) - 1) + _EDGE > width:
-        droppable = [i for i in keep if cols[i].drop > 0]
-        if not droppable:
-            break
-        worst = max(droppable, key=lambda i: (cols[i].drop, i))
-        keep.remove(worst)
-        dropped.append(cols[worst].header)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for i in keep:
-        c = cols[i]
-        if c.fold or c.fold_header:
-            table.add_column(c.header, justify=c.justify, overflow="fold", min_width=need(i))
-        else:
-            table.add_column(c.header, justify=c.justify, no_wrap=True, min_width=need(i))
-    for n, row in enumerate(rows):
-        table.add_row(*(row[i] for i in keep), style=styles[n] if n < len(styles) else None)
-    return table, dropped
-
-
-def _left_out(dropped: list[str]) -> list[RenderableType]:
-    if not dropped:
-        return []
-    return [Text(f"(narrow terminal: {', '.join(dropped)} not shown; widen it or use --json)",
-                 style="dim")]
-
-
 def _stages_table(report: Report, width: int) -> RenderableType:
-    cols = [_Col("stage", justify="left", fold=True), _Col("min", 8), _Col("median"),
-            _Col("p95", 4), _Col("max", 7), _Col("share", 5), _Col("swing"), _Col("explains", 6)]
+    cols = [Column("stage", justify="left", fold=True), Column("min", 8), Column("median"),
+            Column("p95", 4), Column("max", 7), Column("share", 5), Column("swing"), Column("explains", 6)]
     rows, styles = [], []
     for s in report.stages.values():
         rows.append([s.name, _ms(s.min_ms), _ms(s.median_ms), _ms(s.p95_ms), _ms(s.max_ms),
@@ -126,7 +72,7 @@ def _stages_table(report: Report, width: int) -> RenderableType:
         rows.append(["total", _ms(t.min_ms), _ms(t.median_ms), _ms(t.p95_ms), _ms(t.max_ms),
                      "100%", _ms(t.swing_ms), ""])
         styles.append("italic")
-    table, dropped = _fit(cols, rows, width, styles)
+    table, dropped = fit_table(cols, rows, width, styles)
     title = f"Warm-run stages, ms ({report.warm_requests} warm requests; share = part of all request"
     title += " time; swing = p95 - p5; explains = part of the total's variance)"
     notes = [
@@ -136,7 +82,34 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     ]
     if gap is not None:
         notes.append(Text("(unaccounted) = request time outside every stage span", style="dim"))
-    return Group(Text(title, style="bold"), table, *_left_out(dropped), *notes)
+    return Group(Text(title, style="bold"), table, *left_out_note(dropped), *notes)
+
+
+def _signals_table(report: Report, width: int) -> RenderableType:
+    """Thread CPU time against waiting per stage, and the share of each stage's variance that
+    GC, event-loop lag and throttling explain (analysis.mechanisms)."""
+    cols = [Column("stage", justify="left", fold=True), Column("cpu"), Column("wait"),
+            Column("core slow/fast", 8), Column("wait expl"), Column("slowdown", 5), Column("gc", 3),
+            Column("lag", 6), Column("throttled", 7), Column("mechanism", 1, "left")]
+    rows, styles = [], []
+    for name, sig in report.signals.items():
+        def part(p: object) -> str:
+            return "-" if p is None else _pct(getattr(p, "explains", None))
+        confirmed = sig.confirmed
+        rows.append([
+            name, _ms(sig.cpu.median_ms if sig.cpu else None),
+            _ms(sig.wait.median_ms if sig.wait else None),
+            f"{_pct(sig.slow_cpu_utilization)} / {_pct(sig.fast_cpu_utilization)}",
+            part(sig.wait), _pct(sig.slowdown_explains), part(sig.gc), part(sig.lag),
+            part(sig.throttled), confirmed.cause if confirmed else "-",
+        ])
+        styles.append("bold" if name == report.verdict.stage else None)
+    table, dropped = fit_table(cols, rows, width, styles)
+    title = ("Where the stage time went (cpu, wait = wall - cpu: ms medians; core = CPU/wall in the"
+             " slowest quarter / faster half)")
+    legend = ("wait expl, gc, lag (event loop), throttled: part of the stage's variance; slowdown:"
+              " part of the variance of log(ms) that wall/cpu explains")
+    return Group(Text(title, style="bold"), table, *left_out_note(dropped), Text(legend, style="dim"))
 
 
 def _cohort_table(report: Report, width: int) -> RenderableType:
@@ -147,8 +120,8 @@ def _cohort_table(report: Report, width: int) -> RenderableType:
         if v is not None and v.tentative:
             verdict += " ?"
         rows.append([c.key, str(c.requests), _ms(c.median_total_ms), _ms(c.p95_total_ms), verdict])
-    table, dropped = _fit([_Col("input", justify="left", fold=True), _Col("requests"),
-                           _Col("median ms"), _Col("p95 ms", 2), _Col("verdict", justify="left")],
+    table, dropped = fit_table([Column("input", justify="left", fold=True), Column("requests"),
+                           Column("median ms"), Column("p95 ms", 2), Column("verdict", justify="left")],
                           rows, width)
     mix = report.input_mix_explains
     title = f"Input cohorts ({len(report.cohorts)}; the input mix explains "
@@ -159,7 +132,7 @@ def _cohort_table(report: Report, width: int) -> RenderableType:
                           style="dim"))
     if any(c.verdict is not None and c.verdict.tentative for c in report.cohorts):
         notes.append(Text("? = tentative: fewer than 20 warm requests in that cohort", style="dim"))
-    return Group(Text(title, style="bold"), table, *_left_out(dropped), *notes)
+    return Group(Text(title, style="bold"), table, *left_out_note(dropped), *notes)
 
 
 def _cold_table(report: Report, width: int) -> RenderableType:
@@ -178,8 +151,8 @@ def _cold_table(report: Report, width: int) -> RenderableType:
     who = "First request of the process" if cold.count == 1 else f"{cold.count} first requests (median)"
     rows = [[name, _ms(ms), _ms(cold.comparable_stages_ms.get(name))]
             for name, ms in cold.stages_ms.items()]
-    table, _ = _fit([_Col("stage", justify="left", fold=True), _Col("cold ms"),
-                     _Col("comparable median ms")], rows, width)
+    table, _ = fit_table([Column("stage", justify="left", fold=True), Column("cold ms"),
+                     Column("comparable median ms")], rows, width)
     title = Text(f"{who} (cold, reported apart): {_ms(cold.total_ms)} ms{ratio}", style="bold")
     parts: list[RenderableType] = [title, table]
     if report.set_apart:
@@ -216,13 +189,13 @@ def _slowest_table(report: Report, width: int) -> RenderableType:
     drop = {n: _DROP_STAGES + i + 1 for i, n in enumerate(ranked)}  # smallest share: highest
     images = any(r.image_width is not None and r.image_height is not None for r in report.slowest)
     sizes = any(r.image_bytes is not None for r in report.slowest)
-    cols = [_Col("seq"), _Col("total")]
+    cols = [Column("seq"), Column("total")]
     if images:
-        cols.append(_Col("image", _DROP_IMAGE))
+        cols.append(Column("image", _DROP_IMAGE))
     if sizes:
-        cols.append(_Col("bytes", _DROP_BYTES))
-    cols += [_Col(n, drop.get(n, 0), fold_header=True) for n in names]
-    cols.append(_Col("trace id", _DROP_TRACE, justify="left"))
+        cols.append(Column("bytes", _DROP_BYTES))
+    cols += [Column(n, drop.get(n, 0), fold_header=True) for n in names]
+    cols.append(Column("trace id", _DROP_TRACE, justify="left"))
     rows = []
     for r in report.slowest:
         row = ["-" if r.seq is None else str(r.seq), _ms(r.total_ms) + (" (error)" if r.error else "")]
@@ -235,7 +208,7 @@ def _slowest_table(report: Report, width: int) -> RenderableType:
                 for n in names]
         row.append(r.trace_id)  # full 32 hex digits: pasted into Jaeger / Tempo
         rows.append(row)
-    table, dropped = _fit(cols, rows, width)
+    table, dropped = fit_table(cols, rows, width)
     title = f"{len(report.slowest)} slowest warm requests, ms per stage"
     if report.unaccounted is not None:
         title += " (unaccounted = outside every stage span)"
@@ -249,7 +222,7 @@ def _slowest_table(report: Report, width: int) -> RenderableType:
         parts.append(Text("trace ids:"))
         for label, r in zip(labels, report.slowest):
             parts.append(Text(f"  {label:<{pad}} {r.trace_id}"))
-    parts[2:2] = _left_out(dropped)
+    parts[2:2] = left_out_note(dropped)
     return Group(*parts)
 
 
@@ -295,13 +268,13 @@ def _comparison(report: Report, width: int) -> RenderableType:
          _ms(ch.baseline_p95_ms), _ms(ch.p95_ms), units.signed_pct(ch.p95_change_pct), _changed(ch)]
         for name, ch in [*c.stages.items(), ("total", c.total)]
     ]
-    table, dropped = _fit([_Col("stage", justify="left", fold=True), _Col("median before", 2),
-                           _Col("after"), _Col("change"), _Col("p95 before", 3), _Col("after", 1),
-                           _Col("change"), _Col("changed")], rows, width)
+    table, dropped = fit_table([Column("stage", justify="left", fold=True), Column("median before", 2),
+                           Column("after"), Column("change"), Column("p95 before", 3), Column("after", 1),
+                           Column("change"), Column("changed")], rows, width)
     summary = _bullets("Summary:", c.summary, "bold")
     title = Text(f"Compared with the baseline ({c.baseline_requests} requests), ms; changed = outside"
                  " run-to-run noise (95% bootstrap intervals of median, p95, swing)", style="bold")
-    return Group(title, table, *_left_out(dropped), summary)
+    return Group(title, table, *left_out_note(dropped), summary)
 
 
 def _utc(ns: int) -> str:
@@ -344,6 +317,8 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
     parts = _header(report)
     if report.stages:
         parts.append(_stages_table(report, width))
+    if report.signals:
+        parts.append(_signals_table(report, width))
     if len(report.cohorts) > 1:
         parts.append(_cohort_table(report, width))
     if report.cold_start is not None:
@@ -363,70 +338,15 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
     return parts
 
 
-def _is_tty(file: IO[str]) -> bool:
-    try:
-        return bool(file.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-class _Buffer(io.StringIO):
-    """A text buffer that reports the final output's encoding, so rich draws ASCII table rules
-    (its ``safe_box`` substitution) when that encoding has no box-drawing characters."""
-
-    def __init__(self, encoding: str) -> None:
-        super().__init__()
-        self._target_encoding = encoding
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return self._target_encoding
-
-
-class _Replacing(io.TextIOBase):
-    """Writes to ``file`` with every character its encoding cannot hold replaced by ``?``: the
-    report never dies with UnicodeEncodeError on a cp1252 / ASCII stdout."""
-
-    def __init__(self, file: IO[str], encoding: str) -> None:
-        super().__init__()
-        self._file, self._encoding = file, encoding
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return self._encoding
-
-    def write(self, text: str) -> int:
-        self._file.write(text.encode(self._encoding, "replace").decode(self._encoding))
-        return len(text)
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def isatty(self) -> bool:
-        return _is_tty(self._file)
-
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-
-def _encoding(file: IO[str]) -> str:
-    """``file``'s encoding (UTF-8 when it has none, e.g. a StringIO); unknown names count as ASCII."""
-    name = getattr(file, "encoding", None) or "utf-8"
-    try:
-        return codecs.lookup(name).name
-    except LookupError:
-        return "ascii"
-
-
 def render(report: Report, file: IO[str] | None = None, *, width: int | None = None) -> None:
     """Write the report to ``file`` (default stdout). On a terminal rich picks colors and width;
     otherwise plain text (no ANSI codes, no trailing spaces) at ``width`` (default
     :data:`DEFAULT_WIDTH`) columns. When ``file``'s encoding (cp1252, ASCII...) lacks the table
     rules' box-drawing characters, rules are ASCII; any other character it cannot hold is ``?``."""
     dest = sys.stdout if file is None else file
-    tty = _is_tty(dest)
-    out = _Replacing(dest, _encoding(dest))
-    buffer = _Buffer(out.encoding)
+    tty = is_terminal(dest)
+    out = ReplacingWriter(dest, encoding_of(dest))
+    buffer = TextBuffer(out.encoding)
     target = cast(IO[str], out) if tty else buffer
     console = Console(
         file=target,

@@ -82,6 +82,7 @@ class Telemetry:
     _queued_spans: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
     _span_processors: list[SpanProcessor] = field(default_factory=list, repr=False, compare=False)
     _gpu_readers: list[Any] = field(default_factory=list, repr=False, compare=False)
+    _signal_readers: list[Any] = field(default_factory=list, repr=False, compare=False)
     _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
     _shut_down: bool = field(default=False, repr=False, compare=False)
     _shutdown_result: bool = field(default=True, repr=False, compare=False)
@@ -211,7 +212,7 @@ class Telemetry:
                 self._span_exporter.abandon(self._queued_spans())
             if self._metric_exporter is not None:
                 self._metric_exporter.abandon()
-            for reader in self._gpu_readers:
+            for reader in [*self._gpu_readers, *self._signal_readers]:
                 reader.abandon()
         return finished and self.dropped_spans + self.dropped_points == lost_before
 
@@ -236,13 +237,14 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               shutdown_timeout_s: float | None = None,
               attribute_value_length_limit: int | None = None,
               redact_query_keys: tuple[str, ...] | list[str] | None = None,
-              gpu_read_timeout_s: float | None = None) -> Telemetry:
+              gpu_read_timeout_s: float | None = None, signals: bool | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
-    (:mod:`otel_stages.gpu`). ``set_global`` also installs the providers as the
-    OpenTelemetry globals (so other instrumentation shares them).
+    (:mod:`otel_stages.gpu`); ``signals`` the per-stage CPU time, GC and event-loop signals and
+    the cgroup throttling metrics (:mod:`otel_stages.signals`). ``set_global`` also installs the
+    providers as the OpenTelemetry globals (so other instrumentation shares them).
 
     Calling it again replaces the previous configuration: once the new providers are built, the
     previous handle is shut down (flushed, its threads stopped) and an INFO line says so; a call
@@ -273,7 +275,7 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "slow_request_ms": slow_request_ms,
         "shutdown_timeout_s": shutdown_timeout_s,
         "attribute_value_length_limit": attribute_value_length_limit,
-        "redact_query_keys": redact_query_keys,
+        "redact_query_keys": redact_query_keys, "signals": signals,
     }
     settings = resolve(arguments)
     with _lock:
@@ -289,7 +291,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     urls.set_extra_sensitive_keys(settings.redact_query_keys)
     if not settings.enabled:
         _serving(settings)
-        RUNTIME.enabled = False
+        RUNTIME.enabled = False  # stages are no-ops: no signals are read either
         return Telemetry(settings, None, None, destination="disabled")
     sampler = sampling.sampler_for(settings)  # raises before anything is built
 
@@ -331,9 +333,16 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
         shared_exporter, gpu_readers = gpu_session.start(
             settings, resource, counted_points, resource_fn=lambda: tracer_provider.resource,
             drops=drops)
+    from otel_stages.signals import session as signals_session
+
+    # GC pause recording and the cgroup sampler (its reader, like the GPU's, stops when a newer
+    # configure() replaces this one, and counts what it loses at a shutdown deadline)
+    shared_exporter, signal_readers = signals_session.start(
+        settings, shared_exporter, resource_fn=lambda: tracer_provider.resource, drops=drops)
     reader = PeriodicExportingMetricReader(
         shared_exporter, export_interval_millis=settings.metric_export_interval_s * 1000)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[*gpu_readers, reader],
+    meter_provider = MeterProvider(resource=resource,
+                                   metric_readers=[*gpu_readers, *signal_readers, reader],
                                    shutdown_on_exit=False)
     meter_provider.get_meter(semconv.SCOPE_NAME, __version__).create_observable_counter(
         semconv.SPANS_DROPPED, callbacks=[drops.observe], unit=semconv.UNIT_SPANS,
@@ -349,6 +358,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     handle._queued_spans = queued_spans
     handle._span_processors = span_processors
     handle._gpu_readers = list(gpu_readers)
+    handle._signal_readers = list(signal_readers)
     _HANDLES.append(handle)
     if set_global:
         if _globals_from is None:
@@ -390,9 +400,10 @@ def _replace(handle: Telemetry) -> None:
         logger.info("otel_stages.configure() replaced the previous configuration (%s) with %s; "
                     "the previous providers stay up as the OpenTelemetry globals",
                     previous._describe(), handle._describe())
-        for reader in previous._gpu_readers:
+        for reader in [*previous._gpu_readers, *previous._signal_readers]:
             reader.shutdown()
         previous._gpu_readers = []
+        previous._signal_readers = []
         return
     logger.info("otel_stages.configure() replaced the previous configuration (%s) with %s; "
                 "the previous one is shut down", previous._describe(), handle._describe())

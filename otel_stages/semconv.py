@@ -143,3 +143,54 @@ GPU_MEMORY_USAGE_MAX = "gpu.memory.usage.max"  #: int, bytes, max memory used in
 GPU_BUSY_AT_START = "gpu.busy_at_start"  #: bool, GPU already busy when the forward began
 GPU_SAMPLE_COUNT = "gpu.sample_count"  #: int, samples that back the figures above
 GPU_DEVICE_TIME_MS = "gpu.device_time_ms"  #: float, ms, device time measured with CUDA events
+
+# --- Why a stage was slow: per-stage signals (otel_stages.signals) ---------------------------
+# Thread CPU time has no semantic-convention name for spans (semconv has it only as the process /
+# container metrics ``process.cpu.time``, ``container.cpu.time``); ``thread.*`` is the namespace
+# the conventions use for the executing thread (``thread.id``, ``thread.name``).
+#: float, ms: CPU time of the thread that ran the stage, from ``time.thread_time_ns()`` read at
+#: stage start and end (user + system time of that thread only)
+THREAD_CPU_TIME_MS = "thread.cpu_time_ms"
+#: float, 0..1: ``thread.cpu_time_ms`` / the span's duration; low = the thread was not running
+#: (waiting for a core, the GIL, a lock, I/O or the GPU). Named after semconv's
+#: ``process.cpu.utilization`` (CPU time over elapsed time).
+THREAD_CPU_UTILIZATION = "thread.cpu_utilization"
+#: float, ms: time CPython's garbage collector ran while the span was open (all collections,
+#: any thread: a collection holds the GIL), clipped to the span
+GC_PAUSE_MS = "otel_stages.gc.pause_ms"
+#: int: garbage collections that ran while the span was open
+GC_COLLECTIONS = "otel_stages.gc.collections"
+#: span event: one collection of at least ``signals.GC_EVENT_MIN_MS`` while the span was open;
+#: its time is the collection's start (it may precede the span)
+EVENT_GC_PAUSE = "cpython.gc.pause"
+#: int, semconv (``cpython.gc.*`` runtime conventions): the generation collected, 0..2
+CPYTHON_GC_GENERATION = "cpython.gc.generation"
+#: float, ms: duration of the whole collection (on the ``cpython.gc.pause`` event)
+GC_DURATION_MS = "otel_stages.gc.duration_ms"
+#: bool, on a ``cpython.gc.pause`` event: the collection had run but its stop callback had not
+#: when the stage ended (the collector was switched out), so ``otel_stages.gc.duration_ms`` is
+#: the time up to the stage's end: an upper bound
+GC_IN_PROGRESS = "otel_stages.gc.in_progress"
+#: float, ms: asyncio event-loop lag measured while the span was open, on a span that ran on the
+#: loop's thread: the sum of how late the loop monitor's ticks ran (the loop was busy elsewhere)
+EVENT_LOOP_LAG_MS = "otel_stages.event_loop.lag_ms"
+#: float, ms: the span ran on the event loop's thread and the loop could not run anything else
+#: meanwhile (no monitor tick although one was due): the span held the loop this long
+EVENT_LOOP_HELD_MS = "otel_stages.event_loop.held_ms"
+
+# --- cgroup CPU quota and throttling (names of the Collector's docker_stats receiver,
+# receiver/dockerstatsreceiver/metadata.yaml in opentelemetry-collector-contrib; no semconv yet)
+#: cumulative monotonic sum, unit "ns" (int): time the cgroup was throttled (cpu.stat
+#: ``throttled_usec`` x 1000 in cgroup v2, ``throttled_time`` in v1)
+CONTAINER_CPU_THROTTLED_TIME = "container.cpu.throttling_data.throttled_time"
+#: cumulative monotonic sum, unit "{periods}" (int): enforcement periods elapsed (``nr_periods``)
+CONTAINER_CPU_PERIODS = "container.cpu.throttling_data.periods"
+#: cumulative monotonic sum, unit "{periods}" (int): periods in which the quota ran out
+#: (``nr_throttled``)
+CONTAINER_CPU_THROTTLED_PERIODS = "container.cpu.throttling_data.throttled_periods"
+#: gauge, unit "{cpus}" (float): the CPU quota, quota / period (cgroup v2 ``cpu.max``, v1
+#: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); no point when there is no quota
+CONTAINER_CPU_LIMIT = "container.cpu.limit"
+UNIT_NANOSECONDS = "ns"
+UNIT_PERIODS = "{periods}"
+UNIT_CPUS = "{cpus}"

@@ -26,7 +26,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from otel_stages import semconv
+from otel_stages import semconv, signals
 from otel_stages._runtime import RUNTIME, guard
 from otel_stages.attributes import clean_attributes, exception_attributes, status_message
 
@@ -110,7 +110,7 @@ class StageScope:
     ``StageScope`` object is entered once; used as a decorator it opens a fresh span per call.
     """
 
-    __slots__ = ("_span", "_start_ns", "_token", "attributes", "name")
+    __slots__ = ("_signals", "_span", "_start_ns", "_token", "attributes", "name")
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
@@ -118,6 +118,7 @@ class StageScope:
         self._span: Span | None = None
         self._token: Token[otel_context.Context] | None = None
         self._start_ns = 0
+        self._signals: signals.capture.State | None = None
 
     # -- span lifecycle -------------------------------------------------------------------------
     def _start_attributes(self) -> dict[str, Any]:
@@ -131,6 +132,7 @@ class StageScope:
         with _GUARD_START:  # telemetry must not break inference
             attributes = clean_attributes(self._start_attributes())  # before the clock starts
             self._start_ns = RUNTIME.clock.now_ns() if start_ns is None else start_ns
+            self._signals = signals.on_start()  # issue 13: thread CPU, GC and loop readings
             self._span = RUNTIME.tracer.start_span(
                 self.name, context=parent, attributes=attributes, links=links,
                 start_time=self._start_ns)
@@ -149,6 +151,7 @@ class StageScope:
         """Everything before ``span.end``: record ``exc`` (unless it is generator control flow)
         and run the stage-end hooks. Returns the end time (span-clock ns, now unless given)."""
         end_ns = RUNTIME.clock.now_ns() if end_ns is None else end_ns
+        signals.on_finish(span, self._signals, self._start_ns, end_ns)  # issue 13
         if exc is not None and not isinstance(exc, _NOT_ERRORS):
             record_error(span, exc)
         for hook in RUNTIME.stage_end_hooks:

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from otel_stages import signals
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages.clock import Clock
 
@@ -60,24 +61,30 @@ class CapturedSpans:
 
 
 @contextmanager
-def capture_spans(clock: Clock | None = None) -> Iterator[CapturedSpans]:
+def capture_spans(clock: Clock | None = None, *, signals_on: bool = False) -> Iterator[CapturedSpans]:
     """Record otel_stages spans in memory for the duration of the block.
 
     ``clock`` replaces the span clock inside the block (inject a fake for exact timings).
-    Restores the previous tracer, clock and enabled flag afterwards.
+    ``signals_on``: also record the per-stage signals (:mod:`otel_stages.signals`: thread CPU
+    time, GC pauses, event-loop lag). Off by default here, so that captured spans are the same
+    on every run (CPU time never is, and means nothing against a fake clock).
+    Restores the previous tracer, clock, enabled flag and signals setting afterwards.
     """
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     saved = (RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock)
+    saved_signals = signals.is_enabled()
     RUNTIME.tracer = scoped_tracer(provider)
     RUNTIME.enabled = True
+    signals.enable(signals_on)
     if clock is not None:
         RUNTIME.clock = clock
     try:
         yield CapturedSpans(exporter, provider)
     finally:
         RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock = saved
+        signals.enable(saved_signals)
         provider.shutdown()
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
+from otel_stages import signals
 from otel_stages._runtime import RUNTIME
 from otel_stages.clock import Clock
 from otel_stages.testing import capture_spans
@@ -48,7 +49,8 @@ def captured_fake_clock(fake_time):
 
 
 def _runtime_state() -> tuple[object, ...]:
-    return (RUNTIME.enabled, RUNTIME.tracer, RUNTIME.clock, RUNTIME.stage_end_hooks, RUNTIME.reraise)
+    return (RUNTIME.enabled, RUNTIME.tracer, RUNTIME.clock, RUNTIME.stage_end_hooks, RUNTIME.reraise,
+            signals.is_enabled())
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +64,6 @@ def _leaves_no_state_behind(request: pytest.FixtureRequest):
     assert not trace.get_current_span().get_span_context().is_valid, (
         f"{request.node.nodeid} left a span active")
     after = _runtime_state()
-    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise")
+    names = ("enabled", "tracer", "clock", "stage_end_hooks", "reraise", "signals")
     changed = [n for n, b, a in zip(names, before, after) if b is not a and b != a]
     assert not changed, f"{request.node.nodeid} left otel_stages runtime state changed: {changed}"

@@ -63,8 +63,16 @@ def test_cold_start_case_fills_cold_start():
     assert out["stages"]["forward"]["max_ms"] < 1000  # the cold run is not in the warm stats
 
 
+def _scale_values(attributes: list, factor: float) -> None:
+    """Durations recorded as attributes (``*_ms``: thread CPU time, GC, loop lag) scale too."""
+    for a in attributes:
+        if a["key"].endswith("_ms") and "doubleValue" in a["value"]:
+            a["value"]["doubleValue"] *= factor
+
+
 def _scaled_and_shuffled(src: Path, dst: Path, factor: float, seed: int) -> None:
-    """Multiply every duration (and the gaps between events) by ``factor``; shuffle the lines."""
+    """Multiply every duration (and the gaps between events) by ``factor``, with the durations
+    spans and points carry as values (``*_ms`` attributes, ``ns`` counters); shuffle the lines."""
     lines = src.read_text().splitlines()
     objs = [json.loads(line) for line in lines]
     times = [
@@ -86,11 +94,17 @@ def _scaled_and_shuffled(src: Path, dst: Path, factor: float, seed: int) -> None
                 for s in ss["spans"]:
                     s["startTimeUnixNano"] = scale(s["startTimeUnixNano"])
                     s["endTimeUnixNano"] = scale(s["endTimeUnixNano"])
+                    _scale_values(s.get("attributes", []), factor)
+                    for e in s.get("events", []):
+                        e["timeUnixNano"] = scale(e["timeUnixNano"])
+                        _scale_values(e.get("attributes", []), factor)
         for rm in o.get("resourceMetrics", []):
             for sm in rm["scopeMetrics"]:
                 for m in sm["metrics"]:
                     for p in (m.get("gauge") or m.get("sum"))["dataPoints"]:
                         p["timeUnixNano"] = scale(p["timeUnixNano"])
+                        if m.get("unit") == "ns" and "asInt" in p:
+                            p["asInt"] = str(int(int(p["asInt"]) * factor))
     random.Random(seed).shuffle(objs)
     dst.write_text("".join(json.dumps(o) + "\n" for o in objs))
 

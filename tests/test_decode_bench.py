@@ -23,7 +23,8 @@ from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R
 from otel_stages.cli import main
 from otel_stages.decode_bench import measure, runs_per_image
 from otel_stages.demo.images import jpeg_photo
-from otel_stages.progress import is_terminal, progress
+from otel_stages.progress import progress
+from otel_stages.terminal import is_terminal
 
 IMAGES = Path(__file__).parent / "data" / "images"
 

@@ -319,3 +319,28 @@ def test_cli_without_nvml_exits_1_with_the_reason(tmp_path: Path) -> None:
     done = _cli(tmp_path, "--once")
     assert done.returncode == 1
     assert "NVML unavailable: libnvidia-ml.so.1 not found" in done.stderr and done.stdout == ""
+
+
+# --- memory pressure: the stand-in's memory_pressure scenario through the report -----------------
+
+@pytest.mark.parametrize(("scenario", "cause"), [("memory_pressure", "gpu_memory_pressure"),
+                                                 ("", "gpu_starved")])
+def test_memory_pressure_lined_up_with_slow_forwards(run, fake_lib: Path, tmp_path: Path,
+                                                     scenario: str, cause: str) -> None:
+    """Forwards are slow in the pressure phases of the library's memory clock (memory at 93/99 %
+    of its limit, jumping); with the scenario off memory stays flat and utilization low: the
+    same slow forwards are then gpu_starved."""
+    from otel_stages.analysis import diagnose, load_paths
+
+    run(fake_lib, {"requests": 26, "forward_s": 0.05, "slow_forward_s": 0.2,
+                   "pressure_period_ms": 600, "configure": {"gpu_interval_s": 0.05}},
+        FAKE_NVML_SCENARIO=scenario, FAKE_NVML_MEMORY_PERIOD_MS="600", FAKE_NVML_UTIL="30")
+    report = diagnose(load_paths(sorted((tmp_path / "data").glob("*.jsonl"))))
+    assert (report.verdict.cause, report.verdict.stage) == (cause, "forward"), report.verdict.evidence
+    memory = next(e for e in report.verdict.evidence if e.startswith("GPU memory during"))
+    if scenario:
+        assert "peak median 99%" in memory or "peak median 93%" in memory
+        assert "lines up with the slow forwards" in memory
+    else:
+        assert "peak median 38% of 80 GiB" in memory  # 30 GiB used, flat
+        assert "memory stays clear of its limit and steady" in memory

@@ -67,8 +67,6 @@ def _check_contract(out: dict) -> None:
 
 @pytest.mark.parametrize("folder, name, expected", SINGLE, ids=[n for _, n, _ in SINGLE])
 def test_handed_scenario(folder, name, expected, capsys):
-    if expected["cause"] == "gpu_memory_pressure":
-        pytest.skip("gpu_memory_pressure is another issue's cause")  # not copied here yet
     code, out = _run([str(folder / f"{name}.otlp.jsonl")], capsys)
     assert code == 0
     _check_contract(out)

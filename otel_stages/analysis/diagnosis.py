@@ -35,6 +35,7 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
+from otel_stages.analysis.mechanisms import StageSignals, stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
@@ -68,6 +69,7 @@ class _Warm:
     gpu: GpuEvidence
     cold: ColdFigures | None
     figures: Figures
+    signals: dict[str, StageSignals]
 
 
 def stage_figures(s: StageStats) -> StageFigures:
@@ -95,6 +97,7 @@ def _warm(
     total = distribution(totals) if totals else None
     gap = unaccounted_stats([r.unaccounted_ms for r in warm], totals)
     gpu = gpu_evidence(warm, metrics)
+    signals = stage_signals(warm, list(stages), metrics, gpu)  # CPU, GC, loop, throttling, memory
     cold_fig = cold_figures(cold, warm, keys)
     figures = Figures(
         warm_requests=len(warm),
@@ -106,11 +109,11 @@ def _warm(
         cold=cold_fig,
         cohorts=cohorts,
         input_mix_explains=mix,
-        stage_evidence=stage_evidence(warm, list(stages)),
+        stage_evidence=with_mechanisms(stage_evidence(warm, list(stages)), signals),
         failed_requests=failed,
         requests=requests,
     )
-    return _Warm(stages, total, gap, gpu, cold_fig, figures)
+    return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
 
 def _cohorts(
@@ -226,6 +229,7 @@ def diagnose(
         batches=summarize_batches(screened.spans),
         request_sets=RequestSets(tuple(warm), tuple(cold), tuple(a.request for a in apart),
                                  tuple(failed), keys),
+        signals=result.signals,
     )
     if baseline is not None:
         before = diagnose(baseline, top=top, last_run=last_run)

@@ -21,7 +21,7 @@ import base64
 import binascii
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from otel_stages.analysis.model import AttributeValue, MetricPoint, Recording, Span, SpanEvent
@@ -189,15 +189,23 @@ def _scopes(block: Mapping[str, Any], key: str, out: Recording, prefix: str) -> 
     return _list(block.get(key), out, prefix, key)
 
 
+def _scope_lists(block: Any, scopes_key: str, items_key: str, out: Recording,
+                 prefix: str) -> Iterator[list[Any]]:
+    """Each scope's ``items_key`` list (``spans`` / ``metrics``); a scope that is not an object
+    is a problem and skipped."""
+    for scope in _scopes(block, scopes_key, out, prefix):
+        if not isinstance(scope, Mapping):
+            out.problems.append(f"{prefix}{scopes_key} entry is not an object")
+            continue
+        yield _list(scope.get(items_key), out, prefix, items_key)
+
+
 def _parse_resource_spans(rs: Any, out: Recording, prefix: str) -> None:
     resource = _resource(rs, out, prefix)
     if resource is None:
         return
-    for scope in _scopes(rs, "scopeSpans", out, prefix):
-        if not isinstance(scope, Mapping):
-            out.problems.append(f"{prefix}scopeSpans entry is not an object")
-            continue
-        for j, raw in enumerate(_list(scope.get("spans"), out, prefix, "spans")):
+    for spans in _scope_lists(rs, "scopeSpans", "spans", out, prefix):
+        for j, raw in enumerate(spans):
             try:
                 out.spans.append(_parse_span(raw, resource))
             except (_Malformed, ValueError, TypeError, AttributeError) as exc:
@@ -286,11 +294,8 @@ def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
     resource = _resource(rm, out, prefix)
     if resource is None:
         return
-    for scope in _scopes(rm, "scopeMetrics", out, prefix):
-        if not isinstance(scope, Mapping):
-            out.problems.append(f"{prefix}scopeMetrics entry is not an object")
-            continue
-        for metric in _list(scope.get("metrics"), out, prefix, "metrics"):
+    for metrics in _scope_lists(rm, "scopeMetrics", "metrics", out, prefix):
+        for metric in metrics:
             if not isinstance(metric, Mapping) or not isinstance(metric.get("name"), str):
                 out.problems.append(f"{prefix}metric without a name")
                 continue

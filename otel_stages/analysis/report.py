@@ -4,7 +4,8 @@
 is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``,
 ``total``, ``stages`` (with ``explains``), ``unaccounted``, ``cohorts``, ``input_mix_explains``,
 ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
-``set_apart``, ``noise``, ``gpu``, ``slowest`` and ``groups``.
+``set_apart``, ``noise``, ``gpu``, ``slowest``, ``groups`` and ``signals`` (per stage: thread CPU
+time against waiting, GC, event-loop lag, throttling; :mod:`otel_stages.analysis.mechanisms`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
 from otel_stages.analysis.figures import CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.mechanisms import StageSignals
 from otel_stages.analysis.noise import NoiseBand
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
@@ -217,6 +219,8 @@ class Report:
     #: the requests behind the figures (not in the JSON); ``baseline_sets`` the baseline's
     request_sets: RequestSets | None = None
     baseline_sets: RequestSets | None = None
+    #: per stage: thread CPU vs waiting, GC, event-loop lag, throttling (analysis.mechanisms)
+    signals: dict[str, StageSignals] = field(default_factory=dict)
 
     @property
     def warm_requests(self) -> int:
@@ -249,4 +253,5 @@ class Report:
             "groups": {name: list(kids) for name, kids in self.groups.items()},
             "comparison": None if self.comparison is None else self.comparison.to_dict(),
             "batches": None if self.batches is None else self.batches.to_dict(),
+            "signals": {name: s.to_dict() for name, s in self.signals.items()},
         }

@@ -121,7 +121,7 @@ def render(bench: DecodeBench, file: IO[str]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from otel_stages.progress import is_terminal
+    from otel_stages.terminal import is_terminal
 
     tty = is_terminal(file)
     buffer = io.StringIO()

@@ -7,6 +7,11 @@ default, or an OTLP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (then 
 this run's spans is also written, so the report can be made here). The report reads only the
 files this run wrote. Progress goes to stderr; the report (text or ``--json``) to stdout.
 
+``--fault cpu-hog|gc-storm|blocking-loop`` injects one fault for real
+(:mod:`otel_stages.demo.faults`) so that the report can be seen to name its mechanism
+(``cpu_contention``, ``gc_pause``, ``event_loop_blocked``); with a fault the mixed set is off
+unless ``--mixed`` is given, so the fault is the only thing that varies.
+
 Exit status: 0 when the run was reported and its spans were delivered; 1 when telemetry is off,
 a setting is bad, or span batches could not be exported (e.g. no collector listening at
 ``OTEL_EXPORTER_OTLP_ENDPOINT``): the report is still printed, from the local copy, but the
@@ -21,10 +26,20 @@ import math
 import os
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otel_stages import mark_cold_start
 from otel_stages.commands import int_at_least
+from otel_stages.demo.faults import BLOCKING_LOOP, CPU_HOG, FAULTS, GC_STORM
+
+if TYPE_CHECKING:
+    from otel_stages.demo.images import DemoImage
+    from otel_stages.demo.model import EncoderConfig
+    from otel_stages.demo.pipeline import Outcome
+    from otel_stages.demo.server import ImageServer
+    from otel_stages.demo.worker import InferenceWorker
 
 DEFAULT_FIXED = 24
 DEFAULT_MIXED = 24
@@ -52,11 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int_at_least(2), default=DEFAULT_FIXED, metavar="N",
                         help=f"fixed-run requests: same image, same prompt, sequential "
                              f"(default {DEFAULT_FIXED}; 20+ for a sound diagnosis)")
-    parser.add_argument("--mixed", type=int_at_least(0), default=DEFAULT_MIXED, metavar="N",
+    parser.add_argument("--mixed", type=int_at_least(0), default=None, metavar="N",
                         help=f"mixed-set requests: thumbnails and 12 MP photos sent concurrently, one "
-                             f"of them a truncated JPEG when N >= 2 (default {DEFAULT_MIXED})")
+                             f"of them a truncated JPEG when N >= 2 (default {DEFAULT_MIXED}; 0 "
+                             "with --fault)")
     parser.add_argument("--concurrency", type=int_at_least(1), default=6, metavar="N",
-                        help="request threads for the mixed set (default 6)")
+                        help="requests at a time in the mixed set, and in the asyncio front end of "
+                             "--fault blocking-loop (default 6); 1 sends one request at a time")
+    parser.add_argument("--fault", choices=FAULTS, default=None,
+                        help="inject one fault for real: cpu-hog (busy threads competing for the "
+                             "cores), gc-storm (reference cycles over a large heap: long garbage "
+                             "collections), blocking-loop (an asyncio front end that decodes on "
+                             "its event loop, 12 MP photos)")
     parser.add_argument("--threads", type=int_at_least(1), default=1, metavar="N",
                         help="ONNX Runtime intra-op threads (default 1)")
     parser.add_argument("--max-batch", type=int_at_least(1), default=4, metavar="N",
@@ -86,6 +108,38 @@ def _local_copy(telemetry, folder: Path) -> Path:  # type: ignore[no-untyped-def
     return path
 
 
+def _fault(name: str | None, seed: int) -> AbstractContextManager[object]:
+    """The context manager that keeps fault ``name`` going (a no-op without one)."""
+    from otel_stages.demo.faults import CpuHog, GcStorm
+
+    if name == CPU_HOG:
+        hog = CpuHog(seed=seed)
+        _progress(f"fault cpu-hog: {hog.threads} busy threads (SHA-256, GIL released), busy "
+                  f"{hog.busy_s * 1000:.0f} ms / idle {hog.idle_s * 1000:.0f} ms in turn, jittered")
+        return hog
+    if name == GC_STORM:
+        storm = GcStorm()
+        _progress(f"fault gc-storm: {storm.live_objects} long-lived objects, a thread making a "
+                  f"{storm.ring_size}-list reference cycle every {storm.every_s * 1000:.0f} ms")
+        return storm
+    return nullcontext()
+
+
+def _blocking_loop(args: argparse.Namespace, server: ImageServer, worker: InferenceWorker,
+                   config: EncoderConfig, images: dict[str, DemoImage]) -> list[Outcome]:
+    """``--fault blocking-loop``: the asyncio front end, decoding 12 MP photos on its loop."""
+    from otel_stages.demo.asyncfront import AsyncFrontEnd
+    from otel_stages.demo.pipeline import FIXED_PROMPT, Job
+
+    photos = sorted(p for p, im in images.items() if im.kind == "photo")
+    jobs = [Job("fixed", photos[i % len(photos)], FIXED_PROMPT) for i in range(args.requests)]
+    _progress(f"fault blocking-loop: an asyncio front end decodes and resizes {len(jobs)} 12 MP "
+              f"photos on its event loop, {args.concurrency} requests at a time")
+    front = AsyncFrontEnd(server, worker, image_size=config.image_size,
+                          prompt_len=config.prompt_len, blocking=True)
+    return front.run(jobs, concurrency=args.concurrency, progress=_progress)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the plan and print the report; 0 on success, 1 when telemetry is off, a setting is
     bad or span batches could not be exported (the report is printed all the same)."""
@@ -98,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from otel_stages.demo.worker import InferenceWorker
     from otel_stages.render import render
     from otel_stages.sdk import configure
+
+    mixed = args.mixed if args.mixed is not None else (0 if args.fault else DEFAULT_MIXED)
 
     started = time.perf_counter()
     try:
@@ -131,9 +187,13 @@ def run(args: argparse.Namespace) -> int:
                 _progress(f"decode: JPEG draft mode, decoded at 1/2..1/8 scale, never below "
                           f"{config.image_size}x{config.image_size}")
             try:
-                outcomes = run_plan(pipeline, fixed_jobs(args.requests),
-                                    mixed_jobs(args.mixed, images, args.seed),
-                                    concurrency=args.concurrency, progress=_progress)
+                if args.fault == BLOCKING_LOOP:
+                    outcomes = _blocking_loop(args, server, worker, config, images)
+                else:
+                    with _fault(args.fault, args.seed):
+                        outcomes = run_plan(pipeline, fixed_jobs(args.requests),
+                                            mixed_jobs(mixed, images, args.seed),
+                                            concurrency=args.concurrency, progress=_progress)
             finally:
                 pipeline.close()
         batched = [n for n in worker.batch_sizes if n > 1]

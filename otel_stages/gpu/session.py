@@ -20,8 +20,9 @@ from otel_stages._runtime import RUNTIME
 from otel_stages.config import ConfigurationError
 from otel_stages.gpu import nvml
 from otel_stages.gpu.attribution import Attribution
-from otel_stages.gpu.reader import GpuMetricReader, SerializedExporter
+from otel_stages.gpu.reader import GpuMetricReader
 from otel_stages.gpu.sampler import DEFAULT_INIT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, Sampler
+from otel_stages.sample_export import SerializedExporter
 
 MODES = ("auto", "on", "off")
 

@@ -16,6 +16,13 @@
  *                          boot_clock        sample timestamps in CLOCK_BOOTTIME us, not Unix us
  *                          bad_name          device name holds bytes that are not UTF-8
  *                          memv2_mismatch    nvmlDeviceGetMemoryInfo_v2 -> ARGUMENT_VERSION_MISMATCH
+ *                          memory_pressure   GPU memory in phases of FAKE_NVML_MEMORY_PERIOD_MS
+ *                                            (default 300) on the sample clock: a pressure phase
+ *                                            (the first of each pair) with memory used at 93 % /
+ *                                            99 % of total, switching every 40 ms (allocation and
+ *                                            release near the limit), then a calm phase flat at
+ *                                            60 %. A workload that reads the same clock can make
+ *                                            its forwards slow in the pressure phases.
  *   FAKE_NVML_GPUS         number of GPUs (default 1, at most 4)
  *   FAKE_NVML_INIT_DELAY_MS  nvmlInit sleeps this long first (slow init)
  *   FAKE_NVML_SAMPLE_US    ring sample period in microseconds (default 166667, as on recent GPUs)
@@ -260,7 +267,15 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 }
 
 static unsigned long long total_bytes(nvmlDevice_t d) { return d->is_mig ? 10 * GIB : 80 * GIB; }
-static unsigned long long used_bytes(nvmlDevice_t d) { return d->is_mig ? 2 * GIB : 30 * GIB; }
+static unsigned long long used_bytes(nvmlDevice_t d) {
+    if (has("memory_pressure") && !d->is_mig) {
+        unsigned long long period = (unsigned long long)env_ll("FAKE_NVML_MEMORY_PERIOD_MS", 300) * 1000;
+        unsigned long long now = now_us();
+        if (period == 0 || now % (2 * period) >= period) return total_bytes(d) / 100 * 60;
+        return total_bytes(d) / 100 * ((now / 40000) % 2 ? 99 : 93);
+    }
+    return d->is_mig ? 2 * GIB : 30 * GIB;
+}
 #define RESERVED_BYTES (512ULL * 1024 * 1024)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {

@@ -10,6 +10,9 @@ and print one JSON object with what came out.
 - ``wait_ready``: wait for NVML init before the request (default true);
 - ``init_timeout_s``: instead of configure(), open a bare Sampler with this init timeout;
 - ``fork``: fork after configure(); the child runs the request and reports instead.
+- ``requests``: run this many requests instead of one (default 1); with ``slow_forward_s`` and
+  ``pressure_period_ms`` a forward that starts in a pressure phase of the library's
+  ``memory_pressure`` scenario (same clock, same period) lasts ``slow_forward_s``.
 
 Output keys: ``configure_s``, ``request_s``, ``flush_s``, ``stats`` (sampler), ``forward``
 (span start/end ns and attributes), ``points`` (metric name -> list of {t, v, attrs}),
@@ -83,6 +86,16 @@ def _bare_sampler(spec: dict) -> dict:
     return {"open_ok": ok, "open_s": time.perf_counter() - t0, "stats": sampler.stats()}
 
 
+def _forward_s(spec: dict) -> float:
+    """``slow_forward_s`` in a pressure phase of the fake library's ``memory_pressure`` scenario
+    (the first of each pair of ``pressure_period_ms`` phases on the Unix clock), else
+    ``forward_s``."""
+    period_us = int(spec.get("pressure_period_ms", 0)) * 1000
+    if period_us and "slow_forward_s" in spec and time.time_ns() // 1000 % (2 * period_us) < period_us:
+        return float(spec["slow_forward_s"])
+    return float(spec.get("forward_s", 0.0))
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     logging.getLogger().addHandler(_Collect(level=logging.INFO))
@@ -124,9 +137,10 @@ def main() -> None:
     if spec.get("wait_ready", True) and current is not None:
         current.sampler.wait_ready(10)
     t0 = time.perf_counter()
-    with ots.request():
-        with ots.stage("forward"):
-            time.sleep(spec.get("forward_s", 0.0))
+    for _ in range(spec.get("requests", 1)):
+        with ots.request():
+            with ots.stage("forward"):
+                time.sleep(_forward_s(spec))
     out["request_s"] = time.perf_counter() - t0 - spec.get("forward_s", 0.0)
     t0 = time.perf_counter()
     telemetry.force_flush()

@@ -1,0 +1,387 @@
+"""Why the suspect stage is slow: the mechanism rules, on per-request signals.
+
+For every stage, :func:`stage_signals` splits the stage's time over the warm requests into the
+parts the signals measure (:mod:`otel_stages.analysis.stage_signals`) and asks, for each, how much
+of the stage's variance it explains: ``cov(part, stage) / var(stage)``, the measure the stage
+table uses for stages against the total. The parts are ``wait`` (``wall - thread CPU``) and
+``cpu`` (these two add up to the stage, so their shares add up to 1), GC time, event-loop lag and
+cgroup throttled time. The result feeds :class:`~otel_stages.analysis.figures.StageEvidence`
+(``mechanisms``, in order of precedence; :func:`~otel_stages.analysis.verdict.cause_for` takes
+the first confirmed one) and the report's ``signals`` section.
+
+A mechanism is confirmed when its part is known for at least :data:`MIN_SIGNAL_REQUESTS` warm
+requests and :data:`MIN_SIGNAL_COVERAGE` of those the stage ran in, and explains at least
+:data:`MECHANISM_MIN_EXPLAINS` of the stage's variance (it drives the swing more than everything
+else together), plus, per cause:
+
+1. ``gpu_memory_pressure`` (``forward`` only): :mod:`otel_stages.analysis.gpu_memory`.
+2. ``cpu_throttled``: throttled time explains the swing (the cgroup's CPU quota ran out while the
+   slow runs were going on).
+3. ``gc_pause``: GC time explains the swing.
+4. ``event_loop_blocked``: event-loop lag explains the swing; the evidence names the stages that
+   held the loop (``otel_stages.event_loop.held_ms``).
+5. ``cpu_contention``: the *slowdown* ``wall / CPU time`` explains the swing: its share of the
+   variance of ``log(stage ms)`` (``log wall = log cpu + log slowdown``, so the two shares add up to
+   1) is at least :data:`MECHANISM_MIN_EXPLAINS`. A host short of CPU throughout slows every run
+   by the same factor: then the waiting grows with the work, and the swing follows the work (e.g.
+   image size), not the contention. And the stage must be CPU work: its upper quartile of CPU/wall
+   at least :data:`CPU_WORK_MIN_UTILIZATION`. A stage that spends most of even its best runs off
+   the CPU (a download, a GPU forward that blocks on the device, a lock) waits for something thread
+   CPU time cannot tell from a core.
+
+Throttling, GC pauses and a blocked loop all show as waiting too, hence the order. Evidence lines
+compare the slowest quarter of the stage's runs (``>= p75``) with the faster half (``<= median``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from otel_stages import semconv
+from otel_stages.analysis.figures import Mechanism, StageEvidence
+from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.gpu_memory import memory_evidence, memory_mechanism
+from otel_stages.analysis.model import MetricPoint
+from otel_stages.analysis.requests import Request
+from otel_stages.analysis.stage_signals import Sample, ThrottleSeries, holders, stage_samples
+from otel_stages.analysis.stats import explained_fraction, percentile
+from otel_stages.analysis.units import duration, pct
+
+CAUSE_CPU_CONTENTION = "cpu_contention"
+CAUSE_CPU_THROTTLED = "cpu_throttled"
+CAUSE_GC_PAUSE = "gc_pause"
+CAUSE_EVENT_LOOP_BLOCKED = "event_loop_blocked"
+
+#: A part is judged only when known for at least this many warm requests ...
+MIN_SIGNAL_REQUESTS = 5
+#: ... and for at least this share of the warm requests the stage ran in (else the signal may
+#: describe a few unusual runs, e.g. one process of several).
+MIN_SIGNAL_COVERAGE = 0.5
+#: A part explaining at least half of the stage's variance drives its swing more than everything
+#: else together: the mechanism is confirmed.
+MECHANISM_MIN_EXPLAINS = 0.5
+#: CPU work gets at least this share of a core in its best runs (upper quartile of CPU/wall) even on
+#: a host oversubscribed 4x (decode, resize, a CPU model measure 0.9+ alone on a core); a download
+#: from a remote store or a GPU forward that blocks on the device stays well below it.
+CPU_WORK_MIN_UTILIZATION = 0.25
+#: Below this CPU/wall in its slowest quarter a stage waited most of its time: the evidence says
+#: how long its slow runs would take on a core of their own (a sentence, not a verdict).
+MOSTLY_WAITING_UTILIZATION = 0.5
+#: The percentile of CPU/wall that stands for a stage's best runs.
+BUSY_PERCENTILE = 75.0
+#: The slow runs are those at or above this percentile of the stage's ms; the fast ones at or
+#: below the median.
+SLOW_PERCENTILE = 75.0
+#: Runs with less thread CPU time than this (ms) are left out of the slowdown ratio (a ratio of
+#: two tiny numbers says nothing).
+_MIN_CPU_MS = 0.01
+
+
+@dataclass(frozen=True)
+class Part:
+    """One signal's part of a stage: known for ``requests`` warm requests, ``median_ms`` over
+    them, the medians in the slowest quarter and the faster half, and ``explains``, its share of
+    the stage's variance (``None`` when the stage does not vary); ``max_ms`` its largest value."""
+
+    requests: int
+    median_ms: float
+    slow_median_ms: float | None
+    fast_median_ms: float | None
+    explains: float | None
+    max_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form."""
+        def r(v: float | None, digits: int = 3) -> float | None:
+            return None if v is None else round(v, digits)
+        return {"requests": self.requests, "median_ms": r(self.median_ms),
+                "slow_median_ms": r(self.slow_median_ms), "fast_median_ms": r(self.fast_median_ms),
+                "explains": r(self.explains, 4), "max_ms": r(self.max_ms)}
+
+
+@dataclass(frozen=True)
+class StageSignals:
+    """What the signals say about one stage over the warm requests.
+
+    ``requests``: warm requests the stage ran in; ``slow_min_ms`` / ``fast_max_ms``: the slowest
+    quarter's and the faster half's bounds. Parts (:class:`Part`, ``None`` when not recorded):
+    ``cpu`` (thread CPU time), ``wait`` (wall - CPU), ``gc``, ``lag`` (event loop), ``throttled``.
+    ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group;
+    ``busy_utilization`` its upper quartile over all runs. ``slowdown_explains``: the share of the
+    variance of ``log(stage ms)`` that ``log(wall / CPU)`` accounts for (module docstring).
+    ``limit_cpus``: the cgroup CPU quota seen. ``held``: stage name -> ms of each of its spans
+    that held an event loop. ``mechanisms``: in order of precedence (module docstring).
+    ``lines``: sentences about the parts when no mechanism is confirmed.
+    """
+
+    stage: str
+    requests: int
+    slow_min_ms: float
+    fast_max_ms: float
+    cpu: Part | None = None
+    wait: Part | None = None
+    gc: Part | None = None
+    lag: Part | None = None
+    throttled: Part | None = None
+    slow_cpu_utilization: float | None = None
+    fast_cpu_utilization: float | None = None
+    busy_utilization: float | None = None
+    slowdown_explains: float | None = None
+    limit_cpus: float | None = None
+    mechanisms: tuple[Mechanism, ...] = ()
+    lines: tuple[str, ...] = ()
+
+    @property
+    def confirmed(self) -> Mechanism | None:
+        """The first confirmed mechanism, or ``None``."""
+        return next((m for m in self.mechanisms if m.confirmed), None)
+
+    def to_dict(self) -> dict[str, object]:
+        """The report's ``signals[stage]`` object."""
+        def part(p: Part | None) -> dict[str, object] | None:
+            return None if p is None else p.to_dict()
+        first = self.confirmed
+        return {
+            "requests": self.requests,
+            "slow_min_ms": round(self.slow_min_ms, 3), "fast_max_ms": round(self.fast_max_ms, 3),
+            "cpu": part(self.cpu), "wait": part(self.wait), "gc": part(self.gc),
+            "event_loop_lag": part(self.lag), "throttled": part(self.throttled),
+            "slow_cpu_utilization": None if self.slow_cpu_utilization is None
+            else round(self.slow_cpu_utilization, 4),
+            "fast_cpu_utilization": None if self.fast_cpu_utilization is None
+            else round(self.fast_cpu_utilization, 4),
+            "busy_cpu_utilization": None if self.busy_utilization is None
+            else round(self.busy_utilization, 4),
+            "slowdown_explains": None if self.slowdown_explains is None
+            else round(self.slowdown_explains, 4),
+            "limit_cpus": self.limit_cpus,
+            "mechanism": None if first is None else first.cause,
+            "checked": [{"cause": m.cause, "confirmed": m.confirmed} for m in self.mechanisms],
+        }
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _part(samples: Sequence[Sample], get: Callable[[Sample], float | None], slow_min: float,
+          fast_max: float) -> Part | None:
+    pairs = [(s.wall_ms, v) for s in samples if (v := get(s)) is not None]
+    if not pairs:
+        return None
+    walls = [w for w, _ in pairs]
+    values = [v for _, v in pairs]
+    explains = explained_fraction(values, walls) if len(set(walls)) > 1 else None
+    return Part(len(pairs), statistics.median(values),
+                _median([v for w, v in pairs if w >= slow_min]),
+                _median([v for w, v in pairs if w <= fast_max]), explains, max(values))
+
+
+def _busy(samples: Sequence[Sample]) -> float | None:
+    utilizations = [u for s in samples if (u := s.cpu_utilization) is not None]
+    return percentile(utilizations, BUSY_PERCENTILE) if utilizations else None
+
+
+def _slowdown_explains(samples: Sequence[Sample]) -> float | None:
+    """``cov(log slowdown, log wall) / var(log wall)`` over runs with CPU time (module
+    docstring); ``None`` with fewer than 2 such runs or a constant stage."""
+    pairs = [(math.log(s.wall_ms), math.log(s.wall_ms / s.cpu_ms)) for s in samples
+             if s.cpu_ms is not None and s.cpu_ms > _MIN_CPU_MS and s.wall_ms >= s.cpu_ms]
+    walls = [w for w, _ in pairs]
+    if len(pairs) < 2 or len(set(walls)) < 2:
+        return None
+    return explained_fraction([x for _, x in pairs], walls)
+
+
+def _drives(part: Part | None, requests: int) -> bool:
+    return (part is not None and part.requests >= MIN_SIGNAL_REQUESTS
+            and part.requests >= MIN_SIGNAL_COVERAGE * requests
+            and part.explains is not None and part.explains >= MECHANISM_MIN_EXPLAINS)
+
+
+def _split(name: str, part: Part, sig: StageSignals, what: str) -> str:
+    return (f"{what} in the slowest quarter of {name} runs (>= {duration(sig.slow_min_ms)}):"
+            f" {duration(part.slow_median_ms)} median, vs {duration(part.fast_median_ms)} in the"
+            f" faster half (<= {duration(sig.fast_max_ms)}); it explains {pct(part.explains)} of"
+            f" {name}'s variance ({part.requests} warm requests)")
+
+
+def _throttled(sig: StageSignals) -> Mechanism | None:
+    part = sig.throttled
+    if part is None or part.max_ms <= 0:  # never throttled during the stage: nothing to say
+        return None
+    quota = f" (quota {sig.limit_cpus:g} CPUs)" if sig.limit_cpus else ""
+    line = _split(sig.stage, part, sig, f"cgroup CPU throttling{quota}")
+    if not _drives(part, sig.requests):
+        return Mechanism(CAUSE_CPU_THROTTLED, False, (line,))
+    return Mechanism(CAUSE_CPU_THROTTLED, True, (
+        f"{line}: the container's CPU quota ran out while the slow {sig.stage} runs were going on",
+    ), (
+        "raise the CPU limit (Kubernetes resources.limits.cpu, docker --cpus) or drop the limit and"
+        " keep the request; throttling stops every thread of the container until the next period",
+        "or use fewer threads in parallel: each one burns quota (torch.set_num_threads,"
+        " OMP_NUM_THREADS, ONNX Runtime intra_op_num_threads, thread pools) - size them to the"
+        " quota, not to the host's cores",
+    ))
+
+
+def _gc(sig: StageSignals) -> Mechanism | None:
+    part = sig.gc
+    if part is None or part.max_ms <= 0:
+        return None
+    line = _split(sig.stage, part, sig, "garbage-collector time")
+    if not _drives(part, sig.requests):
+        return Mechanism(CAUSE_GC_PAUSE, False, (line,))
+    return Mechanism(CAUSE_GC_PAUSE, True, (
+        f"{line}: CPython's collector (it holds the GIL: every Python thread stops) ran during the"
+        f" slow {sig.stage} runs",
+    ), (
+        "call gc.freeze() once the model, caches and other long-lived objects are loaded: later"
+        " full collections no longer walk them",
+        "raise the collection thresholds (gc.set_threshold) or collect between requests, and"
+        " break reference cycles in per-request code (weakref for back-pointers, no closures"
+        " holding their frames) so that objects die by reference counting",
+    ))
+
+
+def _loop(sig: StageSignals, held: Mapping[str, list[float]]) -> Mechanism | None:
+    part = sig.lag
+    if part is None or part.max_ms <= 0:
+        return None
+    line = _split(sig.stage, part, sig, "asyncio event-loop lag")
+    if not _drives(part, sig.requests):
+        return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, False, (line,))
+    lines = [f"{line}: the event loop was busy with other work while {sig.stage} waited on it"]
+    if held:
+        parts = []
+        for name, values in sorted(held.items(), key=lambda kv: -sum(kv[1]))[:3]:
+            parts.append(f"{name} {len(values)} time{'s' if len(values) != 1 else ''}"
+                         f" (median {duration(statistics.median(values))}, max {duration(max(values))})")
+        lines.append("held the event loop (ran on its thread without letting it run anything"
+                     " else): " + "; ".join(parts))
+        culprit = max(held, key=lambda k: sum(held[k]))
+        move = f"move {culprit} off the event loop"
+    else:
+        lines.append("no stage span held the loop long enough to be named: the blocking work"
+                     " runs outside the stage spans, or in pieces shorter than the monitor's"
+                     " 20 ms tick")
+        move = "find the CPU-bound or blocking call on the event loop and move it off"
+    return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, tuple(lines), (
+        f"{move}: await asyncio.to_thread(...) or loop.run_in_executor(pool, ...) (a process pool"
+        " for pure-Python work), so the loop only awaits",
+        "asyncio's debug mode (PYTHONASYNCIODEBUG=1) logs every callback that runs longer than"
+        " loop.slow_callback_duration, with the code that ran",
+    ))
+
+
+def _contention(sig: StageSignals) -> Mechanism | None:
+    wait = sig.wait
+    if wait is None or sig.cpu is None:
+        return None
+    line = (f"thread CPU time: in the slowest quarter of {sig.stage} runs (>= "
+            f"{duration(sig.slow_min_ms)}) the thread ran {pct(sig.slow_cpu_utilization)} of the"
+            f" time ({duration(sig.cpu.slow_median_ms)} CPU, {duration(wait.slow_median_ms)}"
+            f" waiting, medians), in the faster half {pct(sig.fast_cpu_utilization)}; waiting is"
+            f" {pct(wait.explains)} of {sig.stage}'s variance, CPU work {pct(sig.cpu.explains)}")
+    slowdown = sig.slowdown_explains
+    enough = (wait.requests >= MIN_SIGNAL_REQUESTS
+              and wait.requests >= MIN_SIGNAL_COVERAGE * sig.requests)
+    if not enough or slowdown is None or slowdown < MECHANISM_MIN_EXPLAINS:
+        why = ("" if not enough or slowdown is None else
+               f"; the slowdown (wall / CPU time) explains only {pct(slowdown)} of the variance of"
+               f" log({sig.stage} ms), the amount of CPU work {pct(1 - slowdown)}: the waiting grows"
+               " with the work, the swing follows the work")
+        slow_util = sig.slow_cpu_utilization
+        if (why and slow_util is not None and slow_util < MOSTLY_WAITING_UTILIZATION
+                and sig.cpu.slow_median_ms is not None):
+            why += (f"; still, the slow runs waited most of their time: on a core of their own they"
+                    f" would take about {duration(sig.cpu.slow_median_ms)} of CPU work instead of"
+                    f" {duration(sig.cpu.slow_median_ms + (wait.slow_median_ms or 0.0))}")
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (line + why,))
+    busy = sig.busy_utilization
+    if busy is None or busy < CPU_WORK_MIN_UTILIZATION:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}; but even its best runs spend most of their time off the CPU (upper quartile"
+            f" {pct(busy)} on a core, below {pct(CPU_WORK_MIN_UTILIZATION)}): {sig.stage} waits"
+            " for I/O, a lock or a device, which thread CPU time cannot tell from waiting for a"
+            " core",))
+    return Mechanism(CAUSE_CPU_CONTENTION, True, (
+        f"{line}: the slowdown (wall / CPU time) explains {pct(slowdown)} of the variance of"
+        f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
+        " core (or the GIL), not doing more work",
+    ), (
+        f"give {sig.stage} a core: fewer busy threads and processes on the same CPUs (cap"
+        " request concurrency and thread pools at the cores available; ONNX Runtime / PyTorch"
+        " / OpenMP thread counts add up), or more CPUs for the service",
+        "in Python, CPU-bound threads also wait for the GIL: run CPU-heavy preprocessing in a"
+        " process pool, or in libraries that release the GIL",
+    ))
+
+
+def _summary(sig: StageSignals) -> tuple[str, ...]:
+    """One sentence per recorded part, for a stage with no confirmed mechanism."""
+    lines = [m.evidence[0] for m in sig.mechanisms if m.evidence]
+    if sig.cpu is None and sig.requests:
+        lines.append(f"no thread CPU time on {sig.stage} spans (signals off, or another producer):"
+                     " whether it computed or waited is unknown")
+    elif sig.cpu is not None and sig.cpu.requests < MIN_SIGNAL_REQUESTS:
+        lines.append(f"thread CPU time on only {sig.cpu.requests} {sig.stage} spans: too few to"
+                     " tell computing from waiting")
+    return tuple(lines)
+
+
+def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Sequence[MetricPoint],
+                  gpu: GpuEvidence) -> dict[str, StageSignals]:
+    """Signals per stage over the ``warm`` requests (module docstring); stages without any
+    recorded signal are left out. Never raises for odd input."""
+    throttle = ThrottleSeries(metrics)
+    held = holders(warm)
+    limit = max(throttle.limits.values()) if throttle.limits else None
+    out: dict[str, StageSignals] = {}
+    for stage in stages:
+        samples = stage_samples(warm, stage, throttle)
+        if not samples:
+            continue
+        walls = [s.wall_ms for s in samples]
+        slow_min, fast_max = percentile(walls, SLOW_PERCENTILE), statistics.median(walls)
+        sig = StageSignals(
+            stage, len(samples), slow_min, fast_max,
+            cpu=_part(samples, lambda s: s.cpu_ms, slow_min, fast_max),
+            wait=_part(samples, lambda s: s.wait_ms, slow_min, fast_max),
+            gc=_part(samples, lambda s: s.gc_ms, slow_min, fast_max),
+            lag=_part(samples, lambda s: s.lag_ms, slow_min, fast_max),
+            throttled=_part(samples, lambda s: s.throttled_ms, slow_min, fast_max),
+            slow_cpu_utilization=_median([u for s in samples if s.wall_ms >= slow_min
+                                          and (u := s.cpu_utilization) is not None]),
+            fast_cpu_utilization=_median([u for s in samples if s.wall_ms <= fast_max
+                                          and (u := s.cpu_utilization) is not None]),
+            busy_utilization=_busy(samples),
+            slowdown_explains=_slowdown_explains(samples),
+            limit_cpus=limit,
+        )
+        found = [
+            memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
+            if stage == semconv.STAGE_FORWARD else None,
+            _throttled(sig), _gc(sig), _loop(sig, held), _contention(sig),
+        ]
+        mechanisms = tuple(m for m in found if m is not None)
+        if not mechanisms and sig.cpu is None:
+            continue
+        sig = replace(sig, mechanisms=mechanisms)
+        out[stage] = replace(sig, lines=() if sig.confirmed else _summary(sig))
+    return out
+
+
+def with_mechanisms(evidence: Mapping[str, StageEvidence],
+                    signals: Mapping[str, StageSignals]) -> dict[str, StageEvidence]:
+    """``evidence`` with each stage's mechanisms and signal sentences added."""
+    out = dict(evidence)
+    for stage, sig in signals.items():
+        base = out.get(stage, StageEvidence())
+        also = [m for m in sig.mechanisms if m.confirmed][1:]
+        extra = tuple(f"also {m.cause}: {m.evidence[0]}" for m in also if m.evidence)
+        out[stage] = replace(base, lines=(*base.lines, *sig.lines, *extra), mechanisms=sig.mechanisms)
+    return out

@@ -1,0 +1,380 @@
+"""The mechanism rules (analysis.mechanisms, analysis.gpu_memory) on hand-built recordings: each
+threshold just below and just above, the order of precedence, evidence lined up with the slow
+requests, advice that follows the evidence, and "not enough data"."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from otel_stages import semconv
+from otel_stages.analysis import Recording, Span, diagnose
+from otel_stages.analysis import gpu_memory as gm
+from otel_stages.analysis import mechanisms as mech
+from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.model import MetricPoint
+from otel_stages.analysis.requests import group_spans
+
+T0 = 1_790_000_000_000_000_000
+RESOURCE = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: "i-1"}
+MS = 1_000_000
+N = 24
+#: zero-mean, orthogonal, equal norm: a part along X and the rest along Y explain a^2 / (a^2 + b^2)
+X = [1.0, -1.0, 1.0, -1.0] * (N // 4)
+Y = [1.0, 1.0, -1.0, -1.0] * (N // 4)
+
+
+def recording(rows: list[dict], stage: str = "decode", forward_ms: float = 50.0,
+              metrics: list[MetricPoint] | None = None, hook=None) -> Recording:
+    """A cold request then one request per row: ``stage`` of ``row["wall"]`` ms with the row's
+    other keys as attributes (``cpu`` -> thread CPU time and utilization, ``gc``, ``lag``,
+    ``held``), then a steady ``forward``. ``hook(i, start_ns, end_ns)`` sees each stage window."""
+    spans = []
+    t = T0
+    for i, row in enumerate([{"wall": 10.0, "cpu": 10.0}, *rows]):
+        trace, req = f"{i + 1:032x}", f"{i + 1:016x}"
+        s_end = t + int(row["wall"] * MS)
+        f_end = s_end + int(forward_ms * MS)
+        attrs: dict = {}
+        if row.get("cpu") is not None:
+            attrs[semconv.THREAD_CPU_TIME_MS] = row["cpu"]
+            attrs[semconv.THREAD_CPU_UTILIZATION] = min(1.0, row["cpu"] / row["wall"])
+        for key, name in (("gc", semconv.GC_PAUSE_MS), ("lag", semconv.EVENT_LOOP_LAG_MS),
+                          ("held", semconv.EVENT_LOOP_HELD_MS)):
+            if row.get(key) is not None:
+                attrs[name] = row[key]
+        if hook is not None:
+            hook(i, t, s_end)
+        spans += [
+            Span(trace, req, None, "request", t, f_end, {semconv.REQUEST_SEQ: i + 1}, RESOURCE),
+            Span(trace, f"{i + 1:08x}00000001", req, stage, t, s_end, attrs, RESOURCE),
+            Span(trace, f"{i + 1:08x}00000002", req, "forward", s_end, f_end,
+                 {semconv.THREAD_CPU_TIME_MS: forward_ms, semconv.THREAD_CPU_UTILIZATION: 1.0},
+                 RESOURCE),
+        ]
+        t = f_end + 200 * MS
+    return Recording(spans=spans, metrics=metrics or [])
+
+
+def _b_for(share: float, a: float) -> float:
+    """The spread along Y that makes a part of spread ``a`` along X explain ``share``."""
+    return a * math.sqrt((1 - share) / share)
+
+
+def gc_rows(share: float, a: float = 70.0) -> list[dict]:
+    b = _b_for(share, a)
+    rows = []
+    for x, y in zip(X, Y):
+        gc = 100 + a * x
+        wall = 400 + gc + b * y
+        rows.append({"wall": wall, "cpu": wall, "gc": gc})  # on a core all the time: no waiting
+    return rows
+
+
+# --- the shared threshold: a part must explain at least half the stage's variance -------------
+
+
+@pytest.mark.parametrize("share, cause", [(0.49, "preprocess"), (0.51, "gc_pause")])
+def test_gc_explains_threshold(share, cause):
+    assert mech.MECHANISM_MIN_EXPLAINS == 0.5
+    report = diagnose(recording(gc_rows(share)))
+    assert (report.verdict.cause, report.verdict.stage) == (cause, "decode"), report.verdict.evidence
+    assert report.signals["decode"].gc.explains == pytest.approx(share, abs=0.005)
+    if cause == "gc_pause":
+        line = next(e for e in report.verdict.evidence if e.startswith("garbage-collector time"))
+        assert "170.0 ms median, vs 30.0 ms in the faster half" in line  # lined up with the slow runs
+        assert any("gc.freeze()" in a for a in report.verdict.advice)
+    else:  # the part is still reported, as not enough to blame
+        assert any("garbage-collector time" in e and "51%" not in e for e in report.verdict.evidence)
+
+
+@pytest.mark.parametrize("share, cause", [(0.49, "transfer"), (0.51, "event_loop_blocked")])
+def test_event_loop_lag_threshold_and_the_holder(share, cause):
+    a = 70.0
+    b = _b_for(share, a)
+    rows = [{"wall": 400 + (100 + a * x) + b * y, "cpu": 5.0, "lag": 100 + a * x}
+            for x, y in zip(X, Y)]
+    rec = recording(rows, stage="download")
+    # decode spans that held the loop, on the same requests
+    extra = []
+    for span in rec.spans:
+        if span.name == "request" and span.attributes[semconv.REQUEST_SEQ] > 1:
+            extra.append(Span(span.trace_id, span.span_id[8:] + "00000009", span.span_id, "decode",
+                              span.start_ns - 1, span.start_ns, {semconv.EVENT_LOOP_HELD_MS: 150.0},
+                              RESOURCE))
+    rec.spans[:] = [*rec.spans, *extra]
+    report = diagnose(rec)
+    assert (report.verdict.cause, report.verdict.stage) == (cause, "download"), report.verdict.evidence
+    if cause == "event_loop_blocked":
+        held = next(e for e in report.verdict.evidence if e.startswith("held the event loop"))
+        assert f"decode {report.warm_requests} times (median 150.0 ms" in held
+        assert report.verdict.advice[0].startswith("move decode off the event loop")
+
+
+def _throttle_metrics(amounts_ms: list[float]) -> tuple[list[MetricPoint], object]:
+    points: list[MetricPoint] = []
+    state = {"total": 0.0}
+
+    def hook(i: int, start_ns: int, end_ns: int) -> None:
+        points.append(MetricPoint(semconv.CONTAINER_CPU_THROTTLED_TIME, start_ns, state["total"],
+                                  resource=RESOURCE))
+        if i > 0:
+            state["total"] += amounts_ms[i - 1] * MS
+        points.append(MetricPoint(semconv.CONTAINER_CPU_THROTTLED_TIME, end_ns, state["total"],
+                                  resource=RESOURCE))
+
+    return points, hook
+
+
+@pytest.mark.parametrize("share, cause", [(0.49, "preprocess"), (0.51, "cpu_throttled")])
+def test_throttled_time_threshold(share, cause):
+    a = 70.0
+    b = _b_for(share, a)
+    amounts = [100 + a * x for x in X]
+    rows = [{"wall": 400 + t + b * y, "cpu": 400 + t + b * y} for t, y in zip(amounts, Y)]
+    points, hook = _throttle_metrics(amounts)
+    points.append(MetricPoint(semconv.CONTAINER_CPU_LIMIT, T0, 2.0, resource=RESOURCE))
+    report = diagnose(recording(rows, hook=hook, metrics=points))
+    assert (report.verdict.cause, report.verdict.stage) == (cause, "decode"), report.verdict.evidence
+    assert report.signals["decode"].throttled.explains == pytest.approx(share, abs=0.005)
+    if cause == "cpu_throttled":
+        assert any("(quota 2 CPUs)" in e for e in report.verdict.evidence)
+
+
+# --- cpu_contention: the slowdown, and CPU work ------------------------------------------------
+
+
+def contention_rows(share: float, b: float = 0.3) -> list[dict]:
+    """log(wall) = log(cpu) + log(slowdown), slowdown along Y explaining ``share``."""
+    a = _b_for(share, b)  # the work's spread along X
+    rows = []
+    for x, y in zip(X, Y):
+        cpu = 100 * math.exp(a * x)
+        wall = cpu * 1.5 * math.exp(b * y)  # slowdown 1.1x .. 2x: on a core most of the time
+        rows.append({"wall": wall, "cpu": cpu})
+    return rows
+
+
+@pytest.mark.parametrize("share, cause", [(0.49, "preprocess"), (0.51, "cpu_contention")])
+def test_slowdown_threshold(share, cause):
+    report = diagnose(recording(contention_rows(share)))
+    sig = report.signals["decode"]
+    assert sig.slowdown_explains == pytest.approx(share, abs=0.005)
+    assert (report.verdict.cause, report.verdict.stage) == (cause, "decode"), report.verdict.evidence
+    if cause == "cpu_contention":
+        assert any("give decode a core" in a for a in report.verdict.advice)
+        assert not any("size" in a for a in report.verdict.advice)
+    else:
+        assert any("the waiting grows with the work" in e for e in report.verdict.evidence)
+
+
+@pytest.mark.parametrize("busy, cause", [(0.24, "preprocess"), (0.26, "cpu_contention")])
+def test_cpu_work_threshold(busy, cause):
+    assert mech.CPU_WORK_MIN_UTILIZATION == 0.25
+    # the same work every time; half the runs at `busy` of a core, half at 10 %: the slowdown
+    # explains everything, and the upper quartile of CPU/wall is `busy`
+    rows = [{"wall": 20 / (busy if y > 0 else 0.1), "cpu": 20.0} for y in Y]
+    report = diagnose(recording(rows))
+    assert report.signals["decode"].busy_utilization == pytest.approx(busy)
+    assert report.verdict.cause == cause, report.verdict.evidence
+    if cause == "preprocess":
+        assert any("waits for I/O, a lock or a device" in e for e in report.verdict.evidence)
+
+
+def test_uniform_slowdown_is_not_contention():
+    """A host short of CPU throughout: every decode at 45 % of a core, the swing from the work."""
+    rows = [{"wall": (100 + 60 * x) / 0.45, "cpu": 100 + 60 * x} for x in X]
+    report = diagnose(recording(rows))
+    assert report.verdict.cause == "preprocess"
+    sig = report.signals["decode"]
+    assert sig.wait.explains == pytest.approx(0.55)  # waiting is most of the swing in ms ...
+    assert sig.slowdown_explains == pytest.approx(0.0, abs=1e-6)  # ... but only as the work grows
+    assert any("the swing follows the work" in e for e in report.verdict.evidence)
+    # ... and at 45 % of a core the slow runs mostly waited: the evidence says what a core would give
+    assert mech.MOSTLY_WAITING_UTILIZATION == 0.5
+    assert any("on a core of their own they would take about 160.0 ms of CPU work instead of"
+               " 355.6 ms" in e for e in report.verdict.evidence), report.verdict.evidence
+
+
+def test_slow_and_fast_groups_are_the_slowest_quarter_and_the_faster_half():
+    assert mech.SLOW_PERCENTILE == 75.0
+    rows = [{"wall": float(w), "cpu": float(w), "gc": 0.0} for w in range(100, 124)]
+    sig = _signals(rows)
+    assert sig.slow_min_ms == pytest.approx(100 + 23 * 0.75)  # p75 of 100..123
+    assert sig.fast_max_ms == pytest.approx(111.5)  # the median
+    assert sig.cpu.slow_median_ms == pytest.approx(120.5)  # 118..123
+    assert sig.cpu.fast_median_ms == pytest.approx(105.5)  # 100..111
+
+
+def test_throttled_time_is_interpolated_between_points():
+    from otel_stages.analysis.stage_signals import ThrottleSeries
+
+    key = "service.instance.id=i-1"
+    series = ThrottleSeries([MetricPoint(semconv.CONTAINER_CPU_THROTTLED_TIME, t, v, resource=RESOURCE)
+                             for t, v in ((0, 0.0), (100 * MS, 100.0 * MS), (200 * MS, 100.0 * MS))])
+    assert series.throttled_ms(key, 25 * MS, 75 * MS) == pytest.approx(50.0)
+    assert series.throttled_ms(key, 50 * MS, 150 * MS) == pytest.approx(50.0)
+    assert series.throttled_ms(key, 150 * MS, 250 * MS) is None  # past the last point: unknown
+    assert series.throttled_ms("service.instance.id=other", 0, 50 * MS) is None
+    reset = ThrottleSeries([MetricPoint(semconv.CONTAINER_CPU_THROTTLED_TIME, t, v, resource=RESOURCE)
+                            for t, v in ((0, 5.0 * MS), (100 * MS, 9.0 * MS), (200 * MS, 1.0 * MS))])
+    assert reset.throttled_ms(key, 0, 100 * MS) == pytest.approx(4.0)
+    assert reset.throttled_ms(key, 0, 150 * MS) is None  # the counter went down: a new cgroup
+
+
+@pytest.mark.parametrize("utilization, said", [(0.49, True), (0.51, False)])
+def test_mostly_waiting_sentence_threshold(utilization, said):
+    rows = [{"wall": (100 + 60 * x) / utilization, "cpu": 100 + 60 * x} for x in X]
+    evidence = diagnose(recording(rows)).verdict.evidence
+    assert any("on a core of their own" in e for e in evidence) is said
+
+
+# --- precedence --------------------------------------------------------------------------------
+
+
+def test_gc_pause_comes_before_contention_and_throttling_before_gc():
+    # GC on another thread: this thread waited, so GC time is also waiting (both confirmed)
+    rows = [{"wall": 300 + 200 * (x > 0), "cpu": 100.0, "gc": 200.0 * (x > 0) + 1} for x in X]
+    report = diagnose(recording(rows))
+    assert report.verdict.cause == "gc_pause"
+    assert [m.cause for m in report.signals["decode"].mechanisms if m.confirmed] == [
+        "gc_pause", "cpu_contention"]
+    assert any(e.startswith("also cpu_contention:") for e in report.verdict.evidence)
+    points, hook = _throttle_metrics([200.0 * (x > 0) for x in X])
+    report = diagnose(recording(rows, hook=hook, metrics=points))
+    assert report.verdict.cause == "cpu_throttled"
+
+
+# --- not enough data -----------------------------------------------------------------------------
+
+
+def _signals(rows: list[dict]) -> mech.StageSignals:
+    requests = group_spans(recording(rows).spans).requests[1:]
+    return mech.stage_signals(requests, ["decode"], [], GpuEvidence("none"))["decode"]
+
+
+@pytest.mark.parametrize("n, confirmed", [(4, False), (5, True)])
+def test_min_signal_requests(n, confirmed):
+    assert mech.MIN_SIGNAL_REQUESTS == 5
+    rows = [{"wall": 100 + 300 * (i % 2), "cpu": 100 + 300 * (i % 2), "gc": 300.0 * (i % 2)}
+            for i in range(n)]
+    sig = _signals(rows)
+    assert sig.gc is not None and sig.gc.requests == n
+    assert (sig.confirmed is not None and sig.confirmed.cause == "gc_pause") is confirmed
+
+
+@pytest.mark.parametrize("without, confirmed", [(5, True), (6, False)])
+def test_min_signal_coverage(without, confirmed):
+    assert mech.MIN_SIGNAL_COVERAGE == 0.5
+    recorded = [{"wall": 100 + 300 * (i % 2), "cpu": 100 + 300 * (i % 2), "gc": 300.0 * (i % 2)}
+                for i in range(5)]
+    unrecorded = [{"wall": 100.0} for _ in range(without)]  # no signals on these spans at all
+    sig = _signals(recorded + unrecorded)
+    assert sig.gc.requests == 5 and sig.requests == 5 + without
+    assert (sig.confirmed is not None) is confirmed
+
+
+def test_spans_without_signals_say_so():
+    report = diagnose(recording([{"wall": 100 + 60 * x} for x in X]))
+    assert report.verdict.cause == "preprocess"
+    assert "decode" not in report.signals  # nothing recorded: no section, no guess
+
+
+# --- GPU memory pressure ---------------------------------------------------------------------------
+
+
+def _memory(slow: list[tuple[float, float]], fast: list[tuple[float, float]]) -> gm.MemoryEvidence:
+    covered = [gm.ForwardMemory(400.0, p, r, 2) for p, r in slow]
+    covered += [gm.ForwardMemory(100.0, p, r, 2) for p, r in fast]
+    return gm.MemoryEvidence(tuple(covered), len(covered), 80 * 1024**3, "GPU-0", 300.0, 120.0)
+
+
+FLAT = (0.6, 0.0)
+
+
+@pytest.mark.parametrize("peak, pressure", [(0.899, False), (0.9, True)])
+def test_near_limit_threshold(peak, pressure):
+    assert gm.NEAR_LIMIT_FRACTION == 0.9
+    assert gm.ForwardMemory(400, peak, 0.0, 1).under_pressure is pressure
+
+
+@pytest.mark.parametrize("jump, pressure", [(0.049, False), (0.05, True)])
+def test_churn_threshold(jump, pressure):
+    assert gm.CHURN_MIN_FRACTION == 0.05
+    assert gm.ForwardMemory(400, 0.6, jump, 2).under_pressure is pressure
+
+
+@pytest.mark.parametrize("hit, confirmed", [(1, False), (2, True)])
+def test_slow_share_threshold(hit, confirmed):
+    assert gm.PRESSURE_MIN_SLOW_SHARE == 0.5
+    slow = [(0.97, 0.1)] * hit + [FLAT] * (4 - hit)
+    assert gm.memory_mechanism(_memory(slow, [FLAT] * 8)).confirmed is confirmed
+
+
+@pytest.mark.parametrize("hit, confirmed", [(2, True), (3, False)])
+def test_fast_share_threshold(hit, confirmed):
+    assert gm.PRESSURE_MAX_FAST_SHARE == 0.25
+    fast = [(0.95, 0.0)] * hit + [FLAT] * (8 - hit)
+    mechanism = gm.memory_mechanism(_memory([(0.97, 0.1)] * 4, fast))
+    assert mechanism.confirmed is confirmed
+    if not confirmed:
+        assert "as high in the fast forwards" in mechanism.evidence[0]
+
+
+@pytest.mark.parametrize("n, confirmed", [(2, False), (3, True)])
+def test_min_memory_forwards(n, confirmed):
+    assert gm.MIN_MEMORY_FORWARDS == 3
+    mechanism = gm.memory_mechanism(_memory([(0.97, 0.1)] * n, [FLAT] * n))
+    assert mechanism.confirmed is confirmed
+    if not confirmed:
+        assert "too few forwards with a memory sample" in mechanism.evidence[0]
+
+
+def _gpu_recording(memory_fraction_slow: float) -> Recording:
+    """Forwards that are slow every third request; memory points inside each forward."""
+    rows = [{"wall": 5.0, "cpu": 5.0} for _ in range(N)]
+    rec = recording(rows, stage="decode")
+    limit = 80 * 1024**3
+    spans = []
+    for span in rec.spans:
+        slow = int(span.trace_id, 16) % 3 == 0
+        extra = (250 if slow else 50) * MS  # forwards of 300 or 100 ms, requests as much longer
+        if span.name == "forward":
+            spans.append(Span(span.trace_id, span.span_id, span.parent_span_id, "forward",
+                              span.start_ns, span.end_ns + extra, {}, RESOURCE))
+        elif span.name == "request":
+            spans.append(Span(span.trace_id, span.span_id, None, "request", span.start_ns,
+                              span.end_ns + extra, span.attributes, RESOURCE))
+        else:
+            spans.append(span)
+    points = []
+    for span in spans:
+        if span.name != "forward":
+            continue
+        slow = span.duration_ms > 200
+        level = memory_fraction_slow if slow else 0.6
+        for k in (1, 2):
+            t = span.start_ns + k * (span.end_ns - span.start_ns) // 3
+            attrs = {semconv.HW_ID: "GPU-0"}
+            points += [MetricPoint(semconv.HW_GPU_MEMORY_USAGE, t, level * limit, attrs),
+                       MetricPoint(semconv.HW_GPU_MEMORY_LIMIT, t, limit, attrs),
+                       MetricPoint(semconv.HW_GPU_UTILIZATION, t, 0.3, attrs)]
+    return Recording(spans=spans, metrics=points)
+
+
+def test_memory_pressure_through_the_report_and_flat_memory_stays_starved():
+    report = diagnose(_gpu_recording(0.97))
+    assert (report.verdict.cause, report.verdict.stage) == ("gpu_memory_pressure", "forward")
+    assert any("memory pressure lines up with the slow forwards" in e for e in report.verdict.evidence)
+    flat = diagnose(_gpu_recording(0.6))
+    assert (flat.verdict.cause, flat.verdict.stage) == ("gpu_starved", "forward"), flat.verdict.evidence
+
+
+def test_report_json_has_signals_per_stage():
+    out = diagnose(recording(gc_rows(0.8))).to_dict()
+    decode = out["signals"]["decode"]
+    assert decode["mechanism"] == "gc_pause"
+    assert decode["gc"]["explains"] == pytest.approx(0.8, abs=0.01)
+    assert decode["wait"]["median_ms"] == 0.0 and decode["cpu"]["requests"] == N
+    assert {c["cause"] for c in decode["checked"]} == {"gc_pause", "cpu_contention"}

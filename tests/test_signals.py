@@ -1,0 +1,270 @@
+"""Per-stage signals on real spans: thread CPU time, GC pauses (gc.callbacks), event-loop lag and
+the stage that held the loop; the thresholds of the capture; the setting that turns them off."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+
+import pytest
+
+import otel_stages as ots
+from otel_stages import semconv, signals
+from otel_stages.config import resolve
+from otel_stages.signals import capture, gcwatch, loop
+from otel_stages.testing import capture_spans
+
+
+@pytest.fixture
+def recorded():
+    """Spans with signals on, GC recording installed (as configure() does), restored after."""
+    was_installed = gcwatch.installed()
+    gcwatch.install()
+    with capture_spans(signals_on=True) as cap:
+        yield cap
+    if not was_installed:
+        gcwatch.uninstall()
+
+
+def _spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def test_cpu_time_tells_computing_from_waiting(recorded):
+    with ots.stage("decode"):
+        _spin(0.03)
+    with ots.stage("download"):
+        time.sleep(0.05)
+    decode, download = recorded.one("decode"), recorded.one("download")
+    busy, idle = decode.attributes, download.attributes
+    duration_ms = (decode.end_time - decode.start_time) / 1e6
+    assert 0 < busy[semconv.THREAD_CPU_TIME_MS] <= duration_ms + 1
+    assert busy[semconv.THREAD_CPU_UTILIZATION] == pytest.approx(
+        busy[semconv.THREAD_CPU_TIME_MS] / duration_ms, rel=0.01)
+    assert idle[semconv.THREAD_CPU_UTILIZATION] < 0.3  # asleep: not on a core
+    assert idle[semconv.THREAD_CPU_TIME_MS] < 15
+    assert busy[semconv.THREAD_CPU_TIME_MS] > 3 * idle[semconv.THREAD_CPU_TIME_MS]
+
+
+def test_off_by_default_in_capture_and_off_by_setting():
+    with capture_spans() as cap:
+        with ots.stage("decode"):
+            _spin(0.001)
+    assert semconv.THREAD_CPU_TIME_MS not in cap.one("decode").attributes
+    assert resolve().signals is True
+    assert resolve(environ={"OTEL_STAGES_SIGNALS": "false"}).signals is False
+    assert resolve({"signals": False}).signals is False
+    with pytest.raises(ots.ConfigurationError, match="OTEL_STAGES_SIGNALS='maybe'"):
+        resolve(environ={"OTEL_STAGES_SIGNALS": "maybe"})
+
+
+def test_configure_signals_false_turns_everything_off(tmp_path):
+    was = gcwatch.installed()
+    telemetry = ots.configure(data_dir=tmp_path, gpu="off", set_global=False, signals=False)
+    try:
+        assert not signals.is_enabled() and not gcwatch.installed()
+        assert signals.on_start() is None
+    finally:
+        telemetry.shutdown()
+        signals.enable(True)
+        if was:
+            gcwatch.install()
+
+
+def test_stage_ended_on_another_thread_gets_no_cpu_time():
+    state = capture.on_start()
+    box: list[object] = []
+    thread = threading.Thread(target=lambda: box.append(capture.finish_fields(state, 0, 10**9)))
+    _spin(0.02)  # this thread's CPU clock moves on; the other thread's is unrelated
+    thread.start()
+    thread.join()
+    fields = box[0]
+    assert fields is not None
+    attributes, _ = fields  # type: ignore[misc]
+    assert semconv.THREAD_CPU_TIME_MS not in attributes
+
+
+def test_gc_collection_inside_a_stage_becomes_an_event(recorded):
+    junk = [[i] for i in range(200_000)]  # enough tracked objects for a collection over 1 ms
+    with ots.stage("resize"):
+        gc.collect()
+    del junk
+    span = recorded.one("resize")
+    assert span.attributes[semconv.GC_COLLECTIONS] >= 1
+    assert span.attributes[semconv.GC_PAUSE_MS] >= 1.0
+    events = [e for e in span.events if e.name == semconv.EVENT_GC_PAUSE]
+    assert events and events[-1].attributes[semconv.CPYTHON_GC_GENERATION] == 2
+    assert events[-1].attributes[semconv.GC_DURATION_MS] >= capture.GC_EVENT_MIN_MS
+    assert span.start_time <= events[-1].timestamp <= span.end_time
+
+
+def test_no_collection_no_gc_attributes(recorded):
+    gc.disable()
+    try:
+        with ots.stage("resize"):
+            pass
+    finally:
+        gc.enable()
+    attributes = recorded.one("resize").attributes
+    assert semconv.GC_PAUSE_MS not in attributes and semconv.GC_COLLECTIONS not in attributes
+
+
+def test_collection_on_another_thread_counts_for_the_waiting_stage(recorded):
+    junk = [[i] for i in range(200_000)]
+    with ots.stage("forward"):
+        worker = threading.Thread(target=gc.collect)
+        worker.start()
+        worker.join()
+    del junk
+    assert recorded.one("forward").attributes[semconv.GC_PAUSE_MS] >= 1.0
+
+
+# --- capture thresholds, on a GC log with known times -----------------------------------------
+
+
+def _log_with(*pauses: tuple[int, int, int, int]) -> tuple[gcwatch.GcLog, int]:
+    log = gcwatch.GcLog()
+    for i, pause in enumerate(pauses, start=1):
+        log.ring[i & (gcwatch.RING - 1)] = pause
+    log.seq = len(pauses)
+    return log, 0
+
+
+@pytest.mark.parametrize("duration_ms, evented", [(0.99, False), (1.01, True)])
+def test_gc_event_threshold(monkeypatch, duration_ms, evented):
+    assert capture.GC_EVENT_MIN_MS == 1.0
+    start = 10_000_000
+    log, seq = _log_with((start, start + int(duration_ms * 1e6), 0, -1))
+    monkeypatch.setattr(capture, "GC_LOG", log)
+    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns()), 0, 10**9) or ({}, [])
+    assert attributes[semconv.GC_PAUSE_MS] == pytest.approx(duration_ms)
+    assert bool(events) is evented
+
+
+def test_gc_pauses_are_clipped_to_the_stage_and_events_capped(monkeypatch):
+    assert capture.MAX_GC_EVENTS == 16
+    pauses = [(i * 10_000_000, i * 10_000_000 + 2_000_000, 1, -1) for i in range(20)]
+    log, seq = _log_with(*pauses)
+    monkeypatch.setattr(capture, "GC_LOG", log)
+    start_ns, end_ns = 1_000_000, pauses[-1][0] + 1_000_000  # cuts the first and the last in half
+    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns()), start_ns, end_ns) or ({}, [])
+    assert attributes[semconv.GC_COLLECTIONS] == len(pauses)
+    assert attributes[semconv.GC_PAUSE_MS] == pytest.approx(2.0 * (len(pauses) - 2) + 1.0 + 1.0)
+    assert len(events) == 16
+
+
+@pytest.mark.parametrize("collected, pause_ms", [(True, 4.0), (False, 0.0)])
+def test_a_collection_still_open_at_the_stage_end(monkeypatch, collected, pause_ms):
+    """The collector handed the GIL over in a callback: after collecting (the stage waited for
+    it: counted up to the stage's end) or before (the stage ran freely: not counted)."""
+    done = gc.get_stats()[2]["collections"] - (1 if collected else 0)
+    log, seq = _log_with((5_000_000, -1, 2, done))
+    monkeypatch.setattr(capture, "GC_LOG", log)
+    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns()), 0, 9_000_000) or ({}, [])
+    assert attributes[semconv.GC_PAUSE_MS] == pytest.approx(pause_ms)
+    assert attributes[semconv.GC_COLLECTIONS] == 1
+    if collected:  # an event all the same, its duration up to the stage's end: an upper bound
+        (name, event, time_ns), = events
+        assert name == semconv.EVENT_GC_PAUSE
+        assert (time_ns, event[semconv.GC_DURATION_MS], event[semconv.GC_IN_PROGRESS]) == (
+            5_000_000, pytest.approx(4.0), True)
+    else:
+        assert events == []
+
+
+def test_gc_log_callback_marks_start_then_end(monkeypatch):
+    log = gcwatch.GcLog()
+    log.callback("start", {"generation": 1})
+    assert log.seq == 1 and log.since(0)[0][1] == -1
+    log.callback("stop", {"generation": 1, "collected": 0, "uncollectable": 0})
+    (start_ns, end_ns, generation, done), = log.since(0)
+    assert 0 < start_ns <= end_ns and generation == 1 and done == gc.get_stats()[1]["collections"]
+    assert log.since(1) == []
+
+
+# --- event loop -------------------------------------------------------------------------------
+
+
+class _FakeMonitor:
+    def __init__(self, ticks: int = 0, lag_ns: int = 0) -> None:
+        self.ticks, self.lag_ns = ticks, lag_ns
+
+
+@pytest.mark.parametrize("wall_ns, held", [(loop.HOLD_MIN_NS - 1, False), (loop.HOLD_MIN_NS, True)])
+def test_hold_threshold(wall_ns, held):
+    assert loop.HOLD_MIN_NS == 25_000_000
+    monitor = _FakeMonitor(ticks=3)
+    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns())
+    attributes, _ = capture.finish_fields(state, 0, wall_ns) or ({}, [])
+    assert (semconv.EVENT_LOOP_HELD_MS in attributes) is held
+    monitor.ticks = 4  # a tick ran meanwhile: the loop was free at some point
+    attributes, _ = capture.finish_fields(state, 0, wall_ns) or ({}, [])
+    assert semconv.EVENT_LOOP_HELD_MS not in attributes
+
+
+@pytest.mark.parametrize("lag_ns, counted", [(loop.LAG_MIN_NS - 1, False), (loop.LAG_MIN_NS, True)])
+def test_lag_threshold(monkeypatch, lag_ns, counted):
+    assert loop.LAG_MIN_NS == 2_000_000
+
+    class _Loop:
+        def is_closed(self) -> bool:
+            return False
+
+        def call_later(self, delay: float, fn: object) -> None:
+            pass
+
+    fake = _Loop()
+    monitor = loop.LoopMonitor.__new__(loop.LoopMonitor)
+    monitor._loop = lambda: fake
+    monitor.ticks = monitor.lag_ns = 0
+    now = 7_000_000_000
+    monkeypatch.setattr(loop.RUNTIME.clock, "now_ns", lambda: now)
+    monitor._due_ns = now - lag_ns
+    monitor._tick()
+    assert monitor.ticks == 1
+    assert monitor.lag_ns == (lag_ns if counted else 0)
+
+
+def test_blocking_stage_holds_the_loop_and_others_see_the_lag(recorded):
+    async def blocker() -> None:
+        await asyncio.sleep(0.03)  # let the waiter start first
+        with ots.stage("decode"):
+            time.sleep(0.12)  # synchronous work on the loop's thread: nothing else runs
+
+    async def waiter() -> None:
+        async with ots.stage("download"):
+            await asyncio.sleep(0.08)  # due while decode holds the loop
+
+    async def main() -> None:
+        await asyncio.gather(blocker(), waiter())
+
+    asyncio.run(main())
+    decode, download = recorded.one("decode"), recorded.one("download")
+    assert decode.attributes[semconv.EVENT_LOOP_HELD_MS] >= 100
+    assert semconv.EVENT_LOOP_HELD_MS not in download.attributes  # it awaited: the loop ran
+    assert download.attributes[semconv.EVENT_LOOP_LAG_MS] >= 50
+    assert semconv.EVENT_LOOP_LAG_MS not in decode.attributes  # it was not kept waiting
+
+
+def test_stages_off_the_loop_carry_no_loop_attributes(recorded):
+    with ots.stage("decode"):
+        time.sleep(0.03)
+    attributes = recorded.one("decode").attributes
+    assert semconv.EVENT_LOOP_HELD_MS not in attributes and semconv.EVENT_LOOP_LAG_MS not in attributes
+
+
+def test_monitor_follows_its_loop_and_goes_with_it():
+    async def probe() -> loop.LoopMonitor:
+        running = asyncio.get_running_loop()
+        first = loop.monitor_for(running)
+        assert loop.monitor_for(running) is first
+        await asyncio.sleep(loop.INTERVAL_S * 3)
+        assert first.ticks >= 1
+        return first
+
+    monitor = asyncio.run(probe())
+    assert monitor.loop is None or monitor.loop.is_closed()
