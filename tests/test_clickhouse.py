@@ -19,6 +19,7 @@ pytest.importorskip("chdb", reason="needs the clickhouse extra (pip install -e '
 
 from otel_stages.analysis import Recording, load_paths
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
+from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_result import FleetAggregates, ordered_stages
 from otel_stages.analysis.clickhouse_sql import (
     EXACT_RELATIVE_TOLERANCE,
@@ -26,9 +27,16 @@ from otel_stages.analysis.clickhouse_sql import (
     MIN_SPAN_START_NS,
     AggregateQuery,
 )
+from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.gpu import gpu_evidence
 from otel_stages.analysis.requests import Request, find_requests
-from otel_stages.analysis.stats import correlation, distribution, percentile, stage_stats
+from otel_stages.analysis.stats import (
+    correlation,
+    distribution,
+    percentile,
+    stage_stats,
+    variance_explained_by_groups,
+)
 
 TRACES = Path(__file__).parent / "data" / "traces"
 SCENARIOS = sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
@@ -93,9 +101,9 @@ def decode_format(req: Request) -> str | None:
 def check_against_python(agg: FleetAggregates, recording: Recording) -> None:
     requests = find_requests(complete_part(recording).spans)
     warm = [r for r in requests if not r.cold and not r.error]
-    cold = [r for r in requests if r.cold]
+    cold = [r for r in requests if r.cold and not r.error]
     c = agg.counts
-    assert (c.requests, c.warm, c.cold, c.failed) == (
+    assert (c.requests, c.warm, c.cold - c.cold_failed, c.failed) == (
         len(requests), len(warm), len(cold), sum(r.error for r in requests))
 
     totals = [r.total_ms for r in warm]
@@ -112,8 +120,8 @@ def check_against_python(agg: FleetAggregates, recording: Recording) -> None:
         assert got.ran.count == want.count
         for key in ("min_ms", "p5_ms", "median_ms", "p95_ms", "max_ms", "swing_ms"):
             assert getattr(got.ran, key) == pytest.approx(getattr(want, key), **TOL), (name, key)
-        assert got.share_of_median == pytest.approx(want.share, **TOL)
-        assert got.explained == pytest.approx(want.explained, rel=1e-6, abs=1e-9), name
+        assert got.share_of_time == pytest.approx(want.share, **TOL)
+        assert got.explained == pytest.approx(want.explains, rel=1e-6, abs=1e-9), name
 
     unaccounted = [r.total_ms - covered_ms(r) for r in warm]
     assert agg.unaccounted is not None
@@ -160,13 +168,8 @@ def check_against_python(agg: FleetAggregates, recording: Recording) -> None:
     for cohort in agg.cohorts:
         values = cohorts[(cohort.width, cohort.height, cohort.format)]
         assert cohort.total.median_ms == pytest.approx(statistics.median(values), **TOL)
-    known = [t for v in cohorts.values() for t in v]
-    if len(cohorts) >= 2:
-        ss_total = sum((t - statistics.fmean(known)) ** 2 for t in known)
-        ss_within = sum((t - statistics.fmean(v)) ** 2 for v in cohorts.values() for t in v)
-        assert agg.input_mix_explains == pytest.approx(1 - ss_within / ss_total, rel=1e-6)
-    else:
-        assert agg.input_mix_explains is None
+    want_mix = variance_explained_by_groups(list(cohorts.values()))
+    assert agg.input_mix_explains == (None if want_mix is None else pytest.approx(want_mix, rel=1e-6))
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=_db)
@@ -234,3 +237,92 @@ def test_scale_benchmark_smoke_run() -> None:
     assert report["stages"] == ["download", "decode", "resize", "queue", "forward"]
     assert report["gpu_samples"] > 0 and report["cohorts"] == 4
     assert result["client_rss_mb"] < 200
+
+
+# --- the report: Figures -> the one rule set, against the file report ---------------------------
+
+#: Scenarios whose verdict needs per-request facts the SQL does not compute yet (a known gap,
+#: stated in clickhouse_figures' docstring and, for signals, in the report's problems): mechanism
+#: signals of issue 13 (thread CPU time, GC, event-loop lag, GPU memory around forwards) and the
+#: decode facts behind concrete preprocessing advice (draft estimate, repeated inputs, threads).
+#: Strict: a scenario that starts to match fails here until it is taken off the list.
+MECHANISMS = "mechanism signals (issue 13) are not computed in SQL yet"
+PREPROCESS = "decode facts (draft estimate, repeated inputs, threads) are not computed in SQL yet"
+VERDICT_GAPS = {
+    "s_cpu_contention": MECHANISMS, "s_demo_sequential": MECHANISMS,
+    "s_event_loop_blocked": MECHANISMS, "s_gc_pause": MECHANISMS,
+    "s_gpu_memory_pressure": MECHANISMS, "s_gpu_busy": MECHANISMS, "s_gpu_starved": MECHANISMS,
+    "s_shares_gaps": MECHANISMS,
+    "s_preprocess_mixed_sizes": PREPROCESS, "s_mixed_cold_start": PREPROCESS,
+    "s_pair_decode_tail_before": PREPROCESS,
+}
+#: The report's keys both paths fill from the same figures.
+SAME_KEYS = ("requests", "counts", "total", "stages", "unaccounted", "cohorts", "input_mix_explains",
+             "cold_start", "noise", "gpu")
+
+
+def _close(got: Any, want: Any, where: str) -> None:
+    """Equal JSON, numbers within one unit of the last rounded digit (exact quantiles agree up to
+    float rounding, which can flip a rounded last digit)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), where
+        for k in want:
+            _close(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _close(g, w, f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, bool):
+        assert got == pytest.approx(want, abs=1.1e-3), where
+    else:
+        assert got == want, where
+
+
+def _reports(path: Path, scenario_results) -> tuple[dict[str, Any], dict[str, Any]]:
+    got = json.loads(json.dumps(report_dict(scenario_results[_db(path)])))
+    want = json.loads(json.dumps(diagnose(load_paths([path])).to_dict()))
+    return got, want
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=_db)
+def test_report_figures_equal_the_file_report(path: Path, scenario_results) -> None:
+    """Counts, stage and total statistics, unaccounted time, cohorts (with their verdicts), cold
+    start, noise band and GPU evidence: the ClickHouse report's JSON equals the file report's."""
+    got, want = _reports(path, scenario_results)
+    if VERDICT_GAPS.get(_db(path)) == MECHANISMS:  # a cohort's cause may be a mechanism there
+        for report in (got, want):
+            for cohort in report["cohorts"]:
+                if cohort["verdict"] is not None:
+                    cohort["verdict"].pop("cause")
+    for key in SAME_KEYS:
+        _close(got[key], want[key], key)
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(reason=VERDICT_GAPS[_db(p)], strict=True))
+    if _db(p) in VERDICT_GAPS else p for p in SCENARIOS], ids=_db)
+def test_verdict_equals_the_file_report(path: Path, scenario_results) -> None:
+    """Cause, stage, evidence, advice and tentative: the same rule set on the same figures."""
+    got, want = _reports(path, scenario_results)
+    assert got["verdict"] == want["verdict"]
+
+
+def test_every_known_gap_is_a_handed_scenario() -> None:
+    assert set(VERDICT_GAPS) <= {_db(p) for p in SCENARIOS}
+
+
+def test_signals_are_named_as_not_read(scenario_results) -> None:
+    """Where spans carry mechanism signals the report says its verdict cannot name them."""
+    for name in ("s_cpu_contention", "s_gc_pause", "s_event_loop_blocked"):
+        assert any("mechanism signals" in p for p in scenario_results[name].problems), name
+    assert not any("mechanism signals" in p for p in scenario_results["s_stable"].problems)
+
+
+def test_the_verdict_comes_from_the_shared_rules(scenario_results, monkeypatch) -> None:
+    """Deleting a rule in decision.py changes the ClickHouse verdict: no second copy decides."""
+    from otel_stages.analysis import clickhouse_figures, decision
+
+    agg = scenario_results["s_cold_start"]
+    assert clickhouse_figures.verdict(agg).cause == "cold_start"
+    monkeypatch.setattr(decision, "COLD_START_MIN_RATIO", 1e9)
+    assert clickhouse_figures.verdict(agg).cause != "cold_start"

@@ -231,13 +231,15 @@ def test_cli_import_then_report(engine, chdb_url: str, tmp_path: Path, capsys: p
     assert main(["report", "--clickhouse", chdb_url, "--traces-table", "cli.spans",
                  "--gauge-table", "cli.gauge", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["source"] == "clickhouse" and report["counts"]["requests"] == 30
-    assert report["stages"]["forward"]["ran"]["count"] == 29
-    assert report["gpu"]["source"] == "metrics"
+    assert report["source"] == "clickhouse" and report["requests"] == 30
+    assert report["stages"]["forward"]["count"] == 29
+    assert report["aggregates"]["gpu"]["source"] == "metrics"
+    assert (report["verdict"]["cause"], report["verdict"]["stage"]) == ("gpu_busy", "forward")
     assert main(["report", "--clickhouse", chdb_url, "--traces-table", "cli.spans",
                  "--gauge-table", "cli.gauge"]) == 0
     text = capsys.readouterr().out
     assert "30 requests" in text and "forward" in text and "GPU utilization" in text
+    assert "verdict: gpu_busy (forward)" in text
 
 
 @pytest.mark.parametrize("argv", [

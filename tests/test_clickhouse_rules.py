@@ -22,7 +22,7 @@ from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, i
 from otel_stages.analysis.clickhouse_result import FleetAggregates
 from otel_stages.analysis.clickhouse_sql import DD_RELATIVE_ACCURACY, AggregateQuery
 from otel_stages.analysis.gpu import gpu_evidence
-from otel_stages.analysis.requests import find_requests
+from otel_stages.analysis.requests import find_requests, group_spans
 from otel_stages.analysis.stats import stage_stats
 
 T0 = 1_800_000_000 * 10**9
@@ -136,7 +136,7 @@ def assert_same_stages(agg: FleetAggregates, files: list[Path]) -> None:
         assert got.ran.count == stats.count, name
         assert got.ran.median_ms == pytest.approx(stats.median_ms, rel=1e-9), name
         assert got.ran.max_ms == pytest.approx(stats.max_ms, rel=1e-9), name
-        assert got.explained == pytest.approx(stats.explained, rel=1e-6, abs=1e-9), name
+        assert got.explained == pytest.approx(stats.explains, rel=1e-6, abs=1e-9), name
 
 
 def test_custom_stages_and_nested_groups_count_for_the_request(engine, tmp_path: Path) -> None:
@@ -188,18 +188,22 @@ def test_stage_spans_whose_parent_never_arrived_are_incomplete(engine, tmp_path:
     assert any("never arrived" in p for p in agg.problems)
 
 
-def test_stage_spans_without_any_parent_are_one_request_per_trace(engine, tmp_path: Path) -> None:
-    traces = []
+def test_stage_spans_without_any_parent_are_incomplete(engine, tmp_path: Path) -> None:
+    """Stage spans at the root of their trace are no request (analysis.requests): each is an
+    incomplete unit; the requests beside them are unaffected."""
+    traces = list(steady(6))
     for i in range(6):
         t = Trace()
-        t.span("decode", i * 100, 5 + i)
-        t.span("forward", i * 100 + 10, 50)
+        t.span("decode", 10_000 + i * 100, 5 + i)
+        t.span("forward", 10_000 + i * 100 + 10, 50)
         traces.append(t)
     path = write(tmp_path / "roots.jsonl", traces)
     agg = run(engine, [path])
-    assert (agg.counts.requests, agg.counts.by_trace) == (6, 6)
-    assert agg.total is not None and agg.total.min_ms == pytest.approx(60.0)  # first start..last end
-    assert any("without any parent" in p for p in agg.problems)
+    grouping = group_spans(load_paths([path]).spans)
+    assert len(grouping.requests) == 6 and len(grouping.incomplete) == 12
+    assert (agg.counts.requests, agg.counts.incomplete, agg.counts.by_trace) == (6, 12, 12)
+    assert agg.counts.incomplete_spans == 12
+    assert any("no request span above" in p for p in agg.problems)
     assert_same_stages(agg, [path])
 
 

@@ -52,6 +52,9 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
+from otel_stages.analysis.noise import noise_band
+from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
+from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
 from otel_stages.analysis.units import duration
 from otel_stages.analysis.verdict import Verdict
 
@@ -267,3 +270,63 @@ def verdict(agg: FleetAggregates) -> Verdict:
     """The verdict for the aggregates: :func:`figures` through the one rule set."""
     return decide(figures(agg))
 
+
+
+# --- the report's JSON ------------------------------------------------------------------------
+
+
+def _distribution(s: Summary) -> Distribution:
+    return Distribution(count=s.count, min_ms=s.min_ms, p5_ms=s.p5_ms, median_ms=s.median_ms,
+                        p95_ms=s.p95_ms, max_ms=s.max_ms, mean_ms=s.mean_ms)
+
+
+def _stage_stats(s: StageAggregate) -> StageStats:
+    r = s.ran
+    return StageStats(name=s.name, count=r.count, min_ms=r.min_ms, p5_ms=r.p5_ms,
+                      median_ms=r.median_ms, p95_ms=r.p95_ms, max_ms=r.max_ms, mean_ms=r.mean_ms,
+                      share=s.share_of_time, swing_ms=r.swing_ms, explains=s.explained)
+
+
+def report_dict(agg: FleetAggregates) -> dict[str, object]:
+    """``report --clickhouse --json``: the trace report's keys (DESIGN.md section 3) for what the
+    aggregates hold, with the same shapes and rounding (``requests``, ``counts``, ``total``,
+    ``stages``, ``unaccounted``, ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``,
+    ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``), plus ``source`` and
+    ``aggregates`` (everything the engine returned, :meth:`FleetAggregates.to_dict`).
+    ``set_apart`` is always empty: requests set apart are not computed in SQL (see the module
+    docstring)."""
+    cohort_list = cohorts(agg)
+    fig = figures(agg, cohort_list)
+    total = None if agg.total is None else _distribution(agg.total)
+    unaccounted = _unaccounted(agg)
+    c = agg.counts
+    return {
+        "source": "clickhouse",
+        "requests": c.requests,
+        "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed, "failed": c.failed,
+                   "incomplete": c.incomplete},
+        "total": None if total is None else total.to_dict(),
+        "stages": {n: _stage_stats(s).to_dict() for n, s in agg.stages.items()},
+        "unaccounted": None if unaccounted is None else Unaccounted(
+            unaccounted.median_ms, unaccounted.swing_ms, unaccounted.share,
+            unaccounted.explains or 0.0).to_dict(),
+        "cohorts": [cohort_to_dict(k) for k in cohort_list],
+        "input_mix_explains": None if agg.input_mix_explains is None
+        else round(agg.input_mix_explains, 4),
+        "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
+        "set_apart": [],
+        "runs": [{"service_name": r.service_name or None,
+                  "service_instance_id": r.service_instance_id or None,
+                  "first_unix_ns": r.first_unix_ns, "last_unix_ns": r.last_unix_ns,
+                  "requests": r.requests, "reported": True} for r in agg.runs],
+        "problems": list(agg.problems),
+        "verdict": decide(fig).to_dict(),
+        "noise": noise_to_dict(noise_band(fig.stages.values(), fig.reference_ms), total)
+        if c.warm else None,
+        "gpu": fig.gpu.to_dict(),
+        "slowest": [{"trace_id": s.trace_id, "seq": s.seq, "total_ms": round(s.total_ms, 3),
+                     "stages": {k: round(v, 3) for k, v in s.stages_ms.items()},
+                     "image_width": s.image_width, "image_height": s.image_height,
+                     "image_bytes": s.image_bytes, "error": s.error} for s in agg.slowest],
+        "aggregates": agg.to_dict(),
+    }

@@ -52,8 +52,8 @@ def summary_sql(method: str) -> str:
     countIf(is_request) AS n_requests, countIf(warm) AS n_warm,
     countIf(is_request AND cold) AS n_cold, countIf(is_request AND error) AS n_failed,
     countIf(is_request AND cold AND error) AS n_cold_failed,
-    countIf(is_request AND by_trace) AS n_by_trace,
-    sum(incomplete_groups) AS n_incomplete, sum(incomplete_spans) AS n_incomplete_spans,
+    sumIf(incomplete_spans, by_trace) AS n_by_trace,
+    sum(incomplete_groups) + n_by_trace AS n_incomplete, sum(incomplete_spans) AS n_incomplete_spans,
     uniqExactIf((svc, inst), is_request) AS n_runs,
     sumIf(length(fwd_start), warm) AS n_warm_forwards,
     {distribution("total", _TOTAL_MS, "warm", method)},
@@ -189,6 +189,21 @@ def odd_spans_sql(traces: str, query: AggregateQuery) -> str:
     groupArray(5)((toString(SpanName), TraceId, toInt64(toUnixTimestamp64Nano(Timestamp)),
                    Duration)) AS examples
 FROM {traces} WHERE {span_filter(query, odd=True)}"""
+
+
+_STD_LIST = "(" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + ")"
+#: Span attributes of the mechanism signals (analysis.stage_signals) the SQL does not read yet.
+SIGNAL_ATTRIBUTES = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS)
+
+
+def signals_sql(traces: str, query: AggregateQuery) -> str:
+    """One row: ``signals`` 1 when any stage span in the window carries a mechanism signal
+    (:data:`SIGNAL_ATTRIBUTES`), else 0. Stops at the first such span (``LIMIT 1``; the exporter's
+    bloom filter index on the attribute keys skips granules without them)."""
+    has = " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in SIGNAL_ATTRIBUTES)
+    return f"""SELECT count() AS signals FROM (
+    SELECT 1 FROM {traces} WHERE SpanName IN {_STD_LIST} AND ({has}) AND {span_filter(query, odd=False)}
+    LIMIT 1)"""
 
 
 def gpu_spans_sql() -> str:
@@ -329,6 +344,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("gpu_metrics", gpu_metrics_sql(), {}),
         ("runs", runs_sql(), tops),
         ("slowest", slowest_sql(), tops),
+        ("signals", signals_sql(traces, query), params),
         ("odd_spans", odd_spans_sql(traces, query), params),
     ]
 

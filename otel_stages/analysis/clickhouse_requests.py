@@ -349,10 +349,11 @@ def _window(query: AggregateQuery, column: str) -> str:
 _PROC = (f"multiIf(present AND self_inst != '', concat('{semconv.SERVICE_INSTANCE_ID}=', self_inst),"
          f" present AND self_svc != '', concat('{semconv.SERVICE_NAME}=', self_svc),"
          f" NOT present AND kid_svc != '', concat('{semconv.SERVICE_NAME}=', kid_svc), '')")
-#: Over GROUPS_TABLE rows: the group is a request (not a nested group; the trace fallback too).
-_IS_REQUEST = (f"((key != 0 AND present AND (n_kids > 0 OR self_isreq)"
-               f" AND (trace_key, key) NOT IN (SELECT trace_key, key FROM {NESTED_TABLE}))"
-               " OR (key = 0 AND n_kids > 0))")
+#: Over GROUPS_TABLE rows: the group is a request (not a nested group). Standard stage spans at
+#: the root of their trace (key 0) are no request: each is an incomplete unit, as in
+#: analysis.requests.
+_IS_REQUEST = (f"(key != 0 AND present AND (n_kids > 0 OR self_isreq)"
+               f" AND (trace_key, key) NOT IN (SELECT trace_key, key FROM {NESTED_TABLE}))")
 
 
 def _requests_select(query: AggregateQuery) -> str:
@@ -420,7 +421,7 @@ def _requests_select(query: AggregateQuery) -> str:
        arrayMap(f -> if(indexOf(gids, f) = 0 OR arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)] = -1, NULL,
                         arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)]), {fwd.format("ids")})) AS fwd_count,
     toUInt64(key != 0 AND NOT present AND n_kids > 0) AS incomplete_groups,
-    if(key != 0 AND NOT present, toUInt64(arrayCount(m -> m, keep)), 0) AS incomplete_spans,
+    if(NOT present, toUInt64(arrayCount(m -> m, keep)), 0) AS incomplete_spans,
     toUInt8(is_request AND multiIf(
         pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
         pr.has_seq, ifNull(seq, 0) = 1,
@@ -430,5 +431,5 @@ def _requests_select(query: AggregateQuery) -> str:
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
 LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
-WHERE (is_request OR incomplete_groups > 0) {_window(query, "start_ns")}
+WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
 SETTINGS {_SMALL_RIGHT})"""

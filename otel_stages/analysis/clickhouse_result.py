@@ -275,11 +275,12 @@ class SlowRequest:
 @dataclass(frozen=True)
 class Counts:
     """``requests``: finished requests (warm + cold + failed; a cold failed request is in both
-    ``cold`` and ``failed``, see ``cold_failed``). ``incomplete``: parent spans that never arrived
-    but have stage spans (``incomplete_spans`` of them), never requests. ``odd_spans``: spans
-    left out for broken times (spans without ids are skipped too, not counted: the exporter
-    writes none). ``by_trace``: requests without a parent span,
-    grouped by trace. ``runs``: processes. ``warm_forwards``: forward spans of warm requests."""
+    ``cold`` and ``failed``, see ``cold_failed``). ``incomplete``: stage spans that form no
+    request, as units of :mod:`otel_stages.analysis.requests`: one per parent span that never
+    arrived, and one per stage span at the root of its trace (``by_trace`` of those);
+    ``incomplete_spans``: the stage spans in them. ``odd_spans``: spans left out for broken times
+    (spans without ids are skipped too, not counted: the exporter writes none). ``runs``:
+    processes. ``warm_forwards``: forward spans of warm requests."""
 
     requests: int
     warm: int
@@ -361,7 +362,7 @@ def _utc(ns: int) -> str:
 
 
 def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total: int,
-              runs_shown: int) -> list[str]:
+              runs_shown: int, signals: bool = False) -> list[str]:
     out: list[str] = []
     n_odd = int(odd.get("n") or 0)
     if n_odd:
@@ -371,16 +372,24 @@ def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total
             for name, trace, start, duration in odd.get("examples") or [])
         out.append(f"{n_odd} spans left out: a start before 2000-01-01 or a duration over a day"
                    f" (broken clock or end before start; e.g. {examples})")
-    incomplete = int(summary_row.get("n_incomplete") or 0)
+    by_trace = int(summary_row.get("n_by_trace") or 0)
+    incomplete = int(summary_row.get("n_incomplete") or 0) - by_trace
     if incomplete:
         out.append(
-            f"{incomplete} parent spans never arrived but {int(summary_row['n_incomplete_spans'])}"
-            " stage spans point to them (context lost between threads or services, or spans"
-            " dropped): counted as incomplete, not as requests")
-    by_trace = int(summary_row.get("n_by_trace") or 0)
+            f"{incomplete} parent spans never arrived but"
+            f" {int(summary_row['n_incomplete_spans']) - by_trace} stage spans point to them"
+            " (context lost between threads or services, or spans dropped): counted as"
+            " incomplete, not as requests")
     if by_trace:
-        out.append(f"{by_trace} requests have stage spans without any parent span: each trace's"
-                   " stage spans were taken as one request (first start to last end)")
+        out.append(f"{by_trace} stage span{'s' if by_trace != 1 else ''} with no request span"
+                   " above (root of the trace) left out as incomplete: wrap each request's stages"
+                   " in otel_stages.request()")
+    if signals:
+        out.append("stage spans carry mechanism signals (thread CPU time, GC pauses, event-loop"
+                   " lag) that the ClickHouse report does not read yet: its verdict names the slow"
+                   " stage, not why it is slow (CPU contention, GC pauses, a blocked event loop,"
+                   " throttling, GPU memory pressure); `otel-stages report` on the same traces"
+                   " as files names the mechanism")
     if runs_total > runs_shown:
         out.append(f"runs: the first {runs_shown} of {runs_total} processes are listed")
     return out
@@ -478,6 +487,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                  results["gpu_metrics"][0] if results["gpu_metrics"] else {},
                  counts.warm_forwards),
         runs=runs, slowest=slowest,
-        problems=_problems(head, odd, counts.runs, len(runs)),
+        problems=_problems(head, odd, counts.runs, len(runs),
+                           signals=bool(results.get("signals") and results["signals"][0]["signals"])),
     )
 

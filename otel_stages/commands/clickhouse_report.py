@@ -1,9 +1,11 @@
 """``otel-stages report --clickhouse URL [--service S] [--since D] [--top N] [--json]``.
 
 The statistics are computed inside ClickHouse (see :mod:`otel_stages.analysis.clickhouse_sql`);
-this prints what comes back: with ``--json`` the whole
-:class:`~otel_stages.analysis.clickhouse_result.FleetAggregates` as JSON, else a short table.
-The verdict is not drawn from these aggregates yet (the decision code will take them as input).
+only aggregates come back, and :mod:`otel_stages.analysis.clickhouse_figures` turns them into the
+rules' :class:`~otel_stages.analysis.figures.Figures` for
+:func:`otel_stages.analysis.decision.decide`, the one rule set of every source. With ``--json``
+the report's keys (:func:`~otel_stages.analysis.clickhouse_figures.report_dict`), else a short
+table and the verdict.
 
 Window: ``--since D`` reads requests that started in the last D; without it a server is read for
 the last hour, as the other remote sources, and an embedded ``chdb:`` database in full (it holds
@@ -18,6 +20,7 @@ import json
 import sys
 import time
 
+from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis.clickhouse import connect, fetch_aggregates, parse_url
 from otel_stages.analysis.clickhouse_result import FleetAggregates
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
@@ -71,6 +74,11 @@ def text(agg: FleetAggregates) -> str:
             f"{k.key} ({k.total.count} requests, median {_ms(k.total.median_ms)} ms)"
             for k in agg.cohorts[:5])]
     lines += [f"problem: {p}" for p in agg.problems]
+    v = clickhouse_figures.verdict(agg)
+    lines += ["", f"verdict: {v.cause or 'none'}" + (f" ({v.stage})" if v.stage else "")
+              + (" (tentative)" if v.tentative else "")]
+    lines += [f"  - {e}" for e in v.evidence]
+    lines += [f"  advice: {a}" for a in v.advice]
     return "\n".join(lines) + "\n"
 
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace, default_since_ns: int) -> int:
     for problem in agg.problems:
         print(f"otel-stages: warning: {problem}", file=sys.stderr)
     if args.json:
-        print(json.dumps(agg.to_dict(), indent=2))
+        print(json.dumps(clickhouse_figures.report_dict(agg), indent=2))
     elif agg.counts.requests:
         sys.stdout.write(text(agg))
     if agg.counts.requests == 0:
