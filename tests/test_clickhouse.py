@@ -9,13 +9,20 @@ scenario gets a database of its own.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest.importorskip("chdb", reason="needs the clickhouse extra (pip install -e '.[test]')")
+try:
+    import chdb  # noqa: F401
+except ImportError:
+    # CI installs the test extra, which holds chDB: there a missing chDB is a broken install
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        raise
+    pytest.skip("needs chDB: the clickhouse extra (pip install -e '.[test]')", allow_module_level=True)
 
 from otel_stages.analysis import Recording, load_paths
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
