@@ -249,19 +249,16 @@ def test_scale_benchmark_smoke_run() -> None:
 # --- the report: Figures -> the one rule set, against the file report ---------------------------
 
 #: Scenarios whose verdict needs per-request facts the SQL does not compute yet (a known gap,
-#: stated in clickhouse_figures' docstring and, for signals, in the report's problems): mechanism
-#: signals of issue 13 (thread CPU time, GC, event-loop lag, GPU memory around forwards) and the
-#: decode facts behind concrete preprocessing advice (draft estimate, repeated inputs, threads).
-#: Strict: a scenario that starts to match fails here until it is taken off the list.
+#: stated in clickhouse_figures' docstring and in the report's problems): the mechanism signals of
+#: issue 13 (thread CPU time, GC, event-loop lag, GPU memory around forwards, and the sentence
+#: saying they are absent). Strict: a scenario that starts to match fails here until it is taken
+#: off the list.
 MECHANISMS = "mechanism signals (issue 13) are not computed in SQL yet"
-PREPROCESS = "decode facts (draft estimate, repeated inputs, threads) are not computed in SQL yet"
 VERDICT_GAPS = {
     "s_cpu_contention": MECHANISMS, "s_demo_sequential": MECHANISMS,
     "s_event_loop_blocked": MECHANISMS, "s_gc_pause": MECHANISMS,
     "s_gpu_memory_pressure": MECHANISMS, "s_gpu_busy": MECHANISMS, "s_gpu_starved": MECHANISMS,
     "s_shares_gaps": MECHANISMS,
-    "s_preprocess_mixed_sizes": PREPROCESS, "s_mixed_cold_start": PREPROCESS,
-    "s_pair_decode_tail_before": PREPROCESS,
 }
 #: The report's keys both paths fill from the same figures.
 SAME_KEYS = ("requests", "counts", "total", "stages", "unaccounted", "cohorts", "input_mix_explains",
@@ -333,3 +330,18 @@ def test_the_verdict_comes_from_the_shared_rules(scenario_results, monkeypatch) 
     assert clickhouse_figures.verdict(agg).cause == "cold_start"
     monkeypatch.setattr(decision, "COLD_START_MIN_RATIO", 1e9)
     assert clickhouse_figures.verdict(agg).cause != "cold_start"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=_db)
+def test_preprocess_facts_equal_the_python_path(path: Path, scenario_results) -> None:
+    """Draft estimate, repeated inputs, threads and decode counts from SQL equal
+    analysis.preprocessing's over the same warm requests (floats up to rounding)."""
+    from dataclasses import asdict
+
+    from otel_stages.analysis.preprocessing import preprocess_facts
+
+    requests = find_requests(complete_part(load_paths([path])).spans)
+    want = preprocess_facts([r for r in requests if not r.cold and not r.error])
+    got = scenario_results[_db(path)].preprocess
+    assert got is not None
+    _close(json.loads(json.dumps(asdict(got))), json.loads(json.dumps(asdict(want))), "preprocess")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from otel_stages.analysis import clickhouse_preprocess as preprocess
 from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
 from otel_stages.analysis import clickhouse_rows as rows_of
@@ -389,6 +390,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    results["preprocess"] = engine.rows(preprocess.preprocess_sql(tables.traces_ref, query),
+                                        sql.query_params(query), settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method

@@ -27,6 +27,7 @@ within a cohort when there are several cohorts (``none`` there).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_result import (
@@ -46,6 +47,7 @@ from otel_stages.analysis.figures import (
     CohortVerdict,
     ColdFigures,
     Figures,
+    PreprocessFacts,
     StageEvidence,
     StageFigures,
     TotalFigures,
@@ -53,6 +55,7 @@ from otel_stages.analysis.figures import (
 )
 from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
 from otel_stages.analysis.noise import noise_band
+from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
 from otel_stages.analysis.units import duration
@@ -126,13 +129,17 @@ def _follow_line(stage: str, what: str, r: float | None) -> tuple[str, ...]:
     return (f"{stage} time {verb} {what} (r = {r:.2f})",)
 
 
-def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]]
-                   ) -> StageEvidence | None:
+def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]],
+                   preprocess: PreprocessFacts | None = None) -> StageEvidence | None:
     """What :func:`otel_stages.analysis.evidence.stage_evidence` gives for this stage, from the
     SQL figures: size for decode / resize, image bytes for download, ``queue.depth`` for queue;
     ``None`` for the others (forward's evidence is the GPU's)."""
     if stage.name in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-        return _size_evidence(stage, sizes)
+        size = _size_evidence(stage, sizes)
+        if preprocess is None:
+            return size
+        return replace(size, lines=(*size.lines, *preprocess_lines(preprocess)),
+                       preprocess=preprocess)
     if stage.name == semconv.STAGE_DOWNLOAD:
         return StageEvidence(_follow_line(stage.name, "image bytes", stage.bytes_correlation))
     if stage.name == semconv.STAGE_QUEUE:
@@ -143,11 +150,11 @@ def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, f
 
 
 def _evidence(stages: Mapping[str, StageAggregate],
-              sizes: Callable[[str], Sequence[tuple[int, int, int, float]]]
-              ) -> dict[str, StageEvidence]:
+              sizes: Callable[[str], Sequence[tuple[int, int, int, float]]],
+              preprocess: PreprocessFacts | None = None) -> dict[str, StageEvidence]:
     out = {}
     for name, s in stages.items():
-        found = stage_evidence(s, sizes(name))
+        found = stage_evidence(s, sizes(name), preprocess)
         if found is not None:
             out[name] = found
     return out
@@ -260,7 +267,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         cold=_cold(agg),
         cohorts=cohorts(agg) if cohort_list is None else cohort_list,
         input_mix_explains=agg.input_mix_explains,
-        stage_evidence=_evidence(stages, lambda n: _sizes(agg.cohorts, n)),
+        stage_evidence=_evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess),
         failed_requests=agg.counts.failed,
         requests=agg.counts.requests,
     )

@@ -16,11 +16,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     EXACT_RELATIVE_TOLERANCE,
     LEVELS,
 )
+from otel_stages.analysis.figures import PreprocessFacts
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -328,6 +330,7 @@ class FleetAggregates:
     slowest: list[SlowRequest]
     problems: list[str] = field(default_factory=list)
     formats: int = 0
+    preprocess: PreprocessFacts | None = None
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -480,6 +483,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         input_mix_explains=omega_squared(ss_total, float(mix["ss_within"] or 0.0), n_cohorts,
                                          int(mix["known"] or 0)),
         formats=int(mix.get("formats") or 0),
+        preprocess=preprocess_facts(results["preprocess"][0]) if results.get("preprocess") else None,
         unaccounted_explained=(float(head["unaccounted_cross"] or 0.0) / total.sum_of_squares_ms2
                                if total and total.sum_of_squares_ms2 > 0 else None),
         cold_start=cold_start,
