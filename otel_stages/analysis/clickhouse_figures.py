@@ -19,9 +19,15 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
 - per-stage evidence: does the stage follow image pixels / bytes (Pearson r computed in SQL) and
   the per-size medians, with the sentences of :mod:`otel_stages.analysis.evidence`.
 
-What the aggregates cannot give (documented gaps, not guesses): mechanism evidence and the
-decode facts behind concrete preprocessing advice (per-request attributes), and GPU evidence
-within a cohort when there are several cohorts (``none`` there).
+- decode / resize evidence also carries the decode facts behind the concrete preprocessing advice
+  (:mod:`otel_stages.analysis.clickhouse_preprocess`).
+
+Not computed in SQL yet (documented gaps, not guesses): the mechanism signals of
+:mod:`otel_stages.analysis.mechanisms` (the verdict then names the stage, not the mechanism, and
+the report's problems say so when spans carry them); requests set apart
+(:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
+part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
+there); with cold requests of several inputs, the comparison is with all warm requests.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 :func:`build_aggregates` turns the rows of :mod:`otel_stages.analysis.clickhouse_queries` into one
 :class:`FleetAggregates`. Times are milliseconds (``*_ms``), Unix nanoseconds (``*_ns``) or
 bytes; fractions are 0..1. Statistics are over *warm* requests (not cold, not failed) unless a
-field says otherwise. ``FleetAggregates.to_dict()`` is the JSON form printed by
-``otel-stages report --clickhouse URL --json`` until the decision code consumes it.
+field says otherwise. ``FleetAggregates.to_dict()`` is the ``aggregates`` part of
+``otel-stages report --clickhouse URL --json``; :mod:`otel_stages.analysis.clickhouse_figures`
+turns it into the rules' input and the report's keys.
 """
 
 from __future__ import annotations
