@@ -390,8 +390,10 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
-    results["preprocess"] = engine.rows(preprocess.preprocess_sql(tables.traces_ref, query),
-                                        sql.query_params(query), settings)
-    for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE):
+    for statement in preprocess.prepare_statements(tables.traces_ref, query):
+        engine.execute(statement, sql.query_params(query), settings)
+    results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
+    for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
+                  preprocess.TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method

@@ -42,8 +42,15 @@ def _pos_int(key: str) -> str:
     return f"if(ifNull({value}, 0) > 0, {value}, NULL)"
 
 
-def preprocess_sql(traces: str, query: AggregateQuery) -> str:
-    """One row of sums over warm decodes (see :func:`facts` for the columns read)."""
+#: Temporary table: one row per warm request with decode / resize spans (dropped after a report).
+TABLE = "otel_stages_preprocess"
+
+
+def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """Statements that fill :data:`TABLE` (params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`):
+    per warm request its input, decode ms and count, the first span's draft scale and resize
+    target, and its decode / resize spans' thread names and event-loop flags. Read once; the
+    sums of :func:`preprocess_sql` then read this small table."""
     a = "SpanAttributes"
     decode = semconv.STAGE_DECODE
     spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
@@ -63,9 +70,19 @@ def preprocess_sql(traces: str, query: AggregateQuery) -> str:
         any(w.ms) AS ms, any(w.decoded) AS decoded, countIf(s.name = '{decode}') AS n_decode,
         argMinIf(s.draft, s.start, s.name = '{decode}' AND s.draft IS NOT NULL) AS draft,
         argMinIf(s.tw, s.start, s.name != '{decode}' AND s.tw IS NOT NULL) AS tw,
-        argMinIf(s.th, s.start, s.name != '{decode}' AND s.th IS NOT NULL) AS th
+        argMinIf(s.th, s.start, s.name != '{decode}' AND s.th IS NOT NULL) AS th,
+        count() AS k, groupUniqArrayIf(s.thread, s.thread != '') AS threads,
+        countIf(s.loop = 'true') AS on_loop, countIf(s.loop IN ('true', 'false')) AS loop_known,
+        groupUniqArrayIf(s.thread, s.loop = 'true' AND s.thread != '') AS loop_threads
     FROM ({warm}) AS w INNER JOIN ({spans}) AS s ON s.trace_key = w.trace_key AND s.span_key = w.span_key
-    GROUP BY w.trace_key, w.span_key"""
+    GROUP BY w.trace_key, w.span_key
+    SETTINGS join_use_nulls = 1"""
+    return [f"DROP TEMPORARY TABLE IF EXISTS {TABLE}",
+            f"CREATE TEMPORARY TABLE {TABLE} ENGINE = Memory AS {per_request}"]
+
+
+def preprocess_sql() -> str:
+    """One row of sums over :data:`TABLE` (see :func:`facts` for the columns read)."""
     sized = "width IS NOT NULL AND height IS NOT NULL AND bytes IS NOT NULL"
     jpeg = f"decoded AND fmt IN {_JPEG}"
     ratio = "least(intDiv(width, tw), intDiv(height, th))"
@@ -74,19 +91,16 @@ def preprocess_sql(traces: str, query: AggregateQuery) -> str:
     px = "toFloat64(width * height)"
     candidate = (f"{jpeg} AND draft IS NULL AND tw IS NOT NULL AND th IS NOT NULL AND {sized}"
                  f" AND {scale} >= {DRAFT_MIN_SCALE}")
-    threads = f"""SELECT sum(k) AS spans, max(n) AS threads, argMax(names, n) AS names,
-        sum(on_loop) AS on_loop, sum(loop_known) AS loop_known,
-        arraySort(arrayDistinct(arrayFlatten(groupArray(loop_names)))) AS loop_names
+    threads = f"""SELECT sum(k) AS spans, max(n) AS threads,
+        argMax(proc_names, n) AS names, sum(on_loop) AS on_loop, sum(loop_known) AS loop_known,
+        arraySort(arrayDistinct(arrayFlatten(groupArray(proc_loop_names)))) AS loop_names
     FROM (
-        SELECT w.proc AS proc, count() AS k, uniqExactIf(s.thread, s.thread != '') AS n,
-            arraySort(groupUniqArrayIf(s.thread, s.thread != '')) AS names,
-            countIf(s.loop = 'true') AS on_loop, countIf(s.loop IN ('true', 'false')) AS loop_known,
-            groupUniqArrayIf(s.thread, s.loop = 'true' AND s.thread != '') AS loop_names
-        FROM (SELECT trace_key, span_key, proc FROM {_R} WHERE warm AND span_key != 0) AS w
-        INNER JOIN ({spans}) AS s ON s.trace_key = w.trace_key AND s.span_key = w.span_key
-        GROUP BY w.proc
+        SELECT proc, sum(k) AS k, arraySort(groupUniqArrayArray(threads)) AS proc_names,
+            length(proc_names) AS n, sum(on_loop) AS on_loop, sum(loop_known) AS loop_known,
+            groupUniqArrayArray(loop_threads) AS proc_loop_names
+        FROM {TABLE} GROUP BY proc
     )"""
-    return f"""WITH requests AS ({per_request}),
+    return f"""WITH requests AS (SELECT * FROM {TABLE}),
 draft_rows AS (
     SELECT {scale} AS scale, width, height, tw, th, ms,
         ms / (({cost} + {px}) / ({cost} + {px} / pow({scale}, 2))) AS draft_ms
@@ -109,7 +123,7 @@ SELECT
     (SELECT countIf(decoded AND fmt = '') FROM requests) AS unknown_format,
     (SELECT countIf({jpeg} AND draft IS NULL AND (tw IS NULL OR th IS NULL)) FROM requests)
         AS untargeted,
-    (SELECT countIf(n_decode > 1) FROM requests WHERE decoded) AS decoded_twice,
+    (SELECT countIf(decoded AND n_decode > 1) FROM requests) AS decoded_twice,
     (SELECT count() FROM draft_rows) AS draft_requests,
     (SELECT sum(ms) FROM draft_rows) AS draft_full_ms,
     (SELECT sum(draft_ms) FROM draft_rows) AS draft_drafted_ms,
@@ -118,8 +132,7 @@ SELECT
     (SELECT sumIf(total - first, n > 1) FROM repeats) AS repeat_ms,
     (SELECT countIf(n > 1) FROM repeats) AS repeat_images,
     (SELECT uniqExact((width, height, bytes)) FROM repeats) AS identities,
-    ({threads}) AS threads
-SETTINGS join_use_nulls = 1"""
+    ({threads}) AS threads"""
 
 
 def facts(row: Mapping[str, Any]) -> PreprocessFacts:
