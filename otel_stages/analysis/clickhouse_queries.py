@@ -65,8 +65,7 @@ FROM {R}"""
 def stages_sql(method: str, where: str = "warm", by: str = "") -> str:
     """One row per stage (per ``by`` group too): its distribution where it ran, ``cross``, and
     its correlation with the input's pixels and encoded bytes over the requests where both are
-    known (``pixels_corr``, ``bytes_corr``; NaN when undefined), and with the queue span's
-    ``queue.depth`` (``depth_corr``). ``by`` (e.g.
+    known (``pixels_corr``, ``bytes_corr``; NaN when undefined). ``by`` (e.g.
     ``"width, height, fmt"``) splits by cohort; ``cross`` is then within it."""
     keys = f"{by}, " if by else ""
     if by:
@@ -78,11 +77,10 @@ def stages_sql(method: str, where: str = "warm", by: str = "") -> str:
     return f"""SELECT {keys}stage,
     {distribution("stage", "ms", "1", method)},
     sum(ms * dt) AS cross,
-    corrStable(ms, pixels) AS pixels_corr, corrStable(ms, toFloat64(bytes)) AS bytes_corr,
-    corrStable(ms, qdepth) AS depth_corr
+    corrStable(ms, pixels) AS pixels_corr, corrStable(ms, toFloat64(bytes)) AS bytes_corr
 FROM (
     SELECT {keys}stage_names, stage_ns, {_TOTAL_MS} - {mean} AS dt,
-        toFloat64(width) * toFloat64(height) AS pixels, bytes, qdepth
+        toFloat64(width) * toFloat64(height) AS pixels, bytes
     FROM {source} WHERE {where}
 )
 ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
@@ -204,6 +202,30 @@ def signals_sql(traces: str, query: AggregateQuery) -> str:
     return f"""SELECT count() AS signals FROM (
     SELECT 1 FROM {traces} WHERE SpanName IN {_STD_LIST} AND ({has}) AND {span_filter(query, odd=False)}
     LIMIT 1)"""
+
+
+def queue_depth_sql(traces: str, query: AggregateQuery) -> str:
+    """One row: the Pearson r of warm requests' queue ms with their queue span's ``queue.depth``
+    (the first queue span that has it, as ``Request.stage_attribute``), over ``n`` pairs. Queue
+    spans are matched to their request by trace and parent span id (a queue span inside a custom
+    group is not read). A separate read: only queue spans' attribute maps are touched."""
+    queue = semconv.STAGE_QUEUE
+    depth = f"toFloat64OrNull(SpanAttributes['{semconv.QUEUE_DEPTH}'])"
+    return f"""SELECT corrStable(w.ms, s.depth) AS depth_corr, count() AS n
+FROM (
+    SELECT trace_key, span_key,
+        arraySum(arrayFilter((d, n) -> n = '{queue}', stage_ns, stage_names)) / 1e6 AS ms
+    FROM {R} WHERE warm AND span_key != 0 AND has(stage_names, '{queue}')
+) AS w
+INNER JOIN (
+    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+        reinterpretAsUInt64(unhex(ParentSpanId)) AS span_key,
+        argMin({depth}, Timestamp) AS depth
+    FROM {traces}
+    WHERE SpanName = '{queue}' AND mapContains(SpanAttributes, '{semconv.QUEUE_DEPTH}')
+        AND isNotNull({depth}) AND {span_filter(query, odd=False)}
+    GROUP BY trace_key, span_key
+) AS s ON w.trace_key = s.trace_key AND w.span_key = s.span_key"""
 
 
 def gpu_spans_sql() -> str:
@@ -345,6 +367,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("runs", runs_sql(), tops),
         ("slowest", slowest_sql(), tops),
         ("signals", signals_sql(traces, query), params),
+        ("queue_depth", queue_depth_sql(traces, query), params),
         ("odd_spans", odd_spans_sql(traces, query), params),
     ]
 

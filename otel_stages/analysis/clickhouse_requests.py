@@ -65,7 +65,7 @@ REQUEST_COLUMNS = (
     "trace_key", "is_request", "by_trace", "span_key", "start_ns", "total_ns", "stage_names",
     "stage_ns", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr", "error", "svc",
     "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
-    "incomplete_groups", "incomplete_spans", "cold", "warm", "qdepth")
+    "incomplete_groups", "incomplete_spans", "cold", "warm")
 
 #: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
 #: has no lookbehind: "not preceded by X" is written "at the start or after a character not in X",
@@ -149,7 +149,7 @@ SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.w, self.h, self.s, self.fmt, self.svc, self.inst, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
     d.w, d.h, d.s, d.fmt,
-    k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c, q.qd
+    k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
 FROM (
     SELECT {trace}, {pid} AS key, count() AS n_kids,
         {", ".join(f"sumIf(dur, code = {i}) AS d{i}, countIf(code = {i}) AS n{i}" for i in range(1, 6))},
@@ -188,13 +188,6 @@ ANY LEFT JOIN (
         AND {base} AND {kids_time}
     GROUP BY trace_key, key
 ) AS g ON k.trace_key = g.trace_key AND k.key = g.key
-ANY LEFT JOIN (
-    SELECT {trace}, {pid} AS key, any(toFloat64OrNull({a}['{semconv.QUEUE_DEPTH}'])) AS qd
-    FROM {traces}
-    WHERE SpanName = '{semconv.STAGE_QUEUE}' AND mapContains({a}, '{semconv.QUEUE_DEPTH}')
-        AND {base} AND {kids_time}
-    GROUP BY trace_key, key
-) AS q ON k.trace_key = q.trace_key AND k.key = q.key
 WHERE {anchor} >= {{slice_lo:Int64}} AND {anchor} < {{slice_hi:Int64}}
 SETTINGS {_SMALL_RIGHT}"""
 
@@ -232,7 +225,7 @@ _GROUPS_COLUMNS = f"""trace_key UInt128, key UInt64, present UInt8,
     kid_min Int64, kid_max Int64, kid_err UInt8,
     dec_w Int64, dec_h Int64, dec_s Int64, dec_f String,
     k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64),
-    g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64), q_depth Nullable(Float64)"""
+    g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)"""
 
 
 def _stage_parents_among(keys: str) -> str:
@@ -426,8 +419,7 @@ def _requests_select(query: AggregateQuery) -> str:
         pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
         pr.has_seq, ifNull(seq, 0) = 1,
         (start_ns, p.trace_key) = pr.first)) AS cold,
-    toUInt8(is_request AND NOT cold AND NOT error) AS warm,
-    p.q_depth AS qdepth
+    toUInt8(is_request AND NOT cold AND NOT error) AS warm
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
 LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -129,9 +129,17 @@ def _stages(rows: Rows, total: Summary | None) -> dict[str, StageAggregate]:
             share_of_time=ran.sum_ms / total.sum_ms if total and total.sum_ms > 0 else 0.0,
             pixels_correlation=_correlation(row.get("pixels_corr"), ran.count),
             bytes_correlation=_correlation(row.get("bytes_corr"), ran.count),
-            depth_correlation=_correlation(row.get("depth_corr"), ran.count),
         )
     return out
+
+
+def _with_depth(stages: dict[str, StageAggregate], rows: Rows | None) -> dict[str, StageAggregate]:
+    """``stages`` with the queue stage's ``depth_correlation`` from the ``queue_depth`` row."""
+    queue = stages.get(semconv.STAGE_QUEUE)
+    if queue is None or not rows:
+        return stages
+    r = _correlation(rows[0].get("depth_corr"), int(rows[0].get("n") or 0))
+    return {**stages, semconv.STAGE_QUEUE: replace(queue, depth_correlation=r)}
 
 
 def _correlation(value: Any, count: int) -> float | None:
@@ -479,7 +487,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         quantile_relative_tolerance=EXACT_RELATIVE_TOLERANCE if method == "exact"
         else DD_RELATIVE_ACCURACY,
         counts=counts, total=total, unaccounted=summary(head, "unaccounted"),
-        stages=_stages(results["stages"], total), cohorts=cohorts, cohorts_total=n_cohorts,
+        stages=_with_depth(_stages(results["stages"], total), results.get("queue_depth")),
+        cohorts=cohorts, cohorts_total=n_cohorts,
         known_input_requests=int(mix["known"] or 0), unknown_input_requests=int(mix["unknown"] or 0),
         input_mix_explains=omega_squared(ss_total, float(mix["ss_within"] or 0.0), n_cohorts,
                                          int(mix["known"] or 0)),
