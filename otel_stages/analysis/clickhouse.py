@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis import clickhouse_preprocess as preprocess
 from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
@@ -390,9 +391,14 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
-    for statement in preprocess.prepare_statements(tables.traces_ref, query):
-        engine.execute(statement, sql.query_params(query), settings)
-    results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
+    # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
+    # requests with their decode / resize spans: read them only for such a verdict
+    first = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
+                             end_ns=query.end_ns, service=query.service)
+    if clickhouse_figures.verdict(first).stage in preprocess.STAGES:
+        for statement in preprocess.prepare_statements(tables.traces_ref, query):
+            engine.execute(statement, sql.query_params(query), settings)
+        results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
                   preprocess.TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)

@@ -30,6 +30,9 @@ from otel_stages.analysis.preprocessing import (
     POOL_MIN_THREADS,
 )
 
+#: The join of warm requests with their decode / resize spans is as large as the requests: a grace
+#: hash join splits it into buckets that spill to disk, so memory stays bounded at 10M spans.
+JOIN_SETTINGS = "join_algorithm = 'grace_hash', grace_hash_join_initial_buckets = 16"
 #: Thread names quoted in the evidence (as in analysis.preprocessing).
 NAMES_SHOWN = 3
 
@@ -42,6 +45,9 @@ def _pos_int(key: str) -> str:
     return f"if(ifNull({value}, 0) > 0, {value}, NULL)"
 
 
+#: The stages whose evidence carries the facts (the report reads them only when the verdict
+#: names one of these).
+STAGES = (semconv.STAGE_DECODE, semconv.STAGE_RESIZE)
 #: Temporary table: one row per warm request with decode / resize spans (dropped after a report).
 TABLE = "otel_stages_preprocess"
 
@@ -76,7 +82,7 @@ def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
         groupUniqArrayIf(s.thread, s.loop = 'true' AND s.thread != '') AS loop_threads
     FROM ({warm}) AS w INNER JOIN ({spans}) AS s ON s.trace_key = w.trace_key AND s.span_key = w.span_key
     GROUP BY w.trace_key, w.span_key
-    SETTINGS join_use_nulls = 1"""
+    SETTINGS join_use_nulls = 1, {JOIN_SETTINGS}"""
     return [f"DROP TEMPORARY TABLE IF EXISTS {TABLE}",
             f"CREATE TEMPORARY TABLE {TABLE} ENGINE = Memory AS {per_request}"]
 
