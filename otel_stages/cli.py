@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "live view of GPU utilization, memory and power as the sampler sees it"),
     "decode-bench": ("otel_stages.commands.decode_bench",
                      "time image decode and resize, with and without JPEG draft mode"),
+    "import": ("otel_stages.commands.import_otlp",
+               "load OTLP/JSON files into the Collector clickhouse exporter's tables"),
 }
 
 

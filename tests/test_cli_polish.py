@@ -184,6 +184,7 @@ UNITS = {
     "gpu": ["seconds between refreshes", "_bytes, _w, _c", "0..1"],
     "decode-bench": ["milliseconds", "in pixels, width x height"],
     "collector-config": [],
+    "import": [],  # no numeric option: files, a URL and table names
 }
 
 

@@ -36,6 +36,8 @@ DEPLOY = ROOT / "deploy"
 BUNDLED = ROOT / "otel_stages" / "data" / "collector.yaml"
 REPO_COPY = ROOT / "collector_config" / "otel-stages.yaml"
 OVERLAY = DEPLOY / "collector" / "compose-overlay.yaml"
+CLICKHOUSE_COMPOSE = DEPLOY / "clickhouse" / "compose.yaml"
+CLICKHOUSE_OVERLAY = DEPLOY / "clickhouse" / "clickhouse-overlay.yaml"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 RULES_TEST = DEPLOY / "prometheus" / "rules_test.yaml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "otel-stages.json"
@@ -102,7 +104,7 @@ ALLOWED: dict[str, set[str]] = {
         "memory_limiter", "batch", "tail_sampling", "probabilistic_sampler",
         "resource", "attributes", "filter", "transform",
     },
-    "exporters": {"otlp_grpc", "otlp_http", "debug", "nop"},
+    "exporters": {"otlp_grpc", "otlp_http", "debug", "nop", "clickhouse"},
     "connectors": {"span_metrics", "forward"},
     "extensions": {"health_check", "zpages", "pprof"},
 }
@@ -331,6 +333,53 @@ def test_compose_overlay_merges_into_a_valid_config(bundled: dict[str, Any]) -> 
     sampled = merged["service"]["pipelines"]["traces/sampled"]
     assert sampled["exporters"] == ["otlp_grpc/traces", "otlp_grpc/tempo"]
     assert sampled["processors"] == ["memory_limiter", "tail_sampling", "batch"]
+
+
+#: Settings of the contrib `clickhouse` exporter (exporter/clickhouseexporter config.go and
+#: README.md, otelcol-contrib 0.157.0): a key outside this set fails the collector at start.
+CLICKHOUSE_EXPORTER_KEYS = {
+    "endpoint", "username", "password", "database", "connection_params", "logs_table_name",
+    "traces_table_name", "metrics_tables", "ttl", "table_engine", "cluster_name", "create_schema",
+    "async_insert", "compress", "timeout", "sending_queue", "retry_on_failure", "tls", "json",
+}
+
+
+def test_clickhouse_overlay_adds_unsampled_pipelines(bundled: dict[str, Any]) -> None:
+    merged = merge_configs(merge_configs(bundled, yaml.safe_load(OVERLAY.read_text())),
+                           yaml.safe_load(CLICKHOUSE_OVERLAY.read_text()))
+    assert check_collector_config(merged) == []
+    assert check_otel_stages_contract(merged) == []
+    pipelines = merged["service"]["pipelines"]
+    for name in ("traces/clickhouse", "metrics/clickhouse"):
+        # every span and GPU point: no tail sampling in front of the report's distributions
+        assert pipelines[name] == {"receivers": ["otlp"], "processors": ["memory_limiter"],
+                                   "exporters": ["clickhouse"]}
+    exporter = merged["exporters"]["clickhouse"]
+    assert set(exporter) <= CLICKHOUSE_EXPORTER_KEYS
+    assert exporter["create_schema"] is True and "batch" in exporter["sending_queue"]
+    # the tables the report reads by default are the exporter's default names
+    assert "traces_table_name" not in exporter and "metrics_tables" not in exporter
+    assert pipelines["traces/sampled"]["exporters"] == ["otlp_grpc/traces", "otlp_grpc/tempo"]
+
+
+def test_clickhouse_profile_merges_into_the_stack(compose_cmd: list[str]) -> None:
+    result = _run([*compose_cmd, "-f", str(COMPOSE), "-f", str(CLICKHOUSE_COMPOSE), "config"],
+                  cwd=DEPLOY)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(io.StringIO(result.stdout))["services"]
+    assert set(services) == {"collector", "jaeger", "tempo", "prometheus", "grafana", "clickhouse"}
+    assert services["clickhouse"]["image"] == "clickhouse/clickhouse-server:26.9"
+    assert 8123 in {int(p["published"]) for p in services["clickhouse"]["ports"]}
+    command = services["collector"]["command"]
+    assert command == ["--config=/etc/otel-stages/collector.yaml",
+                       "--config=/etc/otel-stages/compose-overlay.yaml",
+                       "--config=/etc/otel-stages/clickhouse-overlay.yaml"]
+    mounts = {v["target"] if isinstance(v, dict) else v.split(":")[1]: v
+              for v in services["collector"]["volumes"]}
+    for target in ("/etc/otel-stages/collector.yaml", "/etc/otel-stages/compose-overlay.yaml",
+                   "/etc/otel-stages/clickhouse-overlay.yaml"):
+        source = mounts[target]["source"] if isinstance(mounts[target], dict) else mounts[target].split(":")[0]
+        assert Path(source).is_file(), f"{target}: missing bind-mount source {source}"
 
 
 def _mutate(cfg: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

@@ -32,6 +32,9 @@ Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; defa
 - ``--prometheus URL [--service S]``: alone, a fleet-wide report from the span-metrics histograms
   (JSON adds ``"source": "prometheus"``; min/max and cold start are unknown there); next to
   ``--jaeger``/``--tempo``, where the GPU utilization samples for the traces come from.
+- ``--clickhouse URL [--service S] [--traces-table T] [--gauge-table G]``: statistics computed
+  inside ClickHouse over the Collector ``clickhouse`` exporter's tables (see
+  :mod:`otel_stages.commands.clickhouse_report`).
 
 A source that cannot be read (unreachable, HTTP error, not JSON) is exit status 1 with the URL and
 the server's message on stderr. Mixing PATHs and remote sources is a usage error (exit status 2).
@@ -54,6 +57,7 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Recording, diagnose, load_paths
+from otel_stages.analysis.clickhouse_schema import DEFAULT_GAUGE_TABLE, DEFAULT_TRACES_TABLE
 from otel_stages.analysis.comparison import MIN_SAMPLES
 from otel_stages.analysis.files import load_bytes, load_stream
 from otel_stages.analysis.http_source import SourceError
@@ -191,6 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"how far back to look: 30m, 1h, 2d, 1h30m ... (default {DEFAULT_SINCE})",
     )
+    from otel_stages.commands.import_otlp import add_clickhouse_arguments
+
+    add_clickhouse_arguments(remote, required=False)
     remote.add_argument(
         "--limit",
         type=int_at_least(1),
@@ -217,6 +224,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--query is a TraceQL query for --tempo"
     if args.limit is not None and not traces:
         return "--limit goes with --jaeger or --tempo"
+    if args.traces_table != DEFAULT_TRACES_TABLE or args.gauge_table != DEFAULT_GAUGE_TABLE:
+        return "--traces-table and --gauge-table go with --clickhouse"
     if not (traces or args.prometheus):
         for flag in ("service", "since"):
             if getattr(args, flag) is not None:
@@ -265,6 +274,14 @@ def _load(paths: list[str], selection: Selection, *, show: bool = False,
 
 def run(args: argparse.Namespace) -> int:
     """Load, diagnose, print. Returns the exit status (see the module docstring)."""
+    if args.clickhouse:
+        from otel_stages.commands import clickhouse_report
+
+        problem = clickhouse_report.usage_problem(args)
+        if problem:
+            print(f"otel-stages report: error: {problem}", file=sys.stderr)
+            return 2
+        return clickhouse_report.run(args, parse_since(DEFAULT_SINCE))
     problem = _usage_problem(args)
     if problem:
         print(f"otel-stages report: error: {problem}", file=sys.stderr)

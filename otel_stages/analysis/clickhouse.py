@@ -1,0 +1,405 @@
+"""ClickHouse as a report source: connect, create the Collector exporter's tables, import OTLP/JSON
+files into them, and run the aggregate queries of :mod:`otel_stages.analysis.clickhouse_sql`.
+
+URL forms (:func:`parse_url`):
+
+- ``http://[user[:password]@]host[:8123][/database]`` or ``https://...`` (port 8443): a server,
+  through clickhouse-connect (HTTP interface). The password may instead come from the environment
+  variable ``CLICKHOUSE_PASSWORD`` (and the user from ``CLICKHOUSE_USER``), as for
+  ``clickhouse-client``; a password in the URL is never printed.
+- ``chdb:PATH``: chDB, ClickHouse's engine in this process, with its data in the folder PATH
+  (created when missing). One PATH per process at a time (a chDB limit): open, use, close.
+
+Both run the same SQL; the server does all the work, only aggregates come back. Every failure
+(missing package, unreachable server, SQL error) is a :class:`SourceError` naming the URL (without
+its password) and the engine's message. Needs the ``clickhouse`` extra:
+``pip install 'otel-stages[clickhouse]'``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+from otel_stages.analysis import clickhouse_figures
+from otel_stages.analysis import clickhouse_preprocess as preprocess
+from otel_stages.analysis import clickhouse_queries as queries
+from otel_stages.analysis import clickhouse_requests as requests
+from otel_stages.analysis import clickhouse_rows as rows_of
+from otel_stages.analysis import clickhouse_schema as schema
+from otel_stages.analysis import clickhouse_sql as sql
+from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
+from otel_stages.analysis.files import FOLDER_SUFFIXES
+from otel_stages.analysis.http_source import SourceError
+
+#: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
+#: that a batch of spans stays a few tens of MB in this process.
+INSERT_BATCH_ROWS = 20_000
+#: Environment variables read for server credentials (the names clickhouse-client uses).
+ENV_USER = "CLICKHOUSE_USER"
+ENV_PASSWORD = "CLICKHOUSE_PASSWORD"
+#: Seconds to wait for a server to accept the connection.
+CONNECT_TIMEOUT_S = 10
+_EXTRA_HINT = "install the clickhouse extra: pip install 'otel-stages[clickhouse]'"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed ``--clickhouse`` URL. ``kind`` is ``"chdb"`` (``path`` set) or ``"http"``."""
+
+    kind: str
+    display: str
+    path: str = ""
+    host: str = ""
+    port: int = 0
+    secure: bool = False
+    username: str = "default"
+    password: str = ""
+    database: str = "default"
+
+
+def parse_url(url: str, environ: Mapping[str, str] | None = None) -> Target:
+    """Parse a ``--clickhouse`` URL (see the module docstring). Raises ``ValueError`` with the
+    accepted forms when ``url`` is none of them."""
+    env = os.environ if environ is None else environ
+    if url.startswith("chdb:"):
+        path = url[len("chdb:"):]
+        if not path:
+            raise ValueError("chdb: needs a folder, e.g. chdb:./otel-stages-clickhouse")
+        return Target(kind="chdb", display=url, path=path)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"unsupported ClickHouse URL {url!r}: use http(s)://user@host:8123/database for a"
+            " server or chdb:PATH for an embedded database in PATH")
+    database = parts.path.strip("/") or "default"
+    schema.quote_ident(database)
+    secure = parts.scheme == "https"
+    shown = f"{parts.scheme}://" + (f"{parts.username}@" if parts.username else "") + (
+        f"{parts.hostname}" + (f":{parts.port}" if parts.port else "") + f"/{database}")
+    return Target(
+        kind="http",
+        display=shown,
+        host=parts.hostname,
+        port=parts.port or (8443 if secure else 8123),
+        secure=secure,
+        username=unquote(parts.username) if parts.username else env.get(ENV_USER, "default"),
+        password=unquote(parts.password) if parts.password else env.get(ENV_PASSWORD, ""),
+        database=database,
+    )
+
+
+class Engine(Protocol):
+    """What the report needs from a ClickHouse connection. Not thread-safe; one user at a time.
+
+    ``rows`` returns the result as one dict per row (``JSONEachRow``); ``execute`` runs a
+    statement without a result; ``insert`` streams ``JSONEachRow`` lines into a table. Every
+    method raises the backend's own exception; :func:`connect` turns them into
+    :class:`SourceError`.
+    """
+
+    def rows(self, query: str, params: Mapping[str, Any] | None = None,
+             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+    def execute(self, query: str, params: Mapping[str, Any] | None = None,
+                settings: Mapping[str, Any] | None = None) -> None: ...
+
+    def insert(self, table: str, lines: Iterable[bytes]) -> None: ...
+
+
+def _decode_rows(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+#: Output settings both backends run with: 64-bit integers as JSON numbers, not strings.
+_OUTPUT = {"output_format_json_quote_64bit_integers": 0}
+
+
+class _ChdbEngine:
+    """chDB in this process (``chdb.connect(PATH)``); settings are applied with ``SET``."""
+
+    def __init__(self, path: str) -> None:
+        import chdb
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self._conn = chdb.connect(path)
+        self._applied: dict[str, Any] = {}
+
+    def _settings(self, settings: Mapping[str, Any] | None) -> None:
+        for key, value in {**_OUTPUT, **(settings or {})}.items():
+            if self._applied.get(key, object()) != value:
+                self._conn.query(f"SET {key} = {sql.setting_literal(value)}")
+                self._applied[key] = value
+
+    def rows(self, query: str, params: Mapping[str, Any] | None = None,
+             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        self._settings(settings)
+        result = self._conn.query(query, "JSONEachRow", params=dict(params or {}))
+        return _decode_rows(result.bytes())
+
+    def execute(self, query: str, params: Mapping[str, Any] | None = None,
+                settings: Mapping[str, Any] | None = None) -> None:
+        self._settings(settings)
+        self._conn.query(query, "CSV", params=dict(params or {}))
+
+    def insert(self, table: str, lines: Iterable[bytes]) -> None:
+        body = b"".join(lines)
+        if body:
+            self._conn.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + body.decode("utf-8"))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class _ServerEngine:
+    """A ClickHouse server through clickhouse-connect (HTTP). Temporary tables need the session
+    clickhouse-connect opens per client by default."""
+
+    def __init__(self, target: Target) -> None:
+        import clickhouse_connect
+
+        self._client = clickhouse_connect.get_client(
+            host=target.host, port=target.port, username=target.username,
+            password=target.password, database=target.database, secure=target.secure,
+            connect_timeout=CONNECT_TIMEOUT_S, settings=dict(_OUTPUT),
+        )
+
+    def rows(self, query: str, params: Mapping[str, Any] | None = None,
+             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        data = self._client.raw_query(query, parameters=dict(params or {}),
+                                      settings=dict(settings or {}), fmt="JSONEachRow")
+        return _decode_rows(data)
+
+    def execute(self, query: str, params: Mapping[str, Any] | None = None,
+                settings: Mapping[str, Any] | None = None) -> None:
+        self._client.command(query, parameters=dict(params or {}) or None,
+                             settings=dict(settings or {}))
+
+    def insert(self, table: str, lines: Iterable[bytes]) -> None:
+        body = b"".join(lines)
+        if body:
+            self._client.raw_insert(table, insert_block=body, fmt="JSONEachRow")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@contextmanager
+def connect(target: Target) -> Iterator[Engine]:
+    """Open ``target``, yield an :class:`Engine`, close it. Any failure inside (connecting, a
+    query) is re-raised as :class:`SourceError` naming ``target.display``."""
+    try:
+        engine: _ChdbEngine | _ServerEngine = (
+            _ChdbEngine(target.path) if target.kind == "chdb" else _ServerEngine(target))
+    except ImportError as exc:
+        package = "chdb-core" if target.kind == "chdb" else "clickhouse-connect"
+        raise SourceError(f"{target.display}: {package} is not installed ({exc}); {_EXTRA_HINT}"
+                          ) from None
+    except Exception as exc:  # noqa: BLE001 - each backend raises its own types
+        raise SourceError(f"{target.display}: cannot connect ({_first_line(exc)})") from None
+    try:
+        yield engine
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{target.display}: {_first_line(exc)}") from None
+    finally:
+        engine.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]
+
+
+# --- schema + import --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Where the exporter's data lives: ``database`` and the traces / gauge table names."""
+
+    database: str = "default"
+    traces: str = schema.DEFAULT_TRACES_TABLE
+    gauge: str = schema.DEFAULT_GAUGE_TABLE
+
+    @property
+    def traces_ref(self) -> str:
+        """The traces table, quoted."""
+        return schema.table_ref(self.database, self.traces)
+
+    @property
+    def gauge_ref(self) -> str:
+        """The gauge metrics table, quoted."""
+        return schema.table_ref(self.database, self.gauge)
+
+
+def create_tables(engine: Engine, tables: Tables) -> None:
+    """Create the database and the exporter's traces and gauge tables where missing (the
+    exporter's own DDL, picked by server version as the exporter does)."""
+    if tables.database != "default":
+        engine.execute(f"CREATE DATABASE IF NOT EXISTS {schema.quote_ident(tables.database)}")
+    version = engine.rows("SELECT version() AS v")[0]["v"]
+    for statement in schema.traces_ddl(tables.database, tables.traces,
+                                       schema.parse_server_version(str(version))):
+        engine.execute(statement)
+    engine.execute(schema.gauge_ddl(tables.database, tables.gauge))
+
+
+@dataclass
+class ImportSummary:
+    """What :func:`import_files` wrote: spans and gauge points, files read, metric points of
+    other kinds skipped, and problems (``"<file>:<line>: ..."``) for what was left out."""
+
+    files: int = 0
+    spans: int = 0
+    gauge_points: int = 0
+    skipped_points: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def iter_files(paths: Iterable[str | os.PathLike[str]], problems: list[str]) -> list[Path]:
+    """Files named, and ``*.jsonl`` / ``*.json`` under folders named (recursively, sorted); a
+    missing path or an empty folder is a problem. Each real file once."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    for path in map(Path, paths):
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(FOLDER_SUFFIXES))
+            if not files:
+                problems.append(f"{path}: no *.jsonl or *.json files in this folder")
+        elif path.exists():
+            files = [path]
+        else:
+            problems.append(f"{path}: no such file or folder")
+            continue
+        for file in files:
+            key = os.path.realpath(file)
+            if key not in seen:
+                seen.add(key)
+                found.append(file)
+    return found
+
+
+def iter_export_requests(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
+    """``(where, decoded JSON object)`` for each export request in one OTLP/JSON file: one per
+    line (the Collector ``file`` exporter's format), or one pretty-printed document / array.
+    Unreadable files and lines are problems; the rest is still yielded."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.append(f"{path}: cannot read ({exc.strerror or exc})")
+        return
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    lines = data.splitlines()
+    if not lines:
+        return
+    try:
+        first = next(line for line in lines if line.strip())
+        json.loads(first)
+    except StopIteration:
+        return
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        try:  # not one object per line: a whole-file document?
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            pass
+        else:
+            for i, item in enumerate(doc if isinstance(doc, list) else [doc]):
+                yield (f"{path}[{i}]" if isinstance(doc, list) else str(path)), item
+            return
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield f"{path}:{number}", json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            problems.append(f"{path}:{number}: not valid JSON ({exc})")
+
+
+def import_files(engine: Engine, tables: Tables, paths: Sequence[str | os.PathLike[str]],
+                 batch_rows: int = INSERT_BATCH_ROWS) -> ImportSummary:
+    """Create the tables where missing, then load every OTLP/JSON file under ``paths`` into them
+    as the Collector's ``clickhouse`` exporter would have (see
+    :mod:`otel_stages.analysis.clickhouse_rows`). Rows go in batches of ``batch_rows``."""
+    summary = ImportSummary()
+    files = iter_files(paths, summary.problems)
+    create_tables(engine, tables)
+    spans: list[dict[str, Any]] = []
+    points: list[dict[str, Any]] = []
+
+    def flush(force: bool) -> None:
+        if spans and (force or len(spans) >= batch_rows):
+            engine.insert(tables.traces_ref, rows_of.json_each_row(spans))
+            summary.spans += len(spans)
+            spans.clear()
+        if points and (force or len(points) >= batch_rows):
+            engine.insert(tables.gauge_ref, rows_of.json_each_row(points))
+            summary.gauge_points += len(points)
+            points.clear()
+
+    for file in files:
+        summary.files += 1
+        for where, obj in iter_export_requests(file, summary.problems):
+            rows = rows_of.export_request_rows(obj, where=where)
+            spans.extend(rows.spans)
+            points.extend(rows.gauge_points)
+            summary.skipped_points += rows.skipped_points
+            summary.problems.extend(rows.problems)
+            flush(force=False)
+    flush(force=True)
+    return summary
+
+
+# --- aggregates -------------------------------------------------------------------------------
+
+
+def fetch_aggregates(engine: Engine, tables: Tables, query: sql.AggregateQuery, *,
+                     url: str = "") -> FleetAggregates:
+    """Run the diagnosis's SQL for ``query`` (window, service, list sizes) on ``engine``: fill
+    the connection's temporary per-request table, pick the quantile function (exact unless the
+    warm requests exceed :data:`~otel_stages.analysis.clickhouse_sql.EXACT_QUANTILE_MAX_ROWS`),
+    run the aggregate queries, and return their results. ``url`` names the source in the result.
+    """
+    results, method = run_queries(engine, tables, query)
+    return build_aggregates(results, url=url, method=method, start_ns=query.start_ns,
+                            end_ns=query.end_ns, service=query.service)
+
+
+def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
+                ) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """The statements behind :func:`fetch_aggregates`: the answer rows of every aggregate query
+    (by name) and the quantile method used. Temporary tables are dropped afterwards."""
+    settings = {**sql.DEFAULT_SETTINGS, **query.settings}
+    plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
+                       sql.query_params(query), settings)[0]
+    for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
+        engine.execute(statement, params, settings)
+    warm = int(engine.rows(sql.count_statement(), None, settings)[0]["n_warm"])
+    method = sql.quantile_function(query, warm)
+    for statement, params in queries.gpu_prepare_statements(tables.gauge_ref, query):
+        engine.execute(statement, params, settings)
+    results = {
+        name: engine.rows(text, params, settings)
+        for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
+    }
+    # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
+    # requests with their decode / resize spans: read them only for such a verdict
+    first = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
+                             end_ns=query.end_ns, service=query.service)
+    if clickhouse_figures.verdict(first).stage in preprocess.STAGES:
+        for statement in preprocess.prepare_statements(tables.traces_ref, query):
+            engine.execute(statement, sql.query_params(query), settings)
+        results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
+    for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
+                  preprocess.TABLE):
+        engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
+    return results, method

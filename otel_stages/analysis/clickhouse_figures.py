@@ -1,0 +1,345 @@
+"""ClickHouse aggregates -> the rules' input -> the verdict. Pure (no engine).
+
+:func:`figures` turns :class:`~otel_stages.analysis.clickhouse_result.FleetAggregates` (what the
+SQL computed over warm requests) into :class:`~otel_stages.analysis.figures.Figures`, and
+:func:`verdict` hands them to :func:`otel_stages.analysis.decision.decide`, the one rule set every
+source uses: no rule is repeated here or in SQL. The same is done within each input cohort
+(:func:`cohort_figures`), as :func:`otel_stages.analysis.diagnosis.diagnose` does.
+
+Mapping (units as in :mod:`otel_stages.analysis.figures`):
+
+- stage ``share`` = ``sum(stage ms) / sum(total ms)`` (``StageAggregate.share_of_time``),
+  ``explains`` = ``cov(stage, total) / var(total)``, ``spike_ms`` = ``max(max - median,
+  median - min)``; the request total and the unaccounted gap likewise;
+- cold request: compared with the warm requests of its input when every cold request's input has
+  at least :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` of them, else with all
+  warm requests (:func:`otel_stages.analysis.cohorts.cold_figures`);
+- GPU: the engine's utilization during warm forwards through the trace report's thresholds
+  (:func:`otel_stages.analysis.gpu.utilization_level`);
+- per-stage evidence: does the stage follow image pixels / bytes (Pearson r computed in SQL) and
+  the per-size medians, with the sentences of :mod:`otel_stages.analysis.evidence`.
+
+- decode / resize evidence also carries the decode facts behind the concrete preprocessing advice
+  (:mod:`otel_stages.analysis.clickhouse_preprocess`).
+
+Not computed in SQL yet (documented gaps, not guesses): the mechanism signals of
+:mod:`otel_stages.analysis.mechanisms` (the verdict then names the stage, not the mechanism, and
+the report's problems say so when spans carry them); requests set apart
+(:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
+part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
+there); with cold requests of several inputs, the comparison is with all warm requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from otel_stages import semconv
+from otel_stages.analysis.clickhouse_result import (
+    CohortAggregate,
+    FleetAggregates,
+    GpuAggregate,
+    StageAggregate,
+    Summary,
+)
+from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
+from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
+from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, size_sentence
+from otel_stages.analysis.figures import (
+    ALL_WARM,
+    SAME_INPUT,
+    CohortFigures,
+    CohortVerdict,
+    ColdFigures,
+    Figures,
+    PreprocessFacts,
+    StageEvidence,
+    StageFigures,
+    TotalFigures,
+    UnaccountedFigures,
+)
+from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
+from otel_stages.analysis.noise import noise_band
+from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
+from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
+from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
+from otel_stages.analysis.units import duration
+from otel_stages.analysis.verdict import Verdict
+
+#: Verdicts are worked out for at most this many cohorts (as in the trace report).
+MAX_COHORT_VERDICTS = 10
+#: At most this many per-size medians in a stage's evidence (as in the trace report).
+MAX_SIZE_LINES = 6
+
+
+def _spike(s: Summary) -> float:
+    return max(s.max_ms - s.median_ms, s.median_ms - s.min_ms)
+
+
+def stage_figures(s: StageAggregate) -> StageFigures:
+    """One stage's aggregates -> the rules' input (every field known)."""
+    r = s.ran
+    return StageFigures(
+        name=s.name, count=r.count, median_ms=r.median_ms, swing_ms=r.swing_ms,
+        share=s.share_of_time, p5_ms=r.p5_ms, p95_ms=r.p95_ms, min_ms=r.min_ms, max_ms=r.max_ms,
+        mean_ms=r.mean_ms, spike_ms=_spike(r), explains=s.explained,
+    )
+
+
+def total_figures(t: Summary) -> TotalFigures:
+    """The request total's distribution -> the rules' input."""
+    return TotalFigures(count=t.count, median_ms=t.median_ms, swing_ms=t.swing_ms, p5_ms=t.p5_ms,
+                        p95_ms=t.p95_ms, min_ms=t.min_ms, max_ms=t.max_ms, spike_ms=_spike(t))
+
+
+def gpu_evidence(g: GpuAggregate) -> GpuEvidence:
+    """The engine's GPU aggregate with the trace report's level thresholds."""
+    if g.source is None:
+        return GpuEvidence(level=LEVEL_NONE, forwards=g.forwards if g.forwards else 0)
+    return GpuEvidence(
+        level=utilization_level(g.mean_utilization, g.samples, g.forwards_covered, g.forwards),
+        mean_utilization=g.mean_utilization, samples=g.samples, forwards=g.forwards,
+        forwards_covered=g.forwards_covered, source=g.source, hw_id=g.hw_id,
+        slow_mean_utilization=g.slow_mean_utilization,
+        fast_mean_utilization=g.fast_mean_utilization,
+    )
+
+
+def _size_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]]
+                   ) -> StageEvidence:
+    """:func:`otel_stages.analysis.evidence.size_evidence` from SQL figures: the Pearson r
+    against pixels / bytes and ``sizes`` = ``(width, height, requests, median ms)`` per input
+    size where the stage ran."""
+    known = [(what, r) for what, r in (("pixels", stage.pixels_correlation),
+                                       ("bytes", stage.bytes_correlation)) if r is not None]
+    lines = [size_sentence(stage.name, known)] if known else []
+    follows = None if not known else max(abs(r) for _, r in known) >= FOLLOWS_SIZE_MIN_R
+    if len(sizes) > 1:
+        parts = [f"{w}x{h}: {n} requests, median {duration(m)}"
+                 for w, h, n, m in sorted(sizes, key=lambda x: x[0] * x[1])[:MAX_SIZE_LINES]]
+        lines.append(f"{len(sizes)} input sizes ({stage.name}): " + "; ".join(parts))
+    elif len(sizes) == 1:
+        w, h, _, _ = sizes[0]
+        lines.append(f"every request had the same {w}x{h} image, so {stage.name} cost cannot"
+                     " follow size")
+    one_size = len(sizes) == 1 and follows is not True
+    return StageEvidence(tuple(lines), None if one_size else follows, one_size)
+
+
+def _follow_line(stage: str, what: str, r: float | None) -> tuple[str, ...]:
+    """:func:`otel_stages.analysis.evidence.follow_evidence`'s sentence from an SQL r."""
+    if r is None:
+        return ()
+    verb = "follows" if abs(r) >= FOLLOWS_SIZE_MIN_R else "does not follow"
+    return (f"{stage} time {verb} {what} (r = {r:.2f})",)
+
+
+def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]],
+                   preprocess: PreprocessFacts | None = None) -> StageEvidence | None:
+    """What :func:`otel_stages.analysis.evidence.stage_evidence` gives for this stage, from the
+    SQL figures: size for decode / resize, image bytes for download, ``queue.depth`` for queue;
+    ``None`` for the others (forward's evidence is the GPU's)."""
+    if stage.name in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
+        size = _size_evidence(stage, sizes)
+        if preprocess is None:
+            return size
+        return replace(size, lines=(*size.lines, *preprocess_lines(preprocess)),
+                       preprocess=preprocess)
+    if stage.name == semconv.STAGE_DOWNLOAD:
+        return StageEvidence(_follow_line(stage.name, "image bytes", stage.bytes_correlation))
+    if stage.name == semconv.STAGE_QUEUE:
+        r = stage.depth_correlation
+        return StageEvidence(() if r is None else
+                             (f"{stage.name} time vs {semconv.QUEUE_DEPTH}: r = {r:.2f}",))
+    return None
+
+
+def _evidence(stages: Mapping[str, StageAggregate],
+              sizes: Callable[[str], Sequence[tuple[int, int, int, float]]],
+              preprocess: PreprocessFacts | None = None) -> dict[str, StageEvidence]:
+    out = {}
+    for name, s in stages.items():
+        found = stage_evidence(s, sizes(name), preprocess)
+        if found is not None:
+            out[name] = found
+    return out
+
+
+def _sizes(cohorts: Sequence[CohortAggregate], stage: str) -> list[tuple[int, int, int, float]]:
+    """Per input size, the stage's request count and median (cohorts of one size only: with
+    several formats of one size, the per-size median is not known and the size is left out)."""
+    by_size: dict[tuple[int, int], list[CohortAggregate]] = {}
+    for c in cohorts:
+        if stage in c.stages:
+            by_size.setdefault((c.width, c.height), []).append(c)
+    out = []
+    for (w, h), found in by_size.items():
+        if len(found) == 1:
+            ran = found[0].stages[stage].ran
+            out.append((w, h, ran.count, ran.median_ms))
+    return out
+
+
+def _cold(agg: FleetAggregates) -> ColdFigures | None:
+    cold = agg.cold_start
+    if cold is None or agg.total is None:
+        return None
+    inputs = cold.by_input
+    same = bool(inputs) and all(i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
+                                for i in inputs)
+    if same and len(inputs) == 1:
+        only = inputs[0]
+        return ColdFigures(
+            count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
+            comparable_median_total_ms=only.warm_median_total_ms,
+            comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
+            comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
+            cohort=agg.cohort_key(only.width, only.height, only.format),
+        )
+    # several inputs of cold requests: the union's median is not among the aggregates, so the
+    # comparison is with all warm requests (the trace report compares with their union)
+    return ColdFigures(
+        count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
+        comparable_median_total_ms=agg.total.median_ms,
+        comparable_stages_ms={n: s.ran.median_ms for n, s in agg.stages.items()},
+        compared_with=ALL_WARM, comparable_requests=agg.total.count,
+        warm_median_total_ms=agg.total.median_ms,
+    )
+
+
+def _unaccounted(agg: FleetAggregates) -> UnaccountedFigures | None:
+    gap, total = agg.unaccounted, agg.total
+    if gap is None or total is None:
+        return None
+    return UnaccountedFigures(
+        median_ms=gap.median_ms, swing_ms=gap.swing_ms,
+        share=gap.sum_ms / total.sum_ms if total.sum_ms > 0 else 0.0,
+        explains=agg.unaccounted_explained or 0.0,
+    )
+
+
+def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
+    """The rules' input within one cohort (its own stages, total, cold requests of its input)."""
+    own_cold = None
+    if agg.cold_start is not None:
+        for i in agg.cold_start.by_input:
+            if (i.width, i.height, i.format) == (cohort.width, cohort.height, cohort.format):
+                same = i.warm_requests >= COMPARABLE_MIN_REQUESTS
+                own_cold = ColdFigures(
+                    count=i.cold_requests, total_ms=i.cold_median_total_ms,
+                    stages_ms=i.cold_stages_median_ms,
+                    comparable_median_total_ms=i.warm_median_total_ms,
+                    comparable_stages_ms=i.warm_stages_median_ms,
+                    compared_with=SAME_INPUT if same else ALL_WARM,
+                    comparable_requests=i.warm_requests,
+                    warm_median_total_ms=cohort.total.median_ms,
+                    cohort=cohort.key if same else None)
+    gpu = gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else GpuEvidence(level=LEVEL_NONE)
+    return Figures(
+        warm_requests=cohort.total.count,
+        stages={n: stage_figures(s) for n, s in cohort.stages.items()},
+        total=total_figures(cohort.total),
+        gpu=gpu,
+        cold=own_cold,
+        stage_evidence=_evidence(cohort.stages, lambda n: [
+            (cohort.width, cohort.height, cohort.stages[n].ran.count,
+             cohort.stages[n].ran.median_ms)]),
+    )
+
+
+def cohorts(agg: FleetAggregates) -> list[CohortFigures]:
+    """Every cohort returned (largest first) with its verdict (the largest
+    :data:`MAX_COHORT_VERDICTS` with at least ``MIN_WARM_RUNS`` requests)."""
+    out = []
+    for i, c in enumerate(agg.cohorts):
+        cv = None
+        if i < MAX_COHORT_VERDICTS and c.total.count >= MIN_WARM_RUNS:
+            v = decide(cohort_figures(agg, c))
+            cv = CohortVerdict(v.cause, v.stage, v.tentative)
+        out.append(CohortFigures(c.key, c.total.count, c.total.median_ms, c.total.p95_ms, cv))
+    return out
+
+
+def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = None) -> Figures:
+    """Everything :func:`~otel_stages.analysis.decision.decide` reads, from the aggregates."""
+    stages: Mapping[str, StageAggregate] = agg.stages
+    return Figures(
+        warm_requests=agg.counts.warm,
+        stages={n: stage_figures(s) for n, s in stages.items()},
+        total=None if agg.total is None else total_figures(agg.total),
+        gpu=gpu_evidence(agg.gpu),
+        unaccounted=_unaccounted(agg),
+        cold=_cold(agg),
+        cohorts=cohorts(agg) if cohort_list is None else cohort_list,
+        input_mix_explains=agg.input_mix_explains,
+        stage_evidence=_evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess),
+        failed_requests=agg.counts.failed,
+        requests=agg.counts.requests,
+    )
+
+
+def verdict(agg: FleetAggregates) -> Verdict:
+    """The verdict for the aggregates: :func:`figures` through the one rule set."""
+    return decide(figures(agg))
+
+
+
+# --- the report's JSON ------------------------------------------------------------------------
+
+
+def _distribution(s: Summary) -> Distribution:
+    return Distribution(count=s.count, min_ms=s.min_ms, p5_ms=s.p5_ms, median_ms=s.median_ms,
+                        p95_ms=s.p95_ms, max_ms=s.max_ms, mean_ms=s.mean_ms)
+
+
+def _stage_stats(s: StageAggregate) -> StageStats:
+    r = s.ran
+    return StageStats(name=s.name, count=r.count, min_ms=r.min_ms, p5_ms=r.p5_ms,
+                      median_ms=r.median_ms, p95_ms=r.p95_ms, max_ms=r.max_ms, mean_ms=r.mean_ms,
+                      share=s.share_of_time, swing_ms=r.swing_ms, explains=s.explained)
+
+
+def report_dict(agg: FleetAggregates) -> dict[str, object]:
+    """``report --clickhouse --json``: the trace report's keys (DESIGN.md section 3) for what the
+    aggregates hold, with the same shapes and rounding (``requests``, ``counts``, ``total``,
+    ``stages``, ``unaccounted``, ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``,
+    ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``), plus ``source`` and
+    ``aggregates`` (everything the engine returned, :meth:`FleetAggregates.to_dict`).
+    ``set_apart`` is always empty: requests set apart are not computed in SQL (see the module
+    docstring)."""
+    cohort_list = cohorts(agg)
+    fig = figures(agg, cohort_list)
+    total = None if agg.total is None else _distribution(agg.total)
+    unaccounted = _unaccounted(agg)
+    c = agg.counts
+    return {
+        "source": "clickhouse",
+        "requests": c.requests,
+        "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed, "failed": c.failed,
+                   "incomplete": c.incomplete},
+        "total": None if total is None else total.to_dict(),
+        "stages": {n: _stage_stats(s).to_dict() for n, s in agg.stages.items()},
+        "unaccounted": None if unaccounted is None else Unaccounted(
+            unaccounted.median_ms, unaccounted.swing_ms, unaccounted.share,
+            unaccounted.explains or 0.0).to_dict(),
+        "cohorts": [cohort_to_dict(k) for k in cohort_list],
+        "input_mix_explains": None if agg.input_mix_explains is None
+        else round(agg.input_mix_explains, 4),
+        "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
+        "set_apart": [],
+        "runs": [{"service_name": r.service_name or None,
+                  "service_instance_id": r.service_instance_id or None,
+                  "first_unix_ns": r.first_unix_ns, "last_unix_ns": r.last_unix_ns,
+                  "requests": r.requests, "reported": True} for r in agg.runs],
+        "problems": list(agg.problems),
+        "verdict": decide(fig).to_dict(),
+        "noise": noise_to_dict(noise_band(fig.stages.values(), fig.reference_ms), total)
+        if c.warm else None,
+        "gpu": fig.gpu.to_dict(),
+        "slowest": [{"trace_id": s.trace_id, "seq": s.seq, "total_ms": round(s.total_ms, 3),
+                     "stages": {k: round(v, 3) for k, v in s.stages_ms.items()},
+                     "image_width": s.image_width, "image_height": s.image_height,
+                     "image_bytes": s.image_bytes, "error": s.error} for s in agg.slowest],
+        "aggregates": agg.to_dict(),
+    }

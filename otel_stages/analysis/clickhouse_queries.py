@@ -1,0 +1,373 @@
+"""The aggregate queries over the per-request table of :mod:`otel_stages.analysis.clickhouse_sql`.
+Pure: ``(name, SQL, params)`` triples; :mod:`otel_stages.analysis.clickhouse_result` reads their
+answers.
+
+Definitions (all over *warm* requests: not cold, not failed, unless said otherwise; ms):
+
+- distributions: count, min, p5, p25, median, p75, p95, max, mean, sample variance, sum;
+- per stage: the distribution over the requests where the stage ran, and ``cross`` =
+  ``sum(stage_ms * (total_ms - mean_total_ms))``: ``explained = cross / ss_total`` with
+  ``ss_total = var(total) * (n - 1)``, i.e. ``cov(stage, total) / var(total)`` with the stage
+  counted as 0 where it did not run (the definition of ``analysis.stats.explained_fraction``);
+- unaccounted: ``total - covered`` per request, covered = union of its stage spans' intervals;
+  its ``cross`` (as a stage's) gives the variance of the total it explains;
+- cohorts: warm requests by (``image.width``, ``image.height``, ``image.format``); the input mix
+  explains ``1 - ss_within / ss_total`` of the total's variance over requests with a known input;
+- cold: cold requests' totals and per-stage medians, and per input the cold requests against warm
+  requests with the same input;
+- GPU: see :func:`gpu_metrics_sql` and :func:`gpu_spans_sql`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_stages import semconv
+from otel_stages.analysis.clickhouse_sql import (
+    GPU_BUCKET_NS,
+    PERCENT_GUESS,
+    PROCESS_TABLE,
+    WINDOW_SLACK_NS,
+    AggregateQuery,
+    distribution,
+    median,
+    query_params,
+    requests,
+    span_filter,
+)
+
+#: The per-request rows with their cold / warm flags (a subquery).
+R = requests()
+_TOTAL_MS = "total_ns / 1e6"
+_KNOWN = "width IS NOT NULL AND height IS NOT NULL"
+#: Cold requests in the statistics' sense: first of their process and not failed.
+_COLD = "is_request AND cold AND NOT error"
+_UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
+_MEAN_TOTAL = f"(SELECT avgIf({_TOTAL_MS}, warm) FROM {R})"
+
+
+def summary_sql(method: str) -> str:
+    """One row: counts, the warm total and unaccounted distributions."""
+    return f"""SELECT
+    countIf(is_request) AS n_requests, countIf(warm) AS n_warm,
+    countIf(is_request AND cold) AS n_cold, countIf(is_request AND error) AS n_failed,
+    countIf(is_request AND cold AND error) AS n_cold_failed,
+    sumIf(incomplete_spans, by_trace) AS n_by_trace,
+    sum(incomplete_groups) + n_by_trace AS n_incomplete, sum(incomplete_spans) AS n_incomplete_spans,
+    uniqExactIf((svc, inst), is_request) AS n_runs,
+    sumIf(length(fwd_start), warm) AS n_warm_forwards,
+    {distribution("total", _TOTAL_MS, "warm", method)},
+    {distribution("unaccounted", _UNACCOUNTED_MS, "warm", method)},
+    sumIf({_UNACCOUNTED_MS} * ({_TOTAL_MS} - {_MEAN_TOTAL}), warm) AS unaccounted_cross
+FROM {R}"""
+
+
+def stages_sql(method: str, where: str = "warm", by: str = "") -> str:
+    """One row per stage (per ``by`` group too): its distribution where it ran, ``cross``, and
+    its correlation with the input's pixels and encoded bytes over the requests where both are
+    known (``pixels_corr``, ``bytes_corr``; NaN when undefined). ``by`` (e.g.
+    ``"width, height, fmt"``) splits by cohort; ``cross`` is then within it."""
+    keys = f"{by}, " if by else ""
+    if by:
+        source = (f"{R} AS q INNER JOIN (SELECT {by}, avg({_TOTAL_MS}) AS mean_total FROM {R}"
+                  f" WHERE {where} GROUP BY {by}) AS m USING ({by})")
+        mean = "mean_total"
+    else:
+        source, mean = R, f"(SELECT avgIf({_TOTAL_MS}, {where}) FROM {R})"
+    return f"""SELECT {keys}stage,
+    {distribution("stage", "ms", "1", method)},
+    sum(ms * dt) AS cross,
+    corrStable(ms, pixels) AS pixels_corr, corrStable(ms, toFloat64(bytes)) AS bytes_corr
+FROM (
+    SELECT {keys}stage_names, stage_ns, {_TOTAL_MS} - {mean} AS dt,
+        toFloat64(width) * toFloat64(height) AS pixels, bytes
+    FROM {source} WHERE {where}
+)
+ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+GROUP BY {keys}stage
+ORDER BY {keys}stage"""
+
+
+def cohorts_sql(method: str) -> str:
+    """The largest cohorts (``{top_cohorts:UInt32}``), with their warm total distribution."""
+    return f"""SELECT width, height, fmt, {distribution("total", _TOTAL_MS, "1", method)}
+FROM {R} WHERE warm AND {_KNOWN}
+GROUP BY width, height, fmt
+ORDER BY total_n DESC, width, height, fmt
+LIMIT {{top_cohorts:UInt32}}"""
+
+
+def cohort_stages_sql(method: str) -> str:
+    """Per-stage distributions within each of the largest cohorts."""
+    top = (f"(width, height, fmt) IN (SELECT width, height, fmt FROM {R} WHERE warm AND {_KNOWN}"
+           f" GROUP BY width, height, fmt ORDER BY count() DESC, width, height, fmt"
+           f" LIMIT {{top_cohorts:UInt32}})")
+    return stages_sql(method, where=f"warm AND {_KNOWN} AND {top}", by="width, height, fmt")
+
+
+def cohort_mix_sql() -> str:
+    """One row: cohort count, warm requests with a known / unknown input, and the sums of squares
+    for ``input_mix_explains``."""
+    return f"""SELECT
+    count() AS cohorts, sum(n) AS known, sum(ss) AS ss_within,
+    (SELECT uniqExactIf(fmt, fmt != '') FROM {R} WHERE is_request) AS formats,
+    (SELECT countIf(warm AND NOT ({_KNOWN})) FROM {R}) AS unknown,
+    (SELECT if(count() > 1, varSampStable({_TOTAL_MS}) * (count() - 1), 0) FROM {R}
+     WHERE warm AND {_KNOWN}) AS ss_total
+FROM (
+    SELECT count() AS n, if(n > 1, varSampStable({_TOTAL_MS}) * (n - 1), 0) AS ss
+    FROM {R} WHERE warm AND {_KNOWN} GROUP BY width, height, fmt
+)"""
+
+
+def cold_sql(method: str) -> str:
+    """One row: the cold requests' total distribution (failed cold ones left out, as in
+    :func:`otel_stages.analysis.diagnosis.diagnose`)."""
+    return f"SELECT {distribution('total', _TOTAL_MS, _COLD, method)} FROM {R}"
+
+
+def cold_stages_sql(method: str) -> str:
+    """Per stage: the median over cold requests where it ran."""
+    return f"""SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+WHERE {_COLD} GROUP BY stage ORDER BY stage"""
+
+
+def cold_cohorts_sql(method: str) -> str:
+    """Per input of cold requests (NULL width = unknown): cold count and median total, and the
+    warm requests with the same input (count, median total)."""
+    return f"""SELECT width, height, fmt,
+    countIf({_COLD}) AS cold_n, {median(_TOTAL_MS, _COLD, method)} AS cold_median_ms,
+    countIf(warm) AS warm_n, {median(_TOTAL_MS, "warm", method)} AS warm_median_ms
+FROM {R} WHERE is_request
+GROUP BY width, height, fmt HAVING cold_n > 0
+ORDER BY cold_n DESC, width, height, fmt
+LIMIT {{top_cohorts:UInt32}}"""
+
+
+def cold_cohort_stages_sql(method: str) -> str:
+    """Per input of cold requests (the largest ``{top_cohorts:UInt32}``, known inputs only): each
+    stage's median over the warm requests with that input (what the cold request is compared
+    with, stage by stage)."""
+    cold_inputs = (f"SELECT width, height, fmt FROM {R} WHERE {_COLD} AND {_KNOWN}"
+                   f" GROUP BY width, height, fmt ORDER BY count() DESC, width, height, fmt"
+                   f" LIMIT {{top_cohorts:UInt32}}")
+    return f"""SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({cold_inputs})
+GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, stage"""
+
+
+def cold_input_stages_sql(method: str) -> str:
+    """Per input of cold requests (NULL width = unknown): each stage's median over those cold
+    requests (a cohort's own cold request, stage by stage)."""
+    return f"""SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+WHERE {_COLD} GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, stage"""
+
+
+def runs_sql() -> str:
+    """The processes read (``{top_runs:UInt32}`` earliest first)."""
+    return f"""SELECT svc AS service_name, inst AS service_instance_id,
+    min(start_ns) AS first_unix_ns, max(start_ns + total_ns) AS last_unix_ns, count() AS requests
+FROM {R} WHERE is_request GROUP BY svc, inst
+ORDER BY first_unix_ns, service_name, service_instance_id LIMIT {{top_runs:UInt32}}"""
+
+
+def slowest_sql() -> str:
+    """The ``{top_slowest:UInt32}`` slowest warm requests."""
+    return f"""SELECT lower(hex(reinterpretAsFixedString(trace_key))) AS trace_id, seq,
+    total_ns, stage_names, stage_ns, width, height, bytes, error
+FROM {R} WHERE warm ORDER BY total_ns DESC, start_ns LIMIT {{top_slowest:UInt32}}"""
+
+
+def odd_spans_sql(traces: str, query: AggregateQuery) -> str:
+    """Spans left out (no ids, start before 2000, longer than a day): count and 5 examples."""
+    return f"""SELECT count() AS n,
+    groupArray(5)((toString(SpanName), TraceId, toInt64(toUnixTimestamp64Nano(Timestamp)),
+                   Duration)) AS examples
+FROM {traces} WHERE {span_filter(query, odd=True)}"""
+
+
+_STD_LIST = "(" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + ")"
+#: Span attributes of the mechanism signals (analysis.stage_signals) the SQL does not read yet.
+SIGNAL_ATTRIBUTES = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS)
+
+
+def signals_sql(traces: str, query: AggregateQuery) -> str:
+    """One row: ``signals`` 1 when any stage span in the window carries a mechanism signal
+    (:data:`SIGNAL_ATTRIBUTES`), else 0. Stops at the first such span (``LIMIT 1``; the exporter's
+    bloom filter index on the attribute keys skips granules without them)."""
+    has = " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in SIGNAL_ATTRIBUTES)
+    return f"""SELECT count() AS signals FROM (
+    SELECT 1 FROM {traces} WHERE SpanName IN {_STD_LIST} AND ({has}) AND {span_filter(query, odd=False)}
+    LIMIT 1)"""
+
+
+def queue_depth_sql(traces: str, query: AggregateQuery) -> str:
+    """One row: the Pearson r of warm requests' queue ms with their queue span's ``queue.depth``
+    (the first queue span that has it, as ``Request.stage_attribute``), over ``n`` pairs. Queue
+    spans are matched to their request by trace and parent span id (a queue span inside a custom
+    group is not read). A separate read: only queue spans' attribute maps are touched."""
+    queue = semconv.STAGE_QUEUE
+    depth = f"toFloat64OrNull(SpanAttributes['{semconv.QUEUE_DEPTH}'])"
+    return f"""SELECT corrStable(w.ms, s.depth) AS depth_corr, count() AS n
+FROM (
+    SELECT trace_key, span_key,
+        arraySum(arrayFilter((d, n) -> n = '{queue}', stage_ns, stage_names)) / 1e6 AS ms
+    FROM {R} WHERE warm AND span_key != 0 AND has(stage_names, '{queue}')
+) AS w
+INNER JOIN (
+    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+        reinterpretAsUInt64(unhex(ParentSpanId)) AS span_key,
+        argMin({depth}, Timestamp) AS depth
+    FROM {traces}
+    WHERE SpanName = '{queue}' AND mapContains(SpanAttributes, '{semconv.QUEUE_DEPTH}')
+        AND isNotNull({depth}) AND {span_filter(query, odd=False)}
+    GROUP BY trace_key, span_key
+) AS s ON w.trace_key = s.trace_key AND w.span_key = s.span_key"""
+
+
+def gpu_spans_sql() -> str:
+    """GPU utilization from the forward spans' own ``gpu.utilization.mean`` (weighted by
+    ``gpu.sample_count``, default 1; counts <= 0 skipped), split at the median duration."""
+    forwards = f"""SELECT (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
+    FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
+    WHERE warm AND w.3 IS NOT NULL AND ifNull(w.4, 1) > 0"""
+    return f"""SELECT count() AS covered, sum(c) AS samples, sum(u * c) AS weighted,
+    sumIf(u * c, d >= m) AS slow_sum, sumIf(c, d >= m) AS slow_n,
+    sumIf(u * c, d < m) AS fast_sum, sumIf(c, d < m) AS fast_n
+FROM ({forwards}) AS f
+CROSS JOIN (SELECT quantileExactInclusive(0.5)(d) AS m FROM ({forwards})) AS med"""
+
+
+#: Temporary tables of the GPU step: utilization/memory samples, and samples inside forwards.
+GPU_SAMPLES_TABLE = "otel_stages_gpu_samples"
+GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
+
+
+def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` that fill the two temporary GPU tables: the ``hw.gpu.utilization``
+    points of the processes with warm requests (per process and ``hw.id``; values scaled to 0..1,
+    a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent), and one row per (point,
+    warm forward window) with the point inside the window (the bucketed join described in
+    :mod:`otel_stages.analysis.clickhouse_sql`)."""
+    time_filter = []
+    if query.start_ns is not None:
+        time_filter.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
+    if query.end_ns is not None:
+        time_filter.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
+    if query.service:
+        time_filter.append("ServiceName = {service:String}")
+    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
+    where = " AND ".join([f"MetricName = '{semconv.HW_GPU_UTILIZATION}'", "isFinite(Value)", *time_filter])
+    # the process of a point: the same key as the requests' (service.name, service.instance.id)
+    points = f"""SELECT cityHash64(CAST(ServiceName AS String), {inst}) AS proc_key,
+        Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
+    FROM {gauge} WHERE {where}"""
+    samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS
+SELECT p.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
+FROM (SELECT * FROM ({points}) WHERE proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})) AS p
+INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw) AS m
+    ON p.proc_key = m.proc_key AND p.hw = m.hw"""
+    pairs = f"""CREATE TEMPORARY TABLE {GPU_PAIRS_TABLE} ENGINE = Log AS
+SELECT wb.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util,
+    wb.s AS s, wb.e AS e, wb.mult AS mult
+FROM (
+    SELECT proc_key, s, e, mult,
+        arrayJoin(range(toUInt64(intDiv(s, {GPU_BUCKET_NS})), toUInt64(intDiv(e, {GPU_BUCKET_NS})) + 1)) AS b
+    FROM (
+        SELECT proc_key, w.1 AS s, w.2 AS e, count() AS mult
+        FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
+        WHERE warm GROUP BY proc_key, s, e
+    )
+) AS wb
+INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
+    ON sm.proc_key = wb.proc_key AND sm.b = wb.b
+WHERE sm.t >= wb.s AND sm.t <= wb.e"""
+    params = query_params(query)
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
+            (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
+            (samples, params), (pairs, {})]
+
+
+def gpu_metrics_sql() -> str:
+    """From the GPU tables: per process the GPU whose utilization rises most inside forwards
+    (vs. outside them; ties: more samples), and one row of sums over those GPUs: samples inside
+    forwards and their sum, forwards covered, and the sums and counts inside slow and fast
+    forwards (at/above vs. below that GPU's median covered forward duration; only GPUs with at
+    least 2 covered forwards split)."""
+    slow = "f.e - f.s >= m.m"
+    fast = "f.e - f.s < m.m"
+    return f"""WITH
+per_forward AS (
+    SELECT proc_key, hw, s, e, any(mult) AS mult, count() AS n, sum(util) AS su
+    FROM {GPU_PAIRS_TABLE} GROUP BY proc_key, hw, s, e
+),
+split AS (
+    SELECT f.proc_key AS proc_key, f.hw AS hw, sum(f.mult) AS covered,
+        sum(f.mult) >= 2 AS can_split,
+        sumIf(f.su * f.mult, {slow}) AS slow_sum, sumIf(f.n * f.mult, {slow}) AS slow_n,
+        sumIf(f.su * f.mult, {fast}) AS fast_sum, sumIf(f.n * f.mult, {fast}) AS fast_n
+    FROM per_forward AS f
+    INNER JOIN (
+        SELECT proc_key, hw, quantileExactInclusive(0.5)(e - s) AS m
+        FROM per_forward ARRAY JOIN range(mult) AS copy GROUP BY proc_key, hw
+    ) AS m ON f.proc_key = m.proc_key AND f.hw = m.hw
+    GROUP BY proc_key, hw
+),
+per_gpu AS (
+    SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
+        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
+        if(n_in > 0, sum_in / n_in, 0)
+            - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise,
+        (ifNull(sp.covered, 0), ifNull(sp.can_split, 0), sp.slow_sum, sp.slow_n, sp.fast_sum,
+         sp.fast_n) AS sp_row
+    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
+          FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
+    LEFT JOIN (
+        SELECT proc_key, hw, count() AS n_in, sum(u) AS sum_in
+        FROM (SELECT proc_key, hw, t, any(util) AS u FROM {GPU_PAIRS_TABLE} GROUP BY proc_key, hw, t)
+        GROUP BY proc_key, hw
+    ) AS i ON a.proc_key = i.proc_key AND a.hw = i.hw
+    LEFT JOIN split AS sp ON a.proc_key = sp.proc_key AND a.hw = sp.hw
+    SETTINGS join_use_nulls = 1
+),
+chosen AS (
+    SELECT argMax((hw, n_in, sum_in, sp_row), (rise, n_in)) AS g FROM per_gpu GROUP BY proc_key
+)
+SELECT count() AS gpus, any(g.1) AS hw_id,
+    sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,
+    countIf(g.4.2) AS split_gpus,
+    sumIf(g.4.3, g.4.2) AS slow_sum, sumIf(g.4.4, g.4.2) AS slow_n,
+    sumIf(g.4.5, g.4.2) AS fast_sum, sumIf(g.4.6, g.4.2) AS fast_n
+FROM chosen"""
+
+
+def aggregate_statements(traces: str, query: AggregateQuery, method: str
+                         ) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(name, SQL, params)`` for every aggregate (after the per-request and GPU tables are
+    filled), named as :func:`otel_stages.analysis.clickhouse_result.build_aggregates` reads them."""
+    params = query_params(query)
+    tops = {"top_cohorts": query.top_cohorts, "top_runs": query.top_runs,
+            "top_slowest": query.top_slowest}
+    return [
+        ("summary", summary_sql(method), {}),
+        ("stages", stages_sql(method), {}),
+        ("cohorts", cohorts_sql(method), tops),
+        ("cohort_stages", cohort_stages_sql(method), tops),
+        ("cohort_mix", cohort_mix_sql(), {}),
+        ("cold", cold_sql(method), {}),
+        ("cold_stages", cold_stages_sql(method), {}),
+        ("cold_cohorts", cold_cohorts_sql(method), tops),
+        ("cold_cohort_stages", cold_cohort_stages_sql(method), tops),
+        ("cold_input_stages", cold_input_stages_sql(method), {}),
+        ("gpu_spans", gpu_spans_sql(), {}),
+        ("gpu_metrics", gpu_metrics_sql(), {}),
+        ("runs", runs_sql(), tops),
+        ("slowest", slowest_sql(), tops),
+        ("signals", signals_sql(traces, query), params),
+        ("queue_depth", queue_depth_sql(traces, query), params),
+        ("odd_spans", odd_spans_sql(traces, query), params),
+    ]
+

@@ -1,0 +1,427 @@
+"""Requests from the spans table, in ClickHouse: the statements that fill the per-request table.
+Pure: builds SQL; :func:`otel_stages.analysis.clickhouse.fetch_aggregates` runs it.
+
+The rules are those of :mod:`otel_stages.analysis.requests`:
+
+- a *stage parent* is a span, not itself a standard stage, whose children include a standard
+  stage (``download``/``decode``/``resize``/``queue``/``forward``), or a ``request`` span with
+  children; its children that are not stage parents are its *stage spans* (custom names too);
+- a stage parent whose own parent is a stage parent is a custom stage *group*
+  (``request -> preprocess -> decode``): its stage spans count for the outermost one, the request
+  (walked up at most :data:`~otel_stages.analysis.clickhouse_sql.MAX_GROUP_DEPTH` levels);
+- stage spans whose parent never arrived (context lost, spans dropped) are *incomplete*: counted
+  per missing parent, never a request; standard stage spans with no parent at all are one request
+  per trace (the trace fallback), its total first start .. last end;
+- spans starting before 2000-01-01 or lasting over a day are left out (and counted elsewhere);
+  a span stored twice (a retried export) counts once.
+
+How, at scale (10 million spans in seconds, memory bounded):
+
+1. **Groups** (:data:`GROUPS_TABLE`): one vectorized aggregation keyed by (trace, parent span id)
+   over the standard stage spans, with the parent's own row (keyed by its span id) folded in:
+   flat ``-If`` aggregate states only (sums and counts per stage, earliest decode attributes,
+   forward windows, stage intervals). No join and no per-trace arrays. It runs in **time
+   slices** (:func:`slices`): a request belongs to the slice its span starts in, and a slice
+   reads its own time range plus :data:`~otel_stages.analysis.clickhouse_sql.WINDOW_SLACK_NS`
+   (the table's sort key ends in time, so each slice reads only its part), so the aggregation
+   state stays small without spilling to disk.
+2. **Custom stages and nested groups** (small tables): spans with other names than the standard
+   ones and ``request`` are read separately (the sort key starts with the span name, so this
+   read skips the rest), matched to stage parents, and their durations and groups' sums are
+   added to the owning request.
+3. **Requests** (:data:`~otel_stages.analysis.clickhouse_sql.REQUESTS_TABLE`): one row per
+   request (and one per missing parent, for the incomplete counts) with its total, per-stage
+   sums, the time covered by the union of its stage spans, its input (``image.width``,
+   ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, else from a
+   group's, else from the request span: the telemetry contract puts them on decode), and its
+   forward windows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from otel_stages import semconv
+from otel_stages.analysis.clickhouse_sql import (
+    MAX_GROUP_DEPTH,
+    PROCESS_TABLE,
+    REQUESTS_TABLE,
+    WINDOW_SLACK_NS,
+    AggregateQuery,
+    query_params,
+    span_filter,
+)
+
+GROUPS_TABLE = "otel_stages_groups"
+CUSTOM_TABLE = "otel_stages_custom"
+NESTED_TABLE = "otel_stages_nested"
+EXTRAS_TABLE = "otel_stages_extras"
+#: Temporary tables this module creates (dropped after a report).
+TABLES = (GROUPS_TABLE, CUSTOM_TABLE, NESTED_TABLE, EXTRAS_TABLE, PROCESS_TABLE, REQUESTS_TABLE)
+#: The per-request table's columns (see clickhouse_queries for how they are read).
+REQUEST_COLUMNS = (
+    "trace_key", "is_request", "by_trace", "span_key", "start_ns", "total_ns", "stage_names",
+    "stage_ns", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr", "error", "svc",
+    "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
+    "incomplete_groups", "incomplete_spans", "cold", "warm")
+
+#: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
+#: has no lookbehind: "not preceded by X" is written "at the start or after a character not in X",
+#: which finds the same names. A custom span name that matches counts under its ``stage``
+#: attribute, or is left out of the stage rows (its time then counts as unaccounted). Not done
+#: here: the "more than MAX_STAGE_NAMES distinct names" switch of the Python path.
+PER_REQUEST_RE2 = (r"(?i)[/?=#]|(^|[^0-9a-z])[0-9a-f]{8,}($|[^0-9a-z])"
+                   r"|(^|[^\w.])\d{3,}($|[^\w.])")
+_PER_REQUEST_SQL = "'" + PER_REQUEST_RE2.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+_STD = "[" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + "]"
+_REQUEST = f"'{semconv.SPAN_REQUEST}'"
+_N_TOTAL = "n_kids"
+#: For joins whose right side is a small table: build the hash table from it, never from the
+#: large left side (the planner's automatic swap can pick the wrong side for temporary tables).
+_SMALL_RIGHT = "query_plan_join_swap_table = 'false'"
+
+
+def plan_sql(traces: str, query: AggregateQuery) -> str:
+    """One row: spans in the window (``n``), the first and last span start, and the longest
+    span that is not a standard stage (``longest``: a request or group span), which sets the
+    slack between time slices (:func:`slack_ns`)."""
+    return f"""SELECT count() AS n,
+    min(toUnixTimestamp64Nano(Timestamp)) AS first, max(toUnixTimestamp64Nano(Timestamp)) AS last,
+    maxIf(Duration, SpanName NOT IN {_STD}) AS longest
+FROM {traces} WHERE {span_filter(query, odd=False)}"""
+
+
+def slack_ns(plan: dict[str, Any]) -> int:
+    """How far past a slice its requests' stage spans may lie: the longest parent span read
+    (a request's children end within it), at least 1 s, at most
+    :data:`~otel_stages.analysis.clickhouse_sql.WINDOW_SLACK_NS`."""
+    return max(10**9, min(int(plan.get("longest") or 0) + 10**6, WINDOW_SLACK_NS))
+
+
+def slices(plan: dict[str, Any], query: AggregateQuery) -> list[tuple[int, int]]:
+    """``[(start_ns, end_ns), ...]``: consecutive equal time ranges covering the window (or,
+    without one, all spans), about ``query.slice_spans`` spans each if spans arrive evenly
+    (``plan`` from :func:`plan_sql`; at most 256 slices)."""
+    lo = query.start_ns if query.start_ns is not None else int(plan.get("first") or 0)
+    hi = query.end_ns if query.end_ns is not None else int(plan.get("last") or 0) + 1
+    parts = max(1, min(256, -(-int(plan.get("n") or 0) // query.slice_spans)))
+    bounds = sorted({lo + (hi - lo) * k // parts for k in range(parts)} | {hi})
+    return list(itertools.pairwise(bounds))
+
+
+def groups_insert(traces: str, query: AggregateQuery) -> str:
+    """``INSERT`` of one time slice (params ``slice_lo`` / ``slice_hi``) into :data:`GROUPS_TABLE`.
+
+    One small aggregation of the standard stage spans by (trace, parent span id): count, extent,
+    errors, and their ids, stage codes (pipeline order, 1..5) and intervals; with the parent's own
+    row (``self_*``: times, status, ``request.seq``, ``request.cold_start``, image attributes,
+    process), the decode children's image attributes and process, and forward children's GPU
+    attributes joined in (``ANY LEFT JOIN``, one match per key; the slice keeps each side small).
+    Each part reads only its spans' granules (the sort key starts with the span name) and the
+    attribute maps only where they are needed. Key 0 collects a trace's standard stage spans
+    without a parent (the trace fallback). Children are read from the slice start to its end plus
+    the slack, parents from the slack before the slice start to its end; a group is kept by the
+    slice its parent (else its first child) starts in."""
+    base = span_filter(query, odd=False)
+    kids_time = ("Timestamp >= fromUnixTimestamp64Nano({slice_lo:Int64})"
+                 " AND Timestamp < fromUnixTimestamp64Nano({slice_hi:Int64} + {slack:Int64})")
+    self_time = ("Timestamp >= fromUnixTimestamp64Nano({slice_lo:Int64} - {slack:Int64})"
+                 " AND Timestamp < fromUnixTimestamp64Nano({slice_hi:Int64})")
+    trace = "reinterpretAsUInt128(unhex(TraceId)) AS trace_key"
+    sid = "reinterpretAsUInt64(unhex(SpanId))"
+    pid = "reinterpretAsUInt64(unhex(ParentSpanId))"
+    start = "toInt64(toUnixTimestamp64Nano(Timestamp))"
+    err = "CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8)"
+    codes = ", ".join(str(i) for i in range(1, 6))
+    a = "SpanAttributes"
+    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
+    cold = f"{a}['{semconv.REQUEST_COLD_START}']"
+    image = (f"toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, "
+             f"toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h, "
+             f"toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt")
+    anchor = "if(self.trace_key != 0, self.start, k.kid_min)"
+    return f"""INSERT INTO {GROUPS_TABLE}
+SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
+    self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
+    self.w, self.h, self.s, self.fmt, self.svc, self.inst, d.svc, d.inst,
+    k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
+    d.w, d.h, d.s, d.fmt,
+    k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
+FROM (
+    SELECT {trace}, {pid} AS key, count() AS n_kids,
+        {", ".join(f"sumIf(dur, code = {i}) AS d{i}, countIf(code = {i}) AS n{i}" for i in range(1, 6))},
+        min(start) AS kid_min, max(start + dur) AS kid_max, max(err) AS kid_err,
+        groupArray({sid}) AS k_id, groupArray(code) AS k_code,
+        groupArray(start) AS k_s, groupArray(start + dur) AS k_e
+    FROM (
+        SELECT TraceId, SpanId, ParentSpanId, {start} AS start, toInt64(Duration) AS dur, {err} AS err,
+            CAST(transform(SpanName, {_STD}, [{codes}], 0) AS UInt8) AS code
+        FROM {traces} WHERE SpanName IN {_STD} AND {base} AND {kids_time}
+    )
+    GROUP BY trace_key, key
+) AS k
+ANY LEFT JOIN (
+    SELECT {trace}, {sid} AS sid, {pid} AS pid, {start} AS start, toInt64(Duration) AS dur, {err} AS err,
+        CAST(SpanName = {_REQUEST} AS UInt8) AS isreq, toInt64OrZero({a}['{semconv.REQUEST_SEQ}']) AS seq,
+        toUInt8(multiIf({cold} = 'true', 2, {cold} = 'false', 1, 0)) AS cold, {image},
+        CAST(ServiceName AS String) AS svc, {inst} AS inst
+    FROM {traces} WHERE SpanName NOT IN {_STD} AND {base} AND {self_time}
+) AS self ON k.trace_key = self.trace_key AND k.key = self.sid
+ANY LEFT JOIN (
+    SELECT {trace}, {pid} AS key, max(w) AS w, max(h) AS h, max(s) AS s, max(fmt) AS fmt,
+        any(svc) AS svc, '' AS inst
+    FROM (
+        SELECT TraceId, ParentSpanId, {image}, CAST(ServiceName AS String) AS svc
+        FROM {traces} WHERE SpanName = '{semconv.STAGE_DECODE}' AND {base} AND {kids_time}
+    )
+    GROUP BY trace_key, key
+) AS d ON k.trace_key = d.trace_key AND k.key = d.key
+ANY LEFT JOIN (
+    SELECT {trace}, {pid} AS key, groupArray({sid}) AS g_id,
+        groupArray(ifNull(toFloat64OrNull({a}['{semconv.GPU_UTILIZATION_MEAN}']), nan)) AS g_u,
+        groupArray(ifNull(toInt64OrNull({a}['{semconv.GPU_SAMPLE_COUNT}']), -1)) AS g_c
+    FROM {traces}
+    WHERE SpanName = '{semconv.STAGE_FORWARD}' AND mapContains({a}, '{semconv.GPU_UTILIZATION_MEAN}')
+        AND {base} AND {kids_time}
+    GROUP BY trace_key, key
+) AS g ON k.trace_key = g.trace_key AND k.key = g.key
+WHERE {anchor} >= {{slice_lo:Int64}} AND {anchor} < {{slice_hi:Int64}}
+SETTINGS {_SMALL_RIGHT}"""
+
+
+def custom_only_insert(traces: str, query: AggregateQuery) -> str:
+    """``INSERT`` into :data:`GROUPS_TABLE` of ``request`` spans whose children are all custom
+    stages (no standard stage child, so the slices did not see them), after
+    :data:`CUSTOM_TABLE` is filled."""
+    a = "SpanAttributes"
+    cold = f"{a}['{semconv.REQUEST_COLD_START}']"
+    return f"""INSERT INTO {GROUPS_TABLE} (trace_key, key, present, self_start, self_dur, self_pid, self_err,
+    self_isreq, self_seq, self_cold, self_w, self_h, self_s, self_fmt, self_svc, self_inst)
+SELECT trace_key, sid, 1, start, dur, pid, err, 1, seq, cold, w, h, s, fmt, svc, inst
+FROM (
+    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
+        reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
+        toInt64(Duration) AS dur, CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err,
+        toInt64OrZero({a}['{semconv.REQUEST_SEQ}']) AS seq,
+        toUInt8(multiIf({cold} = 'true', 2, {cold} = 'false', 1, 0)) AS cold,
+        toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h,
+        toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt,
+        CAST(ServiceName AS String) AS svc, ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'] AS inst
+    FROM {traces} WHERE SpanName = {_REQUEST} AND {span_filter(query, odd=False)}
+    LIMIT 1 BY trace_key, sid
+)
+WHERE (trace_key, sid) IN (SELECT trace_key, pid FROM {CUSTOM_TABLE})
+    AND (trace_key, sid) NOT IN (SELECT trace_key, key FROM {GROUPS_TABLE})"""
+
+
+_GROUPS_COLUMNS = f"""trace_key UInt128, key UInt64, present UInt8,
+    self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8,
+    self_seq Int64, self_cold UInt8, self_w Int64, self_h Int64, self_s Int64, self_fmt String,
+    self_svc String, self_inst String, kid_svc String, kid_inst String, n_kids UInt64,
+    {", ".join(f"d{i} Int64, n{i} UInt64" for i in range(1, 6))},
+    kid_min Int64, kid_max Int64, kid_err UInt8,
+    dec_w Int64, dec_h Int64, dec_s Int64, dec_f String,
+    k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64),
+    g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)"""
+
+
+def _stage_parents_among(keys: str) -> str:
+    """(trace, key) of the stage parents among ``keys`` (a query of ``trace_key, key`` rows,
+    expected small): spans with standard stage children (present or not), or ``request`` spans
+    with custom stage children. Only ``keys`` is hashed, never the whole groups table."""
+    return f"""SELECT g.trace_key AS trace_key, g.key AS key
+FROM {GROUPS_TABLE} AS g INNER JOIN ({keys}) AS c ON g.trace_key = c.trace_key AND g.key = c.key
+WHERE g.n_kids > 0 OR (g.self_isreq AND (g.trace_key, g.key) IN (SELECT trace_key, pid FROM {CUSTOM_TABLE}))
+SETTINGS {_SMALL_RIGHT}"""
+
+
+def _owner_walk(depth: int) -> str:
+    """Nested groups: each group's owner is its parent, or that parent's owner when the parent is
+    a group too (``depth`` steps)."""
+    inner = f"SELECT trace_key, key, self_pid AS owner FROM {NESTED_TABLE}"
+    for _ in range(depth - 1):
+        inner = f"""SELECT g.trace_key AS trace_key, g.key AS key,
+    if(u.key != 0, u.self_pid, g.owner) AS owner
+FROM ({inner}) AS g LEFT JOIN {NESTED_TABLE} AS u ON g.trace_key = u.trace_key AND g.owner = u.key"""
+    return inner
+
+
+def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
+                       ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(statement, params)``: (re)create the temporary tables and fill them, slice by slice
+    (``plan`` from :func:`plan_sql`); the last two are the per-request table and the
+    per-process table the cold rule reads."""
+    params = query_params(query)
+    time_slices = slices(plan, query)
+    for table in TABLES:
+        yield f"DROP TEMPORARY TABLE IF EXISTS {table}", {}
+    yield (f"CREATE TEMPORARY TABLE {GROUPS_TABLE} ({_GROUPS_COLUMNS})"
+           " ENGINE = Log"), {}
+    insert = groups_insert(traces, query)
+    for lo, hi in time_slices:
+        yield insert, {**params, "slice_lo": lo, "slice_hi": hi, "slack": slack_ns(plan)}
+    # custom stage candidates: other names than the standard ones and 'request', with a parent
+    yield (f"""CREATE TEMPORARY TABLE {CUSTOM_TABLE} ENGINE = Memory AS
+SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
+    reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS span_name,
+    if(match(span_name, {_PER_REQUEST_SQL}), trimBoth(SpanAttributes['{semconv.STAGE_NAME}']),
+       span_name) AS name,
+    toInt64(toUnixTimestamp64Nano(Timestamp)) AS start, toInt64(Duration) AS dur,
+    CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err
+FROM {traces}
+WHERE SpanName NOT IN ({_STD[1:-1]}, {_REQUEST}) AND ParentSpanId != '' AND {span_filter(query, odd=False)}
+LIMIT 1 BY trace_key, sid"""), params
+    yield custom_only_insert(traces, query), params
+    # nested groups: stage parents (not named request) whose parent is a stage parent
+    candidates = (f"SELECT trace_key, key, self_pid FROM {GROUPS_TABLE}"
+                  f" WHERE present AND NOT self_isreq AND {_N_TOTAL} > 0")
+    parents = _stage_parents_among(f"SELECT DISTINCT trace_key, self_pid AS key FROM ({candidates})")
+    yield (f"""CREATE TEMPORARY TABLE {NESTED_TABLE} ENGINE = Memory AS
+SELECT trace_key, key, self_pid FROM ({candidates})
+WHERE (trace_key, self_pid) IN ({parents})"""), {}
+    nested = _owner_walk(MAX_GROUP_DEPTH)
+    leaves = f"""SELECT c.trace_key AS trace_key, if(o.key != 0, o.owner, c.pid) AS owner, c.sid AS sid,
+    c.name AS name, c.start AS start, c.dur AS dur, c.err AS err
+FROM {CUSTOM_TABLE} AS c LEFT JOIN ({nested}) AS o ON c.trace_key = o.trace_key AND c.pid = o.key
+WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
+        f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")})
+    AND (c.trace_key, c.sid) NOT IN ({_stage_parents_among(
+        f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")})"""
+    kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
+    groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
+    g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f,
+    g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
+    g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
+FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
+SETTINGS {_SMALL_RIGHT}"""
+    yield (f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
+SELECT trace_key, owner, max(err) AS err,
+    max(dec_w) AS dec_w, max(dec_h) AS dec_h, max(dec_s) AS dec_s, max(dec_f) AS dec_f,
+    {", ".join(f"groupArrayArray({k}) AS {k}" for k in kids.split(", "))},
+    groupArrayArray(c_id) AS c_id, groupArrayArray(c_name) AS c_name,
+    groupArrayArray(c_s) AS c_s, groupArrayArray(c_e) AS c_e
+FROM (
+    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, {kids},
+        emptyArrayUInt64() AS c_id, emptyArrayString() AS c_name,
+        emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
+    FROM ({groups})
+    UNION ALL
+    SELECT trace_key, owner, err, 0, 0, 0, '', emptyArrayUInt64(), CAST([] AS Array(UInt8)),
+        emptyArrayInt64(), emptyArrayInt64(), emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
+        [sid], [name], [start], [start + dur]
+    FROM ({leaves})
+)
+GROUP BY trace_key, owner"""), {}
+    # the cold rule per process: whether its requests carry request.cold_start / request.seq,
+    # and its earliest request
+    yield (f"""CREATE TEMPORARY TABLE {PROCESS_TABLE} ENGINE = Memory AS
+SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(present, self_inst, '')) AS inst,
+    groupUniqArray(cityHash64(if(present, self_svc, kid_svc), if(present, self_inst, ''))) AS proc_keys,
+    max(self_cold > 0) AS has_cold_attr, max(self_seq > 0) AS has_seq,
+    argMin((start, trace_key), (start, reinterpretAsFixedString(trace_key))) AS first
+FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE})
+WHERE {_IS_REQUEST} {_window(query, "start")}
+GROUP BY proc"""), params
+    yield (f"CREATE TEMPORARY TABLE {REQUESTS_TABLE} ENGINE = Log AS\n"
+           f"{_requests_select(query)}"), params
+
+
+def _window(query: AggregateQuery, column: str) -> str:
+    window = ""
+    if query.start_ns is not None:
+        window += f" AND {column} >= {{lo:Int64}}"
+    if query.end_ns is not None:
+        window += f" AND {column} < {{hi:Int64}}"
+    return window
+
+
+#: Over GROUPS_TABLE rows: the process key of a group (as analysis.requests.process_key).
+_PROC = (f"multiIf(present AND self_inst != '', concat('{semconv.SERVICE_INSTANCE_ID}=', self_inst),"
+         f" present AND self_svc != '', concat('{semconv.SERVICE_NAME}=', self_svc),"
+         f" NOT present AND kid_svc != '', concat('{semconv.SERVICE_NAME}=', kid_svc), '')")
+#: Over GROUPS_TABLE rows: the group is a request (not a nested group). Standard stage spans at
+#: the root of their trace (key 0) are no request: each is an incomplete unit, as in
+#: analysis.requests.
+_IS_REQUEST = (f"(key != 0 AND present AND (n_kids > 0 OR self_isreq)"
+               f" AND (trace_key, key) NOT IN (SELECT trace_key, key FROM {NESTED_TABLE}))")
+
+
+def _requests_select(query: AggregateQuery) -> str:
+    """One row per request (with its cold and warm flags), and one per missing parent with stage
+    children (incomplete). A child stored twice (same span id) counts once. The common case (no
+    duplicates, no groups, no custom stages) reads the sums the aggregation already made."""
+    stages = ",\n    ".join(
+        f"if(simple, p.n{i}, arrayCount((c, m) -> m AND c = {i}, codes, keep)) AS n{i}, "
+        f"if(simple, p.d{i}, arraySum((c, m, a, b) -> if(m AND c = {i}, b - a, 0),"
+        f" codes, keep, starts, ends)) AS d{i}"
+        for i in range(1, 6))
+    names = ", ".join(f"n{i}" for i in range(1, 6))
+    durs = ", ".join(f"d{i}" for i in range(1, 6))
+    fwd = "arrayFilter((v, c, m) -> m AND c = 5, {}, codes, keep)"
+    return f"""SELECT {", ".join(REQUEST_COLUMNS)} FROM (SELECT
+    p.trace_key AS trace_key,
+    toUInt8({_IS_REQUEST}) AS is_request,
+    toUInt8(key = 0) AS by_trace,
+    if(present, key, 0) AS span_key,
+    if(present, self_start, kid_min) AS start_ns,
+    if(present, self_start + self_dur, kid_max) - start_ns AS total_ns,
+    empty(x.k_id) AND empty(x.c_id) AS no_extras,
+    if(no_extras, p.k_id, arrayConcat(p.k_id, x.k_id)) AS ids,
+    if(no_extras, p.k_code, arrayConcat(p.k_code, x.k_code)) AS codes,
+    if(no_extras, p.k_s, arrayConcat(p.k_s, x.k_s)) AS starts,
+    if(no_extras, p.k_e, arrayConcat(p.k_e, x.k_e)) AS ends,
+    length(arrayDistinct(ids)) = length(ids) AS unique,
+    if(unique, arrayWithConstant(length(ids), 1), arrayMap(v -> v = 1, arrayEnumerateUniq(ids))) AS keep,
+    unique AND no_extras AS simple,
+    {stages},
+    if(empty(x.c_name), (emptyArrayString(), emptyArrayUInt64()),
+       arrayReduce('sumMap',
+                   [arrayFilter((v, m) -> m, x.c_name, arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)))],
+                   [arrayFilter((v, m) -> m, arrayMap((a, b) -> toUInt64(b - a), x.c_s, x.c_e),
+                                arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)))])) AS custom,
+    arrayConcat(arrayFilter((nm, c) -> c > 0, {_STD}, [{names}]), custom.1) AS stage_names,
+    arrayConcat(arrayFilter((d, c) -> c > 0, [{durs}], [{names}]),
+                arrayMap(v -> toInt64(v), custom.2)) AS stage_ns,
+    -- time inside the union of the stage spans, clipped to the request
+    arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0),
+                                            least(v.2, start_ns + total_ns) - greatest(v.1, acc.2, start_ns)),
+                           greatest(acc.2, v.2)),
+              arraySort(if(simple, arrayZip(starts, ends),
+                           arrayConcat(arrayFilter((v, m) -> m, arrayZip(starts, ends), keep),
+                                       arrayZip(x.c_s, x.c_e)))),
+              (toInt64(0), start_ns)).1 AS covered_ns,
+    coalesce(nullIf(p.dec_w, 0), nullIf(x.dec_w, 0), nullIf(self_w, 0)) AS width,
+    coalesce(nullIf(p.dec_h, 0), nullIf(x.dec_h, 0), nullIf(self_h, 0)) AS height,
+    coalesce(nullIf(p.dec_s, 0), nullIf(x.dec_s, 0), nullIf(self_s, 0)) AS bytes,
+    if(p.dec_f != '', p.dec_f, if(x.dec_f != '', x.dec_f, self_fmt)) AS fmt,
+    if(present, nullIf(self_seq, 0), NULL) AS seq,
+    if(present AND self_cold > 0, toUInt8(self_cold - 1), NULL) AS cold_attr,
+    toUInt8(self_err OR kid_err OR x.err) AS error,
+    if(present, self_svc, kid_svc) AS svc,
+    if(present, self_inst, '') AS inst,
+    {_PROC} AS proc,
+    cityHash64(svc, inst) AS proc_key,
+    {fwd.format("starts")} AS fwd_start,
+    {fwd.format("ends")} AS fwd_end,
+    arrayConcat(p.g_id, x.g_id) AS gids,
+    if(empty(gids), arrayMap(v -> CAST(NULL AS Nullable(Float64)), fwd_start),
+       arrayMap(f -> if(indexOf(gids, f) = 0 OR isNaN(arrayConcat(p.g_u, x.g_u)[indexOf(gids, f)]), NULL,
+                        arrayConcat(p.g_u, x.g_u)[indexOf(gids, f)]), {fwd.format("ids")})) AS fwd_util,
+    if(empty(gids), arrayMap(v -> CAST(NULL AS Nullable(Int64)), fwd_start),
+       arrayMap(f -> if(indexOf(gids, f) = 0 OR arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)] = -1, NULL,
+                        arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)]), {fwd.format("ids")})) AS fwd_count,
+    toUInt64(key != 0 AND NOT present AND n_kids > 0) AS incomplete_groups,
+    if(NOT present, toUInt64(arrayCount(m -> m, keep)), 0) AS incomplete_spans,
+    toUInt8(is_request AND multiIf(
+        pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
+        pr.has_seq, ifNull(seq, 0) = 1,
+        (start_ns, p.trace_key) = pr.first)) AS cold,
+    toUInt8(is_request AND NOT cold AND NOT error) AS warm
+FROM {GROUPS_TABLE} AS p
+LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
+LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
+WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
+SETTINGS {_SMALL_RIGHT})"""

@@ -1,0 +1,507 @@
+"""What the ClickHouse queries return, as plain frozen dataclasses (pure; no engine, no verdict).
+
+:func:`build_aggregates` turns the rows of :mod:`otel_stages.analysis.clickhouse_queries` into one
+:class:`FleetAggregates`. Times are milliseconds (``*_ms``), Unix nanoseconds (``*_ns``) or
+bytes; fractions are 0..1. Statistics are over *warm* requests (not cold, not failed) unless a
+field says otherwise. ``FleetAggregates.to_dict()`` is the ``aggregates`` part of
+``otel-stages report --clickhouse URL --json``; :mod:`otel_stages.analysis.clickhouse_figures`
+turns it into the rules' input and the report's keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from otel_stages import semconv
+from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
+from otel_stages.analysis.clickhouse_sql import (
+    DD_RELATIVE_ACCURACY,
+    EXACT_RELATIVE_TOLERANCE,
+    LEVELS,
+)
+from otel_stages.analysis.figures import PreprocessFacts
+
+Rows = Sequence[Mapping[str, Any]]
+
+#: Name of the quantile function per method, as reported in ``FleetAggregates.quantile_function``.
+QUANTILE_FUNCTIONS = {"exact": "quantilesExactInclusive", "dd": "quantilesDD"}
+
+
+def ordered_stages(names: Iterable[str]) -> list[str]:
+    """Standard stages in pipeline order, then custom ones alphabetically."""
+    present = set(names)
+    standard = [s for s in semconv.STANDARD_STAGES if s in present]
+    return standard + sorted(present - set(standard))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A distribution of ms values: ``count`` values, percentiles (R-7 interpolation with the
+    exact function), ``mean_ms``, ``variance_ms2`` (sample variance, ``None`` below 2 values) and
+    ``sum_ms``."""
+
+    count: int
+    min_ms: float
+    p5_ms: float
+    p25_ms: float
+    median_ms: float
+    p75_ms: float
+    p95_ms: float
+    max_ms: float
+    mean_ms: float
+    variance_ms2: float | None
+    sum_ms: float
+
+    @property
+    def swing_ms(self) -> float:
+        """``p95 - p5``: how far the middle 90 % spreads (``analysis.stats`` definition)."""
+        return self.p95_ms - self.p5_ms
+
+    @property
+    def iqr_ms(self) -> float:
+        """``p75 - p25``."""
+        return self.p75_ms - self.p25_ms
+
+    @property
+    def sum_of_squares_ms2(self) -> float:
+        """``variance * (count - 1)``: the sum of squared deviations from the mean."""
+        return (self.variance_ms2 or 0.0) * max(self.count - 1, 0)
+
+
+def summary(row: Mapping[str, Any], prefix: str) -> Summary | None:
+    """The :class:`Summary` in ``row``'s ``{prefix}_*`` columns, ``None`` when it counts 0."""
+    count = int(row.get(f"{prefix}_n") or 0)
+    if count == 0:
+        return None
+    q = [float(v) for v in row[f"{prefix}_q"]]
+    p5, p25, p50, p75, p95 = (q[LEVELS.index(level)] for level in LEVELS)
+    variance = row.get(f"{prefix}_var")
+    return Summary(
+        count=count, min_ms=float(row[f"{prefix}_min"]), p5_ms=p5, p25_ms=p25, median_ms=p50,
+        p75_ms=p75, p95_ms=p95, max_ms=float(row[f"{prefix}_max"]),
+        mean_ms=float(row[f"{prefix}_mean"]),
+        variance_ms2=None if count < 2 or variance is None else float(variance),
+        sum_ms=float(row[f"{prefix}_sum"]),
+    )
+
+
+@dataclass(frozen=True)
+class StageAggregate:
+    """One stage over warm requests. ``ran``: its distribution over the requests where it ran.
+    ``cross_ms2``: ``sum(stage * (total - mean_total))`` with the stage as 0 where it did not
+    run. ``explained``: ``cov(stage, total) / var(total)`` = ``cross / ss_total`` (0 when the total
+    does not vary). ``share_of_median``: ``ran.median / total.median``; ``share_of_time``:
+    ``ran.sum / total.sum`` (these, plus the unaccounted share, add up to 1 when stages do not
+    overlap). ``pixels_correlation`` / ``bytes_correlation``: Pearson correlation of the stage
+    with the input's ``image.width * image.height`` / ``image.size`` over the requests where both
+    are known (``None`` when undefined: fewer than 3 such requests, or a constant series);
+    ``depth_correlation``: the same with the queue span's ``queue.depth``."""
+
+    name: str
+    ran: Summary
+    cross_ms2: float
+    explained: float
+    share_of_median: float
+    share_of_time: float
+    pixels_correlation: float | None = None
+    bytes_correlation: float | None = None
+    depth_correlation: float | None = None
+
+
+def _stages(rows: Rows, total: Summary | None) -> dict[str, StageAggregate]:
+    by_name = {str(r["stage"]): r for r in rows}
+    ss_total = total.sum_of_squares_ms2 if total else 0.0
+    out: dict[str, StageAggregate] = {}
+    for name in ordered_stages(by_name):
+        row = by_name[name]
+        ran = summary(row, "stage")
+        if ran is None:
+            continue
+        cross = float(row["cross"] or 0.0)
+        out[name] = StageAggregate(
+            name=name, ran=ran, cross_ms2=cross,
+            explained=cross / ss_total if ss_total > 0 else 0.0,
+            share_of_median=ran.median_ms / total.median_ms if total and total.median_ms > 0 else 0.0,
+            share_of_time=ran.sum_ms / total.sum_ms if total and total.sum_ms > 0 else 0.0,
+            pixels_correlation=_correlation(row.get("pixels_corr"), ran.count),
+            bytes_correlation=_correlation(row.get("bytes_corr"), ran.count),
+        )
+    return out
+
+
+def _with_depth(stages: dict[str, StageAggregate], rows: Rows | None) -> dict[str, StageAggregate]:
+    """``stages`` with the queue stage's ``depth_correlation`` from the ``queue_depth`` row."""
+    queue = stages.get(semconv.STAGE_QUEUE)
+    if queue is None or not rows:
+        return stages
+    r = _correlation(rows[0].get("depth_corr"), int(rows[0].get("n") or 0))
+    return {**stages, semconv.STAGE_QUEUE: replace(queue, depth_correlation=r)}
+
+
+def _correlation(value: Any, count: int) -> float | None:
+    """A correlation from the engine (NaN / NULL when undefined), ``None`` below 3 values."""
+    if value is None or count < 3:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _ordered(values: Mapping[str, float]) -> dict[str, float]:
+    return {name: values[name] for name in ordered_stages(values)}
+
+
+def input_key(width: int | None, height: int | None, fmt: str | None, formats: int = 2) -> str:
+    """The trace report's cohort key (:class:`otel_stages.analysis.cohorts.CohortKeys`):
+    ``"1024x768"``, ``"1024x768 JPEG"`` when the requests hold more than one format
+    (``formats``), ``"unknown"`` without a size."""
+    if width is None or height is None:
+        return "unknown"
+    return f"{width}x{height}" + (f" {fmt or 'unknown'}" if formats > 1 else "")
+
+
+@dataclass(frozen=True)
+class CohortAggregate:
+    """Warm requests with one input (``image.width`` x ``image.height``, ``image.format``):
+    their total and per-stage statistics, ``explained`` within the cohort."""
+
+    key: str
+    width: int
+    height: int
+    format: str | None
+    total: Summary
+    stages: dict[str, StageAggregate]
+
+
+@dataclass(frozen=True)
+class ColdInput:
+    """Cold requests with one input (``width`` ``None`` = unknown) against warm requests with the
+    same input: counts and median totals (``warm_median_total_ms`` ``None`` without any)."""
+
+    key: str
+    width: int | None
+    height: int | None
+    format: str | None
+    cold_requests: int
+    cold_median_total_ms: float
+    warm_requests: int
+    warm_median_total_ms: float | None
+    warm_stages_median_ms: dict[str, float] = field(default_factory=dict)
+    cold_stages_median_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ColdStartAggregate:
+    """Cold requests (first of each process; failed ones left out): their ``total``
+    distribution, per-stage medians over the cold requests where the stage ran, and per input
+    (largest first) the comparison with warm requests of the same input."""
+
+    total: Summary
+    stages_median_ms: dict[str, float]
+    by_input: list[ColdInput]
+
+
+@dataclass(frozen=True)
+class GpuAggregate:
+    """GPU utilization (0..1) during warm forward spans.
+
+    ``source``: ``"span_attributes"`` (``gpu.utilization.mean`` on forward spans, weighted by
+    ``gpu.sample_count``; preferred, as in ``analysis.gpu``), ``"metrics"`` (``hw.gpu.utilization``
+    samples inside forward windows, per process the GPU whose utilization rises most during
+    forwards) or ``None`` (no GPU data). ``forwards``: warm forward spans; ``forwards_covered``:
+    those with at least one sample; ``samples``: samples inside them. ``slow_*`` / ``fast_*``:
+    forwards at/above vs. below the median forward duration (``None`` below 2 covered forwards).
+    ``gpus``: GPUs taken (one per process with samples).
+    """
+
+    source: str | None
+    forwards: int
+    forwards_covered: int = 0
+    samples: int = 0
+    mean_utilization: float | None = None
+    slow_mean_utilization: float | None = None
+    fast_mean_utilization: float | None = None
+    hw_id: str | None = None
+    gpus: int = 0
+
+
+def _ratio(num: Any, den: Any) -> float | None:
+    return float(num) / float(den) if den and num is not None else None
+
+
+def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int) -> GpuAggregate:
+    if int(spans.get("covered") or 0) > 0:
+        covered = int(spans["covered"])
+        split = covered >= 2
+        return GpuAggregate(
+            source="span_attributes", forwards=forwards, forwards_covered=covered,
+            samples=int(spans["samples"]), mean_utilization=_ratio(spans["weighted"], spans["samples"]),
+            slow_mean_utilization=_ratio(spans["slow_sum"], spans["slow_n"]) if split else None,
+            fast_mean_utilization=_ratio(spans["fast_sum"], spans["fast_n"]) if split else None,
+        )
+    if int(metrics.get("gpus") or 0) == 0:
+        return GpuAggregate(source=None, forwards=forwards)
+    split = int(metrics.get("split_gpus") or 0) > 0
+    gpus = int(metrics["gpus"])
+    return GpuAggregate(
+        source="metrics", forwards=forwards, forwards_covered=int(metrics["covered"] or 0),
+        samples=int(metrics["samples"] or 0),
+        mean_utilization=_ratio(metrics["sum_in"], metrics["samples"]),
+        slow_mean_utilization=_ratio(metrics["slow_sum"], metrics["slow_n"]) if split else None,
+        fast_mean_utilization=_ratio(metrics["fast_sum"], metrics["fast_n"]) if split else None,
+        hw_id=(metrics["hw_id"] or None) if gpus == 1 else None, gpus=gpus,
+    )
+
+
+@dataclass(frozen=True)
+class RunAggregate:
+    """One process read: ``service.name``, ``service.instance.id`` (``""`` when not set), its
+    first request's start and last request's end, and its request count."""
+
+    service_name: str
+    service_instance_id: str
+    first_unix_ns: int
+    last_unix_ns: int
+    requests: int
+
+
+@dataclass(frozen=True)
+class SlowRequest:
+    """One of the slowest warm requests: trace id (hex), ``request.seq``, total and per-stage
+    ms, input size."""
+
+    trace_id: str
+    seq: int | None
+    total_ms: float
+    stages_ms: dict[str, float]
+    image_width: int | None
+    image_height: int | None
+    image_bytes: int | None
+    error: bool
+
+
+@dataclass(frozen=True)
+class Counts:
+    """``requests``: finished requests (warm + cold + failed; a cold failed request is in both
+    ``cold`` and ``failed``, see ``cold_failed``). ``incomplete``: stage spans that form no
+    request, as units of :mod:`otel_stages.analysis.requests`: one per parent span that never
+    arrived, and one per stage span at the root of its trace (``by_trace`` of those);
+    ``incomplete_spans``: the stage spans in them. ``odd_spans``: spans left out for broken times
+    (spans without ids are skipped too, not counted: the exporter writes none). ``runs``:
+    processes. ``warm_forwards``: forward spans of warm requests."""
+
+    requests: int
+    warm: int
+    cold: int
+    failed: int
+    cold_failed: int
+    incomplete: int
+    incomplete_spans: int
+    odd_spans: int
+    by_trace: int
+    runs: int
+    warm_forwards: int
+
+
+@dataclass(frozen=True)
+class FleetAggregates:
+    """Everything the engine computed for one window (``url``: where, password left out;
+    ``start_ns``/``end_ns``: the window, ``None`` = unbounded). ``total`` / ``unaccounted`` / ``stages``
+    are over warm requests (``None`` / empty without any). ``cohorts``: the largest
+    (``cohorts_total`` in all); ``input_mix_explains``: share of the total's variance between
+    cohorts (``None`` with fewer than 2 cohorts or a constant total). ``quantile_function`` and
+    ``quantile_relative_tolerance`` say how exact the percentiles are. ``unaccounted_explained``:
+    ``cov(unaccounted, total) / var(total)`` (as a stage's ``explained``). ``problems``:
+    readable messages about what was left out."""
+
+    url: str
+    start_ns: int | None
+    end_ns: int | None
+    service: str | None
+    quantile_function: str
+    quantile_relative_tolerance: float
+    counts: Counts
+    total: Summary | None
+    unaccounted: Summary | None
+    stages: dict[str, StageAggregate]
+    cohorts: list[CohortAggregate]
+    cohorts_total: int
+    known_input_requests: int
+    unknown_input_requests: int
+    input_mix_explains: float | None
+    unaccounted_explained: float | None
+    cold_start: ColdStartAggregate | None
+    gpu: GpuAggregate
+    runs: list[RunAggregate]
+    slowest: list[SlowRequest]
+    problems: list[str] = field(default_factory=list)
+    formats: int = 0
+    preprocess: PreprocessFacts | None = None
+
+    def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
+        """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
+        ``"WxH"``, with the format only when the requests hold more than one (:attr:`formats`);
+        ``None`` for an unknown input."""
+        if width is None or height is None:
+            return None
+        return input_key(width, height, fmt, self.formats)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole structure as JSON-ready dicts and lists (``swing_ms`` added to each
+        distribution)."""
+        return _jsonable(asdict(self))
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: walk(v) for k, v in node.items()}
+            if {"p95_ms", "p5_ms"} <= out.keys():
+                out["swing_ms"] = out["p95_ms"] - out["p5_ms"]
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return {"source": "clickhouse", **walk(data)}
+
+
+def _utc(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total: int,
+              runs_shown: int, signals: bool = False) -> list[str]:
+    out: list[str] = []
+    n_odd = int(odd.get("n") or 0)
+    if n_odd:
+        examples = "; ".join(
+            f"{name!r} in trace {trace or '(none)'} starting {_utc(int(start))}"
+            f" lasting {int(duration) / 1e9:.3g} s"
+            for name, trace, start, duration in odd.get("examples") or [])
+        out.append(f"{n_odd} spans left out: a start before 2000-01-01 or a duration over a day"
+                   f" (broken clock or end before start; e.g. {examples})")
+    by_trace = int(summary_row.get("n_by_trace") or 0)
+    incomplete = int(summary_row.get("n_incomplete") or 0) - by_trace
+    if incomplete:
+        out.append(
+            f"{incomplete} parent spans never arrived but"
+            f" {int(summary_row['n_incomplete_spans']) - by_trace} stage spans point to them"
+            " (context lost between threads or services, or spans dropped): counted as"
+            " incomplete, not as requests")
+    if by_trace:
+        out.append(f"{by_trace} stage span{'s' if by_trace != 1 else ''} with no request span"
+                   " above (root of the trace) left out as incomplete: wrap each request's stages"
+                   " in otel_stages.request()")
+    if signals:
+        out.append("stage spans carry mechanism signals (thread CPU time, GC pauses, event-loop"
+                   " lag) that the ClickHouse report does not read yet: its verdict names the slow"
+                   " stage, not why it is slow (CPU contention, GC pauses, a blocked event loop,"
+                   " throttling, GPU memory pressure); `otel-stages report` on the same traces"
+                   " as files names the mechanism")
+    if runs_total > runs_shown:
+        out.append(f"runs: the first {runs_shown} of {runs_total} processes are listed")
+    return out
+
+
+def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> float | None:
+    """The part of the total's variance the input cohorts explain, from sums of squares: omega
+    squared, as :func:`otel_stages.analysis.stats.variance_explained_by_groups` (clipped to
+    0..1; ``None`` with fewer than 2 groups, no within-group degrees of freedom, or a constant
+    total)."""
+    if groups < 2 or n - groups < 1 or ss_total <= 0:
+        return None
+    ms_within = ss_within / (n - groups)
+    omega = (ss_total - ss_within - (groups - 1) * ms_within) / (ss_total + ms_within)
+    return min(1.0, max(0.0, omega))
+
+
+def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
+                     start_ns: int | None, end_ns: int | None, service: str | None
+                     ) -> FleetAggregates:
+    """Assemble :class:`FleetAggregates` from the named query results
+    (:func:`otel_stages.analysis.clickhouse_queries.aggregate_statements`)."""
+    head = results["summary"][0]
+    total = summary(head, "total")
+    odd = results["odd_spans"][0] if results["odd_spans"] else {}
+    counts = Counts(
+        requests=int(head["n_requests"]), warm=int(head["n_warm"]), cold=int(head["n_cold"]),
+        failed=int(head["n_failed"]), cold_failed=int(head["n_cold_failed"]),
+        incomplete=int(head["n_incomplete"] or 0), incomplete_spans=int(head["n_incomplete_spans"] or 0),
+        odd_spans=int(odd.get("n") or 0), by_trace=int(head["n_by_trace"]),
+        runs=int(head["n_runs"]), warm_forwards=int(head["n_warm_forwards"] or 0),
+    )
+    formats = int(results["cohort_mix"][0].get("formats") or 0)
+    cohort_stage_rows: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for row in results["cohort_stages"]:
+        cohort_stage_rows.setdefault((row["width"], row["height"], row["fmt"]), []).append(row)
+    cohorts = []
+    for row in results["cohorts"]:
+        cohort_total = summary(row, "total")
+        if cohort_total is None:
+            continue
+        key = (row["width"], row["height"], row["fmt"])
+        cohorts.append(CohortAggregate(
+            key=input_key(row["width"], row["height"], row["fmt"] or None, formats),
+            width=int(row["width"]),
+            height=int(row["height"]), format=row["fmt"] or None, total=cohort_total,
+            stages=_stages(cohort_stage_rows.get(key, []), cohort_total)))
+    mix = results["cohort_mix"][0]
+    ss_total = float(mix["ss_total"] or 0.0)
+    n_cohorts = int(mix["cohorts"] or 0)
+    cold_total = summary(results["cold"][0], "total") if results["cold"] else None
+    cold_start = None
+    if cold_total is not None:
+        cold_start = ColdStartAggregate(
+            total=cold_total,
+            stages_median_ms=_ordered({str(r["stage"]): float(r["median_ms"])
+                                       for r in results["cold_stages"]}),
+            by_input=[ColdInput(
+                key=input_key(r["width"], r["height"], r["fmt"] or None, formats), width=r["width"],
+                height=r["height"], format=r["fmt"] or None, cold_requests=int(r["cold_n"]),
+                cold_median_total_ms=float(r["cold_median_ms"]), warm_requests=int(r["warm_n"]),
+                warm_median_total_ms=float(r["warm_median_ms"]) if int(r["warm_n"]) else None,
+                warm_stages_median_ms=_ordered({
+                    str(x["stage"]): float(x["median_ms"]) for x in results["cold_cohort_stages"]
+                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}),
+                cold_stages_median_ms=_ordered({
+                    str(x["stage"]): float(x["median_ms"]) for x in results["cold_input_stages"]
+                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}))
+                for r in results["cold_cohorts"]],
+        )
+    runs = [RunAggregate(**{k: r[k] for k in ("service_name", "service_instance_id",
+                                              "first_unix_ns", "last_unix_ns", "requests")})
+            for r in results["runs"]]
+    slowest = [SlowRequest(
+        trace_id=r["trace_id"], seq=r["seq"], total_ms=r["total_ns"] / 1e6,
+        stages_ms={n: r["stage_ns"][r["stage_names"].index(n)] / 1e6
+                   for n in ordered_stages(r["stage_names"])},
+        image_width=r["width"], image_height=r["height"], image_bytes=r["bytes"],
+        error=bool(r["error"])) for r in results["slowest"]]
+    return FleetAggregates(
+        url=url, start_ns=start_ns, end_ns=end_ns, service=service,
+        quantile_function=QUANTILE_FUNCTIONS[method],
+        quantile_relative_tolerance=EXACT_RELATIVE_TOLERANCE if method == "exact"
+        else DD_RELATIVE_ACCURACY,
+        counts=counts, total=total, unaccounted=summary(head, "unaccounted"),
+        stages=_with_depth(_stages(results["stages"], total), results.get("queue_depth")),
+        cohorts=cohorts, cohorts_total=n_cohorts,
+        known_input_requests=int(mix["known"] or 0), unknown_input_requests=int(mix["unknown"] or 0),
+        input_mix_explains=omega_squared(ss_total, float(mix["ss_within"] or 0.0), n_cohorts,
+                                         int(mix["known"] or 0)),
+        formats=int(mix.get("formats") or 0),
+        preprocess=preprocess_facts(results["preprocess"][0]) if results.get("preprocess") else None,
+        unaccounted_explained=(float(head["unaccounted_cross"] or 0.0) / total.sum_of_squares_ms2
+                               if total and total.sum_of_squares_ms2 > 0 else None),
+        cold_start=cold_start,
+        gpu=_gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
+                 results["gpu_metrics"][0] if results["gpu_metrics"] else {},
+                 counts.warm_forwards),
+        runs=runs, slowest=slowest,
+        problems=_problems(head, odd, counts.runs, len(runs),
+                           signals=bool(results.get("signals") and results["signals"][0]["signals"])),
+    )
+

@@ -1,0 +1,177 @@
+"""The diagnosis as ClickHouse SQL over the Collector exporter's tables: the query object,
+constants, and helpers shared by the statement modules. Pure: builds SQL text.
+
+Statements: :mod:`otel_stages.analysis.clickhouse_requests` fills a temporary per-request table
+(:data:`REQUESTS_TABLE`) from the spans; :mod:`otel_stages.analysis.clickhouse_queries` aggregates
+it (and lines GPU samples up with forward spans); only their small results leave the engine.
+:func:`requests` is the per-request table with the cold and warm flags: cold where any request
+of a process (``service.instance.id``, else ``service.name``) carries ``request.cold_start`` and
+it is true; else where the process's requests carry ``request.seq`` and it is 1; else the
+earliest request of the process (the rules of :func:`otel_stages.analysis.requests.find_requests`).
+
+Quantiles: ``quantilesExactInclusive`` by default, ClickHouse's R-7 method (linear interpolation
+between closest ranks, ``x[floor((n-1)p)] + frac * (x[..+1] - x[..])``), the definition
+:func:`otel_stages.analysis.stats.percentile` uses, so results equal the Python path up to float
+rounding (:data:`EXACT_RELATIVE_TOLERANCE`). It keeps every value of a group in memory (8 bytes
+each), affordable up to :data:`EXACT_QUANTILE_MAX_ROWS` warm requests; above that
+``quantilesDD`` (DDSketch) is used, whose documented guarantee is a relative error of at most
+:data:`DD_RELATIVE_ACCURACY` on each quantile. ``quantileTDigest`` is not used: its error is not
+bounded in the documentation and its result depends on the order rows arrive in.
+
+GPU: ``hw.gpu.utilization`` samples are lined up with the warm forward spans of the same process
+(``service.name`` and ``service.instance.id``, hashed) by an equi-join on (process, 1-second
+bucket) with each forward window spread over the buckets it touches, then ``start <= t <= end``:
+every sample inside every forward, as :mod:`otel_stages.analysis.gpu` counts them, without a
+cross join. Per process the GPU whose utilization rises most inside forwards (vs. outside them)
+is taken as the model's GPU (ties: more samples), as the Python path does for one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The temporary per-request table (one per connection), and the per-process one.
+REQUESTS_TABLE = "otel_stages_requests"
+PROCESS_TABLE = "otel_stages_processes"
+#: Custom stage groups nest at most this deep under a request (deeper ones stop the walk there).
+MAX_GROUP_DEPTH = 4
+#: Spans starting before this (2000-01-01T00:00:00Z) are broken clocks, left out and counted.
+MIN_SPAN_START_NS = 946_684_800 * 10**9
+#: Spans longer than this (one day) are left out and counted (also catches end < start).
+MAX_SPAN_DURATION_NS = 86_400 * 10**9
+#: Spans this long before the window are read too (a request starting inside the window keeps
+#: parents that began just before it; requests are kept by their own start), and the most a time
+#: slice reads past its end (requests longer than this lose their late stage spans).
+WINDOW_SLACK_NS = 600 * 10**9
+#: Above this many warm requests the exact quantile function gives way to quantilesDD.
+EXACT_QUANTILE_MAX_ROWS = 50_000_000
+#: quantilesDD's relative accuracy (its documented bound on each quantile's relative error).
+DD_RELATIVE_ACCURACY = 0.01
+#: Relative difference allowed between exact quantiles here and in Python (float rounding only).
+EXACT_RELATIVE_TOLERANCE = 1e-9
+#: Width of the time buckets the forward/sample join matches on (ns).
+GPU_BUCKET_NS = 10**9
+#: Utilization series whose maximum exceeds this are percent (0..100), as in analysis.gpu.
+PERCENT_GUESS = 1.5
+#: Percentile levels computed for every distribution (p5, p25, median, p75, p95).
+LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
+#: The engine spills GROUP BY / ORDER BY state to disk past these sizes (bytes).
+SPILL_BYTES = 256 * 2**20
+#: Settings every statement runs with unless the caller overrides them.
+DEFAULT_SETTINGS: Mapping[str, Any] = {
+    "max_bytes_before_external_group_by": SPILL_BYTES,
+    "max_bytes_before_external_sort": SPILL_BYTES,
+    # temporary tables are written in small blocks: the default squashes up to a million rows
+    # (hundreds of MB with arrays) per insert thread before writing a part
+    "min_insert_block_size_rows": 65_536,
+    "min_insert_block_size_bytes": 16 * 2**20,
+}
+
+
+
+@dataclass(frozen=True)
+class AggregateQuery:
+    """What to aggregate. Times are Unix ns; ``start_ns``/``end_ns`` ``None`` = unbounded.
+
+    ``service``: only spans of this ``service.name`` (``None``: all). ``top_cohorts``,
+    ``top_runs``, ``top_slowest``: rows returned for those lists (totals are always complete).
+    ``quantiles``: ``"exact"``, ``"dd"`` or ``"auto"`` (exact up to
+    :data:`EXACT_QUANTILE_MAX_ROWS` warm requests). ``settings``: ClickHouse settings for every
+    statement (memory limits, spill thresholds), merged over :data:`DEFAULT_SETTINGS`.
+    ``slice_spans``: spans per time slice of the request grouping (bounds its memory, about
+    1 KB per request; see :mod:`otel_stages.analysis.clickhouse_requests`).
+    """
+
+    start_ns: int | None = None
+    end_ns: int | None = None
+    service: str | None = None
+    top_cohorts: int = 20
+    top_runs: int = 50
+    top_slowest: int = 5
+    quantiles: str = "auto"
+    settings: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
+    slice_spans: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.quantiles not in ("auto", "exact", "dd"):
+            raise ValueError(f"quantiles must be auto, exact or dd, got {self.quantiles!r}")
+        if self.slice_spans < 1:
+            raise ValueError(f"slice_spans must be >= 1, got {self.slice_spans}")
+        if self.start_ns is not None and self.end_ns is not None and self.end_ns <= self.start_ns:
+            raise ValueError("the window ends before it starts")
+
+
+def setting_literal(value: Any) -> str:
+    """A Python value as a ClickHouse ``SET`` literal (bool -> 0/1, str quoted)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def query_params(query: AggregateQuery) -> dict[str, Any]:
+    return {
+        "lo": query.start_ns if query.start_ns is not None else 0,
+        "hi": query.end_ns if query.end_ns is not None else 2**63 - 1,
+        "scan_lo": max(0, (query.start_ns or 0) - WINDOW_SLACK_NS),
+        "service": query.service or "",
+    }
+
+
+def span_filter(query: AggregateQuery, *, odd: bool) -> str:
+    """WHERE clause over the traces table: window (with slack), service, and odd spans left out
+    (``odd=False``) or selected (``odd=True``: start before 2000 or longer than a day; the
+    table's partition key and duration index answer this without a full read)."""
+    parts = []
+    if query.start_ns is not None:
+        parts.append("Timestamp >= fromUnixTimestamp64Nano({scan_lo:Int64})")
+    if query.end_ns is not None:
+        parts.append("Timestamp < fromUnixTimestamp64Nano({hi:Int64})")
+    if query.service:
+        parts.append("ServiceName = {service:String}")
+    bad = (f"(Timestamp < fromUnixTimestamp64Nano({MIN_SPAN_START_NS})"
+           f" OR Duration > {MAX_SPAN_DURATION_NS})")
+    parts.append(bad if odd else f"NOT {bad} AND SpanId != '' AND TraceId != ''")
+    return " AND ".join(parts)
+
+
+def requests() -> str:
+    """The per-request table (:data:`REQUESTS_TABLE`), with its ``cold`` and ``warm`` flags."""
+    return REQUESTS_TABLE
+
+
+def count_statement() -> str:
+    """Warm requests in the temporary table (picks the quantile function under ``auto``)."""
+    return f"SELECT countIf(warm) AS n_warm FROM {requests()}"
+
+
+def quantile_function(query: AggregateQuery, warm_requests: int) -> str:
+    """``"exact"`` or ``"dd"`` for this query and this many warm requests."""
+    if query.quantiles != "auto":
+        return query.quantiles
+    return "exact" if warm_requests <= EXACT_QUANTILE_MAX_ROWS else "dd"
+
+
+def _levels() -> str:
+    return ", ".join(repr(x) for x in LEVELS)
+
+
+def distribution(prefix: str, expr: str, cond: str, method: str) -> str:
+    """Select-list items summarising ``expr`` over rows where ``cond``: ``{prefix}_n``, ``_min``,
+    ``_max``, ``_q`` (the :data:`LEVELS`), ``_mean``, ``_var`` (sample variance), ``_sum``."""
+    q = (f"quantilesExactInclusiveIf({_levels()})({expr}, {cond})" if method == "exact"
+         else f"quantilesDDIf({DD_RELATIVE_ACCURACY}, {_levels()})({expr}, {cond})")
+    return (f"countIf({cond}) AS {prefix}_n, minIf({expr}, {cond}) AS {prefix}_min, "
+            f"maxIf({expr}, {cond}) AS {prefix}_max, {q} AS {prefix}_q, "
+            f"avgIf({expr}, {cond}) AS {prefix}_mean, varSampStableIf({expr}, {cond}) AS {prefix}_var, "
+            f"sumIf({expr}, {cond}) AS {prefix}_sum")
+
+
+def median(expr: str, cond: str, method: str) -> str:
+    """The median of ``expr`` over rows where ``cond``, with the chosen quantile function."""
+    if method == "exact":
+        return f"quantileExactInclusiveIf(0.5)({expr}, {cond})"
+    return f"quantileDDIf({DD_RELATIVE_ACCURACY}, 0.5)({expr}, {cond})"

@@ -1,0 +1,358 @@
+"""Fleet analysis in ClickHouse, on real chDB: every handed scenario imported as the Collector's
+``clickhouse`` exporter writes it, aggregated in SQL, and compared with the Python path
+(``find_requests`` + ``stage_stats`` + ``gpu_evidence`` on warm requests) on the same spans.
+
+chDB runs one data folder per process, so the whole module shares one (``chdb_path``) and each
+scenario gets a database of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    import chdb  # noqa: F401
+except ImportError:
+    # CI installs the test extra, which holds chDB: there a missing chDB is a broken install
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        raise
+    pytest.skip("needs chDB: the clickhouse extra (pip install -e '.[test]')", allow_module_level=True)
+
+from otel_stages.analysis import Recording, load_paths
+from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
+from otel_stages.analysis.clickhouse_figures import report_dict
+from otel_stages.analysis.clickhouse_result import FleetAggregates, ordered_stages
+from otel_stages.analysis.clickhouse_sql import (
+    EXACT_RELATIVE_TOLERANCE,
+    MAX_SPAN_DURATION_NS,
+    MIN_SPAN_START_NS,
+    AggregateQuery,
+)
+from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.gpu import gpu_evidence
+from otel_stages.analysis.requests import Request, find_requests
+from otel_stages.analysis.stats import (
+    correlation,
+    distribution,
+    percentile,
+    stage_stats,
+    variance_explained_by_groups,
+)
+
+TRACES = Path(__file__).parent / "data" / "traces"
+SCENARIOS = sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
+TRUST_ANSWERS = json.loads((TRACES / "trust" / "answers.json").read_text())
+TOL = {"rel": EXACT_RELATIVE_TOLERANCE, "abs": 1e-9}
+
+
+def _db(path: Path) -> str:
+    return "s_" + path.name.removesuffix(".otlp.jsonl").replace(".", "_")
+
+
+@pytest.fixture(scope="module")
+def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"chdb:{tmp_path_factory.mktemp('chdb')}"
+
+
+@pytest.fixture(scope="module")
+def engine(chdb_path: str):
+    with connect(parse_url(chdb_path)) as eng:
+        yield eng
+
+
+def aggregate(engine: Any, files: list[Path], database: str, **query: Any) -> FleetAggregates:
+    tables = Tables(database=database)
+    summary = import_files(engine, tables, files)
+    assert summary.problems == [] and summary.spans > 0
+    return fetch_aggregates(engine, tables, AggregateQuery(**query))
+
+
+@pytest.fixture(scope="module")
+def scenario_results(engine) -> dict[str, FleetAggregates]:
+    return {_db(p): aggregate(engine, [p], _db(p)) for p in SCENARIOS}
+
+
+# --- the Python path, on the spans the SQL keeps ------------------------------------------------
+
+
+def complete_part(recording: Recording) -> Recording:
+    """The recording without spans the SQL leaves out (start before 2000, over a day) and without
+    spans whose parent never arrived (the SQL counts those as incomplete, not as requests)."""
+    spans = [s for s in recording.spans
+             if s.start_ns >= MIN_SPAN_START_NS and s.end_ns - s.start_ns <= MAX_SPAN_DURATION_NS]
+    ids = {(s.trace_id, s.span_id) for s in spans}
+    spans = [s for s in spans if s.parent_span_id is None or (s.trace_id, s.parent_span_id) in ids]
+    return Recording(spans=spans, metrics=recording.metrics)
+
+
+def covered_ms(req: Request) -> float:
+    start, end = req.start_ns, req.start_ns + round(req.total_ms * 1e6)
+    covered, reach = 0, start
+    for s, e in sorted((s.start_ns, s.end_ns) for s in req.spans):
+        covered += max(0, min(e, end) - max(s, reach, start))
+        reach = max(reach, e)
+    return covered / 1e6
+
+
+def decode_format(req: Request) -> str | None:
+    fmt = req.stage_attribute("decode", "image.format")
+    return str(fmt) if fmt else None
+
+
+def check_against_python(agg: FleetAggregates, recording: Recording) -> None:
+    requests = find_requests(complete_part(recording).spans)
+    warm = [r for r in requests if not r.cold and not r.error]
+    cold = [r for r in requests if r.cold and not r.error]
+    c = agg.counts
+    assert (c.requests, c.warm, c.cold - c.cold_failed, c.failed) == (
+        len(requests), len(warm), len(cold), sum(r.error for r in requests))
+
+    totals = [r.total_ms for r in warm]
+    want_total = distribution(totals)
+    assert agg.total is not None and agg.total.count == want_total.count
+    for key in ("min_ms", "p5_ms", "median_ms", "p95_ms", "max_ms"):
+        assert getattr(agg.total, key) == pytest.approx(getattr(want_total, key), **TOL), key
+    assert agg.total.p25_ms == pytest.approx(percentile(totals, 25), **TOL)
+
+    want_stages = stage_stats([r.stages_ms for r in warm], totals)
+    assert list(agg.stages) == list(want_stages)
+    for name, want in want_stages.items():
+        got = agg.stages[name]
+        assert got.ran.count == want.count
+        for key in ("min_ms", "p5_ms", "median_ms", "p95_ms", "max_ms", "swing_ms"):
+            assert getattr(got.ran, key) == pytest.approx(getattr(want, key), **TOL), (name, key)
+        assert got.share_of_time == pytest.approx(want.share, **TOL)
+        assert got.explained == pytest.approx(want.explains, rel=1e-6, abs=1e-9), name
+
+    unaccounted = [r.total_ms - covered_ms(r) for r in warm]
+    assert agg.unaccounted is not None
+    assert agg.unaccounted.median_ms == pytest.approx(statistics.median(unaccounted), abs=1e-6)
+    assert agg.unaccounted.max_ms == pytest.approx(max(unaccounted), abs=1e-6)
+    assert agg.unaccounted_explained == pytest.approx(
+        statistics.covariance(unaccounted, totals) / statistics.variance(totals), rel=1e-6, abs=1e-9)
+
+    for name, got in agg.stages.items():  # does the stage's cost follow the input's size?
+        sized = [r for r in warm if name in r.stages_ms and r.pixels is not None]
+        for attr, size in (("pixels_correlation", [r.pixels for r in sized]),
+                           ("bytes_correlation", [r.image_bytes for r in sized])):
+            pairs = [(r.stages_ms[name], b) for r, b in zip(sized, size) if b is not None]
+            want_corr = correlation([a for a, _ in pairs], [float(b) for _, b in pairs])
+            value = getattr(got, attr)
+            assert value == (None if want_corr is None else pytest.approx(want_corr, abs=1e-9)), (name, attr)
+
+    gpu = gpu_evidence(warm, recording.metrics)
+    assert agg.gpu.source == gpu.source
+    assert (agg.gpu.samples, agg.gpu.forwards, agg.gpu.forwards_covered) == (
+        gpu.samples, gpu.forwards, gpu.forwards_covered)
+    for key in ("mean_utilization", "slow_mean_utilization", "fast_mean_utilization"):
+        want = getattr(gpu, key)
+        assert getattr(agg.gpu, key) == (None if want is None else pytest.approx(want, **TOL)), key
+    assert agg.gpu.hw_id == gpu.hw_id
+
+    if cold:
+        assert agg.cold_start is not None and agg.cold_start.total.count == len(cold)
+        assert agg.cold_start.total.median_ms == pytest.approx(
+            statistics.median(r.total_ms for r in cold), **TOL)
+        for name, ms in agg.cold_start.stages_median_ms.items():
+            assert ms == pytest.approx(statistics.median(
+                r.stages_ms[name] for r in cold if name in r.stages_ms), **TOL)
+    else:
+        assert agg.cold_start is None
+
+    cohorts: dict[tuple[Any, ...], list[float]] = {}
+    for r in warm:
+        if r.image_width is not None and r.image_height is not None:
+            cohorts.setdefault((r.image_width, r.image_height, decode_format(r)), []).append(r.total_ms)
+    assert agg.cohorts_total == len(cohorts)
+    by_size = sorted(cohorts.items(), key=lambda kv: -len(kv[1]))
+    assert [len(v) for _, v in by_size][: len(agg.cohorts)] == [k.total.count for k in agg.cohorts]
+    for cohort in agg.cohorts:
+        values = cohorts[(cohort.width, cohort.height, cohort.format)]
+        assert cohort.total.median_ms == pytest.approx(statistics.median(values), **TOL)
+    want_mix = variance_explained_by_groups(list(cohorts.values()))
+    assert agg.input_mix_explains == (None if want_mix is None else pytest.approx(want_mix, rel=1e-6))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=_db)
+def test_scenario_aggregates_equal_the_python_path(path: Path, scenario_results) -> None:
+    check_against_python(scenario_results[_db(path)], load_paths([path]))
+
+
+def test_incomplete_traces_orphans_and_1970_span(scenario_results) -> None:
+    agg = scenario_results["s_incomplete_traces"]
+    expected = TRUST_ANSWERS["incomplete_traces"]
+    assert agg.counts.requests == expected["requests"]
+    assert agg.counts.incomplete >= expected["incomplete_min"]
+    assert agg.counts.odd_spans == 1
+    assert any("1970-01-01" in p and "'forward'" in p for p in agg.problems)
+    assert any("never arrived" in p for p in agg.problems)
+    for name, limit in expected["stage_max_ms"].items():
+        assert agg.stages[name].ran.max_ms < 10 * limit
+
+
+def test_mixed_cold_start_compares_with_the_same_input(scenario_results) -> None:
+    agg = scenario_results["s_mixed_cold_start"]
+    expected = TRUST_ANSWERS["mixed_cold_start"]
+    assert agg.cold_start is not None
+    (same,) = [c for c in agg.cold_start.by_input if c.width is not None]
+    assert same.key.startswith(expected["cold_start"]["cohort"])
+    assert same.warm_requests >= 5
+    warm_same = [r for r in find_requests(load_paths([TRACES / "trust" / "mixed_cold_start.otlp.jsonl"]).spans)
+                 if not r.cold and not r.error and (r.image_width, r.image_height) == (same.width, same.height)]
+    assert same.warm_stages_median_ms == pytest.approx(
+        {n: statistics.median(r.stages_ms[n] for r in warm_same if n in r.stages_ms)
+         for n in warm_same[0].stages_ms})
+    assert same.cold_median_total_ms / same.warm_median_total_ms >= expected["cold_start"]["min_ratio"]
+    assert len(agg.cohorts) >= expected["min_cohorts"]
+    assert agg.input_mix_explains is not None
+    assert agg.input_mix_explains >= expected["min_input_mix_explains"]
+
+
+def test_shares_of_time_and_unaccounted_add_up(scenario_results) -> None:
+    for agg in scenario_results.values():
+        assert agg.total is not None and agg.unaccounted is not None
+        shares = sum(s.share_of_time for s in agg.stages.values())
+        assert shares + agg.unaccounted.sum_ms / agg.total.sum_ms == pytest.approx(1.0, abs=1e-9)
+    gaps = scenario_results["s_shares_gaps"].unaccounted
+    assert gaps is not None and 10 < gaps.median_ms < 20  # "about 12 ms between stage spans"
+
+
+def test_stage_order_is_the_pipeline_order() -> None:
+    assert ordered_stages(["zeta", "forward", "alpha", "download"]) == [
+        "download", "forward", "alpha", "zeta"]
+
+
+@pytest.mark.slow
+def test_scale_benchmark_smoke_run() -> None:
+    """The benchmark's generator, report and client steps run end to end (60 000 spans): every
+    generated request is found and warm but the 20 cold ones, all five stages, GPU samples."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "clickhouse_scale.py"
+    out = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True,
+                         timeout=300, check=True)
+    result = json.loads(out.stdout)
+    (report,) = result["reports"]
+    assert (result["fill"]["spans"], report["requests"], report["warm"]) == (60_000, 10_000, 9_980)
+    assert report["stages"] == ["download", "decode", "resize", "queue", "forward"]
+    assert report["gpu_samples"] > 0 and report["cohorts"] == 4
+    assert result["client_rss_mb"] < 200
+
+
+# --- the report: Figures -> the one rule set, against the file report ---------------------------
+
+#: Scenarios whose verdict needs per-request facts the SQL does not compute yet (a known gap,
+#: stated in clickhouse_figures' docstring and in the report's problems): the mechanism signals of
+#: issue 13 (thread CPU time, GC, event-loop lag, GPU memory around forwards, and the sentence
+#: saying they are absent). Strict: a scenario that starts to match fails here until it is taken
+#: off the list.
+MECHANISMS = "mechanism signals (issue 13) are not computed in SQL yet"
+VERDICT_GAPS = {
+    "s_cpu_contention": MECHANISMS, "s_demo_sequential": MECHANISMS,
+    "s_event_loop_blocked": MECHANISMS, "s_gc_pause": MECHANISMS,
+    "s_gpu_memory_pressure": MECHANISMS, "s_gpu_busy": MECHANISMS, "s_gpu_starved": MECHANISMS,
+    "s_shares_gaps": MECHANISMS,
+}
+#: The report's keys both paths fill from the same figures.
+SAME_KEYS = ("requests", "counts", "total", "stages", "unaccounted", "cohorts", "input_mix_explains",
+             "cold_start", "noise", "gpu")
+
+
+def _close(got: Any, want: Any, where: str) -> None:
+    """Equal JSON, numbers within one unit of the last rounded digit (exact quantiles agree up to
+    float rounding, which can flip a rounded last digit)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), where
+        for k in want:
+            _close(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _close(g, w, f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, bool):
+        assert got == pytest.approx(want, abs=1.1e-3), where
+    else:
+        assert got == want, where
+
+
+def _reports(path: Path, scenario_results) -> tuple[dict[str, Any], dict[str, Any]]:
+    got = json.loads(json.dumps(report_dict(scenario_results[_db(path)])))
+    want = json.loads(json.dumps(diagnose(load_paths([path])).to_dict()))
+    return got, want
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=_db)
+def test_report_figures_equal_the_file_report(path: Path, scenario_results) -> None:
+    """Counts, stage and total statistics, unaccounted time, cohorts (with their verdicts), cold
+    start, noise band and GPU evidence: the ClickHouse report's JSON equals the file report's."""
+    got, want = _reports(path, scenario_results)
+    if VERDICT_GAPS.get(_db(path)) == MECHANISMS:  # a cohort's cause may be a mechanism there
+        for report in (got, want):
+            for cohort in report["cohorts"]:
+                if cohort["verdict"] is not None:
+                    cohort["verdict"].pop("cause")
+    for key in SAME_KEYS:
+        _close(got[key], want[key], key)
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(reason=VERDICT_GAPS[_db(p)], strict=True))
+    if _db(p) in VERDICT_GAPS else p for p in SCENARIOS], ids=_db)
+def test_verdict_equals_the_file_report(path: Path, scenario_results) -> None:
+    """Cause, stage, evidence, advice and tentative: the same rule set on the same figures."""
+    got, want = _reports(path, scenario_results)
+    assert got["verdict"] == want["verdict"]
+
+
+def test_every_known_gap_is_a_handed_scenario() -> None:
+    assert set(VERDICT_GAPS) <= {_db(p) for p in SCENARIOS}
+
+
+def test_signals_are_named_as_not_read(scenario_results) -> None:
+    """Where spans carry mechanism signals the report says its verdict cannot name them."""
+    for name in ("s_cpu_contention", "s_gc_pause", "s_event_loop_blocked"):
+        assert any("mechanism signals" in p for p in scenario_results[name].problems), name
+    assert not any("mechanism signals" in p for p in scenario_results["s_stable"].problems)
+
+
+def test_the_verdict_comes_from_the_shared_rules(scenario_results, monkeypatch) -> None:
+    """Deleting a rule in decision.py changes the ClickHouse verdict: no second copy decides."""
+    from otel_stages.analysis import clickhouse_figures, decision
+
+    agg = scenario_results["s_cold_start"]
+    assert clickhouse_figures.verdict(agg).cause == "cold_start"
+    monkeypatch.setattr(decision, "COLD_START_MIN_RATIO", 1e9)
+    assert clickhouse_figures.verdict(agg).cause != "cold_start"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=_db)
+def test_preprocess_facts_equal_the_python_path(path: Path, scenario_results) -> None:
+    """Draft estimate, repeated inputs, threads and decode counts from SQL equal
+    analysis.preprocessing's over the same warm requests (floats up to rounding)."""
+    from dataclasses import asdict
+
+    from otel_stages.analysis.clickhouse_figures import verdict
+    from otel_stages.analysis.clickhouse_preprocess import STAGES
+    from otel_stages.analysis.preprocessing import preprocess_facts
+
+    agg = scenario_results[_db(path)]
+    got = agg.preprocess
+    if verdict(agg).stage not in STAGES:  # read only for a decode / resize verdict
+        assert got is None
+        return
+    requests = find_requests(complete_part(load_paths([path])).spans)
+    want = preprocess_facts([r for r in requests if not r.cold and not r.error])
+    assert got is not None
+    _close(json.loads(json.dumps(asdict(got))), json.loads(json.dumps(asdict(want))), "preprocess")
+
+
+def test_preprocess_facts_are_read_for_decode_verdicts(scenario_results) -> None:
+    for name in ("s_preprocess_mixed_sizes", "s_mixed_cold_start", "s_pair_decode_tail_before"):
+        assert scenario_results[name].preprocess is not None, name
