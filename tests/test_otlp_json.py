@@ -191,7 +191,8 @@ def test_folders_are_searched_recursively_and_files_read_once(tmp_path: Path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert load_paths([empty]).problems == [
-        f"{empty}: no trace files (*.jsonl, *.json, *.ndjson, *.gz, *.zst, *.zstd) in this folder"
+        f"{empty}: no trace files (*.jsonl, *.json, *.ndjson, *.gz, *.zst, *.zstd) in this folder;"
+        " a file named otherwise is read when given by name"
     ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import codecs
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -39,23 +39,30 @@ def peek(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
     return head, again()
 
 
-def gunzip(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
-    """Every gzip member in turn, as chunks are read; on an early stop, ``cut`` gets why."""
+def _members(chunks: Iterator[bytes], cut: list[str], magic: bytes, padding: bytes,
+             start: Callable[[], Any], errors: type[Exception] | tuple[type[Exception], ...],
+             unit: str, flush: bool) -> Iterator[bytes]:
+    """Every compressed member (gzip) or frame (zstd) in turn, as chunks are read: each starts
+    with ``magic`` (after optional ``padding`` bytes between members), ``start()`` makes its
+    decompressor (``decompress``, ``eof``, ``unused_data``; ``flush`` when ``flush``). Anything
+    else after the last member ends the stream (as ``gzip -d`` ignores trailing garbage); on an
+    early stop, ``cut`` gets why."""
     d: Any = None
     data = b""
     for chunk in chunks:
         data = data + chunk if data else chunk
         while data:
-            if d is None:  # between members: gzip allows zero padding
-                data = data.lstrip(b"\0")
-                if len(data) < len(GZIP_MAGIC):
+            if d is None:
+                if padding:
+                    data = data.lstrip(padding)
+                if len(data) < len(magic):
                     break  # wait for more (or the end)
-                if not data.startswith(GZIP_MAGIC):
-                    return  # trailing garbage after the last member is ignored, as gzip -d does
-                d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+                if not data.startswith(magic):
+                    return
+                d = start()
             try:
                 out = d.decompress(data)
-            except zlib.error as exc:
+            except errors as exc:
                 cut.append(str(exc))
                 return
             if out:
@@ -65,10 +72,19 @@ def gunzip(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
             else:
                 data = b""
     if d is not None:
-        tail = d.flush()
-        if tail:
-            yield tail
-        cut.append("the last member has no end")
+        if flush:
+            tail = d.flush()
+            if tail:
+                yield tail
+        cut.append(f"the last {unit} has no end")
+
+
+def gunzip(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
+    """Every gzip member in turn (zero padding between members allowed, as gzip does), as chunks
+    are read; on an early stop, ``cut`` gets why."""
+    return _members(chunks, cut, GZIP_MAGIC, b"\0",
+                    lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), zlib.error, "member",
+                    flush=True)
 
 
 def unzstd(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
@@ -77,30 +93,8 @@ def unzstd(chunks: Iterator[bytes], cut: list[str]) -> Iterator[bytes]:
     import zstandard  # a dependency; imported here so plain JSON files never load it
 
     dctx = zstandard.ZstdDecompressor()
-    d: Any = None
-    data = b""
-    for chunk in chunks:
-        data = data + chunk if data else chunk
-        while data:
-            if d is None:
-                if len(data) < len(ZSTD_MAGIC):
-                    break
-                if not data.startswith(ZSTD_MAGIC):
-                    return
-                d = dctx.decompressobj()
-            try:
-                out = d.decompress(data)
-            except zstandard.ZstdError as exc:
-                cut.append(str(exc))
-                return
-            if out:
-                yield out
-            if d.eof:
-                data, d = d.unused_data, None
-            else:
-                data = b""
-    if d is not None:
-        cut.append("the last frame has no end")
+    return _members(chunks, cut, ZSTD_MAGIC, b"", dctx.decompressobj, zstandard.ZstdError, "frame",
+                    flush=False)
 
 
 class ByteReader:

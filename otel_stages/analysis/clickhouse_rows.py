@@ -41,7 +41,7 @@ from decimal import Decimal
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.otlp_json import normalize_id
+from otel_stages.analysis.otlp_json import decode_any_value, normalize_id
 
 _SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
 _STATUS_CODES = ("Unset", "Ok", "Error")
@@ -97,35 +97,10 @@ def _go_json(value: Any) -> str:
     return "{" + ",".join(f"{_go_json(k)}:{_go_json(value[k])}" for k in sorted(value)) + "}"
 
 
-def _raw(value: Any) -> Any:
-    """An OTLP/JSON ``AnyValue`` as pdata's ``AsRaw()`` (bytes stay base64 text)."""
-    if not isinstance(value, Mapping):
-        raise ValueError(f"attribute value is not an object: {value!r}")
-    if not value:
-        return None
-    if "stringValue" in value:
-        return str(value["stringValue"])
-    if "boolValue" in value:
-        raw = value["boolValue"]
-        return raw if isinstance(raw, bool) else str(raw).lower() == "true"
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "arrayValue" in value:
-        return [_raw(v) for v in (value["arrayValue"] or {}).get("values") or []]
-    if "kvlistValue" in value:
-        return {str(kv["key"]): _raw(kv.get("value", {}))
-                for kv in (value["kvlistValue"] or {}).get("values") or []}
-    if "bytesValue" in value:
-        return str(value["bytesValue"])
-    raise ValueError(f"unknown attribute value kind {sorted(value)}")
-
-
 def as_string(value: Any) -> str:
     """One OTLP/JSON ``AnyValue`` as ``pcommon.Value.AsString()`` renders it (what the exporter
     stores in its attribute maps). Raises ``ValueError`` for a malformed value."""
-    raw = _raw(value)
+    raw = decode_any_value(value)  # pdata AsRaw(): bytes stay base64 text
     if raw is None:
         return ""
     if isinstance(raw, bool):

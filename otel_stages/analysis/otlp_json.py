@@ -67,7 +67,7 @@ def decode_any_value(value: Any) -> AttributeValue:
     if "doubleValue" in value:
         return float(value["doubleValue"])
     if "arrayValue" in value:
-        return [decode_any_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
+        return [decode_any_value(v) for v in (value["arrayValue"] or {}).get("values") or []]
     if "kvlistValue" in value:
         return decode_attributes((value["kvlistValue"] or {}).get("values", []))
     if "bytesValue" in value:
