@@ -135,6 +135,21 @@ def more_runs(missing: int) -> str:
             " in all) and report again before acting on this verdict")
 
 
+UNTRACED_SHARE = (
+    "more request time is outside the stage spans than in any one of them: wrap that work (auth, tokenization, waiting"
+    " on another host, response encoding) in stage() spans before optimising a stage; if a stage"
+    " ran on another host, check that its clock agrees with this one's"
+)
+
+
+def for_stable_untraced() -> list[str]:
+    """Advice when nothing swings and untraced time is the largest share."""
+    return [
+        "latency is steady: no per-stage fix is needed for variability",
+        "to lower latency overall, start with the untraced time: " + UNTRACED_SHARE,
+    ]
+
+
 def for_stable(largest_stage: str) -> list[str]:
     """Advice when nothing swings: latency is predictable; cut the biggest stage if needed."""
     return [

@@ -22,6 +22,9 @@ fleet report and any later source call it with the same thresholds. Order of the
    evidence says the time lies outside the stage spans. No material stage although the total
    swings: no cause, the swing is spread over several stages.
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
+6. When the untraced time is a larger share of all request time than any stage
+   (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
+   spans and to instrument it; a ``stable`` verdict then never names a stage as the place to start.
 
 When the input mix explains :data:`INPUT_MIX_DOMINATES` of the total's variance or more, the
 evidence says so first, with the verdict within the largest cohort. Never raises.
@@ -295,6 +298,27 @@ def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     return Verdict(None, None, lines, [advice_text.SPREAD])
 
 
+def untraced_is_largest(fig: Figures) -> bool:
+    """Rule 6: the time outside every stage span is a larger share of all request time than any
+    stage (ties go to the stages). Then no stage is the place to start: the time lies where no
+    span measures it."""
+    gap = fig.unaccounted
+    if gap is None or gap.share <= 0:
+        return False
+    return gap.share > max((s.share for s in fig.stages.values()), default=0.0)
+
+
+def _untraced_share_line(fig: Figures) -> str:
+    gap = fig.unaccounted
+    assert gap is not None
+    covered = sum(s.share for s in fig.stages.values())
+    largest = max(fig.stages.values(), key=lambda s: s.share)
+    most = "most request time" if gap.share >= 0.5 else "the largest part of request time"
+    return (f"{most} lies outside the stage spans: {pct(gap.share)} is untraced"
+            f" (median {duration(gap.median_ms)} per request), more than any stage (the largest,"
+            f" {largest.name}, is {pct(largest.share)}); the stage spans cover {pct(covered)}")
+
+
 def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     largest = max(fig.stages.values(), key=lambda s: s.share)
     lines = []
@@ -302,6 +326,9 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         lines.append(_band_line(fig, band, False))
     else:
         lines.append(f"no stage swings beyond the {band.describe()}")
+    if untraced_is_largest(fig):
+        lines.append(_untraced_share_line(fig))
+        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced())
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
                  f" ({_centre(largest)})")
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
@@ -375,6 +402,9 @@ def _mix_line(fig: Figures) -> str | None:
 
 
 def _append_common(verdict: Verdict, fig: Figures) -> None:
+    if verdict.cause not in (None, CAUSE_STABLE) and untraced_is_largest(fig):
+        verdict.evidence.append(_untraced_share_line(fig))
+        verdict.advice.append("also: " + advice_text.UNTRACED_SHARE)
     mix = _mix_line(fig)
     if mix is not None:
         if fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES:

@@ -21,7 +21,9 @@ named in ``problems``. Their times would otherwise enter the statistics as reque
 Per request, each stage span counts only for the part that lies inside the request span (work
 that outlives its request is not request latency); ``unaccounted_ms`` is the request time covered
 by no stage span. Stages that stick out of their request, or overlap each other (so that their
-shares add up to more than the request), are named in ``problems``.
+shares add up to more than the request), are named in ``problems``; stage spans that lie wholly
+outside their request span (count 0 ms) are named apart, with clock skew between hosts as the
+likely cause.
 
 Span names that carry per-request data are handled by :mod:`otel_stages.analysis.naming`.
 Everything here is linear in the number of spans (plus a sort of each request's few stages).
@@ -338,11 +340,23 @@ class _Issues:
         self.outside_example = ""
         self.overlap = 0
         self.overlap_example = ""
+        self.detached = 0  # stage spans with time that lie wholly outside their request span
+        self.detached_requests = 0
+        self.detached_example = ""
 
     def problems(self) -> list[str]:
         from otel_stages.analysis.units import duration
 
         out = []
+        if self.detached:
+            out.append(
+                f"{self.detached} stage span{'s' if self.detached != 1 else ''} in"
+                f" {self.detached_requests} request{'s' if self.detached_requests != 1 else ''} lie"
+                f" entirely outside their request span (e.g. {self.detached_example}) and count"
+                " 0 ms: a clock skew between hosts (the stage ran on a host whose clock is ahead of or"
+                " behind the request's) is the likely cause; sync the hosts' clocks (NTP / chrony)"
+                " or record the stage on the request's host"
+            )
         if self.outside:
             out.append(
                 f"stage spans reach outside their request span in {self.outside} request"
@@ -422,6 +436,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
     inside_sum = 0
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
+    detached = 0
     error = request_span.error
     # where the image attributes come from: decode spans first (their contract), then the other
     # stages in time order, groups, the request span
@@ -437,6 +452,16 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
         end = span_end if span_end < hi else hi
         inside = end - start if end > start else 0
         outside = (span_end - span_start) - inside
+        if inside == 0 and outside > 0 and (span_start >= hi or span_end <= lo):
+            # wholly outside: not a stage that outlived its request but one on another clock
+            detached += 1
+            if not issues.detached_example:
+                off = (span_start - hi) if span_start >= hi else (lo - span_end)
+                where = "after the request ended" if span_start >= hi else "before the request began"
+                issues.detached_example = (f"{name} in trace {span.trace_id}"
+                                           f" {'starts' if span_start >= hi else 'ends'}"
+                                           f" {off / 1e6:.1f} ms {where}")
+            outside = 0
         if outside > worst_outside:
             worst_outside = outside
             example = f"{name} in trace {span.trace_id}"
@@ -450,6 +475,9 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
         covered += end - (start if start > cursor else cursor) if end > cursor else 0
         if end > cursor:
             cursor, cursor_name = end, name
+    if detached:
+        issues.detached += detached
+        issues.detached_requests += 1
     if worst_outside / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.outside += 1
         if worst_outside / 1e6 > issues.outside_max_ms:
