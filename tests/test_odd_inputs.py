@@ -94,3 +94,44 @@ def test_zero_length_stages_point_at_the_untraced_time(tmp_path, capsys):
     assert any("100% is untraced" in e for e in verdict["evidence"])
     assert not any("start with download" in a for a in verdict["advice"])
     assert not any("entirely outside" in p for p in out["problems"])  # 0 ms spans are inside
+
+
+# --- 2. span ids shared by different spans --------------------------------------------------------
+
+
+def test_conflicting_span_ids_are_named(tmp_path, capsys):
+    out = report_of(odd_inputs.dup_ids_one_trace(tmp_path / "dup.jsonl"), capsys)
+    assert out["requests"] == 1
+    (clash,) = [p for p in out["problems"] if "share a span id with a different span" in p]
+    assert clash.startswith("29 spans share") and "'request' and 'request' starting 224.0 ms apart" in clash
+    # the merged request's stages are not blamed on a clock
+    assert not any("entirely outside" in p or "reach outside" in p for p in out["problems"])
+
+
+def test_exact_duplicate_lines_stay_deduplicated_without_a_problem(tmp_path, capsys):
+    out = report_of(odd_inputs.dup_lines(tmp_path / "twice.jsonl"), capsys)
+    assert out["requests"] == 30 and out["counts"]["warm"] == 29
+    assert out["problems"] == []
+
+
+@pytest.mark.parametrize("change, clash", [
+    ({}, False),
+    ({"end_ns": 1}, True),
+    ({"start_ns": 1, "end_ns": 1}, True),
+    ({"parent_span_id": "f" * 16}, True),
+    ({"name": "decode"}, True),
+])
+def test_a_span_id_clash_is_any_difference_in_name_parent_or_times(change, clash):
+    from msgspec.structs import replace
+
+    from otel_stages.analysis import Span
+    from otel_stages.analysis.requests import group_spans
+    from tests.test_verdict import T0_NS
+
+    req = Span("a" * 32, "1" * 16, None, "request", T0_NS, T0_NS + 100_000_000)
+    fwd = Span("a" * 32, "2" * 16, "1" * 16, "forward", T0_NS + 10, T0_NS + 90_000_000)
+    moved = {k: (getattr(fwd, k) + v if isinstance(v, int) else v) for k, v in change.items()}
+    grouping = group_spans([req, fwd, replace(fwd, **moved)])
+    assert len(grouping.requests) == 1
+    assert any("share" in p and "a span id with a different span" in p
+               for p in grouping.problems) is clash

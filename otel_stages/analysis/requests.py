@@ -160,7 +160,8 @@ def find_requests(spans: Iterable[Span]) -> list[Request]:
 
 def group_spans(spans: Iterable[Span]) -> Grouping:
     """Group ``spans`` into :class:`Request` records (sorted by start) and :class:`Incomplete`
-    units, with problems. Duplicate spans (same trace and span id) count once.
+    units, with problems. Duplicate spans (same trace and span id) count once; where the
+    duplicates differ (another name, parent or times) the ids clash, and ``problems`` says so.
 
     Cold requests: where any request of a process carries ``request.cold_start``, that attribute
     decides; else where requests carry ``request.seq``, seq 1 is cold; else the earliest request
@@ -180,12 +181,13 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
             bucket.append(span)
     units: list[_Unit] = []
     roots: list[Span] = []
+    clashes = _Clashes()
     for bucket in by_trace.values():
-        _trace_units(bucket, units, roots)
+        _trace_units(bucket, units, roots, clashes)
     del by_trace
     naming = per_request_names([k for unit in units for k in unit[2]])
 
-    out = Grouping(requests=[], problems=list(naming.problems))
+    out = Grouping(requests=[], problems=[*naming.problems, *clashes.problems()])
     issues = _Issues()
     orphans: list[Incomplete] = []
     for trace_id, request_id, leaves, groups, request_span in units:
@@ -194,6 +196,8 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
             continue
         if request_span is None:
             orphans.append(_incomplete(trace_id, request_id, named + groups))
+        elif (trace_id, request_id) in clashes.ids:  # merged requests: their stages stick out
+            out.requests.append(_build(request_span, named, groups, _Issues()))
         else:
             out.requests.append(_build(request_span, named, groups, issues))
     out.incomplete = orphans + [_incomplete(s.trace_id, None, [s]) for s in roots]
@@ -209,14 +213,54 @@ _Unit = tuple[str, str, list[Span], list[Span], "Span | None"]
 _by_start = attrgetter("start_ns", "trace_id")
 
 
-def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span]) -> None:
+class _Clashes:
+    """Spans that share a trace and span id with a *different* span (another name, parent or
+    times): exact copies (a collector retry, a file read twice) are not clashes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.example = ""
+        self.ids: set[tuple[str, str]] = set()  # (trace id, span id) that clash
+
+    def add(self, kept: Span, other: Span) -> None:
+        self.count += 1
+        self.ids.add((other.trace_id, other.span_id))
+        if not self.example:
+            apart = abs(other.start_ns - kept.start_ns) / 1e6
+            how = (f"starting {apart:.1f} ms apart" if apart else
+                   "with other ends" if other.end_ns != kept.end_ns else "with other parents")
+            self.example = (f"span {other.span_id} in trace {other.trace_id}: '{kept.name}' and"
+                            f" '{other.name}' {how}")
+
+    def problems(self) -> list[str]:
+        if not self.count:
+            return []
+        n = self.count
+        return [
+            f"{n} span{'s' if n != 1 else ''} share{'s' if n == 1 else ''} a span id with a"
+            f" different span (e.g. {self.example}): only the first of each id was kept, so"
+            " requests that share an id are merged into one; the ids are not unique (a fixed or"
+            " badly seeded id generator, spans copied between traces, or hand-written ids)"
+        ]
+
+
+def _same(a: Span, b: Span) -> bool:
+    """Whether two spans with one id are copies of each other (not a clash)."""
+    return (a.name == b.name and a.start_ns == b.start_ns and a.end_ns == b.end_ns
+            and a.parent_span_id == b.parent_span_id)
+
+
+def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clashes: _Clashes) -> None:
     """The requests (and would-be requests whose span never arrived) of one trace into ``units``,
-    its stage spans without any parent into ``roots``."""
+    its stage spans without any parent into ``roots``; span ids used by two different spans are
+    counted in ``clashes``."""
     by_id = {s.span_id: s for s in reversed(spans)}  # the first of duplicates wins
     if len(by_id) != len(spans):  # duplicates: keep the first of each, in order
         first: dict[str, Span] = {}
         for span in spans:
-            first.setdefault(span.span_id, span)
+            kept = first.setdefault(span.span_id, span)
+            if kept is not span and not _same(kept, span):
+                clashes.add(kept, span)
         spans = list(first.values())
     children: dict[str, list[Span]] = {}
     top: list[Span] = []
