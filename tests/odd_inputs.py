@@ -171,6 +171,6 @@ def cold_attr_conflict(path: Path) -> Path:
 
 def cold_failed_first(path: Path) -> Path:
     """seq 1 failed (OOM); seq 2's forward took 2000 ms."""
-    rows = run(30, lambda i, r: normal(i, r) if i > 1 else normal(i, r)[:4] + [("forward", 2000.0)])
+    rows = run(30, lambda i, r: normal(i, r) if i > 1 else [*normal(i, r)[:4], ("forward", 2000.0)])
     rows[0][0]["status"] = {"code": 2, "message": "OOM"}
     return write(path, rows)

@@ -37,6 +37,15 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.caveats import (
+    failures_dominate,
+    failures_first,
+    offset_line,
+    partial_stage_lines,
+    set_apart_lines,
+    untraced_is_largest,
+    untraced_share_line,
+)
 from otel_stages.analysis.figures import (
     SAME_INPUT,
     ColdFigures,
@@ -70,6 +79,9 @@ STAGE_MIN_PART_OF_SWING = 0.25
 #: The cold request is a cold start when its total is at least this multiple of its comparable warm
 #: requests' median: model load / kernel compilation is typically 10x+, ordinary noise < 1.5x.
 COLD_START_MIN_RATIO = 2.0
+#: The cold request is compared with warm requests of its own input when at least this many exist;
+#: a median of fewer is one or two runs. The same floor applies to setting requests apart.
+COMPARABLE_MIN_REQUESTS = 5
 #: The input mix dominates when cohorts explain at least this part of the total's variance.
 INPUT_MIX_DOMINATES = 0.5
 
@@ -129,6 +141,7 @@ def decide(fig: Figures) -> Verdict:
     if n == 0 or not fig.stages:
         verdict = Verdict(None, None, ["no warm requests to compare"], [advice_text.MORE_RUNS])
         _cold_line(verdict, fig.cold)
+        failures_first(verdict, fig)
         return verdict
     if n < MIN_WARM_RUNS:
         verdict = Verdict(
@@ -137,6 +150,8 @@ def decide(fig: Figures) -> Verdict:
              f" {MIN_WARM_RUNS}, a firm one {RECOMMENDED_WARM_RUNS}+"],
             [advice_text.more_runs(RECOMMENDED_WARM_RUNS - n)], tentative=True)
         _cold_line(verdict, fig.cold)
+        verdict.evidence.extend(set_apart_lines(fig.set_apart))
+        failures_first(verdict, fig)
         return verdict
     band = noise_band(fig.stages.values(), fig.reference_ms)
     swings = total_swings(fig.total, band)
@@ -165,6 +180,7 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig)
+    failures_first(verdict, fig)
     return verdict
 
 
@@ -298,27 +314,6 @@ def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     return Verdict(None, None, lines, [advice_text.SPREAD])
 
 
-def untraced_is_largest(fig: Figures) -> bool:
-    """Rule 6: the time outside every stage span is a larger share of all request time than any
-    stage (ties go to the stages). Then no stage is the place to start: the time lies where no
-    span measures it."""
-    gap = fig.unaccounted
-    if gap is None or gap.share <= 0:
-        return False
-    return gap.share > max((s.share for s in fig.stages.values()), default=0.0)
-
-
-def _untraced_share_line(fig: Figures) -> str:
-    gap = fig.unaccounted
-    assert gap is not None
-    covered = sum(s.share for s in fig.stages.values())
-    largest = max(fig.stages.values(), key=lambda s: s.share)
-    most = "most request time" if gap.share >= 0.5 else "the largest part of request time"
-    return (f"{most} lies outside the stage spans: {pct(gap.share)} is untraced"
-            f" (median {duration(gap.median_ms)} per request), more than any stage (the largest,"
-            f" {largest.name}, is {pct(largest.share)}); the stage spans cover {pct(covered)}")
-
-
 def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     largest = max(fig.stages.values(), key=lambda s: s.share)
     lines = []
@@ -327,7 +322,7 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     else:
         lines.append(f"no stage swings beyond the {band.describe()}")
     if untraced_is_largest(fig):
-        lines.append(_untraced_share_line(fig))
+        lines.append(untraced_share_line(fig))
         return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced())
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
                  f" ({_centre(largest)})")
@@ -352,20 +347,32 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
 
 
 def _cold_sentence(cold: ColdFigures) -> str:
-    who = "first request of the process" if cold.count == 1 else f"{cold.count} cold requests (median)"
+    if cold.count == 1:
+        who = ("first request of the process" if cold.first_of_process
+               else f"the request marked cold by {semconv.REQUEST_COLD_START} (not the first of its"
+                    " process)")
+    else:
+        who = f"{cold.count} cold requests (median)"
+        if not cold.first_of_process:
+            who += f", some marked cold by {semconv.REQUEST_COLD_START} later in their process,"
     ratio = cold.ratio
     if ratio is None:
         return f"{who} took {duration(cold.total_ms)}; no warm request to compare it with"
     if cold.compared_with == SAME_INPUT:
         against = (f"the median of the {cold.comparable_requests} warm requests with the same input"
                    f" ({cold.cohort}, {duration(cold.comparable_median_total_ms)})")
+    elif not cold.input_known:
+        against = (f"the median of all {cold.comparable_requests} warm requests"
+                   f" ({duration(cold.comparable_median_total_ms)}; its input is unknown: no image"
+                   " size or prompt length recorded)")
     else:
         against = (f"the median of all {cold.comparable_requests} warm requests"
-                   f" ({duration(cold.comparable_median_total_ms)}; fewer than 5 share its input)")
+                   f" ({duration(cold.comparable_median_total_ms)}; fewer than"
+                   f" {COMPARABLE_MIN_REQUESTS} share its input)")
     return f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}; reported apart from warm runs"
 
 
-def _cold_line(verdict: Verdict, cold: ColdFigures | None) -> None:
+def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False) -> None:
     if cold is None:
         return
     line = _cold_sentence(cold)
@@ -375,7 +382,8 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None) -> None:
         verdict.evidence.append(line + ", and a cold start too")
         verdict.advice.append("also: " + advice_text.WARM_UP)
     elif verdict.cause == CAUSE_STABLE:
-        verdict.evidence.append(f"no cold-start penalty: {line}")
+        on = " on that request (others are set apart below)" if others_apart else ""
+        verdict.evidence.append(f"no cold-start penalty{on}: {line}")
     else:
         verdict.evidence.append(line)
 
@@ -403,7 +411,7 @@ def _mix_line(fig: Figures) -> str | None:
 
 def _append_common(verdict: Verdict, fig: Figures) -> None:
     if verdict.cause not in (None, CAUSE_STABLE) and untraced_is_largest(fig):
-        verdict.evidence.append(_untraced_share_line(fig))
+        verdict.evidence.append(untraced_share_line(fig))
         verdict.advice.append("also: " + advice_text.UNTRACED_SHARE)
     mix = _mix_line(fig)
     if mix is not None:
@@ -411,7 +419,14 @@ def _append_common(verdict: Verdict, fig: Figures) -> None:
             verdict.evidence.insert(0, mix)
         else:
             verdict.evidence.append(mix)
-    _cold_line(verdict, fig.cold)
+    _cold_line(verdict, fig.cold, others_apart=bool(fig.set_apart))
+    verdict.evidence.extend(set_apart_lines(fig.set_apart))
+    for reason in dict.fromkeys(a.reason for a in fig.set_apart):
+        verdict.advice.append("also: " + advice_text.WARM_UP_AGAIN[reason])
+    verdict.evidence.extend(partial_stage_lines(fig))
+    offsets = offset_line(fig)
+    if offsets is not None:
+        verdict.evidence.append(offsets)
     n = fig.warm_requests
     if n < RECOMMENDED_WARM_RUNS:
         verdict.tentative = True
@@ -421,7 +436,7 @@ def _append_common(verdict: Verdict, fig: Figures) -> None:
             f" input {missing} more time{'s' if missing != 1 else ''} ({RECOMMENDED_WARM_RUNS}+ in"
             " all) for a firm one")
         verdict.advice.insert(0, advice_text.more_runs(missing))
-    if fig.failed_requests:
+    if fig.failed_requests and not failures_dominate(fig):
         verb = "was" if fig.failed_requests == 1 else "were"
         verdict.evidence.append(
             f"{fig.failed_requests} of {fig.requests} requests ended with an error and {verb} left"
