@@ -135,3 +135,187 @@ def test_a_span_id_clash_is_any_difference_in_name_parent_or_times(change, clash
     assert len(grouping.requests) == 1
     assert any("share" in p and "a span id with a different span" in p
                for p in grouping.problems) is clash
+
+
+# --- 3. most requests failed -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failed, first", [(24, False), (25, True)])  # of 100: FAILED_MIN_FRACTION 0.25
+def test_failures_come_first_from_a_quarter_of_the_requests(failed, first):
+    fig = figures(total_swing=2.0, n=100 - failed - 1, failed_requests=failed, requests=100,
+                  failure_kinds={"TimeoutError": failed})
+    v = decide(fig)
+    assert v.evidence[0].startswith(f"{failed}% of requests failed ({failed} of 100; TimeoutError:"
+                                    f" {failed}") is first
+    assert (v.advice[0] == advice.FIX_FAILURES) is first
+    if not first:
+        assert any(f"{failed} of 100 requests ended with an error" in e for e in v.evidence)
+
+
+def test_failures_first_replace_the_advice_to_send_more(tmp_path, capsys):
+    out = report_of(odd_inputs.mostly_failed(tmp_path / "failed.jsonl"), capsys)
+    assert out["counts"] == {"warm": 4, "cold": 1, "failed": 25, "incomplete": 0}
+    verdict = out["verdict"]
+    assert verdict["evidence"][0].startswith("83% of requests failed (25 of 30; error type not"
+                                             " recorded: 25; last stage forward: 25)")
+    assert verdict["advice"] == [advice.FIX_FAILURES]
+    assert not any("send the same input" in a for a in verdict["advice"])
+    assert not any("more time" in e for e in verdict["evidence"])
+
+
+def test_failure_kinds_come_from_error_type_and_exception_events():
+    from otel_stages.analysis import Span
+    from otel_stages.analysis.diagnosis import failure_kinds
+    from otel_stages.analysis.model import SpanEvent
+    from otel_stages.analysis.requests import group_spans
+    from tests.test_verdict import T0_NS
+
+    spans = []
+    for i, (attrs, events) in enumerate([
+        ({"error.type": "OOM"}, ()),
+        ({}, (SpanEvent("exception", T0_NS, {"exception.type": "ValueError"}),)),
+        ({}, ()),
+    ]):
+        trace, req = f"{i:032x}", f"{i + 1:016x}"
+        t = T0_NS + i * 10**9
+        spans += [Span(trace, req, None, "request", t, t + 10**8, attrs, error=True),
+                  Span(trace, f"{i + 9:016x}", req, "decode", t, t + 10**7, {}, error=bool(events),
+                       events=events)]
+    kinds, where = failure_kinds(group_spans(spans).requests)
+    assert kinds == {"OOM": 1, "ValueError": 1, "error type not recorded": 1}
+    assert where == {"failed in decode": 1, "last stage decode": 2}
+
+
+# --- 4. explains: not below the minimum warm count, offsetting stages said ------------------------
+
+
+@pytest.mark.parametrize("n, shown", [(5, False), (6, True)])  # n - 1 warm: MIN_WARM_RUNS 5
+def test_explains_is_not_shown_below_the_minimum_warm_count(tmp_path, capsys, n, shown):
+    path = odd_inputs.write(tmp_path / f"n{n}.jsonl", odd_inputs.run(n))
+    out = report_of(path, capsys)
+    assert out["counts"]["warm"] == n - 1
+    assert all((s["explains"] is not None) is shown for s in out["stages"].values())
+    assert (out["unaccounted"]["explains"] is not None) is shown
+    text = text_of(path, capsys)
+    assert ("explains - = fewer than 5 warm requests" in text) is not shown
+
+
+def test_three_requests_no_longer_explain_thousands_of_percent(tmp_path, capsys):
+    text = text_of(odd_inputs.write(tmp_path / "n3.jsonl", odd_inputs.run(3)), capsys)
+    assert "%" not in text.split("Warm-run stages")[1].split("(unaccounted) =")[0].replace(
+        "share", "").split("forward")[0].split("download")[1].split()[-1]  # the explains cell
+    assert "-1742%" not in text and "1924%" not in text
+
+
+@pytest.mark.parametrize("explains, said", [(-0.09, False), (-0.11, True), (1.09, False), (1.11, True)])
+def test_offsetting_stages_are_explained_from_ten_points_outside(explains, said):
+    fig = figures(stage("decode", 0.5, explains=explains), total_swing=2.0)
+    lines = [e for e in decide(fig).evidence if e.startswith("explains outside 0-100%")]
+    assert bool(lines) is said
+    if said:
+        assert "offset each other" in lines[0] and f"decode {round(explains * 100)}%" in lines[0]
+
+
+def test_anti_correlated_stages_are_said_to_offset_each_other(tmp_path, capsys):
+    path = odd_inputs.anti_corr(tmp_path / "anti.jsonl")
+    out = report_of(path, capsys)
+    # the JSON keeps the decomposition (it adds up to 1), the evidence says why it leaves 0..1
+    assert out["stages"]["decode"]["explains"] < -1 < 1 < out["stages"]["forward"]["explains"]
+    assert sum(s["explains"] for s in out["stages"].values()) + out["unaccounted"]["explains"] \
+        == pytest.approx(1.0, abs=1e-3)
+    (line,) = [e for e in out["verdict"]["evidence"] if e.startswith("explains outside 0-100%")]
+    assert "decode -129%, forward 129%" in line and "offset each other" in line
+    assert "explains below 0% or above 100%: stages that offset each other" in text_of(path, capsys)
+
+
+# --- 5. a stage missing from many requests ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("count, named", [(27, False), (26, True)])  # of 30: STAGE_PRESENT_MIN_FRACTION 0.9
+def test_a_stage_missing_from_warm_requests_is_named_below_nine_tenths(count, named):
+    partial = stage("download", 0.2)
+    partial = type(partial)(**{**partial.__dict__, "count": count})
+    fig = figures(partial, total_swing=2.0, per_request=True)
+    lines = [e for e in decide(fig).evidence if "appears in only" in e]
+    assert bool(lines) is named
+    if named:
+        assert lines[0].startswith(f"download appears in only {count} of 30 warm requests")
+
+
+def test_histogram_counts_are_not_taken_for_missing_stages():
+    partial = stage("download", 0.2)
+    partial = type(partial)(**{**partial.__dict__, "count": 3})
+    assert not any("appears in only" in e for e in decide(figures(partial, total_swing=2.0)).evidence)
+
+
+def test_missing_stage_file_names_the_stage_and_marks_its_row(tmp_path, capsys):
+    path = odd_inputs.missing_stages(tmp_path / "missing.jsonl")
+    out = report_of(path, capsys)
+    assert out["stages"]["download"]["count"] == 14 and out["counts"]["warm"] == 29
+    assert any(e.startswith("download appears in only 14 of 29 warm requests: its min / median / p95"
+                            " are over those 14") for e in out["verdict"]["evidence"])
+    text = " ".join(text_of(path, capsys).split())
+    assert " download* 5.1 " in text and "(download in 14 of 29)" in text
+
+
+# --- 6. a request set apart after an idle gap is in the verdict's evidence --------------------------
+
+
+def test_a_request_set_apart_after_idle_is_in_the_evidence(tmp_path, capsys):
+    out = report_of(odd_inputs.idle_gap(tmp_path / "idle.jsonl"), capsys)
+    (apart,) = out["set_apart"]
+    assert (apart["seq"], apart["reason"]) == (21, "after_idle")
+    evidence = out["verdict"]["evidence"]
+    (line,) = [e for e in evidence if e.startswith("seq 21 took")]
+    assert "3.4x the median of comparable warm requests" in line and "after 60 s idle" in line
+    assert any(e.startswith("no cold-start penalty on that request (others are set apart below)")
+               for e in evidence)
+    assert any("after an idle gap was cold again" in a for a in out["verdict"]["advice"])
+
+
+def test_every_set_apart_reason_has_advice():
+    from otel_stages.analysis import figures as fig_module
+
+    reasons = {v for k, v in vars(fig_module).items() if k.startswith("REASON_")}
+    assert reasons == set(advice.WARM_UP_AGAIN)
+
+
+# --- 7. cold-start wording ------------------------------------------------------------------------------
+
+
+def test_a_cold_request_of_unknown_input_says_so(tmp_path, capsys):
+    path = odd_inputs.write(tmp_path / "n10.jsonl", odd_inputs.run(10))
+    out = report_of(path, capsys)
+    text = " ".join(out["verdict"]["evidence"]) + text_of(path, capsys)
+    assert "its input is unknown" in text and "share its input" not in text
+
+
+def test_a_request_marked_cold_later_in_its_process_is_not_called_the_first(tmp_path, capsys):
+    path = odd_inputs.cold_attr_conflict(tmp_path / "conflict.jsonl")
+    out = report_of(path, capsys)
+    text = " ".join(out["verdict"]["evidence"]) + text_of(path, capsys)
+    assert "first request of the process" not in text.lower()
+    assert "the request marked cold by request.cold_start (not the first of its process)" in text
+    assert "Request marked cold by request.cold_start, not the first of its process" in text
+
+
+# --- 8. the first request failed, the next paid the cold start --------------------------------------
+
+
+def test_the_request_after_a_failed_first_one_is_set_apart(tmp_path, capsys):
+    out = report_of(odd_inputs.cold_failed_first(tmp_path / "cff.jsonl"), capsys)
+    (apart,) = out["set_apart"]
+    assert (apart["seq"], apart["reason"]) == (2, "after_failed_start")
+    assert out["counts"] == {"warm": 28, "cold": 1, "failed": 1, "incomplete": 0}
+    verdict = out["verdict"]
+    assert verdict["cause"] == "stable" and verdict["stage"] is None  # not resting on seq 2
+    assert any("right after the process's first request failed: the cold start may have moved to"
+               " it" in e for e in verdict["evidence"])
+    assert out["stages"]["forward"]["max_ms"] < 200
+
+
+def test_an_ordinary_request_after_a_failed_first_one_stays_warm(tmp_path, capsys):
+    rows = odd_inputs.run(30)
+    rows[0][0]["status"] = {"code": 2, "message": "OOM"}
+    out = report_of(odd_inputs.write(tmp_path / "ok.jsonl", rows), capsys)
+    assert out["set_apart"] == [] and out["counts"]["warm"] == 29
