@@ -60,6 +60,7 @@ from otel_stages.analysis.noise import (
     NoiseBand,
     noise_band,
 )
+from otel_stages.analysis.phrases import band_line, centre, spread_text, total_text
 from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import (
     CAUSE_COLD_START,
@@ -187,49 +188,6 @@ def decide(fig: Figures) -> Verdict:
 # --- verdicts ------------------------------------------------------------------------------------
 
 
-def _spread_text(s: StageFigures | TotalFigures) -> str:
-    d = duration
-    if s.p5_ms is not None and s.p95_ms is not None:
-        if abs((s.p95_ms - s.p5_ms) - s.swing_ms) <= 1e-6 * max(1.0, s.swing_ms):
-            inner = f"p5 {d(s.p5_ms)} -> p95 {d(s.p95_ms)}"
-        else:  # histograms: the rules use the spread the bucket edges prove
-            inner = (f"p5 {d(s.p5_ms)} -> p95 {d(s.p95_ms)} as interpolated; the histogram buckets"
-                     f" prove at least {d(s.swing_ms)}")
-    else:
-        inner = ""
-    if s.min_ms is not None and s.max_ms is not None:
-        inner += f"{', ' if inner else ''}min {d(s.min_ms)}, max {d(s.max_ms)}"
-    return f" ({inner})" if inner else ""
-
-
-def _centre(s: StageFigures) -> str:
-    """``12.3 ms median``, plus the mean when it differs (shares follow the mean)."""
-    text = f"{duration(s.median_ms)} median"
-    if s.mean_ms is not None and abs(s.mean_ms - s.median_ms) > 0.25 * max(s.median_ms, 1e-9):
-        text += f", {duration(s.mean_ms)} mean"
-    return text
-
-
-def _total_text(fig: Figures) -> str:
-    t = fig.total
-    if t is None:
-        return f"{fig.warm_requests} warm requests"
-    p95 = f", p95 {duration(t.p95_ms)}" if t.p95_ms is not None else ""
-    return f"median {duration(t.median_ms)}{p95}, {t.count} warm requests"
-
-
-def _band_line(fig: Figures, band: NoiseBand, beyond: bool) -> str:
-    t = fig.total
-    assert t is not None
-    if beyond and t.swing_ms <= band.band_ms and t.spike_ms is not None:
-        return (f"request total spikes: one run lies {duration(t.spike_ms)} from the median"
-                f" {duration(t.median_ms)} (at least {pct(SPIKE_MIN_FRACTION)} of it), while its"
-                f" p95 - p5 of {duration(t.swing_ms)} stays within this run's {band.describe()}")
-    where = "beyond" if beyond else "within"
-    return (f"request total swings {duration(t.swing_ms)}{_spread_text(t)}, {where} this run's"
-            f" {band.describe()}")
-
-
 def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candidate],
                   band: NoiseBand) -> Verdict:
     d = duration
@@ -237,19 +195,19 @@ def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candida
     cause, mechanism = cause_for(suspect.name, fig.gpu, evidence.mechanisms if evidence else ())
     ref = band.reference_ms
     if suspect.swing_ms >= SWING_MIN_FRACTION * ref or suspect.spike_ms is None:
-        head = f"{suspect.name} swings {d(suspect.swing_ms)}{_spread_text(suspect)}"
+        head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
     else:
         head = (f"{suspect.name} spikes: one run lies {d(suspect.spike_ms)} from its median"
-                f" {d(suspect.median_ms)}{_spread_text(suspect)}")
+                f" {d(suspect.median_ms)}{spread_text(suspect)}")
     if suspect.explains is not None:
         head += (f" and explains {pct(suspect.explains)} of the variance of the request total"
-                 f" ({_total_text(fig)})")
+                 f" ({total_text(fig)})")
     else:
-        head += f" ({_total_text(fig)})"
+        head += f" ({total_text(fig)})"
     lines = [head, f"{suspect.name} is {pct(suspect.share)} of all request time"
-                   f" ({_centre(suspect)})"]
+                   f" ({centre(suspect)})"]
     if fig.total is not None:
-        lines.append(_band_line(fig, band, True))
+        lines.append(band_line(fig, band, True))
     staged = [o for o in others if o.name != UNACCOUNTED]
     if staged:
         nxt = staged[0]
@@ -290,11 +248,11 @@ def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     assert gap is not None and fig.total is not None
     explains = f" and explains {pct(gap.explains)} of its variance" if gap.explains is not None else ""
     lines = [
-        f"request total swings {duration(fig.total.swing_ms)}{_spread_text(fig.total)} but the time"
+        f"request total swings {duration(fig.total.swing_ms)}{spread_text(fig.total)} but the time"
         f" outside the stage spans swings {duration(gap.swing_ms)}{explains}: the swing is outside"
         f" the stage spans (untraced time: median {duration(gap.median_ms)},"
         f" {pct(gap.share)} of all request time)",
-        _band_line(fig, band, True),
+        band_line(fig, band, True),
     ]
     return Verdict(None, None, lines, [advice_text.UNTRACED])
 
@@ -307,7 +265,7 @@ def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         for s in widest
     )
     lines = [
-        _band_line(fig, band, True),
+        band_line(fig, band, True),
         f"but no single stage swings materially (at least {pct(SWING_MIN_FRACTION)} of the median"
         f" request and {pct(STAGE_MIN_PART_OF_SWING)} of the total's swing): widest {parts}",
     ]
@@ -318,21 +276,21 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     largest = max(fig.stages.values(), key=lambda s: s.share)
     lines = []
     if fig.total is not None:
-        lines.append(_band_line(fig, band, False))
+        lines.append(band_line(fig, band, False))
     else:
         lines.append(f"no stage swings beyond the {band.describe()}")
     if untraced_is_largest(fig):
         lines.append(untraced_share_line(fig))
         return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced())
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
-                 f" ({_centre(largest)})")
+                 f" ({centre(largest)})")
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
 
 
 def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
     excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0) for name, ms in cold.stages_ms.items()}
     stage = max(excess, key=lambda k: excess[k]) if excess else None
-    lines = [_band_line(fig, band, False).replace("request total swings", "warm runs are steady:"
+    lines = [band_line(fig, band, False).replace("request total swings", "warm runs are steady:"
                                                    " request total swings", 1)
              if fig.total is not None else "warm runs are steady"]
     if stage is not None:

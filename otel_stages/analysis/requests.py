@@ -41,12 +41,15 @@ import msgspec
 from otel_stages import semconv
 from otel_stages.analysis.model import AttributeValue, Span
 from otel_stages.analysis.naming import Naming, per_request_names
+from otel_stages.analysis.span_issues import (
+    OVERLAP_TOLERANCE_MS,
+    IdClashes,
+    StageIssues,
+    same_span,
+)
 
 _STANDARD = frozenset(semconv.STANDARD_STAGES)
 
-#: Stage spans of one request may overlap by this much (ms) before it is a problem: clocks of two
-#: threads (or Jaeger's microsecond times) can put one stage's start a hair before the last's end.
-OVERLAP_TOLERANCE_MS = 0.05
 
 
 class Request(msgspec.Struct, frozen=True, gc=False):
@@ -181,14 +184,14 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
             bucket.append(span)
     units: list[_Unit] = []
     roots: list[Span] = []
-    clashes = _Clashes()
+    clashes = IdClashes()
     for bucket in by_trace.values():
         _trace_units(bucket, units, roots, clashes)
     del by_trace
     naming = per_request_names([k for unit in units for k in unit[2]])
 
     out = Grouping(requests=[], problems=[*naming.problems, *clashes.problems()])
-    issues = _Issues()
+    issues = StageIssues()
     orphans: list[Incomplete] = []
     for trace_id, request_id, leaves, groups, request_span in units:
         named = _renamed(leaves, naming)
@@ -197,7 +200,7 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
         if request_span is None:
             orphans.append(_incomplete(trace_id, request_id, named + groups))
         elif (trace_id, request_id) in clashes.ids:  # merged requests: their stages stick out
-            out.requests.append(_build(request_span, named, groups, _Issues()))
+            out.requests.append(_build(request_span, named, groups, StageIssues()))
         else:
             out.requests.append(_build(request_span, named, groups, issues))
     out.incomplete = orphans + [_incomplete(s.trace_id, None, [s]) for s in roots]
@@ -213,44 +216,7 @@ _Unit = tuple[str, str, list[Span], list[Span], "Span | None"]
 _by_start = attrgetter("start_ns", "trace_id")
 
 
-class _Clashes:
-    """Spans that share a trace and span id with a *different* span (another name, parent or
-    times): exact copies (a collector retry, a file read twice) are not clashes."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.example = ""
-        self.ids: set[tuple[str, str]] = set()  # (trace id, span id) that clash
-
-    def add(self, kept: Span, other: Span) -> None:
-        self.count += 1
-        self.ids.add((other.trace_id, other.span_id))
-        if not self.example:
-            apart = abs(other.start_ns - kept.start_ns) / 1e6
-            how = (f"starting {apart:.1f} ms apart" if apart else
-                   "with other ends" if other.end_ns != kept.end_ns else "with other parents")
-            self.example = (f"span {other.span_id} in trace {other.trace_id}: '{kept.name}' and"
-                            f" '{other.name}' {how}")
-
-    def problems(self) -> list[str]:
-        if not self.count:
-            return []
-        n = self.count
-        return [
-            f"{n} span{'s' if n != 1 else ''} share{'s' if n == 1 else ''} a span id with a"
-            f" different span (e.g. {self.example}): only the first of each id was kept, so"
-            " requests that share an id are merged into one; the ids are not unique (a fixed or"
-            " badly seeded id generator, spans copied between traces, or hand-written ids)"
-        ]
-
-
-def _same(a: Span, b: Span) -> bool:
-    """Whether two spans with one id are copies of each other (not a clash)."""
-    return (a.name == b.name and a.start_ns == b.start_ns and a.end_ns == b.end_ns
-            and a.parent_span_id == b.parent_span_id)
-
-
-def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clashes: _Clashes) -> None:
+def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clashes: IdClashes) -> None:
     """The requests (and would-be requests whose span never arrived) of one trace into ``units``,
     its stage spans without any parent into ``roots``; span ids used by two different spans are
     counted in ``clashes``."""
@@ -259,7 +225,7 @@ def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clash
         first: dict[str, Span] = {}
         for span in spans:
             kept = first.setdefault(span.span_id, span)
-            if kept is not span and not _same(kept, span):
+            if kept is not span and not same_span(kept, span):
                 clashes.add(kept, span)
         spans = list(first.values())
     children: dict[str, list[Span]] = {}
@@ -375,48 +341,6 @@ def _owner(span_id: str, by_id: dict[str, Span], parents: dict[str, list[Span]])
     return span_id  # a parent cycle (malformed ids): stop where it closes
 
 
-class _Issues:
-    """Counts of stages sticking out of their request and of overlapping stages, with one example."""
-
-    def __init__(self) -> None:
-        self.outside = 0
-        self.outside_max_ms = 0.0
-        self.outside_example = ""
-        self.overlap = 0
-        self.overlap_example = ""
-        self.detached = 0  # stage spans with time that lie wholly outside their request span
-        self.detached_requests = 0
-        self.detached_example = ""
-
-    def problems(self) -> list[str]:
-        from otel_stages.analysis.units import duration
-
-        out = []
-        if self.detached:
-            out.append(
-                f"{self.detached} stage span{'s' if self.detached != 1 else ''} in"
-                f" {self.detached_requests} request{'s' if self.detached_requests != 1 else ''} lie"
-                f" entirely outside their request span (e.g. {self.detached_example}) and count"
-                " 0 ms: a clock skew between hosts (the stage ran on a host whose clock is ahead of or"
-                " behind the request's) is the likely cause; sync the hosts' clocks (NTP / chrony)"
-                " or record the stage on the request's host"
-            )
-        if self.outside:
-            out.append(
-                f"stage spans reach outside their request span in {self.outside} request"
-                f"{'s' if self.outside != 1 else ''} (up to {duration(self.outside_max_ms)} outside,"
-                f" e.g. {self.outside_example}): only the part inside the request counts; work that"
-                " outlives its request (fire-and-forget) is not request latency"
-            )
-        if self.overlap:
-            out.append(
-                f"stage spans overlap in {self.overlap} request{'s' if self.overlap != 1 else ''}"
-                f" (e.g. {self.overlap_example}): stages that run at the same time make the stage"
-                " shares add up to more than the request"
-            )
-        return out
-
-
 def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str) -> int | None:
     """The first int (or float, as an int; not a bool) under ``key`` in ``attributes``."""
     for attrs in attributes:
@@ -469,7 +393,7 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
 _by_start_name = attrgetter("start_ns", "name")
 
 
-def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _Issues) -> Request:
+def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: StageIssues) -> Request:
     """One request from its span and stage spans (``leaves`` is sorted in place)."""
     leaves.sort(key=_by_start_name)
     if len(groups) > 1:
