@@ -319,3 +319,22 @@ def test_an_ordinary_request_after_a_failed_first_one_stays_warm(tmp_path, capsy
     rows[0][0]["status"] = {"code": 2, "message": "OOM"}
     out = report_of(odd_inputs.write(tmp_path / "ok.jsonl", rows), capsys)
     assert out["set_apart"] == [] and out["counts"]["warm"] == 29
+
+
+def test_failure_kinds_read_from_exception_events_in_an_otlp_file(tmp_path, capsys):
+    # an exception event as the OTel SDK's Span.record_exception writes it (event "exception" with
+    # exception.type), on each failed request span
+    path = odd_inputs.mostly_failed(tmp_path / "failed.jsonl")
+    lines = []
+    for line in path.read_text().splitlines():
+        doc = json.loads(line)
+        for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            if span["status"].get("code") == 2:
+                span["events"] = [{"timeUnixNano": span["endTimeUnixNano"], "name": "exception",
+                                   "attributes": [{"key": "exception.type", "value": {
+                                       "stringValue": "torch.OutOfMemoryError"}}]}]
+        lines.append(json.dumps(doc))
+    path.write_text("\n".join(lines) + "\n")
+    out = report_of(path, capsys)
+    assert out["verdict"]["evidence"][0].startswith(
+        "83% of requests failed (25 of 30; torch.OutOfMemoryError: 25;")

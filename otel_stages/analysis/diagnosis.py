@@ -90,22 +90,15 @@ def total_figures(t: Distribution) -> TotalFigures:
 
 
 def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, int]]:
-    """Failed requests by error kind (``error.type``, else an exception event's
-    ``exception.type``, on the request span or a failed stage span; else
+    """Failed requests by error kind (:attr:`Request.error_type
+    <otel_stages.analysis.requests.Request.error_type>`, else
     :data:`~otel_stages.analysis.caveats.KIND_UNKNOWN`) and by where they stopped (``failed in
     decode`` for a failed stage span, else ``last stage <name>``)."""
     kinds: dict[str, int] = defaultdict(int)
     where: dict[str, int] = defaultdict(int)
     for r in failed:
         bad = [s for s in r.spans if s.error]
-        kind = r.attributes.get(semconv.ERROR_TYPE)
-        for span in bad:
-            if kind is None:
-                kind = span.attributes.get(semconv.ERROR_TYPE)
-            for event in span.events:
-                if kind is None:
-                    kind = event.attributes.get(semconv.EXCEPTION_TYPE)
-        kinds[str(kind) if kind not in (None, "") else KIND_UNKNOWN] += 1
+        kinds[r.error_type or KIND_UNKNOWN] += 1
         if bad:
             where[f"failed in {bad[0].name}"] += 1
         elif r.spans:

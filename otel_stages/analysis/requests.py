@@ -85,6 +85,9 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     attributes: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
     spans: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
+    #: for a failed request: ``error.type`` of the request span or a failed stage span, else the
+    #: ``exception.type`` of an exception event on them (OTel semantic conventions); else ``None``
+    error_type: str | None = None
 
     @property
     def end_ns(self) -> int:
@@ -480,7 +483,24 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
         request_span.attributes,
         tuple(leaves),
         tuple(groups),
+        _error_type(request_span, leaves) if error else None,
     )
+
+
+def _error_type(request_span: Span, leaves: Sequence[Span]) -> str | None:
+    """The first ``error.type``, else ``exception.type`` of an exception event, on the request span
+    and then its failed stage spans."""
+    failed = [request_span, *(s for s in leaves if s.error)]
+    for span in failed:
+        value = span.attributes.get(semconv.ERROR_TYPE)
+        if isinstance(value, str) and value:
+            return value
+    for span in failed:
+        for event in span.events:
+            value = event.attributes.get(semconv.EXCEPTION_TYPE)
+            if isinstance(value, str) and value:
+                return value
+    return None
 
 
 def _mark_cold(requests: list[Request]) -> list[Request]:
