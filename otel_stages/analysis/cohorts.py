@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from otel_stages.analysis.decision import COLD_START_MIN_RATIO, COMPARABLE_MIN_REQUESTS
+from otel_stages.analysis import decision
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
     ALL_WARM,
     REASON_AFTER_FAILED_START,
@@ -44,6 +45,11 @@ from otel_stages.analysis.stats import order_stages
 #: A gap this long (seconds) between a request and the previous one of its process can make a warm
 #: process cold again (caches evicted, GPU clocks lowered, connections closed).
 IDLE_GAP_MIN_S = 30.0
+
+#: The cold request is compared with warm requests of its own input when at least this many exist;
+#: the same floor applies to setting requests apart. Defined with the rules
+#: (:data:`otel_stages.analysis.decision.COMPARABLE_MIN_REQUESTS`, whose sentences name it).
+COMPARABLE_MIN_REQUESTS = decision.COMPARABLE_MIN_REQUESTS
 
 _start = attrgetter("start_ns")
 
