@@ -20,10 +20,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from otel_stages import semconv
 from otel_stages.analysis import units
-from otel_stages.analysis.cohorts import REASON_NEW_INPUT
+from otel_stages.analysis.caveats import OFFSET_MIN_EXPLAINS
 from otel_stages.analysis.comparison import Change
-from otel_stages.analysis.figures import SAME_INPUT
+from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
+from otel_stages.analysis.figures import REASON_AFTER_FAILED_START, REASON_NEW_INPUT, SAME_INPUT
 from otel_stages.analysis.report import Report, Run
 from otel_stages.terminal import Column, fit_table, left_out_note, text_console
 
@@ -50,8 +52,10 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     cols = [Column("stage", justify="left", fold=True), Column("min", 8), Column("median"),
             Column("p95", 4), Column("max", 7), Column("share", 5), Column("swing"), Column("explains", 6)]
     rows, styles = [], []
+    n = report.warm_requests
     for s in report.stages.values():
-        rows.append([s.name, _ms(s.min_ms), _ms(s.median_ms), _ms(s.p95_ms), _ms(s.max_ms),
+        rows.append([s.name + ("*" if s.count < n else ""), _ms(s.min_ms), _ms(s.median_ms),
+                     _ms(s.p95_ms), _ms(s.max_ms),
                      _pct(s.share), _ms(s.swing_ms), _pct(s.explains)])
         styles.append("bold" if s.name == report.verdict.stage else None)
     gap = report.unaccounted
@@ -74,6 +78,21 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     ]
     if gap is not None:
         notes.append(Text("(unaccounted) = request time outside every stage span", style="dim"))
+    partial = [s for s in report.stages.values() if s.count < n]
+    if partial:
+        each = "; ".join(f"{s.name} in {s.count} of {n}" for s in partial)
+        notes.append(Text(f"* min / median / p95 / max / swing over the warm requests that have the"
+                          f" stage only ({each}); share and explains count it as 0 ms elsewhere",
+                          style="dim"))
+    if any(s.explains is None for s in report.stages.values()):
+        notes.append(Text(f"explains - = fewer than {MIN_WARM_RUNS} warm requests: too few to"
+                          " tell", style="dim"))
+    odd = [s for s in report.stages.values() if s.explains is not None
+           and not -OFFSET_MIN_EXPLAINS <= s.explains <= 1 + OFFSET_MIN_EXPLAINS]
+    if odd:
+        notes.append(Text("explains below 0% or above 100%: stages that offset each other (one"
+                          " slower when another is faster), their parts cancel; see the verdict",
+                          style="dim"))
     return Group(Text(title, style="bold"), table, *left_out_note(dropped), *notes)
 
 
@@ -137,27 +156,38 @@ def _cold_table(report: Report, width: int) -> RenderableType:
                      f" with the same input ({cold.cohort or 'same cohort'}:"
                      f" {_ms(cold.comparable_median_total_ms)} ms)")
         else:
+            why = ("its input is unknown" if not cold.input_known
+                   else f"fewer than {COMPARABLE_MIN_REQUESTS} share its input")
             ratio = (f", {cold.ratio:.1f}x the median of all {cold.comparable_requests} warm"
-                     f" requests ({_ms(cold.comparable_median_total_ms)} ms; fewer than 5 share its"
-                     " input)")
-    who = "First request of the process" if cold.count == 1 else f"{cold.count} first requests (median)"
+                     f" requests ({_ms(cold.comparable_median_total_ms)} ms; {why})")
+    if cold.count == 1:
+        who = ("First request of the process (cold, reported apart)" if cold.first_of_process
+               else f"Request marked cold by {semconv.REQUEST_COLD_START}, not the first of its"
+                    " process (reported apart)")
+    else:
+        who = f"{cold.count} first requests (median) (cold, reported apart)"
     rows = [[name, _ms(ms), _ms(cold.comparable_stages_ms.get(name))]
             for name, ms in cold.stages_ms.items()]
     table, _ = fit_table([Column("stage", justify="left", fold=True), Column("cold ms"),
                      Column("comparable median ms")], rows, width)
-    title = Text(f"{who} (cold, reported apart): {_ms(cold.total_ms)} ms{ratio}", style="bold")
-    parts: list[RenderableType] = [title, table]
-    if report.set_apart:
-        lines = []
-        for a in report.set_apart:
-            why = ("first request of its input in the process" if a.reason == REASON_NEW_INPUT
-                   else f"after {a.idle_s:.0f} s idle")
-            seq = "" if a.request.seq is None else f"seq {a.request.seq}, "
-            lines.append(f"{seq}{a.cohort or 'unknown input'}: {_ms(a.request.total_ms)} ms, "
-                         f"{a.ratio:.1f}x its input's median ({why}); trace {a.request.trace_id}")
-        parts.append(_bullets(f"Also reported apart as cold ({len(lines)}):", lines, "bold",
-                              MAX_PROBLEMS))
-    return Group(*parts)
+    title = Text(f"{who}: {_ms(cold.total_ms)} ms{ratio}", style="bold")
+    return Group(title, table)
+
+
+def _set_apart_list(report: Report) -> RenderableType:
+    lines = []
+    for a in report.set_apart:
+        if a.reason == REASON_NEW_INPUT:
+            why = "first request of its input in the process"
+        elif a.reason == REASON_AFTER_FAILED_START:
+            why = "right after the process's first request failed"
+        else:
+            why = f"after {a.idle_s:.0f} s idle"
+        seq = "" if a.request.seq is None else f"seq {a.request.seq}, "
+        lines.append(f"{seq}{a.cohort or 'unknown input'}: {_ms(a.request.total_ms)} ms, "
+                     f"{a.ratio:.1f}x its input's median ({why}); trace {a.request.trace_id}")
+    head = "Also reported apart as cold" if report.cold_start is not None else "Reported apart as cold"
+    return _bullets(f"{head} ({len(lines)}):", lines, "bold", MAX_PROBLEMS)
 
 
 #: Drop priorities of the slowest-requests table (higher goes first when the terminal is narrow):
@@ -320,6 +350,8 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
         parts.append(_cohort_table(report, width))
     if report.cold_start is not None:
         parts.append(_cold_table(report, width))
+    if report.set_apart:
+        parts.append(_set_apart_list(report))
     if report.slowest:
         parts.append(_slowest_table(report, width))
     parts.append(Text(report.gpu.describe()))

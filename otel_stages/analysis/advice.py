@@ -9,6 +9,16 @@ from otel_stages.analysis.units import duration, pct
 MORE_RUNS = (
     "send the same input 20+ times to one process (otel-stages demo does this) and report again"
 )
+#: advice per reason a warm request was set apart as cold (``figures.REASON_*``)
+WARM_UP_AGAIN: dict[str, str] = {
+    "after_idle": ("a request after an idle gap was cold again: keep the process warm while idle"
+                   " (a periodic warm-up request, no scale-to-zero of GPU clocks or caches)"),
+    "new_input": ("the first request of a new input shape was cold: warm up each input shape the"
+                  " service accepts at startup (kernel autotuning, compiled graphs per shape)"),
+    "after_failed_start": ("the first request failed and the next paid the cold start: find why"
+                           " the first failed (its error above) and warm the model up before"
+                           " serving"),
+}
 UNTRACED = (
     "wrap the untraced work (auth, tokenization, response encoding, locks) in stage() spans so"
     " the swing lands on a named stage"
@@ -131,8 +141,32 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
 
 def more_runs(missing: int) -> str:
     """Advice when the verdict is tentative: ``missing`` more warm requests give a firm one."""
-    return (f"send the same input {missing} more time{'s' if missing != 1 else ''} (20+ warm requests"
+    return (f"{MORE_RUNS_PREFIX}{missing} more time{'s' if missing != 1 else ''} (20+ warm requests"
             " in all) and report again before acting on this verdict")
+
+
+#: every "send more requests" advice starts so (see :func:`more_runs`)
+MORE_RUNS_PREFIX = "send the same input "
+FIX_FAILURES = (
+    "fix the failing requests first (see the error types above and the failed spans' exception"
+    " events); sending more requests will not make the timings trustworthy while many fail, and"
+    " the latency of the rest may change once they succeed"
+)
+
+UNTRACED_SHARE = (
+    "more request time is outside the stage spans than in any one of them: wrap that work"
+    " (auth, tokenization, waiting on another host, response encoding) in stage() spans before"
+    " optimising a stage; if a stage"
+    " ran on another host, check that its clock agrees with this one's"
+)
+
+
+def for_stable_untraced() -> list[str]:
+    """Advice when nothing swings and untraced time is the largest share."""
+    return [
+        "latency is steady: no per-stage fix is needed for variability",
+        "to lower latency overall, start with the untraced time: " + UNTRACED_SHARE,
+    ]
 
 
 def for_stable(largest_stage: str) -> list[str]:

@@ -15,6 +15,8 @@ these have no key.
   cohort in a process (when the process's start is in the recording) and requests after an idle
   gap of :data:`IDLE_GAP_MIN_S` are set apart from the warm runs when they stand out:
   ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort or more.
+  So is the first successful request after a failed first request (a crash during model load):
+  the cold start may have moved to it.
 """
 
 from __future__ import annotations
@@ -26,22 +28,31 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from otel_stages.analysis import decision
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
-from otel_stages.analysis.figures import ALL_WARM, SAME_INPUT, ColdFigures
+from otel_stages.analysis.figures import (
+    ALL_WARM,
+    REASON_AFTER_FAILED_START,
+    REASON_AFTER_IDLE,
+    REASON_NEW_INPUT,
+    SAME_INPUT,
+    ApartFigures,
+    ColdFigures,
+)
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.stats import order_stages
 
-#: The cold request is compared with warm requests of its own input when at least this many exist;
-#: a median of fewer is one or two runs. The same floor applies to setting requests apart.
-COMPARABLE_MIN_REQUESTS = 5
 #: A gap this long (seconds) between a request and the previous one of its process can make a warm
 #: process cold again (caches evicted, GPU clocks lowered, connections closed).
 IDLE_GAP_MIN_S = 30.0
 
+#: The cold request is compared with warm requests of its own input when at least this many exist;
+#: the same floor applies to setting requests apart. Defined with the rules
+#: (:data:`otel_stages.analysis.decision.COMPARABLE_MIN_REQUESTS`, whose sentences name it).
+COMPARABLE_MIN_REQUESTS = decision.COMPARABLE_MIN_REQUESTS
+
 _start = attrgetter("start_ns")
 
-REASON_NEW_INPUT = "new_input"  #: first request of its cohort in its process
-REASON_AFTER_IDLE = "after_idle"  #: first request after an idle gap
 
 
 class CohortKeys:
@@ -121,11 +132,14 @@ def _median_stages(requests: Sequence[Request]) -> dict[str, float]:
 
 
 def cold_figures(
-    cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys
+    cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys, *,
+    first_of_process: bool = True,
 ) -> ColdFigures | None:
     """The cold request(s) and what they are compared with (module docstring); ``None`` without
     cold requests. With several cold requests (several processes) times are medians; they are
-    compared with the same input only when every one of them has 5+ warm requests of its input."""
+    compared with the same input only when every one of them has 5+ warm requests of its input.
+    ``first_of_process``: false when ``request.cold_start`` marked a request that is not the first
+    of its process (passed on to the figures' wording)."""
     if not cold:
         return None
     cohorts = group(warm, keys)
@@ -147,6 +161,8 @@ def cold_figures(
         comparable_requests=len(comparable),
         warm_median_total_ms=statistics.median(r.total_ms for r in warm) if warm else None,
         cohort=cold_keys[0] if same and len(distinct) == 1 else None,
+        input_known=all(k is not None for k in cold_keys),
+        first_of_process=first_of_process,
     )
 
 
@@ -163,6 +179,12 @@ class SetApart:
     comparable_median_total_ms: float
     ratio: float
     idle_s: float | None = None
+
+    def figures(self) -> ApartFigures:
+        """What the rules read (:class:`~otel_stages.analysis.figures.ApartFigures`)."""
+        return ApartFigures(self.reason, self.request.seq, self.request.trace_id,
+                            self.request.total_ms, self.comparable_median_total_ms, self.ratio,
+                            self.idle_s)
 
     def to_dict(self) -> dict[str, object]:
         """JSON form for the report's ``set_apart`` list."""
@@ -190,12 +212,18 @@ def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApa
         started = any(r.cold for r in reqs)  # the process's start is in the recording
         seen: set[str | None] = set()
         last_end: int | None = None
+        # the first request failed (a crash during model load, an OOM): the cold start may have
+        # moved to the first request that succeeded after it
+        failed_start = bool(reqs) and reqs[0].cold and reqs[0].error
         for r, k in zip(reqs, keys.keys(reqs)):
             if not r.cold and not r.error:
                 if last_end is not None and r.start_ns - last_end >= IDLE_GAP_MIN_S * 1e9:
                     flagged[id(r)] = (REASON_AFTER_IDLE, (r.start_ns - last_end) / 1e9)
+                elif failed_start:
+                    flagged[id(r)] = (REASON_AFTER_FAILED_START, None)
                 elif started and k is not None and k not in seen:
                     flagged[id(r)] = (REASON_NEW_INPUT, None)
+                failed_start = False
             seen.add(k)
             last_end = r.end_ns if last_end is None else max(last_end, r.end_ns)
     if not flagged:

@@ -22,6 +22,9 @@ fleet report and any later source call it with the same thresholds. Order of the
    evidence says the time lies outside the stage spans. No material stage although the total
    swings: no cause, the swing is spread over several stages.
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
+6. When the untraced time is a larger share of all request time than any stage
+   (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
+   spans and to instrument it; a ``stable`` verdict then never names a stage as the place to start.
 
 When the input mix explains :data:`INPUT_MIX_DOMINATES` of the total's variance or more, the
 evidence says so first, with the verdict within the largest cohort. Never raises.
@@ -34,6 +37,15 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.caveats import (
+    failures_dominate,
+    failures_first,
+    offset_line,
+    partial_stage_lines,
+    set_apart_lines,
+    untraced_is_largest,
+    untraced_share_line,
+)
 from otel_stages.analysis.figures import (
     SAME_INPUT,
     ColdFigures,
@@ -48,6 +60,7 @@ from otel_stages.analysis.noise import (
     NoiseBand,
     noise_band,
 )
+from otel_stages.analysis.phrases import band_line, centre, spread_text, total_text
 from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import (
     CAUSE_COLD_START,
@@ -67,6 +80,9 @@ STAGE_MIN_PART_OF_SWING = 0.25
 #: The cold request is a cold start when its total is at least this multiple of its comparable warm
 #: requests' median: model load / kernel compilation is typically 10x+, ordinary noise < 1.5x.
 COLD_START_MIN_RATIO = 2.0
+#: The cold request is compared with warm requests of its own input when at least this many exist;
+#: a median of fewer is one or two runs. The same floor applies to setting requests apart.
+COMPARABLE_MIN_REQUESTS = 5
 #: The input mix dominates when cohorts explain at least this part of the total's variance.
 INPUT_MIX_DOMINATES = 0.5
 
@@ -126,6 +142,7 @@ def decide(fig: Figures) -> Verdict:
     if n == 0 or not fig.stages:
         verdict = Verdict(None, None, ["no warm requests to compare"], [advice_text.MORE_RUNS])
         _cold_line(verdict, fig.cold)
+        failures_first(verdict, fig)
         return verdict
     if n < MIN_WARM_RUNS:
         verdict = Verdict(
@@ -134,6 +151,8 @@ def decide(fig: Figures) -> Verdict:
              f" {MIN_WARM_RUNS}, a firm one {RECOMMENDED_WARM_RUNS}+"],
             [advice_text.more_runs(RECOMMENDED_WARM_RUNS - n)], tentative=True)
         _cold_line(verdict, fig.cold)
+        verdict.evidence.extend(set_apart_lines(fig.set_apart))
+        failures_first(verdict, fig)
         return verdict
     band = noise_band(fig.stages.values(), fig.reference_ms)
     swings = total_swings(fig.total, band)
@@ -162,53 +181,11 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig)
+    failures_first(verdict, fig)
     return verdict
 
 
 # --- verdicts ------------------------------------------------------------------------------------
-
-
-def _spread_text(s: StageFigures | TotalFigures) -> str:
-    d = duration
-    if s.p5_ms is not None and s.p95_ms is not None:
-        if abs((s.p95_ms - s.p5_ms) - s.swing_ms) <= 1e-6 * max(1.0, s.swing_ms):
-            inner = f"p5 {d(s.p5_ms)} -> p95 {d(s.p95_ms)}"
-        else:  # histograms: the rules use the spread the bucket edges prove
-            inner = (f"p5 {d(s.p5_ms)} -> p95 {d(s.p95_ms)} as interpolated; the histogram buckets"
-                     f" prove at least {d(s.swing_ms)}")
-    else:
-        inner = ""
-    if s.min_ms is not None and s.max_ms is not None:
-        inner += f"{', ' if inner else ''}min {d(s.min_ms)}, max {d(s.max_ms)}"
-    return f" ({inner})" if inner else ""
-
-
-def _centre(s: StageFigures) -> str:
-    """``12.3 ms median``, plus the mean when it differs (shares follow the mean)."""
-    text = f"{duration(s.median_ms)} median"
-    if s.mean_ms is not None and abs(s.mean_ms - s.median_ms) > 0.25 * max(s.median_ms, 1e-9):
-        text += f", {duration(s.mean_ms)} mean"
-    return text
-
-
-def _total_text(fig: Figures) -> str:
-    t = fig.total
-    if t is None:
-        return f"{fig.warm_requests} warm requests"
-    p95 = f", p95 {duration(t.p95_ms)}" if t.p95_ms is not None else ""
-    return f"median {duration(t.median_ms)}{p95}, {t.count} warm requests"
-
-
-def _band_line(fig: Figures, band: NoiseBand, beyond: bool) -> str:
-    t = fig.total
-    assert t is not None
-    if beyond and t.swing_ms <= band.band_ms and t.spike_ms is not None:
-        return (f"request total spikes: one run lies {duration(t.spike_ms)} from the median"
-                f" {duration(t.median_ms)} (at least {pct(SPIKE_MIN_FRACTION)} of it), while its"
-                f" p95 - p5 of {duration(t.swing_ms)} stays within this run's {band.describe()}")
-    where = "beyond" if beyond else "within"
-    return (f"request total swings {duration(t.swing_ms)}{_spread_text(t)}, {where} this run's"
-            f" {band.describe()}")
 
 
 def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candidate],
@@ -218,19 +195,19 @@ def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candida
     cause, mechanism = cause_for(suspect.name, fig.gpu, evidence.mechanisms if evidence else ())
     ref = band.reference_ms
     if suspect.swing_ms >= SWING_MIN_FRACTION * ref or suspect.spike_ms is None:
-        head = f"{suspect.name} swings {d(suspect.swing_ms)}{_spread_text(suspect)}"
+        head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
     else:
         head = (f"{suspect.name} spikes: one run lies {d(suspect.spike_ms)} from its median"
-                f" {d(suspect.median_ms)}{_spread_text(suspect)}")
+                f" {d(suspect.median_ms)}{spread_text(suspect)}")
     if suspect.explains is not None:
         head += (f" and explains {pct(suspect.explains)} of the variance of the request total"
-                 f" ({_total_text(fig)})")
+                 f" ({total_text(fig)})")
     else:
-        head += f" ({_total_text(fig)})"
+        head += f" ({total_text(fig)})"
     lines = [head, f"{suspect.name} is {pct(suspect.share)} of all request time"
-                   f" ({_centre(suspect)})"]
+                   f" ({centre(suspect)})"]
     if fig.total is not None:
-        lines.append(_band_line(fig, band, True))
+        lines.append(band_line(fig, band, True))
     staged = [o for o in others if o.name != UNACCOUNTED]
     if staged:
         nxt = staged[0]
@@ -271,11 +248,11 @@ def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     assert gap is not None and fig.total is not None
     explains = f" and explains {pct(gap.explains)} of its variance" if gap.explains is not None else ""
     lines = [
-        f"request total swings {duration(fig.total.swing_ms)}{_spread_text(fig.total)} but the time"
+        f"request total swings {duration(fig.total.swing_ms)}{spread_text(fig.total)} but the time"
         f" outside the stage spans swings {duration(gap.swing_ms)}{explains}: the swing is outside"
         f" the stage spans (untraced time: median {duration(gap.median_ms)},"
         f" {pct(gap.share)} of all request time)",
-        _band_line(fig, band, True),
+        band_line(fig, band, True),
     ]
     return Verdict(None, None, lines, [advice_text.UNTRACED])
 
@@ -288,7 +265,7 @@ def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         for s in widest
     )
     lines = [
-        _band_line(fig, band, True),
+        band_line(fig, band, True),
         f"but no single stage swings materially (at least {pct(SWING_MIN_FRACTION)} of the median"
         f" request and {pct(STAGE_MIN_PART_OF_SWING)} of the total's swing): widest {parts}",
     ]
@@ -299,18 +276,21 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     largest = max(fig.stages.values(), key=lambda s: s.share)
     lines = []
     if fig.total is not None:
-        lines.append(_band_line(fig, band, False))
+        lines.append(band_line(fig, band, False))
     else:
         lines.append(f"no stage swings beyond the {band.describe()}")
+    if untraced_is_largest(fig):
+        lines.append(untraced_share_line(fig))
+        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced())
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
-                 f" ({_centre(largest)})")
+                 f" ({centre(largest)})")
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
 
 
 def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
     excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0) for name, ms in cold.stages_ms.items()}
     stage = max(excess, key=lambda k: excess[k]) if excess else None
-    lines = [_band_line(fig, band, False).replace("request total swings", "warm runs are steady:"
+    lines = [band_line(fig, band, False).replace("request total swings", "warm runs are steady:"
                                                    " request total swings", 1)
              if fig.total is not None else "warm runs are steady"]
     if stage is not None:
@@ -325,20 +305,32 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
 
 
 def _cold_sentence(cold: ColdFigures) -> str:
-    who = "first request of the process" if cold.count == 1 else f"{cold.count} cold requests (median)"
+    if cold.count == 1:
+        who = ("first request of the process" if cold.first_of_process
+               else f"the request marked cold by {semconv.REQUEST_COLD_START} (not the first of its"
+                    " process)")
+    else:
+        who = f"{cold.count} cold requests (median)"
+        if not cold.first_of_process:
+            who += f", some marked cold by {semconv.REQUEST_COLD_START} later in their process,"
     ratio = cold.ratio
     if ratio is None:
         return f"{who} took {duration(cold.total_ms)}; no warm request to compare it with"
     if cold.compared_with == SAME_INPUT:
         against = (f"the median of the {cold.comparable_requests} warm requests with the same input"
                    f" ({cold.cohort}, {duration(cold.comparable_median_total_ms)})")
+    elif not cold.input_known:
+        against = (f"the median of all {cold.comparable_requests} warm requests"
+                   f" ({duration(cold.comparable_median_total_ms)}; its input is unknown: no image"
+                   " size or prompt length recorded)")
     else:
         against = (f"the median of all {cold.comparable_requests} warm requests"
-                   f" ({duration(cold.comparable_median_total_ms)}; fewer than 5 share its input)")
+                   f" ({duration(cold.comparable_median_total_ms)}; fewer than"
+                   f" {COMPARABLE_MIN_REQUESTS} share its input)")
     return f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}; reported apart from warm runs"
 
 
-def _cold_line(verdict: Verdict, cold: ColdFigures | None) -> None:
+def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False) -> None:
     if cold is None:
         return
     line = _cold_sentence(cold)
@@ -348,7 +340,8 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None) -> None:
         verdict.evidence.append(line + ", and a cold start too")
         verdict.advice.append("also: " + advice_text.WARM_UP)
     elif verdict.cause == CAUSE_STABLE:
-        verdict.evidence.append(f"no cold-start penalty: {line}")
+        on = " on that request (others are set apart below)" if others_apart else ""
+        verdict.evidence.append(f"no cold-start penalty{on}: {line}")
     else:
         verdict.evidence.append(line)
 
@@ -375,13 +368,23 @@ def _mix_line(fig: Figures) -> str | None:
 
 
 def _append_common(verdict: Verdict, fig: Figures) -> None:
+    if verdict.cause not in (None, CAUSE_STABLE) and untraced_is_largest(fig):
+        verdict.evidence.append(untraced_share_line(fig))
+        verdict.advice.append("also: " + advice_text.UNTRACED_SHARE)
     mix = _mix_line(fig)
     if mix is not None:
         if fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES:
             verdict.evidence.insert(0, mix)
         else:
             verdict.evidence.append(mix)
-    _cold_line(verdict, fig.cold)
+    _cold_line(verdict, fig.cold, others_apart=bool(fig.set_apart))
+    verdict.evidence.extend(set_apart_lines(fig.set_apart))
+    for reason in dict.fromkeys(a.reason for a in fig.set_apart):
+        verdict.advice.append("also: " + advice_text.WARM_UP_AGAIN[reason])
+    verdict.evidence.extend(partial_stage_lines(fig))
+    offsets = offset_line(fig)
+    if offsets is not None:
+        verdict.evidence.append(offsets)
     n = fig.warm_requests
     if n < RECOMMENDED_WARM_RUNS:
         verdict.tentative = True
@@ -391,7 +394,7 @@ def _append_common(verdict: Verdict, fig: Figures) -> None:
             f" input {missing} more time{'s' if missing != 1 else ''} ({RECOMMENDED_WARM_RUNS}+ in"
             " all) for a firm one")
         verdict.advice.insert(0, advice_text.more_runs(missing))
-    if fig.failed_requests:
+    if fig.failed_requests and not failures_dominate(fig):
         verb = "was" if fig.failed_requests == 1 else "were"
         verdict.evidence.append(
             f"{fig.failed_requests} of {fig.requests} requests ended with an error and {verb} left"

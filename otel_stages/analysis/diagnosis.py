@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.batching import summarize_batches
-from otel_stages.analysis.cohorts import CohortKeys, cold_figures, find_set_apart, group
+from otel_stages.analysis.caveats import KIND_UNKNOWN
+from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, find_set_apart, group
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
@@ -88,18 +89,40 @@ def total_figures(t: Distribution) -> TotalFigures:
                         p95_ms=t.p95_ms, min_ms=t.min_ms, max_ms=t.max_ms, spike_ms=t.spike_ms)
 
 
+def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, int]]:
+    """Failed requests by error kind (:attr:`Request.error_type
+    <otel_stages.analysis.requests.Request.error_type>`, else
+    :data:`~otel_stages.analysis.caveats.KIND_UNKNOWN`) and by where they stopped (``failed in
+    decode`` for a failed stage span, else ``last stage <name>``)."""
+    kinds: dict[str, int] = defaultdict(int)
+    where: dict[str, int] = defaultdict(int)
+    for r in failed:
+        bad = [s for s in r.spans if s.error]
+        kinds[r.error_type or KIND_UNKNOWN] += 1
+        if bad:
+            where[f"failed in {bad[0].name}"] += 1
+        elif r.spans:
+            where[f"last stage {max(r.spans, key=lambda s: s.end_ns).name}"] += 1
+    return dict(kinds), dict(where)
+
+
 def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
-    *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None, failed: int = 0,
-    requests: int = 0,
+    *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
+    failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
+    cold_first: bool = True,
 ) -> _Warm:
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
     gap = unaccounted_stats([r.unaccounted_ms for r in warm], totals)
+    if len(warm) < MIN_WARM_RUNS:  # a covariance of a handful of points is noise: not shown
+        stages = {n: replace(s, explains=None) for n, s in stages.items()}
+        gap = None if gap is None else replace(gap, explains=None)
     gpu = gpu_evidence(warm, metrics)
     signals = stage_signals(warm, list(stages), metrics, gpu)  # CPU, GC, loop, throttling, memory
-    cold_fig = cold_figures(cold, warm, keys)
+    cold_fig = cold_figures(cold, warm, keys, first_of_process=cold_first)
+    kinds, where = failure_kinds(failed)
     figures = Figures(
         warm_requests=len(warm),
         stages={n: stage_figures(s) for n, s in stages.items()},
@@ -111,8 +134,12 @@ def _warm(
         cohorts=cohorts,
         input_mix_explains=mix,
         stage_evidence=with_mechanisms(stage_evidence(warm, list(stages)), signals),
-        failed_requests=failed,
+        failed_requests=len(failed),
         requests=requests,
+        failure_kinds=kinds,
+        failure_stages=where,
+        set_apart=tuple(a.figures() for a in apart),
+        per_request=True,
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
@@ -134,6 +161,16 @@ def _cohorts(
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
     return out, mix
+
+
+def _cold_are_first(requests: Sequence[Request]) -> bool:
+    """Whether every cold request is the earliest request of its process (``request.cold_start``
+    can mark a later one: a model reload)."""
+    first: dict[str, Request] = {}
+    for r, key in zip(requests, process_keys(requests)):
+        if key not in first or r.start_ns < first[key].start_ns:
+            first[key] = r
+    return all(first[key] is r for r, key in zip(requests, process_keys(requests)) if r.cold)
 
 
 def runs_of(requests: Sequence[Request]) -> list[Run]:
@@ -199,7 +236,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
     cohorts, mix = _cohorts(warm, cold, recording.metrics, keys)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
-                   failed=len(failed), requests=len(requests))
+                   failed=failed, requests=len(requests), apart=apart,
+                   cold_first=_cold_are_first(requests))
     verdict = decide(result.figures)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
     if recording.spans and not requests and not incomplete:

@@ -25,6 +25,11 @@ SAME_INPUT = "same_input"
 #: ``ColdFigures.compared_with``: all warm requests (fewer than 5 share the cold request's input).
 ALL_WARM = "all_warm"
 
+REASON_NEW_INPUT = "new_input"  #: set apart: first request of its cohort in its process
+REASON_AFTER_IDLE = "after_idle"  #: set apart: first request after an idle gap
+#: set apart: first successful request after the process's first request failed
+REASON_AFTER_FAILED_START = "after_failed_start"
+
 
 @dataclass(frozen=True)
 class StageFigures:
@@ -103,6 +108,10 @@ class ColdFigures:
     comparable_requests: int
     warm_median_total_ms: float | None = None
     cohort: str | None = None
+    #: the cold request's input is known (image size / prompt length recorded)
+    input_known: bool = True
+    #: every cold request is the first of its process (else ``request.cold_start`` marked it later)
+    first_of_process: bool = True
 
     @property
     def ratio(self) -> float | None:
@@ -110,6 +119,21 @@ class ColdFigures:
         if not self.comparable_median_total_ms:
             return None
         return self.total_ms / self.comparable_median_total_ms
+
+
+@dataclass(frozen=True)
+class ApartFigures:
+    """A warm request reported apart as cold: ``reason`` (``REASON_*``), ``seq`` (or ``None``),
+    ``trace_id``, ``total_ms``, the ``comparable_median_total_ms`` of its cohort, ``ratio`` of the
+    two, and ``idle_s`` (seconds idle before it, for :data:`REASON_AFTER_IDLE`)."""
+
+    reason: str
+    seq: int | None
+    trace_id: str
+    total_ms: float
+    comparable_median_total_ms: float
+    ratio: float
+    idle_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -267,7 +291,10 @@ class Figures:
     ``gpu``: utilization during forward. ``cold``: the cold request(s). ``cohorts``: input cohorts,
     largest first, and ``input_mix_explains`` the part of the total's variance they explain.
     ``stage_evidence``: per-request evidence by stage name. ``failed_requests`` / ``requests``:
-    for the sentence about failed requests left out.
+    for the sentence about failed requests left out; ``failure_kinds`` (``error.type`` /
+    ``exception.type`` -> failed requests) and ``failure_stages`` (where they stopped -> failed
+    requests) name them. ``set_apart``: warm requests reported apart as cold. ``per_request``:
+    the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
     """
 
     warm_requests: int
@@ -281,6 +308,10 @@ class Figures:
     stage_evidence: Mapping[str, StageEvidence] = field(default_factory=dict)
     failed_requests: int = 0
     requests: int = 0
+    failure_kinds: Mapping[str, int] = field(default_factory=dict)
+    failure_stages: Mapping[str, int] = field(default_factory=dict)
+    set_apart: Sequence[ApartFigures] = ()
+    per_request: bool = False
 
     @property
     def reference_ms(self) -> float:

@@ -21,7 +21,9 @@ named in ``problems``. Their times would otherwise enter the statistics as reque
 Per request, each stage span counts only for the part that lies inside the request span (work
 that outlives its request is not request latency); ``unaccounted_ms`` is the request time covered
 by no stage span. Stages that stick out of their request, or overlap each other (so that their
-shares add up to more than the request), are named in ``problems``.
+shares add up to more than the request), are named in ``problems``; stage spans that lie wholly
+outside their request span (count 0 ms) are named apart, with clock skew between hosts as the
+likely cause.
 
 Span names that carry per-request data are handled by :mod:`otel_stages.analysis.naming`.
 Everything here is linear in the number of spans (plus a sort of each request's few stages).
@@ -39,12 +41,15 @@ import msgspec
 from otel_stages import semconv
 from otel_stages.analysis.model import AttributeValue, Span
 from otel_stages.analysis.naming import Naming, per_request_names
+from otel_stages.analysis.span_issues import (
+    OVERLAP_TOLERANCE_MS,
+    IdClashes,
+    StageIssues,
+    same_span,
+)
 
 _STANDARD = frozenset(semconv.STANDARD_STAGES)
 
-#: Stage spans of one request may overlap by this much (ms) before it is a problem: clocks of two
-#: threads (or Jaeger's microsecond times) can put one stage's start a hair before the last's end.
-OVERLAP_TOLERANCE_MS = 0.05
 
 
 class Request(msgspec.Struct, frozen=True, gc=False):
@@ -80,6 +85,9 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     attributes: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
     spans: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
+    #: for a failed request: ``error.type`` of the request span or a failed stage span, else the
+    #: ``exception.type`` of an exception event on them (OTel semantic conventions); else ``None``
+    error_type: str | None = None
 
     @property
     def end_ns(self) -> int:
@@ -158,7 +166,8 @@ def find_requests(spans: Iterable[Span]) -> list[Request]:
 
 def group_spans(spans: Iterable[Span]) -> Grouping:
     """Group ``spans`` into :class:`Request` records (sorted by start) and :class:`Incomplete`
-    units, with problems. Duplicate spans (same trace and span id) count once.
+    units, with problems. Duplicate spans (same trace and span id) count once; where the
+    duplicates differ (another name, parent or times) the ids clash, and ``problems`` says so.
 
     Cold requests: where any request of a process carries ``request.cold_start``, that attribute
     decides; else where requests carry ``request.seq``, seq 1 is cold; else the earliest request
@@ -178,13 +187,14 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
             bucket.append(span)
     units: list[_Unit] = []
     roots: list[Span] = []
+    clashes = IdClashes()
     for bucket in by_trace.values():
-        _trace_units(bucket, units, roots)
+        _trace_units(bucket, units, roots, clashes)
     del by_trace
     naming = per_request_names([k for unit in units for k in unit[2]])
 
-    out = Grouping(requests=[], problems=list(naming.problems))
-    issues = _Issues()
+    out = Grouping(requests=[], problems=[*naming.problems, *clashes.problems()])
+    issues = StageIssues()
     orphans: list[Incomplete] = []
     for trace_id, request_id, leaves, groups, request_span in units:
         named = _renamed(leaves, naming)
@@ -192,6 +202,8 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
             continue
         if request_span is None:
             orphans.append(_incomplete(trace_id, request_id, named + groups))
+        elif (trace_id, request_id) in clashes.ids:  # merged requests: their stages stick out
+            out.requests.append(_build(request_span, named, groups, StageIssues()))
         else:
             out.requests.append(_build(request_span, named, groups, issues))
     out.incomplete = orphans + [_incomplete(s.trace_id, None, [s]) for s in roots]
@@ -207,14 +219,17 @@ _Unit = tuple[str, str, list[Span], list[Span], "Span | None"]
 _by_start = attrgetter("start_ns", "trace_id")
 
 
-def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span]) -> None:
+def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clashes: IdClashes) -> None:
     """The requests (and would-be requests whose span never arrived) of one trace into ``units``,
-    its stage spans without any parent into ``roots``."""
+    its stage spans without any parent into ``roots``; span ids used by two different spans are
+    counted in ``clashes``."""
     by_id = {s.span_id: s for s in reversed(spans)}  # the first of duplicates wins
     if len(by_id) != len(spans):  # duplicates: keep the first of each, in order
         first: dict[str, Span] = {}
         for span in spans:
-            first.setdefault(span.span_id, span)
+            kept = first.setdefault(span.span_id, span)
+            if kept is not span and not same_span(kept, span):
+                clashes.add(kept, span)
         spans = list(first.values())
     children: dict[str, list[Span]] = {}
     top: list[Span] = []
@@ -329,36 +344,6 @@ def _owner(span_id: str, by_id: dict[str, Span], parents: dict[str, list[Span]])
     return span_id  # a parent cycle (malformed ids): stop where it closes
 
 
-class _Issues:
-    """Counts of stages sticking out of their request and of overlapping stages, with one example."""
-
-    def __init__(self) -> None:
-        self.outside = 0
-        self.outside_max_ms = 0.0
-        self.outside_example = ""
-        self.overlap = 0
-        self.overlap_example = ""
-
-    def problems(self) -> list[str]:
-        from otel_stages.analysis.units import duration
-
-        out = []
-        if self.outside:
-            out.append(
-                f"stage spans reach outside their request span in {self.outside} request"
-                f"{'s' if self.outside != 1 else ''} (up to {duration(self.outside_max_ms)} outside,"
-                f" e.g. {self.outside_example}): only the part inside the request counts; work that"
-                " outlives its request (fire-and-forget) is not request latency"
-            )
-        if self.overlap:
-            out.append(
-                f"stage spans overlap in {self.overlap} request{'s' if self.overlap != 1 else ''}"
-                f" (e.g. {self.overlap_example}): stages that run at the same time make the stage"
-                " shares add up to more than the request"
-            )
-        return out
-
-
 def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str) -> int | None:
     """The first int (or float, as an int; not a bool) under ``key`` in ``attributes``."""
     for attrs in attributes:
@@ -411,7 +396,7 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
 _by_start_name = attrgetter("start_ns", "name")
 
 
-def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _Issues) -> Request:
+def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: StageIssues) -> Request:
     """One request from its span and stage spans (``leaves`` is sorted in place)."""
     leaves.sort(key=_by_start_name)
     if len(groups) > 1:
@@ -422,6 +407,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
     inside_sum = 0
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
+    detached = 0
     error = request_span.error
     # where the image attributes come from: decode spans first (their contract), then the other
     # stages in time order, groups, the request span
@@ -437,6 +423,16 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
         end = span_end if span_end < hi else hi
         inside = end - start if end > start else 0
         outside = (span_end - span_start) - inside
+        if inside == 0 and outside > 0 and (span_start >= hi or span_end <= lo):
+            # wholly outside: not a stage that outlived its request but one on another clock
+            detached += 1
+            if not issues.detached_example:
+                off = (span_start - hi) if span_start >= hi else (lo - span_end)
+                where = "after the request ended" if span_start >= hi else "before the request began"
+                issues.detached_example = (f"{name} in trace {span.trace_id}"
+                                           f" {'starts' if span_start >= hi else 'ends'}"
+                                           f" {off / 1e6:.1f} ms {where}")
+            outside = 0
         if outside > worst_outside:
             worst_outside = outside
             example = f"{name} in trace {span.trace_id}"
@@ -450,6 +446,9 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
         covered += end - (start if start > cursor else cursor) if end > cursor else 0
         if end > cursor:
             cursor, cursor_name = end, name
+    if detached:
+        issues.detached += detached
+        issues.detached_requests += 1
     if worst_outside / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.outside += 1
         if worst_outside / 1e6 > issues.outside_max_ms:
@@ -484,7 +483,24 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: _
         request_span.attributes,
         tuple(leaves),
         tuple(groups),
+        _error_type(request_span, leaves) if error else None,
     )
+
+
+def _error_type(request_span: Span, leaves: Sequence[Span]) -> str | None:
+    """The first ``error.type``, else ``exception.type`` of an exception event, on the request span
+    and then its failed stage spans."""
+    failed = [request_span, *(s for s in leaves if s.error)]
+    for span in failed:
+        value = span.attributes.get(semconv.ERROR_TYPE)
+        if isinstance(value, str) and value:
+            return value
+    for span in failed:
+        for event in span.events:
+            value = event.attributes.get(semconv.EXCEPTION_TYPE)
+            if isinstance(value, str) and value:
+                return value
+    return None
 
 
 def _mark_cold(requests: list[Request]) -> list[Request]:

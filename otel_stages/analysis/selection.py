@@ -64,8 +64,10 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     # what the metric-point readers name (kept anyway on points; listed for the source check)
     semconv.HW_ID,
     semconv.HW_MODEL,
-    # failures and spans the library ended itself
+    # failures and spans the library ended itself (diagnosis.failure_kinds: error.type, else the
+    # exception event's exception.type)
     semconv.ERROR_TYPE,
+    semconv.EXCEPTION_TYPE,
     semconv.OTEL_STAGES_INTERRUPTED,
     semconv.STAGE_MAP_SOURCE,
 })

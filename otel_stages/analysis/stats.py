@@ -17,7 +17,11 @@ Definitions used across the report:
 - ``explains``: how much of the variance of the request total the stage accounts for,
   ``cov(stage, total) / var(total)``. Over all stages plus the unaccounted time these add up to 1; a
   stage that swings in step with the total gets most of it, a tiny stage gets little even when its
-  *relative* swing is large.
+  *relative* swing is large. It is a decomposition, not a squared correlation, so it is not
+  bounded by 0..1: stages that offset each other (one slower when the other is faster) get a
+  negative part and one above 1 that cancel, and the report says so rather than clamping (clamped
+  parts would no longer add up). Below the rules' minimum warm count it is not reported (``None``,
+  :func:`otel_stages.analysis.diagnosis.diagnose`): a covariance of two to four points is noise.
 """
 
 from __future__ import annotations
@@ -82,14 +86,14 @@ class StageStats:
     mean_ms: float
     share: float
     swing_ms: float
-    explains: float
+    explains: float | None
 
     @property
     def spike_ms(self) -> float:
         """``max(max - median, median - min)``."""
         return max(self.max_ms - self.median_ms, self.median_ms - self.min_ms)
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | None]:
         """The CLI contract's per-stage object, rounded (plus ``mean_ms``, ``p5_ms``, ``count``)."""
         return {
             "min_ms": round(self.min_ms, 3),
@@ -98,7 +102,7 @@ class StageStats:
             "max_ms": round(self.max_ms, 3),
             "share": round(self.share, 4),
             "swing_ms": round(self.swing_ms, 3),
-            "explains": round(self.explains, 4),
+            "explains": None if self.explains is None else round(self.explains, 4),
             "p5_ms": round(self.p5_ms, 3),
             "mean_ms": round(self.mean_ms, 3),
             "count": self.count,
@@ -114,15 +118,15 @@ class Unaccounted:
     median_ms: float
     swing_ms: float
     share: float
-    explains: float
+    explains: float | None
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         """The CLI contract's ``unaccounted`` object (plus ``swing_ms`` and ``explains``)."""
         return {
             "median_ms": round(self.median_ms, 3),
             "share": round(self.share, 4),
             "swing_ms": round(self.swing_ms, 3),
-            "explains": round(self.explains, 4),
+            "explains": None if self.explains is None else round(self.explains, 4),
         }
 
 

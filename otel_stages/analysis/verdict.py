@@ -42,7 +42,8 @@ class Verdict:
     """``cause`` (one of the CAUSE_* names, ``None`` when there is nothing to judge or no stage
     explains the swing), ``stage`` (the suspect stage or ``None``), human-readable ``evidence``
     (with numbers) and ``advice``, and ``tentative`` (fewer warm requests than a firm verdict
-    needs)."""
+    needs, or so many requests failed that the timings are a biased sample; see
+    :mod:`otel_stages.analysis.caveats`)."""
 
     cause: str | None
     stage: str | None

@@ -1,0 +1,158 @@
+"""Caveats the rules in :mod:`otel_stages.analysis.decision` add to a verdict when the data
+behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures` only.
+
+- :func:`untraced_is_largest`: more request time lies outside every stage span than inside any one
+  stage. Then "start with the largest stage" would point at a small part of the request (stage
+  spans on a skewed clock, zero-length stages, missing instrumentation): evidence and advice say
+  the time is untraced and to instrument it.
+- :func:`failures_dominate`: :data:`FAILED_MIN_FRACTION` of the requests or more failed. The
+  timings describe only the requests that survived (often the cheap ones: a request that fails in
+  decode never reaches forward), and the user-visible problem is the errors. Evidence says so
+  first, with the error types, and the advice is to fix the failures, not to send more requests.
+- :func:`partial_stage_lines`: a stage that ran in fewer than :data:`STAGE_PRESENT_MIN_FRACTION` of
+  the warm requests: its min / median / p95 describe only the requests that had it.
+- :func:`offset_line`: stages whose ``explains`` lies below ``-OFFSET_MIN_EXPLAINS`` or above
+  ``1 + OFFSET_MIN_EXPLAINS``: they offset each other (one is slower when the other is faster),
+  so their parts of the total's variance cancel (see :mod:`otel_stages.analysis.stats`).
+- :func:`set_apart_lines`: warm requests reported apart as cold (first of a new input, after an
+  idle gap, after a failed first request), so the verdict's evidence agrees with the set-apart list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.figures import (
+    REASON_AFTER_FAILED_START,
+    REASON_AFTER_IDLE,
+    ApartFigures,
+    Figures,
+)
+from otel_stages.analysis.units import duration, pct
+from otel_stages.analysis.verdict import Verdict
+
+#: At this fraction of failed requests or more the failures come first in the evidence and the
+#: advice: a quarter of the requests failing is the problem users see, and the survivors' timings
+#: are a biased sample (requests that fail early are cheap, those that time out are slow).
+FAILED_MIN_FRACTION = 0.25
+#: A stage present in fewer than this fraction of the warm requests is named: its figures describe
+#: a subset (a stage skipped on a cache hit, or spans lost for some requests).
+STAGE_PRESENT_MIN_FRACTION = 0.9
+#: ``explains`` further than this outside 0..1 means stages offset each other (rounding and
+#: ordinary sampling noise keep independent stages within a few percent of 0..1).
+OFFSET_MIN_EXPLAINS = 0.1
+#: Error kinds named in the failure line; the rest are counted as "other".
+MAX_ERROR_KINDS = 3
+#: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
+#: ``exception.type``.
+KIND_UNKNOWN = "error type not recorded"
+
+
+def untraced_is_largest(fig: Figures) -> bool:
+    """More request time outside every stage span than in any one stage (ties go to the stages)."""
+    gap = fig.unaccounted
+    if gap is None or gap.share <= 0:
+        return False
+    return gap.share > max((s.share for s in fig.stages.values()), default=0.0)
+
+
+def untraced_share_line(fig: Figures) -> str:
+    """The evidence sentence when :func:`untraced_is_largest`."""
+    gap = fig.unaccounted
+    assert gap is not None
+    covered = sum(s.share for s in fig.stages.values())
+    largest = max(fig.stages.values(), key=lambda s: s.share)
+    most = "most request time" if gap.share >= 0.5 else "the largest part of request time"
+    return (f"{most} lies outside the stage spans: {pct(gap.share)} is untraced"
+            f" (median {duration(gap.median_ms)} per request), more than any stage (the largest,"
+            f" {largest.name}, is {pct(largest.share)}); the stage spans cover {pct(covered)}")
+
+
+def failures_dominate(fig: Figures) -> bool:
+    """:data:`FAILED_MIN_FRACTION` of the requests or more ended with an error."""
+    return fig.requests > 0 and fig.failed_requests >= FAILED_MIN_FRACTION * fig.requests
+
+
+def failure_line(fig: Figures) -> str:
+    """``83% of requests failed (25 of 30; ...)``: the share, the kinds and where they stopped."""
+    kinds = sorted(fig.failure_kinds.items(), key=lambda kv: (-kv[1], kv[0]))
+    named = [f"{k}: {n}" for k, n in kinds[:MAX_ERROR_KINDS]]
+    rest = sum(n for _, n in kinds[MAX_ERROR_KINDS:])
+    if rest:
+        named.append(f"other: {rest}")
+    where = sorted(fig.failure_stages.items(), key=lambda kv: (-kv[1], kv[0]))
+    stopped = "; ".join(f"{w}: {n}" for w, n in where[:MAX_ERROR_KINDS])
+    ok = fig.requests - fig.failed_requests
+    return (f"{pct(fig.failed_requests / fig.requests)} of requests failed ({fig.failed_requests} of"
+            f" {fig.requests}; {', '.join(named) or KIND_UNKNOWN}"
+            f"{f'; {stopped}' if stopped else ''}): at least {pct(FAILED_MIN_FRACTION)} failing is"
+            f" the problem to fix first; the timings below describe only the {ok} that succeeded")
+
+
+def failures_first(verdict: Verdict, fig: Figures) -> None:
+    """When :func:`failures_dominate`: the failure line first, the fix-the-errors advice first, and
+    no advice (or evidence) to simply send more requests."""
+    if not failures_dominate(fig):
+        return
+    verdict.evidence = [e for e in verdict.evidence if not e.startswith(_MORE_RUNS_EVIDENCE)]
+    verdict.evidence.insert(0, failure_line(fig))
+    verdict.advice = [a for a in verdict.advice
+                      if a != advice_text.MORE_RUNS and not a.startswith(advice_text.MORE_RUNS_PREFIX)]
+    verdict.advice.insert(0, advice_text.FIX_FAILURES)
+    verdict.tentative = verdict.tentative or verdict.cause is not None
+
+
+_MORE_RUNS_EVIDENCE = "only "  # "only 9 warm requests: this verdict is tentative; run ..."
+
+
+def partial_stage_lines(fig: Figures) -> list[str]:
+    """``download appears in only 15 of 29 warm requests ...`` for each stage present in fewer than
+    :data:`STAGE_PRESENT_MIN_FRACTION` of the warm requests (histogram sources count spans, not
+    requests, and are skipped)."""
+    n = fig.warm_requests
+    if n <= 0 or not fig.per_request:
+        return []
+    return [
+        f"{s.name} appears in only {s.count} of {n} warm requests: its min / median / p95 are over"
+        f" those {s.count}; its share and explains count it as 0 ms in the other {n - s.count}"
+        f" (a stage skipped on some requests, or its spans lost)"
+        for s in fig.stages.values() if s.count < STAGE_PRESENT_MIN_FRACTION * n
+    ]
+
+
+def offsetting(fig: Figures) -> list[str]:
+    """Stages whose ``explains`` lies more than :data:`OFFSET_MIN_EXPLAINS` outside 0..1."""
+    return [s.name for s in fig.stages.values() if s.explains is not None
+            and (s.explains < -OFFSET_MIN_EXPLAINS or s.explains > 1 + OFFSET_MIN_EXPLAINS)]
+
+
+def offset_line(fig: Figures) -> str | None:
+    """The sentence about stages that offset each other, or ``None``."""
+    names = offsetting(fig)
+    if not names:
+        return None
+    parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in fig.stages.values()
+                      if s.name in names)
+    swing = (f"{duration(fig.total.swing_ms)}" if fig.total is not None else "little")
+    return (f"explains outside 0-100% ({parts}): these stages offset each other (when one is slower"
+            f" the other is faster), so their parts of the total's variance cancel; each swings more"
+            f" than the request total ({swing}), which is held steady by the trade-off")
+
+
+def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
+    """One sentence per warm request reported apart as cold, as the set-apart list shows it."""
+    out = []
+    for a in apart:
+        who = f"seq {a.seq}" if a.seq is not None else f"trace {a.trace_id}"
+        if a.reason == REASON_AFTER_IDLE:
+            why = f"after {a.idle_s:.0f} s idle" if a.idle_s is not None else "after an idle gap"
+        elif a.reason == REASON_AFTER_FAILED_START:
+            why = ("right after the process's first request failed: the cold start may have moved"
+                   " to it")
+        else:
+            why = "the first request with its input in this process"
+        out.append(f"{who} took {duration(a.total_ms)}, {a.ratio:.1f}x the median of comparable"
+                   f" warm requests ({duration(a.comparable_median_total_ms)}), {why}; reported"
+                   " apart from warm runs")
+    return out
