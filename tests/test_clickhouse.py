@@ -356,3 +356,27 @@ def test_preprocess_facts_equal_the_python_path(path: Path, scenario_results) ->
 def test_preprocess_facts_are_read_for_decode_verdicts(scenario_results) -> None:
     for name in ("s_preprocess_mixed_sizes", "s_mixed_cold_start", "s_pair_decode_tail_before"):
         assert scenario_results[name].preprocess is not None, name
+
+
+def test_a_stage_error_the_service_caught_does_not_fail_the_request(engine, tmp_path) -> None:
+    """As in the file report (tests/test_verdict.py): failed is the request span's status."""
+    import otel_stages as ots
+
+    telemetry = ots.configure(service_name="retry", data_dir=tmp_path, gpu="off", set_global=False)
+    for i in range(8):
+        with ots.request():
+            if i % 2:
+                try:
+                    with ots.stage("download"):
+                        raise ValueError("connection reset")
+                except ValueError:
+                    pass  # retried: the request answers
+            with ots.stage("forward"):
+                pass
+    with pytest.raises(KeyError), ots.request(), ots.stage("forward"):
+        raise KeyError("model crashed")
+    telemetry.shutdown()
+    files = sorted(tmp_path.glob("traces-*.jsonl"))
+    agg = aggregate(engine, files, "caught_errors")
+    assert (agg.counts.requests, agg.counts.failed) == (9, 1)
+    check_against_python(agg, load_paths(files))

@@ -518,3 +518,36 @@ def test_forward_advice_says_why_the_gpu_evidence_did_not_decide():
     assert report.gpu.level == "medium" and report.verdict.cause == "forward"
     assert "in between" in report.verdict.advice[0]
     assert not any("enable the GPU sampler" in a for a in report.verdict.advice)
+
+
+class _Transient(Exception):
+    pass
+
+
+def test_a_stage_error_the_service_caught_does_not_fail_the_request(tmp_path):
+    """Recorded through the real library: half the requests retry a download that raised (the
+    stage span records the error, the service answers); one request's error escapes request()."""
+    import otel_stages as ots
+    from otel_stages.analysis import load_paths
+
+    telemetry = ots.configure(service_name="retry", data_dir=tmp_path, gpu="off", set_global=False)
+    ots.mark_cold_start()  # this process may have numbered requests before: the first here is cold
+    for i in range(12):
+        with ots.request():
+            if i % 2:
+                try:
+                    with ots.stage(DOWNLOAD):
+                        raise _Transient("connection reset")
+                except _Transient:
+                    pass  # retried below: the request still answers
+            with ots.stage(DOWNLOAD):
+                pass
+            with ots.stage(FORWARD):
+                pass
+    with pytest.raises(_Transient), ots.request(), ots.stage(FORWARD):
+        raise _Transient("model crashed")
+    telemetry.shutdown()
+    recording = load_paths(sorted(tmp_path.glob("*.jsonl")))
+    assert sum(1 for s in recording.spans if s.error) == 6 + 2  # caught: stage only; escaped: both
+    report = diagnose(recording)
+    assert (report.requests, report.counts.failed, report.counts.cold) == (13, 1, 1)

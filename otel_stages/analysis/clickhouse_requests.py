@@ -399,7 +399,7 @@ def _requests_select(query: AggregateQuery) -> str:
     if(p.dec_f != '', p.dec_f, if(x.dec_f != '', x.dec_f, self_fmt)) AS fmt,
     if(present, nullIf(self_seq, 0), NULL) AS seq,
     if(present AND self_cold > 0, toUInt8(self_cold - 1), NULL) AS cold_attr,
-    toUInt8(self_err OR kid_err OR x.err) AS error,
+    toUInt8(if(present, self_err, kid_err OR x.err)) AS error,  -- the request span's status
     if(present, self_svc, kid_svc) AS svc,
     if(present, self_inst, '') AS inst,
     {_PROC} AS proc,

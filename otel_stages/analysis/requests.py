@@ -85,6 +85,7 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     attributes: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
     spans: tuple[Span, ...] = ()
     groups: tuple[Span, ...] = ()
+    #: failed: the request span's status is ERROR (stage errors the service caught do not count)
     #: for a failed request: ``error.type`` of the request span or a failed stage span, else the
     #: ``exception.type`` of an exception event on them (OTel semantic conventions); else ``None``
     error_type: str | None = None
@@ -408,6 +409,9 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
     detached = 0
+    # Failed when the request span says so (the exception escaped request(), or record_error):
+    # a stage error the service caught and answered anyway (a retried download, a cancelled
+    # sub-task) leaves the request a success, with the failed attempt's time in its stages.
     error = request_span.error
     # where the image attributes come from: decode spans first (their contract), then the other
     # stages in time order, groups, the request span
@@ -415,8 +419,6 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     others: list[dict[str, AttributeValue]] = []
     for span in leaves:  # runs once per span of a million: min()/max() calls spelled out
         span_start, span_end, name = span.start_ns, span.end_ns, span.name
-        if span.error:
-            error = True
         if span.attributes:
             (attributes if name == semconv.STAGE_DECODE else others).append(span.attributes)
         start = span_start if span_start > lo else lo
@@ -459,7 +461,6 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     attributes += others
     if groups:
         attributes += [s.attributes for s in groups if s.attributes]
-        error = error or any(s.error for s in groups)
     if request_span.attributes:
         attributes.append(request_span.attributes)
     width, height, size, image_format, tokens = _inputs(attributes)
