@@ -380,3 +380,17 @@ def test_a_stage_error_the_service_caught_does_not_fail_the_request(engine, tmp_
     agg = aggregate(engine, files, "caught_errors")
     assert (agg.counts.requests, agg.counts.failed) == (9, 1)
     check_against_python(agg, load_paths(files))
+
+
+def test_the_text_header_adds_up(scenario_results) -> None:
+    """warm + cold + failed = requests, a cold failed request counted once (as failed)."""
+    import re
+
+    from otel_stages.commands.clickhouse_report import text
+
+    for name, agg in scenario_results.items():
+        header = text(agg).splitlines()[0]
+        found = re.search(r"\((\d+) requests: (\d+) warm, (\d+) cold, (\d+) failed;", header)
+        assert found, header
+        requests, warm, cold, failed = map(int, found.groups())
+        assert warm + cold + failed == requests, (name, header)

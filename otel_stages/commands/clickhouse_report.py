@@ -50,7 +50,7 @@ def text(agg: FleetAggregates) -> str:
     c = agg.counts
     lines = [
         f"otel-stages: aggregates from {agg.url} ({c.requests} requests: {c.warm} warm,"
-        f" {c.cold} cold, {c.failed} failed; {c.incomplete} incomplete; {c.runs} processes;"
+        f" {c.cold - c.cold_failed} cold, {c.failed} failed; {c.incomplete} incomplete; {c.runs} processes;"
         f" quantiles: {agg.quantile_function})",
         "",
         f"{'':<10}{'min ms':>10}{'median ms':>11}{'p95 ms':>10}{'max ms':>10}{'swing ms':>10}"
