@@ -296,11 +296,20 @@ def resolve(arguments: Mapping[str, Any] | None = None,
 
 def _resolve_one(setting: Setting, argument: Any, environ: Mapping[str, str]) -> Any:
     if argument is not None:
+        source = f"argument {setting.name}="
         if isinstance(argument, (list, tuple, set, frozenset)) and setting.parse is _parse_key_list:
             argument = ",".join(str(a) for a in argument)
-        if isinstance(argument, str) or getattr(setting.parse, "numeric", False):
-            return _parse(setting, str(argument), f"argument {setting.name}=")
-        return argument
+        if setting.parse is _parse_bool and isinstance(argument, bool):
+            return argument
+        if isinstance(argument, str) or (getattr(setting.parse, "numeric", False)
+                                         and not isinstance(argument, bool)):
+            return _parse(setting, str(argument), source)
+        if isinstance(argument, os.PathLike) and setting.parse is _parse_text:
+            return argument  # a folder given as a Path
+        wanted = "True or False" if setting.parse is _parse_bool else (
+            "a number" if getattr(setting.parse, "numeric", False) else "a string")
+        raise ConfigurationError(f"{source}{argument!r} ({_names(setting)}): expected {wanted},"
+                                 f" got {type(argument).__name__}")
     for var in setting.env:
         raw = environ.get(var)
         if raw is not None and raw.strip() != "":
@@ -308,8 +317,14 @@ def _resolve_one(setting: Setting, argument: Any, environ: Mapping[str, str]) ->
     return setting.default
 
 
+def _names(setting: Setting) -> str:
+    """``setting NAME, OTEL_STAGES_NAME``: the argument and the environment variable."""
+    return f"setting {setting.name}, {setting.env[0]}" if setting.env else f"setting {setting.name}"
+
+
 def _parse(setting: Setting, raw: str, source: str) -> Any:
     try:
         return setting.parse(raw)
     except ValueError as exc:
-        raise ConfigurationError(f"{source}{raw!r} (setting {setting.name}): {exc}") from None
+        names = _names(setting) if source.startswith("argument ") else f"setting {setting.name}"
+        raise ConfigurationError(f"{source}{raw!r} ({names}): {exc}") from None

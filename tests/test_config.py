@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from otel_stages.config import ConfigurationError, resolve
@@ -136,3 +138,25 @@ def test_reliability_settings_fail_fast(environ, needle):
     with pytest.raises(ConfigurationError) as info:
         resolve({}, environ=environ)
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"span_mode": 1}, "argument span_mode=1 (setting span_mode, OTEL_STAGES_SPAN_MODE): expected a string, got int"),
+    ({"span_mode": ["deferred"]}, "expected a string, got list"),
+    ({"signals": 0}, "argument signals=0 (setting signals, OTEL_STAGES_SIGNALS): expected True or False, got int"),
+    ({"enabled": 0}, "expected True or False, got int"),
+    ({"gpu": False}, "argument gpu=False (setting gpu, OTEL_STAGES_GPU): expected a string, got bool"),
+    ({"sample_ratio": True}, "expected a number, got bool"),
+    ({"span_mode": "fast"}, "argument span_mode='fast' (setting span_mode, OTEL_STAGES_SPAN_MODE): "),
+])
+def test_an_argument_of_the_wrong_type_fails_naming_setting_variable_and_value(kwargs, message):
+    with pytest.raises(ConfigurationError) as info:
+        resolve(kwargs, environ={})
+    assert message in str(info.value)
+
+
+def test_arguments_of_the_right_type_pass():
+    settings = resolve({"enabled": False, "signals": True, "span_mode": "deferred",
+                        "sample_ratio": 1, "data_dir": Path("/tmp/x"), "redact_query_keys": ["sig"]},
+                       environ={})
+    assert (settings.enabled, settings.signals, settings.span_mode) == (False, True, "deferred")
