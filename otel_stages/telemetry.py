@@ -22,6 +22,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from otel_stages import semconv
 from otel_stages._runtime import RUNTIME
 from otel_stages.builder import SpanBuilder
 from otel_stages.config import Settings
@@ -96,9 +97,12 @@ class Telemetry:
         """``{"spans": {reason: n}, "points": {reason: n}}`` with reasons
         ``semconv.DROP_REASONS`` (``queue_full``, ``export_failed``, ``shutdown_timeout``,
         ``already_shutdown``). A copy."""
-        if self._drops is None:
-            return {"spans": {}, "points": {}}
-        return {"spans": dict(self._drops.spans), "points": dict(self._drops.points)}
+        spans = dict.fromkeys(semconv.DROP_REASONS, 0)
+        points = dict.fromkeys(semconv.DROP_REASONS, 0)
+        if self._drops is not None:  # every reason present, 0 when nothing was lost that way
+            spans.update(self._drops.spans)
+            points.update(self._drops.points)
+        return {"spans": spans, "points": points}
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export everything buffered now; waits at most ``timeout_millis``.
@@ -106,9 +110,12 @@ class Telemetry:
         ``True`` only when every provider finished in time *and* nothing was dropped meanwhile
         (the SDK's own flush returns ``True`` even when every batch failed). A flush that runs
         out of time goes on in the background; the next call waits for it first (at most one
-        flush per handle runs at a time)."""
-        if self._shut_down or self.tracer_provider is None:
+        flush per handle runs at a time). With telemetry disabled there is nothing to flush:
+        ``True``. After :meth:`shutdown`: ``False``."""
+        if self._shut_down:
             return False
+        if self.tracer_provider is None:
+            return True
         deadline = time.monotonic() + max(0.0, timeout_millis) / 1000
         lost_before = self.dropped_spans + self.dropped_points
         with self._state_lock:

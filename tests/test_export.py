@@ -365,3 +365,15 @@ def test_deployment_instance_id_from_resource_attributes_is_kept(tmp_path, clean
     assert resource["service.instance.id"] == {"stringValue": "pod-uid-123"}
     assert resource["k8s.pod.name"] == {"stringValue": "p1"}
     assert "pod-uid-" in telemetry.trace_path.name
+
+
+def test_disabled_telemetry_flushes_true_and_counts_every_reason_as_zero(tmp_path, clean_env):
+    from otel_stages import semconv as sc
+
+    telemetry = ots.configure(enabled=False, data_dir=tmp_path, set_global=False)
+    assert telemetry.force_flush(1000) is True  # nothing to flush, nothing lost
+    assert telemetry.drops == {"spans": dict.fromkeys(sc.DROP_REASONS, 0),
+                               "points": dict.fromkeys(sc.DROP_REASONS, 0)}
+    assert telemetry.drops["spans"][sc.DROP_QUEUE_FULL] == 0
+    telemetry.shutdown()
+    assert telemetry.force_flush(1000) is False  # after shutdown
