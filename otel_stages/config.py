@@ -301,6 +301,8 @@ def _resolve_one(setting: Setting, argument: Any, environ: Mapping[str, str]) ->
             argument = ",".join(str(a) for a in argument)
         if setting.parse is _parse_bool and isinstance(argument, bool):
             return argument
+        if setting.parse is _parse_gpu_mode and isinstance(argument, bool):
+            return "on" if argument else "off"  # gpu=True / gpu=False, as documented in gpu.session
         if isinstance(argument, str) or (getattr(setting.parse, "numeric", False)
                                          and not isinstance(argument, bool)):
             return _parse(setting, str(argument), source)

@@ -145,7 +145,7 @@ def test_reliability_settings_fail_fast(environ, needle):
     ({"span_mode": ["deferred"]}, "expected a string, got list"),
     ({"signals": 0}, "argument signals=0 (setting signals, OTEL_STAGES_SIGNALS): expected True or False, got int"),
     ({"enabled": 0}, "expected True or False, got int"),
-    ({"gpu": False}, "argument gpu=False (setting gpu, OTEL_STAGES_GPU): expected a string, got bool"),
+    ({"gpu": 1}, "argument gpu=1 (setting gpu, OTEL_STAGES_GPU): expected a string, got int"),
     ({"sample_ratio": True}, "expected a number, got bool"),
     ({"span_mode": "fast"}, "argument span_mode='fast' (setting span_mode, OTEL_STAGES_SPAN_MODE): "),
 ])
@@ -160,3 +160,4 @@ def test_arguments_of_the_right_type_pass():
                         "sample_ratio": 1, "data_dir": Path("/tmp/x"), "redact_query_keys": ["sig"]},
                        environ={})
     assert (settings.enabled, settings.signals, settings.span_mode) == (False, True, "deferred")
+    assert resolve({"gpu": False}, environ={}).gpu == "off" and resolve({"gpu": True}, environ={}).gpu == "on"
