@@ -65,7 +65,10 @@ _ADVICE: dict[str, list[str]] = {
         "load weights before serving and keep at least one replica warm (min replicas > 0)",
     ],
     "other": [
-        "a custom stage swings: time its sub-steps with nested stage() spans to find which one",
+        "a custom stage swings: time its sub-steps with nested stage() spans to find which one;"
+        " this report counts nested spans named as standard stages (download, decode, resize,"
+        " queue, forward) in place of the custom stage, while sub-steps with other names show"
+        " in the trace waterfall (Jaeger, Tempo), not in its table",
     ],
 }
 
