@@ -13,8 +13,8 @@ clock when that is all there is to report, and leaves :func:`cpu_fields` to the 
 
 What it costs when nothing happens: a ``time.thread_time_ns()`` at each end (a system call:
 CLOCK_THREAD_CPUTIME_ID has no vDSO fast path), a C call that returns the thread's running
-asyncio loop (``None`` off a loop), one integer compare for GC, and one ``set_attributes`` with
-two values. GC collections (:mod:`~otel_stages.signals.gcwatch`) and loop lag
+asyncio loop (``None`` off a loop), one integer compare for GC, and two ``set_attribute`` calls
+(one per value: the SDK's ``set_attributes`` re-validates its mapping and costs more). GC collections (:mod:`~otel_stages.signals.gcwatch`) and loop lag
 (:mod:`~otel_stages.signals.loop`) add work only to stages during which they happened.
 ``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``).
 
