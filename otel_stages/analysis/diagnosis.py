@@ -240,9 +240,9 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    cold_first=_cold_are_first(requests))
     verdict = decide(result.figures)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
-    if recording.spans and not requests and not incomplete:
+    if screened.spans and not requests and not incomplete:  # (all left out: said above)
         problems.append(
-            f"{len(recording.spans)} spans read but none is a stage span (expected spans named"
+            f"{len(screened.spans)} spans read but none is a stage span (expected spans named"
             " download/decode/resize/queue/forward, or children of a 'request' span)"
         )
     counts: dict[str, int] = defaultdict(int)

@@ -12,10 +12,11 @@ clock when that is all there is to report, and leaves :func:`cpu_fields` to the 
 ``start_ns`` / ``end_ns`` are the span's own times (span clock).
 
 What it costs when nothing happens: a ``time.thread_time_ns()`` at each end (a system call:
-CLOCK_THREAD_CPUTIME_ID has no vDSO fast path), a C call that returns the thread's running
-asyncio loop (``None`` off a loop), one integer compare for GC, and two ``set_attribute`` calls
-(one per value: the SDK's ``set_attributes`` re-validates its mapping and costs more). GC collections (:mod:`~otel_stages.signals.gcwatch`) and loop lag
-(:mod:`~otel_stages.signals.loop`) add work only to stages during which they happened.
+CLOCK_THREAD_CPUTIME_ID has no vDSO fast path), a C call that returns the thread's running asyncio
+loop (``None`` off a loop), one integer compare for GC, and two ``set_attribute`` calls (one per
+value: the SDK's ``set_attributes`` re-validates its mapping and costs more). GC collections
+(:mod:`~otel_stages.signals.gcwatch`) and loop lag (:mod:`~otel_stages.signals.loop`) add work only
+to stages during which they happened.
 ``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``).
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
