@@ -46,7 +46,9 @@ from otel_stages.analysis.caveats import (
     offset_line,
     partial_stage_lines,
     set_apart_lines,
+    untraced_advice,
     untraced_is_largest,
+    untraced_is_skew,
     untraced_share_line,
 )
 from otel_stages.analysis.figures import (
@@ -290,6 +292,9 @@ def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         f" {pct(gap.share)} of all request time)",
         band_line(fig, band, True),
     ]
+    if untraced_is_skew(fig):
+        lines.append(untraced_share_line(fig))
+        return Verdict(None, None, lines, [advice_text.SYNC_CLOCKS])
     return Verdict(None, None, lines, [advice_text.UNTRACED])
 
 
@@ -317,7 +322,7 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         lines.append(f"no stage swings beyond the {band.describe()}")
     if untraced_is_largest(fig):
         lines.append(untraced_share_line(fig))
-        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced())
+        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced(untraced_advice(fig)))
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
                  f" ({centre(largest)})")
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
@@ -406,7 +411,7 @@ def _mix_line(fig: Figures) -> str | None:
 def _append_common(verdict: Verdict, fig: Figures) -> None:
     if verdict.cause not in (None, CAUSE_STABLE) and untraced_is_largest(fig):
         verdict.evidence.append(untraced_share_line(fig))
-        verdict.advice.append("also: " + advice_text.UNTRACED_SHARE)
+        verdict.advice.append("also: " + untraced_advice(fig))
     mix = _mix_line(fig)
     if mix is not None:
         if fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES:

@@ -110,7 +110,7 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True,
+    cold_first: bool = True, detached_requests: int = 0,
 ) -> _Warm:
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
@@ -140,6 +140,7 @@ def _warm(
         failure_stages=where,
         set_apart=tuple(a.figures() for a in apart),
         per_request=True,
+        detached_requests=detached_requests,
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
@@ -237,7 +238,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     cohorts, mix = _cohorts(warm, cold, recording.metrics, keys)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
-                   cold_first=_cold_are_first(requests))
+                   cold_first=_cold_are_first(requests),
+                   detached_requests=min(grouping.detached_requests, len(requests)))
     verdict = decide(result.figures)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
     if screened.spans and not requests and not incomplete:  # (all left out: said above)

@@ -295,6 +295,8 @@ class Figures:
     ``exception.type`` -> failed requests) and ``failure_stages`` (where they stopped -> failed
     requests) name them. ``set_apart``: warm requests reported apart as cold. ``per_request``:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
+    ``detached_requests``: requests with a stage span wholly outside their request span (a clock
+    skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
     """
 
     warm_requests: int
@@ -312,6 +314,7 @@ class Figures:
     failure_stages: Mapping[str, int] = field(default_factory=dict)
     set_apart: Sequence[ApartFigures] = ()
     per_request: bool = False
+    detached_requests: int = 0
 
     @property
     def reference_ms(self) -> float:
