@@ -42,6 +42,7 @@ from otel_stages.analysis.clickhouse_result import (
     GpuAggregate,
     StageAggregate,
     Summary,
+    ordered_stages,
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
@@ -60,6 +61,8 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
+from otel_stages.analysis.gpu_memory import memory_mechanism
+from otel_stages.analysis.mechanisms import StageSignals, judge, with_mechanisms
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
@@ -181,6 +184,25 @@ def _sizes(cohorts: Sequence[CohortAggregate], stage: str) -> list[tuple[int, in
     return out
 
 
+def stage_signals(agg: FleetAggregates, cohort: CohortAggregate | None = None
+                  ) -> dict[str, StageSignals]:
+    """The mechanism rules (:func:`otel_stages.analysis.mechanisms.judge`, and
+    :func:`otel_stages.analysis.gpu_memory.memory_mechanism` for ``forward``) on the signals the
+    engine computed over all warm requests, or within ``cohort``; stages without any recorded
+    signal left out, as in the file report. Empty without signal aggregates."""
+    key = (None, None, None) if cohort is None else (cohort.width, cohort.height, cohort.format)
+    scope = next((s for s in agg.signals if (s.width, s.height, s.format) == key), None)
+    if scope is None:
+        return {}
+    out = {}
+    for name in ordered_stages(scope.stages):
+        memory = memory_mechanism(scope.memory) if name == semconv.STAGE_FORWARD else None
+        judged = judge(scope.stages[name], scope.held, memory)
+        if judged is not None:
+            out[name] = judged
+    return out
+
+
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
     cold = agg.cold_start
     if cold is None or agg.total is None:
@@ -242,9 +264,9 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         total=total_figures(cohort.total),
         gpu=gpu,
         cold=own_cold,
-        stage_evidence=_evidence(cohort.stages, lambda n: [
+        stage_evidence=with_mechanisms(_evidence(cohort.stages, lambda n: [
             (cohort.width, cohort.height, cohort.stages[n].ran.count,
-             cohort.stages[n].ran.median_ms)]),
+             cohort.stages[n].ran.median_ms)]), stage_signals(agg, cohort)),
     )
 
 
@@ -273,7 +295,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         cold=_cold(agg),
         cohorts=cohorts(agg) if cohort_list is None else cohort_list,
         input_mix_explains=agg.input_mix_explains,
-        stage_evidence=_evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess),
+        stage_evidence=with_mechanisms(
+            _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
         failed_requests=agg.counts.failed,
         requests=agg.counts.requests,
     )
@@ -341,5 +364,6 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
                      "stages": {k: round(v, 3) for k, v in s.stages_ms.items()},
                      "image_width": s.image_width, "image_height": s.image_height,
                      "image_bytes": s.image_bytes, "error": s.error} for s in agg.slowest],
+        "signals": {name: sig.to_dict() for name, sig in stage_signals(agg).items()},
         "aggregates": agg.to_dict(),
     }
