@@ -22,9 +22,16 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
 - decode / resize evidence also carries the decode facts behind the concrete preprocessing advice
   (:mod:`otel_stages.analysis.clickhouse_preprocess`).
 
-Not computed in SQL yet (documented gaps, not guesses): the mechanism signals of
-:mod:`otel_stages.analysis.mechanisms` (the verdict then names the stage, not the mechanism, and
-the report's problems say so when spans carry them); requests set apart
+- mechanisms: the per-stage signal aggregates of
+  :mod:`otel_stages.analysis.clickhouse_signals` (CPU, wait, GC, event-loop lag, loop holders; GPU
+  memory around forwards) through :func:`otel_stages.analysis.mechanisms.judge` and
+  :func:`otel_stages.analysis.gpu_memory.memory_mechanism`, over all warm requests and within each
+  cohort, into the evidence as :func:`otel_stages.analysis.mechanisms.with_mechanisms` puts them.
+
+Not computed in SQL yet (documented gaps, not guesses): cgroup CPU throttling (its cumulative
+counter is in the exporter's ``otel_metrics_sum`` table, not read: no ``cpu_throttled`` verdict
+here, and the problems say so when spans carry signals); signals of stage spans inside custom
+group spans (counted as not recorded); requests set apart
 (:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
 part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
 there); with cold requests of several inputs, the comparison is with all warm requests.
