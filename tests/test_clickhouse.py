@@ -446,3 +446,47 @@ def test_the_text_header_adds_up(scenario_results) -> None:
         assert found, header
         requests, warm, cold, failed = map(int, found.groups())
         assert warm + cold + failed == requests, (name, header)
+
+
+def test_a_signal_counts_only_when_every_span_of_the_stage_carries_it(engine, tmp_path) -> None:
+    """A request with a second forward span without signals (another producer, signals off):
+    its forward CPU, GC and lag are unknown in both reports (stage_signals sums a stage's spans
+    and gives None when one lacks the signal), and the signals still agree. A GC event without the
+    pause attribute is read from the event's overlap with its span, as the file report does."""
+    source = TRACES / "gc_pause.otlp.jsonl"
+    out, copied, stripped, seen = [], False, False, 0
+    for line in source.read_text().splitlines():
+        doc = json.loads(line)
+        for rs in doc.get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                extra = []
+                for span in ss["spans"]:
+                    if span["name"] != "forward":
+                        continue
+                    keys = [a["key"] for a in span["attributes"]]
+                    seen += 1
+                    if not copied and seen > 5 and "thread.cpu_time_ms" in keys:  # a warm one
+                        twin = json.loads(json.dumps(span))
+                        twin["spanId"] = "00000000000000aa"
+                        twin["attributes"] = [a for a in twin["attributes"]
+                                              if a["key"] in ("batch.size", "thread.name")]
+                        twin.pop("events", None)
+                        extra.append(twin)
+                        copied = True
+                    elif not stripped and span.get("events") and "otel_stages.gc.pause_ms" in keys:
+                        span["attributes"] = [a for a in span["attributes"]
+                                              if a["key"] != "otel_stages.gc.pause_ms"]
+                        stripped = True
+                ss["spans"].extend(extra)
+        out.append(json.dumps(doc))
+    assert copied and stripped
+    path = tmp_path / "twin_forward.otlp.jsonl"
+    path.write_text("\n".join(out) + "\n")
+    got = json.loads(json.dumps(report_dict(aggregate(engine, [path], "twin_forward"))))
+    want = json.loads(json.dumps(diagnose(load_paths([path])).to_dict()))
+    for report in (got, want):
+        for stage in report["signals"].values():
+            stage.pop("throttled")
+    assert want["signals"]["forward"]["cpu"]["requests"] == want["signals"]["forward"]["requests"] - 1
+    _close(got["signals"], want["signals"], "signals")
+    assert got["verdict"] == want["verdict"]
