@@ -334,7 +334,9 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
     """``report --clickhouse --json``: the trace report's keys (DESIGN.md section 3) for what the
     aggregates hold, with the same shapes and rounding (``requests``, ``counts``, ``total``,
     ``stages``, ``unaccounted``, ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``,
-    ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``), plus ``source`` and
+    ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``, ``signals``: per stage, as
+    :meth:`otel_stages.analysis.mechanisms.StageSignals.to_dict`, ``throttled`` always ``None``
+    here), plus ``source`` and
     ``aggregates`` (everything the engine returned, :meth:`FleetAggregates.to_dict`).
     ``set_apart`` is always empty: requests set apart are not computed in SQL (see the module
     docstring)."""

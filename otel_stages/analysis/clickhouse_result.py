@@ -405,10 +405,10 @@ def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total
                    " above (root of the trace) left out as incomplete: wrap each request's stages"
                    " in otel_stages.request()")
     if signals:
-        out.append("stage spans carry mechanism signals: CPU time, GC pauses and event-loop lag are"
-                   " read, cgroup CPU throttling is not (its cumulative counter lives in the"
-                   " exporter's otel_metrics_sum table, which the ClickHouse report does not query):"
-                   " `otel-stages report` on the same traces as files names cpu_throttled")
+        out.append("stage spans carry mechanism signals; cgroup CPU throttling is not read from"
+                   " ClickHouse (its counter is in the exporter's otel_metrics_sum table, which"
+                   " neither import nor this report uses): `otel-stages report` on the trace files"
+                   " can name cpu_throttled")
     if memory_forwards[0] > memory_forwards[1]:
         out.append(f"GPU memory: {memory_forwards[0]} warm forwards have memory samples; the memory"
                    f" evidence is from a sample of {memory_forwards[1]} of them")
