@@ -254,7 +254,24 @@ def _gc(sig: StageSignals) -> Mechanism | None:
     ))
 
 
-def _loop(sig: StageSignals, held: Mapping[str, list[float]]) -> Mechanism | None:
+@dataclass(frozen=True)
+class Held:
+    """The spans of one stage that held an event loop: ``count`` of them and the ``median_ms``,
+    ``max_ms`` and ``sum_ms`` of how long each held it (what the evidence names)."""
+
+    count: int
+    median_ms: float
+    max_ms: float
+    sum_ms: float
+
+
+def held_by_stage(held: Mapping[str, Sequence[float]]) -> dict[str, Held]:
+    """:func:`~otel_stages.analysis.stage_signals.holders`' ms lists -> :class:`Held` per stage
+    (stages with no value left out)."""
+    return {name: Held(len(v), statistics.median(v), max(v), sum(v)) for name, v in held.items() if v}
+
+
+def _loop(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
     part = sig.lag
     if part is None or part.max_ms <= 0:
         return None
@@ -264,12 +281,12 @@ def _loop(sig: StageSignals, held: Mapping[str, list[float]]) -> Mechanism | Non
     lines = [f"{line}: the event loop was busy with other work while {sig.stage} waited on it"]
     if held:
         parts = []
-        for name, values in sorted(held.items(), key=lambda kv: -sum(kv[1]))[:3]:
-            parts.append(f"{name} {len(values)} time{'s' if len(values) != 1 else ''}"
-                         f" (median {duration(statistics.median(values))}, max {duration(max(values))})")
+        for name, h in sorted(held.items(), key=lambda kv: -kv[1].sum_ms)[:3]:
+            parts.append(f"{name} {h.count} time{'s' if h.count != 1 else ''}"
+                         f" (median {duration(h.median_ms)}, max {duration(h.max_ms)})")
         lines.append("held the event loop (ran on its thread without letting it run anything"
                      " else): " + "; ".join(parts))
-        culprit = max(held, key=lambda k: sum(held[k]))
+        culprit = max(held, key=lambda k: held[k].sum_ms)
         move = f"move {culprit} off the event loop"
     else:
         lines.append("no stage span held the loop long enough to be named: the blocking work"
@@ -345,7 +362,7 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     """Signals per stage over the ``warm`` requests (module docstring); stages without any
     recorded signal are left out. Never raises for odd input."""
     throttle = ThrottleSeries(metrics)
-    held = holders(warm)
+    held = held_by_stage(holders(warm))
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}
     by_stage = samples_by_stage(warm, stages, throttle)
@@ -374,17 +391,26 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
             slowdown_explains=_slowdown_explains(walls, cpus),
             limit_cpus=limit,
         )
-        found = [
-            memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
-            if stage == semconv.STAGE_FORWARD else None,
-            _throttled(sig), _gc(sig), _loop(sig, held), _contention(sig),
-        ]
-        mechanisms = tuple(m for m in found if m is not None)
-        if not mechanisms and sig.cpu is None:
-            continue
-        sig = replace(sig, mechanisms=mechanisms)
-        out[stage] = replace(sig, lines=() if sig.confirmed else _summary(sig))
+        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
+                       if stage == semconv.STAGE_FORWARD else None)
+        if judged is not None:
+            out[stage] = judged
     return out
+
+
+def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None = None
+          ) -> StageSignals | None:
+    """The mechanism rules on one stage's signals: ``sig`` (its parts filled, no mechanisms yet)
+    with its mechanisms in order of precedence and its summary lines; ``held`` the stages that held
+    the event loop, ``memory`` the forward's ``gpu_memory_pressure`` mechanism (``None`` for other
+    stages or without memory data). ``None`` when nothing was recorded (no mechanism, no CPU time).
+    Every source's signals go through here: the file report's and ClickHouse's aggregates."""
+    found = [memory, _throttled(sig), _gc(sig), _loop(sig, held), _contention(sig)]
+    mechanisms = tuple(m for m in found if m is not None)
+    if not mechanisms and sig.cpu is None:
+        return None
+    sig = replace(sig, mechanisms=mechanisms)
+    return replace(sig, lines=() if sig.confirmed else _summary(sig))
 
 
 def with_mechanisms(evidence: Mapping[str, StageEvidence],
