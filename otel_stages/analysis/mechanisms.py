@@ -10,16 +10,19 @@ cgroup throttled time. The result feeds :class:`~otel_stages.analysis.figures.St
 the first confirmed one) and the report's ``signals`` section.
 
 A mechanism is confirmed when its part is known for at least :data:`MIN_SIGNAL_REQUESTS` warm
-requests and :data:`MIN_SIGNAL_COVERAGE` of those the stage ran in, and explains at least
+requests and :data:`MIN_SIGNAL_COVERAGE` of those the stage ran in, explains at least
 :data:`MECHANISM_MIN_EXPLAINS` of the stage's variance (it drives the swing more than everything
-else together), plus, per cause:
+else together), and its median in the slowest quarter of runs is above the faster half's (a few
+outlying runs do not make a mechanism), plus, per cause:
 
 1. ``gpu_memory_pressure`` (``forward`` only): :mod:`otel_stages.analysis.gpu_memory`.
 2. ``cpu_throttled``: throttled time explains the swing (the cgroup's CPU quota ran out while the
    slow runs were going on).
 3. ``gc_pause``: GC time explains the swing.
 4. ``event_loop_blocked``: event-loop lag explains the swing; the evidence names the stages that
-   held the loop (``otel_stages.event_loop.held_ms``).
+   held the loop (``otel_stages.event_loop.held_ms``). Also for the stage that held the loop itself
+   when its slow runs were blocked there, off the CPU (:func:`_blocking_call`: time.sleep or
+   synchronous I/O on the loop's thread).
 5. ``cpu_contention``: the *slowdown* ``wall / CPU time`` explains the swing: its share of the
    variance of ``log(stage ms)`` (``log wall = log cpu + log slowdown``, so the two shares add up to
    1) is at least :data:`MECHANISM_MIN_EXPLAINS`. A host short of CPU throughout slows every run
@@ -27,7 +30,10 @@ else together), plus, per cause:
    image size), not the contention. And the stage must be CPU work: its upper quartile of CPU/wall
    at least :data:`CPU_WORK_MIN_UTILIZATION`. A stage that spends most of even its best runs off
    the CPU (a download, a GPU forward that blocks on the device, a lock) waits for something thread
-   CPU time cannot tell from a core.
+   CPU time cannot tell from a core. The slow runs must have waited: their CPU/wall median at most
+   :data:`CONTENTION_MAX_UTILIZATION_RATIO` of the fast runs' (not a few outliers), and at least
+   :data:`CONTENTION_MIN_SLOW_UTILIZATION` (less is a thread blocked on a lock, I/O or a sleep,
+   not one waiting for a core).
 
 Throttling, GC pauses and a blocked loop all show as waiting too, hence the order. Evidence lines
 compare the slowest quarter of the stage's runs (``>= p75``) with the faster half (``<= median``).
@@ -70,6 +76,14 @@ CPU_WORK_MIN_UTILIZATION = 0.25
 #: Below this CPU/wall in its slowest quarter a stage waited most of its time: the evidence says
 #: how long its slow runs would take on a core of their own (a sentence, not a verdict).
 MOSTLY_WAITING_UTILIZATION = 0.5
+#: A thread that waits for a core still gets about (cores / runnable threads) of one: below this
+#: share of a core in its slow runs (10+ busy threads per core) the thread was blocked, on a lock,
+#: I/O or a sleep, not waiting for a core; thread CPU time cannot tell which.
+CONTENTION_MIN_SLOW_UTILIZATION = 0.1
+#: The slow runs must have been on the CPU for at most this part of the fast runs' share (CPU/wall
+#: medians): above it the slow runs computed about as steadily as the fast ones, and the slowdown
+#: that explains the variance comes from a few outliers, not from runs that waited.
+CONTENTION_MAX_UTILIZATION_RATIO = 0.75
 #: The percentile of CPU/wall that stands for a stage's best runs.
 BUSY_PERCENTILE = 75.0
 #: The slow runs are those at or above this percentile of the stage's ms; the fast ones at or
@@ -204,9 +218,13 @@ def _slowdown_explains(walls: Sequence[float], cpus: Sequence[float | None]) -> 
 
 
 def _drives(part: Part | None, requests: int) -> bool:
+    """The part explains the swing, and the typical slow run had more of it than the typical fast
+    one (else a few outliers carry the explained variance: one long GC pause in 30 runs)."""
     return (part is not None and part.requests >= MIN_SIGNAL_REQUESTS
             and part.requests >= MIN_SIGNAL_COVERAGE * requests
-            and part.explains is not None and part.explains >= MECHANISM_MIN_EXPLAINS)
+            and part.explains is not None and part.explains >= MECHANISM_MIN_EXPLAINS
+            and part.slow_median_ms is not None and part.fast_median_ms is not None
+            and part.slow_median_ms > part.fast_median_ms)
 
 
 def _split(name: str, part: Part, sig: StageSignals, what: str) -> str:
@@ -301,6 +319,41 @@ def _loop(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
     ))
 
 
+def _share(explains: float) -> str:
+    """``explains`` as a percentage; above 100 % with why (the slowdown's and the CPU work's
+    shares add up to 1, so the CPU work's is then negative: the slow runs computed less)."""
+    if explains <= 1.0:
+        return pct(explains)
+    return (f"{pct(explains)} (more than all of it: the slow runs did less CPU work than the fast"
+            f" ones, a CPU-work part of {pct(1.0 - explains)})")
+
+
+def _blocking_call(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
+    """``event_loop_blocked`` by the stage itself: its spans held the event loop at least
+    :data:`MIN_SIGNAL_REQUESTS` times, its waiting drives its swing (the slowdown explains
+    :data:`MECHANISM_MIN_EXPLAINS`) and its slow runs were off the CPU (below
+    :data:`CONTENTION_MIN_SLOW_UTILIZATION`): a blocking call on the loop's thread."""
+    own = held.get(sig.stage)
+    slow_util, slowdown = sig.slow_cpu_utilization, sig.slowdown_explains
+    if (own is None or own.count < MIN_SIGNAL_REQUESTS or slow_util is None or slowdown is None
+            or slowdown < MECHANISM_MIN_EXPLAINS or slow_util >= CONTENTION_MIN_SLOW_UTILIZATION):
+        return None
+    return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, (
+        f"{sig.stage} held the event loop {own.count} time{'s' if own.count != 1 else ''} (median"
+        f" {duration(own.median_ms)}, max {duration(own.max_ms)}) while its slow runs were on a"
+        f" core only {pct(slow_util)} of their time: a blocking call (time.sleep, synchronous I/O,"
+        f" a lock) ran on the loop's thread, and every other request on that loop waited with it;"
+        f" the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
+        f" log({sig.stage} ms)",
+    ), (
+        f"replace the blocking call in {sig.stage} with its asyncio form (await asyncio.sleep, an"
+        " async client, asyncio locks), or run it with await asyncio.to_thread(...), so the loop"
+        " keeps serving other requests while it waits",
+        "asyncio's debug mode (PYTHONASYNCIODEBUG=1) logs every callback that runs longer than"
+        " loop.slow_callback_duration, with the code that ran",
+    ))
+
+
 def _contention(sig: StageSignals) -> Mechanism | None:
     wait = sig.wait
     if wait is None or sig.cpu is None:
@@ -332,8 +385,22 @@ def _contention(sig: StageSignals) -> Mechanism | None:
             f" {pct(busy)} on a core, below {pct(CPU_WORK_MIN_UTILIZATION)}): {sig.stage} waits"
             " for I/O, a lock or a device, which thread CPU time cannot tell from waiting for a"
             " core",))
+    slow_util, fast_util = sig.slow_cpu_utilization, sig.fast_cpu_utilization
+    if slow_util is None or fast_util is None or slow_util > CONTENTION_MAX_UTILIZATION_RATIO * fast_util:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}; but the typical slow run was on the CPU nearly as much of its time as the"
+            f" fast ones (more than {pct(CONTENTION_MAX_UTILIZATION_RATIO)} of their share): the"
+            " slowdown that explains the variance comes from a few outlying runs, not from runs"
+            " that waited",))
+    if slow_util < CONTENTION_MIN_SLOW_UTILIZATION:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}; but the slow runs were on a core only {pct(slow_util)} of their time:"
+            f" waiting for a core would leave a thread more (below"
+            f" {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes 10+ busy threads per core), so the"
+            f" slow {sig.stage} runs were blocked: on a lock, I/O or a sleep (thread CPU time"
+            " cannot tell which)",))
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
-        f"{line}: the slowdown (wall / CPU time) explains {pct(slowdown)} of the variance of"
+        f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
         " core (or the GIL), not doing more work",
     ), (
@@ -405,7 +472,8 @@ def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None 
     the event loop, ``memory`` the forward's ``gpu_memory_pressure`` mechanism (``None`` for other
     stages or without memory data). ``None`` when nothing was recorded (no mechanism, no CPU time).
     Every source's signals go through here: the file report's and ClickHouse's aggregates."""
-    found = [memory, _throttled(sig), _gc(sig), _loop(sig, held), _contention(sig)]
+    found = [memory, _throttled(sig), _gc(sig), _loop(sig, held), _blocking_call(sig, held),
+             _contention(sig)]
     mechanisms = tuple(m for m in found if m is not None)
     if not mechanisms and sig.cpu is None:
         return None
