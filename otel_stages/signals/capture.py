@@ -37,6 +37,7 @@ from time import thread_time_ns
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages._runtime import RUNTIME
 from otel_stages.signals.gcwatch import GC_LOG, finished
 from otel_stages.signals.loop import HOLD_MIN_NS, LoopMonitor, monitor_for
 
@@ -78,7 +79,8 @@ def on_start() -> State | None:
     if loop is None:
         return (GC_LOG.seq, None, 0, 0, thread_time_ns())
     monitor = monitor_for(loop)
-    return (GC_LOG.seq, monitor, monitor.ticks, monitor.lag_ns, thread_time_ns())
+    return (GC_LOG.seq, monitor, monitor.ticks, monitor.lag_base_ns(RUNTIME.clock.now_ns()),
+            thread_time_ns())
 
 
 def finish_fields(state: State | None, start_ns: int,
@@ -98,7 +100,7 @@ def finish_fields(state: State | None, start_ns: int,
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
     monitor = state[1]
     if monitor is not None:
-        lag_ns = monitor.lag_ns - state[3]
+        lag_ns = min(monitor.lag_ns - state[3], wall_ns)  # lag inside the stage's own window
         if lag_ns > 0:
             attributes[semconv.EVENT_LOOP_LAG_MS] = lag_ns / 1e6
         if monitor.ticks == state[2] and wall_ns >= HOLD_MIN_NS:
