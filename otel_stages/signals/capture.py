@@ -21,7 +21,9 @@ to stages during which they happened.
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
-then the two readings are of different clocks); ``otel_stages.gc.pause_ms`` and
+then the two readings are of different clocks; and on an event loop whose monitor ticked during
+the stage: it awaited, and the thread's CPU time then includes other tasks' work);
+``otel_stages.gc.pause_ms`` and
 ``otel_stages.gc.collections`` when collections ran (one whose stop callback has not run when the
 stage ends counts up to the stage's end if it has collected already, else not at all), with one
 ``cpython.gc.pause`` event per collection of at least :data:`GC_EVENT_MIN_MS` (at most
@@ -92,13 +94,16 @@ def finish_fields(state: State | None, start_ns: int,
     cpu_ns = thread_time_ns() - state[4]
     wall_ns = end_ns - start_ns
     attributes: dict[str, Any] = {}
-    if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS:
+    monitor = state[1]
+    # On an event loop that ran its timer meanwhile the stage awaited, and the loop's thread ran
+    # other tasks' work too: its CPU time is not the stage's own, so it is left out.
+    shared = monitor is not None and monitor.ticks != state[2]
+    if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS and not shared:
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
     events: list[Event] = []  # (cpu_fields must stay what this gives when only the CPU counts)
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
-    monitor = state[1]
     if monitor is not None:
         lag_ns = min(monitor.lag_ns - state[3], wall_ns)  # lag inside the stage's own window
         if lag_ns > 0:
