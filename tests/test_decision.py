@@ -167,6 +167,21 @@ def test_co_suspect_advice_follows_its_own_evidence():
     assert decode_advice == advice.for_cause("preprocess")
 
 
+@pytest.mark.parametrize("lag_ms, loop", [(0.5 * 75.0 - 0.1, False), (0.5 * 75.0 + 0.1, True)])
+def test_a_steady_stage_that_mostly_waits_for_the_loop_points_at_the_holder(lag_ms, loop):
+    """LAG_DOMINATES_FRACTION 0.5 (literal): forward (75 ms median, the largest share) with 37.4 ms
+    of event-loop lag is where to start; with 37.6 ms it mostly waits for the loop, and the advice
+    is to move the stage that holds the loop off it."""
+    evidence = {"forward": StageEvidence(lag_median_ms=lag_ms, loop_holder="resize")}
+    v = decide(figures(total_swing=2.0, stage_evidence=evidence))
+    assert v.cause == "stable"
+    said = any("forward is mostly waiting for the event loop" in e and "held most by resize" in e
+               for e in v.evidence)
+    assert said is loop
+    assert any("move resize off the event loop" in a for a in v.advice) is loop
+    assert any("start with forward" in a for a in v.advice) is not loop
+
+
 def test_jitter_sets_the_band_from_the_data():
     rel = {"download": 0.1, "decode": 0.2, "resize": 0.3, "queue": 0.4, "forward": 0.5}
 

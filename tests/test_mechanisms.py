@@ -490,3 +490,19 @@ def test_recorded_off_cpu_waits_are_not_called_contention(name, cause, stage, sa
     assert (verdict["cause"], verdict["stage"]) == (cause, stage), verdict["evidence"]
     assert any(said in e for e in verdict["evidence"]), verdict["evidence"]
     assert not any("a core:" in a for a in verdict["advice"])
+
+
+def test_a_steady_service_waiting_on_a_held_loop_is_told_what_holds_it():
+    """The tester's out-asleep: every request 172 ms for 20 ms of work; it was 'stable, start with
+    download'. Download's time is event-loop lag while resize holds the loop."""
+    from otel_stages.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["report", str(BLOCKED / "asleep.otlp.jsonl"), "--json"]) == 0
+    verdict = json.loads(out.getvalue())["verdict"]
+    assert verdict["cause"] == "stable"
+    assert any("download is mostly waiting for the event loop" in e and "held most by resize" in e
+               for e in verdict["evidence"]), verdict["evidence"]
+    assert any("move resize off the event loop" in a for a in verdict["advice"])
+    assert not any("start with download" in a for a in verdict["advice"])

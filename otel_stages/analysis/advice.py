@@ -181,6 +181,17 @@ def for_stable_untraced(first: str = UNTRACED_SHARE) -> list[str]:
     ]
 
 
+def for_stable_loop(holder: str | None) -> list[str]:
+    """Advice when nothing swings and the largest stage mostly waited for a busy event loop
+    (``holder``: the stage that held it most, when known)."""
+    what = f"move {holder} off the event loop" if holder else "find what holds the event loop and move it off"
+    return [
+        "latency is steady: no per-stage fix is needed for variability",
+        f"to lower latency overall, {what} (await asyncio.to_thread(...) or"
+        " loop.run_in_executor(...)): every request waits for it",
+    ]
+
+
 def for_stable(largest_stage: str) -> list[str]:
     """Advice when nothing swings: latency is predictable; cut the biggest stage if needed."""
     return [

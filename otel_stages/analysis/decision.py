@@ -89,6 +89,9 @@ COLD_START_MIN_RATIO = 2.0
 COMPARABLE_MIN_REQUESTS = 5
 #: The input mix dominates when cohorts explain at least this part of the total's variance.
 INPUT_MIX_DOMINATES = 0.5
+#: A steady run's largest stage whose median is at least this part event-loop lag is mostly
+#: waiting for a loop held by other work: the place to cut latency is what holds the loop.
+LAG_DOMINATES_FRACTION = 0.5
 #: A second material stage is a co-suspect when it explains at least this part of what the
 #: suspect explains (its swing, where a source cannot know ``explains``): the ranking between two
 #: such stages is within what another run could reverse, so evidence and advice name both.
@@ -325,6 +328,16 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced(untraced_advice(fig)))
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
                  f" ({centre(largest)})")
+    evidence = fig.stage_evidence.get(largest.name)
+    lag = evidence.lag_median_ms if evidence else None
+    if lag is not None and lag >= LAG_DOMINATES_FRACTION * largest.median_ms > 0:
+        holder = evidence.loop_holder if evidence else None
+        held = f", held most by {holder}" if holder and holder != largest.name else ""
+        lines.append(f"{largest.name} is mostly waiting for the event loop: median lag"
+                     f" {duration(lag)} of its median {duration(largest.median_ms)} (the loop was"
+                     f" busy with other work{held})")
+        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_loop(
+            holder if holder and holder != largest.name else None))
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
 
 

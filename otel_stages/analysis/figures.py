@@ -271,6 +271,8 @@ class StageEvidence:
     size (then "cap the input size" would contradict the evidence). ``mechanisms``: in order of
     precedence; the first confirmed one names the cause. ``preprocess``: decode / resize facts
     behind the concrete preprocessing advice (draft decoding, caching, pool, event loop).
+    ``lag_median_ms``: the stage's median event-loop lag (time it waited for a loop busy with other
+    work; ``None`` when none was recorded) and ``loop_holder`` the stage that held the loop most.
     """
 
     lines: tuple[str, ...] = ()
@@ -278,6 +280,8 @@ class StageEvidence:
     one_size: bool = False
     mechanisms: tuple[Mechanism, ...] = ()
     preprocess: PreprocessFacts | None = None
+    lag_median_ms: float | None = None
+    loop_holder: str | None = None
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,9 @@ class StageSignals:
     ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group;
     ``busy_utilization`` its upper quartile over all runs. ``slowdown_explains``: the share of the
     variance of ``log(stage ms)`` that ``log(wall / CPU)`` accounts for (module docstring).
-    ``limit_cpus``: the cgroup CPU quota seen. ``held``: stage name -> ms of each of its spans
-    that held an event loop. ``mechanisms``: in order of precedence (module docstring).
+    ``limit_cpus``: the cgroup CPU quota seen. ``loop_holder``: the stage whose spans held the
+    event loop longest in all (``None`` when none did). ``mechanisms``: in order of precedence
+    (module docstring).
     ``lines``: sentences about the parts when no mechanism is confirmed.
     """
 
@@ -145,6 +146,7 @@ class StageSignals:
     busy_utilization: float | None = None
     slowdown_explains: float | None = None
     limit_cpus: float | None = None
+    loop_holder: str | None = None
     mechanisms: tuple[Mechanism, ...] = ()
     lines: tuple[str, ...] = ()
 
@@ -477,7 +479,8 @@ def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None 
     mechanisms = tuple(m for m in found if m is not None)
     if not mechanisms and sig.cpu is None:
         return None
-    sig = replace(sig, mechanisms=mechanisms)
+    holder = max(held, key=lambda k: held[k].sum_ms) if held else None
+    sig = replace(sig, mechanisms=mechanisms, loop_holder=holder)
     return replace(sig, lines=() if sig.confirmed else _summary(sig))
 
 
@@ -489,5 +492,7 @@ def with_mechanisms(evidence: Mapping[str, StageEvidence],
         base = out.get(stage, StageEvidence())
         also = [m for m in sig.mechanisms if m.confirmed][1:]
         extra = tuple(f"also {m.cause}: {m.evidence[0]}" for m in also if m.evidence)
-        out[stage] = replace(base, lines=(*base.lines, *sig.lines, *extra), mechanisms=sig.mechanisms)
+        lag = sig.lag.median_ms if sig.lag is not None and sig.lag.median_ms > 0 else None
+        out[stage] = replace(base, lines=(*base.lines, *sig.lines, *extra), mechanisms=sig.mechanisms,
+                             lag_median_ms=lag, loop_holder=sig.loop_holder if lag else None)
     return out
