@@ -221,8 +221,9 @@ def decide_aggregate(
             None,
             [f"no span metrics for {', '.join(semconv.STANDARD_STAGES)} in the last {window}"],
             [
-                "check that the collector's span_metrics connector sits in the traces pipeline"
-                " before sampling and that its metrics reach Prometheus; widen --since"
+                "check that the span metrics are produced before sampling (the Collector's"
+                " spanmetrics connector in the traces pipeline, or the older spanmetrics processor)"
+                " and reach Prometheus; widen --since"
             ],
         )
     verdict = decide(figures(stages, total, gpu))
