@@ -30,7 +30,9 @@ import itertools
 import math
 import operator
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import cast
 
@@ -236,11 +238,32 @@ def variance_explained_by_groups(groups: Iterable[Sequence[float]]) -> float | N
     return min(1.0, max(0.0, omega))
 
 
+#: Stage names in the pipeline order a stage map gives (set by :func:`pipeline_order`); empty:
+#: the library's own stages, in ``semconv.STANDARD_STAGES`` order.
+_PIPELINE: ContextVar[tuple[str, ...]] = ContextVar("otel_stages_pipeline", default=())
+
+
+@contextmanager
+def pipeline_order(names: Sequence[str]) -> Iterator[None]:
+    """Within the block, :func:`order_stages` lists ``names`` first, in this order (another
+    server's stages from a stage map: ``StageMap.stage_order()``, so the report's tables follow
+    that server's pipeline); stages not named keep the usual order after them. Nests; restored
+    on exit."""
+    token = _PIPELINE.set(tuple(names))
+    try:
+        yield
+    finally:
+        _PIPELINE.reset(token)
+
+
 def order_stages(names: Iterable[str]) -> list[str]:
-    """Standard stages in pipeline order first, then custom ones alphabetically."""
+    """The stages of :func:`pipeline_order` in its order first (none outside such a block), then
+    standard stages in pipeline order, then custom ones alphabetically."""
     present = set(names)
+    given = [s for s in _PIPELINE.get() if s in present]
+    present.difference_update(given)
     standard = [s for s in semconv.STANDARD_STAGES if s in present]
-    return standard + sorted(present - set(standard))
+    return given + standard + sorted(present - set(standard))
 
 
 def stage_stats(
