@@ -51,8 +51,8 @@ the request span). The spans below it are replaced by the stage spans (ids deriv
 request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came from. A request span
 the map gives no stage for is left as it was and named in a problem.
 
-The report lists a map's stages in the map's order (:meth:`StageMap.stage_order`, applied with
-:func:`otel_stages.analysis.stats.pipeline_order`), not the library's own standard order.
+The report lists a map's stages in the map's order (:meth:`StageMap.stage_order`, merged into
+the standard order by :func:`otel_stages.analysis.stats.pipeline_order`), not alphabetically.
 """
 
 from __future__ import annotations
@@ -158,13 +158,14 @@ class MapSummary:
     mapped: int = 0
     unmapped: int = 0
     problems: list[str] = field(default_factory=list)
-    #: requests mapped per variant name; only reported for a map with more than one variant
+    #: requests mapped per variant name (every variant, 0 where unused); reported for a map with
+    #: more than one variant
     by_variant: dict[str, int] = field(default_factory=dict)
     variants: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """JSON form: ``{"name", "requests_mapped", "requests_unmapped"}``, plus ``"variants"``
-        (``{variant name: requests mapped}``) for a map with more than one variant."""
+        (``{variant name: requests mapped}``, every variant) for a map with more than one."""
         out: dict[str, object] = {
             "name": self.name, "requests_mapped": self.mapped, "requests_unmapped": self.unmapped}
         if self.variants > 1:
@@ -327,7 +328,8 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
     problems appended) and a :class:`MapSummary`. Spans outside mapped requests are kept as they
     are.
     """
-    summary = MapSummary(stage_map.name, variants=len(stage_map.variants))
+    summary = MapSummary(stage_map.name, variants=len(stage_map.variants),
+                         by_variant={v.name: 0 for v in stage_map.variants})
     by_id: dict[_Key, Span] = {}
     for span in recording.spans:
         by_id.setdefault((span.trace_id, span.span_id), span)

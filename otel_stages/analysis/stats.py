@@ -26,6 +26,7 @@ Definitions used across the report:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -245,10 +246,10 @@ _PIPELINE: ContextVar[tuple[str, ...]] = ContextVar("otel_stages_pipeline", defa
 
 @contextmanager
 def pipeline_order(names: Sequence[str]) -> Iterator[None]:
-    """Within the block, :func:`order_stages` lists ``names`` first, in this order (another
-    server's stages from a stage map: ``StageMap.stage_order()``, so the report's tables follow
-    that server's pipeline); stages not named keep the usual order after them. Nests; restored
-    on exit."""
+    """Within the block, :func:`order_stages` keeps ``names`` in this order (another server's
+    stages from a stage map: ``StageMap.stage_order()``, so the report's tables follow that
+    server's pipeline), merged into the standard order: a named stage comes just before the
+    first standard stage that follows it in ``names``. Nests; restored on exit."""
     token = _PIPELINE.set(tuple(names))
     try:
         yield
@@ -256,14 +257,29 @@ def pipeline_order(names: Sequence[str]) -> Iterator[None]:
         _PIPELINE.reset(token)
 
 
+@functools.lru_cache(maxsize=16)
+def _known_order(given: tuple[str, ...]) -> tuple[str, ...]:
+    """``semconv.STANDARD_STAGES`` with ``given`` merged in (see :func:`pipeline_order`); where
+    the two disagree, ``given`` wins for its own stages."""
+    out: list[str] = []
+    at = 0  # next position in ``given`` not yet placed
+    for std in semconv.STANDARD_STAGES:
+        if std in given:
+            upto = given.index(std)
+            out.extend(g for g in given[at : upto + 1] if g not in out)
+            at = max(at, upto + 1)
+        elif std not in out:
+            out.append(std)
+    out.extend(g for g in given[at:] if g not in out)
+    return tuple(out)
+
+
 def order_stages(names: Iterable[str]) -> list[str]:
-    """The stages of :func:`pipeline_order` in its order first (none outside such a block), then
-    standard stages in pipeline order, then custom ones alphabetically."""
+    """Standard stages in pipeline order first (with a stage map's stages merged in, inside
+    :func:`pipeline_order`), then custom ones alphabetically."""
     present = set(names)
-    given = [s for s in _PIPELINE.get() if s in present]
-    present.difference_update(given)
-    standard = [s for s in semconv.STANDARD_STAGES if s in present]
-    return given + standard + sorted(present - set(standard))
+    known = [s for s in _known_order(_PIPELINE.get()) if s in present]
+    return known + sorted(present.difference(known))
 
 
 def stage_stats(
