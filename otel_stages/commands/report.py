@@ -43,8 +43,9 @@ Other servers and namings (see :func:`add_mapping_arguments`): ``--stage-map tri
 turns NVIDIA Triton's or vLLM's spans (or any server's, with a map file) into stages before the
 diagnosis (JSON adds ``"stage_map"``: :meth:`MapSummary.to_dict
 <otel_stages.analysis.stage_map.MapSummary.to_dict>`), the tables in the map's stage order;
-without it, "no requests found" names the built-in map whose request spans are there. ``--metric``, ``--span-label``, ``--service-label`` and
-``--metric-unit`` pin the span-metrics naming ``--prometheus`` otherwise discovers.
+without it, "no requests found" names the built-in map whose request spans are there.
+``--metric``, ``--span-label``, ``--service-label`` and ``--metric-unit`` pin the span-metrics
+naming ``--prometheus`` otherwise discovers.
 """
 
 from __future__ import annotations
