@@ -13,11 +13,25 @@ REQUEST_END; under it ``compute`` with COMPUTE_START, COMPUTE_INPUT_END, COMPUTE
 COMPUTE_END. An ensemble adds a model span per composing model under the ensemble's span (the
 ensemble span has REQUEST_START, QUEUE_START, REQUEST_END and no compute span of its own).
 
-vLLM (vllm-project/vllm ``vllm/v1/engine/output_processor.py`` ``do_tracing``; names in
+A request cancelled or timed out in the queue, or answered from the response cache (core
+``src/dynamic_batch_scheduler.cc`` ``DynamicBatchScheduler::Enqueue``: QUEUE_START, then the
+cached response and the release), has a model span with REQUEST_START, QUEUE_START and
+REQUEST_END and no ``compute`` span; Triton sets no span status either way.
+
+vLLM V1 (vllm-project/vllm ``vllm/v1/engine/output_processor.py`` ``do_tracing``; names in
 ``vllm/tracing.py`` ``SpanAttributes``): scope ``vllm.llm_engine``, resource from the SDK defaults
 (``service.name=unknown_service`` unless ``OTEL_SERVICE_NAME``), one ``llm_request`` span (kind
 SERVER) per finished request from its arrival time, float-second latencies in
-``gen_ai.latency.*`` and token counts in ``gen_ai.usage.*``.
+``gen_ai.latency.*`` (queue, prefill, decode, inference, time to first token, e2e) and token
+counts in ``gen_ai.usage.*``.
+
+vLLM V0 (``vllm/engine/llm_engine.py`` ``LLMEngine.create_trace_span``, times from
+``vllm/sequence.py`` ``RequestMetrics``): the same span and scope, but only times since
+``arrival_time`` (taken before the engine tokenizes: ``vllm/engine/async_llm_engine.py``
+``add_request_async``): ``time_in_queue`` = first scheduled - arrival
+(``SequenceGroup.maybe_set_first_scheduled_time``), ``time_to_first_token``, ``e2e``, and
+``time_in_scheduler`` (summed scheduler time); ``time_in_model_forward`` / ``_execute`` only with
+``--collect-detailed-traces``. No prefill or decode attribute.
 """
 
 from __future__ import annotations
@@ -86,9 +100,11 @@ def _ids(rng: random.Random) -> tuple[str, ...]:
 
 def triton_request(rng: random.Random, seq: int, start: int, *, queue_ms: float, infer_ms: float,
                    recv_ms: float = 0.4, model: str = "vit_encoder",
-                   ensemble: str | None = None) -> tuple[list[dict], int]:
+                   ensemble: str | None = None, computed: bool = True) -> tuple[list[dict], int]:
     """One request's spans and its end time. With ``ensemble`` the model runs as the ensemble's
-    only step (ensemble span -> model span -> compute)."""
+    only step (ensemble span -> model span -> compute). Without ``computed`` the request leaves
+    the queue after ``queue_ms`` without running the model (cancelled, timed out, or a response
+    cache hit): no compute span, REQUEST_END then, and the response sent as usual."""
     trace_id, root_id, model_id, compute_id, ens_id = _ids(rng)
     t = start
     recv_start, recv_end = t, t + int(recv_ms * MS)
@@ -107,16 +123,18 @@ def triton_request(rng: random.Random, seq: int, start: int, *, queue_ms: float,
     input_end = compute_start + int(1.0 * MS)
     output_start = input_end + int(infer_ms * MS)
     compute_end = output_start + int(0.5 * MS)
-    req_end = compute_end + int(0.05 * MS)
+    req_end = compute_end + int(0.05 * MS) if computed else compute_start
     attrs = {"triton.model_name": model, "triton.model_version": 1,
              "triton.trace_id": seq * 2 if ensemble else seq,
              "triton.trace_parent_id": seq * 2 - 1 if ensemble else 0}
     spans.append(_span(trace_id, model_id, parent, model, req_start, req_end, attrs,
                        [("REQUEST_START", req_start), ("QUEUE_START", queue_start),
                         ("REQUEST_END", req_end)]))
-    spans.append(_span(trace_id, compute_id, model_id, "compute", compute_start, compute_end, None,
-                       [("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
-                        ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end)]))
+    if computed:
+        spans.append(_span(trace_id, compute_id, model_id, "compute", compute_start, compute_end,
+                           None, [("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
+                                  ("COMPUTE_OUTPUT_START", output_start),
+                                  ("COMPUTE_END", compute_end)]))
     t = req_end
     if ensemble:
         ens_end = t + int(0.02 * MS)
@@ -134,15 +152,18 @@ def triton_request(rng: random.Random, seq: int, start: int, *, queue_ms: float,
     return spans, root_end
 
 
-def triton_queue_scenario(path: Path, *, ensemble: str | None = None, n: int = 31) -> Path:
+def triton_queue_scenario(path: Path, *, ensemble: str | None = None, n: int = 31,
+                          not_computed: frozenset[int] = frozenset()) -> Path:
     """Dynamic batching: the queue wait swings 2..120 ms while inference stays ~20 ms; the first
-    request is cold (900 ms inference: model warm-up)."""
+    request is cold (900 ms inference: model warm-up). The requests numbered (from 1) in
+    ``not_computed`` leave the queue without running the model."""
     rng = random.Random(8)
     lines, t = [], T0_NS
     for seq in range(1, n + 1):
         queue = rng.choice([2.0, 3.0, 5.0, 60.0, 90.0, 120.0]) if seq > 1 else 1.0
         infer = 900.0 if seq == 1 else 20.0 + rng.uniform(-0.5, 0.5)
-        spans, end = triton_request(rng, seq, t, queue_ms=queue, infer_ms=infer, ensemble=ensemble)
+        spans, end = triton_request(rng, seq, t, queue_ms=queue, infer_ms=infer, ensemble=ensemble,
+                                    computed=seq not in not_computed)
         lines.append(_export(TRITON_RESOURCE, "triton-server", spans))
         t = end + 50 * MS
     path.write_text("\n".join(lines) + "\n")
@@ -193,6 +214,56 @@ def vllm_decode_scenario(path: Path, n: int = 30) -> Path:
         span, end = vllm_request(rng, t, preprocess_s=0.012 + rng.uniform(0, 0.002),
                                  queue_s=0.003 + rng.uniform(0, 0.001), prefill_s=0.085,
                                  decode_s=tokens * 0.01, completion_tokens=tokens)
+        lines.append(_export(VLLM_RESOURCE, "vllm.llm_engine", [span]))
+        t = end + 100 * MS
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def vllm_v0_request(rng: random.Random, start: int, *, queue_s: float, prefill_s: float,
+                    decode_s: float, completion_tokens: int,
+                    detailed: bool = False) -> tuple[dict, int]:
+    """One ``llm_request`` span as vLLM V0's ``create_trace_span`` builds it (attribute order
+    as it sets them); returns it and its end time. ``queue_s`` runs from arrival (it holds the
+    engine's tokenization and input processing) to the first scheduling. ``detailed``: the
+    server ran with ``--collect-detailed-traces`` (forward time converted from ms to s by
+    vLLM, execute time in s)."""
+    trace_id, span_id = f"{rng.getrandbits(128):032x}", f"{rng.getrandbits(64):016x}"
+    ttft = queue_s + prefill_s
+    e2e = ttft + decode_s
+    tail_s = 0.0003  # finished_time -> do_tracing after the step's output processing
+    end = start + round((e2e + tail_s) * 1e9)
+    attrs: dict = {
+        "gen_ai.response.model": "llava-hf/llava-1.5-7b-hf",
+        "gen_ai.request.id": f"chatcmpl-{rng.getrandbits(64):016x}",
+        "gen_ai.request.temperature": 0.7,
+        "gen_ai.request.top_p": 0.95,
+        "gen_ai.request.max_tokens": 512,
+        "gen_ai.request.n": 1,
+        "gen_ai.usage.num_sequences": 1,
+        "gen_ai.usage.prompt_tokens": 1245,
+        "gen_ai.usage.completion_tokens": completion_tokens,
+        "gen_ai.latency.time_in_queue": queue_s,
+        "gen_ai.latency.time_to_first_token": ttft,
+        "gen_ai.latency.e2e": e2e,
+        "gen_ai.latency.time_in_scheduler": 0.00004 * (completion_tokens + 1),
+    }
+    if detailed:
+        attrs["gen_ai.latency.time_in_model_forward"] = (prefill_s + decode_s) * 0.8
+        attrs["gen_ai.latency.time_in_model_execute"] = (prefill_s + decode_s) * 0.9
+    return _span(trace_id, span_id, None, "llm_request", start, end, attrs), end
+
+
+def vllm_v0_queue_scenario(path: Path, n: int = 30) -> Path:
+    """vLLM V0 under bursts: the wait for the scheduler swings 5..400 ms while prefill (85 ms)
+    and decode (64 tokens, ~0.64 s) stay steady; every third request ran with detailed traces."""
+    rng = random.Random(10)
+    lines, t = [], T0_NS
+    for i in range(n):
+        span, end = vllm_v0_request(rng, t, queue_s=rng.choice([0.005, 0.008, 0.01, 0.25, 0.4]),
+                                    prefill_s=0.085 + rng.uniform(0, 0.002),
+                                    decode_s=0.64 + rng.uniform(0, 0.005), completion_tokens=64,
+                                    detailed=i % 3 == 0)
         lines.append(_export(VLLM_RESOURCE, "vllm.llm_engine", [span]))
         t = end + 100 * MS
     path.write_text("\n".join(lines) + "\n")

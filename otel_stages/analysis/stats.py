@@ -26,11 +26,14 @@ Definitions used across the report:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import cast
 
@@ -236,11 +239,47 @@ def variance_explained_by_groups(groups: Iterable[Sequence[float]]) -> float | N
     return min(1.0, max(0.0, omega))
 
 
+#: Stage names in the pipeline order a stage map gives (set by :func:`pipeline_order`); empty:
+#: the library's own stages, in ``semconv.STANDARD_STAGES`` order.
+_PIPELINE: ContextVar[tuple[str, ...]] = ContextVar("otel_stages_pipeline", default=())
+
+
+@contextmanager
+def pipeline_order(names: Sequence[str]) -> Iterator[None]:
+    """Within the block, :func:`order_stages` keeps ``names`` in this order (another server's
+    stages from a stage map: ``StageMap.stage_order()``, so the report's tables follow that
+    server's pipeline), merged into the standard order: a named stage comes just before the
+    first standard stage that follows it in ``names``. Nests; restored on exit."""
+    token = _PIPELINE.set(tuple(names))
+    try:
+        yield
+    finally:
+        _PIPELINE.reset(token)
+
+
+@functools.lru_cache(maxsize=16)
+def _known_order(given: tuple[str, ...]) -> tuple[str, ...]:
+    """``semconv.STANDARD_STAGES`` with ``given`` merged in (see :func:`pipeline_order`); where
+    the two disagree, ``given`` wins for its own stages."""
+    out: list[str] = []
+    at = 0  # next position in ``given`` not yet placed
+    for std in semconv.STANDARD_STAGES:
+        if std in given:
+            upto = given.index(std)
+            out.extend(g for g in given[at : upto + 1] if g not in out)
+            at = max(at, upto + 1)
+        elif std not in out:
+            out.append(std)
+    out.extend(g for g in given[at:] if g not in out)
+    return tuple(out)
+
+
 def order_stages(names: Iterable[str]) -> list[str]:
-    """Standard stages in pipeline order first, then custom ones alphabetically."""
+    """Standard stages in pipeline order first (with a stage map's stages merged in, inside
+    :func:`pipeline_order`), then custom ones alphabetically."""
     present = set(names)
-    standard = [s for s in semconv.STANDARD_STAGES if s in present]
-    return standard + sorted(present - set(standard))
+    known = [s for s in _known_order(_PIPELINE.get()) if s in present]
+    return known + sorted(present.difference(known))
 
 
 def stage_stats(

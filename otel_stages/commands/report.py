@@ -41,8 +41,11 @@ the server's message on stderr. Mixing PATHs and remote sources is a usage error
 
 Other servers and namings (see :func:`add_mapping_arguments`): ``--stage-map triton|vllm|FILE``
 turns NVIDIA Triton's or vLLM's spans (or any server's, with a map file) into stages before the
-diagnosis (JSON adds ``"stage_map"``); ``--metric``, ``--span-label``, ``--service-label`` and
-``--metric-unit`` pin the span-metrics naming ``--prometheus`` otherwise discovers.
+diagnosis (JSON adds ``"stage_map"``: :meth:`MapSummary.to_dict
+<otel_stages.analysis.stage_map.MapSummary.to_dict>`), the tables in the map's stage order;
+without it, "no requests found" names the built-in map whose request spans are there.
+``--metric``, ``--span-label``, ``--service-label`` and ``--metric-unit`` pin the span-metrics
+naming ``--prometheus`` otherwise discovers.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from otel_stages import config
@@ -274,6 +279,11 @@ def _load(paths: list[str], selection: Selection, *, show: bool = False,
 
 def run(args: argparse.Namespace) -> int:
     """Load, diagnose, print. Returns the exit status (see the module docstring)."""
+    with stage_map_order(args):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.clickhouse:
         from otel_stages.commands import clickhouse_report
 
@@ -344,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
             " (record some first with `otel-stages demo`, or pass trace files/folders)"
             if not args.paths and not remote
             else ""
-        )
+        ) + stage_map_hint(args, recording)
         print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
         return 1
     if args.fail_on_regression is not None and report.comparison is not None:
@@ -415,6 +425,40 @@ def report_selection(args: argparse.Namespace) -> Selection:
     from otel_stages.analysis.stage_map import load_stage_map
 
     return for_analysis(load_stage_map(args.stage_map).attribute_keys())
+
+
+@contextmanager
+def stage_map_order(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--stage-map``, the report's tables list the map's stages in the map's order
+    (:func:`otel_stages.analysis.stats.pipeline_order`). A map that does not load changes
+    nothing here: the run reports that error itself."""
+    from otel_stages.analysis.stats import pipeline_order
+
+    order: tuple[str, ...] = ()
+    if args.stage_map and not args.clickhouse:
+        from otel_stages.analysis.stage_map import load_stage_map
+
+        try:
+            order = load_stage_map(args.stage_map).stage_order()
+        except StageMapError:
+            pass
+    with pipeline_order(order):
+        yield
+
+
+def stage_map_hint(args: argparse.Namespace, recording: Recording) -> str:
+    """Without ``--stage-map``, where the spans carry a built-in map's request span name: the
+    sentence suggesting that map (appended to "no requests found"); else ``""``."""
+    if args.stage_map:
+        return ""
+    from otel_stages.analysis.stage_map import load_stage_map, suggest_stage_map
+
+    name = suggest_stage_map(recording.spans)
+    if name is None:
+        return ""
+    spans = " or ".join(sorted(load_stage_map(name).request))
+    return (f"; the {spans} spans look like {name}'s own traces: map them to stages with"
+            f" --stage-map {name}")
 
 
 def apply_stage_map_argument(
