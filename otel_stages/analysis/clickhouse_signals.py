@@ -1,5 +1,6 @@
-"""The mechanism signals in ClickHouse: per-stage amounts of thread CPU time, waiting, GC pauses
-and event-loop lag, the stages that held the loop, and GPU memory around the forwards. Pure:
+"""The mechanism signals in ClickHouse: per-stage amounts of thread CPU time, waiting, GC pauses,
+event-loop lag and cgroup throttling, the stages that held the loop, and GPU memory around the
+forwards. Pure:
 builds SQL (``(statement, params)`` / ``(name, SQL, params)``) and reads the answers into the
 inputs of the one rule set, :func:`otel_stages.analysis.mechanisms.judge` and
 :func:`otel_stages.analysis.gpu_memory.memory_mechanism` (no threshold or rule here).
@@ -14,6 +15,14 @@ What is read, and how narrowly (a fleet has millions of spans):
   (GC time from the attribute, else from the overlap of GC events with the span, else 0 on a span
   with CPU time; lag likewise 0 on a span with CPU time). Read only when
   :func:`otel_stages.analysis.clickhouse_queries.signals_sql` finds such a span.
+- **throttling** (:data:`THROTTLE_TABLE`): the cumulative ``container.cpu.throttling_data.
+  throttled_time`` points of the processes with requests, from the exporter's sum table, by
+  process and time range, cut at the first drop; each signal span's throttled ms is the counter's
+  rise between its start and end, interpolated between the points around each (two ``ASOF``
+  joins per end), unknown outside the series. Only spans that carry signals are read: the file
+  report also reads throttling on stage spans without them (a producer that records the
+  cgroup's counter records the span signals too). The quota: each process's latest
+  ``container.cpu.limit`` gauge, the largest (:func:`limit_sql`).
 - **samples** (:data:`SAMPLES_TABLE`): one row per warm request and stage (the stage's ms as in
   the statistics), the signal known only when *every* span of the stage in the request carried it
   (the request's ``stage_counts``). Stage spans are matched to their request by parent span id:
@@ -37,10 +46,10 @@ What is read, and how narrowly (a fleet has millions of spans):
   forwards, not a sum. Above that a deterministic sample (by hash) is returned and the report
   says so. Peak and range are taken over the chosen GPU's largest ``hw.gpu.memory.limit``.
 
-Not read: cgroup throttling. The exporter writes the cumulative
-``container.cpu.throttling_data.throttled_time`` to its ``otel_metrics_sum`` table, which
-``otel-stages import`` does not fill and the report does not query; ``cpu_throttled`` needs the
-file report (the report's problems say so when spans carry signals).
+Left out on purpose: signals of stage spans under a custom group span (they count as not
+recorded; the file report reads them), and per-process GPU memory series merged across processes
+(the file report merges series of the same ``hw.id`` from every process; here a forward sees only
+its own process's points, as for the utilization).
 """
 
 from __future__ import annotations
