@@ -214,11 +214,14 @@ def samples_statement(with_spans: bool) -> str:
     inner = f"""SELECT trace_key, span_key, {COHORT}, stage, ms AS wall, cnt
     FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms, stage_counts AS cnt
     WHERE warm"""
-    if not with_spans:
+    if not with_spans:  # forward only: its ms per request, without unrolling every stage
         null = "CAST(NULL AS Nullable(Float64))"
+        forward = f"'{semconv.STAGE_FORWARD}'"
         return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
-SELECT {COHORT}, stage, wall, {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled
-FROM ({inner}) WHERE stage = '{semconv.STAGE_FORWARD}'"""
+SELECT {COHORT}, {forward} AS stage,
+    arraySum(arrayFilter((d, n) -> n = {forward}, stage_ns, stage_names)) / 1e6 AS wall,
+    {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled
+FROM {R} WHERE warm AND has(stage_names, {forward})"""
     known = ", ".join(f"if(s.n_{p} = q.cnt, s.{p}, NULL) AS {p}"
                       for p in ("cpu", "gc", "lag", "throttled"))
     return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
