@@ -34,6 +34,7 @@ from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
 from otel_stages.analysis import clickhouse_rows as rows_of
 from otel_stages.analysis import clickhouse_schema as schema
+from otel_stages.analysis import clickhouse_signal_result as signal_result
 from otel_stages.analysis import clickhouse_signals as signals
 from otel_stages.analysis import clickhouse_sql as sql
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
@@ -437,7 +438,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         for statement, params in signals.memory_statements(tables.gauge_ref, query):
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
-    memory = any(g.usage_points and g.limit_points for g in signals.memory_gpus(gpus))
+    memory = any(g.usage_points and g.limit_points for g in signal_result.memory_gpus(gpus))
     if not spans and not memory:
         return out
     if spans:
@@ -468,7 +469,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
             signals.memory_windows_sql(method, signals.COHORT), None, settings)
         hw_id = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
                                  end_ns=query.end_ns, service=query.service).gpu.hw_id
-        chosen = signals.choose_gpu(signals.memory_gpus(gpus), hw_id)
+        chosen = signal_result.choose_gpu(signal_result.memory_gpus(gpus), hw_id)
         out["memory_forwards"] = [] if chosen is None else engine.rows(
             signals.memory_forwards_sql(), {"hw": chosen.hw, "cap": signals.MAX_MEMORY_FORWARDS},
             settings)

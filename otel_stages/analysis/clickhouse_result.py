@@ -18,7 +18,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
-from otel_stages.analysis.clickhouse_signals import ScopeSignals, scopes
+from otel_stages.analysis.clickhouse_signal_result import ScopeSignals, scopes
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     EXACT_RELATIVE_TOLERANCE,
