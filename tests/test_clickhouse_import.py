@@ -78,7 +78,10 @@ def test_tables_have_the_exporter_columns(engine) -> None:
     tables = Tables(database="ddl")
     create_tables(engine, tables)
     create_tables(engine, tables)  # IF NOT EXISTS: a second run changes nothing
-    for ref, want in ((tables.traces_ref, TRACES_COLUMNS), (tables.gauge_ref, GAUGE_COLUMNS)):
+    # the sum table: the gauge's columns, then the exporter's two sum columns
+    sum_columns = [*GAUGE_COLUMNS, ("AggregationTemporality", "Int32"), ("IsMonotonic", "Bool")]
+    for ref, want in ((tables.traces_ref, TRACES_COLUMNS), (tables.gauge_ref, GAUGE_COLUMNS),
+                      (tables.sum_ref, sum_columns)):
         got = [(r["name"], r["type"]) for r in engine.rows(f"DESCRIBE TABLE {ref}")]
         assert got == want
     show = engine.rows(f"SHOW CREATE TABLE {tables.traces_ref}")[0]["statement"]
@@ -86,7 +89,7 @@ def test_tables_have_the_exporter_columns(engine) -> None:
     assert "PARTITION BY toDate(Timestamp)" in show and "ORDER BY (ServiceName, SpanName" in show
     names = {r["name"] for r in engine.rows("SHOW TABLES FROM ddl")}
     assert names == {"otel_traces", "otel_traces_trace_id_ts", "otel_traces_trace_id_ts_mv",
-                     "otel_metrics_gauge"}
+                     "otel_metrics_gauge", "otel_metrics_sum"}
 
 
 def test_older_servers_get_the_bloom_filter_variant(engine) -> None:
@@ -165,17 +168,25 @@ def test_gauge_rows_and_what_is_left_out(engine, tmp_path: Path) -> None:
         {"scope": {"name": "otel_stages.gpu"}, "metrics": [
             {"name": "hw.gpu.memory.usage", "unit": "By", "gauge": {"dataPoints": [{**point, "asInt": "42"}]}},
             {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [point]}},
-            {"name": "calls", "sum": {"dataPoints": [{**point, "asInt": "1"}, {**point, "asInt": "2"}]}},
+            {"name": "calls", "sum": {"aggregationTemporality": "AGGREGATION_TEMPORALITY_CUMULATIVE",
+                                      "isMonotonic": True,
+                                      "dataPoints": [{**point, "asInt": "1"}, {**point, "asInt": "2"}]}},
+            {"name": "latency", "histogram": {"dataPoints": [{**point, "count": "1"}]}},
         ]}]}]}
     rows = export_request_rows(request, where="m.jsonl:1")
-    assert rows.skipped_points == 2
+    assert rows.skipped_points == 1
+    assert [(r["Value"], r["AggregationTemporality"], r["IsMonotonic"]) for r in rows.sum_points] == [
+        (1.0, 2, True), (2.0, 2, True)]
     assert rows.problems == [
         "m.jsonl:1: resourceMetrics[0]: metric 'hw.gpu.utilization' point 0: no asDouble/asInt"
         " value (the exporter would store 0.0)"]
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps(request) + "\n")
     tables = Tables(database="gauge")
-    assert import_files(engine, tables, [path]).gauge_points == 1
+    summary = import_files(engine, tables, [path])
+    assert (summary.gauge_points, summary.sum_points, summary.skipped_points) == (1, 2, 1)
+    assert engine.rows(f"SELECT sum(Value) AS v, any(AggregationTemporality) AS a FROM {tables.sum_ref}"
+                       ) == [{"v": 3, "a": 2}]
     got = engine.rows(f"""SELECT MetricName, MetricUnit, Value, Attributes, ServiceName, ScopeName,
         toUnixTimestamp64Nano(TimeUnix) AS t, toUnixTimestamp64Nano(StartTimeUnix) AS s
         FROM {tables.gauge_ref}""")
@@ -234,7 +245,8 @@ def test_cli_import_then_report(engine, chdb_url: str, tmp_path: Path, capsys: p
     assert main(["import", str(scenario), "--clickhouse", chdb_url,
                  "--traces-table", "cli.spans", "--gauge-table", "cli.gauge"]) == 0
     out = capsys.readouterr()
-    assert "imported 180 spans and 255 gauge points from 1 files" in out.out and out.err == ""
+    assert "imported 180 spans, 255 gauge points and 0 sum points from 1 files" in out.out
+    assert out.err == ""
     assert main(["report", "--clickhouse", chdb_url, "--traces-table", "cli.spans",
                  "--gauge-table", "cli.gauge", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -34,6 +34,7 @@ from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
 from otel_stages.analysis import clickhouse_rows as rows_of
 from otel_stages.analysis import clickhouse_schema as schema
+from otel_stages.analysis import clickhouse_signal_result as signal_result
 from otel_stages.analysis import clickhouse_signals as signals
 from otel_stages.analysis import clickhouse_sql as sql
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
@@ -225,11 +226,12 @@ def _first_line(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Tables:
-    """Where the exporter's data lives: ``database`` and the traces / gauge table names."""
+    """Where the exporter's data lives: ``database`` and the traces / gauge / sum table names."""
 
     database: str = "default"
     traces: str = schema.DEFAULT_TRACES_TABLE
     gauge: str = schema.DEFAULT_GAUGE_TABLE
+    sum: str = schema.DEFAULT_SUM_TABLE
 
     @property
     def traces_ref(self) -> str:
@@ -241,9 +243,14 @@ class Tables:
         """The gauge metrics table, quoted."""
         return schema.table_ref(self.database, self.gauge)
 
+    @property
+    def sum_ref(self) -> str:
+        """The sum metrics table, quoted."""
+        return schema.table_ref(self.database, self.sum)
+
 
 def create_tables(engine: Engine, tables: Tables) -> None:
-    """Create the database and the exporter's traces and gauge tables where missing (the
+    """Create the database and the exporter's traces, gauge and sum tables where missing (the
     exporter's own DDL, picked by server version as the exporter does)."""
     if tables.database != "default":
         engine.execute(f"CREATE DATABASE IF NOT EXISTS {schema.quote_ident(tables.database)}")
@@ -252,16 +259,18 @@ def create_tables(engine: Engine, tables: Tables) -> None:
                                        schema.parse_server_version(str(version))):
         engine.execute(statement)
     engine.execute(schema.gauge_ddl(tables.database, tables.gauge))
+    engine.execute(schema.sum_ddl(tables.database, tables.sum))
 
 
 @dataclass
 class ImportSummary:
-    """What :func:`import_files` wrote: spans and gauge points, files read, metric points of
+    """What :func:`import_files` wrote: spans, gauge and sum points, files read, metric points of
     other kinds skipped, and problems (``"<file>:<line>: ..."``) for what was left out."""
 
     files: int = 0
     spans: int = 0
     gauge_points: int = 0
+    sum_points: int = 0
     skipped_points: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -336,8 +345,13 @@ def import_files(engine: Engine, tables: Tables, paths: Sequence[str | os.PathLi
     create_tables(engine, tables)
     spans: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []
+    sums: list[dict[str, Any]] = []
 
     def flush(force: bool) -> None:
+        if sums and (force or len(sums) >= batch_rows):
+            engine.insert(tables.sum_ref, rows_of.json_each_row(sums))
+            summary.sum_points += len(sums)
+            sums.clear()
         if spans and (force or len(spans) >= batch_rows):
             engine.insert(tables.traces_ref, rows_of.json_each_row(spans))
             summary.spans += len(spans)
@@ -353,6 +367,7 @@ def import_files(engine: Engine, tables: Tables, paths: Sequence[str | os.PathLi
             rows = rows_of.export_request_rows(obj, where=where)
             spans.extend(rows.spans)
             points.extend(rows.gauge_points)
+            sums.extend(rows.sum_points)
             summary.skipped_points += rows.skipped_points
             summary.problems.extend(rows.problems)
             flush(force=False)
@@ -423,13 +438,22 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         for statement, params in signals.memory_statements(tables.gauge_ref, query):
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
-    memory = any(g.usage_points and g.limit_points for g in signals.memory_gpus(gpus))
+    memory = any(g.usage_points and g.limit_points for g in signal_result.memory_gpus(gpus))
     if not spans and not memory:
         return out
     if spans:
-        engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {signals.SIGNAL_SPANS_TABLE}", None, settings)
-        engine.execute(signals.signal_spans_statement(tables.traces_ref, query),
-                       sql.query_params(query), settings)
+        params = sql.query_params(query)
+        for table in (signals.SIGNAL_SPANS_TABLE, signals.THROTTLE_TABLE):
+            engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
+        throttle = bool(engine.rows(f"EXISTS TABLE {tables.sum_ref}", None, settings)[0]["result"])
+        out["sum_table"] = [{"table": tables.sum_ref, "exists": throttle}]
+        if throttle:
+            engine.execute(signals.throttle_statement(tables.sum_ref, query), params, settings)
+            throttle = bool(engine.rows(f"SELECT count() AS n FROM {signals.THROTTLE_TABLE}",
+                                        None, settings)[0]["n"])
+        engine.execute(signals.signal_spans_statement(tables.traces_ref, query, throttle),
+                       params, settings)
+        out["limit"] = engine.rows(signals.limit_sql(tables.gauge_ref), None, settings)
     engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {signals.SAMPLES_TABLE}", None, settings)
     engine.execute(signals.samples_statement(spans), None, settings)
     out["signal_stages"] = engine.rows(signals.stage_signals_sql(method), None, settings)
@@ -445,7 +469,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
             signals.memory_windows_sql(method, signals.COHORT), None, settings)
         hw_id = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
                                  end_ns=query.end_ns, service=query.service).gpu.hw_id
-        chosen = signals.choose_gpu(signals.memory_gpus(gpus), hw_id)
+        chosen = signal_result.choose_gpu(signal_result.memory_gpus(gpus), hw_id)
         out["memory_forwards"] = [] if chosen is None else engine.rows(
             signals.memory_forwards_sql(), {"hw": chosen.hw, "cap": signals.MAX_MEMORY_FORWARDS},
             settings)

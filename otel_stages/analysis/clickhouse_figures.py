@@ -23,15 +23,15 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
   (:mod:`otel_stages.analysis.clickhouse_preprocess`).
 
 - mechanisms: the per-stage signal aggregates of
-  :mod:`otel_stages.analysis.clickhouse_signals` (CPU, wait, GC, event-loop lag, loop holders; GPU
-  memory around forwards) through :func:`otel_stages.analysis.mechanisms.judge` and
+  :mod:`otel_stages.analysis.clickhouse_signals` (CPU, wait, GC, event-loop lag, cgroup
+  throttling, loop holders; GPU memory around forwards) through
+  :func:`otel_stages.analysis.mechanisms.judge` and
   :func:`otel_stages.analysis.gpu_memory.memory_mechanism`, over all warm requests and within each
   cohort, into the evidence as :func:`otel_stages.analysis.mechanisms.with_mechanisms` puts them.
 
-Not computed in SQL yet (documented gaps, not guesses): cgroup CPU throttling (its cumulative
-counter is in the exporter's ``otel_metrics_sum`` table, not read: no ``cpu_throttled`` verdict
-here, and the problems say so when spans carry signals); signals of stage spans inside custom
-group spans (counted as not recorded); requests set apart
+Not computed in SQL yet (documented gaps, not guesses): signals of stage spans inside custom
+group spans, and throttling on stage spans without other signals (counted as not recorded);
+requests set apart
 (:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
 part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
 there); with cold requests of several inputs, the comparison is with all warm requests.
@@ -335,8 +335,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
     aggregates hold, with the same shapes and rounding (``requests``, ``counts``, ``total``,
     ``stages``, ``unaccounted``, ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``,
     ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``, ``signals``: per stage, as
-    :meth:`otel_stages.analysis.mechanisms.StageSignals.to_dict`, ``throttled`` always ``None``
-    here), plus ``source`` and
+    :meth:`otel_stages.analysis.mechanisms.StageSignals.to_dict`), plus ``source`` and
     ``aggregates`` (everything the engine returned, :meth:`FleetAggregates.to_dict`).
     ``set_apart`` is always empty: requests set apart are not computed in SQL (see the module
     docstring)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
-from otel_stages.analysis.clickhouse_signals import ScopeSignals, scopes
+from otel_stages.analysis.clickhouse_signal_result import ScopeSignals, scopes
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     EXACT_RELATIVE_TOLERANCE,
@@ -381,7 +381,7 @@ def _utc(ns: int) -> str:
 
 
 def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total: int,
-              runs_shown: int, signals: bool = False,
+              runs_shown: int, sum_table: str | None = None,
               memory_forwards: tuple[int, int] = (0, 0)) -> list[str]:
     out: list[str] = []
     n_odd = int(odd.get("n") or 0)
@@ -404,11 +404,10 @@ def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total
         out.append(f"{by_trace} stage span{'s' if by_trace != 1 else ''} with no request span"
                    " above (root of the trace) left out as incomplete: wrap each request's stages"
                    " in otel_stages.request()")
-    if signals:
-        out.append("stage spans carry mechanism signals; cgroup CPU throttling is not read from"
-                   " ClickHouse (its counter is in the exporter's otel_metrics_sum table, which"
-                   " neither import nor this report uses): `otel-stages report` on the trace files"
-                   " can name cpu_throttled")
+    if sum_table is not None:
+        out.append(f"stage spans carry mechanism signals but there is no {sum_table} table: cgroup"
+                   " CPU throttling (container.cpu.throttling_data.throttled_time, a Sum) is not"
+                   " read; export metrics to ClickHouse too, or import them with otel-stages import")
     if memory_forwards[0] > memory_forwards[1]:
         out.append(f"GPU memory: {memory_forwards[0]} warm forwards have memory samples; the memory"
                    f" evidence is from a sample of {memory_forwards[1]} of them")
@@ -513,7 +512,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         gpu=gpu,
         runs=runs, slowest=slowest,
         problems=_problems(head, odd, counts.runs, len(runs),
-                           signals=bool(results.get("signals") and results["signals"][0]["signals"]),
+                           sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
+                                           if not r["exists"]), None),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0)),
         signals=scopes(results, gpu.hw_id),
     )

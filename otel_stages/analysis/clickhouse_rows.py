@@ -3,6 +3,7 @@
 Source read (opentelemetry-collector-contrib, ``exporter/clickhouseexporter``): ``exporter_traces.go``
 (``pushTraceData``) @ the snapshot holding ``internal/sqltemplates/traces_table.sql`` 2bf6b9e1,
 ``internal/metrics/gauge_metrics.go`` (``insert``) @ 200fe05594781a4c42e025e8cde50c067cbc5e15,
+``internal/metrics/sum_metrics.go`` (``insert``) @ 1c7d775d570f02d91bf4a0689f5f65d93ec2a11b,
 ``internal/metrics_model.go`` (``AttributesToMap``: ``v.AsString()`` for every value), and pdata's
 ``pcommon.Value.AsString`` / ``float64AsString``.
 
@@ -25,9 +26,13 @@ A gauge data point becomes one gauge-table row: ``TimeUnix`` (sample time) and `
 as ``DateTime64(9)``, ``Value Float64`` (``asInt`` converted), ``Attributes`` (``hw.id``...) as
 the same string map, plus resource, scope and exemplar columns.
 
+A sum data point becomes one sum-table row: the gauge row's columns plus
+``AggregationTemporality`` (``int32`` of the OTLP enum: 1 delta, 2 cumulative) and
+``IsMonotonic`` (cgroup throttled time: a cumulative monotonic sum).
+
 Deviations, on purpose: a point with no value is skipped with a problem (the exporter would write
-``0.0``, which reads as an idle GPU), and so is a NaN value; ``sum`` / histogram metrics are not
-imported (the report reads gauges; they are counted). Spans are otherwise written as the exporter
+``0.0``, which reads as an idle GPU), and so is a NaN value; histogram and summary metrics are not
+imported (the report does not read them; they are counted). Spans are otherwise written as the exporter
 would, odd ones included, so readers meet what a real Collector leaves in the table.
 """
 
@@ -173,13 +178,14 @@ def _enum(raw: Any, names: tuple[str, ...], prefix: str) -> str:
 class Rows:
     """Rows for the exporter's tables from one or more OTLP/JSON export requests.
 
-    ``spans`` / ``gauge_points``: dicts keyed by column name (``JSONEachRow`` ready).
-    ``skipped_points``: points of metric kinds the report does not read (sum, histogram...).
+    ``spans`` / ``gauge_points`` / ``sum_points``: dicts keyed by column name (``JSONEachRow``
+    ready). ``skipped_points``: points of metric kinds the report does not read (histogram...).
     ``problems``: ``"<where>: <what>"`` for each span or point left out.
     """
 
     spans: list[dict[str, Any]] = field(default_factory=list)
     gauge_points: list[dict[str, Any]] = field(default_factory=list)
+    sum_points: list[dict[str, Any]] = field(default_factory=list)
     skipped_points: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -292,11 +298,20 @@ def _gauge_rows(rm: Any, out: Rows, where: str) -> None:
             if not isinstance(metric, Mapping):
                 continue
             name = str(metric.get("name") or "")
-            gauge = metric.get("gauge")
+            gauge, total = metric.get("gauge"), metric.get("sum")
+            if isinstance(total, Mapping):
+                extra = {"AggregationTemporality": _temporality(total.get("aggregationTemporality")),
+                         "IsMonotonic": bool(total.get("isMonotonic"))}
+                for k, point in enumerate(_items(total.get("dataPoints"))):
+                    try:
+                        out.sum_points.append({**base, **_point_row(metric, name, point), **extra})
+                    except (ValueError, TypeError, AttributeError) as exc:
+                        out.problems.append(f"{where}: metric {name!r} point {k}: {exc}")
+                continue
             if not isinstance(gauge, Mapping):
                 out.skipped_points += sum(
                     len(_items((metric.get(kind) or {}).get("dataPoints")))
-                    for kind in ("sum", "histogram", "exponentialHistogram", "summary")
+                    for kind in ("histogram", "exponentialHistogram", "summary")
                     if isinstance(metric.get(kind), Mapping))
                 continue
             for k, point in enumerate(_items(gauge.get("dataPoints"))):
@@ -304,6 +319,17 @@ def _gauge_rows(rm: Any, out: Rows, where: str) -> None:
                     out.gauge_points.append({**base, **_point_row(metric, name, point)})
                 except (ValueError, TypeError, AttributeError) as exc:
                     out.problems.append(f"{where}: metric {name!r} point {k}: {exc}")
+
+
+#: OTLP/JSON writes enums as numbers or as their names (protobuf JSON mapping).
+_TEMPORALITY = {"AGGREGATION_TEMPORALITY_UNSPECIFIED": 0, "AGGREGATION_TEMPORALITY_DELTA": 1,
+                "AGGREGATION_TEMPORALITY_CUMULATIVE": 2}
+
+
+def _temporality(raw: Any) -> int:
+    if isinstance(raw, str):
+        return _TEMPORALITY.get(raw, int(raw) if raw.isdigit() else 0)
+    return int(raw) if isinstance(raw, int) and not isinstance(raw, bool) else 0
 
 
 def _number(raw: Mapping[str, Any]) -> float:

@@ -15,6 +15,10 @@ release tag itself could not be mapped to a commit here):
   ``<table>_trace_id_ts`` lookup table (``AggregatingMergeTree()``, per ``exporter_traces.go``'s
   ``traceIDTsTableEngineString`` test) and its materialized view.
 - ``internal/sqltemplates/metrics_gauge_table.sql`` @ e3bd2d1d648f1868f50a8f2c1b68f7ce451ee6eb.
+- ``internal/sqltemplates/metrics_sum_table.sql`` @ 8090d3c8ba8acfa230ff78df7528065be6bb2284: the
+  gauge table's columns plus ``AggregationTemporality`` and ``IsMonotonic`` (the version with
+  ``DateTime64(9)`` times and the gauge's sort key; another version in the snapshot stores
+  ``TimeUnix`` as ``DateTime``, whole seconds, and sorts by hour).
 
 Identifiers are back-quoted (the templates' ``ident`` helper); ``ON CLUSTER``, TTL and other
 engines (exporter settings ``cluster_name``, ``ttl``, ``table_engine``) are not offered: a fleet
@@ -28,6 +32,8 @@ import re
 #: The exporter's default table names (``traces_table_name``, ``metrics_tables.gauge.name``).
 DEFAULT_TRACES_TABLE = "otel_traces"
 DEFAULT_GAUGE_TABLE = "otel_metrics_gauge"
+#: The exporter's default sum metrics table (``metrics_tables.sum.name``): cumulative counters.
+DEFAULT_SUM_TABLE = "otel_metrics_sum"
 #: First ClickHouse release with ``TYPE text()`` indexes: the exporter picks its DDL by it.
 FULL_TEXT_SEARCH_VERSION = (26, 2)
 
@@ -157,6 +163,14 @@ _GAUGE = """CREATE TABLE IF NOT EXISTS {table} (
     SETTINGS index_granularity=8192, ttl_only_drop_parts = 1"""
 
 
+#: The sum table: the gauge table's columns (same text up to ``Exemplars``), then these two.
+_SUM = _GAUGE.replace("""    ) CODEC(ZSTD(1)),
+    INDEX idx_res_attr_key""", """    ) CODEC(ZSTD(1)),
+    AggregationTemporality Int32 CODEC(ZSTD(1)),
+    IsMonotonic Boolean CODEC(Delta, ZSTD(1)),
+    INDEX idx_res_attr_key""")
+
+
 def parse_server_version(text: str) -> tuple[int, int]:
     """``"26.9.2.1"`` -> ``(26, 9)``; ``(0, 0)`` when unreadable (then the older DDL is used)."""
     parts = text.strip().split(".")
@@ -187,3 +201,8 @@ def traces_ddl(database: str, table: str, server_version: tuple[int, int]) -> li
 def gauge_ddl(database: str, table: str) -> str:
     """The exporter's ``CREATE TABLE IF NOT EXISTS`` for its gauge metrics table."""
     return _GAUGE.format(table=table_ref(database, table))
+
+
+def sum_ddl(database: str, table: str) -> str:
+    """The exporter's ``CREATE TABLE IF NOT EXISTS`` for its sum metrics table."""
+    return _SUM.format(table=table_ref(database, table))

@@ -1,7 +1,9 @@
-"""The mechanism signals in ClickHouse: per-stage amounts of thread CPU time, waiting, GC pauses
-and event-loop lag, the stages that held the loop, and GPU memory around the forwards. Pure:
-builds SQL (``(statement, params)`` / ``(name, SQL, params)``) and reads the answers into the
-inputs of the one rule set, :func:`otel_stages.analysis.mechanisms.judge` and
+"""The mechanism signals in ClickHouse: per-stage amounts of thread CPU time, waiting, GC pauses,
+event-loop lag and cgroup throttling, the stages that held the loop, and GPU memory around the
+forwards. Pure:
+builds SQL (``(statement, params)`` / ``(name, SQL, params)``);
+:mod:`otel_stages.analysis.clickhouse_signal_result` reads the answers into the inputs of the
+one rule set, :func:`otel_stages.analysis.mechanisms.judge` and
 :func:`otel_stages.analysis.gpu_memory.memory_mechanism` (no threshold or rule here).
 
 What is read, and how narrowly (a fleet has millions of spans):
@@ -14,6 +16,14 @@ What is read, and how narrowly (a fleet has millions of spans):
   (GC time from the attribute, else from the overlap of GC events with the span, else 0 on a span
   with CPU time; lag likewise 0 on a span with CPU time). Read only when
   :func:`otel_stages.analysis.clickhouse_queries.signals_sql` finds such a span.
+- **throttling** (:data:`THROTTLE_TABLE`): the cumulative ``container.cpu.throttling_data.
+  throttled_time`` points of the processes with requests, from the exporter's sum table, by
+  process and time range, cut at the first drop; each signal span's throttled ms is the counter's
+  rise between its start and end, interpolated between the points around each (two ``ASOF``
+  joins per end), unknown outside the series. Only spans that carry signals are read: the file
+  report also reads throttling on stage spans without them (a producer that records the
+  cgroup's counter records the span signals too). The quota: each process's latest
+  ``container.cpu.limit`` gauge, the largest (:func:`limit_sql`).
 - **samples** (:data:`SAMPLES_TABLE`): one row per warm request and stage (the stage's ms as in
   the statistics), the signal known only when *every* span of the stage in the request carried it
   (the request's ``stage_counts``). Stage spans are matched to their request by parent span id:
@@ -37,16 +47,14 @@ What is read, and how narrowly (a fleet has millions of spans):
   forwards, not a sum. Above that a deterministic sample (by hash) is returned and the report
   says so. Peak and range are taken over the chosen GPU's largest ``hw.gpu.memory.limit``.
 
-Not read: cgroup throttling. The exporter writes the cumulative
-``container.cpu.throttling_data.throttled_time`` to its ``otel_metrics_sum`` table, which
-``otel-stages import`` does not fill and the report does not query; ``cpu_throttled`` needs the
-file report (the report's problems say so when spans carry signals).
+Left out on purpose: signals of stage spans under a custom group span (they count as not
+recorded; the file report reads them), and per-process GPU memory series merged across processes
+(the file report merges series of the same ``hw.id`` from every process; here a forward sees only
+its own process's points, as for the utilization).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from otel_stages import semconv
@@ -61,22 +69,15 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.gpu_memory import SLOW_PERCENTILE as MEMORY_SLOW_PERCENTILE
-from otel_stages.analysis.gpu_memory import ForwardMemory, MemoryEvidence
-from otel_stages.analysis.mechanisms import (
-    _MIN_CPU_MS,
-    BUSY_PERCENTILE,
-    SLOW_PERCENTILE,
-    Held,
-    Part,
-    StageSignals,
-)
+from otel_stages.analysis.mechanisms import _MIN_CPU_MS, BUSY_PERCENTILE, SLOW_PERCENTILE
 
 SIGNAL_SPANS_TABLE = "otel_stages_signal_spans"
 SAMPLES_TABLE = "otel_stages_signal_samples"
 MEMORY_SAMPLES_TABLE = "otel_stages_memory_samples"
 MEMORY_PAIRS_TABLE = "otel_stages_memory_pairs"
+THROTTLE_TABLE = "otel_stages_throttle"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE)
+TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE, THROTTLE_TABLE)
 #: At most this many covered forwards come back for the GPU memory rule (a sample above).
 MAX_MEMORY_FORWARDS = 20_000
 #: Cohort columns of the per-request table (the scope of a cohort's signals).
@@ -86,7 +87,7 @@ R = requests()
 _SIGNAL_KEYS = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS,
                 semconv.EVENT_LOOP_HELD_MS)
 #: The parts of a stage read per sample (columns of SAMPLES_TABLE, plus ``wait``).
-PARTS = ("cpu", "wait", "gc", "lag")
+PARTS = ("cpu", "wait", "gc", "lag", "throttled")
 
 
 def _q(level: float, expr: str, cond: str, method: str) -> str:
@@ -99,10 +100,62 @@ def _num(key: str) -> str:
     return f"toFloat64OrNull(SpanAttributes['{key}'])"
 
 
-def signal_spans_statement(traces: str, query: AggregateQuery) -> str:
+def _metric_filter(query: AggregateQuery, names: str) -> str:
+    """WHERE over a metrics table: ``MetricName IN names``, finite, the window (with slack) and
+    the service."""
+    parts = [f"MetricName IN {names}", "isFinite(Value)"]
+    if query.start_ns is not None:
+        parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
+    if query.end_ns is not None:
+        parts.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
+    if query.service:
+        parts.append("ServiceName = {service:String}")
+    return " AND ".join(parts)
+
+
+_PROC_KEY = f"cityHash64(CAST(ServiceName AS String), ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'])"
+
+
+def throttle_statement(sums: str, query: AggregateQuery) -> str:
+    """Fill :data:`THROTTLE_TABLE`: the cumulative ``container.cpu.throttling_data.throttled_time``
+    points (ns) of the processes with requests, by process, in time order, up to the first drop
+    (a new cgroup, a restart: as :class:`otel_stages.analysis.stage_signals.ThrottleSeries`)."""
+    points = f"""SELECT {_PROC_KEY} AS proc_key, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
+        FROM {sums} WHERE {_metric_filter(query, f"('{semconv.CONTAINER_CPU_THROTTLED_TIME}')")}"""
+    order = "PARTITION BY proc_key ORDER BY t, v ROWS BETWEEN"
+    return f"""CREATE TEMPORARY TABLE {THROTTLE_TABLE} ENGINE = Memory AS
+SELECT proc_key, t, v FROM (
+    SELECT proc_key, t, v, max(dropped) OVER ({order} UNBOUNDED PRECEDING AND CURRENT ROW) AS gone
+    FROM (
+        SELECT proc_key, t, v, v < lagInFrame(v, 1, v) OVER ({order} 1 PRECEDING AND CURRENT ROW) AS dropped
+        FROM ({points}) WHERE proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})
+    )
+) WHERE NOT gone"""
+
+
+def limit_sql(gauge: str) -> str:
+    """One row: ``limit_cpus``, the largest of each process's latest ``container.cpu.limit``
+    (NULL without points)."""
+    return f"""SELECT maxOrNull(l) AS limit_cpus FROM (
+    SELECT {_PROC_KEY} AS proc_key, argMax(Value, TimeUnix) AS l
+    FROM {gauge} WHERE MetricName = '{semconv.CONTAINER_CPU_LIMIT}' AND isFinite(Value)
+    GROUP BY proc_key HAVING proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE}))"""
+
+
+def _at(side: str, at: str) -> str:
+    """The throttle counter at time ``at`` from the joined points before (``{side}0``) and after
+    (``{side}1``): NULL outside the series, else linear between them (ThrottleSeries._at)."""
+    p, n = f"{side}0", f"{side}1"
+    return (f"if({p}.t IS NULL OR {n}.t IS NULL, NULL, if({n}.t = {at}, {n}.v,"
+            f" {p}.v + ({n}.v - {p}.v) * ({at} - {p}.t) / ({n}.t - {p}.t)))")
+
+
+def signal_spans_statement(traces: str, query: AggregateQuery, throttle: bool = False) -> str:
     """Fill :data:`SIGNAL_SPANS_TABLE` (module docstring): per (``trace_key``, ``pid``, ``name``)
-    ``n`` spans, ``n_cpu`` / ``cpu``, ``n_gc`` / ``gc``, ``n_lag`` / ``lag`` (how many carried
-    the signal, and its sum in ms) and ``held`` (ms of each span that held an event loop)."""
+    ``n`` spans, ``n_cpu`` / ``cpu``, ``n_gc`` / ``gc``, ``n_lag`` / ``lag``, ``n_throttled`` /
+    ``throttled`` (how many carried the signal, and its sum in ms) and ``held`` (ms of each span
+    that held an event loop). ``throttle``: :data:`THROTTLE_TABLE` is filled; each span's throttled
+    ms is the counter's rise between its start and end, interpolated (NULL outside the series)."""
     has = " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in _SIGNAL_KEYS)
     gc_event = f"'{semconv.EVENT_GC_PAUSE}'"
     dur = f"toFloat64OrNull(a['{semconv.GC_DURATION_MS}'])"
@@ -113,14 +166,17 @@ def signal_spans_statement(traces: str, query: AggregateQuery) -> str:
                    f" greatest(toInt64(0), least({t} + toInt64(assumeNotNull({dur}) * 1e6), s_end)"
                    f" - greatest({t}, s_start)), 0), Events.Timestamp, Events.Name, Events.Attributes)"
                    " / 1e6")
-    return f"""CREATE TEMPORARY TABLE {SIGNAL_SPANS_TABLE} ENGINE = Memory AS
+    head = f"""CREATE TEMPORARY TABLE {SIGNAL_SPANS_TABLE} ENGINE = Memory AS
 SELECT trace_key, pid, name, count() AS n,
     count(c) AS n_cpu, sum(ifNull(c, 0)) AS cpu, count(g) AS n_gc, sum(ifNull(g, 0)) AS gc,
-    count(l) AS n_lag, sum(ifNull(l, 0)) AS lag, groupArrayIf(h, h > 0) AS held
-FROM (
-    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
-        reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS name,
-        {start} AS s_start, s_start + toInt64(Duration) AS s_end,
+    count(l) AS n_lag, sum(ifNull(l, 0)) AS lag, count(thr) AS n_throttled,
+    sum(ifNull(thr, 0)) AS throttled, groupArrayIf(h, h > 0) AS held
+FROM ({{spans}})
+GROUP BY trace_key, pid, name"""
+    spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+        reinterpretAsUInt64(unhex(SpanId)) AS sid, reinterpretAsUInt64(unhex(ParentSpanId)) AS pid,
+        CAST(SpanName AS String) AS name,
+        {_PROC_KEY} AS proc_key, {start} AS s_start, s_start + toInt64(Duration) AS s_end,
         {_num(semconv.THREAD_CPU_TIME_MS)} AS c,
         coalesce({_num(semconv.GC_PAUSE_MS)}, if(has(Events.Name, {gc_event}), {from_events}, NULL),
                  if(c IS NULL, NULL, 0.)) AS g,
@@ -128,9 +184,18 @@ FROM (
         ifNull({_num(semconv.EVENT_LOOP_HELD_MS)}, 0.) AS h
     FROM {traces}
     WHERE ({has} OR has(Events.Name, {gc_event})) AND {span_filter(query, odd=False)}
-    LIMIT 1 BY trace_key, sid
-)
-GROUP BY trace_key, pid, name"""
+    LIMIT 1 BY trace_key, sid"""
+    if not throttle:
+        return head.replace("{spans}", f"SELECT *, CAST(NULL AS Nullable(Float64)) AS thr FROM ({spans})")
+    joins = "".join(
+        f"\nASOF LEFT JOIN {THROTTLE_TABLE} AS {side}{k} ON x.proc_key = {side}{k}.proc_key"
+        f" AND x.{at} {op} {side}{k}.t"
+        for side, at in (("a", "s_start"), ("b", "s_end")) for k, op in ((0, ">="), (1, "<=")))
+    with_thr = f"""SELECT x.*, if(ta IS NULL OR tb IS NULL, NULL, greatest(0., (tb - ta) / 1e6)) AS thr,
+        {_at("a", "x.s_start")} AS ta, {_at("b", "x.s_end")} AS tb
+    FROM ({spans}) AS x{joins}
+    SETTINGS join_use_nulls = 1"""
+    return head.replace("{spans}", with_thr)
 
 
 def samples_statement(with_spans: bool) -> str:
@@ -140,12 +205,16 @@ def samples_statement(with_spans: bool) -> str:
     inner = f"""SELECT trace_key, span_key, {COHORT}, stage, ms AS wall, cnt
     FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms, stage_counts AS cnt
     WHERE warm"""
-    if not with_spans:
+    if not with_spans:  # forward only: its ms per request, without unrolling every stage
         null = "CAST(NULL AS Nullable(Float64))"
+        forward = f"'{semconv.STAGE_FORWARD}'"
         return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
-SELECT {COHORT}, stage, wall, {null} AS cpu, {null} AS gc, {null} AS lag
-FROM ({inner}) WHERE stage = '{semconv.STAGE_FORWARD}'"""
-    known = ", ".join(f"if(s.n_{p} = q.cnt, s.{p}, NULL) AS {p}" for p in ("cpu", "gc", "lag"))
+SELECT {COHORT}, {forward} AS stage,
+    arraySum(arrayFilter((d, n) -> n = {forward}, stage_ns, stage_names)) / 1e6 AS wall,
+    {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled
+FROM {R} WHERE warm AND has(stage_names, {forward})"""
+    known = ", ".join(f"if(s.n_{p} = q.cnt, s.{p}, NULL) AS {p}"
+                      for p in ("cpu", "gc", "lag", "throttled"))
     return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
 SELECT q.width AS width, q.height AS height, q.fmt AS fmt, q.stage AS stage, q.wall AS wall, {known}
 FROM ({inner}) AS q
@@ -224,19 +293,11 @@ def memory_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict
     ``hw.gpu.memory.limit`` points of the processes with requests, in the window (by process and
     time, as the utilization), and one row per (warm forward window of a cohort, GPU) with the
     points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm requests with that window)."""
-    time_filter = []
-    if query.start_ns is not None:
-        time_filter.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
-    if query.end_ns is not None:
-        time_filter.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
-    if query.service:
-        time_filter.append("ServiceName = {service:String}")
     names = f"('{semconv.HW_GPU_MEMORY_USAGE}', '{semconv.HW_GPU_MEMORY_LIMIT}')"
-    where = " AND ".join([f"MetricName IN {names}", "isFinite(Value)", *time_filter])
-    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
+    where = _metric_filter(query, names)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
 SELECT proc_key, hw, t, v, is_limit FROM (
-    SELECT cityHash64(CAST(ServiceName AS String), {inst}) AS proc_key,
+    SELECT {_PROC_KEY} AS proc_key,
         Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v,
         MetricName = '{semconv.HW_GPU_MEMORY_LIMIT}' AS is_limit
     FROM {gauge} WHERE {where}
@@ -297,141 +358,3 @@ def memory_forwards_sql() -> str:
     count() OVER () AS total
 FROM {MEMORY_PAIRS_TABLE} WHERE hw = {{hw:String}}
 ORDER BY cityHash64(proc_key, s, e, hw) LIMIT {{cap:UInt64}}"""
-
-
-# --- answers -> the rules' input ---------------------------------------------------------------
-
-
-def _f(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def part(row: Mapping[str, Any], p: str) -> Part | None:
-    """One :class:`~otel_stages.analysis.mechanisms.Part` from a :func:`stage_signals_sql` row
-    (``None`` when the signal is known for no run)."""
-    n = int(row[f"{p}_n"] or 0)
-    if not n:
-        return None
-    varies = row[f"{p}_wmin"] != row[f"{p}_wmax"]
-    explains = float(row[f"{p}_cov"]) / float(row[f"{p}_var"]) if varies else None
-    return Part(n, float(row[f"{p}_median"]),
-                _f(row[f"{p}_slow"]) if int(row[f"{p}_slow_n"] or 0) else None,
-                _f(row[f"{p}_fast"]) if int(row[f"{p}_fast_n"] or 0) else None,
-                explains, float(row[f"{p}_max"]))
-
-
-def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None) -> StageSignals:
-    """One stage's :class:`~otel_stages.analysis.mechanisms.StageSignals` (parts only; the rules
-    add the mechanisms) from a :func:`stage_signals_sql` row."""
-    sd_n = int(row["sd_n"] or 0)
-    slowdown = (float(row["sd_cov"]) / float(row["sd_var"])
-                if sd_n >= 2 and row["sd_min"] != row["sd_max"] else None)
-    return StageSignals(
-        str(row["stage"]), int(row["n"]), float(row["slow_min"]), float(row["fast_max"]),
-        cpu=part(row, "cpu"), wait=part(row, "wait"), gc=part(row, "gc"), lag=part(row, "lag"),
-        slow_cpu_utilization=_f(row["util_slow"]) if int(row["util_slow_n"] or 0) else None,
-        fast_cpu_utilization=_f(row["util_fast"]) if int(row["util_fast_n"] or 0) else None,
-        busy_utilization=_f(row["busy"]) if int(row["util_n"] or 0) else None,
-        slowdown_explains=slowdown, limit_cpus=limit_cpus,
-    )
-
-
-@dataclass(frozen=True)
-class MemoryGpu:
-    """A GPU's memory series (``hw``): points, limit points, the largest limit (bytes), and
-    points inside warm forwards."""
-
-    hw: str
-    usage_points: int
-    limit_points: int
-    limit_bytes: float
-    inside: int
-
-
-@dataclass(frozen=True)
-class ScopeSignals:
-    """The signals of one scope: all warm requests (``width`` / ``height`` / ``format`` all
-    ``None``) or one cohort. ``stages``: parts per stage (no mechanisms yet); ``held``: per
-    stage, spans that held the event loop; ``memory``: the GPU memory evidence for its forwards
-    (``None`` without memory and limit points)."""
-
-    width: int | None
-    height: int | None
-    format: str | None
-    stages: dict[str, StageSignals] = field(default_factory=dict)
-    held: dict[str, Held] = field(default_factory=dict)
-    memory: MemoryEvidence | None = None
-
-
-def choose_gpu(gpus: Sequence[MemoryGpu], hw_id: str | None) -> MemoryGpu | None:
-    """The GPU whose memory the rule reads (as :func:`otel_stages.analysis.gpu_memory.memory_evidence`
-    picks it): the utilization's ``hw_id`` when it has memory and limit points, else the one with
-    most points inside forwards; ``None`` without a GPU that has both."""
-    candidates = [g for g in gpus if g.usage_points and g.limit_points]
-    if not candidates:
-        return None
-    same = [g for g in candidates if g.hw == hw_id]
-    return same[0] if same else max(candidates, key=lambda g: g.inside)
-
-
-def memory_evidence(gpu: MemoryGpu | None, windows: Mapping[str, Any] | None,
-                    forwards: Sequence[Mapping[str, Any]]) -> MemoryEvidence | None:
-    """:class:`~otel_stages.analysis.gpu_memory.MemoryEvidence` for one scope: its forward
-    windows' row (:func:`memory_windows_sql`) and its covered forward rows of ``gpu``
-    (:func:`memory_forwards_sql`, each repeated ``mult`` times)."""
-    if gpu is None or windows is None or not int(windows["n"] or 0) or gpu.limit_bytes <= 0:
-        return None
-    limit = gpu.limit_bytes
-    covered = tuple(
-        ForwardMemory(float(r["ms"]), float(r["vmax"]) / limit,
-                      (float(r["vmax"]) - float(r["vmin"])) / limit, int(r["n"]))
-        for r in forwards if r["hw"] == gpu.hw for _ in range(int(r["mult"])))
-    return MemoryEvidence(covered, int(windows["n"]), limit, gpu.hw or None,
-                          float(windows["slow_min"]), float(windows["fast_max"]))
-
-
-def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:
-    """:func:`held_sql` rows (of one scope) -> :class:`~otel_stages.analysis.mechanisms.Held`."""
-    return {str(r["name"]): Held(int(r["n"]), float(r["median_ms"]), float(r["max_ms"]),
-                                 float(r["sum_ms"])) for r in rows}
-
-
-def memory_gpus(rows: Sequence[Mapping[str, Any]]) -> list[MemoryGpu]:
-    """:func:`memory_gpus_sql` rows -> :class:`MemoryGpu` (GPUs without points left out)."""
-    return [MemoryGpu(str(r["hw"]), int(r["n_usage"] or 0), int(r["n_limit"] or 0),
-                      float(r["limit_bytes"] or 0.0), int(r["inside"] or 0)) for r in rows]
-
-
-def _cohort(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    return row["width"], row["height"], row["fmt"]
-
-
-def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
-           ) -> list[ScopeSignals]:
-    """The whole window's :class:`ScopeSignals` first, then one per cohort with signal rows, from
-    the named answers (``signal_stages``, ``signal_cohort_stages``, ``held``, ``cohort_held``,
-    ``memory_gpus``, ``memory_windows``, ``cohort_memory_windows``, ``memory_forwards``; any may
-    be missing). ``hw_id``: the GPU the utilization evidence chose (``None``: none or several)."""
-    stage_rows = results.get("signal_stages") or []
-    gpus = memory_gpus(results.get("memory_gpus") or [])
-    if not stage_rows and not gpus:
-        return []
-    gpu = choose_gpu(gpus, hw_id)
-    forwards = results.get("memory_forwards") or []
-    windows = results.get("memory_windows") or []
-    out = [ScopeSignals(
-        None, None, None, {str(r["stage"]): stage_signal(r) for r in stage_rows},
-        held(results.get("held") or []),
-        memory_evidence(gpu, windows[0] if windows else None, forwards))]
-    by_cohort: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
-    for r in results.get("signal_cohort_stages") or []:
-        by_cohort.setdefault(_cohort(r), []).append(r)
-    for key, rows in by_cohort.items():
-        w, h, fmt = key
-        own_windows = [r for r in results.get("cohort_memory_windows") or [] if _cohort(r) == key]
-        out.append(ScopeSignals(
-            int(w), int(h), fmt or None, {str(r["stage"]): stage_signal(r) for r in rows},
-            held([r for r in results.get("cohort_held") or [] if _cohort(r) == key]),
-            memory_evidence(gpu, own_windows[0] if own_windows else None,
-                            [r for r in forwards if _cohort(r) == key])))
-    return out

@@ -89,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"otel-stages: error: {exc}", file=sys.stderr)
         return 1
     _warn(summary.problems)
-    skipped = (f"; {summary.skipped_points} metric points of other kinds (sum, histogram) not"
-               " imported" if summary.skipped_points else "")
-    print(f"imported {summary.spans} spans and {summary.gauge_points} gauge points from"
-          f" {summary.files} files into {target.display} ({tables.traces_ref},"
-          f" {tables.gauge_ref}){skipped}")
-    if summary.spans + summary.gauge_points == 0:
+    skipped = (f"; {summary.skipped_points} metric points of other kinds (histogram, summary)"
+               " not imported" if summary.skipped_points else "")
+    print(f"imported {summary.spans} spans, {summary.gauge_points} gauge points and"
+          f" {summary.sum_points} sum points from {summary.files} files into {target.display}"
+          f" ({tables.traces_ref}, {tables.gauge_ref}, {tables.sum_ref}){skipped}")
+    if summary.spans + summary.gauge_points + summary.sum_points == 0:
         print("otel-stages: error: nothing imported", file=sys.stderr)
         return 1
     return 0

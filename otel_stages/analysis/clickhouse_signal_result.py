@@ -1,0 +1,154 @@
+"""The answers of :mod:`otel_stages.analysis.clickhouse_signals` as the inputs of the one rule
+set: :class:`~otel_stages.analysis.mechanisms.StageSignals` per stage (parts only; the rules add
+the mechanisms), :class:`~otel_stages.analysis.mechanisms.Held` per stage, and the GPU memory rule's
+:class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`, over all warm requests and per cohort
+(:class:`ScopeSignals`). Pure: no engine, no rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_stages.analysis.gpu_memory import ForwardMemory, MemoryEvidence
+from otel_stages.analysis.mechanisms import Held, Part, StageSignals
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def part(row: Mapping[str, Any], p: str) -> Part | None:
+    """One :class:`~otel_stages.analysis.mechanisms.Part` from a ``stage_signals_sql`` row
+    (``None`` when the signal is known for no run)."""
+    n = int(row[f"{p}_n"] or 0)
+    if not n:
+        return None
+    varies = row[f"{p}_wmin"] != row[f"{p}_wmax"]
+    explains = float(row[f"{p}_cov"]) / float(row[f"{p}_var"]) if varies else None
+    return Part(n, float(row[f"{p}_median"]),
+                _f(row[f"{p}_slow"]) if int(row[f"{p}_slow_n"] or 0) else None,
+                _f(row[f"{p}_fast"]) if int(row[f"{p}_fast_n"] or 0) else None,
+                explains, float(row[f"{p}_max"]))
+
+
+def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None) -> StageSignals:
+    """One stage's :class:`~otel_stages.analysis.mechanisms.StageSignals` (parts only; the rules
+    add the mechanisms) from a ``stage_signals_sql`` row."""
+    sd_n = int(row["sd_n"] or 0)
+    slowdown = (float(row["sd_cov"]) / float(row["sd_var"])
+                if sd_n >= 2 and row["sd_min"] != row["sd_max"] else None)
+    return StageSignals(
+        str(row["stage"]), int(row["n"]), float(row["slow_min"]), float(row["fast_max"]),
+        cpu=part(row, "cpu"), wait=part(row, "wait"), gc=part(row, "gc"), lag=part(row, "lag"),
+        throttled=part(row, "throttled"),
+        slow_cpu_utilization=_f(row["util_slow"]) if int(row["util_slow_n"] or 0) else None,
+        fast_cpu_utilization=_f(row["util_fast"]) if int(row["util_fast_n"] or 0) else None,
+        busy_utilization=_f(row["busy"]) if int(row["util_n"] or 0) else None,
+        slowdown_explains=slowdown, limit_cpus=limit_cpus,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryGpu:
+    """A GPU's memory series (``hw``): points, limit points, the largest limit (bytes), and
+    points inside warm forwards."""
+
+    hw: str
+    usage_points: int
+    limit_points: int
+    limit_bytes: float
+    inside: int
+
+
+@dataclass(frozen=True)
+class ScopeSignals:
+    """The signals of one scope: all warm requests (``width`` / ``height`` / ``format`` all
+    ``None``) or one cohort. ``stages``: parts per stage (no mechanisms yet); ``held``: per
+    stage, spans that held the event loop; ``memory``: the GPU memory evidence for its forwards
+    (``None`` without memory and limit points)."""
+
+    width: int | None
+    height: int | None
+    format: str | None
+    stages: dict[str, StageSignals] = field(default_factory=dict)
+    held: dict[str, Held] = field(default_factory=dict)
+    memory: MemoryEvidence | None = None
+
+
+def choose_gpu(gpus: Sequence[MemoryGpu], hw_id: str | None) -> MemoryGpu | None:
+    """The GPU whose memory the rule reads (as :func:`otel_stages.analysis.gpu_memory.memory_evidence`
+    picks it): the utilization's ``hw_id`` when it has memory and limit points, else the one with
+    most points inside forwards; ``None`` without a GPU that has both."""
+    candidates = [g for g in gpus if g.usage_points and g.limit_points]
+    if not candidates:
+        return None
+    same = [g for g in candidates if g.hw == hw_id]
+    return same[0] if same else max(candidates, key=lambda g: g.inside)
+
+
+def memory_evidence(gpu: MemoryGpu | None, windows: Mapping[str, Any] | None,
+                    forwards: Sequence[Mapping[str, Any]]) -> MemoryEvidence | None:
+    """:class:`~otel_stages.analysis.gpu_memory.MemoryEvidence` for one scope: its forward
+    windows' row (``memory_windows_sql``) and its covered forward rows of ``gpu``
+    (``memory_forwards_sql``, each repeated ``mult`` times)."""
+    if gpu is None or windows is None or not int(windows["n"] or 0) or gpu.limit_bytes <= 0:
+        return None
+    limit = gpu.limit_bytes
+    covered = tuple(
+        ForwardMemory(float(r["ms"]), float(r["vmax"]) / limit,
+                      (float(r["vmax"]) - float(r["vmin"])) / limit, int(r["n"]))
+        for r in forwards if r["hw"] == gpu.hw for _ in range(int(r["mult"])))
+    return MemoryEvidence(covered, int(windows["n"]), limit, gpu.hw or None,
+                          float(windows["slow_min"]), float(windows["fast_max"]))
+
+
+def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:
+    """``held_sql`` rows (of one scope) -> :class:`~otel_stages.analysis.mechanisms.Held`."""
+    return {str(r["name"]): Held(int(r["n"]), float(r["median_ms"]), float(r["max_ms"]),
+                                 float(r["sum_ms"])) for r in rows}
+
+
+def memory_gpus(rows: Sequence[Mapping[str, Any]]) -> list[MemoryGpu]:
+    """``memory_gpus_sql`` rows -> :class:`MemoryGpu` (GPUs without points left out)."""
+    return [MemoryGpu(str(r["hw"]), int(r["n_usage"] or 0), int(r["n_limit"] or 0),
+                      float(r["limit_bytes"] or 0.0), int(r["inside"] or 0)) for r in rows]
+
+
+def _cohort(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return row["width"], row["height"], row["fmt"]
+
+
+def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
+           ) -> list[ScopeSignals]:
+    """The whole window's :class:`ScopeSignals` first, then one per cohort with signal rows, from
+    the named answers (``signal_stages``, ``signal_cohort_stages``, ``held``, ``cohort_held``,
+    ``memory_gpus``, ``memory_windows``, ``cohort_memory_windows``, ``memory_forwards``,
+    ``limit``; any may
+    be missing). ``hw_id``: the GPU the utilization evidence chose (``None``: none or several)."""
+    stage_rows = results.get("signal_stages") or []
+    gpus = memory_gpus(results.get("memory_gpus") or [])
+    limit_rows = results.get("limit") or []
+    limit = _f(limit_rows[0]["limit_cpus"]) if limit_rows else None
+    if not stage_rows and not gpus:
+        return []
+    gpu = choose_gpu(gpus, hw_id)
+    forwards = results.get("memory_forwards") or []
+    windows = results.get("memory_windows") or []
+    out = [ScopeSignals(
+        None, None, None, {str(r["stage"]): stage_signal(r, limit) for r in stage_rows},
+        held(results.get("held") or []),
+        memory_evidence(gpu, windows[0] if windows else None, forwards))]
+    by_cohort: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
+    for r in results.get("signal_cohort_stages") or []:
+        by_cohort.setdefault(_cohort(r), []).append(r)
+    for key, rows in by_cohort.items():
+        w, h, fmt = key
+        own_windows = [r for r in results.get("cohort_memory_windows") or [] if _cohort(r) == key]
+        out.append(ScopeSignals(
+            int(w), int(h), fmt or None, {str(r["stage"]): stage_signal(r, limit) for r in rows},
+            held([r for r in results.get("cohort_held") or [] if _cohort(r) == key]),
+            memory_evidence(gpu, own_windows[0] if own_windows else None,
+                            [r for r in forwards if _cohort(r) == key])))
+    return out
