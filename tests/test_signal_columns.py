@@ -143,3 +143,34 @@ def test_whole_reports_equal_with_the_list_functions(path, monkeypatch):
     fast = json.dumps(diagnose(recording_).to_dict(), sort_keys=True)
     monkeypatch.setattr(mech, "_LISTS_ONLY", True)
     assert json.dumps(diagnose(recording_).to_dict(), sort_keys=True) == fast
+
+
+def test_preprocess_rows_read_once_give_the_facts_of_each_subset():
+    from otel_stages.analysis.preprocessing import PreprocessRows, preprocess_facts
+
+    path = Path(__file__).parent / "data" / "traces" / "preprocess_mixed_sizes.otlp.jsonl"
+    warm = [r for r in group_spans(load_paths([path]).spans).requests if not r.cold]
+    rows = PreprocessRows()
+    assert preprocess_facts(warm, rows) == preprocess_facts(warm)
+    for part in (warm[::2], warm[1::3], [r for r in warm if (r.image_width or 0) > 1000]):
+        assert preprocess_facts(part, rows) == preprocess_facts(part)
+
+
+def test_preprocess_rows_keep_each_value_as_recorded():
+    """Rows share repeated tuples; 1 and True are equal keys but only True says "on a loop"."""
+    import msgspec
+
+    from otel_stages.analysis.preprocessing import PreprocessRows, preprocess_facts
+
+    rec = recording([{"wall": 10.0 + i} for i in range(4)])
+    spans = []
+    for i, span in enumerate(s for s in rec.spans if s.name == "decode"):
+        running = True if i % 2 else 1
+        spans.append(msgspec.structs.replace(span, attributes={
+            semconv.THREAD_NAME: "loop", semconv.EVENT_LOOP_RUNNING: running}))
+    rec.spans[:] = [s for s in rec.spans if s.name != "decode"] + spans
+    warm = [r for r in group_spans(rec.spans).requests if not r.cold]
+    facts = preprocess_facts(warm, PreprocessRows())
+    assert facts.threads is not None
+    assert (facts.threads.loop_known, facts.threads.on_loop) == (2, 2)
+    assert facts == preprocess_facts(list(reversed(warm)), PreprocessRows())
