@@ -211,10 +211,10 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
     docstring)."""
     wanted = None if stages is None else frozenset(stages)
     series = throttle if throttle else None
-    # per stage: rows, wall, then (value, known) for cpu, gc, lag, throttled
+    # per stage: rows; wall, cpu, gc, lag, throttled (0 where not recorded); the four known flags.
     # array.array, not lists: 8 bytes a value while building (a fleet's five stages of hundreds
     # of thousands of requests would otherwise hold a float object per value)
-    columns: dict[str, tuple[Any, ...]] = {}
+    columns: dict[str, tuple[array[int], array[float], array[int]]] = {}
     held: list[tuple[int, str, float]] = []
     keys: dict[int, str] = {}
     for row, req in enumerate(warm):  # runs once per request of a fleet: lookups hoisted
@@ -224,7 +224,7 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
             key = keys.get(id(req.resource), "")
             if not key:
                 key = keys[id(req.resource)] = process_key(req.resource)
-        sums: dict[str, list[float | None]] = {}
+        sums: dict[str, tuple[float | None, float | None, float | None, float | None]] = {}
         for span in req.spans:
             attrs = span.attributes
             name = span.name
@@ -236,56 +236,52 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
                         held.append((row, name, ms))
             if name not in ran or (wanted is not None and name not in wanted):
                 continue
-            acc = sums.get(name)
-            if acc is None:
-                acc = sums[name] = [0.0, 0.0, 0.0, 0.0 if series is not None else None]
-            cpu, gc, lag, throttled = acc
             span_cpu = attrs.get(semconv.THREAD_CPU_TIME_MS)
             if type(span_cpu) is not float:
                 span_cpu = _number(span_cpu)
             recorded = span_cpu is not None
-            cpu = None if cpu is None or span_cpu is None else cpu + span_cpu
             span_gc = attrs.get(semconv.GC_PAUSE_MS)
-            if type(span_gc) is not float:
-                span_gc = _number(span_gc)
+            if type(span_gc) is not float:  # absent (the usual case: no collection) or odd
+                span_gc = None if span_gc is None else _number(span_gc)
                 if span_gc is None and span.events and any(
                         e.name == semconv.EVENT_GC_PAUSE for e in span.events):
                     span_gc = _gc_from_events(span)
                 if span_gc is None and recorded:
                     span_gc = 0.0
-            gc = None if gc is None or span_gc is None else gc + span_gc
             span_lag = attrs.get(semconv.EVENT_LOOP_LAG_MS)
             if type(span_lag) is not float:
-                span_lag = _number(span_lag)
+                span_lag = None if span_lag is None else _number(span_lag)
                 if span_lag is None and recorded:
                     span_lag = 0.0
-            lag = None if lag is None or span_lag is None else lag + span_lag
+            # each sum starts at 0.0 (0.0 + -0.0 is 0.0); a part missing on one span is unknown
+            cpu, gc, lag, throttled = sums.get(name) or (0.0, 0.0, 0.0, 0.0 if series else None)
             if series is not None and throttled is not None:
                 part = series.throttled_ms(key, span.start_ns, span.end_ns)
                 throttled = None if part is None else throttled + part
-            acc[0], acc[1], acc[2], acc[3] = cpu, gc, lag, throttled
+            sums[name] = (None if cpu is None or span_cpu is None else cpu + span_cpu,
+                          None if gc is None or span_gc is None else gc + span_gc,
+                          None if lag is None or span_lag is None else lag + span_lag,
+                          throttled)
         for name, (cpu, gc, lag, throttled) in sums.items():
             col = columns.get(name)
             if col is None:
-                col = columns[name] = (array("q"), array("d"), array("d"), array("b"),
-                                       array("d"), array("b"), array("d"), array("b"),
-                                       array("d"), array("b"))
+                col = columns[name] = (array("q"), array("d"), array("b"))
             col[0].append(row)
-            col[1].append(ran[name])
-            for i, value in ((2, cpu), (4, gc), (6, lag), (8, throttled)):
-                col[i].append(0.0 if value is None else value)
-                col[i + 1].append(value is not None)
-    table = {
-        name: StageColumns(*(np.frombuffer(c, dtype=kind) if len(c) else np.empty(0, dtype=kind)
-                             for c, kind in zip(col, _KINDS)))
-        for name, col in columns.items()
-    }
-    return SignalTable(len(warm), table, tuple(held))
+            col[1].extend((ran[name], 0.0 if cpu is None else cpu, 0.0 if gc is None else gc,
+                           0.0 if lag is None else lag, 0.0 if throttled is None else throttled))
+            col[2].extend((cpu is not None, gc is not None, lag is not None,
+                           throttled is not None))
+    return SignalTable(len(warm), {name: _stage_columns(*col) for name, col in columns.items()},
+                       tuple(held))
 
 
-#: numpy types of the :class:`StageColumns` fields, in order (``array`` codes q, d and b)
-_KINDS = (np.int64, np.float64, np.float64, np.bool_, np.float64, np.bool_, np.float64, np.bool_,
-          np.float64, np.bool_)
+def _stage_columns(rows: array[int], values: array[float], known: array[int]) -> StageColumns:
+    """Columns from what :func:`signal_table` collected (``values``: 5 a sample, ``known``: 4)."""
+    v = np.frombuffer(values, dtype=np.float64).reshape(-1, 5).T
+    k = np.frombuffer(known, dtype=np.bool_).reshape(-1, 4).T
+    return StageColumns(np.frombuffer(rows, dtype=np.int64).copy(), v[0].copy(),
+                        v[1].copy(), k[0].copy(), v[2].copy(), k[1].copy(),
+                        v[3].copy(), k[2].copy(), v[4].copy(), k[3].copy())
 
 
 def samples_by_stage(warm: Sequence[Request], stages: Sequence[str],
