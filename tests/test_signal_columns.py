@@ -174,3 +174,29 @@ def test_preprocess_rows_keep_each_value_as_recorded():
     assert facts.threads is not None
     assert (facts.threads.loop_known, facts.threads.on_loop) == (2, 2)
     assert facts == preprocess_facts(list(reversed(warm)), PreprocessRows())
+
+
+def test_cohort_verdicts_do_not_need_the_per_request_evidence():
+    """diagnosis._cohorts leaves the stage evidence out of a cohort's figures (verdict_only): the
+    cause, stage and tentative flag it keeps come out the same with it, on every recorded case."""
+    from otel_stages.analysis import diagnosis as dg
+    from otel_stages.analysis.cohorts import CohortKeys, group
+    from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
+
+    checked = set()
+    for path in CASES:
+        rec = load_paths([path], selection=for_analysis())
+        requests = group_spans(rec.spans).requests
+        keys = CohortKeys(requests)
+        warm = [r for r in requests if not r.cold and not r.error]
+        cold = [r for r in requests if r.cold and not r.error]
+        for key, reqs in group(warm, keys).items():
+            if len(reqs) < MIN_WARM_RUNS:
+                continue
+            own_cold = [c for c in cold if keys.key(c) == key]
+            full = decide(dg._warm(reqs, own_cold, rec.metrics, keys).figures)
+            short = decide(dg._warm(reqs, own_cold, rec.metrics, keys, verdict_only=True).figures)
+            assert (short.cause, short.stage, short.tentative) == (
+                full.cause, full.stage, full.tentative), (path.name, key)
+            checked.add(full.cause)
+    assert {"gpu_busy", "gc_pause", "cpu_contention", "event_loop_blocked"} <= checked, checked

@@ -40,7 +40,6 @@ from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
 from otel_stages.analysis.mechanisms import StageSignals, stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
-from otel_stages.analysis.preprocessing import PreprocessRows
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
@@ -112,11 +111,16 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True, table: SignalTable | None = None, rows: PreprocessRows | None = None,
+    cold_first: bool = True, table: SignalTable | None = None, verdict_only: bool = False,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
-    is a subset of all warm requests' table), ``rows`` the diagnosis's preprocess rows: each
-    request's spans are read once."""
+    is a subset of all warm requests' table: each request's spans are read once).
+
+    ``verdict_only``: figures for what a cohort keeps of its verdict (:class:`CohortVerdict`:
+    cause, stage, tentative). The per-request stage evidence (:func:`stage_evidence`: size and
+    attribute correlations, the preprocess facts) is then left out: the rules read it only for the
+    verdict's evidence sentences and advice (``decision._warm_verdict``; the cause comes from the
+    mechanisms, which stay), and a fleet's cohorts would read every warm request again."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -139,7 +143,8 @@ def _warm(
         cold=cold_fig,
         cohorts=cohorts,
         input_mix_explains=mix,
-        stage_evidence=with_mechanisms(stage_evidence(warm, list(stages), rows), signals),
+        stage_evidence=with_mechanisms({} if verdict_only else stage_evidence(warm, list(stages)),
+                                       signals),
         failed_requests=len(failed),
         requests=requests,
         failure_kinds=kinds,
@@ -152,7 +157,7 @@ def _warm(
 
 def _cohorts(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
-    table: SignalTable, rows: PreprocessRows,
+    table: SignalTable,
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
     of the total's variance. ``table``: the signal table of ``warm``."""
@@ -166,7 +171,7 @@ def _cohorts(
             own_cold = [c for c in cold if keys.key(c) == key]
             positions = [position[id(r)] for r in reqs]  # in order: a cohort keeps warm's
             v = decide(_warm(reqs, own_cold, metrics, keys, table=table.subset(positions),
-                             rows=rows).figures)
+                             verdict_only=True).figures)
             verdict = CohortVerdict(v.cause, v.stage, v.tentative)
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
@@ -246,11 +251,10 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
     # every warm request's spans read once for the signals; the cohorts take their rows
     table = signal_table(warm, None, ThrottleSeries(recording.metrics))
-    rows = PreprocessRows()
-    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, rows)
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
-                   cold_first=_cold_are_first(requests), table=table, rows=rows)
+                   cold_first=_cold_are_first(requests), table=table)
     verdict = decide(result.figures)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
     if recording.spans and not requests and not incomplete:
