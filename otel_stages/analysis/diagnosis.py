@@ -182,10 +182,11 @@ def _cold_are_first(requests: Sequence[Request]) -> bool:
     """Whether every cold request is the earliest request of its process (``request.cold_start``
     can mark a later one: a model reload)."""
     first: dict[str, Request] = {}
-    for r, key in zip(requests, process_keys(requests)):
+    keys = process_keys(requests)
+    for r, key in zip(requests, keys):
         if key not in first or r.start_ns < first[key].start_ns:
             first[key] = r
-    return all(first[key] is r for r, key in zip(requests, process_keys(requests)) if r.cold)
+    return all(first[key] is r for r, key in zip(requests, keys) if r.cold)
 
 
 def runs_of(requests: Sequence[Request]) -> list[Run]:
