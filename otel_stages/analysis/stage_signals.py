@@ -237,7 +237,7 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
             if name not in ran or (wanted is not None and name not in wanted):
                 continue
             span_cpu = attrs.get(semconv.THREAD_CPU_TIME_MS)
-            if type(span_cpu) is not float:
+            if span_cpu is not None and type(span_cpu) is not float:
                 span_cpu = _number(span_cpu)
             recorded = span_cpu is not None
             span_gc = attrs.get(semconv.GC_PAUSE_MS)
