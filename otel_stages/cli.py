@@ -56,10 +56,13 @@ def version() -> str:
 
 def _tolerant_stdout() -> None:
     """Characters stdout's encoding cannot hold (box drawing, a stage name in another script on
-    an ASCII or cp1252 terminal) become ``?`` instead of raising ``UnicodeEncodeError``."""
+    an ASCII or cp1252 terminal) become ``?`` (``µ`` becomes ``u``: terminal.FALLBACK_ERRORS)
+    instead of raising ``UnicodeEncodeError``."""
+    from otel_stages.terminal import FALLBACK_ERRORS
+
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(errors="replace")  # type: ignore[union-attr]
+            stream.reconfigure(errors=FALLBACK_ERRORS)  # type: ignore[union-attr]
         except (AttributeError, ValueError):  # not a TextIOWrapper (captured, replaced) or closed
             pass
 

@@ -80,14 +80,33 @@ def _value(value: Any) -> dict[str, Any]:
 
 
 class _Double(float):
-    """A finite double attribute value. orjson does not serialise float subclasses itself: it asks
-    :func:`_orjson_default`, which writes ``float.__repr__``, as ``json.dumps`` does (orjson's own
-    float format differs, e.g. ``0.00001`` for ``1e-05``)."""
+    """A finite double attribute value that orjson would write differently from ``json.dumps``.
+    orjson does not serialise float subclasses itself: it asks :func:`_orjson_default`, which
+    writes ``float.__repr__``, as ``json.dumps`` does."""
 
     __slots__ = ()
 
 
+#: From this magnitude up (and for zero) orjson writes a double exactly as ``float.__repr__``
+#: does: both give the shortest round-trip digits, and ``repr`` switches to an exponent only below
+#: 1e-4 (``9.99e-05`` where orjson writes ``0.0000999``) and from 1e16 up, where both write
+#: ``1e+16``. :data:`_NATIVE_FLOATS` checks this once per process on values around each boundary
+#: (a future orjson could format differently); ``tests/test_json_lines.py`` on random doubles.
+_REPR_FIXED_MIN = 1e-4
+_FLOAT_PROBES = (0.0, -0.0, 1e-4, -1e-4, 0.00010000000000000002, 0.1, 1 / 3, 2.5, 123.456,
+                 1e15 + 0.5, 9999999999999998.0, 1e16, 1.2345e17, 1e22, 1.7976931348623157e308)
+
+
+def _orjson_writes_repr(values: Sequence[float]) -> bool:
+    return all(orjson.dumps(v) == float.__repr__(v).encode() for v in values)
+
+
+_NATIVE_FLOATS = _orjson_writes_repr(_FLOAT_PROBES)
+
+
 def _double(value: float) -> float | str:
+    if _NATIVE_FLOATS and (value == 0.0 or _REPR_FIXED_MIN <= abs(value) < math.inf):
+        return value  # the common case: orjson's own format is json.dumps' here
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

@@ -103,9 +103,28 @@ class TextBuffer(io.StringIO):
         return self._target_encoding
 
 
+#: What a character an encoding cannot hold is written as (the report's units and arrows);
+#: anything else becomes ``?``.
+_FALLBACKS = {"µ": "u", "×": "x", "→": "->", "←": "<-", "≥": ">=", "≤": "<=", "–": "-", "—": "-",
+              "…": "...", "≈": "~", "−": "-", "±": "+/-", "·": "."}
+#: The codec error handler that writes :data:`_FALLBACKS` (registered on import).
+FALLBACK_ERRORS = "otel_stages.fallback"
+
+
+def _fallback(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    text = error.object[error.start:error.end]
+    return "".join(_FALLBACKS.get(ch, "?") for ch in text), error.end
+
+
+codecs.register_error(FALLBACK_ERRORS, _fallback)
+
+
 class ReplacingWriter(io.TextIOBase):
-    """Writes to ``file`` with every character its encoding cannot hold replaced by ``?``: the
-    report never dies with UnicodeEncodeError on a cp1252 / ASCII stdout."""
+    """Writes to ``file`` with every character its encoding cannot hold replaced (``µs`` as
+    ``us``, else ``?``: :data:`FALLBACK_ERRORS`): the report never dies with UnicodeEncodeError
+    on a cp1252 / ASCII stdout."""
 
     def __init__(self, file: IO[str], encoding: str) -> None:
         super().__init__()
@@ -116,7 +135,7 @@ class ReplacingWriter(io.TextIOBase):
         return self._encoding
 
     def write(self, text: str) -> int:
-        self._file.write(text.encode(self._encoding, "replace").decode(self._encoding))
+        self._file.write(text.encode(self._encoding, FALLBACK_ERRORS).decode(self._encoding))
         return len(text)
 
     def flush(self) -> None:

@@ -248,18 +248,10 @@ def test_scale_benchmark_smoke_run() -> None:
 
 # --- the report: Figures -> the one rule set, against the file report ---------------------------
 
-#: Scenarios whose verdict needs per-request facts the SQL does not compute yet (a known gap,
-#: stated in clickhouse_figures' docstring and in the report's problems): the mechanism signals of
-#: issue 13 (thread CPU time, GC, event-loop lag, GPU memory around forwards, and the sentence
-#: saying they are absent). Strict: a scenario that starts to match fails here until it is taken
-#: off the list.
-MECHANISMS = "mechanism signals (issue 13) are not computed in SQL yet"
-VERDICT_GAPS = {
-    "s_cpu_contention": MECHANISMS, "s_demo_sequential": MECHANISMS,
-    "s_event_loop_blocked": MECHANISMS, "s_gc_pause": MECHANISMS,
-    "s_gpu_memory_pressure": MECHANISMS, "s_gpu_busy": MECHANISMS, "s_gpu_starved": MECHANISMS,
-    "s_shares_gaps": MECHANISMS,
-}
+#: Scenarios whose verdict the SQL cannot reproduce yet (a known gap, stated in clickhouse_figures'
+#: docstring and in the report's problems), scenario -> why. Strict: a scenario that starts to
+#: match fails here until it is taken off the list. Empty: every handed scenario matches.
+VERDICT_GAPS: dict[str, str] = {}
 #: The report's keys both paths fill from the same figures.
 SAME_KEYS = ("requests", "counts", "total", "stages", "unaccounted", "cohorts", "input_mix_explains",
              "cold_start", "noise", "gpu")
@@ -293,11 +285,6 @@ def test_report_figures_equal_the_file_report(path: Path, scenario_results) -> N
     """Counts, stage and total statistics, unaccounted time, cohorts (with their verdicts), cold
     start, noise band and GPU evidence: the ClickHouse report's JSON equals the file report's."""
     got, want = _reports(path, scenario_results)
-    if VERDICT_GAPS.get(_db(path)) == MECHANISMS:  # a cohort's cause may be a mechanism there
-        for report in (got, want):
-            for cohort in report["cohorts"]:
-                if cohort["verdict"] is not None:
-                    cohort["verdict"].pop("cause")
     for key in SAME_KEYS:
         _close(got[key], want[key], key)
 
@@ -315,11 +302,76 @@ def test_every_known_gap_is_a_handed_scenario() -> None:
     assert set(VERDICT_GAPS) <= {_db(p) for p in SCENARIOS}
 
 
-def test_signals_are_named_as_not_read(scenario_results) -> None:
-    """Where spans carry mechanism signals the report says its verdict cannot name them."""
-    for name in ("s_cpu_contention", "s_gc_pause", "s_event_loop_blocked"):
-        assert any("mechanism signals" in p for p in scenario_results[name].problems), name
+@pytest.mark.parametrize("path", SCENARIOS, ids=_db)
+def test_signals_equal_the_file_report(path: Path, scenario_results) -> None:
+    """The report's ``signals`` (per stage: CPU, wait, GC, event-loop lag parts, CPU/wall, the
+    slowdown's share, the mechanisms checked) equal the file report's, but for cgroup throttling,
+    which the SQL does not read (the file report's throttled part is left out of the comparison)."""
+    got, want = _reports(path, scenario_results)
+    for stage in want["signals"].values():
+        stage.pop("throttled")
+        assert not any(c["cause"] == "cpu_throttled" for c in stage["checked"])
+    for stage in got["signals"].values():
+        assert stage.pop("throttled") is None
+    _close(got["signals"], want["signals"], "signals")
+
+
+@pytest.mark.parametrize(("name", "cause", "stage"), [
+    ("s_cpu_contention", "cpu_contention", "forward"), ("s_gc_pause", "gc_pause", "forward"),
+    ("s_event_loop_blocked", "event_loop_blocked", "download"),
+    ("s_gpu_memory_pressure", "gpu_memory_pressure", "forward"),
+])
+def test_the_mechanisms_are_named(name: str, cause: str, stage: str, scenario_results) -> None:
+    """Where spans carry mechanism signals (or GPU memory lines up with slow forwards) the
+    ClickHouse verdict names the mechanism, with its evidence and advice; the problems say only
+    that cgroup throttling is not read, and nothing about signals where spans carry none."""
+    from otel_stages.analysis.clickhouse_figures import verdict
+
+    agg = scenario_results[name]
+    v = verdict(agg)
+    assert (v.cause, v.stage) == (cause, stage)
+    signals = any("mechanism signals" in p for p in agg.problems)
+    assert signals == (name != "s_gpu_memory_pressure")
+    if signals:
+        assert any("throttling is not" in p for p in agg.problems)
     assert not any("mechanism signals" in p for p in scenario_results["s_stable"].problems)
+
+
+def test_a_mechanism_rule_change_changes_the_clickhouse_verdict(scenario_results, monkeypatch) -> None:
+    """The mechanism rules run once, in mechanisms.py / gpu_memory.py, on the SQL's aggregates:
+    raising their thresholds there takes the mechanism out of the ClickHouse verdict too."""
+    from otel_stages.analysis import clickhouse_figures, gpu_memory, mechanisms
+
+    assert clickhouse_figures.verdict(scenario_results["s_gc_pause"]).cause == "gc_pause"
+    assert clickhouse_figures.verdict(scenario_results["s_gpu_memory_pressure"]).cause == (
+        "gpu_memory_pressure")
+    monkeypatch.setattr(mechanisms, "MECHANISM_MIN_EXPLAINS", 1.5)
+    monkeypatch.setattr(gpu_memory, "PRESSURE_MIN_SLOW_SHARE", 1.5)
+    assert clickhouse_figures.verdict(scenario_results["s_gc_pause"]).cause == "forward"
+    assert clickhouse_figures.verdict(scenario_results["s_gpu_memory_pressure"]).cause != (
+        "gpu_memory_pressure")
+
+
+def test_memory_forwards_beyond_the_cap_are_sampled_and_said(engine, monkeypatch) -> None:
+    """Past MAX_MEMORY_FORWARDS covered forwards the memory rule gets a sample of that many and
+    the problems say so."""
+    from otel_stages.analysis import clickhouse_signals
+
+    path = TRACES / "gpu_memory_pressure.otlp.jsonl"
+    monkeypatch.setattr(clickhouse_signals, "MAX_MEMORY_FORWARDS", 5)
+    agg = aggregate(engine, [path], "memory_cap")
+    (scope, *_) = agg.signals
+    assert scope.memory is not None and len(scope.memory.covered) == 5
+    assert any("from a sample of 5" in p and "18 warm forwards" in p for p in agg.problems)
+
+
+def test_dd_quantiles_give_signals_too(engine) -> None:
+    """Above the exact function's row limit the signals use quantileDD: the statements run and
+    the parts are filled."""
+    agg = aggregate(engine, [TRACES / "gc_pause.otlp.jsonl"], "dd_signals", quantiles="dd")
+    (scope, *_) = agg.signals
+    forward = scope.stages["forward"]
+    assert forward.gc is not None and forward.cpu is not None and forward.requests == 23
 
 
 def test_the_verdict_comes_from_the_shared_rules(scenario_results, monkeypatch) -> None:
@@ -394,3 +446,47 @@ def test_the_text_header_adds_up(scenario_results) -> None:
         assert found, header
         requests, warm, cold, failed = map(int, found.groups())
         assert warm + cold + failed == requests, (name, header)
+
+
+def test_a_signal_counts_only_when_every_span_of_the_stage_carries_it(engine, tmp_path) -> None:
+    """A request with a second forward span without signals (another producer, signals off):
+    its forward CPU, GC and lag are unknown in both reports (stage_signals sums a stage's spans
+    and gives None when one lacks the signal), and the signals still agree. A GC event without the
+    pause attribute is read from the event's overlap with its span, as the file report does."""
+    source = TRACES / "gc_pause.otlp.jsonl"
+    out, copied, stripped, seen = [], False, False, 0
+    for line in source.read_text().splitlines():
+        doc = json.loads(line)
+        for rs in doc.get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                extra = []
+                for span in ss["spans"]:
+                    if span["name"] != "forward":
+                        continue
+                    keys = [a["key"] for a in span["attributes"]]
+                    seen += 1
+                    if not copied and seen > 5 and "thread.cpu_time_ms" in keys:  # a warm one
+                        twin = json.loads(json.dumps(span))
+                        twin["spanId"] = "00000000000000aa"
+                        twin["attributes"] = [a for a in twin["attributes"]
+                                              if a["key"] in ("batch.size", "thread.name")]
+                        twin.pop("events", None)
+                        extra.append(twin)
+                        copied = True
+                    elif not stripped and span.get("events") and "otel_stages.gc.pause_ms" in keys:
+                        span["attributes"] = [a for a in span["attributes"]
+                                              if a["key"] != "otel_stages.gc.pause_ms"]
+                        stripped = True
+                ss["spans"].extend(extra)
+        out.append(json.dumps(doc))
+    assert copied and stripped
+    path = tmp_path / "twin_forward.otlp.jsonl"
+    path.write_text("\n".join(out) + "\n")
+    got = json.loads(json.dumps(report_dict(aggregate(engine, [path], "twin_forward"))))
+    want = json.loads(json.dumps(diagnose(load_paths([path])).to_dict()))
+    for report in (got, want):
+        for stage in report["signals"].values():
+            stage.pop("throttled")
+    assert want["signals"]["forward"]["cpu"]["requests"] == want["signals"]["forward"]["requests"] - 1
+    _close(got["signals"], want["signals"], "signals")
+    assert got["verdict"] == want["verdict"]

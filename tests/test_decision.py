@@ -129,6 +129,59 @@ def test_ranking_is_by_explained_variance_not_by_swing():
     assert verdict_of(blind) == ("preprocess", "decode")
 
 
+@pytest.mark.parametrize("decode_explains, co", [(0.8 * 0.5 - 0.01, False), (0.8 * 0.5 + 0.01, True)])
+def test_a_stage_explaining_nearly_as_much_is_a_co_suspect(decode_explains, co):
+    """CO_SUSPECT_MIN_RATIO 0.8 (literal): decode explaining 39 % against forward's 50 % is "next";
+    at 41 % the two are within what another run could reverse, so the advice covers both."""
+    fig = figures(stage("decode", 60.0, explains=decode_explains), stage("forward", 60.0, explains=0.5),
+                  total_swing=80.0)
+    v = decide(fig)
+    assert (v.cause, v.stage) == ("forward", "forward")
+    assert any(line.startswith("next: decode") for line in v.evidence) is not co
+    assert any(line.startswith("decode swings about as much") for line in v.evidence) is co
+    forward_only = advice.for_cause("forward", gpu_level="none")
+    if co:
+        assert [a for a in v.advice if a.startswith("forward: ")] == [f"forward: {a}" for a in forward_only]
+        assert any(a.startswith("decode: ") for a in v.advice)
+    else:
+        assert v.advice[:len(forward_only)] == forward_only
+        assert not any(a.startswith("decode: ") for a in v.advice)
+
+
+@pytest.mark.parametrize("decode_swing, co", [(0.8 * 60.0 - 0.5, False), (0.8 * 60.0 + 0.5, True)])
+def test_without_explains_the_co_suspect_is_by_swing(decode_swing, co):
+    fig = figures(stage("decode", decode_swing, explains=None), stage("forward", 60.0, explains=None),
+                  total_swing=80.0)
+    v = decide(fig)
+    assert v.stage == "forward"
+    assert any(a.startswith("decode: ") for a in v.advice) is co
+
+
+def test_co_suspect_advice_follows_its_own_evidence():
+    """The second stage's advice is the one its own cause gives (preprocess for decode), never the
+    suspect's advice repeated under its name."""
+    fig = figures(stage("decode", 60.0, explains=0.45), stage("forward", 60.0, explains=0.5),
+                  total_swing=80.0)
+    v = decide(fig)
+    decode_advice = [a.removeprefix("decode: ") for a in v.advice if a.startswith("decode: ")]
+    assert decode_advice == advice.for_cause("preprocess")
+
+
+@pytest.mark.parametrize("lag_ms, loop", [(0.5 * 75.0 - 0.1, False), (0.5 * 75.0 + 0.1, True)])
+def test_a_steady_stage_that_mostly_waits_for_the_loop_points_at_the_holder(lag_ms, loop):
+    """LAG_DOMINATES_FRACTION 0.5 (literal): forward (75 ms median, the largest share) with 37.4 ms
+    of event-loop lag is where to start; with 37.6 ms it mostly waits for the loop, and the advice
+    is to move the stage that holds the loop off it."""
+    evidence = {"forward": StageEvidence(lag_median_ms=lag_ms, loop_holder="resize")}
+    v = decide(figures(total_swing=2.0, stage_evidence=evidence))
+    assert v.cause == "stable"
+    said = any("forward is mostly waiting for the event loop" in e and "held most by resize" in e
+               for e in v.evidence)
+    assert said is loop
+    assert any("move resize off the event loop" in a for a in v.advice) is loop
+    assert any("start with forward" in a for a in v.advice) is not loop
+
+
 def test_jitter_sets_the_band_from_the_data():
     rel = {"download": 0.1, "decode": 0.2, "resize": 0.3, "queue": 0.4, "forward": 0.5}
 

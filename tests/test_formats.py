@@ -24,6 +24,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -354,6 +355,23 @@ def test_text_report_on_a_non_utf8_stdout(encoding):
     text = result.stdout.decode(encoding)
     assert "Warm-run stages" in text and "Verdict:" in text
     assert "-----" in text and "\u2500" not in text  # ASCII table rules
+
+
+def test_microseconds_stay_readable_on_an_ascii_stdout():
+    """``µs`` is written ``us`` where the terminal cannot hold ``µ`` (not ``?s``); the fallback
+    also takes arrows and signs, anything else becomes ``?``."""
+    from otel_stages.terminal import FALLBACK_ERRORS
+
+    assert "560 µs → 1.2 ms ≥ 2× …".encode("ascii", FALLBACK_ERRORS) == b"560 us -> 1.2 ms >= 2x ..."
+    assert "decode 解码".encode("ascii", FALLBACK_ERRORS) == b"decode ??"
+    assert "µs".encode("cp1252", FALLBACK_ERRORS) == "µs".encode("cp1252")  # held: kept
+    env = dict(os.environ, PYTHONIOENCODING="ascii", COLUMNS="100")
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_stages.cli", "report",
+         str(TRACES / "demo_sequential.otlp.jsonl")], capture_output=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.decode("ascii")
+    assert re.search(r"\d us\b", text) and not re.search(r"\d \?s\b", text)
 
 
 @pytest.mark.parametrize("argv", [

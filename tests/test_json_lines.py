@@ -174,3 +174,36 @@ def test_configure_sizes_the_file_batch_processor_unless_the_environment_does(tm
         assert sizes(telemetry) == (2048, 100)  # the SDK's default queue, the environment's batch
     finally:
         telemetry.shutdown()
+
+
+def test_orjson_writes_doubles_as_repr_from_1e_4_up_and_below_it_the_hook_does():
+    """The fast path's premise, on random doubles of every magnitude and random bit patterns:
+    orjson's text equals ``float.__repr__`` for zero and magnitudes of at least 1e-4; below that
+    :func:`_double` hands the value to the ``float.__repr__`` hook (the output is json.dumps')."""
+    import random
+    import struct
+
+    import orjson
+
+    from otel_stages import json_lines
+
+    rng = random.Random(7)
+    values = [rng.random() * 10.0 ** e * rng.choice((1, -1)) for e in range(-12, 25) for _ in range(400)]
+    values += [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(20000)]
+    values += [1e-4, -1e-4, 0.0, -0.0, 9.999999999999999e-05, 1e16, 9999999999999998.0]
+    finite = [v for v in values if math.isfinite(v)]
+    assert json_lines._NATIVE_FLOATS
+    for v in finite:
+        encoded = orjson.dumps({"d": json_lines._double(v)}, default=json_lines._orjson_default)
+        assert encoded == b'{"d":' + json.dumps(v).encode() + b"}", v
+        native = v == 0.0 or abs(v) >= json_lines._REPR_FIXED_MIN
+        assert (type(json_lines._double(v)) is float) is native, v
+    assert orjson.dumps(9.99e-05) != json.dumps(9.99e-05).encode()  # why the hook exists below 1e-4
+
+
+def test_an_orjson_that_formats_floats_otherwise_sends_every_double_through_the_hook(monkeypatch):
+    from otel_stages import json_lines
+
+    assert not json_lines._orjson_writes_repr([1e16, 2.5, 1e-05])  # 1e-05: orjson's own differs
+    monkeypatch.setattr(json_lines, "_NATIVE_FLOATS", False)
+    assert type(json_lines._double(0.5)) is json_lines._Double

@@ -57,6 +57,31 @@ def test_untraced_largest_share_is_added_to_a_stage_verdict():
     assert v.advice[-1] == "also: " + advice.UNTRACED_SHARE
 
 
+@pytest.mark.parametrize("detached, skew", [(14, False), (15, True)])
+def test_untraced_time_is_read_as_clock_skew_from_half_the_requests(detached, skew):
+    """SKEWED_MIN_FRACTION 0.5 (literal) of 30 requests: 14 with a stage span wholly outside its
+    request is missing instrumentation, 15 is clock skew; evidence and advice follow."""
+    gap = UnaccountedFigures(80.0, 0.5, 0.8, 0.0)
+    for fig in (figures(total_swing=2.0, unaccounted=gap, requests=30, detached_requests=detached),
+                figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, unaccounted=gap,
+                        requests=30, detached_requests=detached)):
+        v = decide(fig)
+        text = " ".join(v.evidence)
+        assert (f"in {detached} of 30 requests a stage span lies wholly outside" in text) is skew
+        assert ("80% is untraced" in text) is not skew
+        assert any(advice.SYNC_CLOCKS in a for a in v.advice) is skew
+        assert any(advice.UNTRACED_SHARE in a for a in v.advice) is not skew
+
+
+@pytest.mark.parametrize("detached, skew", [(14, False), (15, True)])
+def test_a_swinging_untraced_time_from_skew_asks_to_sync_the_clocks(detached, skew):
+    fig = figures(stage("forward", 2.0, explains=0.0), total_swing=40.0, requests=30,
+                  detached_requests=detached, unaccounted=UnaccountedFigures(80.0, 40.0, 0.8, 0.95))
+    v = decide(fig)
+    assert v.cause is None and v.stage is None
+    assert v.advice == [advice.SYNC_CLOCKS if skew else advice.UNTRACED]
+
+
 def test_clock_skewed_stage_spans_are_named_and_never_the_place_to_start(tmp_path, capsys):
     out = report_of(odd_inputs.clock_skew(tmp_path / "skew.jsonl"), capsys)
     assert out["stages"]["forward"]["median_ms"] == 0.0
@@ -67,7 +92,11 @@ def test_clock_skewed_stage_spans_are_named_and_never_the_place_to_start(tmp_pat
     assert not any("reach outside" in p for p in out["problems"])  # not counted twice
     verdict = out["verdict"]
     assert verdict["cause"] == "stable"
-    assert any("82% is untraced" in e for e in verdict["evidence"])
+    assert any("(82%, median" in e and "30 of 30 requests a stage span lies wholly outside" in e
+               and "not untraced work" in e for e in verdict["evidence"])
+    assert not any("is untraced" in e for e in verdict["evidence"])
+    assert any("sync the clocks" in a for a in verdict["advice"])
+    assert not any("wrap that work" in a or "start with the untraced" in a for a in verdict["advice"])
     assert not any("start with decode" in a for a in verdict["advice"])
     assert not any("largest share: decode" in e for e in verdict["evidence"])
 

@@ -59,6 +59,44 @@ def test_a_1970_span_inside_a_real_request_is_named_and_kept_out_of_the_stats():
     assert "1 span left out" in problem and "1970-01-01T00:00:01Z" in problem
 
 
+NOW_NS = 1_790_000_000 * 10**9  # 2026-09-21
+YEAR_NS = 366 * DAY_NS
+
+
+@pytest.mark.parametrize("start_ns, unit", [
+    (NOW_NS // 1000, "microseconds"),
+    (NOW_NS // 10**6, "milliseconds"),
+    (Y2000_NS // 1000, "microseconds"),                       # just at 2000 read as µs
+    (Y2000_NS // 1000 - 1, None),                            # just below: not µs, and x10^6 is too late
+    ((NOW_NS + YEAR_NS) // 1000, "microseconds"),            # a year ahead: still plausible
+    ((NOW_NS + YEAR_NS) // 1000 + 1, None),                  # past that: no unit reads right
+    (NOW_NS // 10**9, None),                                 # seconds: ambiguous with a duration
+    (1_000_000_000, None),                                   # a 1 s duration written as a time
+])
+def test_a_start_in_another_unit_is_recognised(start_ns, unit):
+    from otel_stages.analysis.screen import unit_mistake
+    got = unit_mistake(start_ns, now_ns=NOW_NS)
+    assert (got[1] if got else None) == unit
+
+
+def test_microsecond_times_are_named_once_and_not_called_non_stage_spans():
+    """Every span written in µs: one problem naming the likely unit with the time it would be,
+    and no second "none is a stage span" line (they were left out, not unrecognised)."""
+    telemetry = build(steady(5))
+    spans = [replace(s, start_ns=s.start_ns // 1000, end_ns=s.end_ns // 1000) for s in telemetry.spans]
+    report = diagnose(Recording(spans, telemetry.metrics, []))
+    assert report.requests == 0
+    (problem,) = report.problems
+    assert "read as microseconds" in problem and "likely wrote another unit" in problem
+    assert "none is a stage span" not in " ".join(report.problems)
+
+
+def test_spans_that_pass_screening_but_are_no_stages_are_named():
+    spans = [Span("a" * 32, f"{i + 1:016x}", None, "GET /health", T0_NS, T0_NS + MS) for i in range(3)]
+    (problem,) = diagnose(Recording(spans, [], [])).problems
+    assert problem.startswith("3 spans read but none is a stage span")
+
+
 # --- orphans and roots ----------------------------------------------------------------------------
 
 

@@ -642,6 +642,38 @@ def test_prometheus_family_present_but_no_stage_series_names_the_query(server, c
     )
 
 
+def test_prometheus_unknown_service_lists_the_services_present(server, capsys):
+    """--service names one with no series: the evidence lists the services that do have the
+    family's series in the window (label values API), so a typo is one glance away."""
+    empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
+    serve_prometheus(server, "queue_batching")
+    server.routes = [(p, h) for p, h in server.routes if p != "/api/v1/query"]
+    server.route("/api/v1/query", lambda rest, q: (200, empty))
+    asked: list[tuple[str, dict]] = []
+
+    def service_values(rest: str, q: dict[str, list[str]]) -> tuple[int, object]:
+        asked.append((rest, q))
+        return 200, {"status": "success", "data": ["vlm-server", "vlm-server-canary"]}
+
+    server.routes.insert(0, ("/api/v1/label/service_name", service_values))
+    code, out, _ = report_json(["--prometheus", server.url, "--service", "vlm-sever"], capsys)
+    assert code == 1
+    (rest, q), = asked
+    assert rest == "values" and q["match[]"] == ["traces_span_metrics_duration_milliseconds_bucket"]
+    assert ("services with traces_span_metrics_duration_milliseconds_bucket series in that window"
+            " (service_name): 'vlm-server', 'vlm-server-canary'") in out["verdict"]["evidence"]
+
+
+@pytest.mark.parametrize("label, path", [
+    ("service_name", "service_name"), ("service.name", "U__service_2e_name"),
+    ("span_name", "span_name"), ("a-b_c", "U__a_2d_b__c"),
+])
+def test_label_values_path_escapes_utf8_label_names(label, path):
+    from otel_stages.analysis.prometheus import label_path
+
+    assert label_path(label) == path
+
+
 def _promtool() -> str:
     path = shutil.which("promtool")
     if path is None:

@@ -252,6 +252,59 @@ def test_blocking_stage_holds_the_loop_and_others_see_the_lag(recorded):
     assert semconv.EVENT_LOOP_LAG_MS not in decode.attributes  # it was not kept waiting
 
 
+def test_a_stage_starting_behind_a_blocked_loop_is_not_charged_for_the_block(recorded):
+    """The tester's aioread case: lag above the span's own duration. The loop is held 120 ms
+    outside any stage; a stage that starts right after and awaits 10 ms sees the overdue tick run,
+    but the lateness it had built before the stage began is not the stage's."""
+    async def main() -> None:
+        with ots.stage("queue"):  # the first stage on the loop starts its monitor
+            pass
+        await asyncio.sleep(0.03)  # the monitor is running, its next tick pending
+        time.sleep(0.12)  # the loop is held, no stage open
+        async with ots.stage("download"):
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    download = recorded.one("download")
+    wall_ms = (download.end_time - download.start_time) / 1e6
+    lag_ms = download.attributes.get(semconv.EVENT_LOOP_LAG_MS, 0.0)
+    assert lag_ms <= wall_ms and lag_ms < 20, (lag_ms, wall_ms)  # was ~100 ms before the fix
+
+
+def test_lag_is_never_more_than_the_stage_lasted():
+    monitor = _FakeMonitor(ticks=3, lag_ns=0)
+    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns())
+    monitor.ticks, monitor.lag_ns = 4, 300_000_000  # a tick ran, 300 ms late
+    attributes, _ = capture.finish_fields(state, 0, 70_000_000) or ({}, [])
+    assert attributes[semconv.EVENT_LOOP_LAG_MS] == 70.0
+
+
+def test_an_awaiting_stage_leaves_out_the_loop_threads_cpu_time(recorded):
+    """A stage that awaits while another task computes on the loop's thread: the thread's CPU time
+    over the stage is mostly the other task's (the tester saw 729 ms "cpu" on a download), so it
+    is left out; a stage that runs synchronously on the loop keeps its own."""
+    async def busy() -> None:
+        await asyncio.sleep(0.005)
+        end = time.perf_counter() + 0.06
+        while time.perf_counter() < end:  # CPU work on the loop's thread, outside any stage
+            pass
+
+    async def awaiting() -> None:
+        async with ots.stage("download"):
+            await asyncio.sleep(0.1)  # the loop runs busy() and its timer meanwhile
+
+    async def main() -> None:
+        with ots.stage("queue"):  # starts the monitor
+            pass
+        await asyncio.gather(awaiting(), busy())
+        with ots.stage("decode"):
+            sum(range(200_000))
+
+    asyncio.run(main())
+    assert semconv.THREAD_CPU_TIME_MS not in recorded.one("download").attributes
+    assert recorded.one("decode").attributes[semconv.THREAD_CPU_TIME_MS] > 0
+
+
 def test_stages_off_the_loop_carry_no_loop_attributes(recorded):
     with ots.stage("decode"):
         time.sleep(0.03)

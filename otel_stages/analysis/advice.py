@@ -164,11 +164,31 @@ UNTRACED_SHARE = (
 )
 
 
-def for_stable_untraced() -> list[str]:
-    """Advice when nothing swings and untraced time is the largest share."""
+SYNC_CLOCKS = (
+    "sync the clocks of the hosts that record stage spans (NTP / chrony) or record each stage on"
+    " its request's host, then report again: until then the skewed stages count 0 ms and their"
+    " time shows as untraced"
+)
+
+
+def for_stable_untraced(first: str = UNTRACED_SHARE) -> list[str]:
+    """Advice when nothing swings and untraced time is the largest share; ``first``: what to do
+    about it (:data:`UNTRACED_SHARE`, or :data:`SYNC_CLOCKS` when it is clock skew)."""
     return [
         "latency is steady: no per-stage fix is needed for variability",
-        "to lower latency overall, start with the untraced time: " + UNTRACED_SHARE,
+        ("before reading the stage shares: " if first == SYNC_CLOCKS
+         else "to lower latency overall, start with the untraced time: ") + first,
+    ]
+
+
+def for_stable_loop(holder: str | None) -> list[str]:
+    """Advice when nothing swings and the largest stage mostly waited for a busy event loop
+    (``holder``: the stage that held it most, when known)."""
+    what = f"move {holder} off the event loop" if holder else "find what holds the event loop and move it off"
+    return [
+        "latency is steady: no per-stage fix is needed for variability",
+        f"to lower latency overall, {what} (await asyncio.to_thread(...) or"
+        " loop.run_in_executor(...)): every request waits for it",
     ]
 
 

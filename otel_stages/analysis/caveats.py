@@ -4,7 +4,8 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
 - :func:`untraced_is_largest`: more request time lies outside every stage span than inside any one
   stage. Then "start with the largest stage" would point at a small part of the request (stage
   spans on a skewed clock, zero-length stages, missing instrumentation): evidence and advice say
-  the time is untraced and to instrument it.
+  the time is untraced and to instrument it; unless :func:`untraced_is_skew`: then the time is
+  most likely stage spans recorded on a skewed clock, and the advice is to sync the clocks.
 - :func:`failures_dominate`: :data:`FAILED_MIN_FRACTION` of the requests or more failed. The
   timings describe only the requests that survived (often the cheap ones: a request that fails in
   decode never reaches forward), and the user-visible problem is the errors. Evidence says so
@@ -42,6 +43,10 @@ STAGE_PRESENT_MIN_FRACTION = 0.9
 #: ``explains`` further than this outside 0..1 means stages offset each other (rounding and
 #: ordinary sampling noise keep independent stages within a few percent of 0..1).
 OFFSET_MIN_EXPLAINS = 0.1
+#: When at least this part of the requests has a stage span wholly outside its request span, the
+#: untraced time is read as clock skew rather than missing instrumentation: skew between two hosts
+#: moves every span the other host records, so it shows in most requests, not in a few.
+SKEWED_MIN_FRACTION = 0.5
 #: Error kinds named in the failure line; the rest are counted as "other".
 MAX_ERROR_KINDS = 3
 #: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
@@ -57,6 +62,12 @@ def untraced_is_largest(fig: Figures) -> bool:
     return gap.share > max((s.share for s in fig.stages.values()), default=0.0)
 
 
+def untraced_is_skew(fig: Figures) -> bool:
+    """At least :data:`SKEWED_MIN_FRACTION` of the requests have a stage span wholly outside their
+    request span: the untraced time is then most likely those stages' time on a skewed clock."""
+    return fig.requests > 0 and fig.detached_requests >= SKEWED_MIN_FRACTION * fig.requests
+
+
 def untraced_share_line(fig: Figures) -> str:
     """The evidence sentence when :func:`untraced_is_largest`."""
     gap = fig.unaccounted
@@ -64,9 +75,20 @@ def untraced_share_line(fig: Figures) -> str:
     covered = sum(s.share for s in fig.stages.values())
     largest = max(fig.stages.values(), key=lambda s: s.share)
     most = "most request time" if gap.share >= 0.5 else "the largest part of request time"
+    if untraced_is_skew(fig):
+        return (f"{most} lies outside the stage spans ({pct(gap.share)}, median"
+                f" {duration(gap.median_ms)} per request), but in {fig.detached_requests} of"
+                f" {fig.requests} requests a stage span lies wholly outside its request span: that"
+                " time is most likely those stages' on a host whose clock is skewed, not untraced"
+                " work (see the warning)")
     return (f"{most} lies outside the stage spans: {pct(gap.share)} is untraced"
             f" (median {duration(gap.median_ms)} per request), more than any stage (the largest,"
             f" {largest.name}, is {pct(largest.share)}); the stage spans cover {pct(covered)}")
+
+
+def untraced_advice(fig: Figures) -> str:
+    """What to do first about the untraced time when :func:`untraced_is_largest`."""
+    return advice_text.SYNC_CLOCKS if untraced_is_skew(fig) else advice_text.UNTRACED_SHARE
 
 
 def failures_dominate(fig: Figures) -> bool:

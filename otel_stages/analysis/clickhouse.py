@@ -34,6 +34,7 @@ from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
 from otel_stages.analysis import clickhouse_rows as rows_of
 from otel_stages.analysis import clickhouse_schema as schema
+from otel_stages.analysis import clickhouse_signals as signals
 from otel_stages.analysis import clickhouse_sql as sql
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
 from otel_stages.analysis.files import FOLDER_SUFFIXES
@@ -391,6 +392,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    results.update(signal_results(engine, tables, query, method, settings, results))
     # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
     # requests with their decode / resize spans: read them only for such a verdict
     first = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
@@ -400,6 +402,51 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
-                  preprocess.TABLE):
+                  preprocess.TABLE, *signals.TABLES):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, method: str,
+                   settings: Mapping[str, Any], results: Mapping[str, list[dict[str, Any]]]
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """The answers behind the mechanism rules (:mod:`otel_stages.analysis.clickhouse_signals`),
+    by name, after the aggregate queries (``results``: their answers; ``signals`` says whether
+    stage spans carry signals). GPU memory is read when warm forwards ran; the signal spans only
+    when some carry signals; nothing comes back when neither is there."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    spans = bool(results.get("signals") and results["signals"][0]["signals"])
+    forwards = bool(results["summary"] and results["summary"][0].get("n_warm_forwards"))
+    tops = {"top_cohorts": query.top_cohorts}
+    gpus: list[dict[str, Any]] = []
+    if forwards:
+        for statement, params in signals.memory_statements(tables.gauge_ref, query):
+            engine.execute(statement, params, settings)
+        gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
+    memory = any(g.usage_points and g.limit_points for g in signals.memory_gpus(gpus))
+    if not spans and not memory:
+        return out
+    if spans:
+        engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {signals.SIGNAL_SPANS_TABLE}", None, settings)
+        engine.execute(signals.signal_spans_statement(tables.traces_ref, query),
+                       sql.query_params(query), settings)
+    engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {signals.SAMPLES_TABLE}", None, settings)
+    engine.execute(signals.samples_statement(spans), None, settings)
+    out["signal_stages"] = engine.rows(signals.stage_signals_sql(method), None, settings)
+    out["signal_cohort_stages"] = engine.rows(
+        signals.stage_signals_sql(method, signals.COHORT), tops, settings)
+    if spans:
+        out["held"] = engine.rows(signals.held_sql(method), None, settings)
+        out["cohort_held"] = engine.rows(signals.held_sql(method, signals.COHORT), None, settings)
+    if memory:
+        out["memory_gpus"] = gpus
+        out["memory_windows"] = engine.rows(signals.memory_windows_sql(method), None, settings)
+        out["cohort_memory_windows"] = engine.rows(
+            signals.memory_windows_sql(method, signals.COHORT), None, settings)
+        hw_id = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
+                                 end_ns=query.end_ns, service=query.service).gpu.hw_id
+        chosen = signals.choose_gpu(signals.memory_gpus(gpus), hw_id)
+        out["memory_forwards"] = [] if chosen is None else engine.rows(
+            signals.memory_forwards_sql(), {"hw": chosen.hw, "cap": signals.MAX_MEMORY_FORWARDS},
+            settings)
+    return out

@@ -22,9 +22,16 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
 - decode / resize evidence also carries the decode facts behind the concrete preprocessing advice
   (:mod:`otel_stages.analysis.clickhouse_preprocess`).
 
-Not computed in SQL yet (documented gaps, not guesses): the mechanism signals of
-:mod:`otel_stages.analysis.mechanisms` (the verdict then names the stage, not the mechanism, and
-the report's problems say so when spans carry them); requests set apart
+- mechanisms: the per-stage signal aggregates of
+  :mod:`otel_stages.analysis.clickhouse_signals` (CPU, wait, GC, event-loop lag, loop holders; GPU
+  memory around forwards) through :func:`otel_stages.analysis.mechanisms.judge` and
+  :func:`otel_stages.analysis.gpu_memory.memory_mechanism`, over all warm requests and within each
+  cohort, into the evidence as :func:`otel_stages.analysis.mechanisms.with_mechanisms` puts them.
+
+Not computed in SQL yet (documented gaps, not guesses): cgroup CPU throttling (its cumulative
+counter is in the exporter's ``otel_metrics_sum`` table, not read: no ``cpu_throttled`` verdict
+here, and the problems say so when spans carry signals); signals of stage spans inside custom
+group spans (counted as not recorded); requests set apart
 (:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
 part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
 there); with cold requests of several inputs, the comparison is with all warm requests.
@@ -42,6 +49,7 @@ from otel_stages.analysis.clickhouse_result import (
     GpuAggregate,
     StageAggregate,
     Summary,
+    ordered_stages,
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
@@ -60,6 +68,8 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
+from otel_stages.analysis.gpu_memory import memory_mechanism
+from otel_stages.analysis.mechanisms import StageSignals, judge, with_mechanisms
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
@@ -181,6 +191,25 @@ def _sizes(cohorts: Sequence[CohortAggregate], stage: str) -> list[tuple[int, in
     return out
 
 
+def stage_signals(agg: FleetAggregates, cohort: CohortAggregate | None = None
+                  ) -> dict[str, StageSignals]:
+    """The mechanism rules (:func:`otel_stages.analysis.mechanisms.judge`, and
+    :func:`otel_stages.analysis.gpu_memory.memory_mechanism` for ``forward``) on the signals the
+    engine computed over all warm requests, or within ``cohort``; stages without any recorded
+    signal left out, as in the file report. Empty without signal aggregates."""
+    key = (None, None, None) if cohort is None else (cohort.width, cohort.height, cohort.format)
+    scope = next((s for s in agg.signals if (s.width, s.height, s.format) == key), None)
+    if scope is None:
+        return {}
+    out = {}
+    for name in ordered_stages(scope.stages):
+        memory = memory_mechanism(scope.memory) if name == semconv.STAGE_FORWARD else None
+        judged = judge(scope.stages[name], scope.held, memory)
+        if judged is not None:
+            out[name] = judged
+    return out
+
+
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
     cold = agg.cold_start
     if cold is None or agg.total is None:
@@ -242,9 +271,9 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         total=total_figures(cohort.total),
         gpu=gpu,
         cold=own_cold,
-        stage_evidence=_evidence(cohort.stages, lambda n: [
+        stage_evidence=with_mechanisms(_evidence(cohort.stages, lambda n: [
             (cohort.width, cohort.height, cohort.stages[n].ran.count,
-             cohort.stages[n].ran.median_ms)]),
+             cohort.stages[n].ran.median_ms)]), stage_signals(agg, cohort)),
     )
 
 
@@ -273,7 +302,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         cold=_cold(agg),
         cohorts=cohorts(agg) if cohort_list is None else cohort_list,
         input_mix_explains=agg.input_mix_explains,
-        stage_evidence=_evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess),
+        stage_evidence=with_mechanisms(
+            _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
         failed_requests=agg.counts.failed,
         requests=agg.counts.requests,
     )
@@ -304,7 +334,9 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
     """``report --clickhouse --json``: the trace report's keys (DESIGN.md section 3) for what the
     aggregates hold, with the same shapes and rounding (``requests``, ``counts``, ``total``,
     ``stages``, ``unaccounted``, ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``,
-    ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``), plus ``source`` and
+    ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``, ``signals``: per stage, as
+    :meth:`otel_stages.analysis.mechanisms.StageSignals.to_dict`, ``throttled`` always ``None``
+    here), plus ``source`` and
     ``aggregates`` (everything the engine returned, :meth:`FleetAggregates.to_dict`).
     ``set_apart`` is always empty: requests set apart are not computed in SQL (see the module
     docstring)."""
@@ -341,5 +373,6 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
                      "stages": {k: round(v, 3) for k, v in s.stages_ms.items()},
                      "image_width": s.image_width, "image_height": s.image_height,
                      "image_bytes": s.image_bytes, "error": s.error} for s in agg.slowest],
+        "signals": {name: sig.to_dict() for name, sig in stage_signals(agg).items()},
         "aggregates": agg.to_dict(),
     }

@@ -190,7 +190,8 @@ FROM {traces} WHERE {span_filter(query, odd=True)}"""
 
 
 _STD_LIST = "(" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + ")"
-#: Span attributes of the mechanism signals (analysis.stage_signals) the SQL does not read yet.
+#: Span attributes of the mechanism signals (analysis.stage_signals): whether to read them
+#: (analysis.clickhouse_signals).
 SIGNAL_ATTRIBUTES = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS)
 
 

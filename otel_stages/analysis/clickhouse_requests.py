@@ -63,8 +63,8 @@ TABLES = (GROUPS_TABLE, CUSTOM_TABLE, NESTED_TABLE, EXTRAS_TABLE, PROCESS_TABLE,
 #: The per-request table's columns (see clickhouse_queries for how they are read).
 REQUEST_COLUMNS = (
     "trace_key", "is_request", "by_trace", "span_key", "start_ns", "total_ns", "stage_names",
-    "stage_ns", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr", "error", "svc",
-    "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
+    "stage_ns", "stage_counts", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr",
+    "error", "svc", "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
     "incomplete_groups", "incomplete_spans", "cold", "warm")
 
 #: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
@@ -385,6 +385,13 @@ def _requests_select(query: AggregateQuery) -> str:
     arrayConcat(arrayFilter((nm, c) -> c > 0, {_STD}, [{names}]), custom.1) AS stage_names,
     arrayConcat(arrayFilter((d, c) -> c > 0, [{durs}], [{names}]),
                 arrayMap(v -> toInt64(v), custom.2)) AS stage_ns,
+    -- spans per stage (the signals need all of a stage's spans to carry one)
+    arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)) AS c_keep,
+    arrayConcat(arrayFilter(c -> c > 0, [{names}]),
+                if(empty(x.c_name), emptyArrayUInt64(),
+                   arrayReduce('sumMap', [arrayFilter((v, m) -> m, x.c_name, c_keep)],
+                               [arrayFilter((v, m) -> m, arrayMap(v -> toUInt64(1), x.c_id), c_keep)]).2)
+    ) AS stage_counts,
     -- time inside the union of the stage spans, clipped to the request
     arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0),
                                             least(v.2, start_ns + total_ns) - greatest(v.1, acc.2, start_ns)),

@@ -18,6 +18,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
+from otel_stages.analysis.clickhouse_signals import ScopeSignals, scopes
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     EXACT_RELATIVE_TOLERANCE,
@@ -340,6 +341,7 @@ class FleetAggregates:
     problems: list[str] = field(default_factory=list)
     formats: int = 0
     preprocess: PreprocessFacts | None = None
+    signals: list[ScopeSignals] = field(default_factory=list)
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -352,7 +354,12 @@ class FleetAggregates:
     def to_dict(self) -> dict[str, Any]:
         """The whole structure as JSON-ready dicts and lists (``swing_ms`` added to each
         distribution)."""
-        return _jsonable(asdict(self))
+        data = asdict(replace(self, signals=[]))
+        # the memory rule's per-forward rows stay out of the JSON: their count is enough there
+        data["signals"] = [{**asdict(replace(s, memory=None)), "memory": None if s.memory is None else {
+            **asdict(replace(s.memory, covered=())), "covered": len(s.memory.covered)}}
+            for s in self.signals]
+        return _jsonable(data)
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
@@ -374,7 +381,8 @@ def _utc(ns: int) -> str:
 
 
 def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total: int,
-              runs_shown: int, signals: bool = False) -> list[str]:
+              runs_shown: int, signals: bool = False,
+              memory_forwards: tuple[int, int] = (0, 0)) -> list[str]:
     out: list[str] = []
     n_odd = int(odd.get("n") or 0)
     if n_odd:
@@ -397,11 +405,13 @@ def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total
                    " above (root of the trace) left out as incomplete: wrap each request's stages"
                    " in otel_stages.request()")
     if signals:
-        out.append("stage spans carry mechanism signals (thread CPU time, GC pauses, event-loop"
-                   " lag) that the ClickHouse report does not read yet: its verdict names the slow"
-                   " stage, not why it is slow (CPU contention, GC pauses, a blocked event loop,"
-                   " throttling, GPU memory pressure); `otel-stages report` on the same traces"
-                   " as files names the mechanism")
+        out.append("stage spans carry mechanism signals; cgroup CPU throttling is not read from"
+                   " ClickHouse (its counter is in the exporter's otel_metrics_sum table, which"
+                   " neither import nor this report uses): `otel-stages report` on the trace files"
+                   " can name cpu_throttled")
+    if memory_forwards[0] > memory_forwards[1]:
+        out.append(f"GPU memory: {memory_forwards[0]} warm forwards have memory samples; the memory"
+                   f" evidence is from a sample of {memory_forwards[1]} of them")
     if runs_total > runs_shown:
         out.append(f"runs: the first {runs_shown} of {runs_total} processes are listed")
     return out
@@ -481,6 +491,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                    for n in ordered_stages(r["stage_names"])},
         image_width=r["width"], image_height=r["height"], image_bytes=r["bytes"],
         error=bool(r["error"])) for r in results["slowest"]]
+    gpu = _gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
+               results["gpu_metrics"][0] if results["gpu_metrics"] else {}, counts.warm_forwards)
+    memory = results.get("memory_forwards")
     return FleetAggregates(
         url=url, start_ns=start_ns, end_ns=end_ns, service=service,
         quantile_function=QUANTILE_FUNCTIONS[method],
@@ -497,11 +510,11 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         unaccounted_explained=(float(head["unaccounted_cross"] or 0.0) / total.sum_of_squares_ms2
                                if total and total.sum_of_squares_ms2 > 0 else None),
         cold_start=cold_start,
-        gpu=_gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
-                 results["gpu_metrics"][0] if results["gpu_metrics"] else {},
-                 counts.warm_forwards),
+        gpu=gpu,
         runs=runs, slowest=slowest,
         problems=_problems(head, odd, counts.runs, len(runs),
-                           signals=bool(results.get("signals") and results["signals"][0]["signals"])),
+                           signals=bool(results.get("signals") and results["signals"][0]["signals"]),
+                           memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0)),
+        signals=scopes(results, gpu.hw_id),
     )
 

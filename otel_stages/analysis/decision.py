@@ -20,7 +20,10 @@ fleet report and any later source call it with the same thresholds. Order of the
    (so of two large stages the one that swings more in step with the total comes first; by swing
    only where the source cannot know ``explains``). Untraced time as the suspect: no cause, and the
    evidence says the time lies outside the stage spans. No material stage although the total
-   swings: no cause, the swing is spread over several stages.
+   swings: no cause, the swing is spread over several stages. A second material stage explaining
+   :data:`CO_SUSPECT_MIN_RATIO` of what the suspect explains (or swinging that much of its swing)
+   is a co-suspect: the evidence says so and the advice covers both, each line headed by its
+   stage's name (``cause`` and ``stage`` stay the suspect's).
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
@@ -43,14 +46,15 @@ from otel_stages.analysis.caveats import (
     offset_line,
     partial_stage_lines,
     set_apart_lines,
+    untraced_advice,
     untraced_is_largest,
+    untraced_is_skew,
     untraced_share_line,
 )
 from otel_stages.analysis.figures import (
     SAME_INPUT,
     ColdFigures,
     Figures,
-    StageFigures,
     TotalFigures,
 )
 from otel_stages.analysis.noise import (
@@ -85,6 +89,13 @@ COLD_START_MIN_RATIO = 2.0
 COMPARABLE_MIN_REQUESTS = 5
 #: The input mix dominates when cohorts explain at least this part of the total's variance.
 INPUT_MIX_DOMINATES = 0.5
+#: A steady run's largest stage whose median is at least this part event-loop lag is mostly
+#: waiting for a loop held by other work: the place to cut latency is what holds the loop.
+LAG_DOMINATES_FRACTION = 0.5
+#: A second material stage is a co-suspect when it explains at least this part of what the
+#: suspect explains (its swing, where a source cannot know ``explains``): the ranking between two
+#: such stages is within what another run could reverse, so evidence and advice name both.
+CO_SUSPECT_MIN_RATIO = 0.8
 
 UNACCOUNTED = "unaccounted"  #: name of the untraced-time candidate in rankings
 
@@ -136,6 +147,14 @@ def rank(candidates: Sequence[_Candidate]) -> list[_Candidate]:
     return sorted(candidates, key=lambda c: (c.swing_ms, c.spike_ms or 0.0), reverse=True)
 
 
+def is_co_suspect(suspect: _Candidate, other: _Candidate) -> bool:
+    """Whether ``other`` (ranked after ``suspect``, both material) explains, or where either's
+    ``explains`` is unknown swings, at least :data:`CO_SUSPECT_MIN_RATIO` of ``suspect``'s."""
+    if suspect.explains is not None and other.explains is not None:
+        return suspect.explains > 0 and other.explains >= CO_SUSPECT_MIN_RATIO * suspect.explains
+    return suspect.swing_ms > 0 and other.swing_ms >= CO_SUSPECT_MIN_RATIO * suspect.swing_ms
+
+
 def decide(fig: Figures) -> Verdict:
     """Apply the rules (module docstring) to ``fig``. Never raises."""
     n = fig.warm_requests
@@ -175,7 +194,7 @@ def decide(fig: Figures) -> Verdict:
         if ranked and ranked[0].name == UNACCOUNTED:
             verdict = _untraced_verdict(fig, band)
         elif ranked:
-            verdict = _warm_verdict(fig, fig.stages[ranked[0].name], ranked[1:], band)
+            verdict = _warm_verdict(fig, ranked[0], ranked[1:], band)
         elif swings is None:
             verdict = _stable_verdict(fig, band)
         else:
@@ -188,11 +207,11 @@ def decide(fig: Figures) -> Verdict:
 # --- verdicts ------------------------------------------------------------------------------------
 
 
-def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candidate],
+def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
                   band: NoiseBand) -> Verdict:
     d = duration
-    evidence = fig.stage_evidence.get(suspect.name)
-    cause, mechanism = cause_for(suspect.name, fig.gpu, evidence.mechanisms if evidence else ())
+    suspect = fig.stages[first.name]
+    cause, advice, lines = _stage_cause(fig, suspect.name)
     ref = band.reference_ms
     if suspect.swing_ms >= SWING_MIN_FRACTION * ref or suspect.spike_ms is None:
         head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
@@ -204,43 +223,65 @@ def _warm_verdict(fig: Figures, suspect: StageFigures, others: Sequence[_Candida
                  f" ({total_text(fig)})")
     else:
         head += f" ({total_text(fig)})"
-    lines = [head, f"{suspect.name} is {pct(suspect.share)} of all request time"
-                   f" ({centre(suspect)})"]
+    head_lines = [head, f"{suspect.name} is {pct(suspect.share)} of all request time"
+                        f" ({centre(suspect)})"]
     if fig.total is not None:
-        lines.append(band_line(fig, band, True))
+        head_lines.append(band_line(fig, band, True))
     staged = [o for o in others if o.name != UNACCOUNTED]
-    if staged:
+    co_suspect = staged[0] if staged and is_co_suspect(first, staged[0]) else None
+    if co_suspect is not None:
+        nxt = co_suspect
+        also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
+        head_lines.append(
+            f"{nxt.name} swings about as much: {d(nxt.swing_ms)}{also} (at least"
+            f" {pct(CO_SUSPECT_MIN_RATIO)} of {suspect.name}'s); another run could rank them the"
+            f" other way, so the advice covers both")
+    elif staged:
         nxt = staged[0]
         also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
-        lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
+        head_lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
     else:
         rest = [s for s in fig.stages.values() if s.name != suspect.name]
         if rest:
             widest = max(rest, key=lambda s: s.swing_ms)
-            lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
-                         f" {d(widest.swing_ms)}")
+            head_lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
+                              f" {d(widest.swing_ms)}")
     material = {o.name for o in others}
     for s in fig.stages.values():
         if (s.name != suspect.name and s.name not in material and s.min_ms and s.max_ms is not None
                 and s.max_ms >= 2 * s.min_ms):
-            lines.append(f"{s.name} varies {s.max_ms / s.min_ms:.1f}x ({d(s.min_ms)} .. {d(s.max_ms)})"
-                         f" but only by {d(s.max_ms - s.min_ms)}: too small to explain the swing")
-    if suspect.name == semconv.STAGE_FORWARD:
+            head_lines.append(f"{s.name} varies {s.max_ms / s.min_ms:.1f}x ({d(s.min_ms)} .."
+                              f" {d(s.max_ms)}) but only by {d(s.max_ms - s.min_ms)}: too small to"
+                              " explain the swing")
+    lines = head_lines + lines
+    if co_suspect is not None:
+        _, co_advice, co_lines = _stage_cause(fig, co_suspect.name)
+        lines.extend(f"{co_suspect.name}: {line}" for line in co_lines)
+        advice = [f"{suspect.name}: {line}" for line in advice]
+        advice.extend(f"{co_suspect.name}: {line}" for line in co_advice)
+    return Verdict(cause, suspect.name, lines, advice)
+
+
+def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[str]]:
+    """Stage ``name``'s cause, advice and evidence lines (GPU, stage evidence, mechanism)."""
+    evidence = fig.stage_evidence.get(name)
+    cause, mechanism = cause_for(name, fig.gpu, evidence.mechanisms if evidence else ())
+    lines: list[str] = []
+    if name == semconv.STAGE_FORWARD:
         lines.append(fig.gpu.describe())
     if evidence is not None:
         lines.extend(evidence.lines)
     if mechanism is not None:
         lines.extend(mechanism.evidence)
-        advice = list(mechanism.advice)
-    else:
-        advice = advice_text.for_cause(
-            cause,
-            follows_size=evidence.follows_size if evidence else None,
-            one_size=evidence.one_size if evidence else False,
-            gpu_level=fig.gpu.level,
-            preprocess=evidence.preprocess if evidence else None,
-        )
-    return Verdict(cause, suspect.name, lines, advice)
+        return cause, list(mechanism.advice), lines
+    advice = advice_text.for_cause(
+        cause,
+        follows_size=evidence.follows_size if evidence else None,
+        one_size=evidence.one_size if evidence else False,
+        gpu_level=fig.gpu.level,
+        preprocess=evidence.preprocess if evidence else None,
+    )
+    return cause, advice, lines
 
 
 def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
@@ -254,6 +295,9 @@ def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         f" {pct(gap.share)} of all request time)",
         band_line(fig, band, True),
     ]
+    if untraced_is_skew(fig):
+        lines.append(untraced_share_line(fig))
+        return Verdict(None, None, lines, [advice_text.SYNC_CLOCKS])
     return Verdict(None, None, lines, [advice_text.UNTRACED])
 
 
@@ -281,9 +325,19 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         lines.append(f"no stage swings beyond the {band.describe()}")
     if untraced_is_largest(fig):
         lines.append(untraced_share_line(fig))
-        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced())
+        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_untraced(untraced_advice(fig)))
     lines.append(f"largest share: {largest.name} at {pct(largest.share)} of all request time"
                  f" ({centre(largest)})")
+    evidence = fig.stage_evidence.get(largest.name)
+    lag = evidence.lag_median_ms if evidence else None
+    if lag is not None and lag >= LAG_DOMINATES_FRACTION * largest.median_ms > 0:
+        holder = evidence.loop_holder if evidence else None
+        held = f", held most by {holder}" if holder and holder != largest.name else ""
+        lines.append(f"{largest.name} is mostly waiting for the event loop: median lag"
+                     f" {duration(lag)} of its median {duration(largest.median_ms)} (the loop was"
+                     f" busy with other work{held})")
+        return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable_loop(
+            holder if holder and holder != largest.name else None))
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
 
 
@@ -370,7 +424,7 @@ def _mix_line(fig: Figures) -> str | None:
 def _append_common(verdict: Verdict, fig: Figures) -> None:
     if verdict.cause not in (None, CAUSE_STABLE) and untraced_is_largest(fig):
         verdict.evidence.append(untraced_share_line(fig))
-        verdict.advice.append("also: " + advice_text.UNTRACED_SHARE)
+        verdict.advice.append("also: " + untraced_advice(fig))
     mix = _mix_line(fig)
     if mix is not None:
         if fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES:

@@ -111,7 +111,8 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True, table: SignalTable | None = None, verdict_only: bool = False,
+    cold_first: bool = True, detached_requests: int = 0, table: SignalTable | None = None,
+    verdict_only: bool = False,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
     is a subset of all warm requests' table: each request's spans are read once).
@@ -151,6 +152,7 @@ def _warm(
         failure_stages=where,
         set_apart=tuple(a.figures() for a in apart),
         per_request=True,
+        detached_requests=detached_requests,
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
@@ -255,12 +257,13 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
-                   cold_first=_cold_are_first(requests), table=table)
+                   cold_first=_cold_are_first(requests),
+                   detached_requests=min(grouping.detached_requests, len(requests)), table=table)
     verdict = decide(result.figures)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
-    if recording.spans and not requests and not incomplete:
+    if screened.spans and not requests and not incomplete:  # (all left out: said above)
         problems.append(
-            f"{len(recording.spans)} spans read but none is a stage span (expected spans named"
+            f"{len(screened.spans)} spans read but none is a stage span (expected spans named"
             " download/decode/resize/queue/forward, or children of a 'request' span)"
         )
     counts: dict[str, int] = defaultdict(int)

@@ -271,6 +271,8 @@ class StageEvidence:
     size (then "cap the input size" would contradict the evidence). ``mechanisms``: in order of
     precedence; the first confirmed one names the cause. ``preprocess``: decode / resize facts
     behind the concrete preprocessing advice (draft decoding, caching, pool, event loop).
+    ``lag_median_ms``: the stage's median event-loop lag (time it waited for a loop busy with other
+    work; ``None`` when none was recorded) and ``loop_holder`` the stage that held the loop most.
     """
 
     lines: tuple[str, ...] = ()
@@ -278,6 +280,8 @@ class StageEvidence:
     one_size: bool = False
     mechanisms: tuple[Mechanism, ...] = ()
     preprocess: PreprocessFacts | None = None
+    lag_median_ms: float | None = None
+    loop_holder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,8 @@ class Figures:
     ``exception.type`` -> failed requests) and ``failure_stages`` (where they stopped -> failed
     requests) name them. ``set_apart``: warm requests reported apart as cold. ``per_request``:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
+    ``detached_requests``: requests with a stage span wholly outside their request span (a clock
+    skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
     """
 
     warm_requests: int
@@ -312,6 +318,7 @@ class Figures:
     failure_stages: Mapping[str, int] = field(default_factory=dict)
     set_apart: Sequence[ApartFigures] = ()
     per_request: bool = False
+    detached_requests: int = 0
 
     @property
     def reference_ms(self) -> float:

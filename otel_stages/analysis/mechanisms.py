@@ -10,16 +10,19 @@ cgroup throttled time. The result feeds :class:`~otel_stages.analysis.figures.St
 the first confirmed one) and the report's ``signals`` section.
 
 A mechanism is confirmed when its part is known for at least :data:`MIN_SIGNAL_REQUESTS` warm
-requests and :data:`MIN_SIGNAL_COVERAGE` of those the stage ran in, and explains at least
+requests and :data:`MIN_SIGNAL_COVERAGE` of those the stage ran in, explains at least
 :data:`MECHANISM_MIN_EXPLAINS` of the stage's variance (it drives the swing more than everything
-else together), plus, per cause:
+else together), and its median in the slowest quarter of runs is above the faster half's (a few
+outlying runs do not make a mechanism), plus, per cause:
 
 1. ``gpu_memory_pressure`` (``forward`` only): :mod:`otel_stages.analysis.gpu_memory`.
 2. ``cpu_throttled``: throttled time explains the swing (the cgroup's CPU quota ran out while the
    slow runs were going on).
 3. ``gc_pause``: GC time explains the swing.
 4. ``event_loop_blocked``: event-loop lag explains the swing; the evidence names the stages that
-   held the loop (``otel_stages.event_loop.held_ms``).
+   held the loop (``otel_stages.event_loop.held_ms``). Also for the stage that held the loop itself
+   when its slow runs were blocked there, off the CPU (:func:`_blocking_call`: time.sleep or
+   synchronous I/O on the loop's thread).
 5. ``cpu_contention``: the *slowdown* ``wall / CPU time`` explains the swing: its share of the
    variance of ``log(stage ms)`` (``log wall = log cpu + log slowdown``, so the two shares add up to
    1) is at least :data:`MECHANISM_MIN_EXPLAINS`. A host short of CPU throughout slows every run
@@ -27,7 +30,10 @@ else together), plus, per cause:
    image size), not the contention. And the stage must be CPU work: its upper quartile of CPU/wall
    at least :data:`CPU_WORK_MIN_UTILIZATION`. A stage that spends most of even its best runs off
    the CPU (a download, a GPU forward that blocks on the device, a lock) waits for something thread
-   CPU time cannot tell from a core.
+   CPU time cannot tell from a core. The slow runs must have waited: their CPU/wall median at most
+   :data:`CONTENTION_MAX_UTILIZATION_RATIO` of the fast runs' (not a few outliers), and at least
+   :data:`CONTENTION_MIN_SLOW_UTILIZATION` (less is a thread blocked on a lock, I/O or a sleep,
+   not one waiting for a core).
 
 Throttling, GC pauses and a blocked loop all show as waiting too, hence the order. Evidence lines
 compare the slowest quarter of the stage's runs (``>= p75``) with the faster half (``<= median``).
@@ -78,6 +84,14 @@ CPU_WORK_MIN_UTILIZATION = 0.25
 #: Below this CPU/wall in its slowest quarter a stage waited most of its time: the evidence says
 #: how long its slow runs would take on a core of their own (a sentence, not a verdict).
 MOSTLY_WAITING_UTILIZATION = 0.5
+#: A thread that waits for a core still gets about (cores / runnable threads) of one: below this
+#: share of a core in its slow runs (10+ busy threads per core) the thread was blocked, on a lock,
+#: I/O or a sleep, not waiting for a core; thread CPU time cannot tell which.
+CONTENTION_MIN_SLOW_UTILIZATION = 0.1
+#: The slow runs must have been on the CPU for at most this part of the fast runs' share (CPU/wall
+#: medians): above it the slow runs computed about as steadily as the fast ones, and the slowdown
+#: that explains the variance comes from a few outliers, not from runs that waited.
+CONTENTION_MAX_UTILIZATION_RATIO = 0.75
 #: The percentile of CPU/wall that stands for a stage's best runs.
 BUSY_PERCENTILE = 75.0
 #: The slow runs are those at or above this percentile of the stage's ms; the fast ones at or
@@ -120,8 +134,9 @@ class StageSignals:
     ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group;
     ``busy_utilization`` its upper quartile over all runs. ``slowdown_explains``: the share of the
     variance of ``log(stage ms)`` that ``log(wall / CPU)`` accounts for (module docstring).
-    ``limit_cpus``: the cgroup CPU quota seen. ``held``: stage name -> ms of each of its spans
-    that held an event loop. ``mechanisms``: in order of precedence (module docstring).
+    ``limit_cpus``: the cgroup CPU quota seen. ``loop_holder``: the stage whose spans held the
+    event loop longest in all (``None`` when none did). ``mechanisms``: in order of precedence
+    (module docstring).
     ``lines``: sentences about the parts when no mechanism is confirmed.
     """
 
@@ -139,6 +154,7 @@ class StageSignals:
     busy_utilization: float | None = None
     slowdown_explains: float | None = None
     limit_cpus: float | None = None
+    loop_holder: str | None = None
     mechanisms: tuple[Mechanism, ...] = ()
     lines: tuple[str, ...] = ()
 
@@ -212,9 +228,13 @@ def _slowdown_explains(walls: Sequence[float], cpus: Sequence[float | None]) -> 
 
 
 def _drives(part: Part | None, requests: int) -> bool:
+    """The part explains the swing, and the typical slow run had more of it than the typical fast
+    one (else a few outliers carry the explained variance: one long GC pause in 30 runs)."""
     return (part is not None and part.requests >= MIN_SIGNAL_REQUESTS
             and part.requests >= MIN_SIGNAL_COVERAGE * requests
-            and part.explains is not None and part.explains >= MECHANISM_MIN_EXPLAINS)
+            and part.explains is not None and part.explains >= MECHANISM_MIN_EXPLAINS
+            and part.slow_median_ms is not None and part.fast_median_ms is not None
+            and part.slow_median_ms > part.fast_median_ms)
 
 
 def _split(name: str, part: Part, sig: StageSignals, what: str) -> str:
@@ -262,7 +282,24 @@ def _gc(sig: StageSignals) -> Mechanism | None:
     ))
 
 
-def _loop(sig: StageSignals, held: Mapping[str, list[float]]) -> Mechanism | None:
+@dataclass(frozen=True)
+class Held:
+    """The spans of one stage that held an event loop: ``count`` of them and the ``median_ms``,
+    ``max_ms`` and ``sum_ms`` of how long each held it (what the evidence names)."""
+
+    count: int
+    median_ms: float
+    max_ms: float
+    sum_ms: float
+
+
+def held_by_stage(held: Mapping[str, Sequence[float]]) -> dict[str, Held]:
+    """:func:`~otel_stages.analysis.stage_signals.holders`' ms lists -> :class:`Held` per stage
+    (stages with no value left out)."""
+    return {name: Held(len(v), statistics.median(v), max(v), sum(v)) for name, v in held.items() if v}
+
+
+def _loop(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
     part = sig.lag
     if part is None or part.max_ms <= 0:
         return None
@@ -272,12 +309,12 @@ def _loop(sig: StageSignals, held: Mapping[str, list[float]]) -> Mechanism | Non
     lines = [f"{line}: the event loop was busy with other work while {sig.stage} waited on it"]
     if held:
         parts = []
-        for name, values in sorted(held.items(), key=lambda kv: -sum(kv[1]))[:3]:
-            parts.append(f"{name} {len(values)} time{'s' if len(values) != 1 else ''}"
-                         f" (median {duration(statistics.median(values))}, max {duration(max(values))})")
+        for name, h in sorted(held.items(), key=lambda kv: -kv[1].sum_ms)[:3]:
+            parts.append(f"{name} {h.count} time{'s' if h.count != 1 else ''}"
+                         f" (median {duration(h.median_ms)}, max {duration(h.max_ms)})")
         lines.append("held the event loop (ran on its thread without letting it run anything"
                      " else): " + "; ".join(parts))
-        culprit = max(held, key=lambda k: sum(held[k]))
+        culprit = max(held, key=lambda k: held[k].sum_ms)
         move = f"move {culprit} off the event loop"
     else:
         lines.append("no stage span held the loop long enough to be named: the blocking work"
@@ -287,6 +324,41 @@ def _loop(sig: StageSignals, held: Mapping[str, list[float]]) -> Mechanism | Non
     return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, tuple(lines), (
         f"{move}: await asyncio.to_thread(...) or loop.run_in_executor(pool, ...) (a process pool"
         " for pure-Python work), so the loop only awaits",
+        "asyncio's debug mode (PYTHONASYNCIODEBUG=1) logs every callback that runs longer than"
+        " loop.slow_callback_duration, with the code that ran",
+    ))
+
+
+def _share(explains: float) -> str:
+    """``explains`` as a percentage; above 100 % with why (the slowdown's and the CPU work's
+    shares add up to 1, so the CPU work's is then negative: the slow runs computed less)."""
+    if explains <= 1.0:
+        return pct(explains)
+    return (f"{pct(explains)} (more than all of it: the slow runs did less CPU work than the fast"
+            f" ones, a CPU-work part of {pct(1.0 - explains)})")
+
+
+def _blocking_call(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
+    """``event_loop_blocked`` by the stage itself: its spans held the event loop at least
+    :data:`MIN_SIGNAL_REQUESTS` times, its waiting drives its swing (the slowdown explains
+    :data:`MECHANISM_MIN_EXPLAINS`) and its slow runs were off the CPU (below
+    :data:`CONTENTION_MIN_SLOW_UTILIZATION`): a blocking call on the loop's thread."""
+    own = held.get(sig.stage)
+    slow_util, slowdown = sig.slow_cpu_utilization, sig.slowdown_explains
+    if (own is None or own.count < MIN_SIGNAL_REQUESTS or slow_util is None or slowdown is None
+            or slowdown < MECHANISM_MIN_EXPLAINS or slow_util >= CONTENTION_MIN_SLOW_UTILIZATION):
+        return None
+    return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, (
+        f"{sig.stage} held the event loop {own.count} time{'s' if own.count != 1 else ''} (median"
+        f" {duration(own.median_ms)}, max {duration(own.max_ms)}) while its slow runs were on a"
+        f" core only {pct(slow_util)} of their time: a blocking call (time.sleep, synchronous I/O,"
+        f" a lock) ran on the loop's thread, and every other request on that loop waited with it;"
+        f" the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
+        f" log({sig.stage} ms)",
+    ), (
+        f"replace the blocking call in {sig.stage} with its asyncio form (await asyncio.sleep, an"
+        " async client, asyncio locks), or run it with await asyncio.to_thread(...), so the loop"
+        " keeps serving other requests while it waits",
         "asyncio's debug mode (PYTHONASYNCIODEBUG=1) logs every callback that runs longer than"
         " loop.slow_callback_duration, with the code that ran",
     ))
@@ -323,8 +395,22 @@ def _contention(sig: StageSignals) -> Mechanism | None:
             f" {pct(busy)} on a core, below {pct(CPU_WORK_MIN_UTILIZATION)}): {sig.stage} waits"
             " for I/O, a lock or a device, which thread CPU time cannot tell from waiting for a"
             " core",))
+    slow_util, fast_util = sig.slow_cpu_utilization, sig.fast_cpu_utilization
+    if slow_util is None or fast_util is None or slow_util > CONTENTION_MAX_UTILIZATION_RATIO * fast_util:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}; but the typical slow run was on the CPU nearly as much of its time as the"
+            f" fast ones (more than {pct(CONTENTION_MAX_UTILIZATION_RATIO)} of their share): the"
+            " slowdown that explains the variance comes from a few outlying runs, not from runs"
+            " that waited",))
+    if slow_util < CONTENTION_MIN_SLOW_UTILIZATION:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}; but the slow runs were on a core only {pct(slow_util)} of their time:"
+            f" waiting for a core would leave a thread more (below"
+            f" {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes 10+ busy threads per core), so the"
+            f" slow {sig.stage} runs were blocked: on a lock, I/O or a sleep (thread CPU time"
+            " cannot tell which)",))
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
-        f"{line}: the slowdown (wall / CPU time) explains {pct(slowdown)} of the variance of"
+        f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
         " core (or the GIL), not doing more work",
     ), (
@@ -359,7 +445,7 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     throttle = ThrottleSeries(metrics)
     if table is None:
         table = signal_table(warm, stages, throttle)
-    held = table.holders()
+    held = held_by_stage(table.holders())
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}
     for stage in stages:
@@ -367,16 +453,10 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
         if found_columns is None or not len(found_columns):
             continue
         sig = _figures(stage, found_columns, limit)
-        found = [
-            memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
-            if stage == semconv.STAGE_FORWARD else None,
-            _throttled(sig), _gc(sig), _loop(sig, held), _contention(sig),
-        ]
-        mechanisms = tuple(m for m in found if m is not None)
-        if not mechanisms and sig.cpu is None:
-            continue
-        sig = replace(sig, mechanisms=mechanisms)
-        out[stage] = replace(sig, lines=() if sig.confirmed else _summary(sig))
+        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
+                       if stage == semconv.STAGE_FORWARD else None)
+        if judged is not None:
+            out[stage] = judged
     return out
 
 
@@ -474,6 +554,23 @@ def _figures_from_lists(stage: str, walls: list[float], cpus: list[float | None]
     )
 
 
+def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None = None
+          ) -> StageSignals | None:
+    """The mechanism rules on one stage's signals: ``sig`` (its parts filled, no mechanisms yet)
+    with its mechanisms in order of precedence and its summary lines; ``held`` the stages that held
+    the event loop, ``memory`` the forward's ``gpu_memory_pressure`` mechanism (``None`` for other
+    stages or without memory data). ``None`` when nothing was recorded (no mechanism, no CPU time).
+    Every source's signals go through here: the file report's and ClickHouse's aggregates."""
+    found = [memory, _throttled(sig), _gc(sig), _loop(sig, held), _blocking_call(sig, held),
+             _contention(sig)]
+    mechanisms = tuple(m for m in found if m is not None)
+    if not mechanisms and sig.cpu is None:
+        return None
+    holder = max(held, key=lambda k: held[k].sum_ms) if held else None
+    sig = replace(sig, mechanisms=mechanisms, loop_holder=holder)
+    return replace(sig, lines=() if sig.confirmed else _summary(sig))
+
+
 def with_mechanisms(evidence: Mapping[str, StageEvidence],
                     signals: Mapping[str, StageSignals]) -> dict[str, StageEvidence]:
     """``evidence`` with each stage's mechanisms and signal sentences added."""
@@ -482,5 +579,7 @@ def with_mechanisms(evidence: Mapping[str, StageEvidence],
         base = out.get(stage, StageEvidence())
         also = [m for m in sig.mechanisms if m.confirmed][1:]
         extra = tuple(f"also {m.cause}: {m.evidence[0]}" for m in also if m.evidence)
-        out[stage] = replace(base, lines=(*base.lines, *sig.lines, *extra), mechanisms=sig.mechanisms)
+        lag = sig.lag.median_ms if sig.lag is not None and sig.lag.median_ms > 0 else None
+        out[stage] = replace(base, lines=(*base.lines, *sig.lines, *extra), mechanisms=sig.mechanisms,
+                             lag_median_ms=lag, loop_holder=sig.loop_holder if lag else None)
     return out

@@ -16,6 +16,7 @@ does not carry it. The report's evidence says which was chosen; ``--metric``, ``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,6 +169,48 @@ def _not_found(
     ]
 
 
+#: At most this many service names are listed when the asked-for service has no series.
+MAX_SERVICES_LISTED = 20
+
+
+def label_path(label: str) -> str:
+    """``label`` as the path segment of ``/api/v1/label/<name>/values``: as is when a legacy
+    name (``[a-zA-Z_][a-zA-Z0-9_]*``), else Prometheus 3's ``U__`` escaping (``service.name`` ->
+    ``U__service_2e_name``; source: prometheus/common ``model/metric.go`` ``EscapeName``,
+    ``ValueEncodingEscaping``)."""
+    if re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label):
+        return label
+    out = ["U__"]
+    for ch in label:
+        if ch == "_":
+            out.append("__")
+        elif ch.isascii() and (ch.isalnum()):
+            out.append(ch)
+        else:
+            out.append(f"_{ord(ch):x}_")
+    return "".join(out)
+
+
+def _services_present(root: str, naming: SpanMetricsNaming, start_s: int, end_s: int,
+                      timeout_s: float) -> list[str]:
+    """One evidence line naming the services that have ``naming``'s series in the window (the
+    ``--service`` asked for has none); nothing when Prometheus cannot say."""
+    url = f"{root}/api/v1/label/{label_path(naming.service_label)}/values"
+    params = {"match[]": metric_selector(naming.series("bucket")), "start": str(start_s),
+              "end": str(end_s)}
+    try:
+        with http_client(timeout_s) as client:
+            values = _strings(get_json(client, url, params), url)
+    except SourceError:
+        return []
+    if not values:
+        return []
+    shown = ", ".join(repr(v) for v in values[:MAX_SERVICES_LISTED])
+    more = f" and {len(values) - MAX_SERVICES_LISTED} more" if len(values) > MAX_SERVICES_LISTED else ""
+    return [f"services with {naming.series('bucket')} series in that window ({naming.service_label}):"
+            f" {shown}{more}"]
+
+
 def fetch_prometheus_report(
     base_url: str,
     *,
@@ -210,6 +253,9 @@ def fetch_prometheus_report(
         report.verdict.evidence.append(discovery.naming.describe())
     else:
         report.verdict.evidence.extend(_not_found(discovery, service, window_s, overrides.metric))
+        if discovery.found and service:
+            report.verdict.evidence.extend(_services_present(root, discovery.naming, end_s - window_s,
+                                                             end_s, timeout_s))
     report.verdict.evidence.extend(discovery.notes)
     return report
 

@@ -135,6 +135,8 @@ class Grouping:
     requests: list[Request]
     incomplete: list[Incomplete] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: requests with a stage span wholly outside their request span (clock skew between hosts)
+    detached_requests: int = 0
 
 
 def process_key(resource: dict[str, AttributeValue]) -> str:
@@ -212,6 +214,7 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
     out.requests = _mark_cold(out.requests)
     out.problems.extend(_incomplete_problems(out.incomplete))
     out.problems.extend(issues.problems())
+    out.detached_requests = issues.detached_requests
     return out
 
 

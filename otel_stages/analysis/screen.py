@@ -16,6 +16,7 @@ then counted as incomplete rather than as a request (see :mod:`otel_stages.analy
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -66,9 +67,34 @@ def _reason(span: Span) -> str | None:
     return None
 
 
+#: Unit mistakes recognised in an early start: (factor to ns, unit). A start that, times the
+#: factor, falls between :data:`EARLIEST_START_NS` and a year from now was written in that unit
+#: where OTLP wants nanoseconds.
+#: (Not seconds: a duration in ns written as a timestamp has the same magnitude.)
+_UNIT_MISTAKES = ((10**3, "microseconds"), (10**6, "milliseconds"))
+_YEAR_NS = 366 * 86_400 * 10**9
+
+
+def unit_mistake(start_ns: int, now_ns: int | None = None) -> tuple[int, str] | None:
+    """``(factor, unit)`` when ``start_ns`` (a span start before 2000) reads as a time between
+    2000 and a year from ``now_ns`` (default: the wall clock) once multiplied by ``factor``, i.e.
+    it was most likely written in ``unit`` (``"microseconds"``, ``"milliseconds"``); ``None``
+    otherwise."""
+    latest = (time.time_ns() if now_ns is None else now_ns) + _YEAR_NS
+    for factor, unit in _UNIT_MISTAKES:
+        if EARLIEST_START_NS <= start_ns * factor <= latest:
+            return factor, unit
+    return None
+
+
 def _example(span: Span, reason: str) -> str:
     where = f"'{span.name}' in trace {span.trace_id}"
     if reason == REASON_EARLY:
+        mistake = unit_mistake(span.start_ns)
+        if mistake is not None:
+            factor, unit = mistake
+            return (f"{where} starts at {_utc(span.start_ns)}, or at"
+                    f" {_utc(span.start_ns * factor).split(' = ')[-1]} read as {unit}")
         return f"{where} starts at {_utc(span.start_ns)}"
     if reason == REASON_BACKWARDS:
         return f"{where} ends {(span.start_ns - span.end_ns) / 1e6:.3f} ms before its start"
@@ -97,7 +123,8 @@ def screen_spans(spans: Iterable[Span]) -> Screened:
             tally.example = _example(span, reason)
     problems = [
         f"{t.count} span{'s' if t.count != 1 else ''} left out: {reason} (e.g. {t.example});"
-        " an unset clock or a duration written as a timestamp"
+        + (" the producer likely wrote another unit where OTLP wants nanoseconds"
+           if " read as " in t.example else " an unset clock or a duration written as a timestamp")
         if reason == REASON_EARLY
         else f"{t.count} span{'s' if t.count != 1 else ''} left out: {reason} (e.g. {t.example})"
         for reason, t in tallies.items()

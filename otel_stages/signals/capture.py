@@ -12,15 +12,18 @@ clock when that is all there is to report, and leaves :func:`cpu_fields` to the 
 ``start_ns`` / ``end_ns`` are the span's own times (span clock).
 
 What it costs when nothing happens: a ``time.thread_time_ns()`` at each end (a system call:
-CLOCK_THREAD_CPUTIME_ID has no vDSO fast path), a C call that returns the thread's running
-asyncio loop (``None`` off a loop), one integer compare for GC, and one ``set_attributes`` with
-two values. GC collections (:mod:`~otel_stages.signals.gcwatch`) and loop lag
-(:mod:`~otel_stages.signals.loop`) add work only to stages during which they happened.
+CLOCK_THREAD_CPUTIME_ID has no vDSO fast path), a C call that returns the thread's running asyncio
+loop (``None`` off a loop), one integer compare for GC, and two ``set_attribute`` calls (one per
+value: the SDK's ``set_attributes`` re-validates its mapping and costs more). GC collections
+(:mod:`~otel_stages.signals.gcwatch`) and loop lag (:mod:`~otel_stages.signals.loop`) add work only
+to stages during which they happened.
 ``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``).
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
-then the two readings are of different clocks); ``otel_stages.gc.pause_ms`` and
+then the two readings are of different clocks; and on an event loop whose monitor ticked during
+the stage: it awaited, and the thread's CPU time then includes other tasks' work);
+``otel_stages.gc.pause_ms`` and
 ``otel_stages.gc.collections`` when collections ran (one whose stop callback has not run when the
 stage ends counts up to the stage's end if it has collected already, else not at all), with one
 ``cpython.gc.pause`` event per collection of at least :data:`GC_EVENT_MIN_MS` (at most
@@ -36,6 +39,7 @@ from time import thread_time_ns
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages._runtime import RUNTIME
 from otel_stages.signals.gcwatch import GC_LOG, finished
 from otel_stages.signals.loop import HOLD_MIN_NS, LoopMonitor, monitor_for
 
@@ -77,7 +81,8 @@ def on_start() -> State | None:
     if loop is None:
         return (GC_LOG.seq, None, 0, 0, thread_time_ns())
     monitor = monitor_for(loop)
-    return (GC_LOG.seq, monitor, monitor.ticks, monitor.lag_ns, thread_time_ns())
+    return (GC_LOG.seq, monitor, monitor.ticks, monitor.lag_base_ns(RUNTIME.clock.now_ns()),
+            thread_time_ns())
 
 
 def finish_fields(state: State | None, start_ns: int,
@@ -89,15 +94,18 @@ def finish_fields(state: State | None, start_ns: int,
     cpu_ns = thread_time_ns() - state[4]
     wall_ns = end_ns - start_ns
     attributes: dict[str, Any] = {}
-    if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS:
+    monitor = state[1]
+    # On an event loop that ran its timer meanwhile the stage awaited, and the loop's thread ran
+    # other tasks' work too: its CPU time is not the stage's own, so it is left out.
+    shared = monitor is not None and monitor.ticks != state[2]
+    if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS and not shared:
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
     events: list[Event] = []  # (cpu_fields must stay what this gives when only the CPU counts)
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
-    monitor = state[1]
     if monitor is not None:
-        lag_ns = monitor.lag_ns - state[3]
+        lag_ns = min(monitor.lag_ns - state[3], wall_ns)  # lag inside the stage's own window
         if lag_ns > 0:
             attributes[semconv.EVENT_LOOP_LAG_MS] = lag_ns / 1e6
         if monitor.ticks == state[2] and wall_ns >= HOLD_MIN_NS:
@@ -157,6 +165,8 @@ def on_finish(span: Any, state: State | None, start_ns: int, end_ns: int) -> Non
     if fields is None:
         return
     attributes, events = fields
-    span.set_attributes(attributes)
+    set_attribute = span.set_attribute  # per key: the SDK's set_attributes(mapping) costs more
+    for key, value in attributes.items():  # than the calls it saves (it re-validates the mapping)
+        set_attribute(key, value)
     for name, event_attributes, time_ns in events:
         span.add_event(name, event_attributes, timestamp=time_ns)

@@ -56,6 +56,12 @@ class LoopMonitor:
         self._due_ns = RUNTIME.clock.now_ns() + INTERVAL_NS
         loop.call_later(INTERVAL_S, self._tick)
 
+    def lag_base_ns(self, now_ns: int) -> int:
+        """:attr:`lag_ns` as a stage starting at ``now_ns`` (span clock) should count from: plus
+        the lateness the pending tick has already built up, which the loop owed before the stage
+        began (without it a stage that starts behind a blocked loop is charged for the block)."""
+        return self.lag_ns + max(0, now_ns - self._due_ns)
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The monitored loop (``None`` once it is gone)."""

@@ -1,0 +1,437 @@
+"""The mechanism signals in ClickHouse: per-stage amounts of thread CPU time, waiting, GC pauses
+and event-loop lag, the stages that held the loop, and GPU memory around the forwards. Pure:
+builds SQL (``(statement, params)`` / ``(name, SQL, params)``) and reads the answers into the
+inputs of the one rule set, :func:`otel_stages.analysis.mechanisms.judge` and
+:func:`otel_stages.analysis.gpu_memory.memory_mechanism` (no threshold or rule here).
+
+What is read, and how narrowly (a fleet has millions of spans):
+
+- **signal spans** (:data:`SIGNAL_SPANS_TABLE`): only spans whose attribute map carries
+  ``thread.cpu_time_ms``, ``otel_stages.gc.pause_ms``, ``otel_stages.event_loop.lag_ms`` or
+  ``otel_stages.event_loop.held_ms`` (the exporter's bloom-filter index on the map keys skips the
+  rest) or ``cpython.gc.pause`` events; per (trace, parent span, name), the sums of each signal and
+  how many spans carried it, with the rules of :mod:`otel_stages.analysis.stage_signals` per span
+  (GC time from the attribute, else from the overlap of GC events with the span, else 0 on a span
+  with CPU time; lag likewise 0 on a span with CPU time). Read only when
+  :func:`otel_stages.analysis.clickhouse_queries.signals_sql` finds such a span.
+- **samples** (:data:`SAMPLES_TABLE`): one row per warm request and stage (the stage's ms as in
+  the statistics), the signal known only when *every* span of the stage in the request carried it
+  (the request's ``stage_counts``). Stage spans are matched to their request by parent span id:
+  spans inside a custom group span count as not recorded (the file report reads them).
+- **per-stage aggregates** (:func:`stage_signals_sql`): over the whole window and within each of
+  the largest cohorts, exactly the figures :class:`~otel_stages.analysis.mechanisms.Part` and
+  :class:`~otel_stages.analysis.mechanisms.StageSignals` hold: counts, medians over all runs, the
+  slowest quarter (``>= p75`` of the stage) and the faster half (``<= median``),
+  ``cov(part, stage) / var(stage)``, the CPU/wall medians and upper quartile, and the slowdown's
+  share of the variance of ``log(stage ms)``; the percentile levels come from
+  :mod:`otel_stages.analysis.mechanisms`.
+- **held** (:func:`held_sql`): per stage name, how many warm request spans held an event loop and
+  the median, max and sum of how long.
+- **GPU memory**: ``hw.gpu.memory.usage`` points of the processes with warm requests in the
+  window (:data:`MEMORY_SAMPLES_TABLE`), lined up with each warm forward window by the bucketed
+  join of the utilization (:mod:`otel_stages.analysis.clickhouse_sql`), per process; per GPU
+  (``hw.id``) the point and limit counts and the points inside forwards (:func:`memory_gpus_sql`);
+  per scope the forward windows' count, p75 and median (:func:`memory_windows_sql`); and one row
+  per covered forward of the chosen GPUs (peak and lowest bytes, points), at most
+  :data:`MAX_MEMORY_FORWARDS` rows: the memory rule compares per-forward shares, so it needs the
+  forwards, not a sum. Above that a deterministic sample (by hash) is returned and the report
+  says so. Peak and range are taken over the chosen GPU's largest ``hw.gpu.memory.limit``.
+
+Not read: cgroup throttling. The exporter writes the cumulative
+``container.cpu.throttling_data.throttled_time`` to its ``otel_metrics_sum`` table, which
+``otel-stages import`` does not fill and the report does not query; ``cpu_throttled`` needs the
+file report (the report's problems say so when spans carry signals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_stages import semconv
+from otel_stages.analysis.clickhouse_sql import (
+    DD_RELATIVE_ACCURACY,
+    GPU_BUCKET_NS,
+    PROCESS_TABLE,
+    WINDOW_SLACK_NS,
+    AggregateQuery,
+    query_params,
+    requests,
+    span_filter,
+)
+from otel_stages.analysis.gpu_memory import SLOW_PERCENTILE as MEMORY_SLOW_PERCENTILE
+from otel_stages.analysis.gpu_memory import ForwardMemory, MemoryEvidence
+from otel_stages.analysis.mechanisms import (
+    _MIN_CPU_MS,
+    BUSY_PERCENTILE,
+    SLOW_PERCENTILE,
+    Held,
+    Part,
+    StageSignals,
+)
+
+SIGNAL_SPANS_TABLE = "otel_stages_signal_spans"
+SAMPLES_TABLE = "otel_stages_signal_samples"
+MEMORY_SAMPLES_TABLE = "otel_stages_memory_samples"
+MEMORY_PAIRS_TABLE = "otel_stages_memory_pairs"
+#: Temporary tables this module creates (dropped after a report).
+TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE)
+#: At most this many covered forwards come back for the GPU memory rule (a sample above).
+MAX_MEMORY_FORWARDS = 20_000
+#: Cohort columns of the per-request table (the scope of a cohort's signals).
+COHORT = "width, height, fmt"
+
+R = requests()
+_SIGNAL_KEYS = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS,
+                semconv.EVENT_LOOP_HELD_MS)
+#: The parts of a stage read per sample (columns of SAMPLES_TABLE, plus ``wait``).
+PARTS = ("cpu", "wait", "gc", "lag")
+
+
+def _q(level: float, expr: str, cond: str, method: str) -> str:
+    if method == "exact":
+        return f"quantileExactInclusiveIf({level!r})({expr}, {cond})"
+    return f"quantileDDIf({DD_RELATIVE_ACCURACY}, {level!r})({expr}, {cond})"
+
+
+def _num(key: str) -> str:
+    return f"toFloat64OrNull(SpanAttributes['{key}'])"
+
+
+def signal_spans_statement(traces: str, query: AggregateQuery) -> str:
+    """Fill :data:`SIGNAL_SPANS_TABLE` (module docstring): per (``trace_key``, ``pid``, ``name``)
+    ``n`` spans, ``n_cpu`` / ``cpu``, ``n_gc`` / ``gc``, ``n_lag`` / ``lag`` (how many carried
+    the signal, and its sum in ms) and ``held`` (ms of each span that held an event loop)."""
+    has = " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in _SIGNAL_KEYS)
+    gc_event = f"'{semconv.EVENT_GC_PAUSE}'"
+    dur = f"toFloat64OrNull(a['{semconv.GC_DURATION_MS}'])"
+    start = "toInt64(toUnixTimestamp64Nano(Timestamp))"
+    t = "toInt64(toUnixTimestamp64Nano(t))"
+    # stage_signals._gc_from_events: overlap of each GC event (time .. time + duration) with the span
+    from_events = (f"arraySum((t, n, a) -> if(n = {gc_event} AND isNotNull({dur}),"
+                   f" greatest(toInt64(0), least({t} + toInt64(assumeNotNull({dur}) * 1e6), s_end)"
+                   f" - greatest({t}, s_start)), 0), Events.Timestamp, Events.Name, Events.Attributes)"
+                   " / 1e6")
+    return f"""CREATE TEMPORARY TABLE {SIGNAL_SPANS_TABLE} ENGINE = Memory AS
+SELECT trace_key, pid, name, count() AS n,
+    count(c) AS n_cpu, sum(ifNull(c, 0)) AS cpu, count(g) AS n_gc, sum(ifNull(g, 0)) AS gc,
+    count(l) AS n_lag, sum(ifNull(l, 0)) AS lag, groupArrayIf(h, h > 0) AS held
+FROM (
+    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
+        reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS name,
+        {start} AS s_start, s_start + toInt64(Duration) AS s_end,
+        {_num(semconv.THREAD_CPU_TIME_MS)} AS c,
+        coalesce({_num(semconv.GC_PAUSE_MS)}, if(has(Events.Name, {gc_event}), {from_events}, NULL),
+                 if(c IS NULL, NULL, 0.)) AS g,
+        coalesce({_num(semconv.EVENT_LOOP_LAG_MS)}, if(c IS NULL, NULL, 0.)) AS l,
+        ifNull({_num(semconv.EVENT_LOOP_HELD_MS)}, 0.) AS h
+    FROM {traces}
+    WHERE ({has} OR has(Events.Name, {gc_event})) AND {span_filter(query, odd=False)}
+    LIMIT 1 BY trace_key, sid
+)
+GROUP BY trace_key, pid, name"""
+
+
+def samples_statement(with_spans: bool) -> str:
+    """Fill :data:`SAMPLES_TABLE`: one row per warm request and stage (its cohort, ``stage``,
+    ``wall`` ms, ``cpu`` / ``gc`` / ``lag`` ms or NULL when not every span of the stage carried
+    it). Without signal spans only ``forward`` rows (the GPU memory rule's stage), signals NULL."""
+    inner = f"""SELECT trace_key, span_key, {COHORT}, stage, ms AS wall, cnt
+    FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms, stage_counts AS cnt
+    WHERE warm"""
+    if not with_spans:
+        null = "CAST(NULL AS Nullable(Float64))"
+        return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
+SELECT {COHORT}, stage, wall, {null} AS cpu, {null} AS gc, {null} AS lag
+FROM ({inner}) WHERE stage = '{semconv.STAGE_FORWARD}'"""
+    known = ", ".join(f"if(s.n_{p} = q.cnt, s.{p}, NULL) AS {p}" for p in ("cpu", "gc", "lag"))
+    return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
+SELECT q.width AS width, q.height AS height, q.fmt AS fmt, q.stage AS stage, q.wall AS wall, {known}
+FROM ({inner}) AS q
+LEFT JOIN {SIGNAL_SPANS_TABLE} AS s ON q.trace_key = s.trace_key AND q.span_key = s.pid AND q.stage = s.name
+SETTINGS join_use_nulls = 1"""
+
+
+def _part_items(p: str, method: str) -> str:
+    k = f"{p} IS NOT NULL"
+    slow, fast = "wall >= th_slow", "wall <= th_fast"
+    return (f"count({p}) AS {p}_n, {_q(0.5, p, k, method)} AS {p}_median,"
+            f" countIf({k} AND {slow}) AS {p}_slow_n, {_q(0.5, p, f'{k} AND {slow}', method)} AS {p}_slow,"
+            f" countIf({k} AND {fast}) AS {p}_fast_n, {_q(0.5, p, f'{k} AND {fast}', method)} AS {p}_fast,"
+            f" minIf(wall, {k}) AS {p}_wmin, maxIf(wall, {k}) AS {p}_wmax,"
+            f" covarSampStableIf(assumeNotNull({p}), wall, {k}) AS {p}_cov,"
+            f" varSampStableIf(wall, {k}) AS {p}_var, maxIf(assumeNotNull({p}), {k}) AS {p}_max")
+
+
+def stage_signals_sql(method: str, by: str = "") -> str:
+    """Per stage (per ``by`` group too, e.g. :data:`COHORT`, then within the largest
+    ``{top_cohorts:UInt32}`` cohorts only) over :data:`SAMPLES_TABLE`: ``n``, ``slow_min`` /
+    ``fast_max``, for each of :data:`PARTS` its count, medians (all, slow, fast), the walls'
+    range, ``cov(part, wall)`` and ``var(wall)`` over the rows where it is known, and its max;
+    CPU/wall medians (slow, fast) and upper quartile (``busy``); the slowdown's ``cov`` and
+    ``var`` of ``log(wall)`` over runs with CPU time above the rule's floor."""
+    keys = f"{by}, " if by else ""
+    where = ""
+    if by:
+        where = (f"WHERE ({by}) IN (SELECT {by} FROM {R} WHERE warm AND width IS NOT NULL"
+                 f" AND height IS NOT NULL GROUP BY {by} ORDER BY count() DESC, {by}"
+                 " LIMIT {top_cohorts:UInt32})")
+    u = "util IS NOT NULL"
+    sd = "sd"
+    return f"""SELECT {keys}stage, count() AS n, any(th_slow) AS slow_min, any(th_fast) AS fast_max,
+    {", ".join(_part_items(p, method) for p in PARTS)},
+    countIf({u} AND wall >= th_slow) AS util_slow_n,
+    {_q(0.5, "util", f"{u} AND wall >= th_slow", method)} AS util_slow,
+    countIf({u} AND wall <= th_fast) AS util_fast_n,
+    {_q(0.5, "util", f"{u} AND wall <= th_fast", method)} AS util_fast,
+    count(util) AS util_n, {_q(BUSY_PERCENTILE / 100, "util", u, method)} AS busy,
+    countIf({sd}) AS sd_n, minIf(lw, {sd}) AS sd_min, maxIf(lw, {sd}) AS sd_max,
+    covarSampStableIf(lx, lw, {sd}) AS sd_cov, varSampStableIf(lw, {sd}) AS sd_var
+FROM (
+    SELECT *, if(cpu IS NULL, NULL, greatest(0., wall - cpu)) AS wait,
+        if(cpu IS NULL OR wall <= 0, NULL, least(1., cpu / wall)) AS util,
+        ifNull(cpu > {_MIN_CPU_MS!r} AND wall >= cpu, 0) AS sd,
+        log(wall) AS lw, if({sd}, log(wall / assumeNotNull(cpu)), 0.) AS lx
+    FROM {SAMPLES_TABLE} {where}
+) AS x
+INNER JOIN (
+    SELECT {keys}stage, {_q(SLOW_PERCENTILE / 100, "wall", "1", method)} AS th_slow,
+        {_q(0.5, "wall", "1", method)} AS th_fast
+    FROM {SAMPLES_TABLE} {where} GROUP BY {keys}stage
+) AS th USING ({keys}stage)
+GROUP BY {keys}stage ORDER BY {keys}stage"""
+
+
+def held_sql(method: str, by: str = "") -> str:
+    """Per span name (per ``by`` group too): warm-request spans that held an event loop, ``n``,
+    and the ``median_ms`` / ``max_ms`` / ``sum_ms`` of how long."""
+    keys = f"{by}, " if by else ""
+    return f"""SELECT {keys}name, count() AS n, {_q(0.5, "h", "1", method)} AS median_ms,
+    max(h) AS max_ms, sum(h) AS sum_ms
+FROM (
+    SELECT {"".join(f"q.{k.strip()} AS {k.strip()}, " for k in by.split(",")) if by else ""}s.name AS name,
+        arrayJoin(s.held) AS h
+    FROM (SELECT trace_key, span_key, {COHORT} FROM {R} WHERE warm) AS q
+    INNER JOIN {SIGNAL_SPANS_TABLE} AS s ON q.trace_key = s.trace_key AND q.span_key = s.pid
+    WHERE notEmpty(s.held)
+)
+GROUP BY {keys}name ORDER BY {keys}name"""
+
+
+def memory_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
+    ``hw.gpu.memory.limit`` points of the processes with requests, in the window (by process and
+    time, as the utilization), and one row per (warm forward window of a cohort, GPU) with the
+    points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm requests with that window)."""
+    time_filter = []
+    if query.start_ns is not None:
+        time_filter.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
+    if query.end_ns is not None:
+        time_filter.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
+    if query.service:
+        time_filter.append("ServiceName = {service:String}")
+    names = f"('{semconv.HW_GPU_MEMORY_USAGE}', '{semconv.HW_GPU_MEMORY_LIMIT}')"
+    where = " AND ".join([f"MetricName IN {names}", "isFinite(Value)", *time_filter])
+    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
+    samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
+SELECT proc_key, hw, t, v, is_limit FROM (
+    SELECT cityHash64(CAST(ServiceName AS String), {inst}) AS proc_key,
+        Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v,
+        MetricName = '{semconv.HW_GPU_MEMORY_LIMIT}' AS is_limit
+    FROM {gauge} WHERE {where}
+) WHERE proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})"""
+    pairs = f"""CREATE TEMPORARY TABLE {MEMORY_PAIRS_TABLE} ENGINE = Log AS
+SELECT wb.proc_key AS proc_key, wb.width AS width, wb.height AS height, wb.fmt AS fmt,
+    wb.s AS s, wb.e AS e, any(wb.mult) AS mult, sm.hw AS hw, max(sm.v) AS vmax, min(sm.v) AS vmin,
+    count() AS n
+FROM (
+    SELECT proc_key, width, height, fmt, s, e, mult,
+        arrayJoin(range(toUInt64(intDiv(s, {GPU_BUCKET_NS})), toUInt64(intDiv(e, {GPU_BUCKET_NS})) + 1)) AS b
+    FROM (
+        SELECT proc_key, width, height, fmt, w.1 AS s, w.2 AS e, count() AS mult
+        FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
+        WHERE warm GROUP BY proc_key, width, height, fmt, s, e
+    )
+) AS wb
+INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {MEMORY_SAMPLES_TABLE}
+            WHERE NOT is_limit) AS sm
+    ON sm.proc_key = wb.proc_key AND sm.b = wb.b
+WHERE sm.t >= wb.s AND sm.t <= wb.e
+GROUP BY proc_key, width, height, fmt, s, e, hw"""
+    params = query_params(query)
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_PAIRS_TABLE}", {}),
+            (f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_SAMPLES_TABLE}", {}),
+            (samples, params), (pairs, {})]
+
+
+def memory_gpus_sql() -> str:
+    """Per GPU (``hw``): memory points (``n_usage``), limit points and the largest limit
+    (``n_limit``, ``limit_bytes``), and points inside warm forwards counted once per window and
+    request (``inside``: how the file report picks a GPU without the utilization's)."""
+    return f"""SELECT a.hw AS hw, a.n_usage AS n_usage, a.n_limit AS n_limit, a.limit_bytes AS limit_bytes,
+    ifNull(p.inside, 0) AS inside
+FROM (SELECT hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
+             maxIf(v, is_limit) AS limit_bytes FROM {MEMORY_SAMPLES_TABLE} GROUP BY hw) AS a
+LEFT JOIN (SELECT hw, sum(n * mult) AS inside FROM {MEMORY_PAIRS_TABLE} GROUP BY hw) AS p ON a.hw = p.hw
+ORDER BY hw
+SETTINGS join_use_nulls = 1"""
+
+
+def memory_windows_sql(method: str, by: str = "") -> str:
+    """Warm forward windows (per ``by`` group too): ``n``, and the slow / fast bounds of the
+    memory rule over their ms (``slow_min``: its percentile, ``fast_max``: the median)."""
+    keys = f"{by}, " if by else ""
+    group = f"GROUP BY {by} ORDER BY {by}" if by else ""
+    return f"""SELECT {keys}count() AS n,
+    {_q(MEMORY_SLOW_PERCENTILE / 100, "d", "1", method)} AS slow_min, {_q(0.5, "d", "1", method)} AS fast_max
+FROM {R} ARRAY JOIN arrayMap((s, e) -> (e - s) / 1e6, fwd_start, fwd_end) AS d
+WHERE warm {group}"""
+
+
+def memory_forwards_sql() -> str:
+    """Covered warm forwards of the GPU ``{hw:String}``: cohort, ``hw``, ``ms``,
+    ``vmax`` / ``vmin`` bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a
+    deterministic sample by hash above), and ``total`` rows in all."""
+    return f"""SELECT {COHORT}, hw, (e - s) / 1e6 AS ms, vmax, vmin, n, mult,
+    count() OVER () AS total
+FROM {MEMORY_PAIRS_TABLE} WHERE hw = {{hw:String}}
+ORDER BY cityHash64(proc_key, s, e, hw) LIMIT {{cap:UInt64}}"""
+
+
+# --- answers -> the rules' input ---------------------------------------------------------------
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def part(row: Mapping[str, Any], p: str) -> Part | None:
+    """One :class:`~otel_stages.analysis.mechanisms.Part` from a :func:`stage_signals_sql` row
+    (``None`` when the signal is known for no run)."""
+    n = int(row[f"{p}_n"] or 0)
+    if not n:
+        return None
+    varies = row[f"{p}_wmin"] != row[f"{p}_wmax"]
+    explains = float(row[f"{p}_cov"]) / float(row[f"{p}_var"]) if varies else None
+    return Part(n, float(row[f"{p}_median"]),
+                _f(row[f"{p}_slow"]) if int(row[f"{p}_slow_n"] or 0) else None,
+                _f(row[f"{p}_fast"]) if int(row[f"{p}_fast_n"] or 0) else None,
+                explains, float(row[f"{p}_max"]))
+
+
+def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None) -> StageSignals:
+    """One stage's :class:`~otel_stages.analysis.mechanisms.StageSignals` (parts only; the rules
+    add the mechanisms) from a :func:`stage_signals_sql` row."""
+    sd_n = int(row["sd_n"] or 0)
+    slowdown = (float(row["sd_cov"]) / float(row["sd_var"])
+                if sd_n >= 2 and row["sd_min"] != row["sd_max"] else None)
+    return StageSignals(
+        str(row["stage"]), int(row["n"]), float(row["slow_min"]), float(row["fast_max"]),
+        cpu=part(row, "cpu"), wait=part(row, "wait"), gc=part(row, "gc"), lag=part(row, "lag"),
+        slow_cpu_utilization=_f(row["util_slow"]) if int(row["util_slow_n"] or 0) else None,
+        fast_cpu_utilization=_f(row["util_fast"]) if int(row["util_fast_n"] or 0) else None,
+        busy_utilization=_f(row["busy"]) if int(row["util_n"] or 0) else None,
+        slowdown_explains=slowdown, limit_cpus=limit_cpus,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryGpu:
+    """A GPU's memory series (``hw``): points, limit points, the largest limit (bytes), and
+    points inside warm forwards."""
+
+    hw: str
+    usage_points: int
+    limit_points: int
+    limit_bytes: float
+    inside: int
+
+
+@dataclass(frozen=True)
+class ScopeSignals:
+    """The signals of one scope: all warm requests (``width`` / ``height`` / ``format`` all
+    ``None``) or one cohort. ``stages``: parts per stage (no mechanisms yet); ``held``: per
+    stage, spans that held the event loop; ``memory``: the GPU memory evidence for its forwards
+    (``None`` without memory and limit points)."""
+
+    width: int | None
+    height: int | None
+    format: str | None
+    stages: dict[str, StageSignals] = field(default_factory=dict)
+    held: dict[str, Held] = field(default_factory=dict)
+    memory: MemoryEvidence | None = None
+
+
+def choose_gpu(gpus: Sequence[MemoryGpu], hw_id: str | None) -> MemoryGpu | None:
+    """The GPU whose memory the rule reads (as :func:`otel_stages.analysis.gpu_memory.memory_evidence`
+    picks it): the utilization's ``hw_id`` when it has memory and limit points, else the one with
+    most points inside forwards; ``None`` without a GPU that has both."""
+    candidates = [g for g in gpus if g.usage_points and g.limit_points]
+    if not candidates:
+        return None
+    same = [g for g in candidates if g.hw == hw_id]
+    return same[0] if same else max(candidates, key=lambda g: g.inside)
+
+
+def memory_evidence(gpu: MemoryGpu | None, windows: Mapping[str, Any] | None,
+                    forwards: Sequence[Mapping[str, Any]]) -> MemoryEvidence | None:
+    """:class:`~otel_stages.analysis.gpu_memory.MemoryEvidence` for one scope: its forward
+    windows' row (:func:`memory_windows_sql`) and its covered forward rows of ``gpu``
+    (:func:`memory_forwards_sql`, each repeated ``mult`` times)."""
+    if gpu is None or windows is None or not int(windows["n"] or 0) or gpu.limit_bytes <= 0:
+        return None
+    limit = gpu.limit_bytes
+    covered = tuple(
+        ForwardMemory(float(r["ms"]), float(r["vmax"]) / limit,
+                      (float(r["vmax"]) - float(r["vmin"])) / limit, int(r["n"]))
+        for r in forwards if r["hw"] == gpu.hw for _ in range(int(r["mult"])))
+    return MemoryEvidence(covered, int(windows["n"]), limit, gpu.hw or None,
+                          float(windows["slow_min"]), float(windows["fast_max"]))
+
+
+def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:
+    """:func:`held_sql` rows (of one scope) -> :class:`~otel_stages.analysis.mechanisms.Held`."""
+    return {str(r["name"]): Held(int(r["n"]), float(r["median_ms"]), float(r["max_ms"]),
+                                 float(r["sum_ms"])) for r in rows}
+
+
+def memory_gpus(rows: Sequence[Mapping[str, Any]]) -> list[MemoryGpu]:
+    """:func:`memory_gpus_sql` rows -> :class:`MemoryGpu` (GPUs without points left out)."""
+    return [MemoryGpu(str(r["hw"]), int(r["n_usage"] or 0), int(r["n_limit"] or 0),
+                      float(r["limit_bytes"] or 0.0), int(r["inside"] or 0)) for r in rows]
+
+
+def _cohort(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return row["width"], row["height"], row["fmt"]
+
+
+def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
+           ) -> list[ScopeSignals]:
+    """The whole window's :class:`ScopeSignals` first, then one per cohort with signal rows, from
+    the named answers (``signal_stages``, ``signal_cohort_stages``, ``held``, ``cohort_held``,
+    ``memory_gpus``, ``memory_windows``, ``cohort_memory_windows``, ``memory_forwards``; any may
+    be missing). ``hw_id``: the GPU the utilization evidence chose (``None``: none or several)."""
+    stage_rows = results.get("signal_stages") or []
+    gpus = memory_gpus(results.get("memory_gpus") or [])
+    if not stage_rows and not gpus:
+        return []
+    gpu = choose_gpu(gpus, hw_id)
+    forwards = results.get("memory_forwards") or []
+    windows = results.get("memory_windows") or []
+    out = [ScopeSignals(
+        None, None, None, {str(r["stage"]): stage_signal(r) for r in stage_rows},
+        held(results.get("held") or []),
+        memory_evidence(gpu, windows[0] if windows else None, forwards))]
+    by_cohort: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
+    for r in results.get("signal_cohort_stages") or []:
+        by_cohort.setdefault(_cohort(r), []).append(r)
+    for key, rows in by_cohort.items():
+        w, h, fmt = key
+        own_windows = [r for r in results.get("cohort_memory_windows") or [] if _cohort(r) == key]
+        out.append(ScopeSignals(
+            int(w), int(h), fmt or None, {str(r["stage"]): stage_signal(r) for r in rows},
+            held([r for r in results.get("cohort_held") or [] if _cohort(r) == key]),
+            memory_evidence(gpu, own_windows[0] if own_windows else None,
+                            [r for r in forwards if _cohort(r) == key])))
+    return out
