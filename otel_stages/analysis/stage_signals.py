@@ -151,7 +151,7 @@ class StageColumns:
 
     def take(self, keep: Flags) -> StageColumns:
         """The samples where ``keep`` (one flag per sample) is true, ``rows`` unchanged."""
-        return StageColumns(*(column[keep] for column in astuple_shallow(self)))
+        return StageColumns(*(column[keep] for column in _fields_of(self)))
 
     def samples(self) -> list[Sample]:
         """As :class:`Sample` records (``None`` where a part is not recorded)."""
@@ -163,7 +163,7 @@ class StageColumns:
             known(self.throttled_ms, self.throttled_known))]
 
 
-def astuple_shallow(columns: StageColumns) -> tuple[Any, ...]:
+def _fields_of(columns: StageColumns) -> tuple[Any, ...]:
     """The fields of ``columns`` in order (``dataclasses.astuple`` would copy every array)."""
     return tuple(getattr(columns, f.name) for f in fields(columns))
 
