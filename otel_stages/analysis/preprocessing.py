@@ -194,9 +194,9 @@ def _draft_row(width: int | None, height: int | None, size: int | None, tw: int 
 
 
 class PreprocessRows:
-    """What :func:`preprocess_facts` reads of each request, read once: the diagnosis asks for all
-    warm requests and again for each input cohort (a subset), and a fleet's recording has
-    hundreds of thousands. For one diagnosis: it holds on to the requests it has read."""
+    """What :func:`preprocess_facts` reads of each request, in one walk over its spans (a fleet's
+    recording has hundreds of thousands of requests). Facts over subsets of one list of requests
+    can share one (each request is read once); it holds on to the requests it has read."""
 
     def __init__(self) -> None:
         self._rows: dict[int, tuple[Request, _Row]] = {}
