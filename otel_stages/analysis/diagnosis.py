@@ -43,6 +43,7 @@ from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
+from otel_stages.analysis.stage_signals import SignalTable, ThrottleSeries, signal_table
 from otel_stages.analysis.stats import (
     Distribution,
     StageStats,
@@ -110,8 +111,17 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True, detached_requests: int = 0,
+    cold_first: bool = True, detached_requests: int = 0, table: SignalTable | None = None,
+    verdict_only: bool = False,
 ) -> _Warm:
+    """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
+    is a subset of all warm requests' table: each request's spans are read once).
+
+    ``verdict_only``: figures for what a cohort keeps of its verdict (:class:`CohortVerdict`:
+    cause, stage, tentative). The per-request stage evidence (:func:`stage_evidence`: size and
+    attribute correlations, the preprocess facts) is then left out: the rules read it only for the
+    verdict's evidence sentences and advice (``decision._warm_verdict``; the cause comes from the
+    mechanisms, which stay), and a fleet's cohorts would read every warm request again."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -120,7 +130,8 @@ def _warm(
         stages = {n: replace(s, explains=None) for n, s in stages.items()}
         gap = None if gap is None else replace(gap, explains=None)
     gpu = gpu_evidence(warm, metrics)
-    signals = stage_signals(warm, list(stages), metrics, gpu)  # CPU, GC, loop, throttling, memory
+    # CPU, GC, loop, throttling, memory
+    signals = stage_signals(warm, list(stages), metrics, gpu, table=table)
     cold_fig = cold_figures(cold, warm, keys, first_of_process=cold_first)
     kinds, where = failure_kinds(failed)
     figures = Figures(
@@ -133,7 +144,8 @@ def _warm(
         cold=cold_fig,
         cohorts=cohorts,
         input_mix_explains=mix,
-        stage_evidence=with_mechanisms(stage_evidence(warm, list(stages)), signals),
+        stage_evidence=with_mechanisms({} if verdict_only else stage_evidence(warm, list(stages)),
+                                       signals),
         failed_requests=len(failed),
         requests=requests,
         failure_kinds=kinds,
@@ -146,18 +158,22 @@ def _warm(
 
 
 def _cohorts(
-    warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys
+    warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
+    table: SignalTable,
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
-    of the total's variance."""
+    of the total's variance. ``table``: the signal table of ``warm``."""
     groups = group(warm, keys)
+    position = {id(r): i for i, r in enumerate(warm)}
     out = []
     for i, (key, reqs) in enumerate(groups.items()):
         totals = [r.total_ms for r in reqs]
         verdict = None
         if i < MAX_COHORT_VERDICTS and len(reqs) >= MIN_WARM_RUNS:
             own_cold = [c for c in cold if keys.key(c) == key]
-            v = decide(_warm(reqs, own_cold, metrics, keys).figures)
+            positions = [position[id(r)] for r in reqs]  # in order: a cohort keeps warm's
+            v = decide(_warm(reqs, own_cold, metrics, keys, table=table.subset(positions),
+                             verdict_only=True).figures)
             verdict = CohortVerdict(v.cause, v.stage, v.tentative)
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
@@ -168,10 +184,11 @@ def _cold_are_first(requests: Sequence[Request]) -> bool:
     """Whether every cold request is the earliest request of its process (``request.cold_start``
     can mark a later one: a model reload)."""
     first: dict[str, Request] = {}
-    for r, key in zip(requests, process_keys(requests)):
+    keys = process_keys(requests)
+    for r, key in zip(requests, keys):
         if key not in first or r.start_ns < first[key].start_ns:
             first[key] = r
-    return all(first[key] is r for r, key in zip(requests, process_keys(requests)) if r.cold)
+    return all(first[key] is r for r, key in zip(requests, keys) if r.cold)
 
 
 def runs_of(requests: Sequence[Request]) -> list[Run]:
@@ -235,11 +252,13 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     apart = find_set_apart(requests, keys)
     apart_ids = {id(a.request) for a in apart}
     warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
-    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys)
+    # every warm request's spans read once for the signals; the cohorts take their rows
+    table = signal_table(warm, None, ThrottleSeries(recording.metrics))
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
-                   detached_requests=min(grouping.detached_requests, len(requests)))
+                   detached_requests=min(grouping.detached_requests, len(requests)), table=table)
     verdict = decide(result.figures)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
     if screened.spans and not requests and not incomplete:  # (all left out: said above)

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import StageEvidence
+from otel_stages.analysis.preprocessing import PreprocessRows, preprocess_facts
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
-from otel_stages.analysis.preprocessing import preprocess_facts
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.stats import correlation
 from otel_stages.analysis.units import duration
@@ -131,15 +131,17 @@ def attribute_evidence(warm: Sequence[Request], stage: str, key: str) -> list[st
     return [] if r is None else [f"{stage} time vs {key}: r = {r:.2f}"]
 
 
-def stage_evidence(warm: Sequence[Request], stages: Sequence[str]) -> dict[str, StageEvidence]:
+def stage_evidence(warm: Sequence[Request], stages: Sequence[str],
+                   rows: PreprocessRows | None = None) -> dict[str, StageEvidence]:
     """Per-request evidence for each of ``stages``: size for decode / resize (plus the facts behind
-    the concrete preprocessing advice, :mod:`otel_stages.analysis.preprocessing`), image bytes for
-    download, ``queue.depth`` for queue; nothing for the others (forward's evidence is the GPU's)."""
+    the concrete preprocessing advice, :mod:`otel_stages.analysis.preprocessing`, read through
+    ``rows`` when given), image bytes for download, ``queue.depth`` for queue; nothing for the
+    others (forward's evidence is the GPU's)."""
     out: dict[str, StageEvidence] = {}
     facts = None
     for stage in stages:
         if stage in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-            facts = facts or preprocess_facts(warm)
+            facts = facts or preprocess_facts(warm, rows)
             size = size_evidence(warm, stage)
             out[stage] = replace(size, lines=(*size.lines, *preprocess_lines(facts)), preprocess=facts)
         elif stage == semconv.STAGE_DOWNLOAD:

@@ -108,13 +108,13 @@ def _series(points: Sequence[MetricPoint], name: str) -> dict[str, list[tuple[in
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
                     hw_id: str | None = None) -> MemoryEvidence | None:
     """Line GPU memory up with the warm forwards; ``None`` without memory and limit points."""
-    windows = [(e - s, s, e) for r in warm for s, e in r.stage_windows_ns(semconv.STAGE_FORWARD)]
-    if not windows:
-        return None
     usage = _series(points, semconv.HW_GPU_MEMORY_USAGE)
     limits = _series(points, semconv.HW_GPU_MEMORY_LIMIT)
     candidates = [k for k in usage if limits.get(k)]
-    if not candidates:
+    if not candidates:  # before the windows: a fleet's recording has hundreds of thousands
+        return None
+    windows = [(e - s, s, e) for r in warm for s, e in r.stage_windows_ns(semconv.STAGE_FORWARD)]
+    if not windows:
         return None
 
     def inside(key: str) -> list[list[float]]:

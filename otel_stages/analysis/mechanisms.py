@@ -46,13 +46,21 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from otel_stages import semconv
+from otel_stages.analysis import columns
 from otel_stages.analysis.figures import Mechanism, StageEvidence
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.gpu_memory import memory_evidence, memory_mechanism
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request
-from otel_stages.analysis.stage_signals import ThrottleSeries, holders, samples_by_stage
+from otel_stages.analysis.stage_signals import (
+    SignalTable,
+    StageColumns,
+    ThrottleSeries,
+    signal_table,
+)
 from otel_stages.analysis.stats import explained_fraction, percentile
 from otel_stages.analysis.units import duration, pct
 
@@ -427,44 +435,123 @@ def _summary(sig: StageSignals) -> tuple[str, ...]:
 
 
 def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Sequence[MetricPoint],
-                  gpu: GpuEvidence) -> dict[str, StageSignals]:
+                  gpu: GpuEvidence, *, table: SignalTable | None = None) -> dict[str, StageSignals]:
     """Signals per stage over the ``warm`` requests (module docstring); stages without any
-    recorded signal are left out. Never raises for odd input."""
+    recorded signal are left out. ``table``: the requests' :func:`signal_table
+    <otel_stages.analysis.stage_signals.signal_table>` when the caller has it already (it must
+    be the table of exactly ``warm``, e.g. a :meth:`SignalTable.subset
+    <otel_stages.analysis.stage_signals.SignalTable.subset>` of a larger one). Never raises for
+    odd input."""
     throttle = ThrottleSeries(metrics)
-    held = held_by_stage(holders(warm))
+    if table is None:
+        table = signal_table(warm, stages, throttle)
+    held = held_by_stage(table.holders())
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}
-    by_stage = samples_by_stage(warm, stages, throttle)
     for stage in stages:
-        samples = by_stage[stage]
-        if not samples:
+        found_columns = table.stages.get(stage)
+        if found_columns is None or not len(found_columns):
             continue
-        # one column per part, built once (a fleet's stage has hundreds of thousands of samples)
-        walls = [s.wall_ms for s in samples]
-        cpus = [s.cpu_ms for s in samples]
-        waits = [None if c is None else max(0.0, w - c) for w, c in zip(walls, cpus)]
-        utils = [None if c is None or w <= 0 else min(1.0, c / w) for w, c in zip(walls, cpus)]
-        slow_min, fast_max = percentile(walls, SLOW_PERCENTILE), statistics.median(walls)
-        sig = StageSignals(
-            stage, len(samples), slow_min, fast_max,
-            cpu=_part(walls, cpus, slow_min, fast_max),
-            wait=_part(walls, waits, slow_min, fast_max),
-            gc=_part(walls, [s.gc_ms for s in samples], slow_min, fast_max),
-            lag=_part(walls, [s.lag_ms for s in samples], slow_min, fast_max),
-            throttled=_part(walls, [s.throttled_ms for s in samples], slow_min, fast_max),
-            slow_cpu_utilization=_median([u for w, u in zip(walls, utils)
-                                          if w >= slow_min and u is not None]),
-            fast_cpu_utilization=_median([u for w, u in zip(walls, utils)
-                                          if w <= fast_max and u is not None]),
-            busy_utilization=_busy(utils),
-            slowdown_explains=_slowdown_explains(walls, cpus),
-            limit_cpus=limit,
-        )
+        sig = _figures(stage, found_columns, limit)
         judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
                        if stage == semconv.STAGE_FORWARD else None)
         if judged is not None:
             out[stage] = judged
     return out
+
+
+def _figures(stage: str, c: StageColumns, limit: float | None) -> StageSignals:
+    """The figures of one stage from its columns (numpy, :mod:`otel_stages.analysis.columns`:
+    the same numbers as :func:`_figures_from_lists`, which columns holding NaN go through)."""
+    if any(columns.has_nan(values[known]) for values, known in (
+            (c.cpu_ms, c.cpu_known), (c.gc_ms, c.gc_known), (c.lag_ms, c.lag_known),
+            (c.throttled_ms, c.throttled_known))) or _LISTS_ONLY:
+        samples = c.samples()
+        return _figures_from_lists(
+            stage, [s.wall_ms for s in samples], [s.cpu_ms for s in samples],
+            [s.gc_ms for s in samples], [s.lag_ms for s in samples],
+            [s.throttled_ms for s in samples], limit)
+    walls = c.wall_ms
+    ordered = columns.sorted_values(walls)
+    slow_min = columns.percentile_sorted(ordered, SLOW_PERCENTILE)
+    fast_max = columns.median_sorted(ordered)
+    slow, fast = walls >= slow_min, walls <= fast_max
+    cpus, known = c.cpu_ms, c.cpu_known
+    busy = known & (walls > 0)
+    ratio = np.divide(cpus, walls, out=np.zeros_like(walls), where=busy)
+    utils = columns.clip_above(ratio, 1.0)
+    return StageSignals(
+        stage, len(walls), slow_min, fast_max,
+        cpu=_part_of(walls, cpus, known, slow, fast),
+        wait=_part_of(walls, columns.clip_below(walls - cpus, 0.0), known, slow, fast),
+        gc=_part_of(walls, c.gc_ms, c.gc_known, slow, fast),
+        lag=_part_of(walls, c.lag_ms, c.lag_known, slow, fast),
+        throttled=_part_of(walls, c.throttled_ms, c.throttled_known, slow, fast),
+        slow_cpu_utilization=columns.median(utils[busy & slow]),
+        fast_cpu_utilization=columns.median(utils[busy & fast]),
+        busy_utilization=columns.percentile(utils[busy], BUSY_PERCENTILE),
+        slowdown_explains=_slowdown_of(walls, cpus, known),
+        limit_cpus=limit,
+    )
+
+
+#: Tests set this to send every stage through the list functions (the reference).
+_LISTS_ONLY = False
+
+
+def _part_of(walls: columns.Floats, values: columns.Floats, known: columns.Flags,
+             slow: columns.Flags, fast: columns.Flags) -> Part | None:
+    """:func:`_part` on columns: ``values`` where ``known``; ``slow`` / ``fast`` flag the runs
+    at or above the slowest quarter's bound and at or below the median."""
+    kv = values[known]
+    n = len(kv)
+    if not n:
+        return None
+    kw = walls[known]
+    varies = columns.varies(kw)
+    if not kv.any():  # all 0 (no GC, no lag: the usual case)
+        return Part(n, 0.0, 0.0 if slow[known].any() else None, 0.0 if fast[known].any() else None,
+                    0.0 if varies else None, 0.0)
+    explains = columns.explained_fraction(kv, kw) if varies else None
+    return Part(n, columns.median_sorted(columns.sorted_values(kv)),
+                columns.median(values[known & slow]), columns.median(values[known & fast]),
+                explains, float(kv.max()))
+
+
+def _slowdown_of(walls: columns.Floats, cpus: columns.Floats, known: columns.Flags) -> float | None:
+    """:func:`_slowdown_explains` on columns."""
+    keep = known & (cpus > _MIN_CPU_MS) & (walls >= cpus)
+    if np.count_nonzero(keep) < 2:
+        return None
+    kw = walls[keep]
+    log_walls = columns.logs(kw)
+    if min(log_walls) == max(log_walls):
+        return None
+    return explained_fraction(columns.logs(kw / cpus[keep]), log_walls)
+
+
+def _figures_from_lists(stage: str, walls: list[float], cpus: list[float | None],
+                        gcs: list[float | None], lags: list[float | None],
+                        throttled: list[float | None], limit: float | None) -> StageSignals:
+    """The figures of one stage from per-request lists (``None``: the part was not recorded)."""
+    waits = [None if c is None else max(0.0, w - c) for w, c in zip(walls, cpus)]
+    utils = [None if c is None or w <= 0 else min(1.0, c / w) for w, c in zip(walls, cpus)]
+    slow_min, fast_max = percentile(walls, SLOW_PERCENTILE), statistics.median(walls)
+    return StageSignals(
+        stage, len(walls), slow_min, fast_max,
+        cpu=_part(walls, cpus, slow_min, fast_max),
+        wait=_part(walls, waits, slow_min, fast_max),
+        gc=_part(walls, gcs, slow_min, fast_max),
+        lag=_part(walls, lags, slow_min, fast_max),
+        throttled=_part(walls, throttled, slow_min, fast_max),
+        slow_cpu_utilization=_median([u for w, u in zip(walls, utils)
+                                      if w >= slow_min and u is not None]),
+        fast_cpu_utilization=_median([u for w, u in zip(walls, utils)
+                                      if w <= fast_max and u is not None]),
+        busy_utilization=_busy(utils),
+        slowdown_explains=_slowdown_explains(walls, cpus),
+        limit_cpus=limit,
+    )
 
 
 def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None = None

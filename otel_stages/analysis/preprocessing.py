@@ -34,10 +34,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import TypeVar
+from operator import attrgetter
+from typing import Any, NamedTuple, TypeVar
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts, RepeatedInputs, ThreadUse
+from otel_stages.analysis.model import AttributeValue
 from otel_stages.analysis.requests import Request, process_key
 from otel_stages.analysis.units import duration, pct
 
@@ -100,40 +102,142 @@ def _mode(values: Sequence[_T]) -> _T:
     return Counter(values).most_common(1)[0][0]
 
 
-def _draft(warm: Sequence[Request], total_decode_ms: float) -> tuple[DraftEstimate | None, int]:
+class _Row(NamedTuple):
+    """What the facts read of one warm request (:func:`_row`)."""
+
+    decode_ms: float | None
+    format_known: bool
+    jpeg: bool
+    #: ``image.draft_scale`` of a JPEG decode (a positive int), else ``None``
+    drafted: int | None
+    #: the draft estimate of an undrafted JPEG decode: speedup, scale, source size, target size
+    draft: tuple[float, int, str, str] | None
+    #: an undrafted JPEG decode without a resize target
+    untargeted: bool
+    #: width, height and bytes of a decoded image
+    ident: tuple[int, int, int] | None
+    process: str
+    start_ns: int
+    #: ``thread.name`` and ``otel_stages.event_loop.running`` of each decode / resize span
+    threads: tuple[tuple[AttributeValue, AttributeValue], ...]
+    decode_spans: int
+
+
+_MISSING = object()
+
+
+def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
+    """One pass over the request's spans; the attributes read as :meth:`Request.stage_attribute
+    <otel_stages.analysis.requests.Request.stage_attribute>` would (the first span of the stage
+    that has the key). Tuples that repeat across requests (sizes, threads, estimates) are taken
+    from ``shared``: a fleet has few distinct ones and hundreds of thousands of requests."""
+    threads = []
+    decode_spans = 0
+    scale_attr: object = _MISSING
+    tw_attr: object = _MISSING
+    th_attr: object = _MISSING
+    for span in r.spans:
+        name = span.name
+        attrs = span.attributes
+        if name == semconv.STAGE_DECODE:
+            decode_spans += 1
+            if scale_attr is _MISSING and semconv.IMAGE_DRAFT_SCALE in attrs:
+                scale_attr = attrs[semconv.IMAGE_DRAFT_SCALE]
+        elif name == semconv.STAGE_RESIZE:
+            if tw_attr is _MISSING and semconv.IMAGE_TARGET_WIDTH in attrs:
+                tw_attr = attrs[semconv.IMAGE_TARGET_WIDTH]
+            if th_attr is _MISSING and semconv.IMAGE_TARGET_HEIGHT in attrs:
+                th_attr = attrs[semconv.IMAGE_TARGET_HEIGHT]
+        else:
+            continue
+        threads.append((attrs.get(semconv.THREAD_NAME), attrs.get(semconv.EVENT_LOOP_RUNNING)))
+    ms = r.stages_ms.get(semconv.STAGE_DECODE)
+    jpeg = r.image_format in DRAFT_FORMATS
+    drafted = draft = None
+    untargeted = False
+    ident = None
+    if ms is not None:
+        width, height, size = r.image_width, r.image_height, r.image_bytes
+        if width is not None and height is not None and size is not None:
+            ident = (width, height, size)
+            ident = shared.setdefault(ident, ident)
+        if jpeg:
+            drafted = _int(None if scale_attr is _MISSING else scale_attr)
+            if scale_attr is _MISSING or scale_attr is None:
+                tw = _int(None if tw_attr is _MISSING else tw_attr)
+                th = _int(None if th_attr is _MISSING else th_attr)
+                inputs = (width, height, size, tw, th)
+                found = shared.get(inputs)
+                if found is None:
+                    found = shared[inputs] = _draft_row(width, height, size, tw, th)
+                draft, untargeted = found
+    spans = tuple(threads)
+    # with the types: 1, 1.0 and True are equal keys, and the values must stay as recorded
+    key = ("threads", spans, tuple(type(v) for pair in spans for v in pair))
+    return _Row(ms, bool(r.image_format), jpeg, drafted, draft, untargeted, ident, process,
+                r.start_ns, shared.setdefault(key, spans), decode_spans)
+
+
+def _draft_row(width: int | None, height: int | None, size: int | None, tw: int | None,
+               th: int | None) -> tuple[tuple[float, int, str, str] | None, bool]:
+    """An undrafted JPEG decode (source and resize target sizes): its draft estimate, and
+    whether it lacks a target."""
+    if tw is None or th is None:
+        return None, True
+    if width is None or height is None or size is None:
+        return None, False
+    scale = draft_scale(width, height, tw, th)
+    if scale < DRAFT_MIN_SCALE:
+        return None, False
+    speedup = estimated_speedup(width * height, size, scale)
+    return (speedup, scale, f"{width}x{height}", f"{tw}x{th}"), False
+
+
+class PreprocessRows:
+    """What :func:`preprocess_facts` reads of each request, in one walk over its spans (a fleet's
+    recording has hundreds of thousands of requests). Facts over subsets of one list of requests
+    can share one (each request is read once); it holds on to the requests it has read."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, tuple[Request, _Row]] = {}
+        # process keys by resource (loaders share one resource dict per process)
+        self._processes: dict[int, tuple[dict[str, AttributeValue], str]] = {}
+        self._shared: dict[Any, Any] = {}
+
+    def of(self, warm: Sequence[Request]) -> list[_Row]:
+        """The row of each request, in order."""
+        rows = self._rows
+        processes = self._processes
+        out = []
+        for r in warm:
+            hit = rows.get(id(r))
+            if hit is None or hit[0] is not r:
+                process = processes.get(id(r.resource))
+                if process is None or process[0] is not r.resource:
+                    process = processes[id(r.resource)] = (r.resource, process_key(r.resource))
+                hit = rows[id(r)] = (r, _row(r, process[1], self._shared))
+            out.append(hit[1])
+        return out
+
+
+def _draft(rows: Sequence[_Row], total_decode_ms: float) -> tuple[DraftEstimate | None, int]:
     """The draft estimate over warm decodes, and how many undrafted JPEG decodes lack a target."""
-    rows: list[tuple[float, float, int, str, str]] = []  # decode ms, draft ms, scale, source, target
-    untargeted = 0
-    for r in warm:
-        ms = r.stages_ms.get(semconv.STAGE_DECODE)
-        if ms is None or r.image_format not in DRAFT_FORMATS:
-            continue
-        if r.stage_attribute(semconv.STAGE_DECODE, semconv.IMAGE_DRAFT_SCALE) is not None:
-            continue
-        tw = _int(r.stage_attribute(semconv.STAGE_RESIZE, semconv.IMAGE_TARGET_WIDTH))
-        th = _int(r.stage_attribute(semconv.STAGE_RESIZE, semconv.IMAGE_TARGET_HEIGHT))
-        if tw is None or th is None:
-            untargeted += 1
-            continue
-        if r.image_width is None or r.image_height is None or r.image_bytes is None:
-            continue
-        scale = draft_scale(r.image_width, r.image_height, tw, th)
-        if scale < DRAFT_MIN_SCALE:
-            continue
-        speedup = estimated_speedup(r.image_width * r.image_height, r.image_bytes, scale)
-        rows.append((ms, ms / speedup, scale, f"{r.image_width}x{r.image_height}", f"{tw}x{th}"))
-    if not rows:
+    # decode ms, draft ms, scale, source size, target size
+    drafts = [(row.decode_ms, row.decode_ms / row.draft[0], *row.draft[1:]) for row in rows
+              if row.draft is not None and row.decode_ms is not None]
+    untargeted = sum(row.untargeted for row in rows)
+    if not drafts:
         return None, untargeted
-    full = sum(row[0] for row in rows)
-    drafted = sum(row[1] for row in rows)
+    full = sum(d[0] for d in drafts)
+    drafted = sum(d[1] for d in drafts)
     speedup = full / drafted if drafted > 0 else 1.0
     share = full / total_decode_ms if total_decode_ms > 0 else 0.0
     weight: dict[tuple[int, str, str], float] = defaultdict(float)  # decode ms by scale, sizes
-    for row in rows:
-        weight[(row[2], row[3], row[4])] += row[0]
+    for d in drafts:
+        weight[(d[2], d[3], d[4])] += d[0]
     scale, source, target = max(weight, key=lambda k: weight[k])
     estimate = DraftEstimate(
-        requests=len(rows),
+        requests=len(drafts),
         scale=scale,
         source=source,
         target=target,
@@ -145,18 +249,20 @@ def _draft(warm: Sequence[Request], total_decode_ms: float) -> tuple[DraftEstima
     return estimate, untargeted
 
 
-def _repeats(warm: Sequence[Request], total_decode_ms: float) -> RepeatedInputs | None:
+_by_start = attrgetter("start_ns")
+
+
+def _repeats(rows: Sequence[_Row], total_decode_ms: float) -> RepeatedInputs | None:
     seen: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
     images: set[tuple[str, tuple[int, int, int]]] = set()
     identities: set[tuple[int, int, int]] = set()
     count, ms = 0, 0.0
-    for r in sorted(warm, key=lambda q: q.start_ns):
-        decode = r.stages_ms.get(semconv.STAGE_DECODE)
-        if decode is None or r.image_width is None or r.image_height is None or r.image_bytes is None:
+    for row in sorted(rows, key=_by_start):
+        ident, decode = row.ident, row.decode_ms
+        if decode is None or ident is None:
             continue
-        ident = (r.image_width, r.image_height, r.image_bytes)
         identities.add(ident)
-        process = process_key(r.resource)
+        process = row.process
         if ident in seen[process]:
             count += 1
             ms += decode
@@ -169,19 +275,15 @@ def _repeats(warm: Sequence[Request], total_decode_ms: float) -> RepeatedInputs 
                           worth=len(identities) > 1 and share >= CACHE_MIN_SHARE)
 
 
-def _threads(warm: Sequence[Request]) -> ThreadUse | None:
+def _threads(rows: Sequence[_Row]) -> ThreadUse | None:
     names: dict[str, set[str]] = defaultdict(set)
     loop_names: set[str] = set()
     spans = on_loop = loop_known = 0
-    for r in warm:
-        for span in r.spans:
-            if span.name not in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-                continue
+    for row in rows:
+        for name, running in row.threads:
             spans += 1
-            name = span.attributes.get(semconv.THREAD_NAME)
             if isinstance(name, str) and name:
-                names[process_key(r.resource)].add(name)
-            running = span.attributes.get(semconv.EVENT_LOOP_RUNNING)
+                names[row.process].add(name)
             if isinstance(running, bool):
                 loop_known += 1
                 on_loop += running
@@ -197,17 +299,18 @@ def _threads(warm: Sequence[Request]) -> ThreadUse | None:
                      loop_names=tuple(sorted(loop_names)[:_NAMES_SHOWN]))
 
 
-def preprocess_facts(warm: Sequence[Request]) -> PreprocessFacts:
-    """The facts (module docstring) over ``warm`` requests. Never raises for odd attributes
-    (wrong types count as absent)."""
-    decodes = [r for r in warm if semconv.STAGE_DECODE in r.stages_ms]
-    total = sum(r.stages_ms[semconv.STAGE_DECODE] for r in decodes)
-    jpeg = [r for r in decodes if r.image_format in DRAFT_FORMATS]
-    scales = [s for r in jpeg
-              if (s := _int(r.stage_attribute(semconv.STAGE_DECODE, semconv.IMAGE_DRAFT_SCALE)))]
-    draft, untargeted = _draft(warm, total)
-    unknown_format = any(not r.image_format for r in decodes)
-    twice = sum(1 for r in decodes if sum(s.name == semconv.STAGE_DECODE for s in r.spans) > 1)
+def preprocess_facts(warm: Sequence[Request], rows: PreprocessRows | None = None) -> PreprocessFacts:
+    """The facts (module docstring) over ``warm`` requests. ``rows``: a :class:`PreprocessRows`
+    to read the requests through (one per diagnosis: each request is read once). Never raises
+    for odd attributes (wrong types count as absent)."""
+    read = (rows or PreprocessRows()).of(warm)
+    decodes = [row for row in read if row.decode_ms is not None]
+    total = sum(row.decode_ms for row in decodes if row.decode_ms is not None)
+    jpeg = [row for row in decodes if row.jpeg]
+    scales = [row.drafted for row in jpeg if row.drafted]
+    draft, untargeted = _draft(read, total)
+    unknown_format = any(not row.format_known for row in decodes)
+    twice = sum(1 for row in decodes if row.decode_spans > 1)
     return PreprocessFacts(
         decodes=len(decodes),
         jpeg=len(jpeg),
@@ -215,8 +318,8 @@ def preprocess_facts(warm: Sequence[Request]) -> PreprocessFacts:
         drafted_scale=_mode(scales) if scales else None,
         draft_unknown=draft is None and not scales and (unknown_format or untargeted > 0),
         draft=draft,
-        repeats=_repeats(warm, total),
-        threads=_threads(warm),
+        repeats=_repeats(read, total),
+        threads=_threads(read),
         decoded_twice=twice,
     )
 

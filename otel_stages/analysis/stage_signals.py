@@ -21,11 +21,17 @@ event loop (``otel_stages.event_loop.held_ms``).
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from otel_stages import semconv
+from otel_stages.analysis.columns import Flags, Floats
 from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_key
 
@@ -122,62 +128,169 @@ def _gc_from_events(span: Span) -> float:
     return total / 1e6
 
 
-def _sample(req: Request, spans: list[Span], throttle: ThrottleSeries | None, stage: str) -> Sample:
-    """``throttle`` is ``None`` when it has no series (runs once per stage of a fleet's request:
-    lookups hoisted, float attributes taken as they are)."""
-    cpu: float | None = 0.0
-    gc: float | None = 0.0
-    lag: float | None = 0.0
-    throttled: float | None = 0.0 if throttle is not None else None
-    key = process_key(req.resource) if throttle is not None else ""
-    for span in spans:
-        attrs = span.attributes
-        span_cpu = attrs.get(semconv.THREAD_CPU_TIME_MS)
-        if type(span_cpu) is not float:
-            span_cpu = _number(span_cpu)
-        recorded = span_cpu is not None
-        cpu = None if cpu is None or span_cpu is None else cpu + span_cpu
-        span_gc = attrs.get(semconv.GC_PAUSE_MS)
-        if type(span_gc) is not float:
-            span_gc = _number(span_gc)
-            if span_gc is None and span.events and any(
-                    e.name == semconv.EVENT_GC_PAUSE for e in span.events):
-                span_gc = _gc_from_events(span)
-            if span_gc is None and recorded:
-                span_gc = 0.0
-        gc = None if gc is None or span_gc is None else gc + span_gc
-        span_lag = attrs.get(semconv.EVENT_LOOP_LAG_MS)
-        if type(span_lag) is not float:
-            span_lag = _number(span_lag)
-            if span_lag is None and recorded:
-                span_lag = 0.0
-        lag = None if lag is None or span_lag is None else lag + span_lag
-        if throttle is not None and throttled is not None:
-            part = throttle.throttled_ms(key, span.start_ns, span.end_ns)
-            throttled = None if part is None else throttled + part
-    return Sample(req.stages_ms[stage], cpu, gc, lag, throttled)
+@dataclass(frozen=True)
+class StageColumns:
+    """One stage's :class:`Sample` values over the requests it ran in, as numpy columns in request
+    order: ``rows`` (each request's position in the :class:`SignalTable`'s request list),
+    ``wall_ms``, and per part its values (0 where not recorded) with a mask of where it was
+    recorded (``*_known``)."""
+
+    rows: npt.NDArray[np.int64]
+    wall_ms: Floats
+    cpu_ms: Floats
+    cpu_known: Flags
+    gc_ms: Floats
+    gc_known: Flags
+    lag_ms: Floats
+    lag_known: Flags
+    throttled_ms: Floats
+    throttled_known: Flags
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def take(self, keep: Flags) -> StageColumns:
+        """The samples where ``keep`` (one flag per sample) is true, ``rows`` unchanged."""
+        return StageColumns(*(column[keep] for column in _fields_of(self)))
+
+    def samples(self) -> list[Sample]:
+        """As :class:`Sample` records (``None`` where a part is not recorded)."""
+        def known(values: Floats, flags: Flags) -> list[float | None]:
+            return [v if k else None for v, k in zip(values.tolist(), flags.tolist())]
+        return [Sample(*row) for row in zip(
+            self.wall_ms.tolist(), known(self.cpu_ms, self.cpu_known),
+            known(self.gc_ms, self.gc_known), known(self.lag_ms, self.lag_known),
+            known(self.throttled_ms, self.throttled_known))]
+
+
+def _fields_of(columns: StageColumns) -> tuple[Any, ...]:
+    """The fields of ``columns`` in order (``dataclasses.astuple`` would copy every array)."""
+    return tuple(getattr(columns, f.name) for f in fields(columns))
+
+
+@dataclass(frozen=True)
+class SignalTable:
+    """Per-request signal amounts of a list of warm requests, read once (a fleet's recording has
+    hundreds of thousands; the diagnosis asks again for each input cohort, a subset).
+
+    ``requests``: how many requests; ``stages``: stage name -> :class:`StageColumns`;
+    ``held``: ``(row, span name, ms)`` of every span that held an event loop, in request and
+    span order (:func:`holders`)."""
+
+    requests: int
+    stages: dict[str, StageColumns]
+    held: tuple[tuple[int, str, float], ...] = ()
+
+    def subset(self, rows: Sequence[int]) -> SignalTable:
+        """The table of the requests at positions ``rows`` (ascending) of this one's list,
+        renumbered ``0..len(rows) - 1``: what :func:`signal_table` gives for those requests."""
+        index = np.full(self.requests, -1, dtype=np.int64)
+        index[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows), dtype=np.int64)
+        stages = {}
+        for name, columns in self.stages.items():
+            new = index[columns.rows]
+            keep = new >= 0
+            taken = columns.take(keep)
+            stages[name] = replace(taken, rows=new[keep])
+        held = tuple((int(index[row]), name, ms) for row, name, ms in self.held if index[row] >= 0)
+        return SignalTable(len(rows), stages, held)
+
+    def holders(self) -> dict[str, list[float]]:
+        """:func:`holders` of the table's requests."""
+        out: dict[str, list[float]] = defaultdict(list)
+        for _, name, ms in self.held:
+            out[name].append(ms)
+        return dict(out)
+
+
+def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
+                 throttle: ThrottleSeries) -> SignalTable:
+    """The :class:`SignalTable` of ``warm`` for ``stages`` (``None``: every stage that ran): one
+    pass over the requests' spans. Per request and stage the parts are summed over the stage's
+    spans in span order; a part missing on one of them is not recorded for the request (module
+    docstring)."""
+    wanted = None if stages is None else frozenset(stages)
+    series = throttle if throttle else None
+    # per stage: rows; wall, cpu, gc, lag, throttled (0 where not recorded); the four known flags.
+    # array.array, not lists: 8 bytes a value while building (a fleet's five stages of hundreds
+    # of thousands of requests would otherwise hold a float object per value)
+    columns: dict[str, tuple[array[int], array[float], array[int]]] = {}
+    held: list[tuple[int, str, float]] = []
+    keys: dict[int, str] = {}
+    for row, req in enumerate(warm):  # runs once per request of a fleet: lookups hoisted
+        ran = req.stages_ms
+        key = ""
+        if series is not None:
+            key = keys.get(id(req.resource), "")
+            if not key:
+                key = keys[id(req.resource)] = process_key(req.resource)
+        sums: dict[str, tuple[float | None, float | None, float | None, float | None]] = {}
+        for span in req.spans:
+            attrs = span.attributes
+            name = span.name
+            if attrs:
+                mark = attrs.get(semconv.EVENT_LOOP_HELD_MS)
+                if mark is not None:
+                    ms = _number(mark)
+                    if ms is not None and ms > 0:
+                        held.append((row, name, ms))
+            if name not in ran or (wanted is not None and name not in wanted):
+                continue
+            span_cpu = attrs.get(semconv.THREAD_CPU_TIME_MS)
+            if span_cpu is not None and type(span_cpu) is not float:
+                span_cpu = _number(span_cpu)
+            recorded = span_cpu is not None
+            span_gc = attrs.get(semconv.GC_PAUSE_MS)
+            if type(span_gc) is not float:  # absent (the usual case: no collection) or odd
+                span_gc = None if span_gc is None else _number(span_gc)
+                if span_gc is None and span.events and any(
+                        e.name == semconv.EVENT_GC_PAUSE for e in span.events):
+                    span_gc = _gc_from_events(span)
+                if span_gc is None and recorded:
+                    span_gc = 0.0
+            span_lag = attrs.get(semconv.EVENT_LOOP_LAG_MS)
+            if type(span_lag) is not float:
+                span_lag = None if span_lag is None else _number(span_lag)
+                if span_lag is None and recorded:
+                    span_lag = 0.0
+            # each sum starts at 0.0 (0.0 + -0.0 is 0.0); a part missing on one span is unknown
+            cpu, gc, lag, throttled = sums.get(name) or (0.0, 0.0, 0.0, 0.0 if series else None)
+            if series is not None and throttled is not None:
+                part = series.throttled_ms(key, span.start_ns, span.end_ns)
+                throttled = None if part is None else throttled + part
+            sums[name] = (None if cpu is None or span_cpu is None else cpu + span_cpu,
+                          None if gc is None or span_gc is None else gc + span_gc,
+                          None if lag is None or span_lag is None else lag + span_lag,
+                          throttled)
+        for name, (cpu, gc, lag, throttled) in sums.items():
+            col = columns.get(name)
+            if col is None:
+                col = columns[name] = (array("q"), array("d"), array("b"))
+            col[0].append(row)
+            col[1].extend((ran[name], 0.0 if cpu is None else cpu, 0.0 if gc is None else gc,
+                           0.0 if lag is None else lag, 0.0 if throttled is None else throttled))
+            col[2].extend((cpu is not None, gc is not None, lag is not None,
+                           throttled is not None))
+    return SignalTable(len(warm), {name: _stage_columns(*col) for name, col in columns.items()},
+                       tuple(held))
+
+
+def _stage_columns(rows: array[int], values: array[float], known: array[int]) -> StageColumns:
+    """Columns from what :func:`signal_table` collected (``values``: 5 a sample, ``known``: 4)."""
+    v = np.frombuffer(values, dtype=np.float64).reshape(-1, 5).T
+    k = np.frombuffer(known, dtype=np.bool_).reshape(-1, 4).T
+    return StageColumns(np.frombuffer(rows, dtype=np.int64).copy(), v[0].copy(),
+                        v[1].copy(), k[0].copy(), v[2].copy(), k[1].copy(),
+                        v[3].copy(), k[2].copy(), v[4].copy(), k[3].copy())
 
 
 def samples_by_stage(warm: Sequence[Request], stages: Sequence[str],
                      throttle: ThrottleSeries) -> dict[str, list[Sample]]:
     """:func:`stage_samples` of each of ``stages`` at once: one pass over the requests' spans (a
     fleet's recording has hundreds of thousands of requests). Every stage is a key."""
-    out: dict[str, list[Sample]] = {stage: [] for stage in stages}
-    series = throttle if throttle else None
-    for req in warm:
-        ran = req.stages_ms
-        spans_of: dict[str, list[Span]] = {}
-        for span in req.spans:
-            name = span.name
-            if name in out and name in ran:
-                found = spans_of.get(name)
-                if found is None:
-                    spans_of[name] = [span]
-                else:
-                    found.append(span)
-        for name, spans in spans_of.items():
-            out[name].append(_sample(req, spans, series, name))
-    return out
+    table = signal_table(warm, stages, throttle)
+    return {stage: table.stages[stage].samples() if stage in table.stages else []
+            for stage in stages}
 
 
 def stage_samples(warm: Sequence[Request], stage: str, throttle: ThrottleSeries) -> list[Sample]:
