@@ -19,6 +19,7 @@ from otel_stages.analysis import mechanisms as mech
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import group_spans
+from otel_stages.analysis.signal_figures import SLOW_PERCENTILE, StageSignals
 
 T0 = 1_790_000_000_000_000_000
 RESOURCE = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: "i-1"}
@@ -202,7 +203,7 @@ def test_uniform_slowdown_is_not_contention():
 
 
 def test_slow_and_fast_groups_are_the_slowest_quarter_and_the_faster_half():
-    assert mech.SLOW_PERCENTILE == 75.0
+    assert SLOW_PERCENTILE == 75.0
     rows = [{"wall": float(w), "cpu": float(w), "gc": 0.0} for w in range(100, 124)]
     sig = _signals(rows)
     assert sig.slow_min_ms == pytest.approx(100 + 23 * 0.75)  # p75 of 100..123
@@ -253,7 +254,7 @@ def test_gc_pause_comes_before_contention_and_throttling_before_gc():
 # --- not enough data -----------------------------------------------------------------------------
 
 
-def _signals(rows: list[dict]) -> mech.StageSignals:
+def _signals(rows: list[dict]) -> StageSignals:
     requests = group_spans(recording(rows).spans).requests[1:]
     return mech.stage_signals(requests, ["decode"], [], GpuEvidence("none"))["decode"]
 

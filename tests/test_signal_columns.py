@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 from otel_stages import semconv
-from otel_stages.analysis import Span, diagnose, load_paths
+from otel_stages.analysis import Span, diagnose, load_paths, signal_figures
 from otel_stages.analysis import columns as cols
-from otel_stages.analysis import mechanisms as mech
 from otel_stages.analysis.requests import group_spans
 from otel_stages.analysis.selection import for_analysis
 from otel_stages.analysis.stage_signals import ThrottleSeries, signal_table
@@ -89,7 +88,7 @@ def test_signals_on_columns_equal_the_list_functions(seed, monkeypatch):
     rec = recording(_signal_rows(random.Random(seed)), stage=random.Random(seed).choice(
         ["decode", "download", "resize"]))
     fast = _all_signals(rec)
-    monkeypatch.setattr(mech, "_LISTS_ONLY", True)
+    monkeypatch.setattr(signal_figures, "_LISTS_ONLY", True)
     assert _all_signals(rec) == fast
 
 
@@ -100,11 +99,11 @@ def test_nan_goes_through_the_list_functions():
     warm = [r for r in group_spans(rec.spans).requests if not r.cold]
     table = signal_table(warm, None, ThrottleSeries([]))
     samples = table.stages["decode"].samples()
-    expected = mech._figures_from_lists(
+    expected = signal_figures._figures_from_lists(
         "decode", [s.wall_ms for s in samples], [s.cpu_ms for s in samples],
         [s.gc_ms for s in samples], [s.lag_ms for s in samples],
         [s.throttled_ms for s in samples], None)
-    got = mech._figures("decode", table.stages["decode"], None)
+    got = signal_figures.figures_of("decode", table.stages["decode"], None)
     # NaN != NaN: compared as JSON text
     assert json.dumps(got.to_dict()) == json.dumps(expected.to_dict())
     assert "NaN" in json.dumps(got.cpu.to_dict())  # the NaN run did reach the figures
@@ -141,7 +140,7 @@ def test_whole_reports_equal_with_the_list_functions(path, monkeypatch):
     """Every recorded case: the report's JSON is the same through the columns and the lists."""
     recording_ = load_paths([path], selection=for_analysis())
     fast = json.dumps(diagnose(recording_).to_dict(), sort_keys=True)
-    monkeypatch.setattr(mech, "_LISTS_ONLY", True)
+    monkeypatch.setattr(signal_figures, "_LISTS_ONLY", True)
     assert json.dumps(diagnose(recording_).to_dict(), sort_keys=True) == fast
 
 

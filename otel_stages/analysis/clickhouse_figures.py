@@ -69,10 +69,11 @@ from otel_stages.analysis.figures import (
 )
 from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
 from otel_stages.analysis.gpu_memory import memory_mechanism
-from otel_stages.analysis.mechanisms import StageSignals, judge, with_mechanisms
+from otel_stages.analysis.mechanisms import judge, with_mechanisms
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
+from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
 from otel_stages.analysis.units import duration
 from otel_stages.analysis.verdict import Verdict

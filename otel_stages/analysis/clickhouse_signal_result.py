@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_stages.analysis.gpu_memory import ForwardMemory, MemoryEvidence
-from otel_stages.analysis.mechanisms import Held, Part, StageSignals
+from otel_stages.analysis.signal_figures import Held, Part, StageSignals
 
 
 def _f(v: Any) -> float | None:

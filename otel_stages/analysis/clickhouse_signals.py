@@ -69,7 +69,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.gpu_memory import SLOW_PERCENTILE as MEMORY_SLOW_PERCENTILE
-from otel_stages.analysis.mechanisms import _MIN_CPU_MS, BUSY_PERCENTILE, SLOW_PERCENTILE
+from otel_stages.analysis.signal_figures import _MIN_CPU_MS, BUSY_PERCENTILE, SLOW_PERCENTILE
 
 SIGNAL_SPANS_TABLE = "otel_stages_signal_spans"
 SAMPLES_TABLE = "otel_stages_signal_samples"

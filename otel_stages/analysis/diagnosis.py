@@ -37,12 +37,13 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
-from otel_stages.analysis.mechanisms import StageSignals, stage_signals, with_mechanisms
+from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
+from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_signals import SignalTable, ThrottleSeries, signal_table
 from otel_stages.analysis.stats import (
     Distribution,

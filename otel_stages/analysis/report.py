@@ -17,9 +17,9 @@ from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
 from otel_stages.analysis.figures import CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
-from otel_stages.analysis.mechanisms import StageSignals
 from otel_stages.analysis.noise import NoiseBand
 from otel_stages.analysis.requests import Request
+from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
 from otel_stages.analysis.verdict import Verdict
 
