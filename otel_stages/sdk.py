@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -39,6 +40,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMe
 from opentelemetry.sdk.resources import Resource, ServiceInstanceIdResourceDetector
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from otel_stages import attributes, propagation, sampling, semconv, urls
 from otel_stages._runtime import RUNTIME, scoped_tracer
@@ -65,6 +67,43 @@ _lock = threading.Lock()  # one configure() at a time (re-created in a forked ch
 _last: Telemetry | None = None  # what the latest configure() built; the next one replaces it
 _globals_from: Telemetry | None = None  # the configure() whose providers are the OTel globals
 _HANDLES: list[Telemetry] = []  # every handle built; those not shut down yet are at exit
+
+
+class PrivateRandomIdGenerator(IdGenerator):
+    """Random trace and span ids (all bits random, as the SDK's ``RandomIdGenerator``) drawn from
+    a generator of their own, seeded from ``os.urandom`` and seeded again in every forked child.
+
+    The SDK's generator draws from the global ``random`` module: a service that calls
+    ``random.seed(...)`` (common in ML code, for reproducible sampling) would give every worker
+    process the same trace ids, and the report would merge or drop their requests."""
+
+    def __init__(self) -> None:
+        self._random = random.Random(os.urandom(32))
+
+    def reseed(self) -> None:
+        """A fresh seed from ``os.urandom`` (after a fork, parent and child would repeat ids)."""
+        self._random.seed(os.urandom(32))
+
+    def generate_span_id(self) -> int:
+        span_id = self._random.getrandbits(64)
+        while span_id == trace.INVALID_SPAN_ID:
+            span_id = self._random.getrandbits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        trace_id = self._random.getrandbits(128)
+        while trace_id == trace.INVALID_TRACE_ID:
+            trace_id = self._random.getrandbits(128)
+        return trace_id
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+#: The id generator of every provider ``configure()`` builds.
+IDS = PrivateRandomIdGenerator()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=IDS.reseed)
 
 
 def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[str] | None = None,
@@ -157,6 +196,7 @@ def _build(settings: Settings, resource_attributes: dict[str, Any] | None,
     # more per processor); attribute values are capped at the same limit as ours (no marker there).
     limit = settings.attribute_value_length_limit
     tracer_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False,
+                                     id_generator=IDS,
                                      span_limits=SpanLimits(max_attribute_length=limit,
                                                             max_span_attribute_length=limit))
     open_spans = OpenSpans()  # first: it must see every start and end

@@ -377,3 +377,44 @@ def test_disabled_telemetry_flushes_true_and_counts_every_reason_as_zero(tmp_pat
     assert telemetry.drops["spans"][sc.DROP_QUEUE_FULL] == 0
     telemetry.shutdown()
     assert telemetry.force_flush(1000) is False  # after shutdown
+
+
+def test_trace_ids_do_not_follow_the_global_random_seed(tmp_path, clean_env):
+    """The tester's seeded workers: ML code calls random.seed(0) in every worker, and the SDK's
+    default generator draws ids from the global random, so two workers gave the same trace ids
+    and the report merged them. configure()'s providers draw from their own generator."""
+    import random
+
+    telemetry = ots.configure(service_name="seeded", data_dir=tmp_path, set_global=False, gpu="off")
+    tracer = telemetry.tracer_provider.get_tracer("t")
+    ids = []
+    for _ in range(2):
+        random.seed(0)
+        span = tracer.start_span("request")
+        ids.append((span.get_span_context().trace_id, span.get_span_context().span_id))
+        span.end()
+    telemetry.shutdown()
+    assert ids[0] != ids[1]
+    random.seed(0)
+    first = random.getrandbits(128)
+    random.seed(0)
+    assert first == random.getrandbits(128)  # the user's stream is untouched by our ids
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_draws_other_ids_than_its_parent():
+    from otel_stages.sdk import IDS
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            os.write(write_fd, str(IDS.generate_trace_id()).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        child_id = int(pipe.read())
+    os.waitpid(pid, 0)
+    assert child_id != IDS.generate_trace_id()  # without the reseed both draw the same next id
