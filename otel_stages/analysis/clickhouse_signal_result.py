@@ -44,6 +44,7 @@ def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None) -> Sta
         cpu=part(row, "cpu"), wait=part(row, "wait"), gc=part(row, "gc"), lag=part(row, "lag"),
         throttled=part(row, "throttled"),
         slow_cpu_utilization=_f(row["util_slow"]) if int(row["util_slow_n"] or 0) else None,
+        tail_cpu_utilization=_f(row["util_tail"]) if int(row["util_tail_n"] or 0) else None,
         fast_cpu_utilization=_f(row["util_fast"]) if int(row["util_fast_n"] or 0) else None,
         busy_utilization=_f(row["busy"]) if int(row["util_n"] or 0) else None,
         slowdown_explains=slowdown, limit_cpus=limit_cpus,

@@ -69,7 +69,12 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.gpu_memory import SLOW_PERCENTILE as MEMORY_SLOW_PERCENTILE
-from otel_stages.analysis.signal_figures import _MIN_CPU_MS, BUSY_PERCENTILE, SLOW_PERCENTILE
+from otel_stages.analysis.signal_figures import (
+    _MIN_CPU_MS,
+    BUSY_PERCENTILE,
+    SLOW_PERCENTILE,
+    TAIL_PERCENTILE,
+)
 
 SIGNAL_SPANS_TABLE = "otel_stages_signal_spans"
 SAMPLES_TABLE = "otel_stages_signal_samples"
@@ -238,7 +243,7 @@ def stage_signals_sql(method: str, by: str = "") -> str:
     ``{top_cohorts:UInt32}`` cohorts only) over :data:`SAMPLES_TABLE`: ``n``, ``slow_min`` /
     ``fast_max``, for each of :data:`PARTS` its count, medians (all, slow, fast), the walls'
     range, ``cov(part, wall)`` and ``var(wall)`` over the rows where it is known, and its max;
-    CPU/wall medians (slow, fast) and upper quartile (``busy``); the slowdown's ``cov`` and
+    CPU/wall medians (slow, tail, fast) and upper quartile (``busy``); the slowdown's ``cov`` and
     ``var`` of ``log(wall)`` over runs with CPU time above the rule's floor."""
     keys = f"{by}, " if by else ""
     where = ""
@@ -252,6 +257,8 @@ def stage_signals_sql(method: str, by: str = "") -> str:
     {", ".join(_part_items(p, method) for p in PARTS)},
     countIf({u} AND wall >= th_slow) AS util_slow_n,
     {_q(0.5, "util", f"{u} AND wall >= th_slow", method)} AS util_slow,
+    countIf({u} AND wall >= th_tail) AS util_tail_n,
+    {_q(0.5, "util", f"{u} AND wall >= th_tail", method)} AS util_tail,
     countIf({u} AND wall <= th_fast) AS util_fast_n,
     {_q(0.5, "util", f"{u} AND wall <= th_fast", method)} AS util_fast,
     count(util) AS util_n, {_q(BUSY_PERCENTILE / 100, "util", u, method)} AS busy,
@@ -266,6 +273,7 @@ FROM (
 ) AS x
 INNER JOIN (
     SELECT {keys}stage, {_q(SLOW_PERCENTILE / 100, "wall", "1", method)} AS th_slow,
+        {_q(TAIL_PERCENTILE / 100, "wall", "1", method)} AS th_tail,
         {_q(0.5, "wall", "1", method)} AS th_fast
     FROM {SAMPLES_TABLE} {where} GROUP BY {keys}stage
 ) AS th USING ({keys}stage)

@@ -51,6 +51,7 @@ from otel_stages.analysis.gpu_memory import memory_evidence, memory_mechanism
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.signal_figures import (
+    TAIL_PERCENTILE,
     Held,
     Part,
     StageSignals,
@@ -186,20 +187,30 @@ def _share(explains: float) -> str:
             f" ones, a CPU-work part of {pct(1.0 - explains)})")
 
 
+def _slowest(sig: StageSignals) -> tuple[float, str] | None:
+    """The lower of the slowest quarter's and the tail's median CPU/wall, with which runs it
+    describes: a blocked tail of a tenth of the runs hides in the quarter's median."""
+    groups = [(u, what) for u, what in (
+        (sig.slow_cpu_utilization, "slow runs"),
+        (sig.tail_cpu_utilization, f"slowest runs (>= p{TAIL_PERCENTILE:g})")) if u is not None]
+    return min(groups) if groups else None
+
+
 def _blocking_call(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
     """``event_loop_blocked`` by the stage itself: its spans held the event loop at least
     :data:`MIN_SIGNAL_REQUESTS` times, its waiting drives its swing (the slowdown explains
     :data:`MECHANISM_MIN_EXPLAINS`) and its slow runs were off the CPU (below
     :data:`CONTENTION_MIN_SLOW_UTILIZATION`): a blocking call on the loop's thread."""
     own = held.get(sig.stage)
-    slow_util, slowdown = sig.slow_cpu_utilization, sig.slowdown_explains
-    if (own is None or own.count < MIN_SIGNAL_REQUESTS or slow_util is None or slowdown is None
-            or slowdown < MECHANISM_MIN_EXPLAINS or slow_util >= CONTENTION_MIN_SLOW_UTILIZATION):
+    slowest, slowdown = _slowest(sig), sig.slowdown_explains
+    if (own is None or own.count < MIN_SIGNAL_REQUESTS or slowest is None or slowdown is None
+            or slowdown < MECHANISM_MIN_EXPLAINS or slowest[0] >= CONTENTION_MIN_SLOW_UTILIZATION):
         return None
+    util, runs = slowest
     return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, (
         f"{sig.stage} held the event loop {own.count} time{'s' if own.count != 1 else ''} (median"
-        f" {duration(own.median_ms)}, max {duration(own.max_ms)}) while its slow runs were on a"
-        f" core only {pct(slow_util)} of their time: a blocking call (time.sleep, synchronous I/O,"
+        f" {duration(own.median_ms)}, max {duration(own.max_ms)}) while its {runs} were on a"
+        f" core only {pct(util)} of their time: a blocking call (time.sleep, synchronous I/O,"
         f" a lock) ran on the loop's thread, and every other request on that loop waited with it;"
         f" the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms)",
@@ -250,21 +261,27 @@ def _contention(sig: StageSignals) -> Mechanism | None:
             f" fast ones (more than {pct(CONTENTION_MAX_UTILIZATION_RATIO)} of their share): the"
             " slowdown that explains the variance comes from a few outlying runs, not from runs"
             " that waited",))
-    if slow_util < CONTENTION_MIN_SLOW_UTILIZATION:
+    slowest = _slowest(sig)
+    if slowest is not None and slowest[0] < CONTENTION_MIN_SLOW_UTILIZATION:
+        util, runs = slowest
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
-            f"{line}; but the slow runs were on a core only {pct(slow_util)} of their time:"
-            f" waiting for a core would leave a thread more (below"
-            f" {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes 10+ busy threads per core), so the"
-            f" slow {sig.stage} runs were blocked: on a lock, I/O or a sleep (thread CPU time"
-            " cannot tell which)",))
+            f"{line}; but the {runs} were on a core only {pct(util)} of their time: waiting for a"
+            f" core would leave a thread more (below {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes"
+            f" 10+ busy threads per core, or 10+ busy Python threads sharing the GIL), so the"
+            f" slow {sig.stage} runs were most likely blocked: on a lock, I/O, a device or a sleep"
+            " (thread CPU time cannot tell which)",))
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
         f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
-        " core (or the GIL), not doing more work",
+        " core (or the GIL), not doing more work; thread CPU time alone cannot rule out a wait"
+        " on I/O, a lock or a device behind a fixed amount of CPU work (see the advice)",
     ), (
         f"give {sig.stage} a core: fewer busy threads and processes on the same CPUs (cap"
         " request concurrency and thread pools at the cores available; ONNX Runtime / PyTorch"
-        " / OpenMP thread counts add up), or more CPUs for the service",
+        " / OpenMP thread counts add up), or more CPUs for the service; first check that the"
+        " cores were busy during the slow runs (load average, the service's own pools, other"
+        f" processes): if they were idle, {sig.stage} waited on I/O, a lock or a device instead"
+        " (time what it calls)",
         "in Python, CPU-bound threads also wait for the GIL: run CPU-heavy preprocessing in a"
         " process pool, or in libraries that release the GIL",
     ))

@@ -28,6 +28,10 @@ BUSY_PERCENTILE = 75.0
 #: The slow runs are those at or above this percentile of the stage's ms; the fast ones at or
 #: below the median.
 SLOW_PERCENTILE = 75.0
+#: The tail: runs at or above this percentile of the stage's ms. When a tenth of the runs carry
+#: the swing, the slowest quarter's median lands on runs that are only a little slow; the tail's
+#: median CPU/wall is what the slowest runs did.
+TAIL_PERCENTILE = 90.0
 
 
 #: Runs with less thread CPU time than this (ms) are left out of the slowdown ratio (a ratio of
@@ -64,7 +68,8 @@ class StageSignals:
     ``requests``: warm requests the stage ran in; ``slow_min_ms`` / ``fast_max_ms``: the slowest
     quarter's and the faster half's bounds. Parts (:class:`Part`, ``None`` when not recorded):
     ``cpu`` (thread CPU time), ``wait`` (wall - CPU), ``gc``, ``lag`` (event loop), ``throttled``.
-    ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group;
+    ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group, and
+    ``tail_cpu_utilization`` in the runs at or above :data:`TAIL_PERCENTILE`;
     ``busy_utilization`` its upper quartile over all runs. ``slowdown_explains``: the share of the
     variance of ``log(stage ms)`` that ``log(wall / CPU)`` accounts for (see
     :mod:`~otel_stages.analysis.mechanisms`).
@@ -84,6 +89,7 @@ class StageSignals:
     lag: Part | None = None
     throttled: Part | None = None
     slow_cpu_utilization: float | None = None
+    tail_cpu_utilization: float | None = None
     fast_cpu_utilization: float | None = None
     busy_utilization: float | None = None
     slowdown_explains: float | None = None
@@ -109,6 +115,8 @@ class StageSignals:
             "event_loop_lag": part(self.lag), "throttled": part(self.throttled),
             "slow_cpu_utilization": None if self.slow_cpu_utilization is None
             else round(self.slow_cpu_utilization, 4),
+            "tail_cpu_utilization": None if self.tail_cpu_utilization is None
+            else round(self.tail_cpu_utilization, 4),
             "fast_cpu_utilization": None if self.fast_cpu_utilization is None
             else round(self.fast_cpu_utilization, 4),
             "busy_cpu_utilization": None if self.busy_utilization is None
@@ -192,6 +200,7 @@ def figures_of(stage: str, c: StageColumns, limit: float | None) -> StageSignals
     walls = c.wall_ms
     ordered = columns.sorted_values(walls)
     slow_min = columns.percentile_sorted(ordered, SLOW_PERCENTILE)
+    tail_min = columns.percentile_sorted(ordered, TAIL_PERCENTILE)
     fast_max = columns.median_sorted(ordered)
     slow, fast = walls >= slow_min, walls <= fast_max
     cpus, known = c.cpu_ms, c.cpu_known
@@ -206,6 +215,7 @@ def figures_of(stage: str, c: StageColumns, limit: float | None) -> StageSignals
         lag=_part_of(walls, c.lag_ms, c.lag_known, slow, fast),
         throttled=_part_of(walls, c.throttled_ms, c.throttled_known, slow, fast),
         slow_cpu_utilization=columns.median(utils[busy & slow]),
+        tail_cpu_utilization=columns.median(utils[busy & (walls >= tail_min)]),
         fast_cpu_utilization=columns.median(utils[busy & fast]),
         busy_utilization=columns.percentile(utils[busy], BUSY_PERCENTILE),
         slowdown_explains=_slowdown_of(walls, cpus, known),
@@ -255,6 +265,7 @@ def _figures_from_lists(stage: str, walls: list[float], cpus: list[float | None]
     waits = [None if c is None else max(0.0, w - c) for w, c in zip(walls, cpus)]
     utils = [None if c is None or w <= 0 else min(1.0, c / w) for w, c in zip(walls, cpus)]
     slow_min, fast_max = percentile(walls, SLOW_PERCENTILE), statistics.median(walls)
+    tail_min = percentile(walls, TAIL_PERCENTILE)
     return StageSignals(
         stage, len(walls), slow_min, fast_max,
         cpu=_part(walls, cpus, slow_min, fast_max),
@@ -264,6 +275,8 @@ def _figures_from_lists(stage: str, walls: list[float], cpus: list[float | None]
         throttled=_part(walls, throttled, slow_min, fast_max),
         slow_cpu_utilization=_median([u for w, u in zip(walls, utils)
                                       if w >= slow_min and u is not None]),
+        tail_cpu_utilization=_median([u for w, u in zip(walls, utils)
+                                      if w >= tail_min and u is not None]),
         fast_cpu_utilization=_median([u for w, u in zip(walls, utils)
                                       if w <= fast_max and u is not None]),
         busy_utilization=_busy(utils),
