@@ -191,8 +191,11 @@ def test_gc_log_callback_marks_start_then_end(monkeypatch):
 
 
 class _FakeMonitor:
-    def __init__(self, ticks: int = 0, lag_ns: int = 0) -> None:
-        self.ticks, self.lag_ns = ticks, lag_ns
+    def __init__(self, ticks: int = 0, lag_ns: int = 0, due_ns: int = 1 << 62) -> None:
+        self.ticks, self.lag_ns, self.due_ns = ticks, lag_ns, due_ns
+
+    def lag_base_ns(self, now_ns: int) -> int:  # as LoopMonitor's: the pending tick's lateness too
+        return self.lag_ns + max(0, now_ns - self.due_ns)
 
 
 @pytest.mark.parametrize("wall_ns, held", [(loop.HOLD_MIN_NS - 1, False), (loop.HOLD_MIN_NS, True)])
@@ -303,6 +306,24 @@ def test_an_awaiting_stage_leaves_out_the_loop_threads_cpu_time(recorded):
     asyncio.run(main())
     assert semconv.THREAD_CPU_TIME_MS not in recorded.one("download").attributes
     assert recorded.one("decode").attributes[semconv.THREAD_CPU_TIME_MS] > 0
+
+
+def test_a_stage_ending_before_the_late_tick_runs_still_sees_the_lag():
+    """The tester's asleep case: a download whose own wake-up runs before the overdue monitor tick
+    (both due at the end of a block) ended with no lag at all; the pending tick's lateness inside
+    the stage's window counts."""
+    monitor = _FakeMonitor(ticks=3, lag_ns=0, due_ns=0)
+    state = (gcwatch.GC_LOG.seq, monitor, 3, monitor.lag_base_ns(0), time.thread_time_ns())
+    monitor.ticks, monitor.due_ns = 4, 20_000_000  # a tick ran on time; the next, due at 20 ms,
+    attributes, _ = capture.finish_fields(state, 0, 170_000_000) or ({}, [])  # has not run yet
+    assert attributes[semconv.EVENT_LOOP_LAG_MS] == 150.0
+    later = (gcwatch.GC_LOG.seq, monitor, 4, monitor.lag_base_ns(150_000_000), time.thread_time_ns())
+    monitor.ticks = 5  # (not a holder: a tick ran meanwhile)
+    attributes, _ = capture.finish_fields(later, 150_000_000, 170_000_000) or ({}, [])
+    assert attributes[semconv.EVENT_LOOP_LAG_MS] == 20.0  # only the part after it started
+    held = (gcwatch.GC_LOG.seq, monitor, 5, monitor.lag_base_ns(0), time.thread_time_ns())
+    attributes, _ = capture.finish_fields(held, 0, 170_000_000) or ({}, [])  # no tick ran: it held
+    assert semconv.EVENT_LOOP_LAG_MS not in attributes and semconv.EVENT_LOOP_HELD_MS in attributes
 
 
 def test_stages_off_the_loop_carry_no_loop_attributes(recorded):

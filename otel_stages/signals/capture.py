@@ -105,10 +105,15 @@ def finish_fields(state: State | None, start_ns: int,
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
     if monitor is not None:
-        lag_ns = min(monitor.lag_ns - state[3], wall_ns)  # lag inside the stage's own window
+        held = monitor.ticks == state[2] and wall_ns >= HOLD_MIN_NS
+        # lag counted plus the pending tick's lateness so far, at the end minus at the start:
+        # the lateness inside the stage's own window, whether or not the tick ran before it ended;
+        # a stage that held the loop made that lateness itself, so only what the ticks counted
+        end_base = monitor.lag_ns if held else monitor.lag_base_ns(end_ns)
+        lag_ns = min(end_base - state[3], wall_ns)
         if lag_ns > 0:
             attributes[semconv.EVENT_LOOP_LAG_MS] = lag_ns / 1e6
-        if monitor.ticks == state[2] and wall_ns >= HOLD_MIN_NS:
+        if held:
             attributes[semconv.EVENT_LOOP_HELD_MS] = wall_ns / 1e6
     return attributes, events
 

@@ -57,9 +57,11 @@ class LoopMonitor:
         loop.call_later(INTERVAL_S, self._tick)
 
     def lag_base_ns(self, now_ns: int) -> int:
-        """:attr:`lag_ns` as a stage starting at ``now_ns`` (span clock) should count from: plus
-        the lateness the pending tick has already built up, which the loop owed before the stage
-        began (without it a stage that starts behind a blocked loop is charged for the block)."""
+        """:attr:`lag_ns` plus the lateness the pending tick has built up by ``now_ns`` (span
+        clock): a counter that grows while the loop is held, whether or not the late tick has run
+        yet. A stage's lag is this at its end minus this at its start: a stage that starts behind
+        a blocked loop is not charged for the block, and one that ends before the late tick runs
+        still sees the lateness inside its window."""
         return self.lag_ns + max(0, now_ns - self._due_ns)
 
     @property
