@@ -264,6 +264,7 @@ def test_cli_import_then_report(engine, chdb_url: str, tmp_path: Path, capsys: p
 @pytest.mark.parametrize("argv", [
     ["report", "x.jsonl", "--clickhouse", "chdb:/tmp/x"],
     ["report", "--clickhouse", "chdb:/tmp/x", "--limit", "5"],
+    ["report", "--clickhouse", "chdb:/tmp/x", "--stage-map", "triton"],  # SQL cannot apply maps
     ["report", "--clickhouse", "chdb:/tmp/x", "--traces-table", "a.b.c"],
     ["report", "--clickhouse", "ftp://h"],
     ["report", "--traces-table", "t"],
@@ -273,6 +274,8 @@ def test_cli_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+    if "--stage-map" in argv:
+        assert "--stage-map is not applied by the ClickHouse SQL" in err
 
 
 def test_cli_import_of_nothing_fails(chdb_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,9 @@ def usage_problem(args: argparse.Namespace) -> str | None:
         return "--query is a TraceQL query for --tempo"
     if args.baseline:
         return "--baseline is not supported with --clickhouse yet"
+    if getattr(args, "stage_map", None):
+        return ("--stage-map is not applied by the ClickHouse SQL: report the exported files (PATH)"
+                " or Jaeger / Tempo with --stage-map instead")
     return None
 
 

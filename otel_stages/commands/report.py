@@ -198,7 +198,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_since,
         metavar="DURATION",
         default=None,
-        help=f"how far back to look: 30m, 1h, 2d, 1h30m ... (default {DEFAULT_SINCE})",
+        help=f"how far back to look: 30m, 1h, 2d, 1h30m ... (default {DEFAULT_SINCE}; an embedded"
+             " --clickhouse chdb: database is read in full without it)",
     )
     from otel_stages.commands.import_otlp import add_clickhouse_arguments
 
