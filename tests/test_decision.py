@@ -182,6 +182,20 @@ def test_a_steady_stage_that_mostly_waits_for_the_loop_points_at_the_holder(lag_
     assert any("start with forward" in a for a in v.advice) is not loop
 
 
+@pytest.mark.parametrize("failed, first_advice", [
+    (0, advice.STEADY),
+    (1, advice.steady_but_failed(1)),   # any failure: "steady" is of the requests that succeeded
+    (7, advice.steady_but_failed(7)),   # 7 of 30 = 23 %, below FAILED_MIN_FRACTION
+    (8, advice.FIX_FAILURES),           # 8 of 30 = 27 %: the failures lead
+])
+def test_a_steady_verdict_never_hides_failed_requests(failed, first_advice):
+    """The tester's gen2_failed: 8 of 40 requests timed out in forward after 300 ms, and the
+    report said "latency is steady: no per-stage fix is needed"."""
+    v = decide(figures(total_swing=2.0, failed_requests=failed, requests=30))
+    assert v.cause == "stable"
+    assert v.advice[0] == first_advice
+
+
 def test_jitter_sets_the_band_from_the_data():
     rel = {"download": 0.1, "decode": 0.2, "resize": 0.3, "queue": 0.4, "forward": 0.5}
 

@@ -175,10 +175,21 @@ def for_stable_untraced(first: str = UNTRACED_SHARE) -> list[str]:
     """Advice when nothing swings and untraced time is the largest share; ``first``: what to do
     about it (:data:`UNTRACED_SHARE`, or :data:`SYNC_CLOCKS` when it is clock skew)."""
     return [
-        "latency is steady: no per-stage fix is needed for variability",
+        STEADY,
         ("before reading the stage shares: " if first == SYNC_CLOCKS
          else "to lower latency overall, start with the untraced time: ") + first,
     ]
+
+
+#: The first advice of a steady run.
+STEADY = "latency is steady: no per-stage fix is needed for variability"
+
+
+def steady_but_failed(failed: int) -> str:
+    """:data:`STEADY` when some requests failed: the steadiness is of the others only."""
+    return (f"latency of the requests that succeeded is steady (no per-stage fix is needed for"
+            f" their variability); the {failed} that failed are not in these timings: look at"
+            " their error spans and exception events first")
 
 
 def for_stable_loop(holder: str | None) -> list[str]:
@@ -186,7 +197,7 @@ def for_stable_loop(holder: str | None) -> list[str]:
     (``holder``: the stage that held it most, when known)."""
     what = f"move {holder} off the event loop" if holder else "find what holds the event loop and move it off"
     return [
-        "latency is steady: no per-stage fix is needed for variability",
+        STEADY,
         f"to lower latency overall, {what} (await asyncio.to_thread(...) or"
         " loop.run_in_executor(...)): every request waits for it",
     ]
@@ -195,7 +206,7 @@ def for_stable_loop(holder: str | None) -> list[str]:
 def for_stable(largest_stage: str) -> list[str]:
     """Advice when nothing swings: latency is predictable; cut the biggest stage if needed."""
     return [
-        "latency is steady: no per-stage fix is needed for variability",
+        STEADY,
         f"to lower latency overall, start with {largest_stage}, the largest share of the total",
     ]
 

@@ -114,8 +114,12 @@ def failure_line(fig: Figures) -> str:
 
 def failures_first(verdict: Verdict, fig: Figures) -> None:
     """When :func:`failures_dominate`: the failure line first, the fix-the-errors advice first, and
-    no advice (or evidence) to simply send more requests."""
+    no advice (or evidence) to simply send more requests. Fewer failures (named in the evidence by
+    the caller): a steady verdict's advice says its steadiness is of the requests that succeeded."""
     if not failures_dominate(fig):
+        if fig.failed_requests > 0 and fig.requests > 0:  # fewer: never hidden by "steady"
+            verdict.advice = [advice_text.steady_but_failed(fig.failed_requests)
+                              if a == advice_text.STEADY else a for a in verdict.advice]
         return
     verdict.evidence = [e for e in verdict.evidence if not e.startswith(_MORE_RUNS_EVIDENCE)]
     verdict.evidence.insert(0, failure_line(fig))
