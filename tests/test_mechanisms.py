@@ -428,6 +428,7 @@ def test_a_thread_that_barely_ran_was_blocked_not_waiting_for_a_core(slow_util, 
     if cause == "preprocess":
         assert any("most likely blocked: on a lock, I/O" in e for e in report.verdict.evidence)
         assert not any("give decode a core" in a for a in report.verdict.advice)
+        assert report.verdict.advice[0].startswith("find what the slow decode runs wait on")
         assert not any("is CPU work that spent its slow runs waiting" in e for e in report.verdict.evidence)
 
 
@@ -494,6 +495,8 @@ def test_recorded_off_cpu_waits_are_not_called_contention(name, cause, stage, sa
     assert (verdict["cause"], verdict["stage"]) == (cause, stage), verdict["evidence"]
     assert any(said in e for e in verdict["evidence"]), verdict["evidence"]
     assert not any("a core:" in a for a in verdict["advice"])
+    if "blocked: on a lock" in said:  # the evidence's finding has its advice, first
+        assert verdict["advice"][0].startswith(f"find what the slow {stage} runs wait on")
 
 
 def test_a_steady_service_waiting_on_a_held_loop_is_told_what_holds_it():

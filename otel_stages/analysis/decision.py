@@ -281,7 +281,11 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         gpu_level=fig.gpu.level,
         preprocess=evidence.preprocess if evidence else None,
     )
-    return cause, advice, lines
+    # first, what an unconfirmed mechanism's evidence points at (a blocked stage): no sentence in
+    # the evidence is left without its advice
+    pointed = [a for m in (evidence.mechanisms if evidence else ()) if not m.confirmed
+               for a in m.advice]
+    return cause, pointed + advice, lines
 
 
 def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:

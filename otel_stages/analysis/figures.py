@@ -166,7 +166,9 @@ class CohortFigures:
 class Mechanism:
     """Evidence that a named mechanism slowed a stage (e.g. ``cpu_contention``: wall time far
     above the thread's CPU time). ``confirmed``: the evidence passed its own thresholds; only then
-    does ``cause`` replace the stage's plain cause. ``evidence`` / ``advice``: sentences."""
+    does ``cause`` replace the stage's plain cause. ``evidence`` / ``advice``: sentences (an
+    unconfirmed mechanism's advice, when it has any, is added to the plain cause's: what its
+    evidence points at, e.g. a blocked stage)."""
 
     cause: str
     confirmed: bool

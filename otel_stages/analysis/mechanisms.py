@@ -269,7 +269,9 @@ def _contention(sig: StageSignals) -> Mechanism | None:
             f" core would leave a thread more (below {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes"
             f" 10+ busy threads per core, or 10+ busy Python threads sharing the GIL), so the"
             f" slow {sig.stage} runs were most likely blocked: on a lock, I/O, a device or a sleep"
-            " (thread CPU time cannot tell which)",))
+            " (thread CPU time cannot tell which)",), (
+            f"find what the slow {sig.stage} runs wait on: a wall-clock profile of them (py-spy"
+            " dump or py-spy record --idle) shows the lock, socket or sleep they block in",))
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
         f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
