@@ -27,10 +27,10 @@ from otel_stages.analysis.clickhouse_sql import (
     GPU_BUCKET_NS,
     PERCENT_GUESS,
     PROCESS_TABLE,
-    WINDOW_SLACK_NS,
     AggregateQuery,
     distribution,
     median,
+    metric_filter,
     query_params,
     requests,
     span_filter,
@@ -253,15 +253,8 @@ def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str,
     a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent), and one row per (point,
     warm forward window) with the point inside the window (the bucketed join described in
     :mod:`otel_stages.analysis.clickhouse_sql`)."""
-    time_filter = []
-    if query.start_ns is not None:
-        time_filter.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
-    if query.end_ns is not None:
-        time_filter.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
-    if query.service:
-        time_filter.append("ServiceName = {service:String}")
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
-    where = " AND ".join([f"MetricName = '{semconv.HW_GPU_UTILIZATION}'", "isFinite(Value)", *time_filter])
+    where = metric_filter(query, f"('{semconv.HW_GPU_UTILIZATION}')")
     # the process of a point: the same key as the requests' (service.name, service.instance.id)
     points = f"""SELECT cityHash64(CAST(ServiceName AS String), {inst}) AS proc_key,
         Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v

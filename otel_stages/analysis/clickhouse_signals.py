@@ -62,8 +62,8 @@ from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     GPU_BUCKET_NS,
     PROCESS_TABLE,
-    WINDOW_SLACK_NS,
     AggregateQuery,
+    metric_filter,
     query_params,
     requests,
     span_filter,
@@ -105,19 +105,6 @@ def _num(key: str) -> str:
     return f"toFloat64OrNull(SpanAttributes['{key}'])"
 
 
-def _metric_filter(query: AggregateQuery, names: str) -> str:
-    """WHERE over a metrics table: ``MetricName IN names``, finite, the window (with slack) and
-    the service."""
-    parts = [f"MetricName IN {names}", "isFinite(Value)"]
-    if query.start_ns is not None:
-        parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
-    if query.end_ns is not None:
-        parts.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
-    if query.service:
-        parts.append("ServiceName = {service:String}")
-    return " AND ".join(parts)
-
-
 _PROC_KEY = f"cityHash64(CAST(ServiceName AS String), ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'])"
 
 
@@ -126,7 +113,7 @@ def throttle_statement(sums: str, query: AggregateQuery) -> str:
     points (ns) of the processes with requests, by process, in time order, up to the first drop
     (a new cgroup, a restart: as :class:`otel_stages.analysis.stage_signals.ThrottleSeries`)."""
     points = f"""SELECT {_PROC_KEY} AS proc_key, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
-        FROM {sums} WHERE {_metric_filter(query, f"('{semconv.CONTAINER_CPU_THROTTLED_TIME}')")}"""
+        FROM {sums} WHERE {metric_filter(query, f"('{semconv.CONTAINER_CPU_THROTTLED_TIME}')")}"""
     order = "PARTITION BY proc_key ORDER BY t, v ROWS BETWEEN"
     return f"""CREATE TEMPORARY TABLE {THROTTLE_TABLE} ENGINE = Memory AS
 SELECT proc_key, t, v FROM (
@@ -302,7 +289,7 @@ def memory_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict
     time, as the utilization), and one row per (warm forward window of a cohort, GPU) with the
     points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm requests with that window)."""
     names = f"('{semconv.HW_GPU_MEMORY_USAGE}', '{semconv.HW_GPU_MEMORY_LIMIT}')"
-    where = _metric_filter(query, names)
+    where = metric_filter(query, names)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
 SELECT proc_key, hw, t, v, is_limit FROM (
     SELECT {_PROC_KEY} AS proc_key,

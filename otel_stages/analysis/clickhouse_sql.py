@@ -175,3 +175,17 @@ def median(expr: str, cond: str, method: str) -> str:
     if method == "exact":
         return f"quantileExactInclusiveIf(0.5)({expr}, {cond})"
     return f"quantileDDIf({DD_RELATIVE_ACCURACY}, 0.5)({expr}, {cond})"
+
+
+def metric_filter(query: AggregateQuery, names: str) -> str:
+    """WHERE over a metrics table (the exporter's gauge or sum schema): ``MetricName IN names``
+    (``names`` a SQL tuple, e.g. ``('hw.gpu.utilization')``), finite values, the window with
+    :data:`WINDOW_SLACK_NS` (params ``scan_lo`` / ``hi``) and the service (param ``service``)."""
+    parts = [f"MetricName IN {names}", "isFinite(Value)"]
+    if query.start_ns is not None:
+        parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
+    if query.end_ns is not None:
+        parts.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
+    if query.service:
+        parts.append("ServiceName = {service:String}")
+    return " AND ".join(parts)
