@@ -348,12 +348,18 @@ class OpenSpans(SpanProcessor):
     def __init__(self) -> None:
         self._open: dict[int, Span] = {}
         self._overflow_logged = False
+        #: Called once, on the next span start, then cleared (e.g. the fork warning: only a
+        #: child process that records spans has something to be warned about).
+        self.notice: Callable[[], Any] | None = None
         _after_fork_in_child(self._forget)  # the parent's open spans are not the child's
 
     def _forget(self) -> None:
         self._open.clear()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if self.notice is not None:
+            notice, self.notice = self.notice, None
+            notice()
         opened = self._open
         if len(opened) < MAX_OPEN_SPANS:
             opened[span.context.span_id] = span

@@ -364,7 +364,8 @@ def _file_exporters(settings: Settings, instance_id: str) -> tuple[SpanExporter,
 
 def _after_fork_in_child() -> None:
     """The child inherited the parent's configuration: say once what that means (see
-    :func:`configure`)."""
+    :func:`configure`), when the child starts its first span: a child that records nothing (a
+    multiprocessing worker, a subprocess helper) has nothing to be warned about."""
     global _lock
     _lock = threading.Lock()  # the parent may have forked while a configure() held it
     inherited = _last
@@ -377,12 +378,20 @@ def _after_fork_in_child() -> None:
     old_id = inherited.tracer_provider.resource.attributes.get(semconv.SERVICE_INSTANCE_ID)
     where = ("the parent's files" if inherited.trace_path is not None
              else "the parent's OTLP endpoint")
-    logger.warning("configure() ran before fork(): pid %d inherited the configuration of pid %d; "
-                   "the OpenTelemetry SDK gives its spans and metrics a new service.instance.id "
-                   "%s (pid %d's: %s) but they still go to %s, %s. Call otel_stages.configure() "
-                   "in each worker process (e.g. gunicorn post_fork) for its own files and "
-                   "settings", os.getpid(), inherited._pid, new_id, inherited._pid, old_id, where,
-                   inherited.destination)
+    args = (os.getpid(), inherited._pid, new_id, inherited._pid, old_id, where,
+            inherited.destination)
+
+    def warn() -> None:
+        logger.warning("configure() ran before fork(): pid %d inherited the configuration of pid"
+                       " %d; the OpenTelemetry SDK gives its spans and metrics a new"
+                       " service.instance.id %s (pid %d's: %s) but they still go to %s, %s. Call"
+                       " otel_stages.configure() in each worker process (e.g. gunicorn post_fork)"
+                       " for its own files and settings", *args)
+
+    if inherited._open_spans is not None:
+        inherited._open_spans.notice = warn
+    else:  # no span pipeline of ours to wait for: say it now
+        warn()
 
 
 def _shutdown_at_exit() -> None:

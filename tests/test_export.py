@@ -243,15 +243,18 @@ def test_fork_after_configure_warns_once_in_child(tmp_path, clean_env):
             code = 1
             try:
                 os.close(read_fd)
-                warned = [r.getMessage() for r in records]
+                before = [r.getMessage() for r in records]  # nothing recorded yet: no warning
                 with ots.request(request_id="from-child"):  # still the inherited configuration
                     pass
+                with ots.request(request_id="from-child-2"):  # warned once, not per span
+                    pass
+                warned = [r.getMessage() for r in records]
                 parent.force_flush()
                 child = ots.configure(service_name="forky", data_dir=tmp_path / "child",
                                       set_global=False, gpu="off")
                 _one_request()
                 child.force_flush()
-                result = {"warned": warned, "pid": os.getpid(), "trace_path": str(child.trace_path),
+                result = {"before": before, "warned": warned, "pid": os.getpid(), "trace_path": str(child.trace_path),
                           "instance": child.tracer_provider.resource.attributes[
                               semconv.SERVICE_INSTANCE_ID]}
                 child.shutdown()
@@ -270,6 +273,7 @@ def test_fork_after_configure_warns_once_in_child(tmp_path, clean_env):
     # the parent itself did not warn about fork (other warnings may come from threads that
     # earlier tests left running, e.g. a retrying exporter: not this test's subject)
     assert [r.getMessage() for r in records if "fork" in r.getMessage()] == []
+    assert [m for m in result["before"] if "fork" in m] == []  # warned at its first span
     (warning,) = [m for m in result["warned"] if "fork" in m]
     parent_id = parent.tracer_provider.resource.attributes[semconv.SERVICE_INSTANCE_ID]
     assert warning.startswith(f"configure() ran before fork(): pid {result['pid']} inherited the "
@@ -289,13 +293,38 @@ def test_fork_after_configure_warns_once_in_child(tmp_path, clean_env):
                 by_instance.setdefault(attrs["service.instance.id"], []).extend(
                     s["name"] for s in ss["spans"])
     (child_id,) = [i for i in by_instance if i != parent_id]
-    assert f"service.instance.id {child_id} " in warning and by_instance[child_id] == ["request"]
+    assert f"service.instance.id {child_id} " in warning and by_instance[child_id] == ["request", "request"]
     # configure() in the child: its own instance id and files
     assert result["instance"] != parent.tracer_provider.resource.attributes[semconv.SERVICE_INSTANCE_ID]
     child_path = Path(result["trace_path"])
     assert child_path.parent == tmp_path / "child" and f"-{result['pid']}-" in child_path.name
     assert _spans_by_service(child_path) == {"forky": ["decode", "forward", "request"]}
     parent.shutdown()
+
+
+def test_fork_child_that_records_nothing_is_not_warned(tmp_path, clean_env):
+    """A forked child that starts no span (a multiprocessing worker, a helper process) stays
+    silent: the fork warning comes with the first span the child records."""
+    parent = ots.configure(service_name="forky", data_dir=tmp_path, set_global=False, gpu="off")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("otel_stages")
+    log.addHandler(handler)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: some work without spans, then the exit status says what it saw
+            code = 3
+            try:
+                sum(range(1000))
+                code = 0 if not [r for r in records if "fork" in r.getMessage()] else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        log.removeHandler(handler)
+        parent.shutdown()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _closed_port() -> int:
