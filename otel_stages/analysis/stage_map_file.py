@@ -45,6 +45,7 @@ Where each kind looks, inside one request (the request span and every span below
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -59,10 +60,10 @@ BUILTIN: tuple[str, ...] = ("triton", "vllm")
 UNIT_NS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 LAYOUTS: tuple[str, ...] = ("end", "start")
 
-_MAP_KEYS = {"name", "about", "request", "layout", "stages", "variants"}
+_MAP_KEYS = {"name", "about", "request", "layout", "stages", "variants", "label"}
 _VARIANT_KEYS = {"name", "about", "layout", "stages"}
 _RULE_KEYS = {"stage", "span", "from_event", "to_event", "attribute", "minus", "unit", "rest",
-              "unfinished"}
+              "unfinished", "when"}
 
 
 class StageMapError(ValueError):
@@ -84,13 +85,22 @@ class StageRule:
     unit: str = "s"
     rest: bool = False
     unfinished: str = ""
+    #: a regular expression (searched, case-insensitive) the map's ``label`` must match
+    when: str | None = None
+
+    def matches(self, label: str | None) -> bool:
+        """Whether a span or event pair labelled ``label`` is this rule's (always without
+        ``when``)."""
+        return self.when is None or (label is not None
+                                     and re.search(self.when, label, re.IGNORECASE) is not None)
 
     def source(self) -> str:
         """Where this stage's time comes from, for ``semconv.STAGE_MAP_SOURCE``."""
+        when = f" where label ~ {self.when}" if self.when else ""
         if self.span:
-            return f"span {self.span}"
+            return f"span {self.span}{when}"
         if self.from_event:
-            return f"events {self.from_event} -> {self.to_event}"
+            return f"events {self.from_event} -> {self.to_event}{when}"
         if self.attribute:
             less = "".join(f" - {m}" for m in self.minus)
             return f"attribute {self.attribute}{less} ({self.unit})"
@@ -120,6 +130,9 @@ class StageMap:
     request: frozenset[str]
     variants: tuple[Variant, ...]
     about: str = ""
+    #: the attribute naming the unit a stage's time belongs to (Triton: ``triton.model_name``),
+    #: read on the span holding the stage's start or its nearest ancestor in the request
+    label: str | None = None
 
     def attribute_keys(self) -> frozenset[str]:
         """The request-span attributes the ``attribute`` stages read (a loader must keep them)."""
@@ -181,7 +194,13 @@ def parse_stage_map(text: str, *, where: str = "stage map") -> StageMap:
     else:
         variants = _variants(doc.get("variants"), layout, where)
     about = doc.get("about", "")
-    return StageMap(name.strip(), frozenset(names), variants, str(about or ""))
+    label = doc.get("label")
+    if label is not None and not (isinstance(label, str) and label.strip()):
+        raise StageMapError(f"{where}: 'label' must be an attribute name")
+    if label is None and any(r.when for v in variants for r in v.stages):
+        raise StageMapError(f"{where}: 'when' needs a map-level 'label' (the attribute it matches)")
+    return StageMap(name.strip(), frozenset(names), variants, str(about or ""),
+                    None if label is None else label.strip())
 
 
 def _layout(layout: Any, where: str) -> str:
@@ -239,7 +258,8 @@ def _rule(item: Any, where: str) -> StageRule:
             f"{where}: give exactly one of span, from_event (+ to_event), attribute (+ unit) or"
             f" rest: true (got {', '.join(kinds) or 'none'})"
         )
-    strings = {k: item.get(k) for k in ("span", "from_event", "to_event", "attribute", "unfinished")}
+    strings = {k: item.get(k)
+               for k in ("span", "from_event", "to_event", "attribute", "unfinished", "when")}
     for key, value in strings.items():
         if value is not None and not (isinstance(value, str) and value):
             raise StageMapError(f"{where}: {key!r} must be a non-empty string")
@@ -263,6 +283,14 @@ def _rule(item: Any, where: str) -> StageRule:
     rest = item.get("rest", False)
     if not isinstance(rest, bool):
         raise StageMapError(f"{where}: 'rest' must be true or false")
+    when = strings["when"]
+    if when is not None:
+        if not (item.get("span") or item.get("from_event")):
+            raise StageMapError(f"{where}: 'when' goes with span or from_event")
+        try:
+            re.compile(when)
+        except re.error as exc:
+            raise StageMapError(f"{where}: 'when' is not a regular expression ({exc})") from None
     return StageRule(
         stage=stage.strip(),
         span=strings["span"],
@@ -273,4 +301,5 @@ def _rule(item: Any, where: str) -> StageRule:
         unit=unit,
         rest=rest,
         unfinished=strings["unfinished"] or "",
+        when=when,
     )
