@@ -23,8 +23,8 @@ that outlives its request is not request latency); ``unaccounted_ms`` is the req
 by no stage span. Stages that stick out of their request, or overlap each other (so that their
 shares add up to more than the request), are named in ``problems`` (for a request a stage map
 made, by the map: :mod:`otel_stages.analysis.stage_map_checks` names the map's stages); stage
-spans that lie wholly outside their request span (count 0 ms) are named apart, with clock skew between hosts as the
-likely cause.
+spans that lie wholly outside their request span (count 0 ms) are named apart, with clock skew
+between hosts as the likely cause.
 
 Span names that carry per-request data are handled by :mod:`otel_stages.analysis.naming`.
 Everything here is linear in the number of spans (plus a sort of each request's few stages).

@@ -51,7 +51,8 @@ from otel_stages.analysis.stage_map_file import (
 
 __all__ = [
     "BUILTIN", "LAYOUTS", "MAP_OVERLAP_TOLERANCE_MS", "UNIT_NS", "MapSummary", "StageMap",
-    "StageMapError", "StageRule", "Variant", "apply_stage_map", "load_stage_map", "parse_stage_map", "suggest_stage_map",
+    "StageMapError", "StageRule", "Variant", "apply_stage_map", "load_stage_map",
+    "parse_stage_map", "suggest_stage_map",
 ]
 
 _Key = tuple[str, str]
