@@ -1,7 +1,7 @@
 """The report: everything ``otel-stages report`` shows, and its JSON form.
 
-:class:`Report` is built by :func:`otel_stages.analysis.diagnosis.diagnose`; :meth:`Report.to_dict` is the ``otel-stages report
---json`` contract (DESIGN.md section 3): ``requests``, ``counts``, ``total``, ``stages`` (with
+:class:`Report` is built by :func:`otel_stages.analysis.diagnosis.diagnose`;
+:meth:`Report.to_dict` is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``, ``total``, ``stages`` (with
 ``explains``), ``unaccounted``, ``overlap`` (time counted in two stages at once,
 :class:`~otel_stages.analysis.stage_overlap.Overlap`, or null), ``cohorts``, ``input_mix_explains``,
 ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
