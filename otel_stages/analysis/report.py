@@ -1,12 +1,13 @@
 """The report: everything ``otel-stages report`` shows, and its JSON form.
 
 :class:`Report` is built by :func:`otel_stages.analysis.diagnosis.diagnose`;
-:meth:`Report.to_dict` is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``, ``total``, ``stages`` (with
-``explains``), ``unaccounted``, ``overlap`` (time counted in two stages at once,
-:class:`~otel_stages.analysis.stage_overlap.Overlap`, or null), ``cohorts``, ``input_mix_explains``,
-``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
-``set_apart``, ``noise``, ``gpu``, ``slowest``, ``groups`` and ``signals`` (per stage: thread CPU
-time against waiting, GC, event-loop lag, throttling; :mod:`otel_stages.analysis.mechanisms`).
+:meth:`Report.to_dict` is the ``otel-stages report --json`` contract (DESIGN.md section 3):
+``requests``, ``counts``, ``total``, ``stages`` (with ``explains``), ``unaccounted``, ``overlap``
+(time counted in two stages at once, :class:`~otel_stages.analysis.stage_overlap.Overlap`, or
+null), ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``, ``problems``, ``verdict``
+(with ``tentative``), ``comparison``; plus ``set_apart``, ``noise``, ``gpu``, ``slowest``,
+``groups`` and ``signals`` (per stage: thread CPU time against waiting, GC, event-loop lag,
+throttling; :mod:`otel_stages.analysis.mechanisms`).
 """
 
 from __future__ import annotations
