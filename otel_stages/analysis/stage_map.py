@@ -34,6 +34,7 @@ from otel_stages.analysis.model import Recording, Span
 from otel_stages.analysis.stage_map_checks import (
     MAP_OVERLAP_TOLERANCE_MS,
     MapChecks,
+    label_lines,
     labels_to_dict,
     no_request_problem,
 )
@@ -71,8 +72,14 @@ class MapSummary:
     #: more than one variant
     by_variant: dict[str, int] = field(default_factory=dict)
     variants: int = 1
-    #: for a map with a ``label``: stage -> label value -> ms per mapped request (0 where absent)
+    #: for a map with a ``label``: stage -> label value -> ms in each mapped request that ran it
     labels: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    label: str | None = None  #: the map's ``label`` attribute
+
+    def label_lines(self) -> list[str]:
+        """The text report's lines of each stage's time per label value (:func:`label_lines
+        <otel_stages.analysis.stage_map_checks.label_lines>`)."""
+        return label_lines(self.name, self.label, self.labels)
 
     def to_dict(self) -> dict[str, object]:
         """JSON form: ``{"name", "requests_mapped", "requests_unmapped"}``, plus ``"variants"``
@@ -100,7 +107,7 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
     are.
     """
     summary = MapSummary(stage_map.name, variants=len(stage_map.variants),
-                         by_variant={v.name: 0 for v in stage_map.variants})
+                         by_variant={v.name: 0 for v in stage_map.variants}, label=stage_map.label)
     by_id: dict[_Key, Span] = {}
     for span in recording.spans:
         by_id.setdefault((span.trace_id, span.span_id), span)

@@ -135,8 +135,10 @@ class StageMap:
     label: str | None = None
 
     def attribute_keys(self) -> frozenset[str]:
-        """The request-span attributes the ``attribute`` stages read (a loader must keep them)."""
-        return frozenset(a for v in self.variants for r in v.stages for a in r.attributes())
+        """The attributes the map reads (a loader must keep them): the request-span attributes
+        of the ``attribute`` stages, and the ``label``."""
+        keys = {a for v in self.variants for r in v.stages for a in r.attributes()}
+        return frozenset(keys | ({self.label} if self.label else set()))
 
     def stage_order(self) -> tuple[str, ...]:
         """The stage names in the map's order (first appearance over the variants), for the
