@@ -153,13 +153,13 @@ def _figures(leader: float, runner: float) -> Figures:
                    total=None, gpu=GpuEvidence("none"))
 
 
-@pytest.mark.parametrize("part, at_risk", [(0.95, False), (1.05, True)])
-def test_overlap_changes_the_lead_only_from_the_threshold(part: float, at_risk: bool):
-    """forward leads resize by 0.2 of the variance; the overlap's part just below / above
-    OVERLAP_MAX_PART_OF_LEAD of that margin."""
+@pytest.mark.parametrize("explains, at_risk", [(0.19, False), (0.21, True)])
+def test_overlap_changes_the_lead_only_from_the_threshold(explains: float, at_risk: bool):
+    """forward leads resize by 0.2 of the variance: an overlap explaining just below / above
+    that (OVERLAP_MAX_PART_OF_LEAD = 1 of the margin) could make resize lead."""
+    assert OVERLAP_MAX_PART_OF_LEAD == 1.0
     fig = _figures(0.6, 0.4)
-    overlap = Overlap(requests=30, median_ms=5, swing_ms=10, share=0.2,
-                      explains=part * OVERLAP_MAX_PART_OF_LEAD * 0.2)
+    overlap = Overlap(requests=30, median_ms=5, swing_ms=10, share=0.2, explains=explains)
     got = lead_at_risk(fig, Verdict("forward", "forward"), overlap)
     assert got == ("resize" if at_risk else None)
 
@@ -168,6 +168,19 @@ def test_overlap_that_does_not_swing_leaves_the_verdict_firm():
     """A constant double count (explains 0) cannot change a ranking by variance."""
     overlap = Overlap(requests=30, median_ms=5, swing_ms=0, share=0.2, explains=0.0)
     assert lead_at_risk(_figures(0.6, 0.6), Verdict("forward", "forward"), overlap) is None
+
+
+def test_overlap_without_explains_compares_swings():
+    """Below the minimum warm count ``explains`` is unknown: the swings are compared (as the
+    ranking does). forward swings 30 ms, resize 20 ms: an overlap swinging 9 / 11 ms."""
+    fig = _figures(0.6, 0.4)
+    fig = Figures(warm_requests=4, stages={n: StageFigures(name=n, count=4, median_ms=10,
+                                                           swing_ms=s.swing_ms, share=0.3)
+                                           for n, s in fig.stages.items()},
+                  total=None, gpu=GpuEvidence("none"))
+    for swing, runner in ((9.0, None), (11.0, "resize")):
+        overlap = Overlap(requests=4, median_ms=5, swing_ms=swing, share=0.2, explains=None)
+        assert lead_at_risk(fig, Verdict("forward", "forward"), overlap) == runner
 
 
 # --- 2. map entries that matched nothing ---------------------------------------------------------------
