@@ -7,6 +7,7 @@ File format (every key but ``about``/``layout`` required)::
     name: triton                  # shown in the report
     about: one line on what this maps
     request: InferRequest         # span name, or a list of names: each such span is one request
+    label: triton.model_name      # optional: the attribute naming whose time a stage is (below)
     layout: end                   # attribute stages: laid back to back ending at the request's
                                   # end (``end``, the default) or starting at its start (``start``)
     stages:                       # in pipeline order; a stage name may repeat (times add up)
@@ -15,6 +16,15 @@ File format (every key but ``about``/``layout`` required)::
       - {stage: queue, attribute: gen_ai.latency.time_in_queue, unit: s}  # a duration attribute
       - {stage: forward, attribute: gen_ai.latency.e2e, minus: gen_ai.latency.time_to_first_token}
       - {stage: input_processing, rest: true}   # the request time the attribute stages leave
+
+``label`` (optional) names an attribute read on the span holding a stage's start, or its nearest
+ancestor in the request (Triton: ``triton.model_name`` on the model span above ``compute``). Each
+stage span carries it, and the report lists each stage's time per label value. A ``span`` or
+``from_event`` entry may add ``when: REGEX`` (searched in the label, case-insensitive): it then
+takes only the spans or event pairs whose label matches, and an entry with the same span or
+events and no ``when`` takes the rest; of several ``when`` entries with one source, the first
+that matches wins. The built-in ``triton`` map sends a composing model named as preprocessing to
+``preprocess`` this way, not to ``forward``.
 
 A server whose versions write different attributes gets ``variants`` instead of ``stages``: a
 list of ``{name, about, layout, stages}``, tried in order for each request; the first whose
