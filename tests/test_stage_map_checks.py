@@ -44,7 +44,8 @@ def _own_service(path: Path, *, n: int = 30, infer_after_ms: int = 0) -> Path:
         prep = 60 if i % 3 == 0 else 10
         end = t + (prep + 30) * MS
 
-        def span(sid: str, parent: str | None, name: str, start: int, stop: int) -> dict:
+        def span(sid: str, parent: str | None, name: str, start: int, stop: int,
+                 tid: str = tid) -> dict:
             out = {"traceId": tid, "spanId": sid, "name": name, "startTimeUnixNano": str(start),
                    "endTimeUnixNano": str(stop)}
             if parent:

@@ -12,8 +12,8 @@ The mapped request keeps its span id, trace id, attributes and resource; it is r
 ``request`` and widened to cover the stages timed from its own events (Triton receives the
 request body before it starts the request span); a stage from a span below it that sticks out
 is not: only its part inside counts, and :mod:`otel_stages.analysis.stage_map_checks` names it,
-with mapped stages that overlap and map entries that matched nothing. The spans below it are replaced by the stage spans (ids derived from the
-request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came from. A request span
+with mapped stages that overlap and map entries that matched nothing. The spans below it are
+replaced by the stage spans (ids derived from the request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came from. A request span
 the map cannot time (no stage found, an attribute missing, a step that never finished) is left as
 it was, so it is no request of the report, and counted in a problem saying why.
 
