@@ -8,14 +8,15 @@ the rest of the analysis (grouping, statistics, verdict) runs unchanged.
 The format (``request``, ``stages`` or ``variants``, the four kinds of stage) is described in
 :mod:`otel_stages.analysis.stage_map_file`, which parses and loads maps; this module applies them.
 
-The mapped request keeps its span id, trace id, attributes and resource; it is renamed
-``request`` and widened to cover the stages timed from its own events (Triton receives the
-request body before it starts the request span); a stage from a span below it that sticks out
-is not: only its part inside counts, and :mod:`otel_stages.analysis.stage_map_checks` names it,
-with mapped stages that overlap and map entries that matched nothing. The spans below it are
-replaced by the stage spans (ids derived from the request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came from. A request span
-the map cannot time (no stage found, an attribute missing, a step that never finished) is left as
-it was, so it is no request of the report, and counted in a problem saying why.
+The mapped request keeps its span id, trace id, attributes and resource; it is renamed ``request``
+and widened to cover the stages timed from its own events (Triton receives the request body before
+it starts the request span); a stage from a span below it that sticks out is not: only its part
+inside counts, and :mod:`otel_stages.analysis.stage_map_checks` names it, with mapped stages that
+overlap and map entries that matched nothing. The spans below it are replaced by the stage spans
+(ids derived from the request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came
+from. A request span the map cannot time (no stage found, an attribute missing, a step that never
+finished) is left as it was, so it is no request of the report, and counted in a problem saying
+why.
 
 The report lists a map's stages in the map's order (:meth:`StageMap.stage_order`, merged into
 the standard order by :func:`otel_stages.analysis.stats.pipeline_order`), not alphabetically.
