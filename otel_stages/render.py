@@ -63,6 +63,11 @@ def _stages_table(report: Report, width: int) -> RenderableType:
         rows.append(["(unaccounted)", "", _ms(gap.median_ms), "", "", _pct(gap.share),
                      _ms(gap.swing_ms), _pct(gap.explains)])
         styles.append("dim")
+    both = report.overlap
+    if both is not None:
+        rows.append(["(overlap)", "", _ms(both.median_ms), "", "", "-" + _pct(both.share),
+                     _ms(both.swing_ms), _pct(both.explains)])
+        styles.append("dim")
     if report.total is not None:
         t = report.total
         rows.append(["total", _ms(t.min_ms), _ms(t.median_ms), _ms(t.p95_ms), _ms(t.max_ms),
@@ -78,6 +83,10 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     ]
     if gap is not None:
         notes.append(Text("(unaccounted) = request time outside every stage span", style="dim"))
+    if both is not None:
+        notes.append(Text(f"(overlap) = time counted in two stages at once ({both.requests} of"
+                          f" {n} requests): the stage shares add up to more than 100 %; less this"
+                          " share they add up", style="dim"))
     partial = [s for s in report.stages.values() if s.count < n]
     if partial:
         each = "; ".join(f"{s.name} in {s.count} of {n}" for s in partial)

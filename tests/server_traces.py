@@ -268,3 +268,81 @@ def vllm_v0_queue_scenario(path: Path, n: int = 30) -> Path:
         t = end + 100 * MS
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def triton_ensemble_request(rng: random.Random, seq: int, start: int, *, ensemble: str,
+                            steps: list[tuple[str, float, float]],
+                            recv_ms: float = 0.4) -> tuple[list[dict], int]:
+    """One request to an ensemble whose composing models run one after another (``steps``:
+    ``(model, queue ms, execution ms)`` each), shaped as Triton's ``src/tracer.cc`` writes it:
+    ``InferRequest`` -> the ensemble's model span (REQUEST_START, QUEUE_START, REQUEST_END; no
+    compute span: ``TraceManager::Trace::StartSpan`` parents a trace with ``parent_id == 0`` on
+    the root span) -> one model span per composing model (its trace's ``parent_id`` is the
+    ensemble's trace id, so ``StartSpan`` parents it on the ensemble's span; attributes
+    ``triton.model_name``, ``triton.model_version``, ``triton.trace_id``,
+    ``triton.trace_parent_id``) -> its ``compute`` span (COMPUTE_START .. COMPUTE_END). Composing
+    models get trace ids after the ensemble's, as the core assigns them per child request.
+    docs/user_guide/trace.md: "For ensembles, every composing model produces model and compute
+    spans in addition to one model span for the ensemble"; qa/L0_trace/opentelemetry_unittest.py
+    ``_test_ensemble_trace`` checks that nesting."""
+    trace_id = f"{rng.getrandbits(128):032x}"
+    root_id, ens_id = (f"{rng.getrandbits(64):016x}" for _ in range(2))
+    recv_start, recv_end = start, start + int(recv_ms * MS)
+    root_start = recv_end + int(0.05 * MS)
+    ens_start = root_start + int(0.02 * MS)
+    ens_trace = seq * (len(steps) + 1)
+    spans: list[dict] = []
+    t = ens_start + int(0.03 * MS)
+    for k, (model, queue_ms, infer_ms) in enumerate(steps):
+        model_id, compute_id = (f"{rng.getrandbits(64):016x}" for _ in range(2))
+        req_start = t + int(0.02 * MS)
+        queue_start = req_start + int(0.01 * MS)
+        compute_start = queue_start + int(queue_ms * MS)
+        input_end = compute_start + int(0.3 * MS)
+        output_start = input_end + int(infer_ms * MS)
+        compute_end = output_start + int(0.2 * MS)
+        req_end = compute_end + int(0.05 * MS)
+        attrs = {"triton.model_name": model, "triton.model_version": 1,
+                 "triton.trace_id": ens_trace + k + 1, "triton.trace_parent_id": ens_trace}
+        spans.append(_span(trace_id, model_id, ens_id, model, req_start, req_end, attrs,
+                           [("REQUEST_START", req_start), ("QUEUE_START", queue_start),
+                            ("REQUEST_END", req_end)]))
+        spans.append(_span(trace_id, compute_id, model_id, "compute", compute_start, compute_end,
+                           None, [("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
+                                  ("COMPUTE_OUTPUT_START", output_start),
+                                  ("COMPUTE_END", compute_end)]))
+        t = req_end
+    ens_end = t + int(0.02 * MS)
+    ens_attrs = {"triton.model_name": ensemble, "triton.model_version": 1,
+                 "triton.trace_id": ens_trace, "triton.trace_parent_id": 0}
+    spans.insert(0, _span(trace_id, ens_id, root_id, ensemble, ens_start, ens_end, ens_attrs,
+                          [("REQUEST_START", ens_start),
+                           ("QUEUE_START", ens_start + int(0.01 * MS)), ("REQUEST_END", ens_end)]))
+    send_start = ens_end + int(0.05 * MS)
+    send_end = send_start + int(0.1 * MS)
+    root_end = send_end + int(0.02 * MS)
+    spans.insert(0, _span(trace_id, root_id, None, "InferRequest", root_start, root_end, None,
+                          [("HTTP_RECV_START", recv_start), ("HTTP_RECV_END", recv_end),
+                           ("HTTP_SEND_START", send_start), ("HTTP_SEND_END", send_end)]))
+    return spans, root_end
+
+
+def triton_preprocess_scenario(path: Path, *, preprocess: str = "preprocess", n: int = 31,
+                               postprocess: str | None = None) -> Path:
+    """An image ensemble (``image_pipeline``: ``preprocess`` -> ``resnet50``, optionally ->
+    ``postprocess``): the preprocessing model's execution (image decode and resize in a Python
+    backend) swings 4..60 ms with the image size while the network stays at ~20 ms and the
+    queues at ~1 ms. The first request is cold (the network's warm-up)."""
+    rng = random.Random(11)
+    lines, t = [], T0_NS
+    for seq in range(1, n + 1):
+        pre = rng.choice([4.0, 6.0, 8.0, 35.0, 50.0, 60.0])
+        net = 900.0 if seq == 1 else 20.0 + rng.uniform(-0.5, 0.5)
+        steps = [(preprocess, 1.0, pre), ("resnet50", 1.0 + rng.uniform(0, 0.3), net)]
+        if postprocess:
+            steps.append((postprocess, 0.5, 2.0 + rng.uniform(0, 0.2)))
+        spans, end = triton_ensemble_request(rng, seq, t, ensemble="image_pipeline", steps=steps)
+        lines.append(_export(TRITON_RESOURCE, "triton-server", spans))
+        t = end + 50 * MS
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -168,7 +168,8 @@ def test_selections():
 def test_a_stage_map_names_the_attributes_it_reads():
     vllm = load_stage_map("vllm")
     assert vllm.attribute_keys() and all(k.startswith("gen_ai.") for k in vllm.attribute_keys())
-    assert load_stage_map("triton").attribute_keys() == frozenset()  # events and spans only
+    # events and spans, and the label naming each stage's model
+    assert load_stage_map("triton").attribute_keys() == frozenset({"triton.model_name"})
 
 
 def test_records_are_frozen_values():

@@ -48,6 +48,7 @@ def test_triton_map_gives_the_queue_verdict(tmp_path: Path, capsys):
     path = triton_queue_scenario(tmp_path / "triton.jsonl")
     code, out, err = _report([str(path), "--stage-map", "triton"], capsys)
     assert code == 0, err
+    assert set(out["stage_map"].pop("labels")["forward"]) == {"vit_encoder"}  # per model
     assert out["stage_map"] == {"name": "triton", "requests_mapped": 31, "requests_unmapped": 0}
     assert out["requests"] == 31 and out["cold_start"] is not None
     assert (out["verdict"]["cause"], out["verdict"]["stage"]) == ("queue", "queue")
@@ -74,7 +75,8 @@ def test_triton_stage_spans_come_from_the_events(tmp_path: Path):
     assert (kids["forward"].start_ns, kids["forward"].end_ns) == (
         ev["COMPUTE_INPUT_END"], ev["COMPUTE_OUTPUT_START"])
     assert kids["forward"].attributes == {
-        semconv.STAGE_MAP_SOURCE: "events COMPUTE_INPUT_END -> COMPUTE_OUTPUT_START"}
+        semconv.STAGE_MAP_SOURCE: "events COMPUTE_INPUT_END -> COMPUTE_OUTPUT_START",
+        "triton.model_name": "vit_encoder"}
     request = next(s for s in mapped.spans if s.span_id == root.span_id)
     assert request.name == "request" and request.start_ns == ev["HTTP_RECV_START"] < root.start_ns
     assert request.end_ns == root.end_ns and request.resource == root.resource
@@ -366,6 +368,7 @@ def test_triton_request_that_never_left_the_queue_is_left_out_and_counted(tmp_pa
     path = triton_queue_scenario(tmp_path / "t.jsonl", not_computed=frozenset({5, 9}))
     code, out, err = _report([str(path), "--stage-map", "triton"], capsys)
     assert code == 0, err
+    assert out["stage_map"].pop("labels")["forward"]["vit_encoder"]["requests"] == 29
     assert out["stage_map"] == {"name": "triton", "requests_mapped": 29, "requests_unmapped": 2}
     assert out["requests"] == 29 and out["counts"]["failed"] == 0
     assert out["problems"] == [

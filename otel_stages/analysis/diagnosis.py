@@ -44,6 +44,8 @@ from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets
 from otel_stages.analysis.requests import Request, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.signal_figures import StageSignals
+from otel_stages.analysis.stage_map_checks import said_by_a_map
+from otel_stages.analysis.stage_overlap import overlap_caveat, overlap_stats
 from otel_stages.analysis.stage_signals import SignalTable, ThrottleSeries, signal_table
 from otel_stages.analysis.stats import (
     Distribution,
@@ -261,8 +263,11 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)), table=table)
     verdict = decide(result.figures)
+    overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
+    overlap_caveat(verdict, result.figures, overlap)
     problems = [*recording.problems, *screened.problems, *grouping.problems]
-    if screened.spans and not requests and not incomplete:  # (all left out: said above)
+    if (screened.spans and not requests and not incomplete  # (all left out: said above)
+            and not said_by_a_map(recording.problems)):  # the map's lines say which entry failed
         problems.append(
             f"{len(screened.spans)} spans read but none is a stage span (expected spans named"
             " download/decode/resize/queue/forward, or children of a 'request' span)"
@@ -277,6 +282,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         stages=result.stages,
         total=result.total,
         unaccounted=result.unaccounted,
+        overlap=overlap,
         cold_start=result.cold,
         verdict=verdict,
         gpu=result.gpu,

@@ -1,11 +1,13 @@
 """The report: everything ``otel-stages report`` shows, and its JSON form.
 
-:class:`Report` is built by :func:`otel_stages.analysis.diagnosis.diagnose`; :meth:`Report.to_dict`
-is the ``otel-stages report --json`` contract (DESIGN.md section 3): ``requests``, ``counts``,
-``total``, ``stages`` (with ``explains``), ``unaccounted``, ``cohorts``, ``input_mix_explains``,
-``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``), ``comparison``; plus
-``set_apart``, ``noise``, ``gpu``, ``slowest``, ``groups`` and ``signals`` (per stage: thread CPU
-time against waiting, GC, event-loop lag, throttling; :mod:`otel_stages.analysis.mechanisms`).
+:class:`Report` is built by :func:`otel_stages.analysis.diagnosis.diagnose`;
+:meth:`Report.to_dict` is the ``otel-stages report --json`` contract (DESIGN.md section 3):
+``requests``, ``counts``, ``total``, ``stages`` (with ``explains``), ``unaccounted``, ``overlap``
+(time counted in two stages at once, :class:`~otel_stages.analysis.stage_overlap.Overlap`, or
+null), ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``, ``problems``, ``verdict``
+(with ``tentative``), ``comparison``; plus ``set_apart``, ``noise``, ``gpu``, ``slowest``,
+``groups`` and ``signals`` (per stage: thread CPU time against waiting, GC, event-loop lag,
+throttling; :mod:`otel_stages.analysis.mechanisms`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.noise import NoiseBand
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.signal_figures import StageSignals
+from otel_stages.analysis.stage_overlap import Overlap
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
 from otel_stages.analysis.verdict import Verdict
 
@@ -221,6 +224,8 @@ class Report:
     baseline_sets: RequestSets | None = None
     #: per stage: thread CPU vs waiting, GC, event-loop lag, throttling (analysis.mechanisms)
     signals: dict[str, StageSignals] = field(default_factory=dict)
+    #: time counted in two stages at once (analysis.stage_overlap); ``None`` when none
+    overlap: Overlap | None = None
 
     @property
     def warm_requests(self) -> int:
@@ -240,6 +245,7 @@ class Report:
             "total": None if self.total is None else self.total.to_dict(),
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
             "unaccounted": None if self.unaccounted is None else self.unaccounted.to_dict(),
+            "overlap": None if self.overlap is None else self.overlap.to_dict(),
             "cohorts": [cohort_to_dict(c) for c in self.cohorts],
             "input_mix_explains": _r(self.input_mix_explains, 4),
             "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),

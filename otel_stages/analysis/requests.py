@@ -21,9 +21,10 @@ named in ``problems``. Their times would otherwise enter the statistics as reque
 Per request, each stage span counts only for the part that lies inside the request span (work
 that outlives its request is not request latency); ``unaccounted_ms`` is the request time covered
 by no stage span. Stages that stick out of their request, or overlap each other (so that their
-shares add up to more than the request), are named in ``problems``; stage spans that lie wholly
-outside their request span (count 0 ms) are named apart, with clock skew between hosts as the
-likely cause.
+shares add up to more than the request), are named in ``problems`` (for a request a stage map
+made, by the map: :mod:`otel_stages.analysis.stage_map_checks` names the map's stages); stage
+spans that lie wholly outside their request span (count 0 ms) are named apart, with clock skew
+between hosts as the likely cause.
 
 Span names that carry per-request data are handled by :mod:`otel_stages.analysis.naming`.
 Everything here is linear in the number of spans (plus a sort of each request's few stages).
@@ -49,6 +50,7 @@ from otel_stages.analysis.span_issues import (
 )
 
 _STANDARD = frozenset(semconv.STANDARD_STAGES)
+_MAPPED = semconv.STAGE_MAP_SOURCE
 
 
 
@@ -198,6 +200,7 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
 
     out = Grouping(requests=[], problems=[*naming.problems, *clashes.problems()])
     issues = StageIssues()
+    mapped = StageIssues()  # stage-map requests: the map names their overlaps and stick-outs
     orphans: list[Incomplete] = []
     for trace_id, request_id, leaves, groups, request_span in units:
         named = _renamed(leaves, naming)
@@ -208,7 +211,9 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
         elif (trace_id, request_id) in clashes.ids:  # merged requests: their stages stick out
             out.requests.append(_build(request_span, named, groups, StageIssues()))
         else:
-            out.requests.append(_build(request_span, named, groups, issues))
+            out.requests.append(_build(request_span, named, groups,
+                                       mapped if _MAPPED in named[0].attributes else issues))
+    issues.add_detached(mapped)
     out.incomplete = orphans + [_incomplete(s.trace_id, None, [s]) for s in roots]
     out.requests.sort(key=_by_start)
     out.requests = _mark_cold(out.requests)

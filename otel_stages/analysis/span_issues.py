@@ -63,6 +63,12 @@ class StageIssues:
         self.detached_requests = 0
         self.detached_example = ""
 
+    def add_detached(self, other: StageIssues) -> None:
+        """Take ``other``'s stage spans wholly outside their request (only those) into this one."""
+        self.detached += other.detached
+        self.detached_requests += other.detached_requests
+        self.detached_example = self.detached_example or other.detached_example
+
     def problems(self) -> list[str]:
         out = []
         if self.detached:

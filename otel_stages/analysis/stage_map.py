@@ -8,12 +8,15 @@ the rest of the analysis (grouping, statistics, verdict) runs unchanged.
 The format (``request``, ``stages`` or ``variants``, the four kinds of stage) is described in
 :mod:`otel_stages.analysis.stage_map_file`, which parses and loads maps; this module applies them.
 
-The mapped request keeps its span id, trace id, attributes and resource; it is renamed
-``request`` and widened to cover its stages (Triton receives the request body before it starts
-the request span). The spans below it are replaced by the stage spans (ids derived from the
-request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came from. A request span
-the map cannot time (no stage found, an attribute missing, a step that never finished) is left as
-it was, so it is no request of the report, and counted in a problem saying why.
+The mapped request keeps its span id, trace id, attributes and resource; it is renamed ``request``
+and widened to cover the stages timed from its own events (Triton receives the request body before
+it starts the request span); a stage from a span below it that sticks out is not: only its part
+inside counts, and :mod:`otel_stages.analysis.stage_map_checks` names it, with mapped stages that
+overlap and map entries that matched nothing. The spans below it are replaced by the stage spans
+(ids derived from the request's), each with ``semconv.STAGE_MAP_SOURCE`` saying where its time came
+from. A request span the map cannot time (no stage found, an attribute missing, a step that never
+finished) is left as it was, so it is no request of the report, and counted in a problem saying
+why.
 
 The report lists a map's stages in the map's order (:meth:`StageMap.stage_order`, merged into
 the standard order by :func:`otel_stages.analysis.stats.pipeline_order`), not alphabetically.
@@ -31,6 +34,13 @@ import msgspec
 
 from otel_stages import semconv
 from otel_stages.analysis.model import Recording, Span
+from otel_stages.analysis.stage_map_checks import (
+    MAP_OVERLAP_TOLERANCE_MS,
+    MapChecks,
+    label_lines,
+    labels_to_dict,
+    no_request_problem,
+)
 from otel_stages.analysis.stage_map_file import (
     BUILTIN,
     LAYOUTS,
@@ -44,8 +54,9 @@ from otel_stages.analysis.stage_map_file import (
 )
 
 __all__ = [
-    "BUILTIN", "LAYOUTS", "UNIT_NS", "MapSummary", "StageMap", "StageMapError", "StageRule",
-    "Variant", "apply_stage_map", "load_stage_map", "parse_stage_map", "suggest_stage_map",
+    "BUILTIN", "LAYOUTS", "MAP_OVERLAP_TOLERANCE_MS", "UNIT_NS", "MapSummary", "StageMap",
+    "StageMapError", "StageRule", "Variant", "apply_stage_map", "load_stage_map",
+    "parse_stage_map", "suggest_stage_map",
 ]
 
 _Key = tuple[str, str]
@@ -64,14 +75,27 @@ class MapSummary:
     #: more than one variant
     by_variant: dict[str, int] = field(default_factory=dict)
     variants: int = 1
+    #: for a map with a ``label``: stage -> label value -> ms in each mapped request that ran it
+    labels: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    label: str | None = None  #: the map's ``label`` attribute
+
+    def label_lines(self) -> list[str]:
+        """The text report's lines of each stage's time per label value (:func:`label_lines
+        <otel_stages.analysis.stage_map_checks.label_lines>`)."""
+        return label_lines(self.name, self.label, self.labels)
 
     def to_dict(self) -> dict[str, object]:
         """JSON form: ``{"name", "requests_mapped", "requests_unmapped"}``, plus ``"variants"``
-        (``{variant name: requests mapped}``, every variant) for a map with more than one."""
+        (``{variant name: requests mapped}``, every variant) for a map with more than one, and
+        ``"labels"`` for a map with a ``label`` (:func:`labels_to_dict
+        <otel_stages.analysis.stage_map_checks.labels_to_dict>`: each stage's time per label
+        value, e.g. per Triton model)."""
         out: dict[str, object] = {
             "name": self.name, "requests_mapped": self.mapped, "requests_unmapped": self.unmapped}
         if self.variants > 1:
             out["variants"] = dict(self.by_variant)
+        if self.labels:
+            out["labels"] = labels_to_dict(self.labels)
         return out
 
 
@@ -86,7 +110,7 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
     are.
     """
     summary = MapSummary(stage_map.name, variants=len(stage_map.variants),
-                         by_variant={v.name: 0 for v in stage_map.variants})
+                         by_variant={v.name: 0 for v in stage_map.variants}, label=stage_map.label)
     by_id: dict[_Key, Span] = {}
     for span in recording.spans:
         by_id.setdefault((span.trace_id, span.span_id), span)
@@ -99,9 +123,10 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
     added: list[Span] = []
     unmapped_why: dict[str, int] = defaultdict(int)
     requests = [s for s in by_id.values() if s.name in stage_map.request]
+    checks = MapChecks(stage_map)
     for req in sorted(requests, key=lambda s: (s.start_ns, s.trace_id)):
         subtree = _subtree(req, children, stage_map.request)
-        stages, variant_or_why = _stages(stage_map, req, subtree, children)
+        stages, variant_or_why = _stages(stage_map, req, subtree, children, checks)
         if not stages:
             summary.unmapped += 1
             unmapped_why[variant_or_why] += 1
@@ -109,8 +134,13 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
         summary.mapped += 1
         summary.by_variant[variant_or_why] = summary.by_variant.get(variant_or_why, 0) + 1
         replaced.update((s.trace_id, s.span_id) for s in subtree)
-        start = min([req.start_ns, *(s.start_ns for s in stages)])
-        end = max([req.end_ns, *(s.end_ns for s in stages)])
+        # widened only by the request span's own events (Triton receives the body before it
+        # starts InferRequest); a stage from a span below that sticks out is clipped and named
+        own = [s for s in stages if s.attributes.get(_OWN)]
+        stages = [_without_own(s) for s in stages]
+        start = min([req.start_ns, *(s.start_ns for s in own)])
+        end = max([req.end_ns, *(s.end_ns for s in own)])
+        checks.add_request(req.trace_id, start, end, stages)
         added.append(
             msgspec.structs.replace(
                 req,
@@ -124,19 +154,16 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
         added.extend(stages)
 
     if not requests:
-        seen = sorted({s.name for s in by_id.values()})
-        shown = ", ".join(seen[:8]) + (", ..." if len(seen) > 8 else "")
-        other = suggest_stage_map(by_id.values())
-        summary.problems.append(
-            f"stage map {stage_map.name}: no span named {' or '.join(sorted(stage_map.request))}"
-            f" (span names found: {shown or 'none'}); is this the right map?"
-            + (f" These spans match --stage-map {other}." if other else "")
-        )
+        summary.problems.append(no_request_problem(
+            stage_map, [s.name for s in by_id.values()], suggest_stage_map(by_id.values())))
     for why, count in sorted(unmapped_why.items()):
         summary.problems.append(
             f"stage map {stage_map.name}: {count} of {len(requests)} request span(s) left out of"
             f" the timings: {why}"
         )
+    if requests:
+        summary.problems.extend(checks.problems(summary.by_variant, len(requests)))
+    summary.labels = checks.labels()
     out = Recording(
         spans=[s for k, s in by_id.items() if k not in replaced] + added,
         metrics=list(recording.metrics),
@@ -170,8 +197,19 @@ def _subtree(
     return out
 
 
-def _stage_span(req: Span, index: int, rule: StageRule, start_ns: int, end_ns: int) -> Span:
+# marks, while a request is mapped, a stage span from the request span's own events (removed
+# before the span leaves this module)
+_OWN = "\0own"
+
+
+def _stage_span(req: Span, index: int, rule: StageRule, start_ns: int, end_ns: int,
+                label: tuple[str, str] | None = None, own: bool = False) -> Span:
     digest = hashlib.blake2b(f"{req.trace_id}/{req.span_id}/{index}".encode(), digest_size=8)
+    attributes: dict[str, Any] = {semconv.STAGE_MAP_SOURCE: rule.source()}
+    if label is not None:
+        attributes[label[0]] = label[1]
+    if own:
+        attributes[_OWN] = True
     return Span(
         trace_id=req.trace_id,
         span_id=digest.hexdigest(),
@@ -179,18 +217,66 @@ def _stage_span(req: Span, index: int, rule: StageRule, start_ns: int, end_ns: i
         name=rule.stage,
         start_ns=start_ns,
         end_ns=max(start_ns, end_ns),
-        attributes={semconv.STAGE_MAP_SOURCE: rule.source()},
+        attributes=attributes,
         resource=req.resource,
     )
 
 
+def _without_own(span: Span) -> Span:
+    if _OWN not in span.attributes:
+        return span
+    return msgspec.structs.replace(
+        span, attributes={k: v for k, v in span.attributes.items() if k != _OWN})
+
+
+class _Labels:
+    """The map's ``label`` of the spans of one request: found on a span or its nearest ancestor
+    inside the request."""
+
+    def __init__(self, key: str | None, subtree: Sequence[Span]) -> None:
+        self.key = key
+        self._by_id = {s.span_id: s for s in subtree} if key else {}
+
+    def of(self, span: Span) -> tuple[str, str] | None:
+        if self.key is None:
+            return None
+        seen = 0
+        node: Span | None = span
+        while node is not None and seen < len(self._by_id) + 1:
+            value = node.attributes.get(self.key)
+            if value is not None and value != "":
+                return self.key, str(value)
+            node = self._by_id.get(node.parent_span_id) if node.parent_span_id else None
+            seen += 1
+        return None
+
+
+def _claims(rule: StageRule, rules: Sequence[StageRule], label: tuple[str, str] | None) -> bool:
+    """Whether ``rule`` takes a span or event pair labelled ``label``: a rule with ``when`` takes
+    what it matches unless an earlier one with the same source and a ``when`` took it; a rule
+    without ``when`` takes what no rule with the same source and a ``when`` matches."""
+    value = None if label is None else label[1]
+    same = [r for r in rules if (r.span, r.from_event, r.to_event)
+            == (rule.span, rule.from_event, rule.to_event) and r.when]
+    if rule.when:
+        if not rule.matches(value):
+            return False
+        return next(r for r in same if r.matches(value)) is rule
+    return not any(r.matches(value) for r in same)
+
+
 def _stages(
-    stage_map: StageMap, req: Span, subtree: Sequence[Span], children: Mapping[_Key, list[Span]]
+    stage_map: StageMap, req: Span, subtree: Sequence[Span], children: Mapping[_Key, list[Span]],
+    checks: MapChecks,
 ) -> tuple[list[Span], str]:
     """The stage spans of one request and the variant that gave them; or no spans and why."""
     why: list[tuple[str, str]] = []
+    labels = _Labels(stage_map.label, subtree)
+    checks.see(req, subtree)
     for variant in stage_map.variants:
-        stages, reason = _variant_stages(variant, req, subtree, children)
+        matched: set[int] = set()
+        stages, reason = _variant_stages(variant, req, subtree, children, labels, matched)
+        checks.matched(variant.name, matched)
         if stages:
             return stages, variant.name
         why.append((variant.name, reason))
@@ -200,24 +286,37 @@ def _stages(
 
 
 def _variant_stages(
-    variant: Variant, req: Span, subtree: Sequence[Span], children: Mapping[_Key, list[Span]]
+    variant: Variant, req: Span, subtree: Sequence[Span], children: Mapping[_Key, list[Span]],
+    labels: _Labels, matched: set[int],
 ) -> tuple[list[Span], str]:
+    """The stage spans of one variant (or none, and why); ``matched`` gets the index of every
+    rule that found its span, events or attributes."""
     out: list[Span] = []
     missing: list[str] = []  # attributes a stage needs that the request span lacks
     bad: list[str] = []  # attribute stages that are there but not a duration
     unfinished: list[str] = []
     timed: list[tuple[StageRule, int]] = []  # attribute stages: (rule, duration ns)
-    for rule in variant.stages:
+    rules = variant.stages
+    for i, rule in enumerate(rules):
         if rule.span:
             for span in subtree[1:]:
                 if span.name == rule.span:
-                    out.append(_stage_span(req, len(out), rule, span.start_ns, span.end_ns))
+                    label = labels.of(span)
+                    if _claims(rule, rules, label):
+                        matched.add(i)
+                        out.append(_stage_span(req, len(out), rule, span.start_ns, span.end_ns,
+                                               label))
         elif rule.from_event and rule.to_event:
-            for start, end in _event_pairs(subtree, children, rule, unfinished):
-                out.append(_stage_span(req, len(out), rule, start, end))
+            for start, end, holder in _event_pairs(subtree, children, rule, unfinished):
+                label = labels.of(holder)
+                if _claims(rule, rules, label):
+                    matched.add(i)
+                    out.append(_stage_span(req, len(out), rule, start, end, label,
+                                           own=holder is req))
         elif rule.attribute:
             ns = _attribute_ns(req.attributes, rule, missing, bad)
             if ns is not None:
+                matched.add(i)
                 timed.append((rule, ns))
     if unfinished:
         return [], unfinished[0]
@@ -281,7 +380,8 @@ def _event_pairs(
     children: Mapping[_Key, list[Span]],
     rule: StageRule,
     unfinished: list[str],
-) -> Iterable[tuple[int, int]]:
+) -> Iterable[tuple[int, int, Span]]:
+    """``(start ns, end ns, the span holding the start)`` of every pair of the rule's events."""
     start_name, end_name = rule.from_event, rule.to_event
     members = {(s.trace_id, s.span_id) for s in subtree}
     for span in subtree:
@@ -304,4 +404,4 @@ def _event_pairs(
                     f" finished{meaning})"
                 )
                 continue
-            yield start, end
+            yield start, end, span

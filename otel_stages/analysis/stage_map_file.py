@@ -7,6 +7,7 @@ File format (every key but ``about``/``layout`` required)::
     name: triton                  # shown in the report
     about: one line on what this maps
     request: InferRequest         # span name, or a list of names: each such span is one request
+    label: triton.model_name      # optional: the attribute naming whose time a stage is (below)
     layout: end                   # attribute stages: laid back to back ending at the request's
                                   # end (``end``, the default) or starting at its start (``start``)
     stages:                       # in pipeline order; a stage name may repeat (times add up)
@@ -15,6 +16,15 @@ File format (every key but ``about``/``layout`` required)::
       - {stage: queue, attribute: gen_ai.latency.time_in_queue, unit: s}  # a duration attribute
       - {stage: forward, attribute: gen_ai.latency.e2e, minus: gen_ai.latency.time_to_first_token}
       - {stage: input_processing, rest: true}   # the request time the attribute stages leave
+
+``label`` (optional) names an attribute read on the span holding a stage's start, or its nearest
+ancestor in the request (Triton: ``triton.model_name`` on the model span above ``compute``). Each
+stage span carries it, and the report lists each stage's time per label value. A ``span`` or
+``from_event`` entry may add ``when: REGEX`` (searched in the label, case-insensitive): it then
+takes only the spans or event pairs whose label matches, and an entry with the same span or
+events and no ``when`` takes the rest; of several ``when`` entries with one source, the first
+that matches wins. The built-in ``triton`` map sends a composing model named as preprocessing to
+``preprocess`` this way, not to ``forward``.
 
 A server whose versions write different attributes gets ``variants`` instead of ``stages``: a
 list of ``{name, about, layout, stages}``, tried in order for each request; the first whose
@@ -45,6 +55,7 @@ Where each kind looks, inside one request (the request span and every span below
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -59,10 +70,10 @@ BUILTIN: tuple[str, ...] = ("triton", "vllm")
 UNIT_NS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 LAYOUTS: tuple[str, ...] = ("end", "start")
 
-_MAP_KEYS = {"name", "about", "request", "layout", "stages", "variants"}
+_MAP_KEYS = {"name", "about", "request", "layout", "stages", "variants", "label"}
 _VARIANT_KEYS = {"name", "about", "layout", "stages"}
 _RULE_KEYS = {"stage", "span", "from_event", "to_event", "attribute", "minus", "unit", "rest",
-              "unfinished"}
+              "unfinished", "when"}
 
 
 class StageMapError(ValueError):
@@ -84,13 +95,22 @@ class StageRule:
     unit: str = "s"
     rest: bool = False
     unfinished: str = ""
+    #: a regular expression (searched, case-insensitive) the map's ``label`` must match
+    when: str | None = None
+
+    def matches(self, label: str | None) -> bool:
+        """Whether a span or event pair labelled ``label`` is this rule's (always without
+        ``when``)."""
+        return self.when is None or (label is not None
+                                     and re.search(self.when, label, re.IGNORECASE) is not None)
 
     def source(self) -> str:
         """Where this stage's time comes from, for ``semconv.STAGE_MAP_SOURCE``."""
+        when = f" where label ~ {self.when}" if self.when else ""
         if self.span:
-            return f"span {self.span}"
+            return f"span {self.span}{when}"
         if self.from_event:
-            return f"events {self.from_event} -> {self.to_event}"
+            return f"events {self.from_event} -> {self.to_event}{when}"
         if self.attribute:
             less = "".join(f" - {m}" for m in self.minus)
             return f"attribute {self.attribute}{less} ({self.unit})"
@@ -120,10 +140,15 @@ class StageMap:
     request: frozenset[str]
     variants: tuple[Variant, ...]
     about: str = ""
+    #: the attribute naming the unit a stage's time belongs to (Triton: ``triton.model_name``),
+    #: read on the span holding the stage's start or its nearest ancestor in the request
+    label: str | None = None
 
     def attribute_keys(self) -> frozenset[str]:
-        """The request-span attributes the ``attribute`` stages read (a loader must keep them)."""
-        return frozenset(a for v in self.variants for r in v.stages for a in r.attributes())
+        """The attributes the map reads (a loader must keep them): the request-span attributes
+        of the ``attribute`` stages, and the ``label``."""
+        keys = {a for v in self.variants for r in v.stages for a in r.attributes()}
+        return frozenset(keys | ({self.label} if self.label else set()))
 
     def stage_order(self) -> tuple[str, ...]:
         """The stage names in the map's order (first appearance over the variants), for the
@@ -181,7 +206,13 @@ def parse_stage_map(text: str, *, where: str = "stage map") -> StageMap:
     else:
         variants = _variants(doc.get("variants"), layout, where)
     about = doc.get("about", "")
-    return StageMap(name.strip(), frozenset(names), variants, str(about or ""))
+    label = doc.get("label")
+    if label is not None and not (isinstance(label, str) and label.strip()):
+        raise StageMapError(f"{where}: 'label' must be an attribute name")
+    if label is None and any(r.when for v in variants for r in v.stages):
+        raise StageMapError(f"{where}: 'when' needs a map-level 'label' (the attribute it matches)")
+    return StageMap(name.strip(), frozenset(names), variants, str(about or ""),
+                    None if label is None else label.strip())
 
 
 def _layout(layout: Any, where: str) -> str:
@@ -239,7 +270,8 @@ def _rule(item: Any, where: str) -> StageRule:
             f"{where}: give exactly one of span, from_event (+ to_event), attribute (+ unit) or"
             f" rest: true (got {', '.join(kinds) or 'none'})"
         )
-    strings = {k: item.get(k) for k in ("span", "from_event", "to_event", "attribute", "unfinished")}
+    strings = {k: item.get(k)
+               for k in ("span", "from_event", "to_event", "attribute", "unfinished", "when")}
     for key, value in strings.items():
         if value is not None and not (isinstance(value, str) and value):
             raise StageMapError(f"{where}: {key!r} must be a non-empty string")
@@ -263,6 +295,14 @@ def _rule(item: Any, where: str) -> StageRule:
     rest = item.get("rest", False)
     if not isinstance(rest, bool):
         raise StageMapError(f"{where}: 'rest' must be true or false")
+    when = strings["when"]
+    if when is not None:
+        if not (item.get("span") or item.get("from_event")):
+            raise StageMapError(f"{where}: 'when' goes with span or from_event")
+        try:
+            re.compile(when)
+        except re.error as exc:
+            raise StageMapError(f"{where}: 'when' is not a regular expression ({exc})") from None
     return StageRule(
         stage=stage.strip(),
         span=strings["span"],
@@ -273,4 +313,5 @@ def _rule(item: Any, where: str) -> StageRule:
         unit=unit,
         rest=rest,
         unfinished=strings["unfinished"] or "",
+        when=when,
     )

@@ -348,6 +348,8 @@ def _run(args: argparse.Namespace) -> int:
         from otel_stages.render import render  # rich only when text is wanted
 
         render(report, sys.stdout)
+        if mapped is not None and mapped.label_lines():
+            print("\n".join(mapped.label_lines()))
     if args.html and report.requests and _write_html(args, recording, baseline, report, where):
         return 1
     if report.requests == 0:
