@@ -46,7 +46,8 @@ from otel_stages.analysis.stats import (
 )
 
 TRACES = Path(__file__).parent / "data" / "traces"
-SCENARIOS = sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
+SCENARIOS = (sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
+             + sorted((TRACES / "pressure").glob("*.otlp.jsonl")))
 TRUST_ANSWERS = json.loads((TRACES / "trust" / "answers.json").read_text())
 TOL = {"rel": EXACT_RELATIVE_TOLERANCE, "abs": 1e-9}
 

@@ -448,10 +448,10 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         sums = bool(engine.rows(f"EXISTS TABLE {tables.sum_ref}", None, settings)[0]["result"])
         out["sum_table"] = [{"table": tables.sum_ref, "exists": sums}]
         filled = {}
-        for counter, statement in ((signals.THROTTLE_TABLE, signals.throttle_statement),
-                                   (signals.PRESSURE_TABLE, signals.pressure_statement)):
+        for counter, fill in ((signals.THROTTLE_TABLE, signals.throttle_statement),
+                              (signals.PRESSURE_TABLE, signals.pressure_statement)):
             if sums:
-                engine.execute(statement(tables.sum_ref, query), params, settings)
+                engine.execute(fill(tables.sum_ref, query), params, settings)
             filled[counter] = sums and bool(engine.rows(f"SELECT count() AS n FROM {counter}",
                                                         None, settings)[0]["n"])
         engine.execute(signals.signal_spans_statement(

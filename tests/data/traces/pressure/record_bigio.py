@@ -46,7 +46,9 @@ def main() -> None:
         with ots.request():
             with ots.stage("download"):
                 body = io.BytesIO(raw)
-            with ots.stage("decode"):
+            # the input's size and format, as otel_stages.imaging.decode records them
+            with ots.stage("decode", **{"image.width": 1920, "image.height": 1080,
+                                        "image.format": "JPEG"}):
                 image = Image.open(body)
                 image.load()
                 image = image.resize((960, 540))
