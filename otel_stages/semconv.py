@@ -196,3 +196,18 @@ CONTAINER_CPU_LIMIT = "container.cpu.limit"
 UNIT_NANOSECONDS = "ns"
 UNIT_PERIODS = "{periods}"
 UNIT_CPUS = "{cpus}"
+
+# --- CPU pressure stall information (Linux PSI, kernel Documentation/accounting/psi.rst) --------
+# No semantic convention is merged yet (semantic-conventions @ 384d661, 2026-08: no PSI metric).
+# The names are those of the latest proposal, open-telemetry/semantic-conventions PR #3528 (after
+# #2996 and #3068, which proposed ``system.linux.psi.total_time``): per resource a cumulative
+# counter ``system.{cpu,memory,io,irq}.linux.pressure.total`` in seconds, with the attribute
+# ``system.linux.pressure.stall_type`` (``some`` | ``full``).
+#: cumulative monotonic sum, unit "s" (float): time in which at least one task of the process's
+#: cgroup (cgroup v2 ``cpu.pressure``; else of the host, ``/proc/pressure/cpu``) was runnable but
+#: waiting for a core: the ``some`` line's ``total=`` (µs) / 1e6
+SYSTEM_CPU_PRESSURE_TOTAL = "system.cpu.linux.pressure.total"
+#: string attribute on the pressure points: ``some`` (what otel_stages records) or ``full``
+SYSTEM_LINUX_PRESSURE_STALL_TYPE = "system.linux.pressure.stall_type"
+PRESSURE_STALL_SOME = "some"
+UNIT_SECONDS = "s"

@@ -46,7 +46,8 @@ from otel_stages.analysis.stats import (
 )
 
 TRACES = Path(__file__).parent / "data" / "traces"
-SCENARIOS = sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
+SCENARIOS = (sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
+             + sorted((TRACES / "pressure").glob("*.otlp.jsonl")))
 TRUST_ANSWERS = json.loads((TRACES / "trust" / "answers.json").read_text())
 TOL = {"rel": EXACT_RELATIVE_TOLERANCE, "abs": 1e-9}
 
@@ -547,3 +548,25 @@ def test_cgroup_throttling_is_read_from_the_sum_table(engine, tmp_path) -> None:
     assert any("(quota 2 CPUs)" in e for e in got["verdict"]["evidence"])
     _close(got["signals"], want["signals"], "signals")
     assert got["signals"]["forward"]["throttled"]["requests"] > 0
+
+
+def test_cpu_pressure_is_read_from_the_sum_table(scenario_results, monkeypatch) -> None:
+    """The recorded bigio service (tests/data/traces/pressure): the cgroup's CPU pressure imported
+    into the sum table is lined up with every decode in SQL, and the shared rule refutes
+    cpu_contention with it; at a tenth instead of half of the waiting the ClickHouse verdict
+    turns (the rule is mechanisms.py's, not a copy). Without pressure, the hedged verdict."""
+    from otel_stages.analysis import clickhouse_figures, mechanisms
+
+    agg = scenario_results["s_bigio"]
+    (scope, *_) = agg.signals
+    decode = scope.stages["decode"]
+    assert decode.pressure is not None and decode.pressure.requests == decode.requests == 31
+    v = clickhouse_figures.verdict(agg)
+    assert (v.cause, v.stage) == ("preprocess", "decode")
+    assert any("waited on something else" in e for e in v.evidence)
+    no_pressure = clickhouse_figures.verdict(scenario_results["s_bigio_no_pressure"])
+    assert no_pressure.cause == "cpu_contention"
+    assert any("was not recorded, so this rests on thread CPU time alone" in e
+               for e in no_pressure.evidence)
+    monkeypatch.setattr(mechanisms, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
+    assert clickhouse_figures.verdict(agg).cause == "cpu_contention"

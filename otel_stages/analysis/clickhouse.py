@@ -443,16 +443,20 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         return out
     if spans:
         params = sql.query_params(query)
-        for table in (signals.SIGNAL_SPANS_TABLE, signals.THROTTLE_TABLE):
+        for table in (signals.SIGNAL_SPANS_TABLE, signals.THROTTLE_TABLE, signals.PRESSURE_TABLE):
             engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
-        throttle = bool(engine.rows(f"EXISTS TABLE {tables.sum_ref}", None, settings)[0]["result"])
-        out["sum_table"] = [{"table": tables.sum_ref, "exists": throttle}]
-        if throttle:
-            engine.execute(signals.throttle_statement(tables.sum_ref, query), params, settings)
-            throttle = bool(engine.rows(f"SELECT count() AS n FROM {signals.THROTTLE_TABLE}",
-                                        None, settings)[0]["n"])
-        engine.execute(signals.signal_spans_statement(tables.traces_ref, query, throttle),
-                       params, settings)
+        sums = bool(engine.rows(f"EXISTS TABLE {tables.sum_ref}", None, settings)[0]["result"])
+        out["sum_table"] = [{"table": tables.sum_ref, "exists": sums}]
+        filled = {}
+        for counter, fill in ((signals.THROTTLE_TABLE, signals.throttle_statement),
+                              (signals.PRESSURE_TABLE, signals.pressure_statement)):
+            if sums:
+                engine.execute(fill(tables.sum_ref, query), params, settings)
+            filled[counter] = sums and bool(engine.rows(f"SELECT count() AS n FROM {counter}",
+                                                        None, settings)[0]["n"])
+        engine.execute(signals.signal_spans_statement(
+            tables.traces_ref, query, filled[signals.THROTTLE_TABLE],
+            filled[signals.PRESSURE_TABLE]), params, settings)
         out["limit"] = engine.rows(signals.limit_sql(tables.gauge_ref), None, settings)
     engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {signals.SAMPLES_TABLE}", None, settings)
     engine.execute(signals.samples_statement(spans), None, settings)

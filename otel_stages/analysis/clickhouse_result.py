@@ -406,8 +406,9 @@ def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total
                    " in otel_stages.request()")
     if sum_table is not None:
         out.append(f"stage spans carry mechanism signals but there is no {sum_table} table: cgroup"
-                   " CPU throttling (container.cpu.throttling_data.throttled_time, a Sum) is not"
-                   " read; export metrics to ClickHouse too, or import them with otel-stages import")
+                   " CPU throttling (container.cpu.throttling_data.throttled_time, a Sum) and CPU"
+                   " pressure (system.cpu.linux.pressure.total) are not read; export metrics to"
+                   " ClickHouse too, or import them with otel-stages import")
     if memory_forwards[0] > memory_forwards[1]:
         out.append(f"GPU memory: {memory_forwards[0]} warm forwards have memory samples; the memory"
                    f" evidence is from a sample of {memory_forwards[1]} of them")

@@ -42,7 +42,7 @@ def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None) -> Sta
     return StageSignals(
         str(row["stage"]), int(row["n"]), float(row["slow_min"]), float(row["fast_max"]),
         cpu=part(row, "cpu"), wait=part(row, "wait"), gc=part(row, "gc"), lag=part(row, "lag"),
-        throttled=part(row, "throttled"),
+        throttled=part(row, "throttled"), pressure=part(row, "pressure"),
         slow_cpu_utilization=_f(row["util_slow"]) if int(row["util_slow_n"] or 0) else None,
         tail_cpu_utilization=_f(row["util_tail"]) if int(row["util_tail_n"] or 0) else None,
         fast_cpu_utilization=_f(row["util_fast"]) if int(row["util_fast_n"] or 0) else None,

@@ -1,5 +1,5 @@
 """The mechanism signals in ClickHouse: per-stage amounts of thread CPU time, waiting, GC pauses,
-event-loop lag and cgroup throttling, the stages that held the loop, and GPU memory around the
+event-loop lag, cgroup throttling and CPU pressure, the stages that held the loop, and GPU memory around the
 forwards. Pure:
 builds SQL (``(statement, params)`` / ``(name, SQL, params)``);
 :mod:`otel_stages.analysis.clickhouse_signal_result` reads the answers into the inputs of the
@@ -24,6 +24,10 @@ What is read, and how narrowly (a fleet has millions of spans):
   report also reads throttling on stage spans without them (a producer that records the
   cgroup's counter records the span signals too). The quota: each process's latest
   ``container.cpu.limit`` gauge, the largest (:func:`limit_sql`).
+- **CPU pressure** (:data:`PRESSURE_TABLE`): the cumulative ``system.cpu.linux.pressure.total``
+  points (``stall_type`` ``some``, seconds) from the sum table, read exactly as the throttled
+  time (same process key, cut at the first drop, interpolated at each signal span's start and
+  end, only on spans that carry signals).
 - **samples** (:data:`SAMPLES_TABLE`): one row per warm request and stage (the stage's ms as in
   the statistics), the signal known only when *every* span of the stage in the request carried it
   (the request's ``stage_counts``). Stage spans are matched to their request by parent span id:
@@ -81,8 +85,10 @@ SAMPLES_TABLE = "otel_stages_signal_samples"
 MEMORY_SAMPLES_TABLE = "otel_stages_memory_samples"
 MEMORY_PAIRS_TABLE = "otel_stages_memory_pairs"
 THROTTLE_TABLE = "otel_stages_throttle"
+PRESSURE_TABLE = "otel_stages_cpu_pressure"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE, THROTTLE_TABLE)
+TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE, THROTTLE_TABLE,
+          PRESSURE_TABLE)
 #: At most this many covered forwards come back for the GPU memory rule (a sample above).
 MAX_MEMORY_FORWARDS = 20_000
 #: Cohort columns of the per-request table (the scope of a cohort's signals).
@@ -92,7 +98,7 @@ R = requests()
 _SIGNAL_KEYS = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS,
                 semconv.EVENT_LOOP_HELD_MS)
 #: The parts of a stage read per sample (columns of SAMPLES_TABLE, plus ``wait``).
-PARTS = ("cpu", "wait", "gc", "lag", "throttled")
+PARTS = ("cpu", "wait", "gc", "lag", "throttled", "pressure")
 
 
 def _q(level: float, expr: str, cond: str, method: str) -> str:
@@ -112,10 +118,26 @@ def throttle_statement(sums: str, query: AggregateQuery) -> str:
     """Fill :data:`THROTTLE_TABLE`: the cumulative ``container.cpu.throttling_data.throttled_time``
     points (ns) of the processes with requests, by process, in time order, up to the first drop
     (a new cgroup, a restart: as :class:`otel_stages.analysis.stage_signals.ThrottleSeries`)."""
+    return _counter_statement(THROTTLE_TABLE, sums, query, semconv.CONTAINER_CPU_THROTTLED_TIME, "1")
+
+
+def pressure_statement(sums: str, query: AggregateQuery) -> str:
+    """Fill :data:`PRESSURE_TABLE`: the cumulative ``system.cpu.linux.pressure.total`` points
+    (seconds) with ``system.linux.pressure.stall_type`` = ``some`` of the processes with
+    requests, as :func:`throttle_statement` (:class:`otel_stages.analysis.stage_signals.
+    PressureSeries`)."""
+    some = (f"Attributes['{semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE}']"
+            f" = '{semconv.PRESSURE_STALL_SOME}'")
+    return _counter_statement(PRESSURE_TABLE, sums, query, semconv.SYSTEM_CPU_PRESSURE_TOTAL, some)
+
+
+def _counter_statement(table: str, sums: str, query: AggregateQuery, name: str, where: str) -> str:
+    """Fill ``table`` with one cumulative counter's points (``name``, rows where ``where``) by
+    process, in time order, up to the first drop."""
     points = f"""SELECT {_PROC_KEY} AS proc_key, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
-        FROM {sums} WHERE {metric_filter(query, f"('{semconv.CONTAINER_CPU_THROTTLED_TIME}')")}"""
+        FROM {sums} WHERE {metric_filter(query, f"('{name}')")} AND {where}"""
     order = "PARTITION BY proc_key ORDER BY t, v ROWS BETWEEN"
-    return f"""CREATE TEMPORARY TABLE {THROTTLE_TABLE} ENGINE = Memory AS
+    return f"""CREATE TEMPORARY TABLE {table} ENGINE = Memory AS
 SELECT proc_key, t, v FROM (
     SELECT proc_key, t, v, max(dropped) OVER ({order} UNBOUNDED PRECEDING AND CURRENT ROW) AS gone
     FROM (
@@ -142,12 +164,15 @@ def _at(side: str, at: str) -> str:
             f" {p}.v + ({n}.v - {p}.v) * ({at} - {p}.t) / ({n}.t - {p}.t)))")
 
 
-def signal_spans_statement(traces: str, query: AggregateQuery, throttle: bool = False) -> str:
+def signal_spans_statement(traces: str, query: AggregateQuery, throttle: bool = False,
+                           pressure: bool = False) -> str:
     """Fill :data:`SIGNAL_SPANS_TABLE` (module docstring): per (``trace_key``, ``pid``, ``name``)
     ``n`` spans, ``n_cpu`` / ``cpu``, ``n_gc`` / ``gc``, ``n_lag`` / ``lag``, ``n_throttled`` /
-    ``throttled`` (how many carried the signal, and its sum in ms) and ``held`` (ms of each span
-    that held an event loop). ``throttle``: :data:`THROTTLE_TABLE` is filled; each span's throttled
-    ms is the counter's rise between its start and end, interpolated (NULL outside the series)."""
+    ``throttled``, ``n_pressure`` / ``pressure`` (how many carried the signal, and its sum in ms)
+    and ``held`` (ms of each span that held an event loop). ``throttle``: :data:`THROTTLE_TABLE`
+    is filled; each span's throttled ms is the counter's rise between its start and end,
+    interpolated (NULL outside the series). ``pressure``: :data:`PRESSURE_TABLE` is filled,
+    read the same way (seconds to ms)."""
     has = " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in _SIGNAL_KEYS)
     gc_event = f"'{semconv.EVENT_GC_PAUSE}'"
     dur = f"toFloat64OrNull(a['{semconv.GC_DURATION_MS}'])"
@@ -162,7 +187,8 @@ def signal_spans_statement(traces: str, query: AggregateQuery, throttle: bool = 
 SELECT trace_key, pid, name, count() AS n,
     count(c) AS n_cpu, sum(ifNull(c, 0)) AS cpu, count(g) AS n_gc, sum(ifNull(g, 0)) AS gc,
     count(l) AS n_lag, sum(ifNull(l, 0)) AS lag, count(thr) AS n_throttled,
-    sum(ifNull(thr, 0)) AS throttled, groupArrayIf(h, h > 0) AS held
+    sum(ifNull(thr, 0)) AS throttled, count(prs) AS n_pressure, sum(ifNull(prs, 0)) AS pressure,
+    groupArrayIf(h, h > 0) AS held
 FROM ({{spans}})
 GROUP BY trace_key, pid, name"""
     spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
@@ -177,17 +203,27 @@ GROUP BY trace_key, pid, name"""
     FROM {traces}
     WHERE ({has} OR has(Events.Name, {gc_event})) AND {span_filter(query, odd=False)}
     LIMIT 1 BY trace_key, sid"""
-    if not throttle:
-        return head.replace("{spans}", f"SELECT *, CAST(NULL AS Nullable(Float64)) AS thr FROM ({spans})")
-    joins = "".join(
-        f"\nASOF LEFT JOIN {THROTTLE_TABLE} AS {side}{k} ON x.proc_key = {side}{k}.proc_key"
-        f" AND x.{at} {op} {side}{k}.t"
-        for side, at in (("a", "s_start"), ("b", "s_end")) for k, op in ((0, ">="), (1, "<=")))
-    with_thr = f"""SELECT x.*, if(ta IS NULL OR tb IS NULL, NULL, greatest(0., (tb - ta) / 1e6)) AS thr,
-        {_at("a", "x.s_start")} AS ta, {_at("b", "x.s_end")} AS tb
-    FROM ({spans}) AS x{joins}
+    null = "CAST(NULL AS Nullable(Float64))"
+    if not throttle and not pressure:
+        return head.replace("{spans}", f"SELECT *, {null} AS thr, {null} AS prs FROM ({spans})")
+    columns, joins = [], []
+    # per counter: its table, the join aliases at the span's start and end, the ms per unit
+    for on, alias, table, start, end, ms in ((throttle, "thr", THROTTLE_TABLE, "a", "b", "1e-6"),
+                                             (pressure, "prs", PRESSURE_TABLE, "c", "d", "1e3")):
+        if not on:
+            columns.append(f"{null} AS {alias}")
+            continue
+        joins += [f"\nASOF LEFT JOIN {table} AS {side}{k} ON x.proc_key = {side}{k}.proc_key"
+                  f" AND x.{at} {op} {side}{k}.t"
+                  for side, at in ((start, "s_start"), (end, "s_end"))
+                  for k, op in ((0, ">="), (1, "<="))]
+        columns += [f"if({alias}_a IS NULL OR {alias}_b IS NULL, NULL,"
+                    f" greatest(0., ({alias}_b - {alias}_a) * {ms})) AS {alias}",
+                    f"{_at(start, 'x.s_start')} AS {alias}_a", f"{_at(end, 'x.s_end')} AS {alias}_b"]
+    with_counters = f"""SELECT x.*, {", ".join(columns)}
+    FROM ({spans}) AS x{"".join(joins)}
     SETTINGS join_use_nulls = 1"""
-    return head.replace("{spans}", with_thr)
+    return head.replace("{spans}", with_counters)
 
 
 def samples_statement(with_spans: bool) -> str:
@@ -203,10 +239,10 @@ def samples_statement(with_spans: bool) -> str:
         return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
 SELECT {COHORT}, {forward} AS stage,
     arraySum(arrayFilter((d, n) -> n = {forward}, stage_ns, stage_names)) / 1e6 AS wall,
-    {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled
+    {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled, {null} AS pressure
 FROM {R} WHERE warm AND has(stage_names, {forward})"""
     known = ", ".join(f"if(s.n_{p} = q.cnt, s.{p}, NULL) AS {p}"
-                      for p in ("cpu", "gc", "lag", "throttled"))
+                      for p in ("cpu", "gc", "lag", "throttled", "pressure"))
     return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
 SELECT q.width AS width, q.height AS height, q.fmt AS fmt, q.stage AS stage, q.wall AS wall, {known}
 FROM ({inner}) AS q

@@ -46,7 +46,12 @@ from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_map_checks import said_by_a_map
 from otel_stages.analysis.stage_overlap import overlap_caveat, overlap_stats
-from otel_stages.analysis.stage_signals import SignalTable, ThrottleSeries, signal_table
+from otel_stages.analysis.stage_signals import (
+    PressureSeries,
+    SignalTable,
+    ThrottleSeries,
+    signal_table,
+)
 from otel_stages.analysis.stats import (
     Distribution,
     StageStats,
@@ -256,7 +261,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     apart_ids = {id(a.request) for a in apart}
     warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
     # every warm request's spans read once for the signals; the cohorts take their rows
-    table = signal_table(warm, None, ThrottleSeries(recording.metrics))
+    table = signal_table(warm, None, ThrottleSeries(recording.metrics),
+                         PressureSeries(recording.metrics))
     cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,

@@ -7,7 +7,8 @@ table uses for stages against the total. The parts are ``wait`` (``wall - thread
 ``cpu`` (these two add up to the stage, so their shares add up to 1), GC time, event-loop lag and
 cgroup throttled time. The result feeds :class:`~otel_stages.analysis.figures.StageEvidence`
 (``mechanisms``, in order of precedence; :func:`~otel_stages.analysis.verdict.cause_for` takes
-the first confirmed one) and the report's ``signals`` section.
+the first confirmed one) and the report's ``signals`` section. CPU pressure (PSI) is a part too,
+read only by the ``cpu_contention`` rule (item 5).
 
 A mechanism is confirmed when its part is known for at least :data:`MIN_SIGNAL_REQUESTS` warm
 requests and :data:`MIN_SIGNAL_COVERAGE` of those the stage ran in, explains at least
@@ -33,7 +34,17 @@ outlying runs do not make a mechanism), plus, per cause:
    CPU time cannot tell from a core. The slow runs must have waited: their CPU/wall median at most
    :data:`CONTENTION_MAX_UTILIZATION_RATIO` of the fast runs' (not a few outliers), and at least
    :data:`CONTENTION_MIN_SLOW_UTILIZATION` (less is a thread blocked on a lock, I/O or a sleep,
-   not one waiting for a core).
+   not one waiting for a core). And, where the CPU pressure part (Linux PSI ``some`` stall time
+   during the stage, :mod:`otel_stages.signals.pressure`) is known for enough runs (the same
+   :data:`MIN_SIGNAL_REQUESTS` and :data:`MIN_SIGNAL_COVERAGE`), the cores must have been
+   contended while the slow runs waited: slowest-quarter median pressure at least
+   :data:`CONTENTION_MIN_PRESSURE_OF_WAIT` of the slowest quarter's median waiting. A thread
+   waiting in the run queue keeps its cgroup's ``some`` state on, so a wait for a core shows in
+   the pressure at least 1:1; less means the slow runs waited on I/O, a lock, a sleep or the GIL
+   (a Python thread waiting for the GIL sleeps, it is not runnable). Pressure counts every task
+   of the cgroup (else the host) that waited, so it bounds this thread's own wait from above: it
+   refutes a core wait when low and shows the cores were busy when high. Without pressure (other
+   producers, old files, no PSI) the rule rests on thread CPU time alone and says so.
 
 Throttling, GC pauses and a blocked loop all show as waiting too, hence the order. Evidence lines
 compare the slowest quarter of the stage's runs (``>= p75``) with the faster half (``<= median``).
@@ -59,6 +70,7 @@ from otel_stages.analysis.signal_figures import (
     held_by_stage,
 )
 from otel_stages.analysis.stage_signals import (
+    PressureSeries,
     SignalTable,
     ThrottleSeries,
     signal_table,
@@ -93,6 +105,15 @@ CONTENTION_MIN_SLOW_UTILIZATION = 0.1
 #: medians): above it the slow runs computed about as steadily as the fast ones, and the slowdown
 #: that explains the variance comes from a few outliers, not from runs that waited.
 CONTENTION_MAX_UTILIZATION_RATIO = 0.75
+#: Where CPU pressure is recorded, the slow runs' median pressure (ms of PSI ``some`` stall during
+#: the stage) must be at least this part of their median waiting (wall - CPU) for the waiting to
+#: be for a core. A thread in the run queue keeps ``some`` on for its whole wait (1:1 at least);
+#: half leaves room for the counter's 100 ms samples interpolated across the stage's window (a
+#: stall near a window's edge is partly counted outside it) and for waiting that is GC or
+#: throttling beside a core wait. Below half, most of the waiting had no task waiting for a core.
+CONTENTION_MIN_PRESSURE_OF_WAIT = 0.5
+
+
 def _drives(part: Part | None, requests: int) -> bool:
     """The part explains the swing, and the typical slow run had more of it than the typical fast
     one (else a few outliers carry the explained variance: one long GC pause in 30 runs)."""
@@ -272,11 +293,62 @@ def _contention(sig: StageSignals) -> Mechanism | None:
             " (thread CPU time cannot tell which)",), (
             f"find what the slow {sig.stage} runs wait on: a wall-clock profile of them (py-spy"
             " dump or py-spy record --idle) shows the lock, socket or sleep they block in",))
+    return _pressure_check(sig, line, slowdown)
+
+
+def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
+    """``cpu_contention`` for a stage whose thread CPU time says it waited: confirmed when the CPU
+    pressure shows the cores were busy during the slow runs' waiting (at least
+    :data:`CONTENTION_MIN_PRESSURE_OF_WAIT` of it), refuted when it was recorded and stayed
+    lower, and on thread CPU time alone, hedged, when it was not recorded for enough runs."""
+    wait, pressure = sig.wait, sig.pressure
+    wait_ms = None if wait is None else wait.slow_median_ms
+    if (pressure is None or pressure.slow_median_ms is None or wait_ms is None
+            or pressure.requests < MIN_SIGNAL_REQUESTS
+            or pressure.requests < MIN_SIGNAL_COVERAGE * sig.requests):
+        missing = ("CPU pressure (Linux PSI) was not recorded" if pressure is None else
+                   f"CPU pressure (Linux PSI) was recorded for only {pressure.requests} of"
+                   f" {sig.requests} runs, too few to tell")
+        return _on_cpu_time_alone(sig, line, slowdown, missing)
+    stalled = pressure.slow_median_ms
+    share = stalled / wait_ms if wait_ms > 0 else 1.0
+    figure = (f"CPU pressure (Linux PSI some: a task of the service's cgroup, or of the host,"
+              f" waited for a core) in the slowest quarter: {duration(stalled)} of their"
+              f" {duration(wait_ms)} waiting (medians, {pct(share)}), vs"
+              f" {duration(pressure.fast_median_ms)} in the faster half")
+    if share < CONTENTION_MIN_PRESSURE_OF_WAIT:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}; but {figure}: the cores were contended for only {pct(share)} of the slow"
+            f" runs' waiting (below {pct(CONTENTION_MIN_PRESSURE_OF_WAIT)}; a thread waiting for"
+            f" a core keeps the pressure on all the while), so the slow {sig.stage} runs waited"
+            " on something else: I/O, a lock, a sleep, or the GIL (Python threads waiting for the"
+            " GIL sleep and do not show as CPU pressure)",), (
+            f"find what the slow {sig.stage} runs wait on: a wall-clock profile of them (py-spy"
+            " dump or py-spy record --idle) shows the socket, lock or sleep they block in; py-spy"
+            " record --gil shows whether they wait for the GIL",))
+    return Mechanism(CAUSE_CPU_CONTENTION, True, (
+        f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
+        f" log({sig.stage} ms); {figure}: the cores were busy while the slow runs waited (the"
+        " pressure counts every waiting task, so it bounds this thread's own wait from above):"
+        f" {sig.stage} is CPU work that spent its slow runs waiting for a core, not doing more"
+        " work",
+    ), (
+        f"give {sig.stage} a core: fewer busy threads and processes on the same CPUs (cap"
+        " request concurrency and thread pools at the cores available; ONNX Runtime / PyTorch"
+        " / OpenMP thread counts add up), or more CPUs for the service",
+        "in Python, CPU-bound threads also wait for the GIL: run CPU-heavy preprocessing in a"
+        " process pool, or in libraries that release the GIL",
+    ))
+
+
+def _on_cpu_time_alone(sig: StageSignals, line: str, slowdown: float, missing: str) -> Mechanism:
+    """``cpu_contention`` confirmed from thread CPU time without CPU pressure: hedged."""
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
         f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms): {sig.stage} is CPU work that spent its slow runs waiting for a"
-        " core (or the GIL), not doing more work; thread CPU time alone cannot rule out a wait"
-        " on I/O, a lock or a device behind a fixed amount of CPU work (see the advice)",
+        f" core (or the GIL), not doing more work; {missing}, so this rests on thread CPU time"
+        " alone, which cannot rule out a wait on I/O, a lock or a device behind a fixed amount"
+        " of CPU work (see the advice)",
     ), (
         f"give {sig.stage} a core: fewer busy threads and processes on the same CPUs (cap"
         " request concurrency and thread pools at the cores available; ONNX Runtime / PyTorch"
@@ -311,7 +383,7 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     odd input."""
     throttle = ThrottleSeries(metrics)
     if table is None:
-        table = signal_table(warm, stages, throttle)
+        table = signal_table(warm, stages, throttle, PressureSeries(metrics))
     held = held_by_stage(table.holders())
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}

@@ -11,7 +11,11 @@ For each warm request and stage, :func:`stage_samples` gives a :class:`Sample`: 
 * ``lag_ms``: asyncio event-loop lag while the stage waited on the loop
   (``otel_stages.event_loop.lag_ms``);
 * ``throttled_ms``: time the cgroup was throttled while the stage ran, interpolated from the
-  cumulative ``container.cpu.throttling_data.throttled_time`` points of the request's process.
+  cumulative ``container.cpu.throttling_data.throttled_time`` points of the request's process;
+* ``pressure_ms``: CPU pressure stall time (Linux PSI ``some``: at least one task of the
+  process's cgroup, else of the host, was runnable but waiting for a core) while the stage ran,
+  interpolated likewise from the cumulative ``system.cpu.linux.pressure.total`` points
+  (``stall_type`` ``some``, seconds) of the request's process.
 
 A span that carries ``thread.cpu_time_ms`` was recorded with signals on, so a missing GC or lag
 attribute on it means none (0), not unknown. :func:`holders` lists the stage spans that held an
@@ -45,6 +49,7 @@ class Sample:
     gc_ms: float | None = None
     lag_ms: float | None = None
     throttled_ms: float | None = None
+    pressure_ms: float | None = None
 
     @property
     def wait_ms(self) -> float | None:
@@ -65,16 +70,20 @@ def _number(value: object) -> float | None:
     return None
 
 
-class ThrottleSeries:
-    """Cumulative throttled time per process (``process_key`` of the points' resource), for
-    :meth:`throttled_ms` over a window. Points out of order are sorted; a counter that goes down
-    (a new cgroup, a restart) ends the usable range at the drop."""
+class CounterSeries:
+    """One cumulative counter per process (``process_key`` of the points' resource), for
+    :meth:`rise_ms` over a window: the points named ``name`` (with ``attributes`` among their
+    point attributes), values times ``ms_per_unit``. Points out of order are sorted; a counter
+    that goes down (a new cgroup, a restart) ends the usable range at the drop."""
 
-    def __init__(self, points: Sequence[MetricPoint]) -> None:
+    def __init__(self, points: Sequence[MetricPoint], name: str, ms_per_unit: float,
+                 attributes: dict[str, str] | None = None) -> None:
         raw: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        want = tuple((attributes or {}).items())
         for p in points:
-            if p.name == semconv.CONTAINER_CPU_THROTTLED_TIME:
+            if p.name == name and all(p.attributes.get(k) == v for k, v in want):
                 raw[process_key(p.resource)].append((p.time_ns, p.value))
+        self._ms_per_unit = ms_per_unit
         self._series: dict[str, tuple[list[int], list[float]]] = {}
         for key, pts in raw.items():
             pts.sort()
@@ -84,12 +93,6 @@ class ThrottleSeries:
                     break
                 kept.append((t, v))
             self._series[key] = ([t for t, _ in kept], [v for _, v in kept])
-        limits: dict[str, list[float]] = defaultdict(list)
-        for p in points:
-            if p.name == semconv.CONTAINER_CPU_LIMIT:
-                limits[process_key(p.resource)].append(p.value)
-        #: CPU quota (cpus) per process, the latest value seen
-        self.limits = {k: v[-1] for k, v in limits.items()}
 
     def __bool__(self) -> bool:
         return bool(self._series)
@@ -107,12 +110,46 @@ class ThrottleSeries:
         t0, t1, v0, v1 = times[i - 1], times[i], values[i - 1], values[i]
         return v0 + (v1 - v0) * (t_ns - t0) / (t1 - t0)
 
-    def throttled_ms(self, key: str, start_ns: int, end_ns: int) -> float | None:
-        """Throttled ms between two times of process ``key``; ``None`` when not covered."""
+    def rise_ms(self, key: str, start_ns: int, end_ns: int) -> float | None:
+        """The counter's rise (ms) between two times of process ``key``; ``None`` when not
+        covered."""
         a, b = self._at(key, start_ns), self._at(key, end_ns)
         if a is None or b is None:
             return None
-        return max(0.0, (b - a) / 1e6)
+        return max(0.0, (b - a) * self._ms_per_unit)
+
+
+class ThrottleSeries(CounterSeries):
+    """Cumulative throttled time (``container.cpu.throttling_data.throttled_time``, ns) per
+    process (:class:`CounterSeries`), and ``limits``: the CPU quota (cpus) per process, the
+    latest ``container.cpu.limit`` seen."""
+
+    def __init__(self, points: Sequence[MetricPoint]) -> None:
+        super().__init__(points, semconv.CONTAINER_CPU_THROTTLED_TIME, 1e-6)
+        limits: dict[str, list[float]] = defaultdict(list)
+        for p in points:
+            if p.name == semconv.CONTAINER_CPU_LIMIT:
+                limits[process_key(p.resource)].append(p.value)
+        #: CPU quota (cpus) per process, the latest value seen
+        self.limits = {k: v[-1] for k, v in limits.items()}
+
+    def throttled_ms(self, key: str, start_ns: int, end_ns: int) -> float | None:
+        """Throttled ms between two times of process ``key``; ``None`` when not covered."""
+        return self.rise_ms(key, start_ns, end_ns)
+
+
+class PressureSeries(CounterSeries):
+    """Cumulative CPU pressure stall time (``system.cpu.linux.pressure.total`` with
+    ``system.linux.pressure.stall_type`` = ``some``, seconds) per process
+    (:class:`CounterSeries`); :meth:`pressure_ms` over a window."""
+
+    def __init__(self, points: Sequence[MetricPoint]) -> None:
+        super().__init__(points, semconv.SYSTEM_CPU_PRESSURE_TOTAL, 1e3,
+                         {semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE: semconv.PRESSURE_STALL_SOME})
+
+    def pressure_ms(self, key: str, start_ns: int, end_ns: int) -> float | None:
+        """CPU pressure ms between two times of process ``key``; ``None`` when not covered."""
+        return self.rise_ms(key, start_ns, end_ns)
 
 
 def _gc_from_events(span: Span) -> float:
@@ -145,6 +182,8 @@ class StageColumns:
     lag_known: Flags
     throttled_ms: Floats
     throttled_known: Flags
+    pressure_ms: Floats
+    pressure_known: Flags
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -160,7 +199,8 @@ class StageColumns:
         return [Sample(*row) for row in zip(
             self.wall_ms.tolist(), known(self.cpu_ms, self.cpu_known),
             known(self.gc_ms, self.gc_known), known(self.lag_ms, self.lag_known),
-            known(self.throttled_ms, self.throttled_known))]
+            known(self.throttled_ms, self.throttled_known),
+            known(self.pressure_ms, self.pressure_known))]
 
 
 def _fields_of(columns: StageColumns) -> tuple[Any, ...]:
@@ -204,14 +244,16 @@ class SignalTable:
 
 
 def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
-                 throttle: ThrottleSeries) -> SignalTable:
+                 throttle: ThrottleSeries, pressure: PressureSeries | None = None) -> SignalTable:
     """The :class:`SignalTable` of ``warm`` for ``stages`` (``None``: every stage that ran): one
     pass over the requests' spans. Per request and stage the parts are summed over the stage's
     spans in span order; a part missing on one of them is not recorded for the request (module
-    docstring)."""
+    docstring). ``pressure``: the CPU pressure series (``None``: not recorded)."""
     wanted = None if stages is None else frozenset(stages)
     series = throttle if throttle else None
-    # per stage: rows; wall, cpu, gc, lag, throttled (0 where not recorded); the four known flags.
+    psi = pressure if pressure else None
+    # per stage: rows; wall, cpu, gc, lag, throttled, pressure (0 where not recorded); the five
+    # known flags.
     # array.array, not lists: 8 bytes a value while building (a fleet's five stages of hundreds
     # of thousands of requests would otherwise hold a float object per value)
     columns: dict[str, tuple[array[int], array[float], array[int]]] = {}
@@ -220,11 +262,12 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
     for row, req in enumerate(warm):  # runs once per request of a fleet: lookups hoisted
         ran = req.stages_ms
         key = ""
-        if series is not None:
+        if series is not None or psi is not None:
             key = keys.get(id(req.resource), "")
             if not key:
                 key = keys[id(req.resource)] = process_key(req.resource)
-        sums: dict[str, tuple[float | None, float | None, float | None, float | None]] = {}
+        sums: dict[str, tuple[float | None, float | None, float | None, float | None,
+                              float | None]] = {}
         for span in req.spans:
             attrs = span.attributes
             name = span.name
@@ -254,48 +297,56 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
                 if span_lag is None and recorded:
                     span_lag = 0.0
             # each sum starts at 0.0 (0.0 + -0.0 is 0.0); a part missing on one span is unknown
-            cpu, gc, lag, throttled = sums.get(name) or (0.0, 0.0, 0.0, 0.0 if series else None)
+            cpu, gc, lag, throttled, stalled = sums.get(name) or (
+                0.0, 0.0, 0.0, 0.0 if series else None, 0.0 if psi else None)
             if series is not None and throttled is not None:
                 part = series.throttled_ms(key, span.start_ns, span.end_ns)
                 throttled = None if part is None else throttled + part
+            if psi is not None and stalled is not None:
+                part = psi.pressure_ms(key, span.start_ns, span.end_ns)
+                stalled = None if part is None else stalled + part
             sums[name] = (None if cpu is None or span_cpu is None else cpu + span_cpu,
                           None if gc is None or span_gc is None else gc + span_gc,
                           None if lag is None or span_lag is None else lag + span_lag,
-                          throttled)
-        for name, (cpu, gc, lag, throttled) in sums.items():
+                          throttled, stalled)
+        for name, (cpu, gc, lag, throttled, stalled) in sums.items():
             col = columns.get(name)
             if col is None:
                 col = columns[name] = (array("q"), array("d"), array("b"))
             col[0].append(row)
             col[1].extend((ran[name], 0.0 if cpu is None else cpu, 0.0 if gc is None else gc,
-                           0.0 if lag is None else lag, 0.0 if throttled is None else throttled))
+                           0.0 if lag is None else lag, 0.0 if throttled is None else throttled,
+                           0.0 if stalled is None else stalled))
             col[2].extend((cpu is not None, gc is not None, lag is not None,
-                           throttled is not None))
+                           throttled is not None, stalled is not None))
     return SignalTable(len(warm), {name: _stage_columns(*col) for name, col in columns.items()},
                        tuple(held))
 
 
 def _stage_columns(rows: array[int], values: array[float], known: array[int]) -> StageColumns:
-    """Columns from what :func:`signal_table` collected (``values``: 5 a sample, ``known``: 4)."""
-    v = np.frombuffer(values, dtype=np.float64).reshape(-1, 5).T
-    k = np.frombuffer(known, dtype=np.bool_).reshape(-1, 4).T
+    """Columns from what :func:`signal_table` collected (``values``: 6 a sample, ``known``: 5)."""
+    v = np.frombuffer(values, dtype=np.float64).reshape(-1, 6).T
+    k = np.frombuffer(known, dtype=np.bool_).reshape(-1, 5).T
     return StageColumns(np.frombuffer(rows, dtype=np.int64).copy(), v[0].copy(),
                         v[1].copy(), k[0].copy(), v[2].copy(), k[1].copy(),
-                        v[3].copy(), k[2].copy(), v[4].copy(), k[3].copy())
+                        v[3].copy(), k[2].copy(), v[4].copy(), k[3].copy(),
+                        v[5].copy(), k[4].copy())
 
 
 def samples_by_stage(warm: Sequence[Request], stages: Sequence[str],
-                     throttle: ThrottleSeries) -> dict[str, list[Sample]]:
+                     throttle: ThrottleSeries, pressure: PressureSeries | None = None
+                     ) -> dict[str, list[Sample]]:
     """:func:`stage_samples` of each of ``stages`` at once: one pass over the requests' spans (a
     fleet's recording has hundreds of thousands of requests). Every stage is a key."""
-    table = signal_table(warm, stages, throttle)
+    table = signal_table(warm, stages, throttle, pressure)
     return {stage: table.stages[stage].samples() if stage in table.stages else []
             for stage in stages}
 
 
-def stage_samples(warm: Sequence[Request], stage: str, throttle: ThrottleSeries) -> list[Sample]:
+def stage_samples(warm: Sequence[Request], stage: str, throttle: ThrottleSeries,
+                  pressure: PressureSeries | None = None) -> list[Sample]:
     """One :class:`Sample` per warm request in which ``stage`` ran (request order)."""
-    return samples_by_stage(warm, [stage], throttle)[stage]
+    return samples_by_stage(warm, [stage], throttle, pressure)[stage]
 
 
 def holders(requests: Sequence[Request]) -> dict[str, list[float]]:

@@ -1,4 +1,5 @@
-"""The cgroup's CPU quota and throttled time (Linux), read from the cgroup filesystem.
+"""The cgroup's CPU quota and throttled time (Linux), read from the cgroup filesystem, and the
+sampler thread that also reads the CPU pressure (:mod:`otel_stages.signals.pressure`).
 
 Where the numbers come from (kernel documentation):
 
@@ -223,15 +224,25 @@ Point = tuple[str, int, float]
 
 
 class CgroupSampler:
-    """Reads ``cgroup`` every ``interval_s`` on a daemon thread; :meth:`drain` hands out the
-    points (metric names ``semconv.CONTAINER_CPU_*``, span-clock times) not yet taken.
-    ``reader`` is how a sample is taken (tests inject one). Thread-safe."""
+    """Reads ``cgroup`` (``None``: no cgroup CPU files) and the CPU pressure file ``pressure``
+    (:mod:`otel_stages.signals.pressure`; ``None``: no PSI) every ``interval_s`` on a daemon
+    thread; :meth:`drain` hands out the points (metric names ``semconv.CONTAINER_CPU_*`` and
+    ``semconv.SYSTEM_CPU_PRESSURE_TOTAL`` in seconds, span-clock times) not yet taken.
+    ``reader`` / ``pressure_reader`` are how a sample is taken (tests inject them). Thread-safe."""
 
-    def __init__(self, cgroup: CpuCgroup, interval_s: float = DEFAULT_INTERVAL_S,
-                 reader: Callable[[CpuCgroup], CpuReading | None] = read) -> None:
+    def __init__(self, cgroup: CpuCgroup | None, interval_s: float = DEFAULT_INTERVAL_S,
+                 reader: Callable[[CpuCgroup], CpuReading | None] = read,
+                 pressure: Path | None = None,
+                 pressure_reader: Callable[[Path], int | None] | None = None) -> None:
         self.cgroup = cgroup
+        self.pressure = pressure
         self.interval_s = interval_s
         self._reader = reader
+        if pressure_reader is None:
+            from otel_stages.signals.pressure import read_some_total_us  # it imports this module
+
+            pressure_reader = read_some_total_us
+        self._read_pressure = pressure_reader
         self._series: dict[str, _Thinned] = {}
         self._pending: list[Point] = []
         self._lock = threading.Lock()
@@ -265,16 +276,21 @@ class CgroupSampler:
         """Take one reading now and keep its points (``flush``: also the unchanged samples held
         back, so that the exported series reaches up to now)."""
         with _GUARD:
-            reading = self._reader(self.cgroup)
-            if reading is None:
+            values: dict[str, float | int | None] = {}
+            if self.cgroup is not None:
+                reading = self._reader(self.cgroup)
+                if reading is not None:
+                    values[semconv.CONTAINER_CPU_THROTTLED_TIME] = reading.throttled_ns
+                    values[semconv.CONTAINER_CPU_PERIODS] = reading.periods
+                    values[semconv.CONTAINER_CPU_THROTTLED_PERIODS] = reading.throttled_periods
+                    values[semconv.CONTAINER_CPU_LIMIT] = reading.limit_cpus
+            if self.pressure is not None:
+                total_us = self._read_pressure(self.pressure)
+                if total_us is not None:  # seconds, the proposed convention's unit
+                    values[semconv.SYSTEM_CPU_PRESSURE_TOTAL] = total_us / 1e6
+            if not values:
                 return
             now = RUNTIME.clock.now_ns()
-            values = {
-                semconv.CONTAINER_CPU_THROTTLED_TIME: reading.throttled_ns,
-                semconv.CONTAINER_CPU_PERIODS: reading.periods,
-                semconv.CONTAINER_CPU_THROTTLED_PERIODS: reading.throttled_periods,
-                semconv.CONTAINER_CPU_LIMIT: reading.limit_cpus,
-            }
             with self._lock:
                 for name, value in values.items():
                     if value is None:

@@ -1,9 +1,11 @@
-"""Wiring for ``configure()``: GC recording, and the cgroup sampler exported as metrics.
+"""Wiring for ``configure()``: GC recording, and the cgroup / CPU pressure sampler exported as
+metrics.
 
 Like the GPU samples, each cgroup reading is exported at the time it was taken:
 :class:`CgroupMetricReader` is a :class:`~otel_stages.sample_export.SampleReader` (which says
 why SDK instruments do not fit), sharing the exporter the SDK's periodic reader uses.
-Counters are cumulative monotonic sums, the limit a gauge (names in :mod:`otel_stages.semconv`).
+Counters are cumulative monotonic sums, the limit a gauge (names in :mod:`otel_stages.semconv`);
+the CPU pressure a sum in seconds with ``system.linux.pressure.stall_type=some``.
 This module imports the OpenTelemetry SDK; only ``otel_stages.sdk`` imports it.
 """
 
@@ -12,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -30,19 +32,38 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_stages import semconv
 from otel_stages.sample_export import SampleReader, SerializedExporter, metrics_data
-from otel_stages.signals import capture, cgroup, gcwatch
+from otel_stages.signals import capture, cgroup, gcwatch, pressure
 
 logger = logging.getLogger("otel_stages.signals")
 
-#: metric name -> (unit, description, cumulative counter?)
-METRICS: dict[str, tuple[str, str, bool]] = {
-    semconv.CONTAINER_CPU_THROTTLED_TIME: (
-        semconv.UNIT_NANOSECONDS, "Aggregate time the cgroup was throttled (CPU quota used up)", True),
-    semconv.CONTAINER_CPU_PERIODS: (
-        semconv.UNIT_PERIODS, "Number of CPU quota enforcement periods elapsed", True),
-    semconv.CONTAINER_CPU_THROTTLED_PERIODS: (
-        semconv.UNIT_PERIODS, "Number of periods in which the cgroup hit its CPU quota", True),
-    semconv.CONTAINER_CPU_LIMIT: (semconv.UNIT_CPUS, "CPU quota of the cgroup, in CPUs", False),
+class MetricSpec(NamedTuple):
+    """How one sampled series is exported: ``unit``, ``description``, ``counter`` (a cumulative
+    monotonic sum, else a gauge), ``integer`` (``asInt`` points, else ``asDouble``) and the
+    point ``attributes``."""
+
+    unit: str
+    description: str
+    counter: bool
+    integer: bool
+    attributes: Mapping[str, str]
+
+
+#: metric name -> how it is exported
+METRICS: dict[str, MetricSpec] = {
+    semconv.CONTAINER_CPU_THROTTLED_TIME: MetricSpec(
+        semconv.UNIT_NANOSECONDS, "Aggregate time the cgroup was throttled (CPU quota used up)",
+        True, True, {}),
+    semconv.CONTAINER_CPU_PERIODS: MetricSpec(
+        semconv.UNIT_PERIODS, "Number of CPU quota enforcement periods elapsed", True, True, {}),
+    semconv.CONTAINER_CPU_THROTTLED_PERIODS: MetricSpec(
+        semconv.UNIT_PERIODS, "Number of periods in which the cgroup hit its CPU quota", True, True,
+        {}),
+    semconv.CONTAINER_CPU_LIMIT: MetricSpec(
+        semconv.UNIT_CPUS, "CPU quota of the cgroup, in CPUs", False, False, {}),
+    semconv.SYSTEM_CPU_PRESSURE_TOTAL: MetricSpec(
+        semconv.UNIT_SECONDS, "Total time tasks of the cgroup (else the host) were runnable but"
+        " waiting for a CPU (Linux PSI cpu some total)", True, False,
+        {semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE: semconv.PRESSURE_STALL_SOME}),
 }
 
 #: Where cgroup files are read (tests point it at a fake tree).
@@ -55,17 +76,18 @@ def to_metrics_data(points: Sequence[cgroup.Point], start_ns: int, resource: Res
     for name, time_ns, value in points:
         grouped[name].append((time_ns, value))
     out = []
-    for name, (unit, description, counter) in METRICS.items():
+    for name, spec in METRICS.items():
         samples = sorted(grouped.get(name, ()))
         if not samples:
             continue
-        data_points = [NumberDataPoint(attributes={}, start_time_unix_nano=start_ns if counter else 0,
-                                       time_unix_nano=t, value=int(v) if counter else v)
+        data_points = [NumberDataPoint(attributes=dict(spec.attributes),
+                                       start_time_unix_nano=start_ns if spec.counter else 0,
+                                       time_unix_nano=t, value=int(v) if spec.integer else v)
                        for t, v in samples]
         data: Sum | Gauge = (Sum(data_points=data_points, is_monotonic=True,
                                  aggregation_temporality=AggregationTemporality.CUMULATIVE)
-                             if counter else Gauge(data_points=data_points))
-        out.append(Metric(name=name, description=description, unit=unit, data=data))
+                             if spec.counter else Gauge(data_points=data_points))
+        out.append(Metric(name=name, description=spec.description, unit=spec.unit, data=data))
     return metrics_data(out, resource)
 
 
@@ -121,7 +143,8 @@ _current: CgroupMetricReader | None = None
 def start(settings: Any, exporter: MetricExporter, resource_fn: Callable[[], Resource],
           drops: Any = None) -> tuple[MetricExporter, list[MetricReader]]:
     """Called by ``configure()``: turn per-stage signals on or off per ``settings.signals``,
-    record GC pauses, and when a cgroup with CPU files is found, sample it. Returns the exporter
+    record GC pauses, and when a cgroup with CPU files or CPU pressure (PSI) is found, sample
+    them on one thread. Returns the exporter
     the SDK's periodic reader must use (shared with the cgroup reader) and the readers to register
     before it."""
     global _current
@@ -135,11 +158,13 @@ def start(settings: Any, exporter: MetricExporter, resource_fn: Callable[[], Res
     capture.enable(True)
     gcwatch.install()
     found = cgroup.find(CGROUP_ROOT)
-    if found is None:
+    psi = pressure.find(CGROUP_ROOT)
+    if found is None and psi is None:
         return exporter, []
     shared = exporter if isinstance(exporter, SerializedExporter) else SerializedExporter(exporter)
     reader = CgroupMetricReader(
-        cgroup.CgroupSampler(found), shared, resource_fn, settings.metric_export_interval_s,
+        cgroup.CgroupSampler(found, pressure=psi), shared, resource_fn,
+        settings.metric_export_interval_s,
         on_dropped=None if drops is None else drops.add_points)
     _current = reader
     return shared, [reader]
