@@ -1,7 +1,8 @@
 """Readable text rendering of an analysis :class:`~otel_stages.analysis.Report` (formatting only).
 
 Uses ``rich``: colors and box drawing on a terminal (at its width: ``COLUMNS`` / ``stty cols``);
-plain text, no ANSI codes and a 100-column width when the output is a file or a pipe.
+plain text, no ANSI codes and a 100-column width (``COLUMNS`` when set) when the output is a file
+or a pipe.
 
 Tables are fitted to the width (:func:`otel_stages.terminal.fit_table`): numbers and trace ids are
 never cut and stage names fold onto a second line; when a table does not fit, its lowest-priority
@@ -27,7 +28,7 @@ from otel_stages.analysis.comparison import Change
 from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
 from otel_stages.analysis.figures import REASON_AFTER_FAILED_START, REASON_NEW_INPUT, SAME_INPUT
 from otel_stages.analysis.report import Report, Run
-from otel_stages.terminal import Column, fit_table, left_out_note, text_console
+from otel_stages.terminal import Column, env_columns, fit_table, left_out_note, text_console
 
 #: Width used when the output is not a terminal.
 DEFAULT_WIDTH = 100
@@ -105,12 +106,19 @@ def _stages_table(report: Report, width: int) -> RenderableType:
     return Group(Text(title, style="bold"), table, *left_out_note(dropped), *notes)
 
 
+def _of_wait(share: float | None) -> str:
+    """CPU pressure as a part of the slow runs' waiting; pressure also counts other tasks' waits,
+    so past the stage's own waiting it is only shown as more than all of it."""
+    return ">100%" if share is not None and share > 1.0 else _pct(share)
+
+
 def _signals_table(report: Report, width: int) -> RenderableType:
     """Thread CPU time against waiting per stage, and the share of each stage's variance that
     GC, event-loop lag and throttling explain (analysis.mechanisms)."""
     cols = [Column("stage", justify="left", fold=True), Column("cpu"), Column("wait"),
             Column("core slow/fast", 8), Column("wait expl"), Column("slowdown", 5), Column("gc", 3),
-            Column("lag", 6), Column("throttled", 7), Column("mechanism", 1, "left")]
+            Column("lag", 6), Column("throttled", 7), Column("pressure", 9),
+            Column("mechanism", 1, "left")]
     rows, styles = [], []
     for name, sig in report.signals.items():
         def part(p: object) -> str:
@@ -121,14 +129,17 @@ def _signals_table(report: Report, width: int) -> RenderableType:
             _ms(sig.wait.median_ms if sig.wait else None),
             f"{_pct(sig.slow_cpu_utilization)} / {_pct(sig.fast_cpu_utilization)}",
             part(sig.wait), _pct(sig.slowdown_explains), part(sig.gc), part(sig.lag),
-            part(sig.throttled), confirmed.cause if confirmed else "-",
+            part(sig.throttled), _of_wait(sig.pressure_of_wait),
+            confirmed.cause if confirmed else "-",
         ])
         styles.append("bold" if name == report.verdict.stage else None)
     table, dropped = fit_table(cols, rows, width, styles)
     title = ("Where the stage time went (cpu, wait = wall - cpu: ms medians; core = CPU/wall in the"
              " slowest quarter / faster half)")
     legend = ("wait expl, gc, lag (event loop), throttled: part of the stage's variance; slowdown:"
-              " part of the variance of log(ms) that wall/cpu explains")
+              " part of the variance of log(ms) that wall/cpu explains; pressure: CPU pressure"
+              " (Linux PSI some) during the slow runs' waiting, as a part of it (> 100%: other tasks"
+              " waited too; - = not recorded)")
     return Group(Text(title, style="bold"), table, *left_out_note(dropped), Text(legend, style="dim"))
 
 
@@ -378,13 +389,13 @@ def renderables(report: Report, width: int = DEFAULT_WIDTH) -> list[RenderableTy
 
 def render(report: Report, file: IO[str] | None = None, *, width: int | None = None) -> None:
     """Write the report to ``file`` (default stdout). On a terminal rich picks colors and width;
-    otherwise plain text (no ANSI codes, no trailing spaces) at ``width`` (default
-    :data:`DEFAULT_WIDTH`) columns. When ``file``'s encoding (cp1252, ASCII...) lacks the table
+    otherwise plain text (no ANSI codes, no trailing spaces) at ``width`` (default: ``COLUMNS``
+    when set, else :data:`DEFAULT_WIDTH`) columns. When ``file``'s encoding (cp1252, ASCII...) lacks the table
     rules' box-drawing characters, rules are ASCII; any other character it cannot hold is ``?``
     (:func:`otel_stages.terminal.text_console`)."""
     dest = sys.stdout if file is None else file
-    with text_console(dest, width if width is not None else DEFAULT_WIDTH,
-                      terminal_width=width) as console:
+    plain_width = width if width is not None else env_columns() or DEFAULT_WIDTH
+    with text_console(dest, plain_width, terminal_width=width) as console:
         for part in renderables(report, console.width):
             console.print(part)
             console.print()

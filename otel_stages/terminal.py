@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -155,6 +156,14 @@ def encoding_of(file: IO[str]) -> str:
         return codecs.lookup(name).name
     except LookupError:
         return "ascii"
+
+
+def env_columns() -> int | None:
+    """``COLUMNS`` from the environment when it is a width of at least 40, else ``None`` (the
+    variable shells set for their terminal; honoured for a file or a pipe too, so the hint of a
+    table that had to leave columns out works everywhere)."""
+    raw = os.environ.get("COLUMNS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= 40 else None
 
 
 @contextmanager

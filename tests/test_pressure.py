@@ -354,3 +354,33 @@ def test_the_threshold_decides_the_recorded_verdict(monkeypatch):
     """Break the rule on purpose: at a tenth instead of half, bigio's pressure would pass."""
     monkeypatch.setattr(mech, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
     assert _report("bigio").verdict.cause == "cpu_contention"
+
+
+def test_the_signals_table_shows_the_pressure_the_rule_reads(monkeypatch):
+    """The terminal's signals table: pressure as a part of the slow runs' waiting (what
+    CONTENTION_MIN_PRESSURE_OF_WAIT is compared with), '>100%' past all of it (other tasks
+    waited too), '-' where it was not recorded; a pipe honours COLUMNS."""
+    import io
+
+    from otel_stages.render import render
+
+    def table(name: str) -> str:
+        out = io.StringIO()
+        render(_report(name), out)
+        text = out.getvalue()
+        return text[text.index("Where the stage time went"):].split("\n\n")[0]
+
+    monkeypatch.setenv("COLUMNS", "160")
+    bigio = table("bigio")
+    share = _report("bigio").signals["decode"].pressure_of_wait
+    assert share is not None and 0.1 < share < mech.CONTENTION_MIN_PRESSURE_OF_WAIT
+    assert "pressure" in bigio.splitlines()[1]
+    (decode,) = [line for line in bigio.splitlines() if line.split()[:1] == ["decode"]]
+    assert f"{round(share * 100)}%" in decode.split()
+    (forward,) = [line for line in table("cpu_hog").splitlines() if line.split()[:1] == ["forward"]]
+    assert ">100%" in forward.split() and forward.split()[-1] == "cpu_contention"
+    (no_pressure,) = [line for line in table("bigio_no_pressure").splitlines()
+                      if line.split()[:1] == ["decode"]]
+    assert no_pressure.split()[-2:] == ["-", "cpu_contention"]
+    monkeypatch.setenv("COLUMNS", "100")  # the pipe's default: the column is left out, and said
+    assert "not shown" in table("bigio") and "pressure" not in table("bigio").splitlines()[1]

@@ -311,7 +311,8 @@ def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
                    f" {sig.requests} runs, too few to tell")
         return _on_cpu_time_alone(sig, line, slowdown, missing)
     stalled = pressure.slow_median_ms
-    share = stalled / wait_ms if wait_ms > 0 else 1.0
+    share = sig.pressure_of_wait
+    assert share is not None  # both medians known (checked above)
     figure = (f"CPU pressure (Linux PSI some: a task of the service's cgroup, or of the host,"
               f" waited for a core) in the slowest quarter: {duration(stalled)} of their"
               f" {duration(wait_ms)} waiting (medians, {pct(share)}), vs"

@@ -105,6 +105,17 @@ class StageSignals:
         """The first confirmed mechanism, or ``None``."""
         return next((m for m in self.mechanisms if m.confirmed), None)
 
+    @property
+    def pressure_of_wait(self) -> float | None:
+        """CPU pressure during the slowest quarter's waiting: their median pressure over their
+        median wait (``wall - CPU``), 1.0 when they did not wait; ``None`` when either is
+        unknown. What ``cpu_contention`` checks (:mod:`~otel_stages.analysis.mechanisms`)."""
+        wait, pressure = self.wait, self.pressure
+        if (wait is None or pressure is None or wait.slow_median_ms is None
+                or pressure.slow_median_ms is None):
+            return None
+        return pressure.slow_median_ms / wait.slow_median_ms if wait.slow_median_ms > 0 else 1.0
+
     def to_dict(self) -> dict[str, object]:
         """The report's ``signals[stage]`` object."""
         def part(p: Part | None) -> dict[str, object] | None:
@@ -116,6 +127,8 @@ class StageSignals:
             "cpu": part(self.cpu), "wait": part(self.wait), "gc": part(self.gc),
             "event_loop_lag": part(self.lag), "throttled": part(self.throttled),
             "cpu_pressure": part(self.pressure),
+            "cpu_pressure_of_wait": None if self.pressure_of_wait is None
+            else round(self.pressure_of_wait, 4),
             "slow_cpu_utilization": None if self.slow_cpu_utilization is None
             else round(self.slow_cpu_utilization, 4),
             "tail_cpu_utilization": None if self.tail_cpu_utilization is None
