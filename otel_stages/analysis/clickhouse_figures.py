@@ -275,6 +275,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         stage_evidence=with_mechanisms(_evidence(cohort.stages, lambda n: [
             (cohort.width, cohort.height, cohort.stages[n].ran.count,
              cohort.stages[n].ran.median_ms)]), stage_signals(agg, cohort)),
+        per_request=True,
     )
 
 
@@ -307,6 +308,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
             _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
         failed_requests=agg.counts.failed,
         requests=agg.counts.requests,
+        per_request=True,  # a stage's count is requests, as in the file report
+        detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
     )
 
 

@@ -65,7 +65,8 @@ REQUEST_COLUMNS = (
     "trace_key", "is_request", "by_trace", "span_key", "start_ns", "total_ns", "stage_names",
     "stage_ns", "stage_counts", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr",
     "error", "svc", "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
-    "incomplete_groups", "incomplete_spans", "cold", "warm")
+    "incomplete_groups", "incomplete_spans", "cold", "warm", "detached_spans", "outside_ns",
+    "overlap_ns")
 
 #: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
 #: has no lookbehind: "not preceded by X" is written "at the start or after a character not in X",
@@ -392,14 +393,24 @@ def _requests_select(query: AggregateQuery) -> str:
                    arrayReduce('sumMap', [arrayFilter((v, m) -> m, x.c_name, c_keep)],
                                [arrayFilter((v, m) -> m, arrayMap(v -> toUInt64(1), x.c_id), c_keep)]).2)
     ) AS stage_counts,
+    arraySort(if(simple, arrayZip(starts, ends),
+                 arrayConcat(arrayFilter((v, m) -> m, arrayZip(starts, ends), keep),
+                             arrayZip(x.c_s, x.c_e)))) AS intervals,
     -- time inside the union of the stage spans, clipped to the request
     arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0),
                                             least(v.2, start_ns + total_ns) - greatest(v.1, acc.2, start_ns)),
                            greatest(acc.2, v.2)),
-              arraySort(if(simple, arrayZip(starts, ends),
-                           arrayConcat(arrayFilter((v, m) -> m, arrayZip(starts, ends), keep),
-                                       arrayZip(x.c_s, x.c_e)))),
-              (toInt64(0), start_ns)).1 AS covered_ns,
+              intervals, (toInt64(0), start_ns)).1 AS covered_ns,
+    -- each stage span's time inside the request; the problems of analysis.span_issues: spans
+    -- wholly outside the request (clock skew), the most a span reaches outside, overlap
+    arrayMap(v -> greatest(toInt64(0), least(v.2, start_ns + total_ns) - greatest(v.1, start_ns)),
+             intervals) AS inside,
+    arrayMap((v, i) -> i = 0 AND v.2 > v.1 AND (v.1 >= start_ns + total_ns OR v.2 <= start_ns),
+             intervals, inside) AS off,
+    toUInt32(arrayCount(f -> f, off)) AS detached_spans,
+    toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, i, f) -> if(f, 0, v.2 - v.1 - i),
+                                                         intervals, inside, off)))) AS outside_ns,
+    arraySum(inside) - covered_ns AS overlap_ns,
     coalesce(nullIf(p.dec_w, 0), nullIf(x.dec_w, 0), nullIf(self_w, 0)) AS width,
     coalesce(nullIf(p.dec_h, 0), nullIf(x.dec_h, 0), nullIf(self_h, 0)) AS height,
     coalesce(nullIf(p.dec_s, 0), nullIf(x.dec_s, 0), nullIf(self_s, 0)) AS bytes,

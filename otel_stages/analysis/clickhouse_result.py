@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_issues import SpanIssues
+from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
 from otel_stages.analysis.clickhouse_signal_result import ScopeSignals, scopes
 from otel_stages.analysis.clickhouse_sql import (
@@ -316,7 +317,9 @@ class FleetAggregates:
     cohorts (``None`` with fewer than 2 cohorts or a constant total). ``quantile_function`` and
     ``quantile_relative_tolerance`` say how exact the percentiles are. ``unaccounted_explained``:
     ``cov(unaccounted, total) / var(total)`` (as a stage's ``explained``). ``problems``:
-    readable messages about what was left out."""
+    readable messages about what was left out. ``issues``: the data problems the file report
+    finds too (spans left out per reason, stage spans outside or overlapping, clock skew, span-id
+    clashes; :mod:`otel_stages.analysis.clickhouse_issues`), their sentences first in ``problems``."""
 
     url: str
     start_ns: int | None
@@ -342,6 +345,7 @@ class FleetAggregates:
     formats: int = 0
     preprocess: PreprocessFacts | None = None
     signals: list[ScopeSignals] = field(default_factory=list)
+    issues: SpanIssues = field(default_factory=SpanIssues)
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -376,22 +380,10 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     return {"source": "clickhouse", **walk(data)}
 
 
-def _utc(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
-
-
-def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total: int,
+def _problems(summary_row: Mapping[str, Any], issues: SpanIssues, runs_total: int,
               runs_shown: int, sum_table: str | None = None,
               memory_forwards: tuple[int, int] = (0, 0)) -> list[str]:
-    out: list[str] = []
-    n_odd = int(odd.get("n") or 0)
-    if n_odd:
-        examples = "; ".join(
-            f"{name!r} in trace {trace or '(none)'} starting {_utc(int(start))}"
-            f" lasting {int(duration) / 1e9:.3g} s"
-            for name, trace, start, duration in odd.get("examples") or [])
-        out.append(f"{n_odd} spans left out: a start before 2000-01-01 or a duration over a day"
-                   f" (broken clock or end before start; e.g. {examples})")
+    out: list[str] = list(issues.problems)
     by_trace = int(summary_row.get("n_by_trace") or 0)
     incomplete = int(summary_row.get("n_incomplete") or 0) - by_trace
     if incomplete:
@@ -436,6 +428,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     head = results["summary"][0]
     total = summary(head, "total")
     odd = results["odd_spans"][0] if results["odd_spans"] else {}
+    span_issues = issues_of(odd, results["issues"][0] if results.get("issues") else {},
+                            next(iter(results.get("clashes") or ()), None),
+                            results.get("issue_spans") or [])
     counts = Counts(
         requests=int(head["n_requests"]), warm=int(head["n_warm"]), cold=int(head["n_cold"]),
         failed=int(head["n_failed"]), cold_failed=int(head["n_cold_failed"]),
@@ -511,10 +506,11 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         cold_start=cold_start,
         gpu=gpu,
         runs=runs, slowest=slowest,
-        problems=_problems(head, odd, counts.runs, len(runs),
+        problems=_problems(head, span_issues, counts.runs, len(runs),
                            sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
                                            if not r["exists"]), None),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0)),
         signals=scopes(results, gpu.hw_id),
+        issues=span_issues,
     )
 

@@ -137,6 +137,9 @@ class Grouping:
     problems: list[str] = field(default_factory=list)
     #: requests with a stage span wholly outside their request span (clock skew between hosts)
     detached_requests: int = 0
+    #: the counts and examples behind the stage and span-id sentences of ``problems``
+    issues: StageIssues = field(default_factory=StageIssues)
+    clashes: IdClashes = field(default_factory=IdClashes)
 
 
 def process_key(resource: dict[str, AttributeValue]) -> str:
@@ -215,6 +218,7 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
     out.problems.extend(_incomplete_problems(out.incomplete))
     out.problems.extend(issues.problems())
     out.detached_requests = issues.detached_requests
+    out.issues, out.clashes = issues, clashes
     return out
 
 
