@@ -47,6 +47,8 @@ from otel_stages.analysis.model import Span
 from otel_stages.analysis.requests import group_spans
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS, IdClashes, StageIssues
 
+#: How each problem line starts that names a check the file report makes and the SQL does not.
+NOT_CHECKED = "not checked in ClickHouse: "
 #: The temporary table of span-id hashes held by different spans.
 CLASH_TABLE = "otel_stages_clashes"
 #: The tolerance of analysis.span_issues in ns (outside / overlap at most this are no problem).

@@ -354,9 +354,12 @@ def _requests_select(query: AggregateQuery) -> str:
     """One row per request (with its cold and warm flags), and one per missing parent with stage
     children (incomplete). A child stored twice (same span id) counts once. The common case (no
     duplicates, no groups, no custom stages) reads the sums the aggregation already made."""
+    # a stage counts only its time inside the request span (analysis.requests): the sums the
+    # aggregation made serve when every stage span lies inside it
+    inside = "greatest(toInt64(0), least(b, start_ns + total_ns) - greatest(a, start_ns))"
     stages = ",\n    ".join(
         f"if(simple, p.n{i}, arrayCount((c, m) -> m AND c = {i}, codes, keep)) AS n{i}, "
-        f"if(simple, p.d{i}, arraySum((c, m, a, b) -> if(m AND c = {i}, b - a, 0),"
+        f"if(simple AND contained, p.d{i}, arraySum((c, m, a, b) -> if(m AND c = {i}, {inside}, 0),"
         f" codes, keep, starts, ends)) AS d{i}"
         for i in range(1, 6))
     names = ", ".join(f"n{i}" for i in range(1, 6))
@@ -377,11 +380,12 @@ def _requests_select(query: AggregateQuery) -> str:
     length(arrayDistinct(ids)) = length(ids) AS unique,
     if(unique, arrayWithConstant(length(ids), 1), arrayMap(v -> v = 1, arrayEnumerateUniq(ids))) AS keep,
     unique AND no_extras AS simple,
+    p.kid_min >= start_ns AND p.kid_max <= start_ns + total_ns AS contained,
     {stages},
     if(empty(x.c_name), (emptyArrayString(), emptyArrayUInt64()),
        arrayReduce('sumMap',
                    [arrayFilter((v, m) -> m, x.c_name, arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)))],
-                   [arrayFilter((v, m) -> m, arrayMap((a, b) -> toUInt64(b - a), x.c_s, x.c_e),
+                   [arrayFilter((v, m) -> m, arrayMap((a, b) -> toUInt64({inside}), x.c_s, x.c_e),
                                 arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)))])) AS custom,
     arrayConcat(arrayFilter((nm, c) -> c > 0, {_STD}, [{names}]), custom.1) AS stage_names,
     arrayConcat(arrayFilter((d, c) -> c > 0, [{durs}], [{names}]),
