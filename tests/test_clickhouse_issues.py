@@ -242,3 +242,61 @@ def test_a_stage_in_only_some_requests_is_named_in_the_evidence(engine, tmp_path
     got, want = reports(engine, edited(STABLE, tmp_path / "partial.jsonl", edit))
     assert got["verdict"] == want["verdict"]
     assert any(e.startswith("download appears in only") for e in got["verdict"]["evidence"])
+
+
+# --- what the SQL does not check: said, not silently confident -------------------------------------
+
+
+def _grouped(i: int, spans: Spans) -> None:
+    """forward inside a custom group span ``model`` (request -> model -> forward)."""
+    if not any(s["name"] == "forward" for s in spans):
+        return  # a batch trace
+    forward = named(spans, "forward")
+    group = {**copy.deepcopy(forward), "name": "model", "spanId": f"{0xfeed0000 + i:016x}",
+             "attributes": []}
+    forward["parentSpanId"] = group["spanId"]
+    spans.append(group)
+
+
+def test_signals_inside_custom_groups_are_said_to_be_unchecked(engine, tmp_path: Path) -> None:
+    """gc_pause with its forward spans inside a group span: the file report reads their signals
+    and names the GC pauses; the SQL does not, and its report says so rather than giving a plain
+    forward verdict silently. The scenario without groups has no such line."""
+    source = TRACES / "gc_pause.otlp.jsonl"
+    got, want = reports(engine, edited(source, tmp_path / "grouped.jsonl", _grouped))
+    assert want["verdict"]["cause"] == "gc_pause"
+    lines = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    (line,) = lines
+    assert "inside custom group spans (24 group spans)" in line
+    plain, _ = reports(engine, source)
+    assert not [p for p in plain["problems"] if p.startswith(NOT_CHECKED)]
+
+
+def _after_idle(slow: float) -> Callable[[int, Spans], None]:
+    def edit(i: int, spans: Spans) -> None:
+        if i >= 20:  # 60 s idle before request 20
+            for span in spans:
+                shift(span, 60_000 * MS)
+        if i == 20:  # ... which is slow: its forward takes ``slow`` x as long
+            forward, request = named(spans, "forward"), named(spans, "request")
+            extra = int((int(forward["endTimeUnixNano"]) - int(forward["startTimeUnixNano"])) * (slow - 1))
+            shift(forward, 0, extra)
+            shift(request, 0, extra)
+    return edit
+
+
+def test_requests_that_stand_apart_are_said_to_be_unchecked(engine, tmp_path: Path) -> None:
+    """A warm request 3x the median after 60 s idle: the file report sets it apart; the SQL keeps
+    it warm, and says that this check was not made."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "idle.jsonl", _after_idle(3.0)))
+    assert [a["reason"] for a in want["set_apart"]] == ["after_idle"]
+    (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert line.startswith(f"{NOT_CHECKED}1 warm request stands apart as cold")
+
+
+def test_no_unchecked_line_when_no_request_could_stand_apart(engine, tmp_path: Path) -> None:
+    """1.5x after the idle gap: under COLD_START_MIN_RATIO, nothing set apart, no line."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "idle_mild.jsonl", _after_idle(1.5)))
+    assert want["set_apart"] == []
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert got["verdict"] == want["verdict"]

@@ -357,5 +357,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("queue_depth", queue_depth_sql(traces, query), params),
         ("odd_spans", issues.odd_spans_sql(traces, query), params),
         ("issues", issues.issues_sql(), {}),
+        ("groups", issues.groups_sql(), {}),
+        ("apart", issues.apart_sql(), {}),
     ]
 

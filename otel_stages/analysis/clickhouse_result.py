@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.clickhouse_issues import SpanIssues
+from otel_stages.analysis.clickhouse_issues import SpanIssues, apart_count, not_checked
 from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
 from otel_stages.analysis.clickhouse_signal_result import ScopeSignals, scopes
@@ -488,6 +488,10 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     gpu = _gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
                results["gpu_metrics"][0] if results["gpu_metrics"] else {}, counts.warm_forwards)
     memory = results.get("memory_forwards")
+    unchecked = not_checked(
+        groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
+        signals=bool(results.get("signals") and results["signals"][0]["signals"]),
+        apart=apart_count(results.get("apart") or [], None if total is None else total.median_ms))
     return FleetAggregates(
         url=url, start_ns=start_ns, end_ns=end_ns, service=service,
         quantile_function=QUANTILE_FUNCTIONS[method],
@@ -509,7 +513,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         problems=_problems(head, span_issues, counts.runs, len(runs),
                            sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
                                            if not r["exists"]), None),
-                           memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0)),
+                           memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
+        + unchecked,
         signals=scopes(results, gpu.hw_id),
         issues=span_issues,
     )
