@@ -300,3 +300,33 @@ def test_no_unchecked_line_when_no_request_could_stand_apart(engine, tmp_path: P
     assert want["set_apart"] == []
     assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
     assert got["verdict"] == want["verdict"]
+
+
+# --- failed requests: what they failed with and where they stopped ------------------------------
+
+
+def _failing(i: int, spans: Spans) -> None:
+    """9 of 30 requests fail (30 %, past FAILED_MIN_FRACTION): 3 with ``error.type`` on the
+    request span, 3 with an exception event on a failed forward, 3 with no type recorded."""
+    if i == 0 or i % 3:
+        return
+    request = named(spans, "request")
+    request["status"] = {"code": 2}
+    if i % 9 == 0:
+        request["attributes"].append({"key": "error.type", "value": {"stringValue": "TimeoutError"}})
+    elif i % 9 == 3:
+        forward = named(spans, "forward")
+        forward["status"] = {"code": 2}
+        forward["events"] = [{"timeUnixNano": forward["endTimeUnixNano"], "name": "exception",
+                              "attributes": [{"key": "exception.type",
+                                              "value": {"stringValue": "torch.OutOfMemoryError"}}]}]
+
+
+def test_failures_name_their_error_types_and_where_they_stopped(engine, tmp_path: Path) -> None:
+    """Failures first, with the kinds (error.type, else an exception event's type, else 'not
+    recorded') and where the requests stopped: the same sentence in both reports."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "failing.jsonl", _failing))
+    assert got["verdict"] == want["verdict"]
+    line = got["verdict"]["evidence"][0]
+    assert "(9 of 30; TimeoutError: 3, error type not recorded: 3, torch.OutOfMemoryError: 3;" in line
+    assert "last stage forward: 6; failed in forward: 3)" in line

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis import clickhouse_preprocess as preprocess
@@ -410,6 +411,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     }
     results.update(issue_results(engine, tables, query, settings, results,
                                  parts=len(requests.slices(plan, query))))
+    if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
+        results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),
+                                          sql.query_params(query), settings)
     results.update(signal_results(engine, tables, query, method, settings, results))
     # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
     # requests with their decode / resize spans: read them only for such a verdict

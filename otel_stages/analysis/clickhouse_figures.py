@@ -308,6 +308,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
             _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
         failed_requests=agg.counts.failed,
         requests=agg.counts.requests,
+        failure_kinds=agg.failure_kinds,
+        failure_stages=agg.failure_stages,
         per_request=True,  # a stage's count is requests, as in the file report
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
     )

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_failures import failure_kinds
 from otel_stages.analysis.clickhouse_issues import SpanIssues, apart_count, not_checked
 from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
@@ -319,7 +320,9 @@ class FleetAggregates:
     ``cov(unaccounted, total) / var(total)`` (as a stage's ``explained``). ``problems``:
     readable messages about what was left out. ``issues``: the data problems the file report
     finds too (spans left out per reason, stage spans outside or overlapping, clock skew, span-id
-    clashes; :mod:`otel_stages.analysis.clickhouse_issues`), their sentences first in ``problems``."""
+    clashes; :mod:`otel_stages.analysis.clickhouse_issues`), their sentences first in ``problems``.
+    ``failure_kinds`` / ``failure_stages``: failed requests by error kind and by where they stopped
+    (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures)."""
 
     url: str
     start_ns: int | None
@@ -346,6 +349,8 @@ class FleetAggregates:
     preprocess: PreprocessFacts | None = None
     signals: list[ScopeSignals] = field(default_factory=list)
     issues: SpanIssues = field(default_factory=SpanIssues)
+    failure_kinds: dict[str, int] = field(default_factory=dict)
+    failure_stages: dict[str, int] = field(default_factory=dict)
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -488,6 +493,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     gpu = _gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
                results["gpu_metrics"][0] if results["gpu_metrics"] else {}, counts.warm_forwards)
     memory = results.get("memory_forwards")
+    kinds, where = failure_kinds(results.get("failures") or [])
     unchecked = not_checked(
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
         signals=bool(results.get("signals") and results["signals"][0]["signals"]),
@@ -517,5 +523,6 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         + unchecked,
         signals=scopes(results, gpu.hw_id),
         issues=span_issues,
+        failure_kinds=kinds, failure_stages=where,
     )
 
