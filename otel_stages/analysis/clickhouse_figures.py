@@ -29,12 +29,20 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
   :func:`otel_stages.analysis.gpu_memory.memory_mechanism`, over all warm requests and within each
   cohort, into the evidence as :func:`otel_stages.analysis.mechanisms.with_mechanisms` puts them.
 
-Not computed in SQL yet (documented gaps, not guesses): signals of stage spans inside custom
-group spans, and throttling on stage spans without other signals (counted as not recorded);
-requests set apart
-(:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
-part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
-there); with cold requests of several inputs, the comparison is with all warm requests.
+- data problems (:mod:`otel_stages.analysis.clickhouse_issues`): ``Figures.detached_requests``
+  (clock skew: the SYNC_CLOCKS advice), spans left out per reason, stage spans outside or
+  overlapping, span-id clashes; failed requests' kinds and where they stopped
+  (:mod:`otel_stages.analysis.clickhouse_failures`); ``per_request`` (stage counts are requests,
+  so a stage in few requests is named).
+
+Not computed in SQL yet (documented gaps, not guesses; the first two said in ``problems`` with
+:data:`~otel_stages.analysis.clickhouse_issues.NOT_CHECKED` when they could change the answer):
+signals of stage spans inside custom group spans, and throttling on stage spans without other
+signals (counted as not recorded); requests set apart
+(:func:`otel_stages.analysis.cohorts.find_set_apart`: counted, but they stay warm here); the
+prompt-length part of cohort keys; GPU evidence within a cohort when there are several cohorts
+(``none`` there); with cold requests of several inputs, the comparison is with all warm requests;
+the cold sentence's ``first_of_process`` / ``input_known`` (always true here).
 """
 
 from __future__ import annotations

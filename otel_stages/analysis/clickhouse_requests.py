@@ -34,7 +34,11 @@ How, at scale (10 million spans in seconds, memory bounded):
    sums, the time covered by the union of its stage spans, its input (``image.width``,
    ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, else from a
    group's, else from the request span: the telemetry contract puts them on decode), and its
-   forward windows.
+   forward windows. A stage counts only its time inside the request span (as in
+   :mod:`otel_stages.analysis.requests`); the same pass keeps, per request, the stage spans wholly
+   outside it (``detached_spans``), the most one reaches outside (``outside_ns``) and the time
+   counted twice by overlapping stages (``overlap_ns``), which
+   :mod:`otel_stages.analysis.clickhouse_issues` counts into the report's problems.
 """
 
 from __future__ import annotations
