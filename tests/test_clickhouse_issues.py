@@ -330,3 +330,36 @@ def test_failures_name_their_error_types_and_where_they_stopped(engine, tmp_path
     line = got["verdict"]["evidence"][0]
     assert "(9 of 30; TimeoutError: 3, error type not recorded: 3, torch.OutOfMemoryError: 3;" in line
     assert "last stage forward: 6; failed in forward: 3)" in line
+
+
+# --- incomplete traces, per-request span names ----------------------------------------------------
+
+
+def test_incomplete_traces_and_root_stage_spans(engine, tmp_path: Path) -> None:
+    """Two traces lose their request span (exported by a process that died), one forward span
+    lost its parent id: the file report's two sentences, with its counts."""
+    def edit(i: int, spans: Spans) -> None:
+        if i in (4, 8):
+            spans.remove(named(spans, "request"))
+        if i == 10:
+            del named(spans, "forward")["parentSpanId"]
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "incomplete.jsonl", edit))
+    assert_same(got, want, expect="2 incomplete traces left out")
+    assert any(p.startswith("1 stage span with no request span above") for p in got["problems"])
+
+
+def test_per_request_span_names(engine, tmp_path: Path) -> None:
+    """resize spans named by their URL: four carry a ``stage`` attribute and count as resize, two
+    do not and are left out of the stage rows; both reports say so with the same counts. (Not
+    decode: the SQL reads the image size from spans named decode only.)"""
+    def edit(i: int, spans: Spans) -> None:
+        if 1 <= i <= 6:
+            resize = named(spans, "resize")
+            resize["name"] = f"resize /img/{i}.jpg"
+            if i <= 4:
+                resize["attributes"].append({"key": "stage", "value": {"stringValue": "resize"}})
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "names.jsonl", edit))
+    assert_same(got, want, expect="4 spans grouped by their 'stage' attribute (resize)")
+    assert any("2 spans without a 'stage' attribute were left out" in p for p in got["problems"])

@@ -47,7 +47,8 @@ from otel_stages.analysis.clickhouse_sql import (
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, IDLE_GAP_MIN_S
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.model import Span
-from otel_stages.analysis.requests import group_spans
+from otel_stages.analysis.naming import WHY_PATTERN, problem_lines
+from otel_stages.analysis.requests import Incomplete, group_spans, orphans_line, roots_line
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS, IdClashes, StageIssues
 
 #: How each problem line starts that names a check the file report makes and the SQL does not.
@@ -84,17 +85,24 @@ FROM (
 def issues_sql() -> str:
     """One row over the per-request table: requests with stage spans wholly outside them and
     those spans, requests with a stage span reaching outside by more than the tolerance and the
-    most, requests whose stage spans overlap by more than it; an example trace id (hex) each."""
+    most, requests whose stage spans overlap by more than it, incomplete units (a parent that
+    never arrived: ``n_orphan``; a stage span at the root of its trace: ``n_root``, as
+    :class:`otel_stages.analysis.requests.Incomplete` counts them); an example trace id (hex)
+    each."""
     cond = {"detached": "detached_spans > 0", "outside": f"outside_ns > {TOLERANCE_NS}",
-            "overlap": f"overlap_ns > {TOLERANCE_NS}"}
-    first = "argMinIf(trace_key, (start_ns, trace_key), is_request AND {})"
+            "overlap": f"overlap_ns > {TOLERANCE_NS}", "orphan": "incomplete_groups > 0",
+            "root": "by_trace AND incomplete_spans > 0"}
+    for k in ("detached", "outside", "overlap"):  # of requests; the others are no request
+        cond[k] = f"is_request AND {cond[k]}"
+    first = "argMinIf(trace_key, (start_ns, trace_key), {})"
     examples = ", ".join(f"if(n_{k} > 0, {_HEX.replace('trace_key', first.format(c))}, '') AS trace_{k}"
                          for k, c in cond.items())
-    return f"""SELECT countIf(is_request AND {cond["detached"]}) AS n_detached,
+    return f"""SELECT countIf({cond["detached"]}) AS n_detached,
     sumIf(detached_spans, is_request) AS n_detached_spans,
-    countIf(is_request AND {cond["outside"]}) AS n_outside,
-    maxIf(outside_ns, is_request AND {cond["outside"]}) AS outside_max_ns,
-    countIf(is_request AND {cond["overlap"]}) AS n_overlap,
+    countIf({cond["outside"]}) AS n_outside,
+    maxIf(outside_ns, {cond["outside"]}) AS outside_max_ns,
+    countIf({cond["overlap"]}) AS n_overlap,
+    sum(incomplete_groups) AS n_orphan, sumIf(incomplete_spans, by_trace) AS n_root,
     {examples}
 FROM {REQUESTS_TABLE}"""
 
@@ -155,7 +163,8 @@ ORDER BY Timestamp, SpanId"""
 def example_trace_ids(issues: Mapping[str, Any], clashes: Mapping[str, Any] | None) -> str:
     """The example traces to read (as written, lower and upper case; joined by commas), from the
     answers of :func:`issues_sql` and :func:`clashes_sql`; empty when there is no problem."""
-    found = [str(issues.get(f"trace_{k}") or "") for k in ("detached", "outside", "overlap")]
+    found = [str(issues.get(f"trace_{k}") or "")
+             for k in ("detached", "outside", "overlap", "orphan", "root")]
     if clashes:
         found.append(str(clashes.get("trace_id") or ""))
     out: list[str] = []
@@ -200,10 +209,11 @@ class SpanIssues:
 
 
 def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
-                clashes: Mapping[str, Any] | None, example_rows: Sequence[Mapping[str, Any]]
-                ) -> SpanIssues:
+                clashes: Mapping[str, Any] | None, example_rows: Sequence[Mapping[str, Any]],
+                names: Mapping[str, Any] | None = None) -> SpanIssues:
     """The :class:`SpanIssues` from the answers of :func:`odd_spans_sql`, :func:`issues_sql`,
-    :func:`clashes_sql` (``None``: no clash found) and :func:`example_spans_sql`."""
+    :func:`clashes_sql` (``None``: no clash found), :func:`example_spans_sql` and
+    :func:`otel_stages.analysis.clickhouse_requests.names_sql`."""
     left_out: dict[str, int] = {}
     lines: list[str] = []
     for i, reason in enumerate(REASONS, start=1):
@@ -214,6 +224,9 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
             span = Span(trace_id=str(trace), span_id="", parent_span_id=None, name=str(name),
                         start_ns=int(start), end_ns=int(start) + _signed(int(duration)))
             lines.append(screen.problem_line(reason, n, screen.example(span, reason)))
+    if names and (int(names.get("grouped") or 0) or int(names.get("dropped") or 0)):
+        lines += problem_lines(WHY_PATTERN, str(names["example"]), int(names["grouped"]),
+                               [str(n) for n in names["by_attribute"]], int(names["dropped"]))
     found = group_spans(spans_of(example_rows)) if example_rows else None
     clash = IdClashes()
     clash.count = int((clashes or {}).get("spans") or 0)
@@ -229,11 +242,19 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
     for kind in ("detached", "outside", "overlap"):
         example = getattr(found.issues, f"{kind}_example") if found else ""
         setattr(stage, f"{kind}_example", example or f"trace {issues.get(f'trace_{kind}')}")
+    incomplete = []
+    for kind, line in (("orphan", orphans_line), ("root", roots_line)):
+        n = int(issues.get(f"n_{kind}") or 0)
+        if n:
+            units = [u for u in (found.incomplete if found else ())
+                     if (u.missing_parent_id is None) == (kind == "root")]
+            unit = units[0] if units else Incomplete(str(issues.get(f"trace_{kind}")), None, ("?",), 0.0)
+            incomplete.append(line(n, unit))
     return SpanIssues(
         left_out=left_out, detached_requests=stage.detached_requests, detached_spans=stage.detached,
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,
         overlap_requests=stage.overlap, clash_spans=clash.count,
-        problems=(*lines, *clash.problems(), *stage.problems()))
+        problems=(*lines, *clash.problems(), *incomplete, *stage.problems()))
 
 
 # --- what the SQL does not check ---------------------------------------------------------------

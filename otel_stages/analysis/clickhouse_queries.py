@@ -24,6 +24,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis import clickhouse_issues as issues
+from otel_stages.analysis.clickhouse_requests import names_sql
 from otel_stages.analysis.clickhouse_sql import (
     GPU_BUCKET_NS,
     PERCENT_GUESS,
@@ -358,6 +359,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("odd_spans", issues.odd_spans_sql(traces, query), params),
         ("issues", issues.issues_sql(), {}),
         ("groups", issues.groups_sql(), {}),
+        ("names", names_sql(), {}),
         ("apart", issues.apart_sql(), {}),
     ]
 

@@ -243,6 +243,23 @@ WHERE g.n_kids > 0 OR (g.self_isreq AND (g.trace_key, g.key) IN (SELECT trace_ke
 SETTINGS {_SMALL_RIGHT}"""
 
 
+def names_sql() -> str:
+    """One row over the custom stage spans (children of stage parents that hold no stage spans):
+    those with per-request names (:data:`PER_REQUEST_RE2`) counted under their ``stage``
+    attribute (``grouped``, its values ``by_attribute``), those left out without one
+    (``dropped``), and the first such name (``example``), for
+    :func:`otel_stages.analysis.naming.problem_lines`."""
+    return f"""SELECT countIf(per_request AND name != '') AS grouped,
+    countIf(per_request AND name = '') AS dropped,
+    arraySort(groupUniqArrayIf(name, per_request AND name != '')) AS by_attribute,
+    minIf(span_name, per_request) AS example
+FROM {CUSTOM_TABLE}
+WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
+        f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE} WHERE per_request")})
+    AND (trace_key, sid) NOT IN ({_stage_parents_among(
+        f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE} WHERE per_request")})"""
+
+
 def _owner_walk(depth: int) -> str:
     """Nested groups: each group's owner is its parent, or that parent's owner when the parent is
     a group too (``depth`` steps)."""
@@ -272,8 +289,8 @@ def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
     yield (f"""CREATE TEMPORARY TABLE {CUSTOM_TABLE} ENGINE = Memory AS
 SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
     reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS span_name,
-    if(match(span_name, {_PER_REQUEST_SQL}), trimBoth(SpanAttributes['{semconv.STAGE_NAME}']),
-       span_name) AS name,
+    match(span_name, {_PER_REQUEST_SQL}) AS per_request,
+    if(per_request, trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), span_name) AS name,
     toInt64(toUnixTimestamp64Nano(Timestamp)) AS start, toInt64(Duration) AS dur,
     CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err
 FROM {traces}

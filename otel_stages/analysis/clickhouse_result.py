@@ -385,22 +385,10 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     return {"source": "clickhouse", **walk(data)}
 
 
-def _problems(summary_row: Mapping[str, Any], issues: SpanIssues, runs_total: int,
+def _problems(issues: SpanIssues, runs_total: int,
               runs_shown: int, sum_table: str | None = None,
               memory_forwards: tuple[int, int] = (0, 0)) -> list[str]:
     out: list[str] = list(issues.problems)
-    by_trace = int(summary_row.get("n_by_trace") or 0)
-    incomplete = int(summary_row.get("n_incomplete") or 0) - by_trace
-    if incomplete:
-        out.append(
-            f"{incomplete} parent spans never arrived but"
-            f" {int(summary_row['n_incomplete_spans']) - by_trace} stage spans point to them"
-            " (context lost between threads or services, or spans dropped): counted as"
-            " incomplete, not as requests")
-    if by_trace:
-        out.append(f"{by_trace} stage span{'s' if by_trace != 1 else ''} with no request span"
-                   " above (root of the trace) left out as incomplete: wrap each request's stages"
-                   " in otel_stages.request()")
     if sum_table is not None:
         out.append(f"stage spans carry mechanism signals but there is no {sum_table} table: cgroup"
                    " CPU throttling (container.cpu.throttling_data.throttled_time, a Sum) is not"
@@ -435,7 +423,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     odd = results["odd_spans"][0] if results["odd_spans"] else {}
     span_issues = issues_of(odd, results["issues"][0] if results.get("issues") else {},
                             next(iter(results.get("clashes") or ()), None),
-                            results.get("issue_spans") or [])
+                            results.get("issue_spans") or [],
+                            next(iter(results.get("names") or ()), None))
     counts = Counts(
         requests=int(head["n_requests"]), warm=int(head["n_warm"]), cold=int(head["n_cold"]),
         failed=int(head["n_failed"]), cold_failed=int(head["n_cold_failed"]),
@@ -516,7 +505,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         cold_start=cold_start,
         gpu=gpu,
         runs=runs, slowest=slowest,
-        problems=_problems(head, span_issues, counts.runs, len(runs),
+        problems=_problems(span_issues, counts.runs, len(runs),
                            sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
                                            if not r["exists"]), None),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
