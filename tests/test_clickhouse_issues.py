@@ -363,3 +363,20 @@ def test_per_request_span_names(engine, tmp_path: Path) -> None:
     got, want = reports(engine, edited(STABLE, tmp_path / "names.jsonl", edit))
     assert_same(got, want, expect="4 spans grouped by their 'stage' attribute (resize)")
     assert any("2 spans without a 'stage' attribute were left out" in p for p in got["problems"])
+
+
+def test_span_id_clashes_are_found_whatever_the_time_slices(engine, tmp_path: Path) -> None:
+    """The clash pass reads every id in one aggregation (the engine spills it past its memory
+    threshold), not per time slice: with slices of 20 spans, a span copied 20 s later into its
+    trace (another time slice) with its id still counts."""
+    def edit(i: int, spans: Spans) -> None:
+        if i == 5:
+            other = copy.deepcopy(named(spans, "decode"))
+            shift(other, 20_000 * MS)
+            spans.append(other)
+
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [edited(STABLE, tmp_path / "far.jsonl", edit)])
+    agg = fetch_aggregates(engine, tables, AggregateQuery(slice_spans=20))
+    assert agg.issues.clash_spans == 1
+    assert any(p.startswith("1 span shares a span id with a different span") for p in agg.problems)

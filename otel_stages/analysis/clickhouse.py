@@ -409,8 +409,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
-    results.update(issue_results(engine, tables, query, settings, results,
-                                 parts=len(requests.slices(plan, query))))
+    results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),
                                           sql.query_params(query), settings)
@@ -430,13 +429,13 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
 
 
 def issue_results(engine: Engine, tables: Tables, query: sql.AggregateQuery,
-                  settings: Mapping[str, Any], results: Mapping[str, list[dict[str, Any]]], *,
-                  parts: int) -> dict[str, list[dict[str, Any]]]:
+                  settings: Mapping[str, Any], results: Mapping[str, list[dict[str, Any]]]
+                  ) -> dict[str, list[dict[str, Any]]]:
     """The span-id clashes and the example traces behind the data problems
     (:mod:`otel_stages.analysis.clickhouse_issues`), after the aggregate queries (``results``
-    holds the ``issues`` counts). ``parts``: passes over the span ids (the grouping's slices)."""
+    holds the ``issues`` counts)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for statement, params in issues.clash_statements(tables.traces_ref, query, parts):
+    for statement, params in issues.clash_statements(tables.traces_ref, query):
         engine.execute(statement, params, settings)
     if int(engine.rows(issues.clash_count_sql(), None, settings)[0]["n"]):
         out["clashes"] = engine.rows(issues.clashes_sql(tables.traces_ref, query),
