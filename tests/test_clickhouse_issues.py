@@ -380,3 +380,32 @@ def test_span_id_clashes_are_found_whatever_the_time_slices(engine, tmp_path: Pa
     agg = fetch_aggregates(engine, tables, AggregateQuery(slice_spans=20))
     assert agg.issues.clash_spans == 1
     assert any(p.startswith("1 span shares a span id with a different span") for p in agg.problems)
+
+
+# --- the cold request's sentence -------------------------------------------------------------------
+
+
+def test_a_cold_request_marked_later_in_its_process(engine, tmp_path: Path) -> None:
+    """``request.cold_start`` marks request 10 (a model reload), not the first: both reports say
+    it is not the first of its process."""
+    def edit(i: int, spans: Spans) -> None:
+        named(spans, "request")["attributes"].append(
+            {"key": "request.cold_start", "value": {"boolValue": i == 10}})
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "reload.jsonl", edit))
+    assert got["verdict"] == want["verdict"]
+    assert any("not the first of its process" in e for e in got["verdict"]["evidence"])
+
+
+def test_a_cold_request_of_unknown_input(engine, tmp_path: Path) -> None:
+    """The first request's decode span has no image size: compared with all warm requests, and
+    both reports say its input is unknown."""
+    def edit(i: int, spans: Spans) -> None:
+        if i == 0:
+            named(spans, "decode")["attributes"] = []
+            named(spans, "request")["attributes"] = [
+                a for a in named(spans, "request")["attributes"] if not a["key"].startswith("image.")]
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "unknown.jsonl", edit))
+    assert got["verdict"] == want["verdict"]
+    assert any("its input is unknown" in e for e in got["verdict"]["evidence"])

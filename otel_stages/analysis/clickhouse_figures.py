@@ -42,7 +42,7 @@ signals (counted as not recorded); requests set apart
 (:func:`otel_stages.analysis.cohorts.find_set_apart`: counted, but they stay warm here); the
 prompt-length part of cohort keys; GPU evidence within a cohort when there are several cohorts
 (``none`` there); with cold requests of several inputs, the comparison is with all warm requests;
-the cold sentence's ``first_of_process`` / ``input_known`` (always true here).
+a cold request's input known from its prompt length alone (the SQL reads image sizes only).
 """
 
 from __future__ import annotations
@@ -224,6 +224,8 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
     if cold is None or agg.total is None:
         return None
     inputs = cold.by_input
+    known = all(i.width is not None and i.height is not None for i in inputs)
+    first = agg.counts.cold_not_first == 0
     same = bool(inputs) and all(i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
                                 for i in inputs)
     if same and len(inputs) == 1:
@@ -233,7 +235,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             comparable_median_total_ms=only.warm_median_total_ms,
             comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
-            cohort=agg.cohort_key(only.width, only.height, only.format),
+            cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
         )
     # several inputs of cold requests: the union's median is not among the aggregates, so the
     # comparison is with all warm requests (the trace report compares with their union)
@@ -242,7 +244,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         comparable_median_total_ms=agg.total.median_ms,
         comparable_stages_ms={n: s.ran.median_ms for n, s in agg.stages.items()},
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
-        warm_median_total_ms=agg.total.median_ms,
+        warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
     )
 
 

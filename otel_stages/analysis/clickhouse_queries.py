@@ -54,6 +54,7 @@ def summary_sql(method: str) -> str:
     countIf(is_request) AS n_requests, countIf(warm) AS n_warm,
     countIf(is_request AND cold) AS n_cold, countIf(is_request AND error) AS n_failed,
     countIf(is_request AND cold AND error) AS n_cold_failed,
+    countIf(is_request AND cold AND NOT first_of_proc) AS n_cold_not_first,
     sumIf(incomplete_spans, by_trace) AS n_by_trace,
     sum(incomplete_groups) + n_by_trace AS n_incomplete, sum(incomplete_spans) AS n_incomplete_spans,
     uniqExactIf((svc, inst), is_request) AS n_runs,

@@ -70,7 +70,7 @@ REQUEST_COLUMNS = (
     "stage_ns", "stage_counts", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr",
     "error", "svc", "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
     "incomplete_groups", "incomplete_spans", "cold", "warm", "detached_spans", "outside_ns",
-    "overlap_ns")
+    "overlap_ns", "first_of_proc")
 
 #: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
 #: has no lookbehind: "not preceded by X" is written "at the start or after a character not in X",
@@ -461,7 +461,8 @@ def _requests_select(query: AggregateQuery) -> str:
     toUInt8(is_request AND multiIf(
         pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
         pr.has_seq, ifNull(seq, 0) = 1,
-        (start_ns, p.trace_key) = pr.first)) AS cold,
+        first_of_proc)) AS cold,
+    toUInt8((start_ns, p.trace_key) = pr.first) AS first_of_proc,
     toUInt8(is_request AND NOT cold AND NOT error) AS warm
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner

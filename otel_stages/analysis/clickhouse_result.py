@@ -307,6 +307,9 @@ class Counts:
     by_trace: int
     runs: int
     warm_forwards: int
+    #: cold requests (failed ones too) that are not the first of their process
+    #: (``request.cold_start`` marked a later one, e.g. a model reload)
+    cold_not_first: int = 0
 
 
 @dataclass(frozen=True)
@@ -431,6 +434,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         incomplete=int(head["n_incomplete"] or 0), incomplete_spans=int(head["n_incomplete_spans"] or 0),
         odd_spans=int(odd.get("n") or 0), by_trace=int(head["n_by_trace"]),
         runs=int(head["n_runs"]), warm_forwards=int(head["n_warm_forwards"] or 0),
+        cold_not_first=int(head.get("n_cold_not_first") or 0),
     )
     formats = int(results["cohort_mix"][0].get("formats") or 0)
     cohort_stage_rows: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
