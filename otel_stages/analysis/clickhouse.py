@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
+from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis import clickhouse_preprocess as preprocess
 from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
@@ -407,6 +409,10 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    results.update(issue_results(engine, tables, query, settings, results))
+    if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
+        results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),
+                                          sql.query_params(query), settings)
     results.update(signal_results(engine, tables, query, method, settings, results))
     # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
     # requests with their decode / resize spans: read them only for such a verdict
@@ -417,9 +423,29 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
-                  preprocess.TABLE, *signals.TABLES):
+                  preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def issue_results(engine: Engine, tables: Tables, query: sql.AggregateQuery,
+                  settings: Mapping[str, Any], results: Mapping[str, list[dict[str, Any]]]
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """The span-id clashes and the example traces behind the data problems
+    (:mod:`otel_stages.analysis.clickhouse_issues`), after the aggregate queries (``results``
+    holds the ``issues`` counts)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for statement, params in issues.clash_statements(tables.traces_ref, query):
+        engine.execute(statement, params, settings)
+    if int(engine.rows(issues.clash_count_sql(), None, settings)[0]["n"]):
+        out["clashes"] = engine.rows(issues.clashes_sql(tables.traces_ref, query),
+                                     sql.query_params(query), settings)
+    ids = issues.example_trace_ids(results["issues"][0] if results.get("issues") else {},
+                                   out["clashes"][0] if out.get("clashes") else None)
+    if ids:
+        out["issue_spans"] = engine.rows(issues.example_spans_sql(tables.traces_ref, query),
+                                         {**sql.query_params(query), "ids": ids}, settings)
+    return out
 
 
 def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, method: str,

@@ -29,12 +29,20 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
   :func:`otel_stages.analysis.gpu_memory.memory_mechanism`, over all warm requests and within each
   cohort, into the evidence as :func:`otel_stages.analysis.mechanisms.with_mechanisms` puts them.
 
-Not computed in SQL yet (documented gaps, not guesses): signals of stage spans inside custom
-group spans, and throttling on stage spans without other signals (counted as not recorded);
-requests set apart
-(:func:`otel_stages.analysis.cohorts.find_set_apart`: they stay warm here); the prompt-length
-part of cohort keys; GPU evidence within a cohort when there are several cohorts (``none``
-there); with cold requests of several inputs, the comparison is with all warm requests.
+- data problems (:mod:`otel_stages.analysis.clickhouse_issues`): ``Figures.detached_requests``
+  (clock skew: the SYNC_CLOCKS advice), spans left out per reason, stage spans outside or
+  overlapping, span-id clashes; failed requests' kinds and where they stopped
+  (:mod:`otel_stages.analysis.clickhouse_failures`); ``per_request`` (stage counts are requests,
+  so a stage in few requests is named).
+
+Not computed in SQL yet (documented gaps, not guesses; the first two said in ``problems`` with
+:data:`~otel_stages.analysis.clickhouse_issues.NOT_CHECKED` when they could change the answer):
+signals of stage spans inside custom group spans, and throttling on stage spans without other
+signals (counted as not recorded); requests set apart
+(:func:`otel_stages.analysis.cohorts.find_set_apart`: counted, but they stay warm here); the
+prompt-length part of cohort keys; GPU evidence within a cohort when there are several cohorts
+(``none`` there); with cold requests of several inputs, the comparison is with all warm requests;
+a cold request's input known from its prompt length alone (the SQL reads image sizes only).
 """
 
 from __future__ import annotations
@@ -216,6 +224,8 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
     if cold is None or agg.total is None:
         return None
     inputs = cold.by_input
+    known = all(i.width is not None and i.height is not None for i in inputs)
+    first = agg.counts.cold_not_first == 0
     same = bool(inputs) and all(i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
                                 for i in inputs)
     if same and len(inputs) == 1:
@@ -225,7 +235,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             comparable_median_total_ms=only.warm_median_total_ms,
             comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
-            cohort=agg.cohort_key(only.width, only.height, only.format),
+            cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
         )
     # several inputs of cold requests: the union's median is not among the aggregates, so the
     # comparison is with all warm requests (the trace report compares with their union)
@@ -234,7 +244,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         comparable_median_total_ms=agg.total.median_ms,
         comparable_stages_ms={n: s.ran.median_ms for n, s in agg.stages.items()},
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
-        warm_median_total_ms=agg.total.median_ms,
+        warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
     )
 
 
@@ -275,6 +285,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         stage_evidence=with_mechanisms(_evidence(cohort.stages, lambda n: [
             (cohort.width, cohort.height, cohort.stages[n].ran.count,
              cohort.stages[n].ran.median_ms)]), stage_signals(agg, cohort)),
+        per_request=True,
     )
 
 
@@ -307,6 +318,10 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
             _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
         failed_requests=agg.counts.failed,
         requests=agg.counts.requests,
+        failure_kinds=agg.failure_kinds,
+        failure_stages=agg.failure_stages,
+        per_request=True,  # a stage's count is requests, as in the file report
+        detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
     )
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis import clickhouse_issues as issues
+from otel_stages.analysis.clickhouse_requests import names_sql
 from otel_stages.analysis.clickhouse_sql import (
     GPU_BUCKET_NS,
     PERCENT_GUESS,
@@ -52,6 +54,7 @@ def summary_sql(method: str) -> str:
     countIf(is_request) AS n_requests, countIf(warm) AS n_warm,
     countIf(is_request AND cold) AS n_cold, countIf(is_request AND error) AS n_failed,
     countIf(is_request AND cold AND error) AS n_cold_failed,
+    countIf(is_request AND cold AND NOT first_of_proc) AS n_cold_not_first,
     sumIf(incomplete_spans, by_trace) AS n_by_trace,
     sum(incomplete_groups) + n_by_trace AS n_incomplete, sum(incomplete_spans) AS n_incomplete_spans,
     uniqExactIf((svc, inst), is_request) AS n_runs,
@@ -179,14 +182,6 @@ def slowest_sql() -> str:
     return f"""SELECT lower(hex(reinterpretAsFixedString(trace_key))) AS trace_id, seq,
     total_ns, stage_names, stage_ns, width, height, bytes, error
 FROM {R} WHERE warm ORDER BY total_ns DESC, start_ns LIMIT {{top_slowest:UInt32}}"""
-
-
-def odd_spans_sql(traces: str, query: AggregateQuery) -> str:
-    """Spans left out (no ids, start before 2000, longer than a day): count and 5 examples."""
-    return f"""SELECT count() AS n,
-    groupArray(5)((toString(SpanName), TraceId, toInt64(toUnixTimestamp64Nano(Timestamp)),
-                   Duration)) AS examples
-FROM {traces} WHERE {span_filter(query, odd=True)}"""
 
 
 _STD_LIST = "(" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + ")"
@@ -362,6 +357,10 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("slowest", slowest_sql(), tops),
         ("signals", signals_sql(traces, query), params),
         ("queue_depth", queue_depth_sql(traces, query), params),
-        ("odd_spans", odd_spans_sql(traces, query), params),
+        ("odd_spans", issues.odd_spans_sql(traces, query), params),
+        ("issues", issues.issues_sql(), {}),
+        ("groups", issues.groups_sql(), {}),
+        ("names", names_sql(), {}),
+        ("apart", issues.apart_sql(), {}),
     ]
 

@@ -34,7 +34,11 @@ How, at scale (10 million spans in seconds, memory bounded):
    sums, the time covered by the union of its stage spans, its input (``image.width``,
    ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, else from a
    group's, else from the request span: the telemetry contract puts them on decode), and its
-   forward windows.
+   forward windows. A stage counts only its time inside the request span (as in
+   :mod:`otel_stages.analysis.requests`); the same pass keeps, per request, the stage spans wholly
+   outside it (``detached_spans``), the most one reaches outside (``outside_ns``) and the time
+   counted twice by overlapping stages (``overlap_ns``), which
+   :mod:`otel_stages.analysis.clickhouse_issues` counts into the report's problems.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ REQUEST_COLUMNS = (
     "trace_key", "is_request", "by_trace", "span_key", "start_ns", "total_ns", "stage_names",
     "stage_ns", "stage_counts", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr",
     "error", "svc", "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
-    "incomplete_groups", "incomplete_spans", "cold", "warm")
+    "incomplete_groups", "incomplete_spans", "cold", "warm", "detached_spans", "outside_ns",
+    "overlap_ns", "first_of_proc")
 
 #: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
 #: has no lookbehind: "not preceded by X" is written "at the start or after a character not in X",
@@ -238,6 +243,23 @@ WHERE g.n_kids > 0 OR (g.self_isreq AND (g.trace_key, g.key) IN (SELECT trace_ke
 SETTINGS {_SMALL_RIGHT}"""
 
 
+def names_sql() -> str:
+    """One row over the custom stage spans (children of stage parents that hold no stage spans):
+    those with per-request names (:data:`PER_REQUEST_RE2`) counted under their ``stage``
+    attribute (``grouped``, its values ``by_attribute``), those left out without one
+    (``dropped``), and the first such name (``example``), for
+    :func:`otel_stages.analysis.naming.problem_lines`."""
+    return f"""SELECT countIf(per_request AND name != '') AS grouped,
+    countIf(per_request AND name = '') AS dropped,
+    arraySort(groupUniqArrayIf(name, per_request AND name != '')) AS by_attribute,
+    minIf(span_name, per_request) AS example
+FROM {CUSTOM_TABLE}
+WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
+        f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE} WHERE per_request")})
+    AND (trace_key, sid) NOT IN ({_stage_parents_among(
+        f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE} WHERE per_request")})"""
+
+
 def _owner_walk(depth: int) -> str:
     """Nested groups: each group's owner is its parent, or that parent's owner when the parent is
     a group too (``depth`` steps)."""
@@ -267,8 +289,8 @@ def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
     yield (f"""CREATE TEMPORARY TABLE {CUSTOM_TABLE} ENGINE = Memory AS
 SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
     reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS span_name,
-    if(match(span_name, {_PER_REQUEST_SQL}), trimBoth(SpanAttributes['{semconv.STAGE_NAME}']),
-       span_name) AS name,
+    match(span_name, {_PER_REQUEST_SQL}) AS per_request,
+    if(per_request, trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), span_name) AS name,
     toInt64(toUnixTimestamp64Nano(Timestamp)) AS start, toInt64(Duration) AS dur,
     CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err
 FROM {traces}
@@ -353,9 +375,12 @@ def _requests_select(query: AggregateQuery) -> str:
     """One row per request (with its cold and warm flags), and one per missing parent with stage
     children (incomplete). A child stored twice (same span id) counts once. The common case (no
     duplicates, no groups, no custom stages) reads the sums the aggregation already made."""
+    # a stage counts only its time inside the request span (analysis.requests): the sums the
+    # aggregation made serve when every stage span lies inside it
+    inside = "greatest(toInt64(0), least(b, start_ns + total_ns) - greatest(a, start_ns))"
     stages = ",\n    ".join(
         f"if(simple, p.n{i}, arrayCount((c, m) -> m AND c = {i}, codes, keep)) AS n{i}, "
-        f"if(simple, p.d{i}, arraySum((c, m, a, b) -> if(m AND c = {i}, b - a, 0),"
+        f"if(simple AND contained, p.d{i}, arraySum((c, m, a, b) -> if(m AND c = {i}, {inside}, 0),"
         f" codes, keep, starts, ends)) AS d{i}"
         for i in range(1, 6))
     names = ", ".join(f"n{i}" for i in range(1, 6))
@@ -376,11 +401,12 @@ def _requests_select(query: AggregateQuery) -> str:
     length(arrayDistinct(ids)) = length(ids) AS unique,
     if(unique, arrayWithConstant(length(ids), 1), arrayMap(v -> v = 1, arrayEnumerateUniq(ids))) AS keep,
     unique AND no_extras AS simple,
+    p.kid_min >= start_ns AND p.kid_max <= start_ns + total_ns AS contained,
     {stages},
     if(empty(x.c_name), (emptyArrayString(), emptyArrayUInt64()),
        arrayReduce('sumMap',
                    [arrayFilter((v, m) -> m, x.c_name, arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)))],
-                   [arrayFilter((v, m) -> m, arrayMap((a, b) -> toUInt64(b - a), x.c_s, x.c_e),
+                   [arrayFilter((v, m) -> m, arrayMap((a, b) -> toUInt64({inside}), x.c_s, x.c_e),
                                 arrayMap(v -> v = 1, arrayEnumerateUniq(x.c_id)))])) AS custom,
     arrayConcat(arrayFilter((nm, c) -> c > 0, {_STD}, [{names}]), custom.1) AS stage_names,
     arrayConcat(arrayFilter((d, c) -> c > 0, [{durs}], [{names}]),
@@ -392,14 +418,24 @@ def _requests_select(query: AggregateQuery) -> str:
                    arrayReduce('sumMap', [arrayFilter((v, m) -> m, x.c_name, c_keep)],
                                [arrayFilter((v, m) -> m, arrayMap(v -> toUInt64(1), x.c_id), c_keep)]).2)
     ) AS stage_counts,
+    arraySort(if(simple, arrayZip(starts, ends),
+                 arrayConcat(arrayFilter((v, m) -> m, arrayZip(starts, ends), keep),
+                             arrayZip(x.c_s, x.c_e)))) AS intervals,
     -- time inside the union of the stage spans, clipped to the request
     arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0),
                                             least(v.2, start_ns + total_ns) - greatest(v.1, acc.2, start_ns)),
                            greatest(acc.2, v.2)),
-              arraySort(if(simple, arrayZip(starts, ends),
-                           arrayConcat(arrayFilter((v, m) -> m, arrayZip(starts, ends), keep),
-                                       arrayZip(x.c_s, x.c_e)))),
-              (toInt64(0), start_ns)).1 AS covered_ns,
+              intervals, (toInt64(0), start_ns)).1 AS covered_ns,
+    -- each stage span's time inside the request; the problems of analysis.span_issues: spans
+    -- wholly outside the request (clock skew), the most a span reaches outside, overlap
+    arrayMap(v -> greatest(toInt64(0), least(v.2, start_ns + total_ns) - greatest(v.1, start_ns)),
+             intervals) AS inside,
+    arrayMap((v, i) -> i = 0 AND v.2 > v.1 AND (v.1 >= start_ns + total_ns OR v.2 <= start_ns),
+             intervals, inside) AS off,
+    toUInt32(arrayCount(f -> f, off)) AS detached_spans,
+    toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, i, f) -> if(f, 0, v.2 - v.1 - i),
+                                                         intervals, inside, off)))) AS outside_ns,
+    arraySum(inside) - covered_ns AS overlap_ns,
     coalesce(nullIf(p.dec_w, 0), nullIf(x.dec_w, 0), nullIf(self_w, 0)) AS width,
     coalesce(nullIf(p.dec_h, 0), nullIf(x.dec_h, 0), nullIf(self_h, 0)) AS height,
     coalesce(nullIf(p.dec_s, 0), nullIf(x.dec_s, 0), nullIf(self_s, 0)) AS bytes,
@@ -425,7 +461,8 @@ def _requests_select(query: AggregateQuery) -> str:
     toUInt8(is_request AND multiIf(
         pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
         pr.has_seq, ifNull(seq, 0) = 1,
-        (start_ns, p.trace_key) = pr.first)) AS cold,
+        first_of_proc)) AS cold,
+    toUInt8((start_ns, p.trace_key) = pr.first) AS first_of_proc,
     toUInt8(is_request AND NOT cold AND NOT error) AS warm
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner

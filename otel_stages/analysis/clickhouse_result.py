@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_failures import failure_kinds
+from otel_stages.analysis.clickhouse_issues import SpanIssues, apart_count, not_checked
+from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
 from otel_stages.analysis.clickhouse_signal_result import ScopeSignals, scopes
 from otel_stages.analysis.clickhouse_sql import (
@@ -305,6 +307,9 @@ class Counts:
     by_trace: int
     runs: int
     warm_forwards: int
+    #: cold requests (failed ones too) that are not the first of their process
+    #: (``request.cold_start`` marked a later one, e.g. a model reload)
+    cold_not_first: int = 0
 
 
 @dataclass(frozen=True)
@@ -316,7 +321,11 @@ class FleetAggregates:
     cohorts (``None`` with fewer than 2 cohorts or a constant total). ``quantile_function`` and
     ``quantile_relative_tolerance`` say how exact the percentiles are. ``unaccounted_explained``:
     ``cov(unaccounted, total) / var(total)`` (as a stage's ``explained``). ``problems``:
-    readable messages about what was left out."""
+    readable messages about what was left out. ``issues``: the data problems the file report
+    finds too (spans left out per reason, stage spans outside or overlapping, clock skew, span-id
+    clashes; :mod:`otel_stages.analysis.clickhouse_issues`), their sentences first in ``problems``.
+    ``failure_kinds`` / ``failure_stages``: failed requests by error kind and by where they stopped
+    (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures)."""
 
     url: str
     start_ns: int | None
@@ -342,6 +351,9 @@ class FleetAggregates:
     formats: int = 0
     preprocess: PreprocessFacts | None = None
     signals: list[ScopeSignals] = field(default_factory=list)
+    issues: SpanIssues = field(default_factory=SpanIssues)
+    failure_kinds: dict[str, int] = field(default_factory=dict)
+    failure_stages: dict[str, int] = field(default_factory=dict)
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -376,34 +388,10 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     return {"source": "clickhouse", **walk(data)}
 
 
-def _utc(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
-
-
-def _problems(summary_row: Mapping[str, Any], odd: Mapping[str, Any], runs_total: int,
+def _problems(issues: SpanIssues, runs_total: int,
               runs_shown: int, sum_table: str | None = None,
               memory_forwards: tuple[int, int] = (0, 0)) -> list[str]:
-    out: list[str] = []
-    n_odd = int(odd.get("n") or 0)
-    if n_odd:
-        examples = "; ".join(
-            f"{name!r} in trace {trace or '(none)'} starting {_utc(int(start))}"
-            f" lasting {int(duration) / 1e9:.3g} s"
-            for name, trace, start, duration in odd.get("examples") or [])
-        out.append(f"{n_odd} spans left out: a start before 2000-01-01 or a duration over a day"
-                   f" (broken clock or end before start; e.g. {examples})")
-    by_trace = int(summary_row.get("n_by_trace") or 0)
-    incomplete = int(summary_row.get("n_incomplete") or 0) - by_trace
-    if incomplete:
-        out.append(
-            f"{incomplete} parent spans never arrived but"
-            f" {int(summary_row['n_incomplete_spans']) - by_trace} stage spans point to them"
-            " (context lost between threads or services, or spans dropped): counted as"
-            " incomplete, not as requests")
-    if by_trace:
-        out.append(f"{by_trace} stage span{'s' if by_trace != 1 else ''} with no request span"
-                   " above (root of the trace) left out as incomplete: wrap each request's stages"
-                   " in otel_stages.request()")
+    out: list[str] = list(issues.problems)
     if sum_table is not None:
         out.append(f"stage spans carry mechanism signals but there is no {sum_table} table: cgroup"
                    " CPU throttling (container.cpu.throttling_data.throttled_time, a Sum) and CPU"
@@ -437,12 +425,17 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     head = results["summary"][0]
     total = summary(head, "total")
     odd = results["odd_spans"][0] if results["odd_spans"] else {}
+    span_issues = issues_of(odd, results["issues"][0] if results.get("issues") else {},
+                            next(iter(results.get("clashes") or ()), None),
+                            results.get("issue_spans") or [],
+                            next(iter(results.get("names") or ()), None))
     counts = Counts(
         requests=int(head["n_requests"]), warm=int(head["n_warm"]), cold=int(head["n_cold"]),
         failed=int(head["n_failed"]), cold_failed=int(head["n_cold_failed"]),
         incomplete=int(head["n_incomplete"] or 0), incomplete_spans=int(head["n_incomplete_spans"] or 0),
         odd_spans=int(odd.get("n") or 0), by_trace=int(head["n_by_trace"]),
         runs=int(head["n_runs"]), warm_forwards=int(head["n_warm_forwards"] or 0),
+        cold_not_first=int(head.get("n_cold_not_first") or 0),
     )
     formats = int(results["cohort_mix"][0].get("formats") or 0)
     cohort_stage_rows: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
@@ -494,6 +487,11 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     gpu = _gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
                results["gpu_metrics"][0] if results["gpu_metrics"] else {}, counts.warm_forwards)
     memory = results.get("memory_forwards")
+    kinds, where = failure_kinds(results.get("failures") or [])
+    unchecked = not_checked(
+        groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
+        signals=bool(results.get("signals") and results["signals"][0]["signals"]),
+        apart=apart_count(results.get("apart") or [], None if total is None else total.median_ms))
     return FleetAggregates(
         url=url, start_ns=start_ns, end_ns=end_ns, service=service,
         quantile_function=QUANTILE_FUNCTIONS[method],
@@ -512,10 +510,13 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         cold_start=cold_start,
         gpu=gpu,
         runs=runs, slowest=slowest,
-        problems=_problems(head, odd, counts.runs, len(runs),
+        problems=_problems(span_issues, counts.runs, len(runs),
                            sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
                                            if not r["exists"]), None),
-                           memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0)),
+                           memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
+        + unchecked,
         signals=scopes(results, gpu.hw_id),
+        issues=span_issues,
+        failure_kinds=kinds, failure_stages=where,
     )
 

@@ -52,9 +52,10 @@ What is read, and how narrowly (a fleet has millions of spans):
   says so. Peak and range are taken over the chosen GPU's largest ``hw.gpu.memory.limit``.
 
 Left out on purpose: signals of stage spans under a custom group span (they count as not
-recorded; the file report reads them), and per-process GPU memory series merged across processes
-(the file report merges series of the same ``hw.id`` from every process; here a forward sees only
-its own process's points, as for the utilization).
+recorded; the file report reads them; the report says so in ``problems``:
+:func:`otel_stages.analysis.clickhouse_issues.not_checked`), and per-process GPU memory series
+merged across processes (the file report merges series of the same ``hw.id`` from every
+process; here a forward sees only its own process's points, as for the utilization).
 """
 
 from __future__ import annotations

@@ -52,6 +52,33 @@ class Naming:
         return self.renamed.get(key, span.name)
 
 
+#: ``why`` of :func:`problem_lines` when names were found by :func:`looks_per_request`.
+WHY_PATTERN = "span names that hold a path or an id"
+
+
+def problem_lines(why: str, example: str, grouped: int, by_attribute: list[str], dropped: int
+                  ) -> list[str]:
+    """The sentences about per-request span names: ``why`` they were taken as such, an
+    ``example`` name, ``grouped`` spans counted under their ``stage`` attribute (the names
+    ``by_attribute``), ``dropped`` spans without one (left out of the stage rows)."""
+    head = f"span names look per-request ({why}, e.g. {example!r})"
+    fix = ("name each span by its stage (download, decode, resize, queue, forward or a fixed custom"
+           " name) and put the URL or id in an attribute (url.full, request.id)")
+    out = []
+    if by_attribute:
+        out.append(
+            f"{head}: {grouped} spans grouped by their '{semconv.STAGE_NAME}'"
+            f" attribute ({', '.join(by_attribute)}); {fix}"
+        )
+    if dropped:
+        out.append(
+            f"{head}: {dropped} spans without a '{semconv.STAGE_NAME}' attribute were left out of the"
+            f" stage rows (their time counts as unaccounted); {fix}, or set a"
+            f" '{semconv.STAGE_NAME}' attribute on them"
+        )
+    return out
+
+
 def per_request_names(stage_spans: Iterable[Span]) -> Naming:
     """Decide how to name ``stage_spans`` (every span whose parent is a request or a group).
 
@@ -77,19 +104,7 @@ def per_request_names(stage_spans: Iterable[Span]) -> Naming:
             dropped += 1
     names = sorted({s.name for s in suspects})
     why = (f"{len(distinct)} distinct span names under requests" if too_many
-           else "span names that hold a path or an id")
-    head = f"span names look per-request ({why}, e.g. {names[0]!r})"
-    fix = ("name each span by its stage (download, decode, resize, queue, forward or a fixed custom"
-           " name) and put the URL or id in an attribute (url.full, request.id)")
-    if by_attribute:
-        naming.problems.append(
-            f"{head}: {len(suspects) - dropped} spans grouped by their '{semconv.STAGE_NAME}'"
-            f" attribute ({', '.join(sorted(by_attribute))}); {fix}"
-        )
-    if dropped:
-        naming.problems.append(
-            f"{head}: {dropped} spans without a '{semconv.STAGE_NAME}' attribute were left out of the"
-            f" stage rows (their time counts as unaccounted); {fix}, or set a"
-            f" '{semconv.STAGE_NAME}' attribute on them"
-        )
+           else WHY_PATTERN)
+    naming.problems.extend(problem_lines(why, names[0], len(suspects) - dropped,
+                                         sorted(by_attribute), dropped))
     return naming

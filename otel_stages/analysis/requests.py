@@ -139,6 +139,9 @@ class Grouping:
     problems: list[str] = field(default_factory=list)
     #: requests with a stage span wholly outside their request span (clock skew between hosts)
     detached_requests: int = 0
+    #: the counts and examples behind the stage and span-id sentences of ``problems``
+    issues: StageIssues = field(default_factory=StageIssues)
+    clashes: IdClashes = field(default_factory=IdClashes)
 
 
 def process_key(resource: dict[str, AttributeValue]) -> str:
@@ -220,6 +223,7 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
     out.problems.extend(_incomplete_problems(out.incomplete))
     out.problems.extend(issues.problems())
     out.detached_requests = issues.detached_requests
+    out.issues, out.clashes = issues, clashes
     return out
 
 
@@ -313,27 +317,36 @@ def _incomplete(trace_id: str, missing: str | None, spans: Sequence[Span]) -> In
     return Incomplete(trace_id, missing, names, (end - start) / 1e6, process_key(spans[0].resource))
 
 
-def _incomplete_problems(units: list[Incomplete]) -> list[str]:
+def orphans_line(count: int, example: Incomplete) -> str:
+    """The sentence for ``count`` units whose parent span never arrived, naming ``example``."""
     from otel_stages.analysis.units import duration
 
+    return (
+        f"{count} incomplete trace{'s' if count != 1 else ''} left out: stage spans"
+        " whose parent span never arrived (lost context, spans dropped by a full export queue,"
+        " fire-and-forget work, or a file not read); counted under counts.incomplete, not as"
+        f" requests (e.g. trace {example.trace_id}: {', '.join(example.stages)},"
+        f" {duration(example.duration_ms)})"
+    )
+
+
+def roots_line(count: int, example: Incomplete) -> str:
+    """The sentence for ``count`` stage spans at the root of their trace, naming ``example``."""
+    return (
+        f"{count} stage span{'s' if count != 1 else ''} with no request span above"
+        " (root of the trace) left out as incomplete: wrap each request's stages in"
+        f" otel_stages.request() (e.g. trace {example.trace_id}: {', '.join(example.stages)})"
+    )
+
+
+def _incomplete_problems(units: list[Incomplete]) -> list[str]:
     problems = []
     orphans = [u for u in units if u.missing_parent_id is not None]
     if orphans:
-        u = orphans[0]
-        problems.append(
-            f"{len(orphans)} incomplete trace{'s' if len(orphans) != 1 else ''} left out: stage spans"
-            " whose parent span never arrived (lost context, spans dropped by a full export queue,"
-            " fire-and-forget work, or a file not read); counted under counts.incomplete, not as"
-            f" requests (e.g. trace {u.trace_id}: {', '.join(u.stages)}, {duration(u.duration_ms)})"
-        )
+        problems.append(orphans_line(len(orphans), orphans[0]))
     roots = [u for u in units if u.missing_parent_id is None]
     if roots:
-        u = roots[0]
-        problems.append(
-            f"{len(roots)} stage span{'s' if len(roots) != 1 else ''} with no request span above"
-            " (root of the trace) left out as incomplete: wrap each request's stages in"
-            f" otel_stages.request() (e.g. trace {u.trace_id}: {', '.join(u.stages)})"
-        )
+        problems.append(roots_line(len(roots), roots[0]))
     return problems
 
 

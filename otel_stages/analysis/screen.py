@@ -87,7 +87,8 @@ def unit_mistake(start_ns: int, now_ns: int | None = None) -> tuple[int, str] | 
     return None
 
 
-def _example(span: Span, reason: str) -> str:
+def example(span: Span, reason: str) -> str:
+    """The example text of ``span`` left out for ``reason`` (one of the ``REASON_*``)."""
     where = f"'{span.name}' in trace {span.trace_id}"
     if reason == REASON_EARLY:
         mistake = unit_mistake(span.start_ns)
@@ -99,6 +100,17 @@ def _example(span: Span, reason: str) -> str:
     if reason == REASON_BACKWARDS:
         return f"{where} ends {(span.start_ns - span.end_ns) / 1e6:.3f} ms before its start"
     return f"{where} lasts {(span.end_ns - span.start_ns) / 3.6e12:.1f} h"
+
+
+def problem_line(reason: str, count: int, example_text: str) -> str:
+    """The report's sentence for ``count`` spans left out for ``reason``, with ``example_text``
+    (:func:`example`); also the ClickHouse report's, from its SQL counts."""
+    if reason == REASON_EARLY:
+        return (f"{count} span{'s' if count != 1 else ''} left out: {reason} (e.g. {example_text});"
+                + (" the producer likely wrote another unit where OTLP wants nanoseconds"
+                   if " read as " in example_text
+                   else " an unset clock or a duration written as a timestamp"))
+    return f"{count} span{'s' if count != 1 else ''} left out: {reason} (e.g. {example_text})"
 
 
 def screen_spans(spans: Iterable[Span]) -> Screened:
@@ -120,13 +132,6 @@ def screen_spans(spans: Iterable[Span]) -> Screened:
         tally = tallies.setdefault(reason, _Tally())
         tally.count += 1
         if not tally.example:
-            tally.example = _example(span, reason)
-    problems = [
-        f"{t.count} span{'s' if t.count != 1 else ''} left out: {reason} (e.g. {t.example});"
-        + (" the producer likely wrote another unit where OTLP wants nanoseconds"
-           if " read as " in t.example else " an unset clock or a duration written as a timestamp")
-        if reason == REASON_EARLY
-        else f"{t.count} span{'s' if t.count != 1 else ''} left out: {reason} (e.g. {t.example})"
-        for reason, t in tallies.items()
-    ]
+            tally.example = example(span, reason)
+    problems = [problem_line(reason, t.count, t.example) for reason, t in tallies.items()]
     return Screened(kept, {r: t.count for r, t in tallies.items()}, problems)

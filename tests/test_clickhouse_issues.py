@@ -1,0 +1,411 @@
+"""The file report's data problems, found by the ClickHouse report too (real chDB): each input is a
+copy of a handed scenario (OTLP/JSON lines as otel-stages' exporter writes them) with one defect
+edited in, imported as the Collector's ``clickhouse`` exporter writes it; the file report and the
+ClickHouse report must give the same verdict (cause, stage, evidence, advice, tentative) and the
+same problem lines (counts; the example each names may be another request). Each test fails when
+the SQL for its problem is taken out (``report_dict`` then lacks the line, or the verdict is
+confident where the file report hedges)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    import chdb  # noqa: F401
+except ImportError:
+    # CI installs the test extra, which holds chDB: there a missing chDB is a broken install
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        raise
+    pytest.skip("needs chDB: the clickhouse extra (pip install -e '.[test]')", allow_module_level=True)
+
+from otel_stages.analysis import advice, load_paths
+from otel_stages.analysis.caveats import SKEWED_MIN_FRACTION
+from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
+from otel_stages.analysis.clickhouse_figures import report_dict
+from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
+from otel_stages.analysis.clickhouse_sql import AggregateQuery
+from otel_stages.analysis.diagnosis import diagnose
+
+TRACES = Path(__file__).parent / "data" / "traces"
+STABLE = TRACES / "stable.otlp.jsonl"  # 30 requests, forward 87 % of request time, verdict stable
+MS = 10**6
+Spans = list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory):
+    with connect(parse_url(f"chdb:{tmp_path_factory.mktemp('chdb')}")) as eng:
+        yield eng
+
+
+_dbs = itertools.count()
+
+
+def edited(source: Path, target: Path, edit: Callable[[int, Spans], None]) -> Path:
+    """A copy of ``source`` with ``edit(i, spans)`` applied to the spans of its i-th trace (in
+    order of first appearance; a trace's spans may lie in several lines). ``spans`` may be changed
+    in place; spans removed from it are dropped, spans added go beside the trace's first span."""
+    docs = [json.loads(line) for line in source.read_text().splitlines()]
+    by_trace: dict[str, Spans] = {}
+    home: dict[str, Spans] = {}
+    for doc in docs:
+        for rs in doc.get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    by_trace.setdefault(span["traceId"], []).append(span)
+                    home.setdefault(span["traceId"], ss["spans"])
+    for i, (trace, spans) in enumerate(by_trace.items()):
+        before = list(spans)
+        edit(i, spans)
+        for span in before:
+            if not any(span is s for s in spans):
+                for doc in docs:
+                    for rs in doc.get("resourceSpans", []):
+                        for ss in rs["scopeSpans"]:
+                            ss["spans"] = [s for s in ss["spans"] if s is not span]
+        home[trace].extend(s for s in spans if not any(s is b for b in before))
+    target.write_text("".join(json.dumps(doc) + "\n" for doc in docs))
+    return target
+
+
+def named(spans: Spans, name: str) -> dict[str, Any]:
+    return next(s for s in spans if s["name"] == name)
+
+
+def shift(span: dict[str, Any], start_ns: int, end_ns: int | None = None) -> None:
+    """Move ``span``'s start by ``start_ns`` and its end by ``end_ns`` (default: the same)."""
+    span["startTimeUnixNano"] = str(int(span["startTimeUnixNano"]) + start_ns)
+    span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + (start_ns if end_ns is None else end_ns))
+
+
+def _examples_out(line: str) -> str:
+    """A problem line without the example it names (the reports may pick other requests)."""
+    return re.sub(r"e\.g\. [^)]*", "e.g. ...", line)
+
+
+def reports(engine: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(ClickHouse report, file report) as JSON, on the same file."""
+    tables = Tables(database=f"i{next(_dbs)}")
+    summary = import_files(engine, tables, [path])
+    assert summary.problems == []
+    got = json.loads(json.dumps(report_dict(fetch_aggregates(engine, tables, AggregateQuery()))))
+    want = json.loads(json.dumps(diagnose(load_paths([path])).to_dict()))
+    return got, want
+
+
+def assert_same(got: dict[str, Any], want: dict[str, Any], *, expect: str) -> None:
+    """Same verdict and the same problem lines (up to their examples); one of them has ``expect``."""
+    assert got["verdict"] == want["verdict"]
+    mine = sorted(_examples_out(p) for p in got["problems"] if not p.startswith(NOT_CHECKED))
+    assert mine == sorted(_examples_out(p) for p in want["problems"])
+    assert any(expect in p for p in mine), mine
+
+
+# --- clock skew: stage spans wholly outside their request ----------------------------------------
+
+
+def _skewed(fraction_of: int) -> Callable[[int, Spans], None]:
+    def edit(i: int, spans: Spans) -> None:
+        if i % 30 < fraction_of:  # the forward ran on a host whose clock is 5 s ahead
+            shift(named(spans, "forward"), 5_000 * MS)
+    return edit
+
+
+def test_clock_skew_in_most_requests_says_sync_the_clocks(engine, tmp_path: Path) -> None:
+    """Forward spans of 20 of 30 requests 5 s after their request (another host's clock): both
+    reports name the 20 spans, read the untraced time as skew (SKEWED_MIN_FRACTION) and advise
+    syncing the clocks; without the SQL count the ClickHouse report would advise instrumenting."""
+    assert SKEWED_MIN_FRACTION * 30 <= 20
+    got, want = reports(engine, edited(STABLE, tmp_path / "skew.jsonl", _skewed(20)))
+    assert_same(got, want, expect="20 stage spans in 20 requests lie entirely outside")
+    assert any(advice.SYNC_CLOCKS in a for a in got["verdict"]["advice"])
+
+
+def test_clock_skew_in_a_few_requests_is_named_but_not_read_as_skew(engine, tmp_path: Path) -> None:
+    """Below SKEWED_MIN_FRACTION of the requests the spans are named, the advice is not to sync."""
+    few = int(SKEWED_MIN_FRACTION * 30) - 1
+    got, want = reports(engine, edited(STABLE, tmp_path / "few.jsonl", _skewed(few)))
+    assert_same(got, want, expect=f"{few} stage spans in {few} requests lie entirely outside")
+    assert not any(advice.SYNC_CLOCKS in a for a in got["verdict"]["advice"])
+
+
+# --- stage spans reaching outside their request, overlapping stages ------------------------------
+
+
+def test_stage_spans_reaching_outside_their_request(engine, tmp_path: Path) -> None:
+    def edit(i: int, spans: Spans) -> None:
+        if i in (3, 7, 11, 12):  # fire-and-forget work after the answer: forward ends 20 ms late
+            shift(named(spans, "forward"), 0, (20 + i) * MS)
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "outside.jsonl", edit))
+    assert_same(got, want, expect="reach outside their request span in 4 requests (up to 31.9 ms outside")
+
+
+def test_overlapping_stage_spans(engine, tmp_path: Path) -> None:
+    def edit(i: int, spans: Spans) -> None:
+        if i % 6 == 1:  # resize starts 2 ms before decode ends
+            shift(named(spans, "resize"), -2 * MS, 0)
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "overlap.jsonl", edit))
+    assert_same(got, want, expect="stage spans overlap in 5 requests")
+
+
+def test_overlap_within_the_tolerance_is_no_problem(engine, tmp_path: Path) -> None:
+    """OVERLAP_TOLERANCE_MS (0.05 ms): 0.05 ms is within it, 0.051 ms is not, in both reports."""
+    def edit(i: int, spans: Spans) -> None:
+        if i == 4:
+            shift(named(spans, "resize"), -50_000, 0)
+        if i == 5:
+            shift(named(spans, "resize"), -51_000, 0)
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "tolerance.jsonl", edit))
+    assert_same(got, want, expect="stage spans overlap in 1 request ")
+
+
+# --- span ids shared by different spans ------------------------------------------------------------
+
+
+def test_span_ids_shared_by_different_spans_are_counted(engine, tmp_path: Path) -> None:
+    """A second decode span with the first's id and other times (a fixed id generator), in 2
+    requests, and an exact copy of a span (a retried export) in another: 2 clashes in both."""
+    def edit(i: int, spans: Spans) -> None:
+        if i in (5, 9):
+            other = copy.deepcopy(named(spans, "decode"))
+            shift(other, 40 * MS)
+            spans.append(other)
+        if i == 12:
+            spans.append(copy.deepcopy(named(spans, "resize")))
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "clash.jsonl", edit))
+    assert_same(got, want, expect="2 spans share a span id with a different span")
+
+
+# --- spans left out: impossible times ------------------------------------------------------------
+
+
+def test_spans_left_out_are_counted_per_reason(engine, tmp_path: Path) -> None:
+    """Starts in microseconds (1970) and a span over a day: one line per reason, with the file
+    report's counts and unit hint."""
+    def edit(i: int, spans: Spans) -> None:
+        forward = named(spans, "forward")
+        start, end = int(forward["startTimeUnixNano"]), int(forward["endTimeUnixNano"])
+        if i in (2, 4):
+            forward["startTimeUnixNano"], forward["endTimeUnixNano"] = str(start // 1000), str(end // 1000)
+        if i == 8:
+            forward["endTimeUnixNano"] = str(start + 86_400 * 10**9 + 1)
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "odd.jsonl", edit))
+    assert_same(got, want, expect="2 spans left out: starts before 2000-01-01")
+    lines = "\n".join(got["problems"])
+    assert "1 span left out: lasts longer than a day" in lines
+    assert "read as microseconds" in lines
+
+
+def test_a_span_that_ends_before_it_starts_is_named_by_both(engine, tmp_path: Path) -> None:
+    """The file reader refuses such a span as malformed (a load problem naming it); the exporter
+    stores it with a wrapped-around ``Duration``, and the SQL counts it under its own reason."""
+    def edit(i: int, spans: Spans) -> None:
+        if i == 6:
+            forward = named(spans, "forward")
+            forward["startTimeUnixNano"], forward["endTimeUnixNano"] = (
+                forward["endTimeUnixNano"], forward["startTimeUnixNano"])
+
+    path = edited(STABLE, tmp_path / "backwards.jsonl", edit)
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [path])
+    got = json.loads(json.dumps(report_dict(fetch_aggregates(engine, tables, AggregateQuery()))))
+    want = diagnose(load_paths([path])).to_dict()
+    assert got["verdict"] == want["verdict"]
+    assert [p for p in want["problems"] if "('forward'): ends before it starts" in p]
+    assert [p for p in got["problems"] if p.startswith("1 span left out: ends before it starts")]
+
+
+# --- a stage in only some requests -----------------------------------------------------------------
+
+
+def test_a_stage_in_only_some_requests_is_named_in_the_evidence(engine, tmp_path: Path) -> None:
+    """download dropped from 10 requests (a cache hit): present in 19 of 29 warm requests, below
+    STAGE_PRESENT_MIN_FRACTION: both verdicts say its figures are over those 19."""
+    def edit(i: int, spans: Spans) -> None:
+        if i % 3 == 2:
+            spans.remove(named(spans, "download"))
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "partial.jsonl", edit))
+    assert got["verdict"] == want["verdict"]
+    assert any(e.startswith("download appears in only") for e in got["verdict"]["evidence"])
+
+
+# --- what the SQL does not check: said, not silently confident -------------------------------------
+
+
+def _grouped(i: int, spans: Spans) -> None:
+    """forward inside a custom group span ``model`` (request -> model -> forward)."""
+    if not any(s["name"] == "forward" for s in spans):
+        return  # a batch trace
+    forward = named(spans, "forward")
+    group = {**copy.deepcopy(forward), "name": "model", "spanId": f"{0xfeed0000 + i:016x}",
+             "attributes": []}
+    forward["parentSpanId"] = group["spanId"]
+    spans.append(group)
+
+
+def test_signals_inside_custom_groups_are_said_to_be_unchecked(engine, tmp_path: Path) -> None:
+    """gc_pause with its forward spans inside a group span: the file report reads their signals
+    and names the GC pauses; the SQL does not, and its report says so rather than giving a plain
+    forward verdict silently. The scenario without groups has no such line."""
+    source = TRACES / "gc_pause.otlp.jsonl"
+    got, want = reports(engine, edited(source, tmp_path / "grouped.jsonl", _grouped))
+    assert want["verdict"]["cause"] == "gc_pause"
+    lines = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    (line,) = lines
+    assert "inside custom group spans (24 group spans)" in line
+    plain, _ = reports(engine, source)
+    assert not [p for p in plain["problems"] if p.startswith(NOT_CHECKED)]
+
+
+def _after_idle(slow: float) -> Callable[[int, Spans], None]:
+    def edit(i: int, spans: Spans) -> None:
+        if i >= 20:  # 60 s idle before request 20
+            for span in spans:
+                shift(span, 60_000 * MS)
+        if i == 20:  # ... which is slow: its forward takes ``slow`` x as long
+            forward, request = named(spans, "forward"), named(spans, "request")
+            extra = int((int(forward["endTimeUnixNano"]) - int(forward["startTimeUnixNano"])) * (slow - 1))
+            shift(forward, 0, extra)
+            shift(request, 0, extra)
+    return edit
+
+
+def test_requests_that_stand_apart_are_said_to_be_unchecked(engine, tmp_path: Path) -> None:
+    """A warm request 3x the median after 60 s idle: the file report sets it apart; the SQL keeps
+    it warm, and says that this check was not made."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "idle.jsonl", _after_idle(3.0)))
+    assert [a["reason"] for a in want["set_apart"]] == ["after_idle"]
+    (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert line.startswith(f"{NOT_CHECKED}1 warm request stands apart as cold")
+
+
+def test_no_unchecked_line_when_no_request_could_stand_apart(engine, tmp_path: Path) -> None:
+    """1.5x after the idle gap: under COLD_START_MIN_RATIO, nothing set apart, no line."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "idle_mild.jsonl", _after_idle(1.5)))
+    assert want["set_apart"] == []
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert got["verdict"] == want["verdict"]
+
+
+# --- failed requests: what they failed with and where they stopped ------------------------------
+
+
+def _failing(i: int, spans: Spans) -> None:
+    """9 of 30 requests fail (30 %, past FAILED_MIN_FRACTION): 3 with ``error.type`` on the
+    request span, 3 with an exception event on a failed forward, 3 with no type recorded."""
+    if i == 0 or i % 3:
+        return
+    request = named(spans, "request")
+    request["status"] = {"code": 2}
+    if i % 9 == 0:
+        request["attributes"].append({"key": "error.type", "value": {"stringValue": "TimeoutError"}})
+    elif i % 9 == 3:
+        forward = named(spans, "forward")
+        forward["status"] = {"code": 2}
+        forward["events"] = [{"timeUnixNano": forward["endTimeUnixNano"], "name": "exception",
+                              "attributes": [{"key": "exception.type",
+                                              "value": {"stringValue": "torch.OutOfMemoryError"}}]}]
+
+
+def test_failures_name_their_error_types_and_where_they_stopped(engine, tmp_path: Path) -> None:
+    """Failures first, with the kinds (error.type, else an exception event's type, else 'not
+    recorded') and where the requests stopped: the same sentence in both reports."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "failing.jsonl", _failing))
+    assert got["verdict"] == want["verdict"]
+    line = got["verdict"]["evidence"][0]
+    assert "(9 of 30; TimeoutError: 3, error type not recorded: 3, torch.OutOfMemoryError: 3;" in line
+    assert "last stage forward: 6; failed in forward: 3)" in line
+
+
+# --- incomplete traces, per-request span names ----------------------------------------------------
+
+
+def test_incomplete_traces_and_root_stage_spans(engine, tmp_path: Path) -> None:
+    """Two traces lose their request span (exported by a process that died), one forward span
+    lost its parent id: the file report's two sentences, with its counts."""
+    def edit(i: int, spans: Spans) -> None:
+        if i in (4, 8):
+            spans.remove(named(spans, "request"))
+        if i == 10:
+            del named(spans, "forward")["parentSpanId"]
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "incomplete.jsonl", edit))
+    assert_same(got, want, expect="2 incomplete traces left out")
+    assert any(p.startswith("1 stage span with no request span above") for p in got["problems"])
+
+
+def test_per_request_span_names(engine, tmp_path: Path) -> None:
+    """resize spans named by their URL: four carry a ``stage`` attribute and count as resize, two
+    do not and are left out of the stage rows; both reports say so with the same counts. (Not
+    decode: the SQL reads the image size from spans named decode only.)"""
+    def edit(i: int, spans: Spans) -> None:
+        if 1 <= i <= 6:
+            resize = named(spans, "resize")
+            resize["name"] = f"resize /img/{i}.jpg"
+            if i <= 4:
+                resize["attributes"].append({"key": "stage", "value": {"stringValue": "resize"}})
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "names.jsonl", edit))
+    assert_same(got, want, expect="4 spans grouped by their 'stage' attribute (resize)")
+    assert any("2 spans without a 'stage' attribute were left out" in p for p in got["problems"])
+
+
+def test_span_id_clashes_are_found_whatever_the_time_slices(engine, tmp_path: Path) -> None:
+    """The clash pass reads every id in one aggregation (the engine spills it past its memory
+    threshold), not per time slice: with slices of 20 spans, a span copied 20 s later into its
+    trace (another time slice) with its id still counts."""
+    def edit(i: int, spans: Spans) -> None:
+        if i == 5:
+            other = copy.deepcopy(named(spans, "decode"))
+            shift(other, 20_000 * MS)
+            spans.append(other)
+
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [edited(STABLE, tmp_path / "far.jsonl", edit)])
+    agg = fetch_aggregates(engine, tables, AggregateQuery(slice_spans=20))
+    assert agg.issues.clash_spans == 1
+    assert any(p.startswith("1 span shares a span id with a different span") for p in agg.problems)
+
+
+# --- the cold request's sentence -------------------------------------------------------------------
+
+
+def test_a_cold_request_marked_later_in_its_process(engine, tmp_path: Path) -> None:
+    """``request.cold_start`` marks request 10 (a model reload), not the first: both reports say
+    it is not the first of its process."""
+    def edit(i: int, spans: Spans) -> None:
+        named(spans, "request")["attributes"].append(
+            {"key": "request.cold_start", "value": {"boolValue": i == 10}})
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "reload.jsonl", edit))
+    assert got["verdict"] == want["verdict"]
+    assert any("not the first of its process" in e for e in got["verdict"]["evidence"])
+
+
+def test_a_cold_request_of_unknown_input(engine, tmp_path: Path) -> None:
+    """The first request's decode span has no image size: compared with all warm requests, and
+    both reports say its input is unknown."""
+    def edit(i: int, spans: Spans) -> None:
+        if i == 0:
+            named(spans, "decode")["attributes"] = []
+            named(spans, "request")["attributes"] = [
+                a for a in named(spans, "request")["attributes"] if not a["key"].startswith("image.")]
+
+    got, want = reports(engine, edited(STABLE, tmp_path / "unknown.jsonl", edit))
+    assert got["verdict"] == want["verdict"]
+    assert any("its input is unknown" in e for e in got["verdict"]["evidence"])
