@@ -409,3 +409,38 @@ def test_a_cold_request_of_unknown_input(engine, tmp_path: Path) -> None:
     got, want = reports(engine, edited(STABLE, tmp_path / "unknown.jsonl", edit))
     assert got["verdict"] == want["verdict"]
     assert any("its input is unknown" in e for e in got["verdict"]["evidence"])
+
+
+# --- time counted in two stages at once: the (overlap) figure and its caveat ----------------------
+
+
+def _double_counted(i: int, spans: Spans) -> None:
+    """queue's span runs on to the forward's end: the forward's time (which drives the swing) is
+    counted in queue too, so queue explains as much as forward and the lead is at risk."""
+    queue, forward = named(spans, "queue"), named(spans, "forward")
+    queue["endTimeUnixNano"] = forward["endTimeUnixNano"]
+
+
+def test_double_counted_time_is_the_same_figure_and_the_same_tentative_verdict(
+        engine, tmp_path: Path) -> None:
+    """stage_overlap in SQL: the overlap's distribution, share and explained variance match the
+    file report's, and the overlap caveat (OVERLAP_MAX_PART_OF_LEAD) makes both verdicts
+    tentative with its evidence and advice first; without the SQL figure the ClickHouse verdict
+    would stay confident."""
+    from otel_stages.analysis.stage_overlap import OVERLAP_ADVICE
+
+    got, want = reports(engine, edited(TRACES / "gpu_busy.otlp.jsonl", tmp_path / "double.jsonl",
+                                       _double_counted))
+    assert want["verdict"]["stage"] in ("queue", "forward")  # either holds the other's time
+    assert want["overlap"] is not None and want["verdict"]["tentative"]
+    assert want["verdict"]["advice"][0] == OVERLAP_ADVICE
+    assert got["verdict"] == want["verdict"]
+    assert got["overlap"]["requests"] == want["overlap"]["requests"] == want["counts"]["warm"]
+    for key in ("median_ms", "swing_ms", "share", "explains"):
+        assert got["overlap"][key] == pytest.approx(want["overlap"][key], rel=1e-3, abs=1e-3), key
+
+
+def test_no_overlap_figure_without_double_counted_time(engine, tmp_path: Path) -> None:
+    got, want = reports(engine, edited(STABLE, tmp_path / "plain.jsonl", lambda i, spans: None))
+    assert got["overlap"] is None and want["overlap"] is None
+    assert not got["verdict"]["tentative"]

@@ -82,6 +82,7 @@ from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_dict
 from otel_stages.analysis.signal_figures import StageSignals
+from otel_stages.analysis.stage_overlap import overlap_caveat
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
 from otel_stages.analysis.units import duration
 from otel_stages.analysis.verdict import Verdict
@@ -325,9 +326,14 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
     )
 
 
-def verdict(agg: FleetAggregates) -> Verdict:
-    """The verdict for the aggregates: :func:`figures` through the one rule set."""
-    return decide(figures(agg))
+def verdict(agg: FleetAggregates, fig: Figures | None = None) -> Verdict:
+    """The verdict for the aggregates: :func:`figures` (or ``fig``, already made from them)
+    through the one rule set, then the overlap caveat the file report applies
+    (:func:`otel_stages.analysis.stage_overlap.overlap_caveat`)."""
+    fig = figures(agg) if fig is None else fig
+    out = decide(fig)
+    overlap_caveat(out, fig, agg.overlap)
+    return out
 
 
 
@@ -367,6 +373,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
                    "incomplete": c.incomplete},
         "total": None if total is None else total.to_dict(),
         "stages": {n: _stage_stats(s).to_dict() for n, s in agg.stages.items()},
+        "overlap": None if agg.overlap is None else agg.overlap.to_dict(),
         "unaccounted": None if unaccounted is None else Unaccounted(
             unaccounted.median_ms, unaccounted.swing_ms, unaccounted.share,
             unaccounted.explains or 0.0).to_dict(),
@@ -380,7 +387,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
                   "first_unix_ns": r.first_unix_ns, "last_unix_ns": r.last_unix_ns,
                   "requests": r.requests, "reported": True} for r in agg.runs],
         "problems": list(agg.problems),
-        "verdict": decide(fig).to_dict(),
+        "verdict": verdict(agg, fig).to_dict(),
         "noise": noise_to_dict(noise_band(fig.stages.values(), fig.reference_ms), total)
         if c.warm else None,
         "gpu": fig.gpu.to_dict(),

@@ -11,6 +11,9 @@ Definitions (all over *warm* requests: not cold, not failed, unless said otherwi
   counted as 0 where it did not run (the definition of ``analysis.stats.explained_fraction``);
 - unaccounted: ``total - covered`` per request, covered = union of its stage spans' intervals;
   its ``cross`` (as a stage's) gives the variance of the total it explains;
+- overlap: the stages' time inside the request beyond ``covered`` (time counted in two stages at
+  once, :mod:`otel_stages.analysis.stage_overlap`), its distribution, ``cross`` and how many
+  requests have more than the tolerance;
 - cohorts: warm requests by (``image.width``, ``image.height``, ``image.format``); the input mix
   explains ``1 - ss_within / ss_total`` of the total's variance over requests with a known input;
 - cold: cold requests' totals and per-stage medians, and per input the cold requests against warm
@@ -37,6 +40,7 @@ from otel_stages.analysis.clickhouse_sql import (
     requests,
     span_filter,
 )
+from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
 #: The per-request rows with their cold / warm flags (a subquery).
 R = requests()
@@ -45,6 +49,10 @@ _KNOWN = "width IS NOT NULL AND height IS NOT NULL"
 #: Cold requests in the statistics' sense: first of their process and not failed.
 _COLD = "is_request AND cold AND NOT error"
 _UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
+#: Time counted in two stages at once (analysis.stage_overlap.double_counted_ms): the stages'
+#: time inside the request beyond the union they cover.
+_OVERLAP_MS = "greatest(overlap_ns, 0) / 1e6"
+OVERLAP_TOLERANCE_NS = round(OVERLAP_TOLERANCE_MS * 1e6)
 _MEAN_TOTAL = f"(SELECT avgIf({_TOTAL_MS}, warm) FROM {R})"
 
 
@@ -61,7 +69,10 @@ def summary_sql(method: str) -> str:
     sumIf(length(fwd_start), warm) AS n_warm_forwards,
     {distribution("total", _TOTAL_MS, "warm", method)},
     {distribution("unaccounted", _UNACCOUNTED_MS, "warm", method)},
-    sumIf({_UNACCOUNTED_MS} * ({_TOTAL_MS} - {_MEAN_TOTAL}), warm) AS unaccounted_cross
+    sumIf({_UNACCOUNTED_MS} * ({_TOTAL_MS} - {_MEAN_TOTAL}), warm) AS unaccounted_cross,
+    {distribution("overlap", _OVERLAP_MS, "warm", method)},
+    countIf(warm AND overlap_ns > {OVERLAP_TOLERANCE_NS}) AS n_overlap,
+    sumIf({_OVERLAP_MS} * ({_TOTAL_MS} - {_MEAN_TOTAL}), warm) AS overlap_cross
 FROM {R}"""
 
 

@@ -26,7 +26,9 @@ from otel_stages.analysis.clickhouse_sql import (
     EXACT_RELATIVE_TOLERANCE,
     LEVELS,
 )
+from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
+from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -325,7 +327,9 @@ class FleetAggregates:
     finds too (spans left out per reason, stage spans outside or overlapping, clock skew, span-id
     clashes; :mod:`otel_stages.analysis.clickhouse_issues`), their sentences first in ``problems``.
     ``failure_kinds`` / ``failure_stages``: failed requests by error kind and by where they stopped
-    (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures)."""
+    (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures). ``overlap``: time
+    counted in two stages at once over the warm requests, as the file report's
+    (:class:`~otel_stages.analysis.stage_overlap.Overlap`; ``None`` when no request has any)."""
 
     url: str
     start_ns: int | None
@@ -354,6 +358,7 @@ class FleetAggregates:
     issues: SpanIssues = field(default_factory=SpanIssues)
     failure_kinds: dict[str, int] = field(default_factory=dict)
     failure_stages: dict[str, int] = field(default_factory=dict)
+    overlap: Overlap | None = None
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -372,6 +377,22 @@ class FleetAggregates:
             **asdict(replace(s.memory, covered=())), "covered": len(s.memory.covered)}}
             for s in self.signals]
         return _jsonable(data)
+
+
+def overlap_of(head: Mapping[str, Any], total: Summary | None) -> Overlap | None:
+    """The :class:`~otel_stages.analysis.stage_overlap.Overlap` in the summary row's ``overlap_*``
+    columns (``None`` when no warm request has more than the tolerance), as
+    :func:`otel_stages.analysis.stage_overlap.overlap_stats` computes it: ``explains`` only from
+    :data:`~otel_stages.analysis.decision.MIN_WARM_RUNS` warm requests on."""
+    dist = summary(head, "overlap")
+    if not int(head.get("n_overlap") or 0) or dist is None or total is None:
+        return None
+    explains = None
+    if total.count >= MIN_WARM_RUNS:
+        explains = (float(head["overlap_cross"] or 0.0) / total.sum_of_squares_ms2
+                    if total.sum_of_squares_ms2 > 0 else 0.0)
+    share = dist.sum_ms / total.sum_ms if total.sum_ms else 0.0
+    return Overlap(int(head["n_overlap"]), dist.median_ms, dist.p95_ms - dist.p5_ms, share, explains)
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
@@ -507,6 +528,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         preprocess=preprocess_facts(results["preprocess"][0]) if results.get("preprocess") else None,
         unaccounted_explained=(float(head["unaccounted_cross"] or 0.0) / total.sum_of_squares_ms2
                                if total and total.sum_of_squares_ms2 > 0 else None),
+        overlap=overlap_of(head, total),
         cold_start=cold_start,
         gpu=gpu,
         runs=runs, slowest=slowest,

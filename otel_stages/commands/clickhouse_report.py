@@ -76,6 +76,12 @@ def text(agg: FleetAggregates) -> str:
         lines += ["", "inputs: " + ", ".join(
             f"{k.key} ({k.total.count} requests, median {_ms(k.total.median_ms)} ms)"
             for k in agg.cohorts[:5])]
+    if agg.overlap is not None:
+        o = agg.overlap
+        lines.append(f"{'(overlap)':<10}{'':>10}{_ms(o.median_ms):>11}{'':>10}{'':>10}"
+                     f"{_ms(o.swing_ms):>10}{'-' if o.explains is None else f'{o.explains:.0%}':>10}")
+        lines.append(f"(overlap) = time counted in two stages at once, in {o.requests} warm requests"
+                     f" ({o.share:.0%} of request time): subtract it for the stages to add up")
     lines += [f"problem: {p}" for p in agg.problems]
     v = clickhouse_figures.verdict(agg)
     lines += ["", f"verdict: {v.cause or 'none'}" + (f" ({v.stage})" if v.stage else "")
