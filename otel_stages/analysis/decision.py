@@ -394,6 +394,11 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
     line = _cold_sentence(cold)
     if verdict.cause == CAUSE_COLD_START:
         verdict.evidence.insert(0, line)
+    elif (cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO
+          and cold.compared_with != SAME_INPUT and cold.input_known):
+        # its input (image size, prompt or output length) differs from the requests compared
+        verdict.evidence.append(line + "; not comparable (its input differs), so not called a"
+                                " cold start")
     elif cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO:
         verdict.evidence.append(line + ", and a cold start too")
         verdict.advice.append("also: " + advice_text.WARM_UP)
