@@ -216,9 +216,11 @@ def _unmatched_spans(name: str, spans: Iterable[Span], mapped_traces: set[str]) 
     """The problem naming the spans in traces without a request span of the map (another server's
     files in the same folder), by ``service.name``; ``None`` when there are none."""
     by_service: dict[str, int] = defaultdict(int)
+    others: list[Span] = []
     for span in spans:
         if span.trace_id not in mapped_traces:
             by_service[str(span.resource.get(semconv.SERVICE_NAME) or "unknown service")] += 1
+            others.append(span)
     if not by_service:
         return None
     total = sum(by_service.values())
@@ -228,7 +230,8 @@ def _unmatched_spans(name: str, spans: Iterable[Span], mapped_traces: set[str]) 
             f" request span of the map, from {len(by_service)} service"
             f"{'s' if len(by_service) != 1 else ''} ({named}), were not mapped: they count only"
             " where they are otel-stages' own request spans; is another server's data in the"
-            " same files?")
+            " same files?" + (f" Some match --stage-map {other}: report them apart with it."
+                              if (other := suggest_stage_map(others)) not in (None, name) else ""))
 
 
 def suggest_stage_map(spans: Iterable[Span]) -> str | None:
