@@ -266,7 +266,16 @@ def test_mapped_stage_advice_never_says_stage_spans(tmp_path: Path, capsys):
     assert verdict["advice"][0].startswith("vit_block is timed from the server's own telemetry"
                                            " by stage map own (events COMPUTE_INPUT_END ->")
     code, out, err = _report([str(DATA / "t5_dali.jsonl.gz"), "--stage-map", "triton"], capsys)
-    assert "instance_group" in out["verdict"]["advice"][0]
+    advice = out["verdict"]["advice"]
+    assert "instance_group" in advice[0]
+    # the preprocess cause's in-process lines (Pillow draft decoding through otel_stages.imaging,
+    # attributes on a decode span) are no help for a Triton model
+    assert not any(m in a for a in advice for m in ("otel_stages.", "imaging.decode", "decode span"))
+    code, out, err = _report([str(DATA / "mixed" / "v1c_queue.jsonl.gz"), "--stage-map", "vllm"],
+                             capsys)
+    advice = out["verdict"]["advice"]
+    assert out["verdict"]["stage"] == "queue" and "--max-num-seqs" in advice[0]
+    assert not any("queue.depth" in a for a in advice)
 
 
 # --- 8. reserved names, unmatched spans -----------------------------------------------------------------

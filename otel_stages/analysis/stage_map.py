@@ -69,6 +69,15 @@ __all__ = [
 _Key = tuple[str, str]
 
 
+#: Advice text that assumes the user's own Python pipeline instrumented with this library (its
+#: stage() spans, otel_stages.imaging, attributes it records): no help for a stage timed from a
+#: server's telemetry, so :meth:`MapSummary.advise` drops lines holding one of these (only the
+#: first, ``stage()``, for a verdict on time outside the mapped stages).
+_IN_PROCESS_ADVICE: tuple[str, ...] = (
+    "stage()", "otel_stages.", "imaging.decode", "decode span", "(not span metrics)",
+    "queue.depth")
+
+
 @dataclass
 class MapSummary:
     """What :func:`apply_stage_map` did: requests mapped (and by which variant), request spans
@@ -94,16 +103,19 @@ class MapSummary:
         return label_lines(self.name, self.label, self.labels)
 
     def advise(self, verdict: Verdict) -> None:
-        """Advice a server's user can follow: drop the lines that say to add ``stage()`` spans
-        (code the user does not own) and, for a verdict on a mapped stage, put the map's advice
-        for it first (the entry's ``advice``, else where its time comes from and where to look
-        next). Changes ``verdict`` in place."""
+        """Advice a server's user can follow: drop the lines that assume the user's own
+        instrumented pipeline (:data:`_IN_PROCESS_ADVICE`: ``stage()`` spans, the library's
+        imaging helpers; code the user does not own) and, for a verdict on a mapped stage, put
+        the map's advice for it first (after a tentative verdict's caveat): the entry's
+        ``advice``, else (when a line was dropped) where its time comes from and where to look
+        next. Changes ``verdict`` in place."""
         if self.stage_map is None:
             return
-        removed = [i for i, a in enumerate(verdict.advice) if "stage()" in a]
-        kept = [a for a in verdict.advice if "stage()" not in a]
         stage = verdict.stage
         mapped = stage is not None and stage in self.stage_map.stage_order()
+        markers = _IN_PROCESS_ADVICE if mapped else _IN_PROCESS_ADVICE[:1]
+        removed = [i for i, a in enumerate(verdict.advice) if any(m in a for m in markers)]
+        kept = [a for i, a in enumerate(verdict.advice) if i not in removed]
         line = self.stage_map.advice_for(stage) if stage is not None and mapped else ""
         if not line and removed:
             line = (f"{stage} is timed from the server's own telemetry by stage map {self.name}"
@@ -113,9 +125,8 @@ class MapSummary:
                     f"the stages come from the server's own telemetry (stage map {self.name}):"
                     " the time between them is work the server does not time; look at its"
                     " metrics and logs")
-        if line:  # where the stage() line was; else first, after a tentative verdict's caveat
-            at = removed[0] if removed else (1 if verdict.tentative and kept else 0)
-            kept.insert(min(at, len(kept)), line)
+        if line:  # first, after a tentative verdict's caveat
+            kept.insert(1 if verdict.tentative and kept else 0, line)
         verdict.advice = kept
 
     def to_dict(self) -> dict[str, object]:
