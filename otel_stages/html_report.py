@@ -21,11 +21,11 @@ import html
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from otel_stages.analysis.charts import ReportCharts
-from otel_stages.analysis.decision import RECOMMENDED_WARM_RUNS
 from otel_stages.html_plots import SECTION_COUNT, SECTIONS, Section
 
 __all__ = ["SECTION_COUNT", "HtmlUnavailable", "render_html", "write_html"]
@@ -58,12 +58,22 @@ def _counts(c: ReportCharts) -> str:
     return text
 
 
+def tentative_reasons(verdict: Mapping[str, Any]) -> list[str]:
+    """Why a tentative verdict is tentative, from the contract's ``verdict`` object: the evidence
+    lines that say so (too few warm requests, overlapping stages), and the failure line when most
+    requests failed (:mod:`otel_stages.analysis.caveats`), in the evidence's order; the text
+    report shows the same lines in its evidence."""
+    evidence = [str(e) for e in verdict.get("evidence") or []]
+    found = [e for e in evidence if "tentative" in e or " of requests failed (" in e]
+    return found or ["see the evidence"]
+
+
 def _verdict_html(c: ReportCharts) -> str:
     v = c.verdict
     cause = v.get("cause") or "no verdict"
     stage = f" <span class='stage'>stage: {_e(v['stage'])}</span>" if v.get("stage") else ""
-    tentative = (f" <span class='tentative'>tentative: fewer than {RECOMMENDED_WARM_RUNS} warm"
-                 f" requests ({c.counts.get('warm', 0)})</span>" if v.get("tentative") else "")
+    tentative = (f" <span class='tentative'>tentative: {_e('; '.join(tentative_reasons(v)))}"
+                 "</span>" if v.get("tentative") else "")
     parts = [f"<h1>{_e(c.title)}</h1>", f"<p class='counts'>{_e(_counts(c))}</p>",
              f"<div class='verdict'><h2>Verdict: <span class='cause'>{_e(cause)}</span>{stage}"
              f"{tentative}</h2>"]

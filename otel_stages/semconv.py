@@ -20,6 +20,8 @@ STAGE_DECODE = "decode"  #: bytes -> pixels (Pillow decode + EXIF orientation + 
 STAGE_RESIZE = "resize"  #: pixels -> model input size / tensor
 STAGE_QUEUE = "queue"  #: waiting for the executor / batch to pick the item up
 STAGE_FORWARD = "forward"  #: the model call
+#: preprocessing timed as one step (a stage map's preprocessing model: Triton ensembles, DALI)
+STAGE_PREPROCESS = "preprocess"
 #: One model call on a batch: its own trace (or a child of the executor's span, never of a member
 #: request), ``batch.size`` set, a span link to every member request; each member's ``forward``
 #: links back to it. Not a stage: the report reads it for batch sizes and fill waits.
@@ -41,6 +43,13 @@ REQUEST_COLD_START = "request.cold_start"  #: bool, first request of a process (
 #: int, tokens in the prompt (OpenTelemetry GenAI semantic conventions, incubating), on the request
 #: span or any stage span; the report buckets it into input cohorts.
 PROMPT_TOKENS = "gen_ai.usage.input_tokens"
+#: every name a producer writes the prompt length under, first preferred: the OTel GenAI
+#: semantic conventions' name, then the older one vLLM writes (vllm/tracing.py SpanAttributes
+#: GEN_AI_USAGE_PROMPT_TOKENS)
+PROMPT_TOKENS_NAMES: tuple[str, ...] = (PROMPT_TOKENS, "gen_ai.usage.prompt_tokens")
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"  #: tokens generated (OTel GenAI semconv)
+#: every name a producer writes the output length under (vLLM: GEN_AI_USAGE_COMPLETION_TOKENS)
+OUTPUT_TOKENS_NAMES: tuple[str, ...] = (OUTPUT_TOKENS, "gen_ai.usage.completion_tokens")
 #: str, the stage a span belongs to when its name carries per-request data (e.g. a span named
 #: ``download /img/13.jpg`` with ``stage = download``); read by the report, never written here.
 STAGE_NAME = "stage"

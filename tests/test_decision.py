@@ -4,6 +4,8 @@ the advice. The trace report and the Prometheus report both call these rules."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from otel_stages.analysis import advice, aggregate, decision, noise
@@ -301,9 +303,21 @@ def test_cold_start_min_ratio():
 
 
 def test_cold_start_against_all_warm_says_so():
-    v = decide(figures(total_swing=5.0, cold=cold(3.0, ALL_WARM)))
+    """Input unknown: compared with all warm requests, and nothing tells them apart."""
+    v = decide(figures(total_swing=5.0, cold=replace(cold(3.0, ALL_WARM), input_known=False)))
+    assert v.cause == "cold_start"
     assert "the median of all 24 warm requests" in v.evidence[0]
-    assert "fewer than 5 share its input" in v.evidence[0]
+    assert "its input is unknown" in v.evidence[0]
+
+
+def test_a_slow_first_request_of_an_input_few_share_is_not_comparable():
+    """A known input fewer than 5 warm requests share (another image size, prompt or output
+    length) may be what made it slow: not called a cold start (stage maps tester, vLLM v1b)."""
+    v = decide(figures(total_swing=5.0, cold=cold(3.0, ALL_WARM)))
+    assert v.cause == "stable"
+    line = next(e for e in v.evidence if "first request" in e)
+    assert "fewer than 5 share its input" in line and "not comparable" in line
+    assert advice.WARM_UP not in v.advice and "also: " + advice.WARM_UP not in v.advice
 
 
 def test_a_cold_start_next_to_a_warm_swing_keeps_the_warm_cause():

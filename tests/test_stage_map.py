@@ -105,9 +105,9 @@ def test_vllm_map_gives_the_forward_verdict(tmp_path: Path, capsys):
     assert out["stage_map"] == {"name": "vllm", "requests_mapped": 30, "requests_unmapped": 0,
                                 "variants": {"v1": 30, "v0": 0}}
     assert (out["verdict"]["cause"], out["verdict"]["stage"]) == ("forward", "forward")
-    assert list(out["stages"]) == ["input_processing", "queue", "forward"]  # the map's order
+    assert list(out["stages"]) == ["api_server", "queue", "forward"]  # the map's order
     assert out["stages"]["queue"]["median_ms"] == pytest.approx(3.5, abs=0.6)
-    assert out["stages"]["input_processing"]["median_ms"] == pytest.approx(13.4, abs=1.2)
+    assert out["stages"]["api_server"]["median_ms"] == pytest.approx(13.4, abs=1.2)
 
 
 def test_vllm_stages_laid_out_from_the_attributes(tmp_path: Path):
@@ -116,7 +116,7 @@ def test_vllm_stages_laid_out_from_the_attributes(tmp_path: Path):
     mapped, _ = apply_stage_map(load_stage_map("vllm"), recording)
     kids = sorted((s for s in mapped.spans if s.parent_span_id == span.span_id), key=lambda s: s.start_ns)
     a = span.attributes
-    assert [k.name for k in kids] == ["input_processing", "queue", "forward", "forward"]
+    assert [k.name for k in kids] == ["api_server", "queue", "forward", "forward"]
     assert kids[-1].end_ns == span.end_ns  # decode ends with the span
     durations = [k.end_ns - k.start_ns for k in kids]
     assert durations[1:] == [
@@ -288,7 +288,7 @@ def test_vllm_v1_and_v0_spans_in_one_file_each_map_by_their_own_variant(tmp_path
         load_stage_map("vllm"), load_paths([_write(tmp_path / "mix.jsonl", [v1, v0])]))
     assert summary.by_variant == {"v1": 1, "v0": 1}
     by_request = {r.start_ns: r.stages_ms for r in find_requests(mapped.spans)}
-    assert by_request[T0_NS] == pytest.approx({"input_processing": 10.4, "queue": 3, "forward": 580})
+    assert by_request[T0_NS] == pytest.approx({"api_server": 10.4, "queue": 3, "forward": 580})
     assert by_request[T0_NS + 10**9] == pytest.approx({"queue": 13, "forward": 580})
 
 
@@ -304,7 +304,7 @@ def test_vllm_v1_and_v0_spans_in_one_file_each_map_by_their_own_variant(tmp_path
     ],
 )
 def test_vllm_span_without_the_model_times_is_left_out_and_named(tmp_path: Path, capsys, drop, says):
-    """Never all model time in input_processing (the rest stage): a request missing an attribute
+    """Never all model time in api_server (the rest stage): a request missing an attribute
     stage's attribute is left out, and the problem names what is missing."""
     import random
 
@@ -319,7 +319,7 @@ def test_vllm_span_without_the_model_times_is_left_out_and_named(tmp_path: Path,
     (problem,) = out["problems"]
     assert problem.startswith("stage map vllm: 1 of 6 request span(s) left out of the timings: ")
     assert says in problem
-    assert "input_processing" not in out["stages"]
+    assert "api_server" not in out["stages"]
 
 
 def test_a_negative_derived_duration_leaves_the_request_out(tmp_path: Path):
@@ -368,7 +368,7 @@ def test_triton_request_that_never_left_the_queue_is_left_out_and_counted(tmp_pa
     path = triton_queue_scenario(tmp_path / "t.jsonl", not_computed=frozenset({5, 9}))
     code, out, err = _report([str(path), "--stage-map", "triton"], capsys)
     assert code == 0, err
-    assert out["stage_map"].pop("labels")["forward"]["vit_encoder"]["requests"] == 29
+    assert out["stage_map"].pop("labels")["forward"]["vit_encoder"]["requests"] == 28  # warm
     assert out["stage_map"] == {"name": "triton", "requests_mapped": 29, "requests_unmapped": 2}
     assert out["requests"] == 29 and out["counts"]["failed"] == 0
     assert out["problems"] == [
@@ -414,10 +414,10 @@ def test_no_hint_for_spans_no_map_knows(tmp_path: Path, capsys):
 
 
 def test_stage_order_merges_a_map_into_the_standard_order():
-    names = {"forward", "queue", "input_processing", "tokenize", "decode"}
-    assert order_stages(names) == ["decode", "queue", "forward", "input_processing", "tokenize"]
+    names = {"forward", "queue", "api_server", "tokenize", "decode"}
+    assert order_stages(names) == ["decode", "queue", "forward", "api_server", "tokenize"]
     with pipeline_order(load_stage_map("vllm").stage_order()):
-        assert order_stages(names) == ["decode", "input_processing", "queue", "forward", "tokenize"]
+        assert order_stages(names) == ["decode", "api_server", "queue", "forward", "tokenize"]
         with pipeline_order(("forward", "queue")):  # the map wins where it disagrees
             assert order_stages({"queue", "forward"}) == ["forward", "queue"]
         assert order_stages({"queue", "forward"}) == ["queue", "forward"]

@@ -256,7 +256,7 @@ def test_triton_preprocessing_model_is_not_the_forward(tmp_path: Path, capsys):
     labels = out["stage_map"]["labels"]
     assert set(labels["forward"]) == {"resnet50"} and set(labels["preprocess"]) == {"preprocess"}
     assert set(labels["queue"]) == {"preprocess", "resnet50"}  # the ensemble's own span: no queue
-    assert labels["forward"]["resnet50"]["requests"] == 31
+    assert labels["forward"]["resnet50"]["requests"] == 30  # warm requests, as the stage table
 
 
 def test_triton_postprocessing_model_is_its_own_stage(tmp_path: Path, capsys):
@@ -275,8 +275,9 @@ def test_triton_text_report_lists_time_per_model(tmp_path: Path, capsys):
     assert main(["report", str(path), "--stage-map", "triton"]) == 0
     text = capsys.readouterr().out
     block = text[text.index("Stage map triton, time per triton.model_name"):]
-    assert "  preprocess: preprocess 8.0 ms (31 requests)" in block
-    assert "  forward: resnet50 " in block
+    assert "  preprocess:\n    preprocess 8.0 ms, swing " in block
+    assert "(30 requests)" in block and "(31 requests)" not in block  # warm, as the table
+    assert "  forward:\n    resnet50 " in block
 
 
 def test_one_model_per_stage_lists_no_models(tmp_path: Path, capsys):
@@ -291,6 +292,11 @@ def test_one_model_per_stage_lists_no_models(tmp_path: Path, capsys):
     ("postprocess", "postprocess"), ("yolo_post", "postprocess"), ("detokenizer", "postprocess"),
     ("resnet50", "forward"), ("prefill_engine", "forward"), ("decoder", "forward"),
     ("express_net", "forward"),
+    # "pre"/"post" before another word: the network (tester t3); DALI pipelines preprocess (t5)
+    ("vit_pre_trained", "forward"), ("llama_post_training_int8", "forward"),
+    ("pre_trained_vit", "forward"), ("dali", "preprocess"), ("dali_decode", "preprocess"),
+    ("resnet_dali", "preprocess"), ("vandalism_detector", "forward"),
+    ("de_tokenizer", "postprocess"), ("text_tokenize", "preprocess"),
 ])
 def test_triton_model_names_that_say_pre_or_post_processing(model: str, stage: str):
     rules = [r for r in load_stage_map("triton").variants[0].stages

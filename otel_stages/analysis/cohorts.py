@@ -62,18 +62,22 @@ class CohortKeys:
     def __init__(self, requests: Iterable[Request]) -> None:
         formats: set[str] = set()
         self.prompts = False
+        self.outputs = False  # output length (generated tokens) is part of a model's input work
         for r in requests:
             if r.image_format:
                 formats.add(r.image_format)
             self.prompts = self.prompts or r.prompt_tokens is not None
+            self.outputs = self.outputs or r.output_tokens is not None
         self.formats = len(formats) > 1
         # inputs -> key: a recording has a few distinct inputs and keys are asked for per request,
         # several times over
-        self._known: dict[tuple[int | None, int | None, str | None, int | None], str | None] = {}
+        self._known: dict[tuple[int | None, int | None, str | None, int | None, int | None],
+                          str | None] = {}
 
     def key(self, req: Request) -> str | None:
         """The cohort key of ``req``, or ``None`` when its input is unknown."""
-        inputs = (req.image_width, req.image_height, req.image_format, req.prompt_tokens)
+        inputs = (req.image_width, req.image_height, req.image_format, req.prompt_tokens,
+                  req.output_tokens)
         try:
             return self._known[inputs]
         except KeyError:
@@ -85,7 +89,8 @@ class CohortKeys:
         known = self._known
         out: list[str | None] = []
         for req in requests:
-            inputs = (req.image_width, req.image_height, req.image_format, req.prompt_tokens)
+            inputs = (req.image_width, req.image_height, req.image_format, req.prompt_tokens,
+                  req.output_tokens)
             try:
                 key = known[inputs]
             except KeyError:
@@ -102,6 +107,8 @@ class CohortKeys:
             parts.append(size)
         if self.prompts and req.prompt_tokens is not None:
             parts.append(f"prompt {prompt_bucket(req.prompt_tokens)} tokens")
+        if self.outputs and req.output_tokens is not None:
+            parts.append(f"output {prompt_bucket(req.output_tokens)} tokens")
         return ", ".join(parts) or None
 
 

@@ -10,7 +10,8 @@ fleet report and any later source call it with the same thresholds. Order of the
 2. The request total swings only when its ``p95 - p5`` is above the run's noise band, or one run
    lies ``SPIKE_MIN_FRACTION`` of the median away (:mod:`otel_stages.analysis.noise`). Otherwise:
    ``cold_start`` when the cold request took ``COLD_START_MIN_RATIO`` times its comparable warm
-   requests (same input when 5+ exist) or more, with the stage that grew most; else ``stable``
+   requests (same input when 5+ exist; a known input fewer share is not comparable, and never
+   called a cold start) or more, with the stage that grew most; else ``stable``
    (the largest share is named as the place to cut latency).
 3. A stage is *material* when its own swing is: at least ``MIN_SWING_MS`` in absolute terms, at
    least ``SWING_MIN_FRACTION`` of the median request (or a single run ``SPIKE_MIN_FRACTION`` away
@@ -177,7 +178,7 @@ def decide(fig: Figures) -> Verdict:
     swings = total_swings(fig.total, band)
     if swings is False:
         cold = fig.cold
-        if cold is not None and cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO:
+        if cold is not None and _cold_claim(cold):
             verdict = _cold_verdict(fig, cold, band)
         else:
             verdict = _stable_verdict(fig, band)
@@ -388,13 +389,27 @@ def _cold_sentence(cold: ColdFigures) -> str:
     return f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}; reported apart from warm runs"
 
 
+def _cold_claim(cold: ColdFigures) -> bool:
+    """Whether the cold request is called a cold start: ``COLD_START_MIN_RATIO`` times the warm
+    requests it is compared with, and those had its input (``SAME_INPUT``) or its input is
+    unknown (nothing tells them apart). A known input that fewer than ``COMPARABLE_MIN_REQUESTS``
+    warm requests share (another image size, prompt or output length: a first request that
+    generated 512 tokens among shorter ones) is not comparable."""
+    if cold.ratio is None or cold.ratio < COLD_START_MIN_RATIO:
+        return False
+    return cold.compared_with == SAME_INPUT or not cold.input_known
+
+
 def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False) -> None:
     if cold is None:
         return
     line = _cold_sentence(cold)
     if verdict.cause == CAUSE_COLD_START:
         verdict.evidence.insert(0, line)
-    elif cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO:
+    elif cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO and not _cold_claim(cold):
+        verdict.evidence.append(line + "; not comparable (its input differs), so not called a"
+                                " cold start")
+    elif _cold_claim(cold):
         verdict.evidence.append(line + ", and a cold start too")
         verdict.advice.append("also: " + advice_text.WARM_UP)
     elif verdict.cause == CAUSE_STABLE:

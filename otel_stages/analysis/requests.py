@@ -91,6 +91,9 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     #: for a failed request: ``error.type`` of the request span or a failed stage span, else the
     #: ``exception.type`` of an exception event on them (OTel semantic conventions); else ``None``
     error_type: str | None = None
+    #: tokens generated (``semconv.OUTPUT_TOKENS_NAMES``: vLLM's completion tokens), ``None``
+    #: when absent; a language model's work grows with it as with the prompt
+    output_tokens: int | None = None
 
     @property
     def end_ns(self) -> int:
@@ -485,6 +488,8 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     if request_span.attributes:
         attributes.append(request_span.attributes)
     width, height, size, image_format, tokens = _inputs(attributes)
+    if tokens is None:  # vLLM writes the older name (semconv.PROMPT_TOKENS_NAMES)
+        tokens = _first_of(attributes, semconv.PROMPT_TOKENS_NAMES[1:])
     seq = request_span.attributes.get(semconv.REQUEST_SEQ)
     return Request(
         request_span.trace_id,
@@ -506,7 +511,17 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
         tuple(leaves),
         tuple(groups),
         _error_type(request_span, leaves) if error else None,
+        _first_of(attributes, semconv.OUTPUT_TOKENS_NAMES),
     )
+
+
+def _first_of(attributes: Sequence[dict[str, AttributeValue]], names: Sequence[str]) -> int | None:
+    """The first usable integer under any of ``names`` (one idea's names, preferred first)."""
+    for name in names:
+        value = _first_int(attributes, name)
+        if value is not None:
+            return value
+    return None
 
 
 def _error_type(request_span: Span, leaves: Sequence[Span]) -> str | None:

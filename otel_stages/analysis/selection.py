@@ -37,7 +37,8 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     semconv.IMAGE_HEIGHT,
     semconv.IMAGE_SIZE,
     semconv.IMAGE_FORMAT,
-    semconv.PROMPT_TOKENS,
+    *semconv.PROMPT_TOKENS_NAMES,
+    *semconv.OUTPUT_TOKENS_NAMES,
     # queue and batches (evidence.py, batching.py)
     semconv.QUEUE_DEPTH,
     semconv.BATCH_SIZE,

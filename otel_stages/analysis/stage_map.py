@@ -25,9 +25,9 @@ the standard order by :func:`otel_stages.analysis.stats.pipeline_order`), not al
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -37,8 +37,6 @@ from otel_stages.analysis.model import Recording, Span
 from otel_stages.analysis.stage_map_checks import (
     MAP_OVERLAP_TOLERANCE_MS,
     MapChecks,
-    label_lines,
-    labels_to_dict,
     no_request_problem,
 )
 from otel_stages.analysis.stage_map_file import (
@@ -52,6 +50,8 @@ from otel_stages.analysis.stage_map_file import (
     load_stage_map,
     parse_stage_map,
 )
+from otel_stages.analysis.stage_map_labels import label_stats, warm_requests
+from otel_stages.analysis.stage_map_summary import MapSummary
 
 __all__ = [
     "BUILTIN", "LAYOUTS", "MAP_OVERLAP_TOLERANCE_MS", "UNIT_NS", "MapSummary", "StageMap",
@@ -60,43 +60,6 @@ __all__ = [
 ]
 
 _Key = tuple[str, str]
-
-
-@dataclass
-class MapSummary:
-    """What :func:`apply_stage_map` did: requests mapped (and by which variant), request spans
-    left as they were, and the problems to show."""
-
-    name: str
-    mapped: int = 0
-    unmapped: int = 0
-    problems: list[str] = field(default_factory=list)
-    #: requests mapped per variant name (every variant, 0 where unused); reported for a map with
-    #: more than one variant
-    by_variant: dict[str, int] = field(default_factory=dict)
-    variants: int = 1
-    #: for a map with a ``label``: stage -> label value -> ms in each mapped request that ran it
-    labels: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    label: str | None = None  #: the map's ``label`` attribute
-
-    def label_lines(self) -> list[str]:
-        """The text report's lines of each stage's time per label value (:func:`label_lines
-        <otel_stages.analysis.stage_map_checks.label_lines>`)."""
-        return label_lines(self.name, self.label, self.labels)
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON form: ``{"name", "requests_mapped", "requests_unmapped"}``, plus ``"variants"``
-        (``{variant name: requests mapped}``, every variant) for a map with more than one, and
-        ``"labels"`` for a map with a ``label`` (:func:`labels_to_dict
-        <otel_stages.analysis.stage_map_checks.labels_to_dict>`: each stage's time per label
-        value, e.g. per Triton model)."""
-        out: dict[str, object] = {
-            "name": self.name, "requests_mapped": self.mapped, "requests_unmapped": self.unmapped}
-        if self.variants > 1:
-            out["variants"] = dict(self.by_variant)
-        if self.labels:
-            out["labels"] = labels_to_dict(self.labels)
-        return out
 
 
 # --- applying --------------------------------------------------------------------------------------
@@ -110,7 +73,8 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
     are.
     """
     summary = MapSummary(stage_map.name, variants=len(stage_map.variants),
-                         by_variant={v.name: 0 for v in stage_map.variants}, label=stage_map.label)
+                         by_variant={v.name: 0 for v in stage_map.variants}, label=stage_map.label,
+                         stage_map=stage_map)
     by_id: dict[_Key, Span] = {}
     for span in recording.spans:
         by_id.setdefault((span.trace_id, span.span_id), span)
@@ -163,13 +127,39 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
         )
     if requests:
         summary.problems.extend(checks.problems(summary.by_variant, len(requests)))
-    summary.labels = checks.labels()
+        other = _unmatched_spans(stage_map.name, by_id.values(), {r.trace_id for r in requests})
+        if other:
+            summary.problems.append(other)
     out = Recording(
         spans=[s for k, s in by_id.items() if k not in replaced] + added,
         metrics=list(recording.metrics),
         problems=[*recording.problems, *summary.problems],
     )
+    if stage_map.label and summary.mapped:
+        summary.labels = label_stats(warm_requests(out), stage_map.label)
     return out, summary
+
+
+def _unmatched_spans(name: str, spans: Iterable[Span], mapped_traces: set[str]) -> str | None:
+    """The problem naming the spans in traces without a request span of the map (another server's
+    files in the same folder), by ``service.name``; ``None`` when there are none."""
+    by_service: dict[str, int] = defaultdict(int)
+    others: list[Span] = []
+    for span in spans:
+        if span.trace_id not in mapped_traces:
+            by_service[str(span.resource.get(semconv.SERVICE_NAME) or "unknown service")] += 1
+            others.append(span)
+    if not by_service:
+        return None
+    total = sum(by_service.values())
+    named = ", ".join(f"{k}: {n}" for k, n in sorted(by_service.items(), key=lambda kv: (-kv[1],
+                                                                                      kv[0])))
+    return (f"stage map {name}: {total} span{'s' if total != 1 else ''} in traces without a"
+            f" request span of the map, from {len(by_service)} service"
+            f"{'s' if len(by_service) != 1 else ''} ({named}), were not mapped: they count only"
+            " where they are otel-stages' own request spans; is another server's data in the"
+            " same files?" + (f" Some match --stage-map {other}: report them apart with it."
+                              if (other := suggest_stage_map(others)) not in (None, name) else ""))
 
 
 def suggest_stage_map(spans: Iterable[Span]) -> str | None:
@@ -265,6 +255,10 @@ def _claims(rule: StageRule, rules: Sequence[StageRule], label: tuple[str, str] 
     return not any(r.matches(value) for r in same)
 
 
+# marks the reason of a variant whose attributes are there but no duration (NaN, a string)
+_BAD = "\0bad:"
+
+
 def _stages(
     stage_map: StageMap, req: Span, subtree: Sequence[Span], children: Mapping[_Key, list[Span]],
     checks: MapChecks,
@@ -279,6 +273,8 @@ def _stages(
         checks.matched(variant.name, matched)
         if stages:
             return stages, variant.name
+        if reason.startswith(_BAD):  # garbage in its attributes: no other variant may take it
+            return [], reason.removeprefix(_BAD)
         why.append((variant.name, reason))
     if len(why) == 1:
         return [], why[0][1]
@@ -323,7 +319,7 @@ def _variant_stages(
     if missing:
         return [], "no attribute " + ", ".join(dict.fromkeys(missing)) + " on the request span"
     if bad:
-        return [], bad[0]
+        return [], _BAD + bad[0]
     rest = next((r for r in variant.stages if r.rest), None)
     if timed:
         total = sum(ns for _, ns in timed)
@@ -343,9 +339,21 @@ def _variant_stages(
     return out, "none of " + "; ".join(wanted) + " found"
 
 
+#: An ``attribute`` stage longer than this (seconds, after its ``unit``) is no duration but a
+#: unit mix-up or garbage (``1e300``): no request runs for a day. Such a value, NaN or Infinity
+#: leaves that request out of the timings, counted in a problem, as a non-number does.
+MAX_ATTRIBUTE_DURATION_S = 86_400.0
+
+
 def _number(value: Any) -> float | None:
+    """``value`` as a finite float; ``None`` for a non-number, a bool, NaN, Infinity or an
+    integer too large for a float."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        return number if math.isfinite(number) else None
     return None
 
 
@@ -362,7 +370,13 @@ def _attribute_ns(
             continue
         number = _number(value)
         if number is None:
-            bad.append(f"{key} is not a number ({value!r})")
+            kind = ("not a finite number" if isinstance(value, (int, float))
+                    and not isinstance(value, bool) else "not a number")
+            bad.append(f"{key} is {kind} ({_shown(value)})")
+            continue
+        if abs(number) * UNIT_NS[rule.unit] > MAX_ATTRIBUTE_DURATION_S * 1e9:
+            bad.append(f"{key} is not a plausible duration ({_shown(value)} {rule.unit}: over"
+                       f" {MAX_ATTRIBUTE_DURATION_S:.0f} s)")
             continue
         values.append(number)
     if len(values) != len(rule.attributes()):
@@ -373,6 +387,14 @@ def _attribute_ns(
         bad.append(f"{what} is negative ({duration:.6g})")
         return None
     return round(duration * UNIT_NS[rule.unit])
+
+
+def _shown(value: Any) -> str:
+    """A bad value for a problem line, short (a huge integer or string is cut)."""
+    if isinstance(value, int) and abs(value) >= 10**12:  # no str(): huge ints raise there
+        return f"an integer of about 10^{int(abs(value).bit_length() * math.log10(2))}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _event_pairs(

@@ -12,14 +12,13 @@ Pure; used by :func:`otel_stages.analysis.stage_map.apply_stage_map`.
 - **Stages that stick out of their request**: a stage span from a span below the request that
   reaches outside the request span counts only inside it (the request is widened only by its own
   events: Triton receives the body before it starts ``InferRequest``); counted and named.
-- **Time per label**: with the map's ``label`` (Triton: ``triton.model_name``), each stage's time
-  per label value, so a stage made of several models (an ensemble) shows what each one took.
+(Each stage's time per label value, e.g. per Triton model, is
+:mod:`otel_stages.analysis.stage_map_labels`.)
 """
 
 from __future__ import annotations
 
 import difflib
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -119,7 +118,6 @@ class MapChecks:
         self.outside_requests = 0
         self.outside_stages: Counter[str] = Counter()
         self.outside_max_ns = 0
-        self._labels: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
 
     def see(self, req: Span, subtree: Sequence[Span]) -> None:
         """Remember the names one request span offers (for the "matched nothing" lines)."""
@@ -135,13 +133,11 @@ class MapChecks:
         self._matched[variant].update(indices)
 
     def add_request(self, trace_id: str, lo: int, hi: int, stages: Sequence[Span]) -> None:
-        """One mapped request ``lo`` .. ``hi`` (ns) and its stage spans: overlap, stick-out and
-        time per label."""
+        """One mapped request ``lo`` .. ``hi`` (ns) and its stage spans: overlap and stick-out."""
         self.mapped += 1
         tol = MAP_OVERLAP_TOLERANCE_MS * 1e6
         inside: list[tuple[int, int, str]] = []
         worst, names = 0, set()
-        per_label: dict[tuple[str, str], int] = defaultdict(int)
         for s in stages:
             start, end = max(s.start_ns, lo), min(s.end_ns, hi)
             if end > start:
@@ -150,8 +146,6 @@ class MapChecks:
                 if out > tol:
                     worst = max(worst, out)
                     names.add(s.name)
-                if self.map.label and (value := s.attributes.get(self.map.label)) is not None:
-                    per_label[(s.name, str(value))] += end - start
         if names:
             self.outside_requests += 1
             self.outside_stages.update(names)
@@ -175,12 +169,6 @@ class MapChecks:
             self.overlap_requests += 1
             self.overlap_pairs.update(pairs)
             self.double_ns += double
-        for (stage, value), ns in per_label.items():
-            self._labels[stage][value].append(ns / 1e6)
-
-    def labels(self) -> dict[str, dict[str, list[float]]]:
-        """stage -> label value -> ms in each mapped request that ran it (map with a ``label``)."""
-        return {stage: dict(by) for stage, by in self._labels.items()}
 
     def problems(self, by_variant: Mapping[str, int], requests: int) -> list[str]:
         """The sentences (module docstring); ``by_variant`` requests mapped per variant,
@@ -220,6 +208,8 @@ class MapChecks:
                     continue  # attribute stages are required: a request without one is unmapped
                 if rule.when and self._source_seen(rule):
                     continue  # a refinement (Triton: a preprocessing model) the data has no use for
+                if not rule.when and _taken_by_when(rule, variant.stages, matched):
+                    continue  # every pair went to a refinement (all models preprocess): no fault
                 where = (f"variants[{self.map.variants.index(variant)}].stages[{i}]"
                          if len(self.map.variants) > 1 else f"stages[{i}]")
                 out.append(f"stage map {self.map.name}: {where} ({rule.stage}: {rule.source()})"
@@ -248,31 +238,9 @@ class MapChecks:
                 + "".join(_nearest_clause(e, events) for e in missing))
 
 
-def labels_to_dict(labels: Mapping[str, Mapping[str, Sequence[float]]]) -> dict[str, object]:
-    """``{stage: {label value: {"requests", "median_ms", "total_ms"}}}``: per stage and label
-    value, the mapped requests that ran it, the median ms per such request and the ms summed."""
-    return {
-        stage: {value: {"requests": len(ms), "median_ms": round(statistics.median(ms), 3),
-                        "total_ms": round(sum(ms), 3)}
-                for value, ms in sorted(by.items())}
-        for stage, by in labels.items()
-    }
-
-
-def label_lines(name: str, label: str | None,
-                labels: Mapping[str, Mapping[str, Sequence[float]]]) -> list[str]:
-    """``Stage map NAME, time per LABEL ...`` and one line per stage (the report's stage order):
-    ``  forward: resnet50 20.0 ms (31 requests), ...``. Empty unless some stage holds the time of
-    more than one label value (one model per stage says nothing the table does not)."""
-    from otel_stages.analysis.stats import order_stages
-
-    if label is None or not any(len(by) > 1 for by in labels.values()):
-        return []
-    out = [f"Stage map {name}, time per {label} (median per mapped request that ran it):"]
-    for stage in order_stages(labels):
-        by = labels[stage]
-        parts = [f"{value} {duration(statistics.median(ms))} ({len(ms)} request"
-                 f"{'s' if len(ms) != 1 else ''})" for value, ms in sorted(
-                     by.items(), key=lambda kv: (-sum(kv[1]), kv[0]))]
-        out.append(f"  {stage}: {', '.join(parts)}")
-    return out
+def _taken_by_when(rule: StageRule, rules: Sequence[StageRule], matched: set[int]) -> bool:
+    """Whether an entry with ``rule``'s span or events and a ``when`` found something: then
+    ``rule`` (the same source, no ``when``) matching nothing only means the refinements took all."""
+    source = (rule.span, rule.from_event, rule.to_event)
+    return any(i in matched and r.when and (r.span, r.from_event, r.to_event) == source
+               for i, r in enumerate(rules))

@@ -15,7 +15,13 @@ File format (every key but ``about``/``layout`` required)::
       - {stage: forward, span: compute}                                   # a whole span
       - {stage: queue, attribute: gen_ai.latency.time_in_queue, unit: s}  # a duration attribute
       - {stage: forward, attribute: gen_ai.latency.e2e, minus: gen_ai.latency.time_to_first_token}
-      - {stage: input_processing, rest: true}   # the request time the attribute stages leave
+      - {stage: api_server, rest: true}   # the request time the attribute stages leave
+
+Any entry may add ``advice: TEXT``: what the server's user can do when that stage is the
+verdict's (the report's own advice for a stage without a standard cause is to time its
+sub-steps with ``stage()`` spans, which a server's user cannot add); entries of one stage name
+share it (the first given wins). Stage names the report's tables use for their own rows are
+refused: ``request``, ``total``, ``unaccounted`` and any name in parentheses.
 
 ``label`` (optional) names an attribute read on the span holding a stage's start, or its nearest
 ancestor in the request (Triton: ``triton.model_name`` on the model span above ``compute``). Each
@@ -69,11 +75,15 @@ BUILTIN: tuple[str, ...] = ("triton", "vllm")
 #: Nanoseconds per unit of an ``attribute`` stage.
 UNIT_NS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 LAYOUTS: tuple[str, ...] = ("end", "start")
+#: Stage names a map may not give: the request span's own name and the rows the report's tables
+#: add (``total``; ``unaccounted``, the untraced-time candidate of the verdict's ranking; names in
+#: parentheses such as ``(unaccounted)`` and ``(overlap)`` are refused too).
+RESERVED_STAGE_NAMES: tuple[str, ...] = (semconv.SPAN_REQUEST, "total", "unaccounted")
 
 _MAP_KEYS = {"name", "about", "request", "layout", "stages", "variants", "label"}
 _VARIANT_KEYS = {"name", "about", "layout", "stages"}
 _RULE_KEYS = {"stage", "span", "from_event", "to_event", "attribute", "minus", "unit", "rest",
-              "unfinished", "when"}
+              "unfinished", "when", "advice"}
 
 
 class StageMapError(ValueError):
@@ -97,6 +107,9 @@ class StageRule:
     unfinished: str = ""
     #: a regular expression (searched, case-insensitive) the map's ``label`` must match
     when: str | None = None
+    #: what the server's user can do when this stage is the verdict's (the report's generic
+    #: advice assumes code the user instruments: ``stage()`` spans)
+    advice: str = ""
 
     def matches(self, label: str | None) -> bool:
         """Whether a span or event pair labelled ``label`` is this rule's (always without
@@ -149,6 +162,16 @@ class StageMap:
         of the ``attribute`` stages, and the ``label``."""
         keys = {a for v in self.variants for r in v.stages for a in r.attributes()}
         return frozenset(keys | ({self.label} if self.label else set()))
+
+    def advice_for(self, stage: str) -> str:
+        """The first ``advice`` of an entry of ``stage`` (any variant), or ``""``."""
+        return next((r.advice for v in self.variants for r in v.stages
+                     if r.stage == stage and r.advice), "")
+
+    def sources_of(self, stage: str) -> list[str]:
+        """Where ``stage``'s time comes from (:meth:`StageRule.source` of each of its entries)."""
+        return list(dict.fromkeys(r.source() for v in self.variants for r in v.stages
+                                  if r.stage == stage))
 
     def stage_order(self) -> tuple[str, ...]:
         """The stage names in the map's order (first appearance over the variants), for the
@@ -262,8 +285,11 @@ def _rule(item: Any, where: str) -> StageRule:
     stage = item.get("stage")
     if not isinstance(stage, str) or not stage.strip():
         raise StageMapError(f"{where}: 'stage' must be a non-empty string")
-    if stage == semconv.SPAN_REQUEST:
-        raise StageMapError(f"{where}: a stage cannot be named {semconv.SPAN_REQUEST!r}")
+    if stage.strip() in RESERVED_STAGE_NAMES or stage.strip().startswith("("):
+        raise StageMapError(
+            f"{where}: a stage cannot be named {stage.strip()!r}: the report's tables use"
+            f" {', '.join(repr(n) for n in RESERVED_STAGE_NAMES)} and names in parentheses"
+            " such as '(unaccounted)' for their own rows")
     kinds = [k for k in ("span", "from_event", "attribute", "rest") if item.get(k)]
     if len(kinds) != 1:
         raise StageMapError(
@@ -271,7 +297,8 @@ def _rule(item: Any, where: str) -> StageRule:
             f" rest: true (got {', '.join(kinds) or 'none'})"
         )
     strings = {k: item.get(k)
-               for k in ("span", "from_event", "to_event", "attribute", "unfinished", "when")}
+               for k in ("span", "from_event", "to_event", "attribute", "unfinished", "when",
+                         "advice")}
     for key, value in strings.items():
         if value is not None and not (isinstance(value, str) and value):
             raise StageMapError(f"{where}: {key!r} must be a non-empty string")
@@ -314,4 +341,5 @@ def _rule(item: Any, where: str) -> StageRule:
         rest=rest,
         unfinished=strings["unfinished"] or "",
         when=when,
+        advice=strings["advice"] or "",
     )

@@ -336,6 +336,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     report = diagnose(recording, baseline=baseline, top=args.top, last_run=args.last_run)
+    if mapped is not None:  # advice a server's user can follow, not stage() spans
+        mapped.advise(report.verdict)
     warn(report.problems)
     if args.json:
         out = report.to_dict()
