@@ -1,0 +1,210 @@
+"""Whether a stage on an asyncio loop yielded to it, counted exactly from the loop's iterations
+(:mod:`otel_stages.signals.loop`: a proxy around a selector loop's ``_selector``); the timer-tick
+heuristic where a loop has no selector to count; and the fresh-eyes tester's service (issue 13),
+where the heuristic called an awaited download a holder of the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import time
+
+import pytest
+from PIL import Image
+
+import otel_stages as ots
+from otel_stages import semconv
+from otel_stages.analysis import diagnose, load_paths
+from otel_stages.demo.images import jpeg_photo
+from otel_stages.signals import capture, gcwatch, loop
+from otel_stages.testing import capture_spans
+
+
+@pytest.fixture
+def recorded():
+    """Spans with signals on, GC recording installed (as configure() does), restored after."""
+    was_installed = gcwatch.installed()
+    gcwatch.install()
+    with capture_spans(signals_on=True) as cap:
+        yield cap
+    if not was_installed:
+        gcwatch.uninstall()
+
+
+def test_a_selector_loop_counts_its_turns_and_still_works():
+    async def probe() -> tuple[loop.LoopMonitor, object]:
+        running = asyncio.get_running_loop()
+        monitor = loop.monitor_for(running)
+        assert monitor.exact and isinstance(running._selector, loop._TurnCounter)  # type: ignore[attr-defined]
+        before = monitor.turns
+        sum(range(100_000))  # synchronous: the loop cannot turn
+        assert monitor.turns == before
+        await asyncio.sleep(0)  # one yield: the task resumes on a later iteration
+        assert monitor.turns > before
+        # add_reader / remove_reader and the transports' get_key go through the proxy
+        left, right = socket.socketpair()
+        with left, right:
+            left.setblocking(False)
+            right.sendall(b"ping")
+            assert await running.sock_recv(left, 4) == b"ping"
+        assert loop.monitor_for(running) is monitor
+        return monitor, running._selector.selector  # type: ignore[attr-defined]
+
+    runner = asyncio.new_event_loop()
+    monitor, inner = runner.run_until_complete(probe())
+    runner.close()  # closes the wrapped selector through the proxy
+    assert inner.get_map() is None  # type: ignore[attr-defined]  # a closed selector has no map
+    assert runner._selector is None  # type: ignore[attr-defined]
+    assert monitor.loop is None or monitor.loop.is_closed()
+
+
+def test_the_selector_is_wrapped_once_and_counts_for_the_newest_monitor():
+    runner = asyncio.new_event_loop()
+    try:
+        original = runner._selector  # type: ignore[attr-defined]
+        first = loop.LoopMonitor(runner)
+        second = loop.LoopMonitor(runner)  # e.g. the first was replaced
+        proxy = runner._selector  # type: ignore[attr-defined]
+        assert proxy.selector is original and proxy.monitor is second
+        runner.run_until_complete(asyncio.sleep(0))
+        assert second.turns >= 1 and first.turns == 0
+    finally:
+        runner.close()
+
+
+class _LoopWithoutSelector:
+    """What the monitor sees of uvloop or the Windows proactor loop: timers, no ``_selector``."""
+
+    def __init__(self) -> None:
+        self.timers: list[object] = []
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_later(self, delay: float, fn: object) -> None:
+        self.timers.append(fn)
+
+
+class _OwnIterationLoop(asyncio.SelectorEventLoop):
+    def _run_once(self) -> None:  # an iteration other than asyncio's: its selects prove nothing
+        super()._run_once()  # type: ignore[misc]
+
+
+def test_a_loop_without_a_selector_falls_back_to_timer_ticks():
+    fake = _LoopWithoutSelector()
+    monitor = loop.LoopMonitor(fake)  # type: ignore[arg-type]
+    assert not monitor.exact and monitor.turns == 0
+    monitor._tick()
+    assert monitor.ticks == monitor.turns == 1  # a tick is a turn here
+    state = (gcwatch.GC_LOG.seq, monitor, monitor.turns, monitor.lag_base_ns(0), time.thread_time_ns())
+    attributes, _ = capture.finish_fields(state, 0, loop.HOLD_MIN_NS) or ({}, [])
+    assert semconv.EVENT_LOOP_HELD_MS in attributes  # no tick for a whole interval: held
+    monitor._tick()
+    attributes, _ = capture.finish_fields(state, 0, loop.HOLD_MIN_NS) or ({}, [])
+    assert semconv.EVENT_LOOP_HELD_MS not in attributes
+    assert semconv.THREAD_CPU_TIME_MS not in attributes  # the loop ran a tick: shared thread
+
+    own = _OwnIterationLoop()
+    try:
+        original = own._selector  # type: ignore[attr-defined]
+        assert not loop.LoopMonitor(own).exact and own._selector is original  # type: ignore[attr-defined]
+    finally:
+        own.close()
+
+
+def test_without_turns_the_tick_heuristic_still_tells_a_plain_hold(recorded, monkeypatch):
+    monkeypatch.setattr(loop, "_count_turns", lambda running, monitor: False)
+
+    async def blocker() -> None:
+        await asyncio.sleep(0.03)  # the waiter's stage starts first
+        with ots.stage("decode"):
+            time.sleep(0.06)
+
+    async def waiter() -> None:
+        async with ots.stage("download"):
+            await asyncio.sleep(0.15)  # ticks run before and after decode's hold
+
+    async def main() -> None:
+        assert not loop.monitor_for(asyncio.get_running_loop()).exact
+        await asyncio.gather(blocker(), waiter())
+
+    asyncio.run(main())
+    assert semconv.EVENT_LOOP_HELD_MS in recorded.one("decode").attributes
+    assert semconv.EVENT_LOOP_HELD_MS not in recorded.one("download").attributes
+
+
+# --- the tester's service (issue 13) -------------------------------------------------------------
+
+_DECODE_MIN_S = 0.035  # a decode holds the loop longer than HOLD_MIN_NS (25 ms) on any machine
+
+
+def _decode(data: bytes) -> Image.Image:
+    until = time.perf_counter() + _DECODE_MIN_S
+    while True:  # a real Pillow decode on the loop's thread, repeated to a known minimum
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        if time.perf_counter() >= until:
+            return image
+
+
+def _serve_on_the_loop(requests: int, concurrency: int) -> None:
+    """The tester's asvc.py onloop: download awaits 2 ms, decode blocks the loop, resize and
+    forward await (a thread and a 5 ms sleep); ``concurrency`` requests at a time."""
+    data = jpeg_photo((800, 600), seed=5)
+
+    async def handle() -> None:
+        with ots.request():
+            with ots.stage("download"):
+                await asyncio.sleep(0.002)
+            with ots.stage("decode"):
+                image = _decode(data)
+            with ots.stage("resize"):
+                await asyncio.to_thread(image.resize, (224, 224))
+            with ots.stage("forward"):
+                await asyncio.sleep(0.005)
+
+    async def main() -> None:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one() -> None:
+            async with gate:
+                await handle()
+
+        await asyncio.gather(*(one() for _ in range(requests)))
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("span_mode", ["live", "deferred"])
+def test_an_awaiting_stage_behind_a_blocking_decode_did_not_hold_the_loop(tmp_path, span_mode):
+    """download awaited 2 ms and resumed behind other requests' decodes: the loop did not turn
+    its timer meanwhile, and the tick heuristic called it a holder (27 of 80) and kept other
+    tasks' decode CPU time as its own; the report said transfer (download), with network advice.
+    It yielded: not held, no CPU time; decode held; the loop blocked by decode."""
+    telemetry = ots.configure(service_name="onloop", data_dir=tmp_path, gpu="off",
+                              set_global=False, span_mode=span_mode)
+    try:
+        _serve_on_the_loop(requests=32, concurrency=4)
+    finally:
+        telemetry.shutdown()
+    recording = load_paths([telemetry.trace_path])
+    by_name: dict[str, list] = {}
+    for span in recording.spans:
+        by_name.setdefault(span.name, []).append(span)
+    assert len(by_name["download"]) == len(by_name["decode"]) == 32
+    for name in ("download", "resize", "forward"):  # each awaited: the loop turned
+        for span in by_name[name]:
+            assert semconv.EVENT_LOOP_HELD_MS not in span.attributes, (name, span.attributes)
+            assert semconv.THREAD_CPU_TIME_MS not in span.attributes, (name, span.attributes)
+    assert any(semconv.EVENT_LOOP_LAG_MS in s.attributes for s in by_name["download"])
+    for span in by_name["decode"]:  # never yielded: its CPU time is its own
+        assert span.attributes[semconv.EVENT_LOOP_HELD_MS] >= _DECODE_MIN_S * 1e3
+        assert span.attributes[semconv.THREAD_CPU_TIME_MS] > 0
+
+    verdict = diagnose(recording).verdict
+    assert verdict.cause == "event_loop_blocked", verdict
+    held = next(line for line in verdict.evidence if line.startswith("held the event loop"))
+    assert held.split(": ", 1)[1].startswith("decode ") and ";" not in held, held  # decode alone
+    assert "move decode off the event loop" in verdict.advice[0], verdict.advice
+    assert not any("network" in a or "transfer" in a for a in verdict.advice), verdict.advice
