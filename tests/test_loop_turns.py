@@ -1,5 +1,5 @@
 """Whether a stage on an asyncio loop yielded to it, counted exactly from the loop's iterations
-(:mod:`otel_stages.signals.loop`: a proxy around a selector loop's ``_selector``); the timer-tick
+(:mod:`otel_stages.signals.loop`: the ``select`` of a selector loop's ``_selector``, counted); the timer-tick
 heuristic where a loop has no selector to count; and the fresh-eyes tester's service (issue 13),
 where the heuristic called an awaited download a holder of the loop."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import selectors
 import socket
 import time
 
@@ -35,26 +36,28 @@ def recorded():
 def test_a_selector_loop_counts_its_turns_and_still_works():
     async def probe() -> tuple[loop.LoopMonitor, object]:
         running = asyncio.get_running_loop()
+        selector = running._selector  # type: ignore[attr-defined]
         monitor = loop.monitor_for(running)
-        assert monitor.exact and isinstance(running._selector, loop._TurnCounter)  # type: ignore[attr-defined]
+        assert monitor.exact and running._selector is selector  # type: ignore[attr-defined]
+        assert "select" in vars(selector)  # its own select, shadowed on the instance
         before = monitor.turns
         sum(range(100_000))  # synchronous: the loop cannot turn
         assert monitor.turns == before
         await asyncio.sleep(0)  # one yield: the task resumes on a later iteration
         assert monitor.turns > before
-        # add_reader / remove_reader and the transports' get_key go through the proxy
+        # add_reader / remove_reader and the transports' get_key use the selector as before
         left, right = socket.socketpair()
         with left, right:
             left.setblocking(False)
             right.sendall(b"ping")
             assert await running.sock_recv(left, 4) == b"ping"
         assert loop.monitor_for(running) is monitor
-        return monitor, running._selector.selector  # type: ignore[attr-defined]
+        return monitor, selector
 
     runner = asyncio.new_event_loop()
-    monitor, inner = runner.run_until_complete(probe())
-    runner.close()  # closes the wrapped selector through the proxy
-    assert inner.get_map() is None  # type: ignore[attr-defined]  # a closed selector has no map
+    monitor, selector = runner.run_until_complete(probe())
+    runner.close()  # closes the selector as usual
+    assert selector.get_map() is None  # type: ignore[attr-defined]  # a closed selector has no map
     assert runner._selector is None  # type: ignore[attr-defined]
     assert monitor.loop is None or monitor.loop.is_closed()
 
@@ -62,15 +65,45 @@ def test_a_selector_loop_counts_its_turns_and_still_works():
 def test_the_selector_is_wrapped_once_and_counts_for_the_newest_monitor():
     runner = asyncio.new_event_loop()
     try:
-        original = runner._selector  # type: ignore[attr-defined]
+        selector = runner._selector  # type: ignore[attr-defined]
+        original = selector.select
         first = loop.LoopMonitor(runner)
         second = loop.LoopMonitor(runner)  # e.g. the first was replaced
-        proxy = runner._selector  # type: ignore[attr-defined]
-        assert proxy.selector is original and proxy.monitor is second
+        assert selector.select.__wrapped__ == original  # one layer, around the original
         runner.run_until_complete(asyncio.sleep(0))
         assert second.turns >= 1 and first.turns == 0
     finally:
         runner.close()
+
+
+class _SlottedSelector:
+    """A selector whose type has ``__slots__``: its ``select`` cannot be shadowed."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self) -> None:
+        self.inner = selectors.DefaultSelector()
+
+    def select(self, timeout: float | None = None) -> list:
+        return self.inner.select(timeout)
+
+    def register(self, *args: object) -> object:
+        return self.inner.register(*args)  # type: ignore[arg-type]
+
+    def unregister(self, fileobj: object) -> object:
+        return self.inner.unregister(fileobj)  # type: ignore[arg-type]
+
+    def modify(self, *args: object) -> object:
+        return self.inner.modify(*args)  # type: ignore[arg-type]
+
+    def get_key(self, fileobj: object) -> object:
+        return self.inner.get_key(fileobj)  # type: ignore[arg-type]
+
+    def get_map(self) -> object:
+        return self.inner.get_map()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class _LoopWithoutSelector:
@@ -107,10 +140,23 @@ def test_a_loop_without_a_selector_falls_back_to_timer_ticks():
 
     own = _OwnIterationLoop()
     try:
-        original = own._selector  # type: ignore[attr-defined]
-        assert not loop.LoopMonitor(own).exact and own._selector is original  # type: ignore[attr-defined]
+        assert not loop.LoopMonitor(own).exact
+        assert "select" not in vars(own._selector)  # type: ignore[attr-defined]  # left alone
     finally:
         own.close()
+
+
+def test_a_selector_that_takes_no_attribute_falls_back_to_timer_ticks():
+    async def probe() -> bool:
+        monitor = loop.monitor_for(asyncio.get_running_loop())
+        await asyncio.sleep(0)
+        return monitor.exact
+
+    runner = asyncio.SelectorEventLoop(_SlottedSelector())  # type: ignore[arg-type]
+    try:
+        assert runner.run_until_complete(probe()) is False
+    finally:
+        runner.close()
 
 
 def test_without_turns_the_tick_heuristic_still_tells_a_plain_hold(recorded, monkeypatch):
@@ -208,3 +254,26 @@ def test_an_awaiting_stage_behind_a_blocking_decode_did_not_hold_the_loop(tmp_pa
     assert held.split(": ", 1)[1].startswith("decode ") and ";" not in held, held  # decode alone
     assert "move decode off the event loop" in verdict.advice[0], verdict.advice
     assert not any("network" in a or "transfer" in a for a in verdict.advice), verdict.advice
+
+
+def test_the_loop_benchmark_runs_in_smoke_mode():
+    """benchmarks/loop_turns.py (BENCHMARKS.md has the figures): every set-up measured, and the
+    counting proxy saw the loop's iterations (about one per ``sleep(0)``). No timed assertion."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "loop_turns.py"), "--smoke"],
+                          env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    for workload in ("yield", "echo"):
+        figures = report["workloads"][workload]
+        assert set(figures["cpu_ns_per_op"]) == {"plain", "ticks", "turns"}
+        assert all(v > 0 for v in figures["cpu_ns_per_op"].values())
+    assert 1.0 <= report["workloads"]["yield"]["loop_iterations_per_op"] < 1.1
+    assert report["workloads"]["echo"]["loop_iterations_per_op"] >= 1.0

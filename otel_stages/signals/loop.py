@@ -8,13 +8,17 @@ A :class:`LoopMonitor` watches one loop in two ways:
 * the loop's turns (:attr:`LoopMonitor.turns`): on CPython's selector event loops (the default
   on Linux and macOS) every iteration of the loop, ``BaseEventLoop._run_once`` in
   Lib/asyncio/base_events.py, calls ``self._selector.select(timeout)`` exactly once, then runs
-  the callbacks that were ready *before* that call; a callback scheduled while they run (a
-  suspended task's wake-up: ``Task.__step`` / ``__wakeup`` go through ``call_soon``) runs only in
-  a later iteration, "after another I/O poll" as the source says. The monitor wraps the loop's
-  ``_selector`` (set in ``BaseSelectorEventLoop.__init__``, Lib/asyncio/selector_events.py) in
-  a thin proxy whose ``select`` adds one to :attr:`~LoopMonitor.turns` and delegates; every other
-  attribute (``register``, ``modify``, ``get_key``, ``close`` ... used by ``add_reader`` and
-  friends) passes through unchanged. One integer increment per loop iteration
+  the callbacks that were ready *before* that call; a callback scheduled while they run runs
+  only in a later iteration, "after another I/O poll" as the source says. A suspended task is
+  resumed by such a callback: the done-callback of the future it awaits, which the future
+  schedules with ``call_soon`` (``Future.__schedule_callbacks``, Lib/asyncio/futures.py), or,
+  after a bare yield (``await asyncio.sleep(0)``), ``Task.__step`` rescheduled with ``call_soon``
+  (Lib/asyncio/tasks.py). The monitor shadows the
+  ``select`` method of the loop's ``_selector`` (set in ``BaseSelectorEventLoop.__init__``,
+  Lib/asyncio/selector_events.py) with a function that adds one to :attr:`~LoopMonitor.turns`
+  and calls the original; the selector object, and everything else the loop does with it
+  (``register``, ``modify``, ``get_key``, ``close`` for ``add_reader`` and friends), stays as
+  it was. One integer increment and one Python call per loop iteration
   (``benchmarks/loop_turns.py``, BENCHMARKS.md).
 
 A stage that starts on a thread running an event loop (:func:`monitor_for` is called with that
@@ -32,11 +36,11 @@ loop, which starts its monitor the first time) reads ``turns`` at its start and 
   held by other work while this stage waited on it.
 
 Where the loop has no ``_selector`` to count (uvloop, the Windows proactor loop, a custom loop
-that overrides ``_run_once``) ``turns`` counts the timer's ticks instead, the heuristic used
-before: a stage during which no tick ran although one was due held the loop. It errs where the
-stage awaited but the loop was held by other tasks' work for all of the stage (its tick could
-not run either): such a stage is reported as holding, and its CPU time kept.
-:attr:`LoopMonitor.exact` says which applies.
+that overrides ``_run_once``, a selector whose type has ``__slots__``) ``turns`` counts the
+timer's ticks instead, the heuristic used before: a stage during which no tick ran although one
+was due held the loop. It errs where the stage awaited but the loop was held by other tasks'
+work for all of the stage (its tick could not run either): such a stage is reported as holding,
+and its CPU time kept. :attr:`LoopMonitor.exact` says which applies.
 
 Holds shorter than :data:`HOLD_MIN_NS` are not attributed (their lag is still counted). Several
 loops in one process (one per thread) each get their own monitor.
@@ -116,48 +120,46 @@ class LoopMonitor:
             loop.call_later(INTERVAL_S, self._tick)
 
 
-class _TurnCounter:
-    """Stands in for a selector loop's ``_selector``: ``select`` counts the loop's iterations on
-    its monitor, everything else is the wrapped selector's (a :mod:`selectors` selector: its
-    methods are looked up on it, so this needs no list of them). Not a
-    :class:`selectors.BaseSelector` subclass on purpose: that class's concrete ``close``,
-    ``modify`` and ``get_key`` would shadow the wrapped selector's own."""
-
-    __slots__ = ("monitor", "selector")
-
-    def __init__(self, selector: Any, monitor: LoopMonitor) -> None:
-        self.selector = selector
-        self.monitor = monitor
-
-    def select(self, timeout: float | None = None) -> Any:
-        self.monitor.turns += 1
-        return self.selector.select(timeout)
-
-    def __getattr__(self, name: str) -> Any:  # only for names not defined here
-        return getattr(self.selector, name)
-
-    def __repr__(self) -> str:
-        return f"<turn-counting {self.selector!r}>"
+def _counting_select(select: Any, monitor: LoopMonitor) -> Any:
+    """``select`` (a selector's bound ``select``) adding one to ``monitor.turns`` per call."""
+    def select_counted(timeout: float | None = None) -> Any:
+        monitor.turns += 1
+        return select(timeout)
+    select_counted.__wrapped__ = select  # type: ignore[attr-defined]
+    select_counted.__qualname__ = _COUNTED_NAME
+    return select_counted
 
 
+_COUNTED_NAME = "otel_stages.signals.loop.select_counted"
 #: the iteration whose one ``select`` call per turn the count relies on (Lib/asyncio/base_events.py)
 _RUN_ONCE = getattr(asyncio.BaseEventLoop, "_run_once", None)
 
 
 def _count_turns(loop: asyncio.AbstractEventLoop, monitor: LoopMonitor) -> bool:
-    """Wrap ``loop._selector`` to count ``loop``'s iterations on ``monitor``; whether it could (a
-    CPython selector loop with asyncio's own ``_run_once``). A loop wrapped before (by a monitor
-    that was replaced) is not wrapped twice: its counter now counts for ``monitor``."""
+    """Count ``loop``'s iterations on ``monitor``; whether it could (a CPython selector loop with
+    asyncio's own ``_run_once`` and a selector that takes an instance attribute).
+
+    The loop's selector itself stays in place (``loop._selector`` is the same object: its type,
+    its other methods and its private state are untouched): only its ``select`` is shadowed by
+    an instance attribute that counts and calls the original. Measured against a proxy object
+    around the selector, this costs the same as a proxy that lists the selector's methods and a
+    third of one that forwards them through ``__getattr__`` (a type with ``__getattr__`` misses
+    CPython 3.10/3.11's attribute fast paths on every ``select``: BENCHMARKS.md). A selector
+    counted before (for a monitor since replaced) is not wrapped twice: its original ``select``
+    is wrapped again for ``monitor``."""
     if not isinstance(loop, BaseSelectorEventLoop) or _RUN_ONCE is None \
             or getattr(type(loop), "_run_once", None) is not _RUN_ONCE:
         return False
     selector = getattr(loop, "_selector", None)
-    if isinstance(selector, _TurnCounter):
-        selector.monitor = monitor
-        return True
-    if selector is None or not callable(getattr(selector, "select", None)):
+    select = getattr(selector, "select", None)
+    if selector is None or not callable(select):
         return False  # closed, or something other than a selector
-    loop._selector = _TurnCounter(selector, monitor)  # type: ignore[attr-defined]
+    if getattr(select, "__qualname__", None) == _COUNTED_NAME:
+        select = select.__wrapped__
+    try:
+        selector.select = _counting_select(select, monitor)
+    except AttributeError:  # a selector type with __slots__ (not the selectors module's)
+        return False
     return True
 
 
