@@ -277,3 +277,4 @@ def test_the_loop_benchmark_runs_in_smoke_mode():
         assert all(v > 0 for v in figures["cpu_ns_per_op"].values())
     assert 1.0 <= report["workloads"]["yield"]["loop_iterations_per_op"] < 1.1
     assert report["workloads"]["echo"]["loop_iterations_per_op"] >= 1.0
+    assert set(report["designs"]["added_ns_per_call"]) == {"shadowed_select", "proxy_getattr", "proxy_listed"}
