@@ -106,6 +106,28 @@ class _SlottedSelector:
         self.inner.close()
 
 
+class _Monitor:
+    def __init__(self, turns: int) -> None:
+        self.turns, self.lag_ns = turns, 0
+
+    def lag_base_ns(self, now_ns: int) -> int:
+        return self.lag_ns
+
+
+@pytest.mark.parametrize("turned", [False, True])
+def test_a_stage_that_yielded_says_its_lag_even_when_none(turned):
+    """Its CPU time is left out, so the lag of 0 is written: the analysis takes a missing lag as 0
+    only on a span with CPU time (stage_signals, clickhouse_signals)."""
+    monitor = _Monitor(turns=7)
+    state = (gcwatch.GC_LOG.seq, monitor, 7, 0, time.thread_time_ns())
+    monitor.turns += turned
+    attributes, _ = capture.finish_fields(state, 0, 3_000_000) or ({}, [])
+    if turned:
+        assert attributes == {semconv.EVENT_LOOP_LAG_MS: 0.0}
+    else:  # synchronous: its CPU time is there, no lag attribute needed
+        assert semconv.EVENT_LOOP_LAG_MS not in attributes and semconv.THREAD_CPU_TIME_MS in attributes
+
+
 class _LoopWithoutSelector:
     """What the monitor sees of uvloop or the Windows proactor loop: timers, no ``_selector``."""
 
@@ -243,13 +265,17 @@ def test_an_awaiting_stage_behind_a_blocking_decode_did_not_hold_the_loop(tmp_pa
         for span in by_name[name]:
             assert semconv.EVENT_LOOP_HELD_MS not in span.attributes, (name, span.attributes)
             assert semconv.THREAD_CPU_TIME_MS not in span.attributes, (name, span.attributes)
-    assert any(semconv.EVENT_LOOP_LAG_MS in s.attributes for s in by_name["download"])
+    # every awaiting stage says its lag, 0 included: without CPU time a missing lag would read as
+    # unknown, and the lag's coverage of download's runs would decide the verdict by chance
+    assert all(semconv.EVENT_LOOP_LAG_MS in s.attributes for s in by_name["download"])
+    assert any(s.attributes[semconv.EVENT_LOOP_LAG_MS] == 0.0 for s in by_name["download"])
+    assert any(s.attributes[semconv.EVENT_LOOP_LAG_MS] > 10 for s in by_name["download"])
     for span in by_name["decode"]:  # never yielded: its CPU time is its own
         assert span.attributes[semconv.EVENT_LOOP_HELD_MS] >= _DECODE_MIN_S * 1e3
         assert span.attributes[semconv.THREAD_CPU_TIME_MS] > 0
 
     verdict = diagnose(recording).verdict
-    assert verdict.cause == "event_loop_blocked", verdict
+    assert verdict.cause == "event_loop_blocked", "\n".join(verdict.evidence)
     held = next(line for line in verdict.evidence if line.startswith("held the event loop"))
     assert held.split(": ", 1)[1].startswith("decode ") and ";" not in held, held  # decode alone
     assert "move decode off the event loop" in verdict.advice[0], verdict.advice

@@ -30,7 +30,8 @@ stage ends counts up to the stage's end if it has collected already, else not at
 ``cpython.gc.pause`` event per collection of at least :data:`GC_EVENT_MIN_MS` (at most
 :data:`MAX_GC_EVENTS`; ``otel_stages.gc.in_progress`` on the first kind); on the loop's
 thread ``otel_stages.event_loop.lag_ms`` / ``otel_stages.event_loop.held_ms`` (see
-:mod:`~otel_stages.signals.loop`).
+:mod:`~otel_stages.signals.loop`; a lag of 0 is written only on a stage whose CPU time is left out
+for having yielded: the analysis reads a missing lag as 0 only on a span with CPU time).
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def finish_fields(state: State | None, start_ns: int,
         lag_ns = min(end_base - state[3], wall_ns)
         if lag_ns > 0:
             attributes[semconv.EVENT_LOOP_LAG_MS] = lag_ns / 1e6
+        elif shared:  # no CPU time to show that signals were on: a lag of 0 is known, not absent
+            attributes[semconv.EVENT_LOOP_LAG_MS] = 0.0
         if held:
             attributes[semconv.EVENT_LOOP_HELD_MS] = wall_ns / 1e6
     return attributes, events
