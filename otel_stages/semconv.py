@@ -185,8 +185,9 @@ GC_IN_PROGRESS = "otel_stages.gc.in_progress"
 #: float, ms: asyncio event-loop lag measured while the span was open, on a span that ran on the
 #: loop's thread: the sum of how late the loop monitor's ticks ran (the loop was busy elsewhere)
 EVENT_LOOP_LAG_MS = "otel_stages.event_loop.lag_ms"
-#: float, ms: the span ran on the event loop's thread and the loop could not run anything else
-#: meanwhile (no monitor tick although one was due): the span held the loop this long
+#: float, ms: the span ran on the event loop's thread for at least 25 ms without yielding to the
+#: loop (the loop did not turn: exact on selector loops; elsewhere no monitor tick although one
+#: was due), so the loop could not run anything else: the span held the loop this long
 EVENT_LOOP_HELD_MS = "otel_stages.event_loop.held_ms"
 
 # --- cgroup CPU quota and throttling (names of the Collector's docker_stats receiver,

@@ -80,10 +80,10 @@ def test_blocking_front_end_holds_the_loop_in_decode(recorded):
     held = [s for s in spans["decode"] if semconv.EVENT_LOOP_HELD_MS in s.attributes]
     assert len(held) >= 4  # each decode outlasts the monitor tick (HOLD_MIN_NS, 25 ms)
     assert any(semconv.EVENT_LOOP_LAG_MS in s.attributes for s in spans["download"])
-    # the awaited download leaves the loop free; on a starved machine the monitor's own tick can
-    # still miss one now and then, so: at most half, where a blocking download would hold all
-    held_downloads = [s for s in spans["download"] if semconv.EVENT_LOOP_HELD_MS in s.attributes]
-    assert len(held_downloads) <= len(spans["download"]) // 2 < len(held)
+    # the awaited download yields to the loop: never a holder, however starved the machine (the
+    # loop's turns are counted, not its timer: signals.loop), and its CPU time is left out
+    assert not any(semconv.EVENT_LOOP_HELD_MS in s.attributes for s in spans["download"])
+    assert not any(semconv.THREAD_CPU_TIME_MS in s.attributes for s in spans["download"])
 
 
 def test_front_end_in_threads_leaves_the_loop_free(recorded):

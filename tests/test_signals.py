@@ -191,8 +191,8 @@ def test_gc_log_callback_marks_start_then_end(monkeypatch):
 
 
 class _FakeMonitor:
-    def __init__(self, ticks: int = 0, lag_ns: int = 0, due_ns: int = 1 << 62) -> None:
-        self.ticks, self.lag_ns, self.due_ns = ticks, lag_ns, due_ns
+    def __init__(self, turns: int = 0, lag_ns: int = 0, due_ns: int = 1 << 62) -> None:
+        self.turns, self.lag_ns, self.due_ns = turns, lag_ns, due_ns
 
     def lag_base_ns(self, now_ns: int) -> int:  # as LoopMonitor's: the pending tick's lateness too
         return self.lag_ns + max(0, now_ns - self.due_ns)
@@ -201,11 +201,11 @@ class _FakeMonitor:
 @pytest.mark.parametrize("wall_ns, held", [(loop.HOLD_MIN_NS - 1, False), (loop.HOLD_MIN_NS, True)])
 def test_hold_threshold(wall_ns, held):
     assert loop.HOLD_MIN_NS == 25_000_000
-    monitor = _FakeMonitor(ticks=3)
+    monitor = _FakeMonitor(turns=3)
     state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns())
     attributes, _ = capture.finish_fields(state, 0, wall_ns) or ({}, [])
     assert (semconv.EVENT_LOOP_HELD_MS in attributes) is held
-    monitor.ticks = 4  # a tick ran meanwhile: the loop was free at some point
+    monitor.turns = 4  # the loop turned meanwhile: it was free at some point
     attributes, _ = capture.finish_fields(state, 0, wall_ns) or ({}, [])
     assert semconv.EVENT_LOOP_HELD_MS not in attributes
 
@@ -224,7 +224,8 @@ def test_lag_threshold(monkeypatch, lag_ns, counted):
     fake = _Loop()
     monitor = loop.LoopMonitor.__new__(loop.LoopMonitor)
     monitor._loop = lambda: fake
-    monitor.ticks = monitor.lag_ns = 0
+    monitor.ticks = monitor.turns = monitor.lag_ns = 0
+    monitor.exact = False
     clock = Clock(monotonic_ns=lambda: 7_000_000_000, wall_ns=lambda: 7_000_000_000)
     monkeypatch.setattr(loop.RUNTIME, "clock", clock)  # Clock has slots: replace it whole
     now = clock.now_ns()
@@ -275,9 +276,9 @@ def test_a_stage_starting_behind_a_blocked_loop_is_not_charged_for_the_block(rec
 
 
 def test_lag_is_never_more_than_the_stage_lasted():
-    monitor = _FakeMonitor(ticks=3, lag_ns=0)
+    monitor = _FakeMonitor(turns=3, lag_ns=0)
     state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns())
-    monitor.ticks, monitor.lag_ns = 4, 300_000_000  # a tick ran, 300 ms late
+    monitor.turns, monitor.lag_ns = 4, 300_000_000  # a tick ran, 300 ms late
     attributes, _ = capture.finish_fields(state, 0, 70_000_000) or ({}, [])
     assert attributes[semconv.EVENT_LOOP_LAG_MS] == 70.0
 
@@ -312,13 +313,13 @@ def test_a_stage_ending_before_the_late_tick_runs_still_sees_the_lag():
     """The tester's asleep case: a download whose own wake-up runs before the overdue monitor tick
     (both due at the end of a block) ended with no lag at all; the pending tick's lateness inside
     the stage's window counts."""
-    monitor = _FakeMonitor(ticks=3, lag_ns=0, due_ns=0)
+    monitor = _FakeMonitor(turns=3, lag_ns=0, due_ns=0)
     state = (gcwatch.GC_LOG.seq, monitor, 3, monitor.lag_base_ns(0), time.thread_time_ns())
-    monitor.ticks, monitor.due_ns = 4, 20_000_000  # a tick ran on time; the next, due at 20 ms,
+    monitor.turns, monitor.due_ns = 4, 20_000_000  # a tick ran on time; the next, due at 20 ms,
     attributes, _ = capture.finish_fields(state, 0, 170_000_000) or ({}, [])  # has not run yet
     assert attributes[semconv.EVENT_LOOP_LAG_MS] == 150.0
     later = (gcwatch.GC_LOG.seq, monitor, 4, monitor.lag_base_ns(150_000_000), time.thread_time_ns())
-    monitor.ticks = 5  # (not a holder: a tick ran meanwhile)
+    monitor.turns = 5  # (not a holder: the loop turned meanwhile)
     attributes, _ = capture.finish_fields(later, 150_000_000, 170_000_000) or ({}, [])
     assert attributes[semconv.EVENT_LOOP_LAG_MS] == 20.0  # only the part after it started
     held = (gcwatch.GC_LOG.seq, monitor, 5, monitor.lag_base_ns(0), time.thread_time_ns())

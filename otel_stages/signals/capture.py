@@ -21,15 +21,17 @@ to stages during which they happened.
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
-then the two readings are of different clocks; and on an event loop whose monitor ticked during
-the stage: it awaited, and the thread's CPU time then includes other tasks' work);
+then the two readings are of different clocks; and on an event loop that turned during the
+stage (:attr:`LoopMonitor.turns <otel_stages.signals.loop.LoopMonitor.turns>`): it awaited, and
+the thread's CPU time then includes other tasks' work);
 ``otel_stages.gc.pause_ms`` and
 ``otel_stages.gc.collections`` when collections ran (one whose stop callback has not run when the
 stage ends counts up to the stage's end if it has collected already, else not at all), with one
 ``cpython.gc.pause`` event per collection of at least :data:`GC_EVENT_MIN_MS` (at most
 :data:`MAX_GC_EVENTS`; ``otel_stages.gc.in_progress`` on the first kind); on the loop's
 thread ``otel_stages.event_loop.lag_ms`` / ``otel_stages.event_loop.held_ms`` (see
-:mod:`~otel_stages.signals.loop`).
+:mod:`~otel_stages.signals.loop`; a lag of 0 is written only on a stage whose CPU time is left out
+for having yielded: the analysis reads a missing lag as 0 only on a span with CPU time).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ MAX_GC_EVENTS = 16
 #: µs apart); more means the stage ended on another thread, and the CPU time is left out.
 _CPU_SLACK_NS = 1_000_000
 
-#: What :func:`on_start` returns: ``(gc seq, loop monitor or None, its ticks, its lag ns,
+#: What :func:`on_start` returns: ``(gc seq, loop monitor or None, its turns, its lag ns,
 #: thread CPU ns)``; ``None`` when signals are off.
 State = tuple[int, "LoopMonitor | None", int, int, int]
 #: ``(name, attributes, time_ns)`` of one span event
@@ -81,7 +83,7 @@ def on_start() -> State | None:
     if loop is None:
         return (GC_LOG.seq, None, 0, 0, thread_time_ns())
     monitor = monitor_for(loop)
-    return (GC_LOG.seq, monitor, monitor.ticks, monitor.lag_base_ns(RUNTIME.clock.now_ns()),
+    return (GC_LOG.seq, monitor, monitor.turns, monitor.lag_base_ns(RUNTIME.clock.now_ns()),
             thread_time_ns())
 
 
@@ -95,9 +97,9 @@ def finish_fields(state: State | None, start_ns: int,
     wall_ns = end_ns - start_ns
     attributes: dict[str, Any] = {}
     monitor = state[1]
-    # On an event loop that ran its timer meanwhile the stage awaited, and the loop's thread ran
-    # other tasks' work too: its CPU time is not the stage's own, so it is left out.
-    shared = monitor is not None and monitor.ticks != state[2]
+    # On an event loop that turned meanwhile the stage awaited, and the loop's thread ran other
+    # tasks' work too: its CPU time is not the stage's own, so it is left out.
+    shared = monitor is not None and monitor.turns != state[2]
     if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS and not shared:
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
@@ -105,7 +107,7 @@ def finish_fields(state: State | None, start_ns: int,
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
     if monitor is not None:
-        held = monitor.ticks == state[2] and wall_ns >= HOLD_MIN_NS
+        held = monitor.turns == state[2] and wall_ns >= HOLD_MIN_NS
         # lag counted plus the pending tick's lateness so far, at the end minus at the start:
         # the lateness inside the stage's own window, whether or not the tick ran before it ended;
         # a stage that held the loop made that lateness itself, so only what the ticks counted
@@ -113,6 +115,8 @@ def finish_fields(state: State | None, start_ns: int,
         lag_ns = min(end_base - state[3], wall_ns)
         if lag_ns > 0:
             attributes[semconv.EVENT_LOOP_LAG_MS] = lag_ns / 1e6
+        elif shared:  # no CPU time to show that signals were on: a lag of 0 is known, not absent
+            attributes[semconv.EVENT_LOOP_LAG_MS] = 0.0
         if held:
             attributes[semconv.EVENT_LOOP_HELD_MS] = wall_ns / 1e6
     return attributes, events
