@@ -188,8 +188,8 @@ def _loop(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
         move = f"move {culprit} off the event loop"
     else:
         lines.append("no stage span held the loop long enough to be named: the blocking work"
-                     " runs outside the stage spans, or in pieces shorter than the monitor's"
-                     " 20 ms tick")
+                     " runs outside the stage spans, or in pieces shorter than the shortest hold"
+                     " the recording names (25 ms: otel_stages.signals.loop.HOLD_MIN_NS)")
         move = "find the CPU-bound or blocking call on the event loop and move it off"
     return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, tuple(lines), (
         f"{move}: await asyncio.to_thread(...) or loop.run_in_executor(pool, ...) (a process pool"
