@@ -304,3 +304,14 @@ def test_the_loop_benchmark_runs_in_smoke_mode():
     assert 1.0 <= report["workloads"]["yield"]["loop_iterations_per_op"] < 1.1
     assert report["workloads"]["echo"]["loop_iterations_per_op"] >= 1.0
     assert set(report["designs"]["added_ns_per_call"]) == {"shadowed_select", "proxy_getattr", "proxy_listed"}
+
+
+def test_the_evidence_names_the_recording_hold_minimum():
+    """The sentence for a blocked loop with no named holder quotes the recording's minimum hold."""
+    import inspect
+
+    from otel_stages.analysis import mechanisms
+    from otel_stages.signals.loop import HOLD_MIN_NS
+
+    assert f"({HOLD_MIN_NS / 1e6:g} ms: otel_stages.signals.loop.HOLD_MIN_NS)" in inspect.getsource(
+        mechanisms)
