@@ -103,6 +103,9 @@ def finish_fields(state: State | None, start_ns: int,
     (span-clock ns) given its :func:`on_start` ``state``; ``None`` when signals were off."""
     if state is None:
         return None
+    # run-queue first: a system call's return is where the scheduler preempts, and a wait after
+    # thread_time_ns() returned would be counted though it came after the stage's end
+    queued = None if state[5] is None else _read_run_queue()
     cpu_ns = thread_time_ns() - state[4]
     wall_ns = end_ns - start_ns
     attributes: dict[str, Any] = {}
@@ -113,8 +116,8 @@ def finish_fields(state: State | None, start_ns: int,
     if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS and not shared:
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
-        if state[5] is not None:
-            _run_queue_field(state[5], wall_ns, attributes)
+        if state[5] is not None and queued is not None:
+            _run_queue_field(state[5], queued, wall_ns, attributes)
     events: list[Event] = []  # (cpu_fields must stay what this gives when only the CPU counts)
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
@@ -153,11 +156,11 @@ def cpu_fields(cpu_ns: int, start_ns: int, end_ns: int) -> tuple[dict[str, Any],
     return attributes, []
 
 
-def _run_queue_field(start: tuple[int, int], wall_ns: int, attributes: dict[str, Any]) -> None:
-    """``otel_stages.thread.run_queue_wait_ms`` from the reading at start and one now, when both
+def _run_queue_field(start: tuple[int, int], now: tuple[int, int], wall_ns: int,
+                     attributes: dict[str, Any]) -> None:
+    """``otel_stages.thread.run_queue_wait_ms`` from the readings at start and end, when both
     are of the same thread's file (same fd) and the wait fits in the stage."""
-    now = _read_run_queue()
-    if now is None or now[0] != start[0]:
+    if now[0] != start[0]:
         return
     waited_ns = now[1] - start[1]
     if 0 <= waited_ns <= wall_ns + _CPU_SLACK_NS:

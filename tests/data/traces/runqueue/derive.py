@@ -39,7 +39,7 @@ def derive(name: str) -> None:
 
 
 def main() -> None:
-    for name in ("idle", "hog"):
+    for name in ("idle_loops", "hash_threads"):
         derive(name)
 
 
