@@ -24,7 +24,8 @@ def test_overhead_smoke_measures_every_candidate_and_builds_every_deferred_span(
     report = _run("overhead.py")
     candidates = {"bare_pairs", "bare", "bare_cpu", "disabled", "sdk_start_span", "sdk_start_as_current_span",
                   "live", "deferred", "live_no_signals", "deferred_no_signals", "sdk_start_span_signals",
-                  "sdk_start_span_attrs", "live_attrs", "deferred_attrs"}
+                  "sdk_start_span_attrs", "live_attrs", "deferred_attrs", "live_run_queue",
+                  "deferred_run_queue"}
     assert set(report["thread_cpu_us_per_request"]) == candidates
     assert all(v > 0 for v in report["thread_cpu_us_per_request"].values())
     assert set(report["targets"]) == {"deferred_vs_sdk_start_span", "live_vs_sdk_start_span", "disabled_vs_bare"}
