@@ -92,7 +92,6 @@ from otel_stages.analysis.stage_signals import (
     PressureSeries,
     SignalTable,
     ThrottleSeries,
-    pressure_scope,
     signal_table,
 )
 from otel_stages.analysis.units import duration, pct
@@ -494,11 +493,8 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     odd input."""
     throttle = ThrottleSeries(metrics)
     if table is None:
-        psi = PressureSeries(metrics)
-        table = signal_table(warm, stages, throttle, psi)
-        scope = psi.scope
-    else:
-        scope = pressure_scope(metrics)
+        table = signal_table(warm, stages, throttle, PressureSeries(metrics))
+    scope = table.pressure_scope
     held = held_by_stage(table.holders())
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}

@@ -245,11 +245,13 @@ class SignalTable:
 
     ``requests``: how many requests; ``stages``: stage name -> :class:`StageColumns`;
     ``held``: ``(row, span name, ms)`` of every span that held an event loop, in request and
-    span order (:func:`holders`)."""
+    span order (:func:`holders`); ``pressure_scope``: the CPU pressure's
+    (:attr:`PressureSeries.scope`)."""
 
     requests: int
     stages: dict[str, StageColumns]
     held: tuple[tuple[int, str, float], ...] = ()
+    pressure_scope: str | None = None
 
     def subset(self, rows: Sequence[int]) -> SignalTable:
         """The table of the requests at positions ``rows`` (ascending) of this one's list,
@@ -263,7 +265,7 @@ class SignalTable:
             taken = columns.take(keep)
             stages[name] = replace(taken, rows=new[keep])
         held = tuple((int(index[row]), name, ms) for row, name, ms in self.held if index[row] >= 0)
-        return SignalTable(len(rows), stages, held)
+        return SignalTable(len(rows), stages, held, self.pressure_scope)
 
     def holders(self) -> dict[str, list[float]]:
         """:func:`holders` of the table's requests."""
@@ -354,7 +356,7 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
             col[2].extend((cpu is not None, gc is not None, lag is not None,
                            throttled is not None, stalled is not None, runq is not None))
     return SignalTable(len(warm), {name: _stage_columns(*col) for name, col in columns.items()},
-                       tuple(held))
+                       tuple(held), None if psi is None else psi.scope)
 
 
 def _stage_columns(rows: array[int], values: array[float], known: array[int]) -> StageColumns:

@@ -17,7 +17,8 @@ loop (``None`` off a loop), one integer compare for GC, and two ``set_attribute`
 value: the SDK's ``set_attributes`` re-validates its mapping and costs more). GC collections
 (:mod:`~otel_stages.signals.gcwatch`) and loop lag (:mod:`~otel_stages.signals.loop`) add work only
 to stages during which they happened.
-``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``).
+``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``; the opt-in
+run-queue wait, two ``/proc/thread-self/schedstat`` reads more, as ``live_run_queue``).
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
