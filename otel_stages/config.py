@@ -235,7 +235,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("run_queue", ("OTEL_STAGES_RUN_QUEUE",), False, _parse_bool,
             "with signals: per-stage run-queue wait of the stage's thread (Linux "
             "/proc/thread-self/schedstat run_delay, otel_stages.thread.run_queue_wait_ms): tells "
-            "waiting for a core from waiting on I/O, a lock or a sleep; two reads (~2 us) a stage"),
+            "waiting for a core from waiting on I/O, a lock or a sleep; two reads (a few us) a stage"),
     Setting("redact_query_keys", ("OTEL_STAGES_REDACT_QUERY_KEYS",), (), _parse_key_list,
             "extra URL query parameter names whose values are redacted (comma-separated), on top "
             "of the built-in list (OpenTelemetry's plus token, api_key, password, ...)"),

@@ -438,3 +438,22 @@ def test_deleting_the_run_queue_rule_changes_the_recorded_verdicts(monkeypatch):
     assert _report("hash_threads").verdict.cause != "cpu_contention"
     assert not any("the slow decode runs were blocked" in e
                    for e in _report("idle_loops").verdict.evidence)
+
+
+@pytest.mark.skipif(not LINUX, reason="Linux /proc/thread-self/schedstat")
+def test_a_stage_that_awaited_on_an_event_loop_has_no_run_queue_wait():
+    """On an event loop whose monitor ticked during the stage (it awaited, the loop's thread ran
+    other tasks), CPU time and run-queue wait are the thread's, not the stage's: both left out."""
+    from otel_stages.signals import gcwatch
+    from tests.test_signals import _FakeMonitor
+
+    monitor = _FakeMonitor(ticks=3)
+    reading = runqueue.read()
+    assert reading is not None
+    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns(), reading)
+    attributes, _ = capture.finish_fields(state, 0, 10**9) or ({}, [])
+    assert semconv.THREAD_RUN_QUEUE_WAIT_MS in attributes  # held the loop: its own
+    monitor.ticks = 4
+    attributes, _ = capture.finish_fields(state, 0, 10**9) or ({}, [])
+    assert semconv.THREAD_CPU_TIME_MS not in attributes
+    assert semconv.THREAD_RUN_QUEUE_WAIT_MS not in attributes

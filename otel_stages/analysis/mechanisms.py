@@ -268,7 +268,7 @@ _FIND_WAIT = ("a wall-clock profile of them (py-spy dump, or py-spy record --idl
               " for the GIL (a Python thread waiting for the GIL sleeps: it counts as blocked,"
               " not as run-queue wait)")
 _TURN_ON_RUN_QUEUE = ("record each stage thread's run-queue wait: configure(run_queue=True) or"
-                      " OTEL_STAGES_RUN_QUEUE=true (Linux; two ~2 us reads a stage) tells a wait"
+                      " OTEL_STAGES_RUN_QUEUE=true (Linux; two reads, a few us, a stage) tells a wait"
                       " for a core from one on I/O, a lock or a sleep")
 _GIVE_A_CORE = (
     "give {stage} a core: fewer busy threads and processes on the same CPUs (cap request"

@@ -11,7 +11,7 @@ events (stale while the task runs); thread CPU time comes from ``time.thread_tim
 
 The file is opened once per thread and kept open: an fd opened on ``/proc/thread-self/...`` reads
 the thread that opened it, so each thread has its own (a :class:`threading.local`), read with
-``os.pread(fd, 64, 0)`` (no seek, no Python file object: about 1.7 µs a read, see
+``os.pread(fd, 64, 0)`` (no seek, no Python file object: 1.7-6 µs a read on a shared VM, see
 BENCHMARKS.md). The fd is closed when its thread exits (the thread-local value is dropped) and, in
 a forked child, at once (an inherited fd still reads the parent's thread). No such file (not Linux,
 a kernel without ``CONFIG_SCHED_INFO``, ``/proc`` not mounted): :func:`read` turns itself off and
