@@ -18,6 +18,10 @@ empty: the worst case, where the instrumentation is all there is. Candidates:
 * ``live``, ``deferred``: otel_stages in each span mode, per-stage signals at their default (on:
   thread CPU time, GC and event-loop checks, :mod:`otel_stages.signals`);
 * ``live_no_signals``, ``deferred_no_signals``: the same with ``configure(signals=False)``;
+* ``live_run_queue``, ``deferred_run_queue``: the same with ``configure(run_queue=True)`` (opt-in:
+  the stage thread's run-queue wait, two ``/proc/thread-self/schedstat`` reads per span,
+  :mod:`otel_stages.signals.runqueue`); against ``live`` / ``deferred`` it is what turning it
+  on costs;
 * ``sdk_start_span_signals``: ``sdk_start_span`` plus the same signal calls by hand
   (``signals.on_start`` after each start time, ``signals.on_finish`` before each end): the
   like-for-like baseline of ``live`` with signals on;
@@ -62,6 +66,7 @@ import otel_stages as ots
 from otel_stages import semconv, signals
 from otel_stages._runtime import RUNTIME
 from otel_stages.builder import SpanBuilder
+from otel_stages.signals import capture
 
 STAGES = semconv.STANDARD_STAGES
 SPANS_PER_REQUEST = 1 + len(STAGES)
@@ -200,6 +205,8 @@ class _Bench:
             "deferred": ({"deferred": True}, _otel_stages),
             "live_no_signals": ({"signals": False}, _otel_stages),
             "deferred_no_signals": ({"deferred": True, "signals": False}, _otel_stages),
+            "live_run_queue": ({"run_queue": True}, _otel_stages),
+            "deferred_run_queue": ({"deferred": True, "run_queue": True}, _otel_stages),
             "sdk_start_span_signals": ({}, sdk["sdk_start_span_signals"]),
             "sdk_start_span_attrs": ({}, sdk["sdk_start_span_attrs"]),
             "live_attrs": ({}, _otel_stages_attrs),
@@ -225,6 +232,7 @@ class _Bench:
         RUNTIME.enabled = setup.get("enabled", True)
         RUNTIME.deferred = self.builder if setup.get("deferred") else None
         signals.enable(setup.get("signals", True))
+        capture.enable_run_queue(setup.get("run_queue", False))
         try:
             wall0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
             for _ in range(requests):
@@ -233,6 +241,7 @@ class _Bench:
         finally:
             RUNTIME.enabled, RUNTIME.deferred = True, None
             signals.enable(True)
+            capture.enable_run_queue(False)
         return (wall1 - wall0) / requests / 1e3, (cpu1 - cpu0) / requests / 1e3
 
 
@@ -249,6 +258,8 @@ RATIOS = {  # name: (candidate, baseline)
     "sdk_start_span_signals_vs_sdk_start_span": ("sdk_start_span_signals", "sdk_start_span"),
     "live_vs_live_no_signals": ("live", "live_no_signals"),
     "deferred_vs_deferred_no_signals": ("deferred", "deferred_no_signals"),
+    "live_run_queue_vs_live": ("live_run_queue", "live"),
+    "deferred_run_queue_vs_deferred": ("deferred_run_queue", "deferred"),
     "bare_cpu_vs_bare": ("bare_cpu", "bare"),
     "live_attrs_vs_sdk_start_span_attrs": ("live_attrs", "sdk_start_span_attrs"),
     "deferred_attrs_vs_sdk_start_span_attrs": ("deferred_attrs", "sdk_start_span_attrs"),
@@ -287,7 +298,8 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
     finally:
         ok = telemetry.shutdown()
         bench.builder.shutdown(time.monotonic() + 5)
-    deferred_requests = (rounds + warmup) * requests * 3  # deferred, _no_signals, _attrs
+    # deferred, _no_signals, _attrs, _run_queue
+    deferred_requests = (rounds + warmup) * requests * 4
     median = statistics.median
     cpu_us = {n: round(median(v), 3) for n, v in cpus.items()}
 
@@ -311,6 +323,8 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
             "signals_live": per_span("live", "live_no_signals"),
             "signals_deferred": per_span("deferred", "deferred_no_signals"),
             "signals_sdk_by_hand": per_span("sdk_start_span_signals", "sdk_start_span"),
+            "run_queue_live": per_span("live_run_queue", "live"),
+            "run_queue_deferred": per_span("deferred_run_queue", "deferred"),
             "thread_time_pair_bare": per_span("bare_cpu", "bare"),
         },
         "builder_us_per_span": round(bench.builder_s * 1e6 / max(1, bench.built), 2),

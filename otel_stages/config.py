@@ -232,6 +232,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("signals", ("OTEL_STAGES_SIGNALS",), True, _parse_bool,
             "why a stage was slow: per-stage thread CPU time, GC pauses, asyncio event-loop lag, and "
             "the cgroup's CPU quota and throttled time as metrics (false turns all of it off)"),
+    Setting("run_queue", ("OTEL_STAGES_RUN_QUEUE",), False, _parse_bool,
+            "with signals: per-stage run-queue wait of the stage's thread (Linux "
+            "/proc/thread-self/schedstat run_delay, otel_stages.thread.run_queue_wait_ms): tells "
+            "waiting for a core from waiting on I/O, a lock or a sleep; two reads (a few us) a stage"),
     Setting("redact_query_keys", ("OTEL_STAGES_REDACT_QUERY_KEYS",), (), _parse_key_list,
             "extra URL query parameter names whose values are redacted (comma-separated), on top "
             "of the built-in list (OpenTelemetry's plus token, api_key, password, ...)"),
@@ -262,6 +266,7 @@ class Settings:
     redact_query_keys: tuple[str, ...] = ()
     span_mode: str = "live"
     signals: bool = True
+    run_queue: bool = False
 
     @property
     def data_path(self) -> Path:

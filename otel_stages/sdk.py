@@ -118,14 +118,16 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
               attribute_value_length_limit: int | None = None,
               redact_query_keys: tuple[str, ...] | list[str] | None = None,
               gpu_read_timeout_s: float | None = None, span_mode: str | None = None,
-              signals: bool | None = None) -> Telemetry:
+              signals: bool | None = None, run_queue: bool | None = None) -> Telemetry:
     """Build tracer and meter providers and point otel_stages' spans at them.
 
     Arguments override ``OTEL_STAGES_*`` env vars, which override standard ``OTEL_*`` ones
     (see :mod:`otel_stages.config`); ``gpu`` / ``gpu_interval_s`` control NVML sampling
     (:mod:`otel_stages.gpu`); ``span_mode="deferred"`` moves span creation off the request thread
     (:mod:`otel_stages.deferred` says what that gives up); ``signals`` the per-stage CPU time, GC
-    and event-loop signals and the cgroup throttling metrics (:mod:`otel_stages.signals`).
+    and event-loop signals and the cgroup throttling metrics (:mod:`otel_stages.signals`);
+    ``run_queue`` (off by default) adds each stage thread's run-queue wait
+    (:mod:`otel_stages.signals.runqueue`).
     ``set_global`` also installs the providers as the OpenTelemetry globals (so other
     instrumentation shares them).
 
@@ -159,6 +161,7 @@ def configure(*, service_name: str | None = None, data_dir: str | os.PathLike[st
         "shutdown_timeout_s": shutdown_timeout_s,
         "attribute_value_length_limit": attribute_value_length_limit,
         "redact_query_keys": redact_query_keys, "span_mode": span_mode, "signals": signals,
+        "run_queue": run_queue,
     }
     settings = resolve(arguments)
     with _lock:

@@ -166,6 +166,11 @@ THREAD_CPU_TIME_MS = "thread.cpu_time_ms"
 #: (waiting for a core, the GIL, a lock, I/O or the GPU). Named after semconv's
 #: ``process.cpu.utilization`` (CPU time over elapsed time).
 THREAD_CPU_UTILIZATION = "thread.cpu_utilization"
+#: float, ms: time the thread that ran the stage was runnable but waiting for a core (in a run
+#: queue), from ``run_delay``, the second field of Linux ``/proc/thread-self/schedstat`` (kernel
+#: Documentation/scheduler/sched-stats.rst), read at stage start and end; opt-in
+#: (``configure(run_queue=True)``). No semantic convention exists for it.
+THREAD_RUN_QUEUE_WAIT_MS = "otel_stages.thread.run_queue_wait_ms"
 #: float, ms: time CPython's garbage collector ran while the span was open (all collections,
 #: any thread: a collection holds the GIL), clipped to the span
 GC_PAUSE_MS = "otel_stages.gc.pause_ms"
@@ -220,4 +225,10 @@ SYSTEM_CPU_PRESSURE_TOTAL = "system.cpu.linux.pressure.total"
 #: string attribute on the pressure points: ``some`` (what otel_stages records) or ``full``
 SYSTEM_LINUX_PRESSURE_STALL_TYPE = "system.linux.pressure.stall_type"
 PRESSURE_STALL_SOME = "some"
+#: string attribute on otel_stages' pressure points (no convention: otel_stages' own): which file
+#: the sampler read, ``cgroup`` (the process's cgroup v2 ``cpu.pressure``: its own tasks) or
+#: ``host`` (``/proc/pressure/cpu``: every task of the host). Points without it count as ``host``.
+PRESSURE_SCOPE = "otel_stages.pressure.scope"
+PRESSURE_SCOPE_CGROUP = "cgroup"
+PRESSURE_SCOPE_HOST = "host"
 UNIT_SECONDS = "s"

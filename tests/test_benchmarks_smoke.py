@@ -24,7 +24,8 @@ def test_overhead_smoke_measures_every_candidate_and_builds_every_deferred_span(
     report = _run("overhead.py")
     candidates = {"bare_pairs", "bare", "bare_cpu", "disabled", "sdk_start_span", "sdk_start_as_current_span",
                   "live", "deferred", "live_no_signals", "deferred_no_signals", "sdk_start_span_signals",
-                  "sdk_start_span_attrs", "live_attrs", "deferred_attrs"}
+                  "sdk_start_span_attrs", "live_attrs", "deferred_attrs", "live_run_queue",
+                  "deferred_run_queue"}
     assert set(report["thread_cpu_us_per_request"]) == candidates
     assert all(v > 0 for v in report["thread_cpu_us_per_request"].values())
     assert set(report["targets"]) == {"deferred_vs_sdk_start_span", "live_vs_sdk_start_span", "disabled_vs_bare"}
@@ -33,7 +34,7 @@ def test_overhead_smoke_measures_every_candidate_and_builds_every_deferred_span(
     assert report["signals_default"] is True  # the figures with signals on are the default's
     # Every span the SDK-based candidates made was written; every deferred record was built.
     assert report["deferred_spans_built"] == report["deferred_spans_expected"] > 0
-    sdk_candidates = 10  # sdk x3 (+ signals by hand), live x3, deferred x3
+    sdk_candidates = 12  # sdk x3 (+ signals by hand), live x4, deferred x4 (run_queue included)
     per_candidate = (report["rounds"] + report["warmup_rounds"]) * report["requests_per_round"] * 6
     assert report["spans_written"] == sdk_candidates * per_candidate
     assert report["spans_dropped"] == 0 and report["shutdown_ok"] is True

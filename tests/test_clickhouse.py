@@ -47,7 +47,8 @@ from otel_stages.analysis.stats import (
 
 TRACES = Path(__file__).parent / "data" / "traces"
 SCENARIOS = (sorted(TRACES.glob("*.otlp.jsonl")) + sorted((TRACES / "trust").glob("*.otlp.jsonl"))
-             + sorted((TRACES / "pressure").glob("*.otlp.jsonl")))
+             + sorted((TRACES / "pressure").glob("*.otlp.jsonl"))
+             + sorted((TRACES / "runqueue").glob("*.otlp.jsonl")))
 TRUST_ANSWERS = json.loads((TRACES / "trust" / "answers.json").read_text())
 TOL = {"rel": EXACT_RELATIVE_TOLERANCE, "abs": 1e-9}
 
@@ -570,3 +571,23 @@ def test_cpu_pressure_is_read_from_the_sum_table(scenario_results, monkeypatch) 
                for e in no_pressure.evidence)
     monkeypatch.setattr(mechanisms, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
     assert clickhouse_figures.verdict(agg).cause == "cpu_contention"
+
+
+def test_run_queue_wait_and_the_pressure_scope_are_read_in_sql(scenario_results) -> None:
+    """tests/data/traces/runqueue: the run-queue wait attribute is read like thread CPU time (its
+    own count), ``blocked`` is ``wall - cpu - runq`` per sample, and the pressure's scope comes
+    from the points; the shared rule then gives the file report's verdicts."""
+    from otel_stages.analysis import clickhouse_figures
+
+    hog = scenario_results["s_hash_threads"]
+    decode = hog.signals[0].stages["decode"]
+    assert decode.runq is not None and decode.blocked is not None
+    assert decode.runq.requests == decode.blocked.requests == decode.requests == 39
+    assert decode.pressure_scope == "host"
+    assert clickhouse_figures.verdict(hog).cause == "cpu_contention"
+    idle = clickhouse_figures.verdict(scenario_results["s_idle_loops"])
+    assert (idle.cause, idle.stage) == ("preprocess", "decode")
+    no_runq = scenario_results["s_idle_loops_no_runq"].signals[0].stages["decode"]
+    assert no_runq.runq is None and no_runq.pressure_scope == "host"
+    assert clickhouse_figures.verdict(scenario_results["s_idle_loops_no_runq"]).advice[0].startswith(
+        "record each stage thread's run-queue wait")

@@ -166,7 +166,8 @@ def _normalised(spans: list[Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda s: s["label"])
 
 
-def _run(span_mode: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+def _run(span_mode: str, monkeypatch: pytest.MonkeyPatch,
+         run_queue: bool = False) -> list[dict[str, Any]]:
     fake = FakeTime()
     clock = Clock(monotonic_ns=fake, wall_ns=lambda: WALL0)
     monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
@@ -174,6 +175,11 @@ def _run(span_mode: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]
     # which reads fell inside it (and on which thread they were made).
     counter = iter(range(1000, 100_000, 10))
     monkeypatch.setattr(capture, "thread_time_ns", lambda: next(counter))
+    if run_queue:  # the run-queue reading: the thread's id as its fd, 5 ns more per read
+        waits = iter(range(0, 100_000, 5))
+        monkeypatch.setattr(capture, "_read_run_queue",
+                            lambda: (threading.get_ident(), next(waits)))
+        capture.enable_run_queue(True)
     RUNTIME.add_stage_end_hook(_hook, semconv.STAGE_FORWARD)
     propagation.instrument()
     gc.disable()
@@ -186,7 +192,21 @@ def _run(span_mode: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]
         gc.enable()
         propagation.uninstrument()
         RUNTIME.remove_stage_end_hook(_hook)
+        capture.enable_run_queue(False)
     return _normalised(spans)
+
+
+def test_deferred_spans_equal_live_spans_with_run_queue_wait(monkeypatch):
+    """configure(run_queue=True): the run-queue attribute comes through the same path in both
+    modes (deferred leaves its CPU-only fast path for finish_fields), spans equal one by one."""
+    live = _run("live", monkeypatch, run_queue=True)
+    deferred = _run("deferred", monkeypatch, run_queue=True)
+    assert deferred == live
+    by_label = {s["label"]: s for s in live}
+    download = by_label["POST /infer[0]/request[0]/download[0]"]["attributes"]
+    assert download[semconv.THREAD_RUN_QUEUE_WAIT_MS] == 5 / 1e6
+    tokenize = by_label["POST /infer[0]/request[0]/tokenize[0]"]["attributes"]
+    assert semconv.THREAD_RUN_QUEUE_WAIT_MS in tokenize  # on the pool's thread: its own reads
 
 
 def test_deferred_spans_equal_live_spans_one_by_one(monkeypatch):

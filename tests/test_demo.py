@@ -300,6 +300,10 @@ def test_demo_end_to_end(tmp_path, clean_env, capsys):
     requests = [s for s in spans if s.name == "request"]
     assert len(requests) == fixed + mixed
     assert sum(r.attributes[semconv.REQUEST_COLD_START] for r in requests) == 1
+    # the demo turns the run-queue wait on (Linux): the decode spans carry it
+    if Path("/proc/thread-self/schedstat").exists():
+        assert any(semconv.THREAD_RUN_QUEUE_WAIT_MS in s.attributes for s in spans
+                   if s.name == "decode")
     for span in spans:
         if span.name in ("queue", "forward"):
             assert by_id[span.parent_span_id].name == "request"

@@ -34,7 +34,7 @@ def recording(rows: list[dict], stage: str = "decode", forward_ms: float = 50.0,
               metrics: list[MetricPoint] | None = None, hook=None) -> Recording:
     """A cold request then one request per row: ``stage`` of ``row["wall"]`` ms with the row's
     other keys as attributes (``cpu`` -> thread CPU time and utilization, ``gc``, ``lag``,
-    ``held``), then a steady ``forward``. ``hook(i, start_ns, end_ns)`` sees each stage window."""
+    ``held``, ``runq``), then a steady ``forward``. ``hook(i, start_ns, end_ns)`` sees each stage window."""
     spans = []
     t = T0
     for i, row in enumerate([{"wall": 10.0, "cpu": 10.0}, *rows]):
@@ -46,7 +46,8 @@ def recording(rows: list[dict], stage: str = "decode", forward_ms: float = 50.0,
             attrs[semconv.THREAD_CPU_TIME_MS] = row["cpu"]
             attrs[semconv.THREAD_CPU_UTILIZATION] = min(1.0, row["cpu"] / row["wall"])
         for key, name in (("gc", semconv.GC_PAUSE_MS), ("lag", semconv.EVENT_LOOP_LAG_MS),
-                          ("held", semconv.EVENT_LOOP_HELD_MS)):
+                          ("held", semconv.EVENT_LOOP_HELD_MS),
+                          ("runq", semconv.THREAD_RUN_QUEUE_WAIT_MS)):
             if row.get(key) is not None:
                 attrs[name] = row[key]
         if hook is not None:

@@ -141,7 +141,7 @@ def test_gc_event_threshold(monkeypatch, duration_ms, evented):
     start = 10_000_000
     log, seq = _log_with((start, start + int(duration_ms * 1e6), 0, -1))
     monkeypatch.setattr(capture, "GC_LOG", log)
-    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns()), 0, 10**9) or ({}, [])
+    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns(), None), 0, 10**9) or ({}, [])
     assert attributes[semconv.GC_PAUSE_MS] == pytest.approx(duration_ms)
     assert bool(events) is evented
 
@@ -152,7 +152,7 @@ def test_gc_pauses_are_clipped_to_the_stage_and_events_capped(monkeypatch):
     log, seq = _log_with(*pauses)
     monkeypatch.setattr(capture, "GC_LOG", log)
     start_ns, end_ns = 1_000_000, pauses[-1][0] + 1_000_000  # cuts the first and the last in half
-    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns()), start_ns, end_ns) or ({}, [])
+    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns(), None), start_ns, end_ns) or ({}, [])
     assert attributes[semconv.GC_COLLECTIONS] == len(pauses)
     assert attributes[semconv.GC_PAUSE_MS] == pytest.approx(2.0 * (len(pauses) - 2) + 1.0 + 1.0)
     assert len(events) == 16
@@ -165,7 +165,7 @@ def test_a_collection_still_open_at_the_stage_end(monkeypatch, collected, pause_
     done = gc.get_stats()[2]["collections"] - (1 if collected else 0)
     log, seq = _log_with((5_000_000, -1, 2, done))
     monkeypatch.setattr(capture, "GC_LOG", log)
-    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns()), 0, 9_000_000) or ({}, [])
+    attributes, events = capture.finish_fields((seq, None, 0, 0, time.thread_time_ns(), None), 0, 9_000_000) or ({}, [])
     assert attributes[semconv.GC_PAUSE_MS] == pytest.approx(pause_ms)
     assert attributes[semconv.GC_COLLECTIONS] == 1
     if collected:  # an event all the same, its duration up to the stage's end: an upper bound
@@ -202,7 +202,7 @@ class _FakeMonitor:
 def test_hold_threshold(wall_ns, held):
     assert loop.HOLD_MIN_NS == 25_000_000
     monitor = _FakeMonitor(turns=3)
-    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns())
+    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns(), None)
     attributes, _ = capture.finish_fields(state, 0, wall_ns) or ({}, [])
     assert (semconv.EVENT_LOOP_HELD_MS in attributes) is held
     monitor.turns = 4  # the loop turned meanwhile: it was free at some point
@@ -277,7 +277,7 @@ def test_a_stage_starting_behind_a_blocked_loop_is_not_charged_for_the_block(rec
 
 def test_lag_is_never_more_than_the_stage_lasted():
     monitor = _FakeMonitor(turns=3, lag_ns=0)
-    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns())
+    state = (gcwatch.GC_LOG.seq, monitor, 3, 0, time.thread_time_ns(), None)
     monitor.turns, monitor.lag_ns = 4, 300_000_000  # a tick ran, 300 ms late
     attributes, _ = capture.finish_fields(state, 0, 70_000_000) or ({}, [])
     assert attributes[semconv.EVENT_LOOP_LAG_MS] == 70.0
@@ -314,15 +314,15 @@ def test_a_stage_ending_before_the_late_tick_runs_still_sees_the_lag():
     (both due at the end of a block) ended with no lag at all; the pending tick's lateness inside
     the stage's window counts."""
     monitor = _FakeMonitor(turns=3, lag_ns=0, due_ns=0)
-    state = (gcwatch.GC_LOG.seq, monitor, 3, monitor.lag_base_ns(0), time.thread_time_ns())
+    state = (gcwatch.GC_LOG.seq, monitor, 3, monitor.lag_base_ns(0), time.thread_time_ns(), None)
     monitor.turns, monitor.due_ns = 4, 20_000_000  # a tick ran on time; the next, due at 20 ms,
     attributes, _ = capture.finish_fields(state, 0, 170_000_000) or ({}, [])  # has not run yet
     assert attributes[semconv.EVENT_LOOP_LAG_MS] == 150.0
-    later = (gcwatch.GC_LOG.seq, monitor, 4, monitor.lag_base_ns(150_000_000), time.thread_time_ns())
+    later = (gcwatch.GC_LOG.seq, monitor, 4, monitor.lag_base_ns(150_000_000), time.thread_time_ns(), None)
     monitor.turns = 5  # (not a holder: the loop turned meanwhile)
     attributes, _ = capture.finish_fields(later, 150_000_000, 170_000_000) or ({}, [])
     assert attributes[semconv.EVENT_LOOP_LAG_MS] == 20.0  # only the part after it started
-    held = (gcwatch.GC_LOG.seq, monitor, 5, monitor.lag_base_ns(0), time.thread_time_ns())
+    held = (gcwatch.GC_LOG.seq, monitor, 5, monitor.lag_base_ns(0), time.thread_time_ns(), None)
     attributes, _ = capture.finish_fields(held, 0, 170_000_000) or ({}, [])  # no tick ran: it held
     assert semconv.EVENT_LOOP_LAG_MS not in attributes and semconv.EVENT_LOOP_HELD_MS in attributes
 

@@ -484,6 +484,9 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
             tables.traces_ref, query, filled[signals.THROTTLE_TABLE],
             filled[signals.PRESSURE_TABLE]), params, settings)
         out["limit"] = engine.rows(signals.limit_sql(tables.gauge_ref), None, settings)
+        if filled[signals.PRESSURE_TABLE]:
+            out["pressure_scope"] = engine.rows(
+                signals.pressure_scope_sql(tables.sum_ref, query), params, settings)
     engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {signals.SAMPLES_TABLE}", None, settings)
     engine.execute(signals.samples_statement(spans), None, settings)
     out["signal_stages"] = engine.rows(signals.stage_signals_sql(method), None, settings)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_stages import semconv
 from otel_stages.analysis.gpu_memory import ForwardMemory, MemoryEvidence
 from otel_stages.analysis.signal_figures import Held, Part, StageSignals
 
@@ -33,16 +34,21 @@ def part(row: Mapping[str, Any], p: str) -> Part | None:
                 explains, float(row[f"{p}_max"]))
 
 
-def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None) -> StageSignals:
+def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None,
+                 pressure_scope: str | None = None) -> StageSignals:
     """One stage's :class:`~otel_stages.analysis.mechanisms.StageSignals` (parts only; the rules
-    add the mechanisms) from a ``stage_signals_sql`` row."""
+    add the mechanisms) from a ``stage_signals_sql`` row; ``pressure_scope`` of the CPU pressure
+    (:func:`scope_of`), kept where the stage has a pressure part."""
+    pressure = part(row, "pressure")
     sd_n = int(row["sd_n"] or 0)
     slowdown = (float(row["sd_cov"]) / float(row["sd_var"])
                 if sd_n >= 2 and row["sd_min"] != row["sd_max"] else None)
     return StageSignals(
         str(row["stage"]), int(row["n"]), float(row["slow_min"]), float(row["fast_max"]),
         cpu=part(row, "cpu"), wait=part(row, "wait"), gc=part(row, "gc"), lag=part(row, "lag"),
-        throttled=part(row, "throttled"), pressure=part(row, "pressure"),
+        throttled=part(row, "throttled"), pressure=pressure,
+        runq=part(row, "runq"), blocked=part(row, "blocked"),
+        pressure_scope=None if pressure is None else pressure_scope,
         slow_cpu_utilization=_f(row["util_slow"]) if int(row["util_slow_n"] or 0) else None,
         tail_cpu_utilization=_f(row["util_tail"]) if int(row["util_tail_n"] or 0) else None,
         fast_cpu_utilization=_f(row["util_fast"]) if int(row["util_fast_n"] or 0) else None,
@@ -117,6 +123,16 @@ def memory_gpus(rows: Sequence[Mapping[str, Any]]) -> list[MemoryGpu]:
                       float(r["limit_bytes"] or 0.0), int(r["inside"] or 0)) for r in rows]
 
 
+def scope_of(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """``pressure_scope_sql``'s row -> ``cgroup`` (every point read from the cgroup), ``host``
+    (any other), ``None`` (no points)."""
+    n = int(rows[0]["n"] or 0) if rows else 0
+    if not n:
+        return None
+    return (semconv.PRESSURE_SCOPE_CGROUP if int(rows[0]["cgroup_n"] or 0) == n
+            else semconv.PRESSURE_SCOPE_HOST)
+
+
 def _cohort(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return row["width"], row["height"], row["fmt"]
 
@@ -126,19 +142,20 @@ def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
     """The whole window's :class:`ScopeSignals` first, then one per cohort with signal rows, from
     the named answers (``signal_stages``, ``signal_cohort_stages``, ``held``, ``cohort_held``,
     ``memory_gpus``, ``memory_windows``, ``cohort_memory_windows``, ``memory_forwards``,
-    ``limit``; any may
+    ``limit``, ``pressure_scope``; any may
     be missing). ``hw_id``: the GPU the utilization evidence chose (``None``: none or several)."""
     stage_rows = results.get("signal_stages") or []
     gpus = memory_gpus(results.get("memory_gpus") or [])
     limit_rows = results.get("limit") or []
     limit = _f(limit_rows[0]["limit_cpus"]) if limit_rows else None
+    scope = scope_of(results.get("pressure_scope") or [])
     if not stage_rows and not gpus:
         return []
     gpu = choose_gpu(gpus, hw_id)
     forwards = results.get("memory_forwards") or []
     windows = results.get("memory_windows") or []
     out = [ScopeSignals(
-        None, None, None, {str(r["stage"]): stage_signal(r, limit) for r in stage_rows},
+        None, None, None, {str(r["stage"]): stage_signal(r, limit, scope) for r in stage_rows},
         held(results.get("held") or []),
         memory_evidence(gpu, windows[0] if windows else None, forwards))]
     by_cohort: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
@@ -148,7 +165,7 @@ def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
         w, h, fmt = key
         own_windows = [r for r in results.get("cohort_memory_windows") or [] if _cohort(r) == key]
         out.append(ScopeSignals(
-            int(w), int(h), fmt or None, {str(r["stage"]): stage_signal(r, limit) for r in rows},
+            int(w), int(h), fmt or None, {str(r["stage"]): stage_signal(r, limit, scope) for r in rows},
             held([r for r in results.get("cohort_held") or [] if _cohort(r) == key]),
             memory_evidence(gpu, own_windows[0] if own_windows else None,
                             [r for r in forwards if _cohort(r) == key])))

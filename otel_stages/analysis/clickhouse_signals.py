@@ -28,6 +28,10 @@ What is read, and how narrowly (a fleet has millions of spans):
   points (``stall_type`` ``some``, seconds) from the sum table, read exactly as the throttled
   time (same process key, cut at the first drop, interpolated at each signal span's start and
   end, only on spans that carry signals).
+  Its scope (:func:`pressure_scope_sql`): ``cgroup`` only when every point says so.
+- **run-queue wait**: ``otel_stages.thread.run_queue_wait_ms`` on the signal spans, read and
+  summed as ``thread.cpu_time_ms`` (its own count: opt-in, so unknown where missing); the
+  ``blocked`` part is ``wall - cpu - runq`` per sample, as ``wait`` is ``wall - cpu``.
 - **samples** (:data:`SAMPLES_TABLE`): one row per warm request and stage (the stage's ms as in
   the statistics), the signal known only when *every* span of the stage in the request carried it
   (the request's ``stage_counts``). Stage spans are matched to their request by parent span id:
@@ -99,7 +103,7 @@ R = requests()
 _SIGNAL_KEYS = (semconv.THREAD_CPU_TIME_MS, semconv.GC_PAUSE_MS, semconv.EVENT_LOOP_LAG_MS,
                 semconv.EVENT_LOOP_HELD_MS)
 #: The parts of a stage read per sample (columns of SAMPLES_TABLE, plus ``wait``).
-PARTS = ("cpu", "wait", "gc", "lag", "throttled", "pressure")
+PARTS = ("cpu", "wait", "gc", "lag", "throttled", "pressure", "runq", "blocked")
 
 
 def _q(level: float, expr: str, cond: str, method: str) -> str:
@@ -148,6 +152,19 @@ SELECT proc_key, t, v FROM (
 ) WHERE NOT gone"""
 
 
+def pressure_scope_sql(sums: str, query: AggregateQuery) -> str:
+    """One row: ``n``, the CPU pressure points (``some``) of the processes with requests, and
+    ``cgroup_n``, those read from the process's cgroup (``otel_stages.pressure.scope`` =
+    ``cgroup``): the scope is ``cgroup`` only when all are (as
+    :func:`otel_stages.analysis.stage_signals.pressure_scope`)."""
+    some = (f"Attributes['{semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE}']"
+            f" = '{semconv.PRESSURE_STALL_SOME}'")
+    cgroup = f"Attributes['{semconv.PRESSURE_SCOPE}'] = '{semconv.PRESSURE_SCOPE_CGROUP}'"
+    return f"""SELECT count() AS n, countIf({cgroup}) AS cgroup_n
+FROM {sums} WHERE {metric_filter(query, f"('{semconv.SYSTEM_CPU_PRESSURE_TOTAL}')")} AND {some}
+    AND {_PROC_KEY} IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})"""
+
+
 def limit_sql(gauge: str) -> str:
     """One row: ``limit_cpus``, the largest of each process's latest ``container.cpu.limit``
     (NULL without points)."""
@@ -187,7 +204,8 @@ def signal_spans_statement(traces: str, query: AggregateQuery, throttle: bool = 
     head = f"""CREATE TEMPORARY TABLE {SIGNAL_SPANS_TABLE} ENGINE = Memory AS
 SELECT trace_key, pid, name, count() AS n,
     count(c) AS n_cpu, sum(ifNull(c, 0)) AS cpu, count(g) AS n_gc, sum(ifNull(g, 0)) AS gc,
-    count(l) AS n_lag, sum(ifNull(l, 0)) AS lag, count(thr) AS n_throttled,
+    count(l) AS n_lag, sum(ifNull(l, 0)) AS lag, count(rq) AS n_runq, sum(ifNull(rq, 0)) AS runq,
+    count(thr) AS n_throttled,
     sum(ifNull(thr, 0)) AS throttled, count(prs) AS n_pressure, sum(ifNull(prs, 0)) AS pressure,
     groupArrayIf(h, h > 0) AS held
 FROM ({{spans}})
@@ -196,7 +214,7 @@ GROUP BY trace_key, pid, name"""
         reinterpretAsUInt64(unhex(SpanId)) AS sid, reinterpretAsUInt64(unhex(ParentSpanId)) AS pid,
         CAST(SpanName AS String) AS name,
         {_PROC_KEY} AS proc_key, {start} AS s_start, s_start + toInt64(Duration) AS s_end,
-        {_num(semconv.THREAD_CPU_TIME_MS)} AS c,
+        {_num(semconv.THREAD_CPU_TIME_MS)} AS c, {_num(semconv.THREAD_RUN_QUEUE_WAIT_MS)} AS rq,
         coalesce({_num(semconv.GC_PAUSE_MS)}, if(has(Events.Name, {gc_event}), {from_events}, NULL),
                  if(c IS NULL, NULL, 0.)) AS g,
         coalesce({_num(semconv.EVENT_LOOP_LAG_MS)}, if(c IS NULL, NULL, 0.)) AS l,
@@ -240,10 +258,11 @@ def samples_statement(with_spans: bool) -> str:
         return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
 SELECT {COHORT}, {forward} AS stage,
     arraySum(arrayFilter((d, n) -> n = {forward}, stage_ns, stage_names)) / 1e6 AS wall,
-    {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled, {null} AS pressure
+    {null} AS cpu, {null} AS gc, {null} AS lag, {null} AS throttled, {null} AS pressure,
+    {null} AS runq
 FROM {R} WHERE warm AND has(stage_names, {forward})"""
     known = ", ".join(f"if(s.n_{p} = q.cnt, s.{p}, NULL) AS {p}"
-                      for p in ("cpu", "gc", "lag", "throttled", "pressure"))
+                      for p in ("cpu", "gc", "lag", "throttled", "pressure", "runq"))
     return f"""CREATE TEMPORARY TABLE {SAMPLES_TABLE} ENGINE = Log AS
 SELECT q.width AS width, q.height AS height, q.fmt AS fmt, q.stage AS stage, q.wall AS wall, {known}
 FROM ({inner}) AS q
@@ -290,6 +309,7 @@ def stage_signals_sql(method: str, by: str = "") -> str:
     covarSampStableIf(lx, lw, {sd}) AS sd_cov, varSampStableIf(lw, {sd}) AS sd_var
 FROM (
     SELECT *, if(cpu IS NULL, NULL, greatest(0., wall - cpu)) AS wait,
+        if(cpu IS NULL OR runq IS NULL, NULL, greatest(0., wall - cpu - runq)) AS blocked,
         if(cpu IS NULL OR wall <= 0, NULL, least(1., cpu / wall)) AS util,
         ifNull(cpu > {_MIN_CPU_MS!r} AND wall >= cpu, 0) AS sd,
         log(wall) AS lw, if({sd}, log(wall / assumeNotNull(cpu)), 0.) AS lx

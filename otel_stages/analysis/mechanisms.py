@@ -46,6 +46,25 @@ outlying runs do not make a mechanism), plus, per cause:
    refutes a core wait when low and shows the cores were busy when high. Without pressure (other
    producers, old files, no PSI) the rule rests on thread CPU time alone and says so.
 
+   Which tasks the pressure counts matters (``otel_stages.pressure.scope`` on the points,
+   :attr:`StageSignals.pressure_scope`): the service's own cgroup (``cgroup``) may confirm; the
+   host's ``/proc/pressure/cpu`` (``host``, and points without the attribute: older files,
+   other producers) grows with any stage's length on a busy host (a low-priority batch job
+   beside a service that sleeps keeps it on), so it may only refute: high host pressure leaves
+   the verdict unconfirmed, and says to record the run-queue wait. Likewise a slow run below
+   :data:`CONTENTION_MIN_SLOW_UTILIZATION` is called blocked only when the pressure did not
+   cover its waiting (else it cannot be told: a thread 10+ deep in a run queue looks the same).
+
+   **Run-queue wait decides where it is known** (``otel_stages.thread.run_queue_wait_ms``:
+   Linux schedstat ``run_delay`` of the stage's own thread, opt-in at the producer), for at
+   least :data:`MIN_SIGNAL_REQUESTS` runs and :data:`MIN_SIGNAL_COVERAGE` of them, once the
+   slowdown explains the swing (above): confirmed when the run-queue part drives the swing (the
+   same test as every part: explains at least :data:`MECHANISM_MIN_EXPLAINS`, slow median above
+   the fast one), refuted when the rest of the waiting (``wall - CPU - run queue``: blocked on
+   I/O, a lock, a sleep, the GIL) drives it, and unconfirmed when neither does. It is the
+   thread's own, exact wait for a core, so neither the CPU/wall guards nor the pressure
+   override it.
+
 Throttling, GC pauses and a blocked loop all show as waiting too, hence the order. Evidence lines
 compare the slowest quarter of the stage's runs (``>= p75``) with the faster half (``<= median``).
 """
@@ -244,6 +263,66 @@ def _blocking_call(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | N
     ))
 
 
+_FIND_WAIT = ("a wall-clock profile of them (py-spy dump, or py-spy record --idle) shows the"
+              " socket, lock or sleep they block in; py-spy record --gil shows whether they wait"
+              " for the GIL (a Python thread waiting for the GIL sleeps: it counts as blocked,"
+              " not as run-queue wait)")
+_TURN_ON_RUN_QUEUE = ("record each stage thread's run-queue wait: configure(run_queue=True) or"
+                      " OTEL_STAGES_RUN_QUEUE=true (Linux; two reads, a few us, a stage) tells a wait"
+                      " for a core from one on I/O, a lock or a sleep")
+_GIVE_A_CORE = (
+    "give {stage} a core: fewer busy threads and processes on the same CPUs (cap request"
+    " concurrency and thread pools at the cores available; ONNX Runtime / PyTorch / OpenMP thread"
+    " counts add up), or more CPUs for the service",
+    "in Python, CPU-bound threads also wait for the GIL: run CPU-heavy preprocessing in a process"
+    " pool, or in libraries that release the GIL",
+)
+
+
+def _known(part: Part | None, requests: int) -> bool:
+    """The part is known for enough runs to judge (:data:`MIN_SIGNAL_REQUESTS`,
+    :data:`MIN_SIGNAL_COVERAGE`)."""
+    return (part is not None and part.requests >= MIN_SIGNAL_REQUESTS
+            and part.requests >= MIN_SIGNAL_COVERAGE * requests)
+
+
+def _run_queue_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism | None:
+    """``cpu_contention`` decided by the run-queue wait (module docstring, item 5); ``None`` when
+    it is not known for enough runs."""
+    runq, blocked = sig.runq, sig.blocked
+    if runq is None or blocked is None or not _known(runq, sig.requests):
+        return None
+    runq_line = _split(sig.stage, runq, sig, "run-queue wait (Linux schedstat run_delay: the"
+                       " stage's thread runnable, waiting for a core)")
+    blocked_line = _split(sig.stage, blocked, sig, "blocked time (wall - CPU - run-queue wait)")
+    head = (f"{line}; the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance"
+            f" of log({sig.stage} ms); {runq_line}")
+    if _drives(runq, sig.requests):
+        return Mechanism(CAUSE_CPU_CONTENTION, True, (
+            f"{head}: {sig.stage} is CPU work that spent its slow runs waiting in the run queue"
+            f" for a core (the thread's own wait, measured), not doing more work; {blocked_line}",
+        ), tuple(a.format(stage=sig.stage) for a in _GIVE_A_CORE))
+    if _drives(blocked, sig.requests):
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{head}; but {blocked_line}: the slow {sig.stage} runs were blocked, off the CPU and"
+            " not waiting for one: on I/O, a lock, a sleep or the GIL, not on a core",
+        ), (f"find what the slow {sig.stage} runs wait on: {_FIND_WAIT}",))
+    return Mechanism(CAUSE_CPU_CONTENTION, False, (
+        f"{head}; {blocked_line}: neither the wait for a core nor the blocked time drives the"
+        f" swing alone (each below {pct(MECHANISM_MIN_EXPLAINS)}): the slow {sig.stage} runs"
+        " waited on both",
+    ), (f"find what the slow {sig.stage} runs wait on besides a core: {_FIND_WAIT}",
+        *(a.format(stage=sig.stage) for a in _GIVE_A_CORE[:1])))
+
+
+def _pressure_covers(sig: StageSignals) -> bool:
+    """The CPU pressure is known for enough runs and covered at least
+    :data:`CONTENTION_MIN_PRESSURE_OF_WAIT` of the slow runs' median waiting."""
+    share = sig.pressure_of_wait
+    return (_known(sig.pressure, sig.requests) and share is not None
+            and share >= CONTENTION_MIN_PRESSURE_OF_WAIT)
+
+
 def _contention(sig: StageSignals) -> Mechanism | None:
     wait = sig.wait
     if wait is None or sig.cpu is None:
@@ -268,6 +347,9 @@ def _contention(sig: StageSignals) -> Mechanism | None:
                     f" would take about {duration(sig.cpu.slow_median_ms)} of CPU work instead of"
                     f" {duration(sig.cpu.slow_median_ms + (wait.slow_median_ms or 0.0))}")
         return Mechanism(CAUSE_CPU_CONTENTION, False, (line + why,))
+    decided = _run_queue_check(sig, line, slowdown)
+    if decided is not None:
+        return decided
     busy = sig.busy_utilization
     if busy is None or busy < CPU_WORK_MIN_UTILIZATION:
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
@@ -285,6 +367,17 @@ def _contention(sig: StageSignals) -> Mechanism | None:
     slowest = _slowest(sig)
     if slowest is not None and slowest[0] < CONTENTION_MIN_SLOW_UTILIZATION:
         util, runs = slowest
+        if _pressure_covers(sig):
+            assert sig.pressure is not None and sig.wait is not None  # _pressure_covers
+            return Mechanism(CAUSE_CPU_CONTENTION, False, (
+                f"{line}; the {runs} were on a core only {pct(util)} of their time, yet the CPU"
+                f" pressure ({_scope_words(sig)}) covered {pct(sig.pressure_of_wait)} of their"
+                f" waiting ({duration(sig.pressure.slow_median_ms)} of"
+                f" {duration(sig.wait.slow_median_ms)}, medians): whether they were blocked (on a"
+                " lock, I/O, a sleep) or 10+ deep in a run queue cannot be told from thread CPU"
+                " time and pressure",), (
+                _TURN_ON_RUN_QUEUE,
+                f"or find what the slow {sig.stage} runs wait on: {_FIND_WAIT}",))
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
             f"{line}; but the {runs} were on a core only {pct(util)} of their time: waiting for a"
             f" core would leave a thread more (below {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes"
@@ -313,8 +406,8 @@ def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
     stalled = pressure.slow_median_ms
     share = sig.pressure_of_wait
     assert share is not None  # both medians known (checked above)
-    figure = (f"CPU pressure (Linux PSI some: a task of the service's cgroup, or of the host,"
-              f" waited for a core) in the slowest quarter: {duration(stalled)} of their"
+    figure = (f"CPU pressure (Linux PSI some: {_scope_words(sig)} waited for a core) in the"
+              f" slowest quarter: {duration(stalled)} of their"
               f" {duration(wait_ms)} waiting (medians, {pct(share)}), vs"
               f" {duration(pressure.fast_median_ms)} in the faster half")
     if share < CONTENTION_MIN_PRESSURE_OF_WAIT:
@@ -327,6 +420,15 @@ def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
             f"find what the slow {sig.stage} runs wait on: a wall-clock profile of them (py-spy"
             " dump or py-spy record --idle) shows the socket, lock or sleep they block in; py-spy"
             " record --gil shows whether they wait for the GIL",))
+    if sig.pressure_scope != semconv.PRESSURE_SCOPE_CGROUP:
+        return Mechanism(CAUSE_CPU_CONTENTION, False, (
+            f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance"
+            f" of log({sig.stage} ms), and {figure}: waiting drives the swing, but whether for a"
+            " core cannot be told: the host's CPU pressure counts every task on the host (a"
+            " low-priority batch job keeps it on while this thread sleeps), so it bounds this"
+            " thread's wait from above and cannot confirm it",), (
+            _TURN_ON_RUN_QUEUE,
+            f"or find what the slow {sig.stage} runs wait on: {_FIND_WAIT}",))
     return Mechanism(CAUSE_CPU_CONTENTION, True, (
         f"{line}: the slowdown (wall / CPU time) explains {_share(slowdown)} of the variance of"
         f" log({sig.stage} ms); {figure}: the cores were busy while the slow runs waited (the"
@@ -340,6 +442,13 @@ def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
         "in Python, CPU-bound threads also wait for the GIL: run CPU-heavy preprocessing in a"
         " process pool, or in libraries that release the GIL",
     ))
+
+
+def _scope_words(sig: StageSignals) -> str:
+    """Whose tasks the pressure counts, in words."""
+    if sig.pressure_scope == semconv.PRESSURE_SCOPE_CGROUP:
+        return "a task of the service's cgroup"
+    return "a task anywhere on the host"
 
 
 def _on_cpu_time_alone(sig: StageSignals, line: str, slowdown: float, missing: str) -> Mechanism:
@@ -385,6 +494,7 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     throttle = ThrottleSeries(metrics)
     if table is None:
         table = signal_table(warm, stages, throttle, PressureSeries(metrics))
+    scope = table.pressure_scope
     held = held_by_stage(table.holders())
     limit = max(throttle.limits.values()) if throttle.limits else None
     out: dict[str, StageSignals] = {}
@@ -393,6 +503,8 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
         if found_columns is None or not len(found_columns):
             continue
         sig = figures_of(stage, found_columns, limit)
+        if sig.pressure is not None:
+            sig = replace(sig, pressure_scope=scope)
         judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
                        if stage == semconv.STAGE_FORWARD else None)
         if judged is not None:

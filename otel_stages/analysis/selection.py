@@ -58,6 +58,7 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     # per-stage signals for the mechanisms (stage_signals.py; GC_DURATION_MS is on the
     # cpython.gc.pause span events)
     semconv.THREAD_CPU_TIME_MS,
+    semconv.THREAD_RUN_QUEUE_WAIT_MS,
     semconv.GC_PAUSE_MS,
     semconv.GC_DURATION_MS,
     semconv.EVENT_LOOP_LAG_MS,
@@ -65,6 +66,8 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     # what the metric-point readers name (kept anyway on points; listed for the source check)
     semconv.HW_ID,
     semconv.HW_MODEL,
+    semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE,
+    semconv.PRESSURE_SCOPE,
     # failures and spans the library ended itself (diagnosis.failure_kinds: error.type, else the
     # exception event's exception.type)
     semconv.ERROR_TYPE,

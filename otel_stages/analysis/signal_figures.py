@@ -68,7 +68,10 @@ class StageSignals:
     ``requests``: warm requests the stage ran in; ``slow_min_ms`` / ``fast_max_ms``: the slowest
     quarter's and the faster half's bounds. Parts (:class:`Part`, ``None`` when not recorded):
     ``cpu`` (thread CPU time), ``wait`` (wall - CPU), ``gc``, ``lag`` (event loop), ``throttled``,
-    ``pressure`` (CPU pressure stall time while the stage ran, Linux PSI ``some``).
+    ``pressure`` (CPU pressure stall time while the stage ran, Linux PSI ``some``), ``runq`` (the
+    stage thread's run-queue wait, Linux schedstat) and ``blocked`` (``wall - CPU - runq``: off
+    the CPU and not waiting for one). ``pressure_scope``: ``cgroup`` or ``host`` (which tasks the
+    pressure counts; ``None`` without pressure).
     ``slow_cpu_utilization`` / ``fast_cpu_utilization``: median CPU/wall in each group, and
     ``tail_cpu_utilization`` in the runs at or above :data:`TAIL_PERCENTILE`;
     ``busy_utilization`` its upper quartile over all runs. ``slowdown_explains``: the share of the
@@ -90,6 +93,9 @@ class StageSignals:
     lag: Part | None = None
     throttled: Part | None = None
     pressure: Part | None = None
+    runq: Part | None = None
+    blocked: Part | None = None
+    pressure_scope: str | None = None
     slow_cpu_utilization: float | None = None
     tail_cpu_utilization: float | None = None
     fast_cpu_utilization: float | None = None
@@ -126,7 +132,8 @@ class StageSignals:
             "slow_min_ms": round(self.slow_min_ms, 3), "fast_max_ms": round(self.fast_max_ms, 3),
             "cpu": part(self.cpu), "wait": part(self.wait), "gc": part(self.gc),
             "event_loop_lag": part(self.lag), "throttled": part(self.throttled),
-            "cpu_pressure": part(self.pressure),
+            "cpu_pressure": part(self.pressure), "cpu_pressure_scope": self.pressure_scope,
+            "run_queue_wait": part(self.runq), "blocked": part(self.blocked),
             "cpu_pressure_of_wait": None if self.pressure_of_wait is None
             else round(self.pressure_of_wait, 4),
             "slow_cpu_utilization": None if self.slow_cpu_utilization is None
@@ -207,12 +214,14 @@ def figures_of(stage: str, c: StageColumns, limit: float | None) -> StageSignals
     the same numbers as :func:`_figures_from_lists`, which columns holding NaN go through)."""
     if any(columns.has_nan(values[known]) for values, known in (
             (c.cpu_ms, c.cpu_known), (c.gc_ms, c.gc_known), (c.lag_ms, c.lag_known),
-            (c.throttled_ms, c.throttled_known), (c.pressure_ms, c.pressure_known))) or _LISTS_ONLY:
+            (c.throttled_ms, c.throttled_known), (c.pressure_ms, c.pressure_known),
+            (c.runq_ms, c.runq_known))) or _LISTS_ONLY:
         samples = c.samples()
         return _figures_from_lists(
             stage, [s.wall_ms for s in samples], [s.cpu_ms for s in samples],
             [s.gc_ms for s in samples], [s.lag_ms for s in samples],
-            [s.throttled_ms for s in samples], limit, [s.pressure_ms for s in samples])
+            [s.throttled_ms for s in samples], limit, [s.pressure_ms for s in samples],
+            [s.runq_ms for s in samples])
     walls = c.wall_ms
     ordered = columns.sorted_values(walls)
     slow_min = columns.percentile_sorted(ordered, SLOW_PERCENTILE)
@@ -231,6 +240,9 @@ def figures_of(stage: str, c: StageColumns, limit: float | None) -> StageSignals
         lag=_part_of(walls, c.lag_ms, c.lag_known, slow, fast),
         throttled=_part_of(walls, c.throttled_ms, c.throttled_known, slow, fast),
         pressure=_part_of(walls, c.pressure_ms, c.pressure_known, slow, fast),
+        runq=_part_of(walls, c.runq_ms, c.runq_known, slow, fast),
+        blocked=_part_of(walls, columns.clip_below(walls - cpus - c.runq_ms, 0.0),
+                         known & c.runq_known, slow, fast),
         slow_cpu_utilization=columns.median(utils[busy & slow]),
         tail_cpu_utilization=columns.median(utils[busy & (walls >= tail_min)]),
         fast_cpu_utilization=columns.median(utils[busy & fast]),
@@ -278,10 +290,14 @@ def _slowdown_of(walls: columns.Floats, cpus: columns.Floats, known: columns.Fla
 def _figures_from_lists(stage: str, walls: list[float], cpus: list[float | None],
                         gcs: list[float | None], lags: list[float | None],
                         throttled: list[float | None], limit: float | None,
-                        pressure: list[float | None] | None = None) -> StageSignals:
+                        pressure: list[float | None] | None = None,
+                        runqs: list[float | None] | None = None) -> StageSignals:
     """The figures of one stage from per-request lists (``None``: the part was not recorded;
-    ``pressure`` ``None``: not recorded for any)."""
+    ``pressure`` / ``runqs`` ``None``: not recorded for any)."""
     waits = [None if c is None else max(0.0, w - c) for w, c in zip(walls, cpus)]
+    runqs = runqs if runqs is not None else [None] * len(walls)
+    blocked = [None if c is None or q is None else max(0.0, w - c - q)
+               for w, c, q in zip(walls, cpus, runqs)]
     utils = [None if c is None or w <= 0 else min(1.0, c / w) for w, c in zip(walls, cpus)]
     slow_min, fast_max = percentile(walls, SLOW_PERCENTILE), statistics.median(walls)
     tail_min = percentile(walls, TAIL_PERCENTILE)
@@ -293,6 +309,8 @@ def _figures_from_lists(stage: str, walls: list[float], cpus: list[float | None]
         lag=_part(walls, lags, slow_min, fast_max),
         throttled=_part(walls, throttled, slow_min, fast_max),
         pressure=None if pressure is None else _part(walls, pressure, slow_min, fast_max),
+        runq=_part(walls, runqs, slow_min, fast_max),
+        blocked=_part(walls, blocked, slow_min, fast_max),
         slow_cpu_utilization=_median([u for w, u in zip(walls, utils)
                                       if w >= slow_min and u is not None]),
         tail_cpu_utilization=_median([u for w, u in zip(walls, utils)

@@ -15,7 +15,11 @@ For each warm request and stage, :func:`stage_samples` gives a :class:`Sample`: 
 * ``pressure_ms``: CPU pressure stall time (Linux PSI ``some``: at least one task of the
   process's cgroup, else of the host, was runnable but waiting for a core) while the stage ran,
   interpolated likewise from the cumulative ``system.cpu.linux.pressure.total`` points
-  (``stall_type`` ``some``, seconds) of the request's process.
+  (``stall_type`` ``some``, seconds) of the request's process;
+* ``runq_ms``: the stage thread's run-queue wait (``otel_stages.thread.run_queue_wait_ms``,
+  Linux schedstat ``run_delay``: runnable, waiting for a core), summed like the CPU time; opt-in
+  at the producer, so unknown (not 0) on a span without it. ``wall - cpu - runq`` is the time
+  the thread was blocked (``blocked_ms``: I/O, a lock, a sleep, the GIL).
 
 A span that carries ``thread.cpu_time_ms`` was recorded with signals on, so a missing GC or lag
 attribute on it means none (0), not unknown. :func:`holders` lists the stage spans that held an
@@ -50,6 +54,14 @@ class Sample:
     lag_ms: float | None = None
     throttled_ms: float | None = None
     pressure_ms: float | None = None
+    runq_ms: float | None = None
+
+    @property
+    def blocked_ms(self) -> float | None:
+        """``wall - cpu - runq``, not below 0; ``None`` without CPU time or run-queue wait."""
+        if self.cpu_ms is None or self.runq_ms is None:
+            return None
+        return max(0.0, self.wall_ms - self.cpu_ms - self.runq_ms)
 
     @property
     def wait_ms(self) -> float | None:
@@ -141,15 +153,31 @@ class ThrottleSeries(CounterSeries):
 class PressureSeries(CounterSeries):
     """Cumulative CPU pressure stall time (``system.cpu.linux.pressure.total`` with
     ``system.linux.pressure.stall_type`` = ``some``, seconds) per process
-    (:class:`CounterSeries`); :meth:`pressure_ms` over a window."""
+    (:class:`CounterSeries`); :meth:`pressure_ms` over a window. ``scope``: ``cgroup`` when every
+    such point says it was read from the process's cgroup (``otel_stages.pressure.scope``), else
+    ``host`` (points without the attribute, older files and other producers, count as host);
+    ``None`` without points."""
 
     def __init__(self, points: Sequence[MetricPoint]) -> None:
         super().__init__(points, semconv.SYSTEM_CPU_PRESSURE_TOTAL, 1e3,
                          {semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE: semconv.PRESSURE_STALL_SOME})
+        self.scope = pressure_scope(points)
 
     def pressure_ms(self, key: str, start_ns: int, end_ns: int) -> float | None:
         """CPU pressure ms between two times of process ``key``; ``None`` when not covered."""
         return self.rise_ms(key, start_ns, end_ns)
+
+
+def pressure_scope(points: Sequence[MetricPoint]) -> str | None:
+    """What :attr:`PressureSeries.scope` says, from the metric points."""
+    scopes = {p.attributes.get(semconv.PRESSURE_SCOPE) for p in points
+              if p.name == semconv.SYSTEM_CPU_PRESSURE_TOTAL
+              and p.attributes.get(semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE)
+              == semconv.PRESSURE_STALL_SOME}
+    if not scopes:
+        return None
+    return (semconv.PRESSURE_SCOPE_CGROUP if scopes == {semconv.PRESSURE_SCOPE_CGROUP}
+            else semconv.PRESSURE_SCOPE_HOST)
 
 
 def _gc_from_events(span: Span) -> float:
@@ -184,6 +212,8 @@ class StageColumns:
     throttled_known: Flags
     pressure_ms: Floats
     pressure_known: Flags
+    runq_ms: Floats
+    runq_known: Flags
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -200,7 +230,7 @@ class StageColumns:
             self.wall_ms.tolist(), known(self.cpu_ms, self.cpu_known),
             known(self.gc_ms, self.gc_known), known(self.lag_ms, self.lag_known),
             known(self.throttled_ms, self.throttled_known),
-            known(self.pressure_ms, self.pressure_known))]
+            known(self.pressure_ms, self.pressure_known), known(self.runq_ms, self.runq_known))]
 
 
 def _fields_of(columns: StageColumns) -> tuple[Any, ...]:
@@ -215,11 +245,13 @@ class SignalTable:
 
     ``requests``: how many requests; ``stages``: stage name -> :class:`StageColumns`;
     ``held``: ``(row, span name, ms)`` of every span that held an event loop, in request and
-    span order (:func:`holders`)."""
+    span order (:func:`holders`); ``pressure_scope``: the CPU pressure's
+    (:attr:`PressureSeries.scope`)."""
 
     requests: int
     stages: dict[str, StageColumns]
     held: tuple[tuple[int, str, float], ...] = ()
+    pressure_scope: str | None = None
 
     def subset(self, rows: Sequence[int]) -> SignalTable:
         """The table of the requests at positions ``rows`` (ascending) of this one's list,
@@ -233,7 +265,7 @@ class SignalTable:
             taken = columns.take(keep)
             stages[name] = replace(taken, rows=new[keep])
         held = tuple((int(index[row]), name, ms) for row, name, ms in self.held if index[row] >= 0)
-        return SignalTable(len(rows), stages, held)
+        return SignalTable(len(rows), stages, held, self.pressure_scope)
 
     def holders(self) -> dict[str, list[float]]:
         """:func:`holders` of the table's requests."""
@@ -252,8 +284,8 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
     wanted = None if stages is None else frozenset(stages)
     series = throttle if throttle else None
     psi = pressure if pressure else None
-    # per stage: rows; wall, cpu, gc, lag, throttled, pressure (0 where not recorded); the five
-    # known flags.
+    # per stage: rows; wall, cpu, gc, lag, throttled, pressure, runq (0 where not recorded); the
+    # six known flags.
     # array.array, not lists: 8 bytes a value while building (a fleet's five stages of hundreds
     # of thousands of requests would otherwise hold a float object per value)
     columns: dict[str, tuple[array[int], array[float], array[int]]] = {}
@@ -267,7 +299,7 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
             if not key:
                 key = keys[id(req.resource)] = process_key(req.resource)
         sums: dict[str, tuple[float | None, float | None, float | None, float | None,
-                              float | None]] = {}
+                              float | None, float | None]] = {}
         for span in req.spans:
             attrs = span.attributes
             name = span.name
@@ -283,6 +315,9 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
             if span_cpu is not None and type(span_cpu) is not float:
                 span_cpu = _number(span_cpu)
             recorded = span_cpu is not None
+            span_runq = attrs.get(semconv.THREAD_RUN_QUEUE_WAIT_MS)
+            if span_runq is not None and type(span_runq) is not float:
+                span_runq = _number(span_runq)
             span_gc = attrs.get(semconv.GC_PAUSE_MS)
             if type(span_gc) is not float:  # absent (the usual case: no collection) or odd
                 span_gc = None if span_gc is None else _number(span_gc)
@@ -297,8 +332,8 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
                 if span_lag is None and recorded:
                     span_lag = 0.0
             # each sum starts at 0.0 (0.0 + -0.0 is 0.0); a part missing on one span is unknown
-            cpu, gc, lag, throttled, stalled = sums.get(name) or (
-                0.0, 0.0, 0.0, 0.0 if series else None, 0.0 if psi else None)
+            cpu, gc, lag, throttled, stalled, runq = sums.get(name) or (
+                0.0, 0.0, 0.0, 0.0 if series else None, 0.0 if psi else None, 0.0)
             if series is not None and throttled is not None:
                 part = series.throttled_ms(key, span.start_ns, span.end_ns)
                 throttled = None if part is None else throttled + part
@@ -308,29 +343,30 @@ def signal_table(warm: Sequence[Request], stages: Sequence[str] | None,
             sums[name] = (None if cpu is None or span_cpu is None else cpu + span_cpu,
                           None if gc is None or span_gc is None else gc + span_gc,
                           None if lag is None or span_lag is None else lag + span_lag,
-                          throttled, stalled)
-        for name, (cpu, gc, lag, throttled, stalled) in sums.items():
+                          throttled, stalled,
+                          None if runq is None or span_runq is None else runq + span_runq)
+        for name, (cpu, gc, lag, throttled, stalled, runq) in sums.items():
             col = columns.get(name)
             if col is None:
                 col = columns[name] = (array("q"), array("d"), array("b"))
             col[0].append(row)
             col[1].extend((ran[name], 0.0 if cpu is None else cpu, 0.0 if gc is None else gc,
                            0.0 if lag is None else lag, 0.0 if throttled is None else throttled,
-                           0.0 if stalled is None else stalled))
+                           0.0 if stalled is None else stalled, 0.0 if runq is None else runq))
             col[2].extend((cpu is not None, gc is not None, lag is not None,
-                           throttled is not None, stalled is not None))
+                           throttled is not None, stalled is not None, runq is not None))
     return SignalTable(len(warm), {name: _stage_columns(*col) for name, col in columns.items()},
-                       tuple(held))
+                       tuple(held), None if psi is None else psi.scope)
 
 
 def _stage_columns(rows: array[int], values: array[float], known: array[int]) -> StageColumns:
-    """Columns from what :func:`signal_table` collected (``values``: 6 a sample, ``known``: 5)."""
-    v = np.frombuffer(values, dtype=np.float64).reshape(-1, 6).T
-    k = np.frombuffer(known, dtype=np.bool_).reshape(-1, 5).T
+    """Columns from what :func:`signal_table` collected (``values``: 7 a sample, ``known``: 6)."""
+    v = np.frombuffer(values, dtype=np.float64).reshape(-1, 7).T
+    k = np.frombuffer(known, dtype=np.bool_).reshape(-1, 6).T
     return StageColumns(np.frombuffer(rows, dtype=np.int64).copy(), v[0].copy(),
                         v[1].copy(), k[0].copy(), v[2].copy(), k[1].copy(),
                         v[3].copy(), k[2].copy(), v[4].copy(), k[3].copy(),
-                        v[5].copy(), k[4].copy())
+                        v[5].copy(), k[4].copy(), v[6].copy(), k[5].copy())
 
 
 def samples_by_stage(warm: Sequence[Request], stages: Sequence[str],

@@ -158,8 +158,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         # Not installed as the OpenTelemetry globals: the demo's spans all go through otel_stages,
-        # and an embedding process (e.g. a test run) keeps its own global providers.
-        telemetry = configure(service_name=SERVICE_NAME, data_dir=args.data_dir, set_global=False)
+        # and an embedding process (e.g. a test run) keeps its own global providers. Run-queue
+        # wait on (the demo exists to show the diagnosis) unless OTEL_STAGES_RUN_QUEUE says.
+        run_queue = None if os.environ.get("OTEL_STAGES_RUN_QUEUE", "").strip() else True
+        telemetry = configure(service_name=SERVICE_NAME, data_dir=args.data_dir, set_global=False,
+                              run_queue=run_queue)
     except ConfigurationError as exc:
         print(f"otel-stages demo: {exc}", file=sys.stderr)
         return 1

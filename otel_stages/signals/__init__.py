@@ -5,6 +5,8 @@
   :func:`on_start` and :func:`on_finish`);
 * :mod:`~otel_stages.signals.gcwatch`: the ``gc.callbacks`` hook behind the GC figures;
 * :mod:`~otel_stages.signals.loop`: the event-loop lag monitor;
+* :mod:`~otel_stages.signals.runqueue`: the stage thread's run-queue wait (Linux schedstat),
+  opt-in (``configure(run_queue=True)``);
 * :mod:`~otel_stages.signals.cgroup`: the cgroup's CPU quota and throttled time (cgroup v2
   ``cpu.stat`` / ``cpu.max``, v1 where mounted), sampled on the span clock;
 * :mod:`~otel_stages.signals.session` (SDK; only ``otel_stages.sdk`` imports it): exports the

@@ -17,14 +17,17 @@ loop (``None`` off a loop), one integer compare for GC, and two ``set_attribute`
 value: the SDK's ``set_attributes`` re-validates its mapping and costs more). GC collections
 (:mod:`~otel_stages.signals.gcwatch`) and loop lag (:mod:`~otel_stages.signals.loop`) add work only
 to stages during which they happened.
-``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``).
+``benchmarks/overhead.py`` measures it (rows ``live`` against ``live_no_signals``; the opt-in
+run-queue wait, two ``/proc/thread-self/schedstat`` reads more, as ``live_run_queue``).
 
 Attributes written (``otel_stages.semconv``): ``thread.cpu_time_ms`` and
 ``thread.cpu_utilization`` (left out when the stage ended on another thread than it started:
 then the two readings are of different clocks; and on an event loop that turned during the
 stage (:attr:`LoopMonitor.turns <otel_stages.signals.loop.LoopMonitor.turns>`): it awaited, and
 the thread's CPU time then includes other tasks' work);
-``otel_stages.gc.pause_ms`` and
+``otel_stages.thread.run_queue_wait_ms`` with them when ``configure(run_queue=True)``
+(:mod:`~otel_stages.signals.runqueue`; left out likewise, and when the two readings are of
+different threads' files); ``otel_stages.gc.pause_ms`` and
 ``otel_stages.gc.collections`` when collections ran (one whose stop callback has not run when the
 stage ends counts up to the stage's end if it has collected already, else not at all), with one
 ``cpython.gc.pause`` event per collection of at least :data:`GC_EVENT_MIN_MS` (at most
@@ -44,6 +47,7 @@ from otel_stages import semconv
 from otel_stages._runtime import RUNTIME
 from otel_stages.signals.gcwatch import GC_LOG, finished
 from otel_stages.signals.loop import HOLD_MIN_NS, LoopMonitor, monitor_for
+from otel_stages.signals.runqueue import read as _read_run_queue
 
 #: Collections at least this long become a ``cpython.gc.pause`` span event; shorter ones (most
 #: gen-0 collections take tens of µs) are only summed into ``otel_stages.gc.pause_ms``.
@@ -56,12 +60,20 @@ MAX_GC_EVENTS = 16
 _CPU_SLACK_NS = 1_000_000
 
 #: What :func:`on_start` returns: ``(gc seq, loop monitor or None, its turns, its lag ns,
-#: thread CPU ns)``; ``None`` when signals are off.
-State = tuple[int, "LoopMonitor | None", int, int, int]
+#: thread CPU ns, run-queue reading or None)``; ``None`` when signals are off.
+State = tuple[int, "LoopMonitor | None", int, int, int, "tuple[int, int] | None"]
 #: ``(name, attributes, time_ns)`` of one span event
 Event = tuple[str, dict[str, Any], int]
 
 _enabled = True
+#: Per-thread run-queue wait (:mod:`~otel_stages.signals.runqueue`): opt-in, two reads a stage.
+_run_queue = False
+
+
+def enable_run_queue(on: bool = True) -> None:
+    """Turn the run-queue wait attribute on (``configure(run_queue=True)``) or off (default)."""
+    global _run_queue
+    _run_queue = on
 
 
 def enable(on: bool = True) -> None:
@@ -80,11 +92,12 @@ def on_start() -> State | None:
     if not _enabled:
         return None
     loop = _get_running_loop()
+    queued = _read_run_queue() if _run_queue else None
     if loop is None:
-        return (GC_LOG.seq, None, 0, 0, thread_time_ns())
+        return (GC_LOG.seq, None, 0, 0, thread_time_ns(), queued)
     monitor = monitor_for(loop)
     return (GC_LOG.seq, monitor, monitor.turns, monitor.lag_base_ns(RUNTIME.clock.now_ns()),
-            thread_time_ns())
+            thread_time_ns(), queued)
 
 
 def finish_fields(state: State | None, start_ns: int,
@@ -93,6 +106,9 @@ def finish_fields(state: State | None, start_ns: int,
     (span-clock ns) given its :func:`on_start` ``state``; ``None`` when signals were off."""
     if state is None:
         return None
+    # run-queue first: a system call's return is where the scheduler preempts, and a wait after
+    # thread_time_ns() returned would be counted though it came after the stage's end
+    queued = None if state[5] is None else _read_run_queue()
     cpu_ns = thread_time_ns() - state[4]
     wall_ns = end_ns - start_ns
     attributes: dict[str, Any] = {}
@@ -103,6 +119,8 @@ def finish_fields(state: State | None, start_ns: int,
     if 0 <= cpu_ns <= wall_ns + _CPU_SLACK_NS and not shared:
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
+        if state[5] is not None and queued is not None:
+            _run_queue_field(state[5], queued, wall_ns, attributes)
     events: list[Event] = []  # (cpu_fields must stay what this gives when only the CPU counts)
     if GC_LOG.seq != state[0]:
         _gc_fields(state[0], start_ns, end_ns, attributes, events)
@@ -127,7 +145,7 @@ def cpu_only_ns(state: State) -> int | None:
     :func:`finish_fields` would report now: no collection started since and not on an event loop.
     ``None`` otherwise: call :func:`finish_fields`. Then ``cpu_fields(cpu_ns, start_ns, end_ns)``,
     later and on any thread, equals ``finish_fields(state, start_ns, end_ns)`` now."""
-    if GC_LOG.seq != state[0] or state[1] is not None:
+    if GC_LOG.seq != state[0] or state[1] is not None or state[5] is not None:
         return None
     return thread_time_ns() - state[4]
 
@@ -141,6 +159,17 @@ def cpu_fields(cpu_ns: int, start_ns: int, end_ns: int) -> tuple[dict[str, Any],
         attributes[semconv.THREAD_CPU_TIME_MS] = cpu_ns / 1e6
         attributes[semconv.THREAD_CPU_UTILIZATION] = min(1.0, cpu_ns / wall_ns) if wall_ns > 0 else 1.0
     return attributes, []
+
+
+def _run_queue_field(start: tuple[int, int], now: tuple[int, int], wall_ns: int,
+                     attributes: dict[str, Any]) -> None:
+    """``otel_stages.thread.run_queue_wait_ms`` from the readings at start and end, when both
+    are of the same thread's file (same fd) and the wait fits in the stage."""
+    if now[0] != start[0]:
+        return
+    waited_ns = now[1] - start[1]
+    if 0 <= waited_ns <= wall_ns + _CPU_SLACK_NS:
+        attributes[semconv.THREAD_RUN_QUEUE_WAIT_MS] = waited_ns / 1e6
 
 
 def _gc_fields(seq: int, start_ns: int, end_ns: int, attributes: dict[str, Any],

@@ -16,7 +16,8 @@ read (in a container that is the container's cgroup: the tasks that compete for 
 else ``/proc/pressure/cpu``. Neither (no PSI: kernel older than 4.20, booted with ``psi=0``,
 pressure switched off in the cgroup, not Linux) -> ``None``, said once at debug level; the
 sampler then records no pressure and nothing else changes. ``root`` (default ``/``) lets tests
-read a fake tree.
+read a fake tree. :func:`scope_of` says which of the two a path is (the points carry it as
+``otel_stages.pressure.scope``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from otel_stages import semconv
 from otel_stages.signals import cgroup
 
 logger = logging.getLogger("otel_stages.signals")
@@ -74,6 +76,18 @@ def _own_cgroup_file(root: Path) -> Path | None:
         if read_some_total_us(path) is not None:
             return path
     return None
+
+
+def scope_of(path: Path, root: Path = Path("/")) -> str:
+    """``semconv.PRESSURE_SCOPE_CGROUP`` for a ``cpu.pressure`` in a non-root cgroup (its folder
+    has ``cgroup.type``, which kernel ``Documentation/admin-guide/cgroup-v2.rst`` says exists
+    only on non-root cgroups: inside a cgroup namespace ``/`` may well be the container's own),
+    else ``semconv.PRESSURE_SCOPE_HOST``: ``/proc/pressure/cpu`` under ``root`` and the root
+    cgroup's file count every task of the host, so they only bound one thread's wait from
+    above."""
+    if path != root / PROC_PRESSURE_CPU and (path.parent / "cgroup.type").exists():
+        return semconv.PRESSURE_SCOPE_CGROUP
+    return semconv.PRESSURE_SCOPE_HOST
 
 
 def find(root: Path = Path("/")) -> Path | None:

@@ -70,8 +70,11 @@ METRICS: dict[str, MetricSpec] = {
 CGROUP_ROOT = Path("/")
 
 
-def to_metrics_data(points: Sequence[cgroup.Point], start_ns: int, resource: Resource) -> MetricsData:
-    """One metric per name (table order), one data point per sample (time order)."""
+def to_metrics_data(points: Sequence[cgroup.Point], start_ns: int, resource: Resource,
+                    pressure_scope: str | None = None) -> MetricsData:
+    """One metric per name (table order), one data point per sample (time order);
+    ``pressure_scope`` (``cgroup`` | ``host``, :func:`otel_stages.signals.pressure.scope_of`)
+    goes on the CPU pressure points as ``otel_stages.pressure.scope``."""
     grouped: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for name, time_ns, value in points:
         grouped[name].append((time_ns, value))
@@ -80,7 +83,10 @@ def to_metrics_data(points: Sequence[cgroup.Point], start_ns: int, resource: Res
         samples = sorted(grouped.get(name, ()))
         if not samples:
             continue
-        data_points = [NumberDataPoint(attributes=dict(spec.attributes),
+        point_attributes = dict(spec.attributes)
+        if name == semconv.SYSTEM_CPU_PRESSURE_TOTAL and pressure_scope is not None:
+            point_attributes[semconv.PRESSURE_SCOPE] = pressure_scope
+        data_points = [NumberDataPoint(attributes=point_attributes,
                                        start_time_unix_nano=start_ns if spec.counter else 0,
                                        time_unix_nano=t, value=int(v) if spec.integer else v)
                        for t, v in samples]
@@ -119,7 +125,9 @@ class CgroupMetricReader(SampleReader):
         return int(self.sampler.dropped)
 
     def _to_data(self, points: list[Any], resource: Resource) -> MetricsData:
-        return to_metrics_data(points, self.sampler.start_ns, resource)
+        psi = self.sampler.pressure
+        return to_metrics_data(points, self.sampler.start_ns, resource,
+                               None if psi is None else pressure.scope_of(psi, CGROUP_ROOT))
 
     def _halt(self) -> None:
         self.sampler.stop(0.0)
@@ -153,9 +161,11 @@ def start(settings: Any, exporter: MetricExporter, resource_fn: Callable[[], Res
         _current = None
     if not settings.signals:
         capture.enable(False)
+        capture.enable_run_queue(False)
         gcwatch.uninstall()
         return exporter, []
     capture.enable(True)
+    capture.enable_run_queue(bool(getattr(settings, "run_queue", False)))
     gcwatch.install()
     found = cgroup.find(CGROUP_ROOT)
     psi = pressure.find(CGROUP_ROOT)

@@ -4,7 +4,8 @@
   producer without PSI, an old file);
 * ``bigio_high_pressure.otlp.jsonl``: its pressure replaced by a counter that rises during each
   decode span by 90 % of the span's waiting (wall - thread CPU time), as if the cores had been
-  busy all the while.
+  busy all the while; without ``otel_stages.pressure.scope`` (read as host-wide pressure,
+  which cannot confirm a wait for a core).
 
 Usage: python derive.py (in this folder)."""
 
@@ -53,9 +54,11 @@ def main() -> None:
         points.append((start, total_s))
         total_s += 0.9 * wait_ms / 1e3
         points.append((end, total_s))
+    # no otel_stages.pressure.scope: a synthetic series, as an older file has (read as host)
+    unscoped = [a for a in first["attributes"] if a["key"] != "otel_stages.pressure.scope"]
     high = dict(metric)
     high["sum"] = dict(metric["sum"], dataPoints=[
-        {"attributes": first["attributes"], "startTimeUnixNano": first["startTimeUnixNano"],
+        {"attributes": unscoped, "startTimeUnixNano": first["startTimeUnixNano"],
          "timeUnixNano": str(t), "asDouble": v} for t, v in points])
     extra = {"resourceMetrics": [{"resource": resource,
                                   "scopeMetrics": [{"scope": {"name": "derive.py"}, "metrics": [high]}]}]}
