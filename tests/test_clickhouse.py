@@ -346,14 +346,14 @@ def test_a_missing_sum_table_is_named(engine, tmp_path) -> None:
 
 
 def test_a_mechanism_rule_change_changes_the_clickhouse_verdict(scenario_results, monkeypatch) -> None:
-    """The mechanism rules run once, in mechanisms.py / gpu_memory.py, on the SQL's aggregates:
+    """The mechanism rules run once (signal_rules.py, mechanisms.py, gpu_memory.py) on the SQL's aggregates:
     raising their thresholds there takes the mechanism out of the ClickHouse verdict too."""
-    from otel_stages.analysis import clickhouse_figures, gpu_memory, mechanisms
+    from otel_stages.analysis import clickhouse_figures, gpu_memory, signal_rules
 
     assert clickhouse_figures.verdict(scenario_results["s_gc_pause"]).cause == "gc_pause"
     assert clickhouse_figures.verdict(scenario_results["s_gpu_memory_pressure"]).cause == (
         "gpu_memory_pressure")
-    monkeypatch.setattr(mechanisms, "MECHANISM_MIN_EXPLAINS", 1.5)
+    monkeypatch.setattr(signal_rules, "MECHANISM_MIN_EXPLAINS", 1.5)
     monkeypatch.setattr(gpu_memory, "PRESSURE_MIN_SLOW_SHARE", 1.5)
     assert clickhouse_figures.verdict(scenario_results["s_gc_pause"]).cause == "forward"
     assert clickhouse_figures.verdict(scenario_results["s_gpu_memory_pressure"]).cause != (
@@ -555,8 +555,8 @@ def test_cpu_pressure_is_read_from_the_sum_table(scenario_results, monkeypatch) 
     """The recorded bigio service (tests/data/traces/pressure): the cgroup's CPU pressure imported
     into the sum table is lined up with every decode in SQL, and the shared rule refutes
     cpu_contention with it; at a tenth instead of half of the waiting the ClickHouse verdict
-    turns (the rule is mechanisms.py's, not a copy). Without pressure, the hedged verdict."""
-    from otel_stages.analysis import clickhouse_figures, mechanisms
+    turns (the rule is contention.py's, not a copy). Without pressure, the hedged verdict."""
+    from otel_stages.analysis import clickhouse_figures, contention
 
     agg = scenario_results["s_bigio"]
     (scope, *_) = agg.signals
@@ -569,7 +569,7 @@ def test_cpu_pressure_is_read_from_the_sum_table(scenario_results, monkeypatch) 
     assert no_pressure.cause == "cpu_contention"
     assert any("was not recorded, so this rests on thread CPU time alone" in e
                for e in no_pressure.evidence)
-    monkeypatch.setattr(mechanisms, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
+    monkeypatch.setattr(contention, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
     assert clickhouse_figures.verdict(agg).cause == "cpu_contention"
 
 

@@ -119,7 +119,7 @@ def test_a_stage_that_yielded_says_its_lag_even_when_none(turned):
     """Its CPU time is left out, so the lag of 0 is written: the analysis takes a missing lag as 0
     only on a span with CPU time (stage_signals, clickhouse_signals)."""
     monitor = _Monitor(turns=7)
-    state = (gcwatch.GC_LOG.seq, monitor, 7, 0, time.thread_time_ns())
+    state = (gcwatch.GC_LOG.seq, monitor, 7, 0, time.thread_time_ns(), None)
     monitor.turns += turned
     attributes, _ = capture.finish_fields(state, 0, 3_000_000) or ({}, [])
     if turned:
@@ -152,7 +152,8 @@ def test_a_loop_without_a_selector_falls_back_to_timer_ticks():
     assert not monitor.exact and monitor.turns == 0
     monitor._tick()
     assert monitor.ticks == monitor.turns == 1  # a tick is a turn here
-    state = (gcwatch.GC_LOG.seq, monitor, monitor.turns, monitor.lag_base_ns(0), time.thread_time_ns())
+    state = (gcwatch.GC_LOG.seq, monitor, monitor.turns, monitor.lag_base_ns(0), time.thread_time_ns(),
+             None)
     attributes, _ = capture.finish_fields(state, 0, loop.HOLD_MIN_NS) or ({}, [])
     assert semconv.EVENT_LOOP_HELD_MS in attributes  # no tick for a whole interval: held
     monitor._tick()

@@ -17,7 +17,7 @@ from msgspec.structs import replace
 
 import otel_stages as ots
 from otel_stages import semconv
-from otel_stages.analysis import diagnose, load_paths
+from otel_stages.analysis import contention, diagnose, load_paths
 from otel_stages.analysis import mechanisms as mech
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.stage_signals import PressureSeries
@@ -383,7 +383,7 @@ def test_the_recorded_cpu_hog_demo_stays_contention_with_pressure_in_the_evidenc
 
 def test_the_threshold_decides_the_recorded_verdict(monkeypatch):
     """Break the rule on purpose: at a tenth instead of half, bigio's pressure would pass."""
-    monkeypatch.setattr(mech, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
+    monkeypatch.setattr(contention, "CONTENTION_MIN_PRESSURE_OF_WAIT", 0.1)
     assert _report("bigio").verdict.cause == "cpu_contention"
 
 

@@ -19,7 +19,7 @@ import pytest
 
 import otel_stages as ots
 from otel_stages import semconv
-from otel_stages.analysis import diagnose, load_paths
+from otel_stages.analysis import contention, diagnose, load_paths
 from otel_stages.analysis import mechanisms as mech
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.config import ConfigurationError, resolve
@@ -434,7 +434,7 @@ def test_the_recordings_without_run_queue_wait_cannot_tell(name, said):
 def test_deleting_the_run_queue_rule_changes_the_recorded_verdicts(monkeypatch):
     """Break the rule on purpose: without it, fault 1 is host-pressure contention no more (the
     scope rule holds it), but fault 2 falls to the blocked guard's "cannot be told"."""
-    monkeypatch.setattr(mech, "_run_queue_check", lambda *a: None)
+    monkeypatch.setattr(contention, "_run_queue_check", lambda *a: None)
     assert _report("hash_threads").verdict.cause != "cpu_contention"
     assert not any("the slow decode runs were blocked" in e
                    for e in _report("idle_loops").verdict.evidence)
