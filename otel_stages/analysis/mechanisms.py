@@ -76,7 +76,13 @@ from otel_stages.analysis.signal_rules import (
 from otel_stages.analysis.signal_rules import (
     MIN_SIGNAL_REQUESTS as MIN_SIGNAL_REQUESTS,
 )
-from otel_stages.analysis.signal_rules import drives, share_words, slowest_utilization, split_line
+from otel_stages.analysis.signal_rules import (
+    drives,
+    known,
+    share_words,
+    slowest_utilization,
+    split_line,
+)
 from otel_stages.analysis.stage_signals import (
     PressureSeries,
     SignalTable,
@@ -128,6 +134,28 @@ def _gc(sig: StageSignals) -> Mechanism | None:
     ))
 
 
+#: With no stage span named as the loop's holder, event-loop lag is not confirmed as a blocked
+#: loop when CPU pressure covered at least this part of the slow runs' lag: a loop thread that
+#: waits for a core (a CPU-starved host) lags as a blocked one does, and a waiting thread keeps the
+#: pressure on (1:1), so half leaves the same room for 100 ms samples as the contention rule.
+LOOP_STARVED_MIN_PRESSURE_OF_LAG = 0.5
+
+
+def _loop_may_be_starved(sig: StageSignals) -> str | None:
+    """Why the lag may be the loop thread's wait for a core, when no stage held the loop: the
+    CPU pressure (any scope: here it can only cast doubt) covered at least
+    :data:`LOOP_STARVED_MIN_PRESSURE_OF_LAG` of the slow runs' median lag; ``None`` otherwise or
+    without pressure."""
+    lag, pressure = sig.lag, sig.pressure
+    if (lag is None or pressure is None or not known(pressure, sig.requests)
+            or lag.slow_median_ms is None or pressure.slow_median_ms is None
+            or lag.slow_median_ms <= 0
+            or pressure.slow_median_ms < LOOP_STARVED_MIN_PRESSURE_OF_LAG * lag.slow_median_ms):
+        return None
+    return (f"the CPU was under pressure (Linux PSI some) for {duration(pressure.slow_median_ms)}"
+            f" of the slow runs' {duration(lag.slow_median_ms)} lag (medians)")
+
+
 def _loop(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
     part = sig.lag
     if part is None or part.max_ms <= 0:
@@ -150,6 +178,19 @@ def _loop(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | None:
                      " runs outside the stage spans, or in pieces shorter than the shortest hold"
                      " the recording names (25 ms: otel_stages.signals.loop.HOLD_MIN_NS)")
         move = "find the CPU-bound or blocking call on the event loop and move it off"
+        starved = _loop_may_be_starved(sig)
+        if starved is not None:  # a loop thread waiting for a core lags the same way
+            return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, False, (
+                f"{line}; {lines[1]}; but {starved}: the loop's thread may have been waiting for a"
+                " core rather than blocked (a CPU-starved loop lags the same way), so a blocked"
+                " loop is not confirmed",
+            ), (
+                "check whether the loop's thread got a core during the slow runs: fewer busy"
+                " threads and processes on the service's CPUs (its own pools included), or more"
+                " CPUs; then, if the lag stays, " + move.replace("find", "look for", 1),
+                "asyncio's debug mode (PYTHONASYNCIODEBUG=1) logs every callback that runs longer"
+                " than loop.slow_callback_duration, with the code that ran",
+            ))
     return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, tuple(lines), (
         f"{move}: await asyncio.to_thread(...) or loop.run_in_executor(pool, ...) (a process pool"
         " for pure-Python work), so the loop only awaits",
