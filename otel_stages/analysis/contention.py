@@ -49,12 +49,10 @@ The rule, on :class:`~otel_stages.analysis.signal_figures.StageSignals`:
 from __future__ import annotations
 
 from otel_stages import semconv
+from otel_stages.analysis import signal_rules as rules
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.signal_rules import (
-    MECHANISM_MIN_EXPLAINS,
-    MIN_SIGNAL_COVERAGE,
-    MIN_SIGNAL_REQUESTS,
     drives,
     known,
     share_words,
@@ -128,7 +126,7 @@ def _run_queue_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism
         ), (f"find what the slow {sig.stage} runs wait on: {_FIND_WAIT}",))
     return Mechanism(CAUSE_CPU_CONTENTION, False, (
         f"{head}; {blocked_line}: neither the wait for a core nor the blocked time drives the"
-        f" swing alone (each below {pct(MECHANISM_MIN_EXPLAINS)}): the slow {sig.stage} runs"
+        f" swing alone (each below {pct(rules.MECHANISM_MIN_EXPLAINS)}): the slow {sig.stage} runs"
         " waited on both",
     ), (f"find what the slow {sig.stage} runs wait on besides a core: {_FIND_WAIT}",
         *(a.format(stage=sig.stage) for a in _GIVE_A_CORE[:1])))
@@ -152,9 +150,9 @@ def contention(sig: StageSignals) -> Mechanism | None:
             f" waiting, medians), in the faster half {pct(sig.fast_cpu_utilization)}; waiting is"
             f" {pct(wait.explains)} of {sig.stage}'s variance, CPU work {pct(sig.cpu.explains)}")
     slowdown = sig.slowdown_explains
-    enough = (wait.requests >= MIN_SIGNAL_REQUESTS
-              and wait.requests >= MIN_SIGNAL_COVERAGE * sig.requests)
-    if not enough or slowdown is None or slowdown < MECHANISM_MIN_EXPLAINS:
+    enough = (wait.requests >= rules.MIN_SIGNAL_REQUESTS
+              and wait.requests >= rules.MIN_SIGNAL_COVERAGE * sig.requests)
+    if not enough or slowdown is None or slowdown < rules.MECHANISM_MIN_EXPLAINS:
         why = ("" if not enough or slowdown is None else
                f"; the slowdown (wall / CPU time) explains only {pct(slowdown)} of the variance of"
                f" log({sig.stage} ms), the amount of CPU work {pct(1 - slowdown)}: the waiting grows"
@@ -216,8 +214,8 @@ def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
     wait, pressure = sig.wait, sig.pressure
     wait_ms = None if wait is None else wait.slow_median_ms
     if (pressure is None or pressure.slow_median_ms is None or wait_ms is None
-            or pressure.requests < MIN_SIGNAL_REQUESTS
-            or pressure.requests < MIN_SIGNAL_COVERAGE * sig.requests):
+            or pressure.requests < rules.MIN_SIGNAL_REQUESTS
+            or pressure.requests < rules.MIN_SIGNAL_COVERAGE * sig.requests):
         missing = ("CPU pressure (Linux PSI) was not recorded" if pressure is None else
                    f"CPU pressure (Linux PSI) was recorded for only {pressure.requests} of"
                    f" {sig.requests} runs, too few to tell")

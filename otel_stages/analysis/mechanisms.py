@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from otel_stages import semconv
+from otel_stages.analysis import contention as contention_rules
+from otel_stages.analysis import signal_rules as rules
 from otel_stages.analysis.contention import (
     CAUSE_CPU_CONTENTION as CAUSE_CPU_CONTENTION,
 )
@@ -206,8 +208,9 @@ def _blocking_call(sig: StageSignals, held: Mapping[str, Held]) -> Mechanism | N
     :data:`CONTENTION_MIN_SLOW_UTILIZATION`): a blocking call on the loop's thread."""
     own = held.get(sig.stage)
     slowest, slowdown = slowest_utilization(sig), sig.slowdown_explains
-    if (own is None or own.count < MIN_SIGNAL_REQUESTS or slowest is None or slowdown is None
-            or slowdown < MECHANISM_MIN_EXPLAINS or slowest[0] >= CONTENTION_MIN_SLOW_UTILIZATION):
+    if (own is None or own.count < rules.MIN_SIGNAL_REQUESTS or slowest is None or slowdown is None
+            or slowdown < rules.MECHANISM_MIN_EXPLAINS
+            or slowest[0] >= contention_rules.CONTENTION_MIN_SLOW_UTILIZATION):
         return None
     util, runs = slowest
     return Mechanism(CAUSE_EVENT_LOOP_BLOCKED, True, (
@@ -232,7 +235,7 @@ def _summary(sig: StageSignals) -> tuple[str, ...]:
     if sig.cpu is None and sig.requests:
         lines.append(f"no thread CPU time on {sig.stage} spans (signals off, or another producer):"
                      " whether it computed or waited is unknown")
-    elif sig.cpu is not None and sig.cpu.requests < MIN_SIGNAL_REQUESTS:
+    elif sig.cpu is not None and sig.cpu.requests < rules.MIN_SIGNAL_REQUESTS:
         lines.append(f"thread CPU time on only {sig.cpu.requests} {sig.stage} spans: too few to"
                      " tell computing from waiting")
     return tuple(lines)
