@@ -29,6 +29,20 @@ class FakeTime:
 
 
 @pytest.fixture
+def gc_off():
+    """No garbage collection during the test: the GC watch (otel_stages.signals.gcwatch) reads
+    RUNTIME.clock in its callback, and a test that replaces that clock with a scripted sequence
+    must not have a collection take one of its values."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+@pytest.fixture
 def fake_time() -> FakeTime:
     return FakeTime()
 

@@ -130,7 +130,7 @@ def _clock(now_ns: Callable[[], int]) -> Clock:
     return clock
 
 
-def test_the_sampler_reads_pressure_without_a_cgroup(monkeypatch):
+def test_the_sampler_reads_pressure_without_a_cgroup(gc_off, monkeypatch):
     totals = iter([1_000_000, 1_000_000, 1_250_000, None])
     clock = iter(range(1_000, 10_000, 1_000))
     monkeypatch.setattr(cgroup.RUNTIME, "clock", _clock(lambda: next(clock)))

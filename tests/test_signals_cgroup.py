@@ -127,7 +127,7 @@ def _clock(now_ns: Callable[[], int]) -> Clock:
     return clock
 
 
-def test_sampler_keeps_points_only_where_values_change(monkeypatch):
+def test_sampler_keeps_points_only_where_values_change(gc_off, monkeypatch):
     readings = iter([cgroup.CpuReading(10, 0, 0, 1.0)] * 3 + [cgroup.CpuReading(13, 1, 5_000_000, 1.0)])
     clock = iter(range(1_000, 10_000, 1_000))
     monkeypatch.setattr(cgroup.RUNTIME, "clock", _clock(lambda: next(clock)))
@@ -140,7 +140,7 @@ def test_sampler_keeps_points_only_where_values_change(monkeypatch):
     assert sampler.drain() == []
 
 
-def test_sampler_heartbeat_and_flush(monkeypatch):
+def test_sampler_heartbeat_and_flush(gc_off, monkeypatch):
     beat = int(cgroup.HEARTBEAT_S * 1e9)
     sampler = cgroup.CgroupSampler(cgroup.CpuCgroup(2, Path("/x")),
                                    reader=lambda _c: cgroup.CpuReading(None, None, 7, None))
