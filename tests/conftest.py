@@ -29,6 +29,21 @@ class FakeTime:
 
 
 @pytest.fixture
+def recorded():
+    """Spans with signals on, GC recording installed (as configure() does), restored after
+    (tests/test_signals.py, tests/test_loop_turns.py)."""
+    from otel_stages.signals import gcwatch
+    from otel_stages.testing import capture_spans
+
+    was_installed = gcwatch.installed()
+    gcwatch.install()
+    with capture_spans(signals_on=True) as cap:
+        yield cap
+    if not was_installed:
+        gcwatch.uninstall()
+
+
+@pytest.fixture
 def gc_off():
     """No garbage collection during the test: the GC watch (otel_stages.signals.gcwatch) reads
     RUNTIME.clock in its callback, and a test that replaces that clock with a scripted sequence

@@ -19,18 +19,6 @@ from otel_stages import semconv
 from otel_stages.analysis import diagnose, load_paths
 from otel_stages.demo.images import jpeg_photo
 from otel_stages.signals import capture, gcwatch, loop
-from otel_stages.testing import capture_spans
-
-
-@pytest.fixture
-def recorded():
-    """Spans with signals on, GC recording installed (as configure() does), restored after."""
-    was_installed = gcwatch.installed()
-    gcwatch.install()
-    with capture_spans(signals_on=True) as cap:
-        yield cap
-    if not was_installed:
-        gcwatch.uninstall()
 
 
 def test_a_selector_loop_counts_its_turns_and_still_works():

@@ -24,6 +24,7 @@ from otel_stages.analysis.stage_signals import PressureSeries
 from otel_stages.clock import Clock
 from otel_stages.signals import cgroup, pressure, session
 from tests.test_mechanisms import MS, RESOURCE, Y, recording
+from tests.test_signals_cgroup import _write
 
 PRESSURE = Path(__file__).parent / "data" / "traces" / "pressure"
 # the two lines of a PSI file as the kernel prints them (psi.rst, "Pressure interface")
@@ -33,14 +34,6 @@ MOUNT_V2 = "35 28 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup
 SOME = {semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE: semconv.PRESSURE_STALL_SOME}
 #: the points the sampler writes when it read the process's cgroup v2 cpu.pressure
 CGROUP_SOME = {**SOME, semconv.PRESSURE_SCOPE: semconv.PRESSURE_SCOPE_CGROUP}
-
-
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name.lstrip("/")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 def _tree(root: Path, cgroup_pressure: str | None, proc_pressure: str | None) -> Path:

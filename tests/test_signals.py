@@ -18,17 +18,6 @@ from otel_stages.signals import capture, gcwatch, loop
 from otel_stages.testing import capture_spans
 
 
-@pytest.fixture
-def recorded():
-    """Spans with signals on, GC recording installed (as configure() does), restored after."""
-    was_installed = gcwatch.installed()
-    gcwatch.install()
-    with capture_spans(signals_on=True) as cap:
-        yield cap
-    if not was_installed:
-        gcwatch.uninstall()
-
-
 def _spin(seconds: float) -> None:
     until = time.perf_counter() + seconds
     while time.perf_counter() < until:
