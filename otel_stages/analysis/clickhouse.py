@@ -135,6 +135,7 @@ class _ChdbEngine:
         Path(path).mkdir(parents=True, exist_ok=True)
         self._conn = chdb.connect(path)
         self._applied: dict[str, Any] = {}
+        self._purge = True
 
     def _settings(self, settings: Mapping[str, Any] | None) -> None:
         for key, value in {**_OUTPUT, **(settings or {})}.items():
@@ -146,12 +147,26 @@ class _ChdbEngine:
              settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         self._settings(settings)
         result = self._conn.query(query, "JSONEachRow", params=dict(params or {}))
+        self._release()
         return _decode_rows(result.bytes())
 
     def execute(self, query: str, params: Mapping[str, Any] | None = None,
                 settings: Mapping[str, Any] | None = None) -> None:
         self._settings(settings)
         self._conn.query(query, "CSV", params=dict(params or {}))
+        self._release()
+
+    def _release(self) -> None:
+        """Hand the memory a statement freed back to the system. The engine shares this
+        process, and its allocator (jemalloc) otherwise keeps freed pages: at 10 M spans the
+        report's peak RSS went from 845 MB with this to 995-1136 MB without (same statements,
+        each under the engine's ``max_memory_usage``); it costs ~0.3 ms a statement. Skipped
+        for good if this chDB build refuses the command."""
+        if self._purge:
+            try:
+                self._conn.query("SYSTEM JEMALLOC PURGE")
+            except Exception:  # noqa: BLE001 - a build without jemalloc: keep its memory
+                self._purge = False
 
     def insert(self, table: str, lines: Iterable[bytes]) -> None:
         body = b"".join(lines)
