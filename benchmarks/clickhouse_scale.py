@@ -162,7 +162,8 @@ def child_report(path: str, max_memory_mb: int, dump: str) -> dict[str, object]:
     return {"report_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
             "rss_mb": usage.ru_maxrss / 1024,
             "rss_after_import_mb": rss_import, "requests": agg.counts.requests,
-            "warm": agg.counts.warm, "stages": list(agg.stages), "gpu_samples": agg.gpu.samples,
+            "warm": agg.counts.warm, "set_apart": agg.counts.set_apart, "stages": list(agg.stages),
+            "gpu_samples": agg.gpu.samples,
             "cohorts": agg.cohorts_total, "quantiles": agg.quantile_function,
             "verdict": [verdict.cause, verdict.stage]}
 

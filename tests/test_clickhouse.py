@@ -233,7 +233,9 @@ def test_stage_order_is_the_pipeline_order() -> None:
 @pytest.mark.slow
 def test_scale_benchmark_smoke_run() -> None:
     """The benchmark's generator, report and client steps run end to end (60 000 spans): every
-    generated request is found and warm but the 20 cold ones, all five stages, GPU samples."""
+    generated request is found and warm but the 20 cold ones and those set apart as cold (the
+    first of an input in a process that took twice its input's median: a few of the bimodal
+    forward's slow mode), all five stages, GPU samples."""
     import subprocess
     import sys
 
@@ -242,7 +244,8 @@ def test_scale_benchmark_smoke_run() -> None:
                          timeout=300, check=True)
     result = json.loads(out.stdout)
     (report,) = result["reports"]
-    assert (result["fill"]["spans"], report["requests"], report["warm"]) == (60_000, 10_000, 9_980)
+    assert (result["fill"]["spans"], report["requests"]) == (60_000, 10_000)
+    assert report["warm"] + report["set_apart"] == 9_980 and report["set_apart"] < 80
     assert report["stages"] == ["download", "decode", "resize", "queue", "forward"]
     assert report["gpu_samples"] > 0 and report["cohorts"] == 4
     assert result["client_rss_mb"] < 200

@@ -27,7 +27,7 @@ except ImportError:
         raise
     pytest.skip("needs chDB: the clickhouse extra (pip install -e '.[test]')", allow_module_level=True)
 
-from otel_stages.analysis import advice, load_paths
+from otel_stages.analysis import advice, clickhouse_apart, load_paths
 from otel_stages.analysis.caveats import SKEWED_MIN_FRACTION
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
 from otel_stages.analysis.clickhouse_figures import report_dict
@@ -272,34 +272,86 @@ def test_signals_inside_custom_groups_are_said_to_be_unchecked(engine, tmp_path:
     assert not [p for p in plain["problems"] if p.startswith(NOT_CHECKED)]
 
 
-def _after_idle(slow: float) -> Callable[[int, Spans], None]:
+def _slower(spans: Spans, slow: float) -> None:
+    """The request's forward (and so the request) takes ``slow`` times as long."""
+    forward, request = named(spans, "forward"), named(spans, "request")
+    extra = int((int(forward["endTimeUnixNano"]) - int(forward["startTimeUnixNano"])) * (slow - 1))
+    shift(forward, 0, extra)
+    shift(request, 0, extra)
+
+
+def _after_idle(slow: float, idle_ms: int = 60_000, at: tuple[int, ...] = (20,)
+                ) -> Callable[[int, Spans], None]:
     def edit(i: int, spans: Spans) -> None:
-        if i >= 20:  # 60 s idle before request 20
-            for span in spans:
-                shift(span, 60_000 * MS)
-        if i == 20:  # ... which is slow: its forward takes ``slow`` x as long
-            forward, request = named(spans, "forward"), named(spans, "request")
-            extra = int((int(forward["endTimeUnixNano"]) - int(forward["startTimeUnixNano"])) * (slow - 1))
-            shift(forward, 0, extra)
-            shift(request, 0, extra)
+        moved = sum(idle_ms for j in at if i >= j)  # idle_ms before each request in ``at``
+        for span in spans:
+            shift(span, moved * MS)
+        if i in at:  # ... which is ``slow`` x as slow in its forward
+            _slower(spans, slow)
     return edit
 
 
-def test_requests_that_stand_apart_are_said_to_be_unchecked(engine, tmp_path: Path) -> None:
-    """A warm request 3x the median after 60 s idle: the file report sets it apart; the SQL keeps
-    it warm, and says that this check was not made."""
-    got, want = reports(engine, edited(STABLE, tmp_path / "idle.jsonl", _after_idle(3.0)))
-    assert [a["reason"] for a in want["set_apart"]] == ["after_idle"]
-    (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
-    assert line.startswith(f"{NOT_CHECKED}1 warm request stands apart as cold")
+def _new_input(slow: float, last: int = 29) -> Callable[[int, Spans], None]:
+    def edit(i: int, spans: Spans) -> None:
+        if 20 <= i <= last:  # requests 20..last send a larger image; the first of them is slow
+            decode = named(spans, "decode")
+            for a in decode["attributes"]:
+                if a["key"] == "image.width":
+                    a["value"] = {"intValue": "2560"}
+        if i == 20:
+            _slower(spans, slow)
+    return edit
 
 
-def test_no_unchecked_line_when_no_request_could_stand_apart(engine, tmp_path: Path) -> None:
-    """1.5x after the idle gap: under COLD_START_MIN_RATIO, nothing set apart, no line."""
-    got, want = reports(engine, edited(STABLE, tmp_path / "idle_mild.jsonl", _after_idle(1.5)))
-    assert want["set_apart"] == []
-    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+def _after_failed_start(slow: float) -> Callable[[int, Spans], None]:
+    def edit(i: int, spans: Spans) -> None:
+        if i == 0:  # the cold first request fails (model load)
+            named(spans, "request")["status"] = {"code": 2}
+        if i == 1:  # the first success after it is slow
+            _slower(spans, slow)
+    return edit
+
+
+APART_CASES = {
+    # name: (edit, the file report's reasons)
+    "after 60 s idle, 3x slower": (_after_idle(3.0), ["after_idle"]),
+    "after 60 s idle, 1.5x: under COLD_START_MIN_RATIO": (_after_idle(1.5), []),
+    "after 31 s idle": (_after_idle(3.0, idle_ms=31_000), ["after_idle"]),
+    "after 29 s idle: under IDLE_GAP_MIN_S": (_after_idle(3.0, idle_ms=29_000), []),
+    "first of a new input, 3x slower": (_new_input(3.0), ["new_input"]),
+    "first of a new input, 1.5x": (_new_input(1.5), []),
+    "first of a new input, 5 comparable": (_new_input(3.0, last=25), ["new_input"]),
+    "first of a new input, 4 comparable: under COMPARABLE_MIN_REQUESTS": (_new_input(3.0, last=24), []),
+    "first success after a failed start": (_after_failed_start(3.0), ["after_failed_start"]),
+}
+
+
+@pytest.mark.parametrize("case", APART_CASES)
+def test_requests_set_apart_as_in_the_file_report(engine, tmp_path: Path, case: str) -> None:
+    """Warm requests the file report sets apart as cold (cohorts.find_set_apart: after an idle
+    gap, first of a new input in a started process, first success after a failed start; at
+    least COLD_START_MIN_RATIO x the comparable median) leave the warm statistics in SQL too:
+    the same list, counts, stage statistics and verdict. The cases on either side of each
+    threshold check that the SQL flags no more than the file report does."""
+    edit, reasons = APART_CASES[case]
+    got, want = reports(engine, edited(STABLE, tmp_path / "apart.jsonl", edit))
+    assert [a["reason"] for a in want["set_apart"]] == reasons
+    assert got["set_apart"] == want["set_apart"]
+    assert got["counts"] == want["counts"]
     assert got["verdict"] == want["verdict"]
+    assert got["total"] == pytest.approx(want["total"], rel=1e-6)
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+
+
+def test_requests_set_apart_past_the_listed_ones_are_counted(engine, tmp_path: Path, monkeypatch) -> None:
+    """Two requests set apart, one listed (MAX_APART_ROWS): both leave the warm requests, and a
+    problem line counts the one not listed."""
+    monkeypatch.setattr(clickhouse_apart, "MAX_APART_ROWS", 1)
+    got, want = reports(engine, edited(STABLE, tmp_path / "apart2.jsonl", _after_idle(3.0, at=(10, 20))))
+    assert len(want["set_apart"]) == 2
+    assert got["set_apart"] == want["set_apart"][:1]
+    assert got["counts"] == want["counts"]
+    assert "1 more warm requests set apart as cold are not listed (the first 1 are)" in got["problems"]
 
 
 # --- failed requests: what they failed with and where they stopped ------------------------------

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from otel_stages.analysis import clickhouse_apart as apart
 from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis import clickhouse_issues as issues
@@ -416,6 +417,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                        sql.query_params(query), settings)[0]
     for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
         engine.execute(statement, params, settings)
+    for statement in apart.apart_statements():  # before anything reads the warm flag
+        engine.execute(statement, None, settings)
     warm = int(engine.rows(sql.count_statement(), None, settings)[0]["n_warm"])
     method = sql.quantile_function(query, warm)
     for statement, params in queries.gpu_prepare_statements(tables.gauge_ref, query):
@@ -424,6 +427,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),
@@ -438,7 +442,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
-                  preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE):
+                  preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE, sql.APART_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
 

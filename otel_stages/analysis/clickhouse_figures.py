@@ -35,14 +35,14 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
   (:mod:`otel_stages.analysis.clickhouse_failures`); ``per_request`` (stage counts are requests,
   so a stage in few requests is named).
 
-Not computed in SQL yet (documented gaps, not guesses; the first two said in ``problems`` with
-:data:`~otel_stages.analysis.clickhouse_issues.NOT_CHECKED` when they could change the answer):
+Not computed in SQL yet (documented gaps, not guesses; the first said in ``problems`` with
+:data:`~otel_stages.analysis.clickhouse_issues.NOT_CHECKED` when it could change the answer):
 signals of stage spans inside custom group spans, and throttling on stage spans without other
-signals (counted as not recorded); requests set apart
-(:func:`otel_stages.analysis.cohorts.find_set_apart`: counted, but they stay warm here); the
-prompt-length part of cohort keys; GPU evidence within a cohort when there are several cohorts
-(``none`` there); with cold requests of several inputs, the comparison is with all warm requests;
-a cold request's input known from its prompt length alone (the SQL reads image sizes only).
+signals (counted as not recorded); the prompt-length part of cohort keys (also in the requests set
+apart as cold, :mod:`otel_stages.analysis.clickhouse_apart`, whose inputs are image size and
+format); GPU evidence within a cohort when there are several cohorts (``none`` there); with cold
+requests of several inputs, the comparison is with all warm requests; a cold request's input known
+from its prompt length alone (the SQL reads image sizes only).
 """
 
 from __future__ import annotations
@@ -323,6 +323,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         failure_stages=agg.failure_stages,
         per_request=True,  # a stage's count is requests, as in the file report
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
+        set_apart=tuple(a.figures for a in agg.set_apart),
     )
 
 
@@ -359,8 +360,8 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
     ``problems``, ``verdict``, ``noise``, ``gpu``, ``slowest``, ``signals``: per stage, as
     :meth:`otel_stages.analysis.mechanisms.StageSignals.to_dict`), plus ``source`` and
     ``aggregates`` (everything the engine returned, :meth:`FleetAggregates.to_dict`).
-    ``set_apart`` is always empty: requests set apart are not computed in SQL (see the module
-    docstring)."""
+    ``set_apart``: the requests set apart as cold, as the file report lists them (at most
+    :data:`~otel_stages.analysis.clickhouse_apart.MAX_APART_ROWS`)."""
     cohort_list = cohorts(agg)
     fig = figures(agg, cohort_list)
     total = None if agg.total is None else _distribution(agg.total)
@@ -369,7 +370,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
     return {
         "source": "clickhouse",
         "requests": c.requests,
-        "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed, "failed": c.failed,
+        "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed + c.set_apart, "failed": c.failed,
                    "incomplete": c.incomplete},
         "total": None if total is None else total.to_dict(),
         "stages": {n: _stage_stats(s).to_dict() for n, s in agg.stages.items()},
@@ -381,7 +382,14 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
-        "set_apart": [],
+        "set_apart": [{
+            "trace_id": a.figures.trace_id, "seq": a.figures.seq, "reason": a.figures.reason,
+            "cohort": agg.cohort_key(a.width, a.height, a.format),
+            "total_ms": round(a.figures.total_ms, 3),
+            "comparable_median_total_ms": round(a.figures.comparable_median_total_ms, 3),
+            "ratio": round(a.figures.ratio, 2),
+            "idle_s": None if a.figures.idle_s is None else round(a.figures.idle_s, 1),
+        } for a in agg.set_apart],
         "runs": [{"service_name": r.service_name or None,
                   "service_instance_id": r.service_instance_id or None,
                   "first_unix_ns": r.first_unix_ns, "last_unix_ns": r.last_unix_ns,

@@ -46,8 +46,6 @@ from otel_stages.analysis.clickhouse_sql import (
     query_params,
     span_filter,
 )
-from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, IDLE_GAP_MIN_S
-from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.model import Span
 from otel_stages.analysis.naming import WHY_PATTERN, problem_lines
 from otel_stages.analysis.requests import Incomplete, group_spans, orphans_line, roots_line
@@ -264,65 +262,10 @@ def groups_sql() -> str:
     return f"SELECT count() AS n FROM {NESTED_TABLE}"
 
 
-def apart_sql() -> str:
-    """Per input (``width``, ``height``, ``fmt``; NULL: unknown) the warm requests
-    :func:`otel_stages.analysis.cohorts.find_set_apart` flags, and how many of them took
-    :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times the median of the
-    comparable (unflagged warm, same input) requests or more (``n_apart``; when at least
-    :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` compare). A warm request is
-    flagged, per process in start order, when it follows :data:`IDLE_GAP_MIN_S` seconds without a
-    request, else when it is the process's first success after a failed first (cold) request,
-    else when the process started in the window (has a cold request) and it is the first request
-    with its input there. Unknown inputs (NULL) return their flagged totals (``flagged``, at most
-    1000) for the caller to compare with all warm requests. Window functions over the
-    per-request table, sorted per process."""
-    idle = round(IDLE_GAP_MIN_S * 1e9)
-    prev = "PARTITION BY proc ORDER BY start_ns, trace_key ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
-    flag = (f"warm AND ((rows_before > 0 AND start_ns - last_end >= {idle})"
-            " OR (failed_first AND warm_before = 0)"
-            " OR (started AND width IS NOT NULL AND height IS NOT NULL AND nth = 1))")
-    return f"""SELECT width, height, fmt, n, median_ns,
-    if(n >= {COMPARABLE_MIN_REQUESTS} AND median_ns > 0,
-       arrayCount(t -> t >= {COLD_START_MIN_RATIO} * median_ns, all_flagged), 0) AS n_apart,
-    arraySlice(all_flagged, 1, 1000) AS flagged
-FROM (
-SELECT width, height, fmt, countIf(warm AND NOT flag) AS n,
-    quantileExactInclusiveIf(0.5)(total_ns, warm AND NOT flag) AS median_ns,
-    groupArrayIf(total_ns, flag) AS all_flagged
-FROM (
-    SELECT width, height, fmt, total_ns, warm, {flag} AS flag
-    FROM (
-        SELECT width, height, fmt, total_ns, warm, start_ns,
-            max(start_ns + total_ns) OVER ({prev}) AS last_end,
-            count() OVER ({prev}) AS rows_before,
-            sum(warm) OVER ({prev}) AS warm_before,
-            row_number() OVER (PARTITION BY proc, width, height, fmt ORDER BY start_ns, trace_key) AS nth,
-            max(cold) OVER (PARTITION BY proc) AS started,
-            first_value(cold AND error) OVER (PARTITION BY proc ORDER BY start_ns, trace_key) AS failed_first
-        FROM {REQUESTS_TABLE} WHERE is_request
-    )
-)
-GROUP BY width, height, fmt
-)"""
-
-
-def apart_count(rows: Sequence[Mapping[str, Any]], warm_median_ms: float | None) -> int:
-    """Warm requests the file report would set apart, from :func:`apart_sql`'s rows (unknown
-    inputs compared with ``warm_median_ms``, the median of all warm requests)."""
-    n = 0
-    for r in rows:
-        if r["width"] is not None and r["height"] is not None:
-            n += int(r["n_apart"] or 0)
-        elif warm_median_ms:
-            n += sum(1 for t in r["flagged"] if t / 1e6 >= COLD_START_MIN_RATIO * warm_median_ms)
-    return n
-
-
-def not_checked(*, groups: int, signals: bool, apart: int) -> list[str]:
+def not_checked(*, groups: int, signals: bool) -> list[str]:
     """Lines (each starting :data:`NOT_CHECKED`) for checks the file report makes that the SQL
     does not, where they could change the answer: signals on stage spans inside ``groups`` custom
-    group spans (when stage spans carry ``signals``); ``apart`` warm requests the file report
-    sets apart as cold (:func:`apart_sql`): here they stay warm."""
+    group spans (when stage spans carry ``signals``)."""
     out = []
     if groups and signals:
         out.append(
@@ -330,12 +273,4 @@ def not_checked(*, groups: int, signals: bool, apart: int) -> list[str]:
             f" stage spans inside custom group spans ({groups} group span{'s' if groups != 1 else ''}):"
             " those stages count their signals as not recorded here, so a mechanism among them"
             " goes unnamed; report the exported files (PATH) to read them")
-    if apart:
-        out.append(
-            f"{NOT_CHECKED}{apart} warm request{'s' if apart != 1 else ''} stand{'s' if apart == 1 else ''}"
-            f" apart as cold (the first of a new input in its process, the first after"
-            f" {IDLE_GAP_MIN_S:.0f} s idle or after a failed first request, taking"
-            f" {COLD_START_MIN_RATIO:.0f}x the median of comparable requests or more): the file"
-            " report sets such requests apart from the warm ones; here they stay among them, in"
-            " the statistics and the verdict")
     return out

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, span_filter
+from otel_stages.analysis.clickhouse_sql import AggregateQuery, requests, span_filter
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts, RepeatedInputs, ThreadUse
 from otel_stages.analysis.preprocessing import (
     BYTE_COST_PIXELS,
@@ -36,7 +36,7 @@ JOIN_SETTINGS = "join_algorithm = 'grace_hash', grace_hash_join_initial_buckets 
 #: Thread names quoted in the evidence (as in analysis.preprocessing).
 NAMES_SHOWN = 3
 
-_R = REQUESTS_TABLE
+_R = requests()
 _JPEG = "(" + ", ".join(f"'{f}'" for f in sorted(DRAFT_FORMATS)) + ")"
 
 

@@ -372,6 +372,5 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("issues", issues.issues_sql(), {}),
         ("groups", issues.groups_sql(), {}),
         ("names", names_sql(), {}),
-        ("apart", issues.apart_sql(), {}),
     ]
 

@@ -222,18 +222,15 @@ WHERE (trace_key, sid) IN (SELECT trace_key, pid FROM {CUSTOM_TABLE})
     AND (trace_key, sid) NOT IN (SELECT trace_key, key FROM {GROUPS_TABLE})"""
 
 
-#: The groups table's columns. Uncompressed (``CODEC(NONE)``): the table is written once and read
-#: once per report, and LZ4 on its arrays cost more CPU than the disk it saves (1 M spans: the
-#: slice inserts 2.3 -> 1.8 s CPU, a full read 0.27 -> 0.11 s; the file is ~3x larger).
-_GROUPS_COLUMNS = ", ".join(f"{column.strip()} CODEC(NONE)" for column in f"""trace_key UInt128, key UInt64,
-    present UInt8, self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8,
+_GROUPS_COLUMNS = f"""trace_key UInt128, key UInt64, present UInt8,
+    self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8,
     self_seq Int64, self_cold UInt8, self_w Int64, self_h Int64, self_s Int64, self_fmt String,
     self_svc String, self_inst String, kid_svc String, kid_inst String, n_kids UInt64,
     {", ".join(f"d{i} Int64, n{i} UInt64" for i in range(1, 6))},
     kid_min Int64, kid_max Int64, kid_err UInt8,
     dec_w Int64, dec_h Int64, dec_s Int64, dec_f String,
     k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64),
-    g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)""".split(","))
+    g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)"""
 
 
 def _stage_parents_among(keys: str) -> str:
@@ -471,4 +468,4 @@ FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
 LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
 WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
-SETTINGS {_SMALL_RIGHT})"""
+SETTINGS {_SMALL_RIGHT}, max_block_size = 8192)"""

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_apart import ApartRequest, apart_requests, apart_total, unlisted_line
 from otel_stages.analysis.clickhouse_failures import failure_kinds
-from otel_stages.analysis.clickhouse_issues import SpanIssues, apart_count, not_checked
+from otel_stages.analysis.clickhouse_issues import SpanIssues, not_checked
 from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
 from otel_stages.analysis.clickhouse_signal_result import ScopeSignals, scopes
@@ -312,6 +313,9 @@ class Counts:
     #: cold requests (failed ones too) that are not the first of their process
     #: (``request.cold_start`` marked a later one, e.g. a model reload)
     cold_not_first: int = 0
+    #: warm requests set apart as cold (:mod:`otel_stages.analysis.clickhouse_apart`): not in
+    #: ``warm`` nor ``cold``
+    set_apart: int = 0
 
 
 @dataclass(frozen=True)
@@ -359,6 +363,7 @@ class FleetAggregates:
     failure_kinds: dict[str, int] = field(default_factory=dict)
     failure_stages: dict[str, int] = field(default_factory=dict)
     overlap: Overlap | None = None
+    set_apart: tuple[ApartRequest, ...] = ()
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -457,6 +462,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         odd_spans=int(odd.get("n") or 0), by_trace=int(head["n_by_trace"]),
         runs=int(head["n_runs"]), warm_forwards=int(head["n_warm_forwards"] or 0),
         cold_not_first=int(head.get("n_cold_not_first") or 0),
+        set_apart=apart_total(results.get("apart") or []),
     )
     formats = int(results["cohort_mix"][0].get("formats") or 0)
     cohort_stage_rows: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
@@ -511,8 +517,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     kinds, where = failure_kinds(results.get("failures") or [])
     unchecked = not_checked(
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
-        signals=bool(results.get("signals") and results["signals"][0]["signals"]),
-        apart=apart_count(results.get("apart") or [], None if total is None else total.median_ms))
+        signals=bool(results.get("signals") and results["signals"][0]["signals"]))
+    set_apart = apart_requests(results.get("apart") or [])
     return FleetAggregates(
         url=url, start_ns=start_ns, end_ns=end_ns, service=service,
         quantile_function=QUANTILE_FUNCTIONS[method],
@@ -536,9 +542,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                            sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
                                            if not r["exists"]), None),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
-        + unchecked,
+        + unlisted_line(counts.set_apart, len(set_apart)) + unchecked,
         signals=scopes(results, gpu.hw_id),
         issues=span_issues,
-        failure_kinds=kinds, failure_stages=where,
+        failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
     )
 

@@ -35,6 +35,8 @@ from typing import Any
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
 PROCESS_TABLE = "otel_stages_processes"
+#: The warm requests set apart as cold (:mod:`otel_stages.analysis.clickhouse_apart`).
+APART_TABLE = "otel_stages_apart"
 #: Custom stage groups nest at most this deep under a request (deeper ones stop the walk there).
 MAX_GROUP_DEPTH = 4
 #: Spans starting before this (2000-01-01T00:00:00Z) are broken clocks, left out and counted.
@@ -139,8 +141,12 @@ def span_filter(query: AggregateQuery, *, odd: bool) -> str:
 
 
 def requests() -> str:
-    """The per-request table (:data:`REQUESTS_TABLE`), with its ``cold`` and ``warm`` flags."""
-    return REQUESTS_TABLE
+    """The per-request table (:data:`REQUESTS_TABLE`), with its ``cold`` and ``warm`` flags, as
+    a subquery: ``warm`` is cleared for the requests set apart as cold (:data:`APART_TABLE`,
+    filled before any statement reads this; the engine reads only the columns a statement uses).
+    """
+    return (f"(SELECT * REPLACE (toUInt8(warm AND (trace_key, span_key) NOT IN"
+            f" (SELECT trace_key, span_key FROM {APART_TABLE})) AS warm) FROM {REQUESTS_TABLE})")
 
 
 def count_statement() -> str:

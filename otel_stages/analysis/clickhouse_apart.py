@@ -1,0 +1,145 @@
+"""Warm requests set apart as cold, in ClickHouse: what
+:func:`otel_stages.analysis.cohorts.find_set_apart` does for the file report, computed over the
+per-request table. Pure: builds SQL and reads its answer rows;
+:func:`otel_stages.analysis.clickhouse.run_queries` runs it.
+
+Per process, in start order, a warm request (not cold, not failed) is *flagged* when it follows
+:data:`~otel_stages.analysis.cohorts.IDLE_GAP_MIN_S` seconds without a request (``after_idle``),
+else when it is the first success after a failed first (cold) request (``after_failed_start``),
+else when the process started in the window (it has a cold request) and it is the first request
+with its input there (``new_input``). A flagged request is *set apart* when at least
+:data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` comparable requests (unflagged
+warm, same input; for an unknown input all of them) have a median total above 0 and it took
+:data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more.
+
+Requests set apart leave the warm statistics: :data:`APART_TABLE` holds their keys, and
+:func:`otel_stages.analysis.clickhouse_sql.requests` (what every aggregate reads) clears their
+``warm`` flag. Inputs are ``(image.width, image.height, image.format)``, the SQL's cohorts (the
+file report also splits by prompt size when a recording has prompt token counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from otel_stages.analysis.clickhouse_sql import APART_TABLE, REQUESTS_TABLE
+from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, IDLE_GAP_MIN_S
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO
+from otel_stages.analysis.figures import (
+    REASON_AFTER_FAILED_START,
+    REASON_AFTER_IDLE,
+    REASON_NEW_INPUT,
+    ApartFigures,
+)
+
+#: Requests set apart returned one by one (in start order); past this the rest are counted.
+MAX_APART_ROWS = 1000
+
+_KNOWN = "width IS NOT NULL AND height IS NOT NULL"
+
+
+#: The warm requests with their flag (a Log table on disk, dropped after the report).
+FLAGGED_TABLE = "otel_stages_apart_flagged"
+
+
+def apart_statements() -> list[str]:
+    """(Re)create :data:`APART_TABLE` from the per-request table (module docstring): one row per
+    request set apart with its ``trace_key``, ``span_key``, ``start_ns``, ``seq``, input,
+    ``total_ns``, ``reason``, ``idle_ns`` (NULL unless after an idle gap) and the comparable
+    ``median_ns``. One window pass over the requests sorted per process (the time since the
+    previous requests ended, how many came before, how many of them were warm); per-process
+    facts (started in the window, failed first request, first request of each input) are small
+    aggregations joined to it, so the sort carries few columns."""
+    idle = round(IDLE_GAP_MIN_S * 1e9)
+    prev = ("PARTITION BY ph ORDER BY start_ns, trace_key"
+            " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
+    reason = (f"multiIf(w.rows_before > 0 AND w.start_ns - w.last_end >= {idle}, '{REASON_AFTER_IDLE}',"
+              f" p.failed_first AND w.warm_before = 0, '{REASON_AFTER_FAILED_START}',"
+              f" p.started AND {_KNOWN} AND (w.start_ns, w.trace_key) = i.first, '{REASON_NEW_INPUT}',"
+              " '')")
+    key = f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt), '')"
+    flagged = f"""CREATE TEMPORARY TABLE {FLAGGED_TABLE} ENGINE = Log AS
+SELECT w.trace_key AS trace_key, w.span_key AS span_key, w.start_ns AS start_ns, w.seq AS seq,
+    w.width AS width, w.height AS height, w.fmt AS fmt, w.total_ns AS total_ns, {key} AS k,
+    {reason} AS reason,
+    if(reason = '{REASON_AFTER_IDLE}', w.start_ns - w.last_end, NULL) AS idle_ns
+FROM (
+    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns, warm,
+        cityHash64(proc) AS ph,
+        max(start_ns + total_ns) OVER ({prev}) AS last_end,
+        count() OVER ({prev}) AS rows_before,
+        sum(warm) OVER ({prev}) AS warm_before
+    FROM {REQUESTS_TABLE} WHERE is_request
+) AS w
+LEFT JOIN (
+    SELECT cityHash64(proc) AS ph, max(cold) AS started,
+        argMin(cold AND error, (start_ns, trace_key)) AS failed_first
+    FROM {REQUESTS_TABLE} WHERE is_request GROUP BY ph
+) AS p ON w.ph = p.ph
+LEFT JOIN (
+    SELECT cityHash64(proc) AS ph, width, height, fmt, min((start_ns, trace_key)) AS first
+    FROM {REQUESTS_TABLE} WHERE is_request AND {_KNOWN} GROUP BY ph, width, height, fmt
+) AS i ON w.ph = i.ph AND w.width = i.width AND w.height = i.height AND w.fmt = i.fmt
+WHERE w.warm"""
+    create = f"""CREATE TEMPORARY TABLE {APART_TABLE} ENGINE = Memory AS
+WITH comparable AS (
+    SELECT k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
+    FROM {FLAGGED_TABLE} WHERE reason = '' AND k != '' GROUP BY k
+    UNION ALL  -- an unknown input compares with every unflagged warm request
+    SELECT '' AS k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
+    FROM {FLAGGED_TABLE} WHERE reason = ''
+)
+SELECT f.trace_key AS trace_key, f.span_key AS span_key, f.start_ns AS start_ns, f.seq AS seq,
+    f.width AS width, f.height AS height, f.fmt AS fmt, f.total_ns AS total_ns, f.reason AS reason,
+    f.idle_ns AS idle_ns, c.median_ns AS median_ns
+FROM (SELECT * FROM {FLAGGED_TABLE} WHERE reason != '') AS f INNER JOIN comparable AS c ON f.k = c.k
+WHERE c.n >= {COMPARABLE_MIN_REQUESTS} AND c.median_ns > 0
+    AND f.total_ns >= {COLD_START_MIN_RATIO} * c.median_ns"""
+    return [f"DROP TEMPORARY TABLE IF EXISTS {APART_TABLE}",
+            f"DROP TEMPORARY TABLE IF EXISTS {FLAGGED_TABLE}", flagged, create,
+            f"DROP TEMPORARY TABLE {FLAGGED_TABLE}"]
+
+
+def apart_rows_sql() -> str:
+    """The requests set apart, in start order (at most :data:`MAX_APART_ROWS`), each with the
+    count of all of them (``n``)."""
+    return f"""SELECT lower(hex(reinterpretAsFixedString(trace_key))) AS trace_id, seq, reason,
+    total_ns, median_ns, idle_ns, width, height, fmt, count() OVER () AS n
+FROM {APART_TABLE} ORDER BY start_ns, trace_key LIMIT {MAX_APART_ROWS}"""
+
+
+@dataclass(frozen=True)
+class ApartRequest:
+    """A warm request set apart as cold: what the rules read (``figures``) and its input
+    (``width`` / ``height`` ``None`` when unknown, ``format``)."""
+
+    figures: ApartFigures
+    width: int | None
+    height: int | None
+    format: str | None
+
+
+def apart_requests(rows: Sequence[Mapping[str, Any]]) -> tuple[ApartRequest, ...]:
+    """:func:`apart_rows_sql`'s rows as :class:`ApartRequest` (times in ms)."""
+    return tuple(ApartRequest(ApartFigures(
+        reason=str(r["reason"]), seq=None if r["seq"] is None else int(r["seq"]),
+        trace_id=str(r["trace_id"]), total_ms=r["total_ns"] / 1e6,
+        comparable_median_total_ms=float(r["median_ns"]) / 1e6,
+        ratio=r["total_ns"] / float(r["median_ns"]),
+        idle_s=None if r["idle_ns"] is None else r["idle_ns"] / 1e9),
+        width=r["width"], height=r["height"], format=r["fmt"] or None) for r in rows)
+
+
+def apart_total(rows: Sequence[Mapping[str, Any]]) -> int:
+    """All requests set apart (rows past :data:`MAX_APART_ROWS` included)."""
+    return int(rows[0]["n"]) if rows else 0
+
+
+def unlisted_line(total: int, listed: int) -> list[str]:
+    """A problem line when more requests were set apart than are listed."""
+    if total <= listed:
+        return []
+    return [f"{total - listed} more warm requests set apart as cold are not listed (the first"
+            f" {listed} are)"]
