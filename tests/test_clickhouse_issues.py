@@ -34,6 +34,7 @@ from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
 from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.commands.clickhouse_report import text
 
 TRACES = Path(__file__).parent / "data" / "traces"
 STABLE = TRACES / "stable.otlp.jsonl"  # 30 requests, forward 87 % of request time, verdict stable
@@ -352,6 +353,15 @@ def test_requests_set_apart_past_the_listed_ones_are_counted(engine, tmp_path: P
     assert got["set_apart"] == want["set_apart"][:1]
     assert got["counts"] == want["counts"]
     assert "1 more warm requests set apart as cold are not listed (the first 1 are)" in got["problems"]
+
+
+def test_the_text_view_counts_requests_set_apart_as_cold(engine, tmp_path: Path) -> None:
+    path = edited(STABLE, tmp_path / "apart_text.jsonl", _after_idle(3.0))
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [path])
+    shown = text(fetch_aggregates(engine, tables, AggregateQuery()))
+    assert "(30 requests: 28 warm, 2 cold (1 of them warm requests set apart), 0 failed;" in shown
+    assert "reported apart from warm runs" in shown  # the verdict's evidence names it
 
 
 # --- failed requests: what they failed with and where they stopped ------------------------------

@@ -53,7 +53,9 @@ def text(agg: FleetAggregates) -> str:
     c = agg.counts
     lines = [
         f"otel-stages: aggregates from {agg.url} ({c.requests} requests: {c.warm} warm,"
-        f" {c.cold - c.cold_failed} cold, {c.failed} failed; {c.incomplete} incomplete; {c.runs} processes;"
+        f" {c.cold - c.cold_failed + c.set_apart} cold"
+        + (f" ({c.set_apart} of them warm requests set apart)" if c.set_apart else "")
+        + f", {c.failed} failed; {c.incomplete} incomplete; {c.runs} processes;"
         f" quantiles: {agg.quantile_function})",
         "",
         f"{'':<10}{'min ms':>10}{'median ms':>11}{'p95 ms':>10}{'max ms':>10}{'swing ms':>10}"
