@@ -265,6 +265,10 @@ def test_cli_import_then_report(engine, chdb_url: str, tmp_path: Path, capsys: p
     ["report", "x.jsonl", "--clickhouse", "chdb:/tmp/x"],
     ["report", "--clickhouse", "chdb:/tmp/x", "--limit", "5"],
     ["report", "--clickhouse", "chdb:/tmp/x", "--stage-map", "triton"],  # SQL cannot apply maps
+    # options the SQL does not apply are refused, not silently ignored
+    ["report", "--clickhouse", "chdb:/tmp/x", "--last-run"],
+    ["report", "--clickhouse", "chdb:/tmp/x", "--html", "r.html"],
+    ["report", "--clickhouse", "chdb:/tmp/x", "--fail-on-regression", "5"],
     ["report", "--clickhouse", "chdb:/tmp/x", "--traces-table", "a.b.c"],
     ["report", "--clickhouse", "ftp://h"],
     ["report", "--traces-table", "t"],

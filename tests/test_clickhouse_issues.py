@@ -506,3 +506,66 @@ def test_no_overlap_figure_without_double_counted_time(engine, tmp_path: Path) -
     got, want = reports(engine, edited(STABLE, tmp_path / "plain.jsonl", lambda i, spans: None))
     assert got["overlap"] is None and want["overlap"] is None
     assert not got["verdict"]["tentative"]
+
+
+# --- --service picks whole traces -------------------------------------------------------------
+
+
+def _split_services(source: Path, target: Path, *, other: str | None = None) -> Path:
+    """``source`` with each trace's queue and forward spans moved to a ``gpu-worker`` resource
+    (a request handed to a GPU worker process); with ``other``, a second copy of every trace
+    (new trace ids, forward 3x as long) from service ``other`` alone."""
+    docs = [json.loads(line) for line in source.read_text().splitlines()]
+    out = []
+    copies: dict[str, Spans] = {}
+    for doc in docs:
+        for rs in doc.get("resourceSpans", []):
+            worker = copy.deepcopy(rs)
+            for a in worker["resource"]["attributes"]:
+                if a["key"] == "service.name":
+                    a["value"] = {"stringValue": "gpu-worker"}
+            for ss, ws in zip(rs["scopeSpans"], worker["scopeSpans"]):
+                ws["spans"] = [s for s in ss["spans"] if s["name"] in ("queue", "forward")]
+                ss["spans"] = [s for s in ss["spans"] if s["name"] not in ("queue", "forward")]
+            out.append({"resourceSpans": [rs, worker]})
+            if other:
+                copied = copy.deepcopy(rs)
+                for a in copied["resource"]["attributes"]:
+                    if a["key"] == "service.name":
+                        a["value"] = {"stringValue": other}
+                for ss, ws in zip(copied["scopeSpans"], worker["scopeSpans"]):
+                    spans = ss["spans"] + copy.deepcopy(ws["spans"])
+                    for s in spans:
+                        s["traceId"] = "f" + s["traceId"][1:]
+                        copies.setdefault(s["traceId"], []).append(s)
+                    ss["spans"] = spans
+                out.append({"resourceSpans": [copied]})
+    for spans in copies.values():  # (a trace's spans may lie in several lines)
+        _slower(spans, 3.0)
+    target.write_text("".join(json.dumps(doc) + "\n" for doc in out))
+    return target
+
+
+def test_service_picks_whole_traces(engine, tmp_path: Path) -> None:
+    """--service vlm-server keeps the queue and forward spans its requests ran in another service
+    (gpu-worker), as the file report of those traces alone does, and leaves out the traces of
+    another service; a service with no spans finds no request."""
+    alone = _split_services(STABLE, tmp_path / "split.jsonl")
+    mixed = _split_services(STABLE, tmp_path / "mixed.jsonl", other="other-svc")
+    want = json.loads(json.dumps(diagnose(load_paths([alone])).to_dict()))
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [mixed])
+
+    def report(service: str) -> dict[str, Any]:
+        agg = fetch_aggregates(engine, tables, AggregateQuery(service=service))
+        return json.loads(json.dumps(report_dict(agg)))
+
+    got = report("vlm-server")
+    assert want["verdict"]["cause"] == "stable" and want["counts"]["warm"] == 29
+    assert got["verdict"] == want["verdict"]
+    assert got["counts"] == want["counts"]
+    assert got["stages"]["forward"]["median_ms"] == pytest.approx(want["stages"]["forward"]["median_ms"])
+    other = report("other-svc")
+    assert other["counts"]["warm"] == 29
+    assert other["stages"]["forward"]["median_ms"] > 2 * want["stages"]["forward"]["median_ms"]
+    assert report("no-such-service")["requests"] == 0

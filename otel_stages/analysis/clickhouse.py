@@ -413,6 +413,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     """The statements behind :func:`fetch_aggregates`: the answer rows of every aggregate query
     (by name) and the quantile method used. Temporary tables are dropped afterwards."""
     settings = {**sql.DEFAULT_SETTINGS, **query.settings}
+    for statement in sql.service_statements(tables.traces_ref, query):
+        engine.execute(statement, sql.query_params(query), settings)
     plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
                        sql.query_params(query), settings)[0]
     for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
@@ -442,7 +444,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
-                  preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE, sql.APART_TABLE):
+                  preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE, sql.APART_TABLE,
+                  sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
 

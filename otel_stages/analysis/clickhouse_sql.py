@@ -37,6 +37,10 @@ REQUESTS_TABLE = "otel_stages_requests"
 PROCESS_TABLE = "otel_stages_processes"
 #: The warm requests set apart as cold (:mod:`otel_stages.analysis.clickhouse_apart`).
 APART_TABLE = "otel_stages_apart"
+#: With ``--service``: the traces holding a span of that service, and the services of their
+#: spans (whose metrics are read), as :func:`service_statements` fills them.
+SERVICE_TRACES_TABLE = "otel_stages_service_traces"
+SERVICE_NAMES_TABLE = "otel_stages_service_names"
 #: Custom stage groups nest at most this deep under a request (deeper ones stop the walk there).
 MAX_GROUP_DEPTH = 4
 #: Spans starting before this (2000-01-01T00:00:00Z) are broken clocks, left out and counted.
@@ -123,17 +127,43 @@ def query_params(query: AggregateQuery) -> dict[str, Any]:
     }
 
 
-def span_filter(query: AggregateQuery, *, odd: bool) -> str:
-    """WHERE clause over the traces table: window (with slack), service, and odd spans left out
-    (``odd=False``) or selected (``odd=True``: start before 2000 or longer than a day; the
-    table's partition key and duration index answer this without a full read)."""
+def _span_window(query: AggregateQuery) -> list[str]:
     parts = []
     if query.start_ns is not None:
         parts.append("Timestamp >= fromUnixTimestamp64Nano({scan_lo:Int64})")
     if query.end_ns is not None:
         parts.append("Timestamp < fromUnixTimestamp64Nano({hi:Int64})")
+    return parts
+
+
+def service_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """With ``query.service``: (re)create :data:`SERVICE_TRACES_TABLE` (ids of the traces with a
+    span of that ``service.name`` in the window) and :data:`SERVICE_NAMES_TABLE` (every service
+    with a span in those traces). ``--service`` picks whole traces, as with Jaeger and Tempo: a
+    request's stages that ran in another service (a GPU worker) stay in it. Empty without a
+    service."""
+    if not query.service:
+        return []
+    window = " AND ".join(["ServiceName = {service:String}", *_span_window(query)])
+    return [
+        f"DROP TEMPORARY TABLE IF EXISTS {SERVICE_TRACES_TABLE}",
+        f"DROP TEMPORARY TABLE IF EXISTS {SERVICE_NAMES_TABLE}",
+        f"""CREATE TEMPORARY TABLE {SERVICE_TRACES_TABLE} ENGINE = Memory AS
+SELECT DISTINCT TraceId FROM {traces} WHERE {window}""",
+        f"""CREATE TEMPORARY TABLE {SERVICE_NAMES_TABLE} ENGINE = Memory AS
+SELECT DISTINCT CAST(ServiceName AS String) AS name FROM {traces}
+WHERE TraceId IN {SERVICE_TRACES_TABLE} {" ".join(f"AND {p}" for p in _span_window(query))}""",
+    ]
+
+
+def span_filter(query: AggregateQuery, *, odd: bool) -> str:
+    """WHERE clause over the traces table: window (with slack), service (the spans of the
+    traces :func:`service_statements` picked), and odd spans left out (``odd=False``) or
+    selected (``odd=True``: start before 2000 or longer than a day; the table's partition key
+    and duration index answer this without a full read)."""
+    parts = _span_window(query)
     if query.service:
-        parts.append("ServiceName = {service:String}")
+        parts.append(f"TraceId IN {SERVICE_TRACES_TABLE}")
     bad = (f"(Timestamp < fromUnixTimestamp64Nano({MIN_SPAN_START_NS})"
            f" OR Duration > {MAX_SPAN_DURATION_NS})")
     parts.append(bad if odd else f"NOT {bad} AND SpanId != '' AND TraceId != ''")
@@ -186,12 +216,13 @@ def median(expr: str, cond: str, method: str) -> str:
 def metric_filter(query: AggregateQuery, names: str) -> str:
     """WHERE over a metrics table (the exporter's gauge or sum schema): ``MetricName IN names``
     (``names`` a SQL tuple, e.g. ``('hw.gpu.utilization')``), finite values, the window with
-    :data:`WINDOW_SLACK_NS` (params ``scan_lo`` / ``hi``) and the service (param ``service``)."""
+    :data:`WINDOW_SLACK_NS` (params ``scan_lo`` / ``hi``) and, with a service, the services of
+    the traces it picked (:data:`SERVICE_NAMES_TABLE`)."""
     parts = [f"MetricName IN {names}", "isFinite(Value)"]
     if query.start_ns is not None:
         parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
     if query.end_ns is not None:
         parts.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
     if query.service:
-        parts.append("ServiceName = {service:String}")
+        parts.append(f"ServiceName IN {SERVICE_NAMES_TABLE}")
     return " AND ".join(parts)

@@ -38,6 +38,14 @@ def usage_problem(args: argparse.Namespace) -> str | None:
         return "--query is a TraceQL query for --tempo"
     if args.baseline:
         return "--baseline is not supported with --clickhouse yet"
+    if args.fail_on_regression is not None:
+        return "--fail-on-regression compares with a baseline, which --clickhouse does not read yet"
+    if args.last_run:
+        return ("--last-run is not applied by the ClickHouse SQL: pick the run with --service and"
+                " --since, or report the exported files (PATH) with --last-run")
+    if args.html:
+        return ("--html draws each request's spans, which a ClickHouse report does not fetch:"
+                " report the exported files (PATH), Jaeger or Tempo with --html")
     if getattr(args, "stage_map", None):
         return ("--stage-map is not applied by the ClickHouse SQL: report the exported files (PATH)"
                 " or Jaeger / Tempo with --stage-map instead")
