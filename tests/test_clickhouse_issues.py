@@ -569,3 +569,80 @@ def test_service_picks_whole_traces(engine, tmp_path: Path) -> None:
     assert other["counts"]["warm"] == 29
     assert other["stages"]["forward"]["median_ms"] > 2 * want["stages"]["forward"]["median_ms"]
     assert report("no-such-service")["requests"] == 0
+
+
+# --- what the SQL does not read: said, and the verdict hedged ---------------------------------
+
+
+def _output_tokens(i: int, spans: Spans) -> None:
+    """Every request generated 16 tokens but the first, 512 (vLLM's completion tokens)."""
+    request = named(spans, "request")
+    request["attributes"].append({"key": "gen_ai.usage.completion_tokens",
+                                  "value": {"intValue": "512" if i == 0 else "16"}})
+    if i == 0:
+        _slower(spans, 6.0)
+
+
+def _size_on_resize(i: int, spans: Spans) -> None:
+    """The image size on the resize span instead of decode; the first request's image is unique
+    and slow."""
+    decode, resize = named(spans, "decode"), named(spans, "resize")
+    moved = [a for a in decode["attributes"] if a["key"].startswith("image.")]
+    decode["attributes"] = [a for a in decode["attributes"] if not a["key"].startswith("image.")]
+    if i == 0:
+        moved = [{**a, "value": {"intValue": "4000"}} if a["key"] == "image.width" else a for a in moved]
+        _slower(spans, 6.0)
+    resize["attributes"].extend(moved)
+
+
+_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+          "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec"]
+
+
+def _named_downloads(n: int) -> Callable[[int, Spans], None]:
+    """download spans named 'download <word>' (``n`` words) with the stage attribute."""
+    def edit(i: int, spans: Spans) -> None:
+        download = named(spans, "download")
+        download["name"] = f"download {_WORDS[i % n]}"
+        download["attributes"].append({"key": "stage", "value": {"stringValue": "download"}})
+    return edit
+
+
+@pytest.mark.parametrize("edit, unread", [
+    (_output_tokens, "prompt and output token counts (30 spans"),
+    (_size_on_resize, "image sizes on stage spans other than decode (30 spans)"),
+    (_named_downloads(17), "21 distinct span names under requests (more than 20)"),
+])
+def test_what_the_sql_does_not_read_is_said_and_hedges_the_verdict(
+        engine, tmp_path: Path, edit: Callable[[int, Spans], None], unread: str) -> None:
+    """The file report splits these requests by what the SQL does not read (an output length,
+    an image size on another stage, more than MAX_STAGE_NAMES names): its verdict is not the
+    SQL's, so the SQL's says why and is tentative rather than confidently different."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "unread.jsonl", edit))
+    (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert line.startswith(NOT_CHECKED + unread)
+    assert got["verdict"]["tentative"] and not want["verdict"]["tentative"]
+    assert got["verdict"]["evidence"][0].startswith("the ClickHouse SQL does not read everything")
+
+
+def test_twenty_distinct_names_are_read_as_the_file_report_does(engine, tmp_path: Path) -> None:
+    """16 download names + 4 standard stages = MAX_STAGE_NAMES: no switch in the file report, so
+    nothing unread, and the same confident verdict."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "names20.jsonl", _named_downloads(16)))
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert got["verdict"] == want["verdict"]
+
+
+def test_a_file_imported_twice_reads_as_once(engine) -> None:
+    """Importing the same file twice stores every span twice (the exporter's table has no key):
+    the report, decode facts included ('decoded more than once' would be false), is the file
+    report's of one copy."""
+    path = TRACES / "preprocess_mixed_sizes.otlp.jsonl"
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [path])
+    import_files(engine, tables, [path])
+    got = json.loads(json.dumps(report_dict(fetch_aggregates(engine, tables, AggregateQuery()))))
+    want = json.loads(json.dumps(diagnose(load_paths([path])).to_dict()))
+    assert want["verdict"]["stage"] == "decode"
+    assert got["verdict"] == want["verdict"]
+    assert not any("more than once" in e for e in got["verdict"]["evidence"])

@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 from otel_stages.analysis import clickhouse_apart as apart
 from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
+from otel_stages.analysis import clickhouse_gaps as gaps
 from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis import clickhouse_preprocess as preprocess
 from otel_stages.analysis import clickhouse_queries as queries
@@ -430,6 +431,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
+    results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
+                                  settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),

@@ -51,6 +51,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_gaps import gaps_caveat
+from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
 from otel_stages.analysis.clickhouse_result import (
     CohortAggregate,
     FleetAggregates,
@@ -334,6 +336,7 @@ def verdict(agg: FleetAggregates, fig: Figures | None = None) -> Verdict:
     fig = figures(agg) if fig is None else fig
     out = decide(fig)
     overlap_caveat(out, fig, agg.overlap)
+    gaps_caveat(out, [p for p in agg.problems if p.startswith(NOT_CHECKED)])
     return out
 
 

@@ -56,11 +56,13 @@ def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
     """Statements that fill :data:`TABLE` (params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`):
     per warm request its input, decode ms and count, the first span's draft scale and resize
     target, and its decode / resize spans' thread names and event-loop flags. Read once; the
-    sums of :func:`preprocess_sql` then read this small table."""
+    sums of :func:`preprocess_sql` then read this small table. Spans count by span id: one
+    stored twice (a file imported twice, a retried export) counts once."""
     a = "SpanAttributes"
     decode = semconv.STAGE_DECODE
     spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
-        reinterpretAsUInt64(unhex(ParentSpanId)) AS span_key, CAST(SpanName AS String) AS name,
+        reinterpretAsUInt64(unhex(ParentSpanId)) AS span_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
+        CAST(SpanName AS String) AS name,
         toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
         {_pos_int(semconv.IMAGE_DRAFT_SCALE)} AS draft,
         {_pos_int(semconv.IMAGE_TARGET_WIDTH)} AS tw, {_pos_int(semconv.IMAGE_TARGET_HEIGHT)} AS th,
@@ -73,12 +75,13 @@ def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
     FROM {_R} WHERE warm AND span_key != 0"""
     per_request = f"""SELECT w.trace_key AS trace_key, any(w.proc) AS proc, any(w.start_ns) AS start,
         any(w.width) AS width, any(w.height) AS height, any(w.bytes) AS bytes, any(w.fmt) AS fmt,
-        any(w.ms) AS ms, any(w.decoded) AS decoded, countIf(s.name = '{decode}') AS n_decode,
+        any(w.ms) AS ms, any(w.decoded) AS decoded, uniqExactIf(s.sid, s.name = '{decode}') AS n_decode,
         argMinIf(s.draft, s.start, s.name = '{decode}' AND s.draft IS NOT NULL) AS draft,
         argMinIf(s.tw, s.start, s.name != '{decode}' AND s.tw IS NOT NULL) AS tw,
         argMinIf(s.th, s.start, s.name != '{decode}' AND s.th IS NOT NULL) AS th,
-        count() AS k, groupUniqArrayIf(s.thread, s.thread != '') AS threads,
-        countIf(s.loop = 'true') AS on_loop, countIf(s.loop IN ('true', 'false')) AS loop_known,
+        uniqExact(s.sid) AS k, groupUniqArrayIf(s.thread, s.thread != '') AS threads,
+        uniqExactIf(s.sid, s.loop = 'true') AS on_loop,
+        uniqExactIf(s.sid, s.loop IN ('true', 'false')) AS loop_known,
         groupUniqArrayIf(s.thread, s.loop = 'true' AND s.thread != '') AS loop_threads
     FROM ({warm}) AS w INNER JOIN ({spans}) AS s ON s.trace_key = w.trace_key AND s.span_key = w.span_key
     GROUP BY w.trace_key, w.span_key

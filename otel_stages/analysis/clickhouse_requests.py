@@ -260,6 +260,18 @@ WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
         f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE} WHERE per_request")})"""
 
 
+def custom_names_sql() -> str:
+    """``SELECT distinct_names, plain_names``: distinct names of the custom stage spans (children
+    of stage parents that hold no stage spans), and of those whose names do not look
+    per-request (:data:`PER_REQUEST_RE2`), which stay stage names here."""
+    parents = _stage_parents_among(f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")
+    groups = _stage_parents_among(f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")
+    return f"""SELECT uniqExact(span_name) AS distinct_names,
+    uniqExactIf(span_name, NOT per_request) AS plain_names
+FROM {CUSTOM_TABLE}
+WHERE (trace_key, pid) IN ({parents}) AND (trace_key, sid) NOT IN ({groups})"""
+
+
 def _owner_walk(depth: int) -> str:
     """Nested groups: each group's owner is its parent, or that parent's owner when the parent is
     a group too (``depth`` steps)."""

@@ -18,6 +18,7 @@ from typing import Any
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_apart import ApartRequest, apart_requests, apart_total, unlisted_line
 from otel_stages.analysis.clickhouse_failures import failure_kinds
+from otel_stages.analysis.clickhouse_gaps import gap_lines
 from otel_stages.analysis.clickhouse_issues import SpanIssues, not_checked
 from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
@@ -518,6 +519,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     unchecked = not_checked(
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
         signals=bool(results.get("signals") and results["signals"][0]["signals"]))
+    if results.get("gaps"):
+        unchecked += gap_lines(results["gaps"][0], standard_names=sum(
+            1 for r in results["stages"] if r["stage"] in semconv.STANDARD_STAGES))
     set_apart = apart_requests(results.get("apart") or [])
     return FleetAggregates(
         url=url, start_ns=start_ns, end_ns=end_ns, service=service,
