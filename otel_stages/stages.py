@@ -339,7 +339,7 @@ class StageScope(Scope):
     # Python frame each way. Measured (BENCHMARKS.md, instruction counts under callgrind) and cut:
     # the current context is read once and passed on (start_span, its sampler and
     # set_span_in_context would each read it again); the context is read, set and reset on the
-    # OpenTelemetry API's own ContextVar (``_CONTEXT``: three Python frames less each way); the
+    # OpenTelemetry API's own ContextVar (_api_context: Python frames less each way); the
     # span is put in the context as ``trace.set_span_in_context`` does; ``start_span`` and
     # ``end`` take positional arguments in the API's order (a keyword call misses CPython's
     # specialised call path); the clock's function is loaded as an attribute, not called as a
