@@ -212,6 +212,7 @@ class _Bench:
             "live_attrs": ({}, _otel_stages_attrs),
             "deferred_attrs": ({"deferred": True}, _otel_stages_attrs),
         }
+        assert tuple(self.candidates) == CANDIDATES
         self.builder_s = 0.0  # builder CPU spent building deferred rounds (untimed part)
         self.built = 0
 
@@ -245,6 +246,12 @@ class _Bench:
         return (wall1 - wall0) / requests / 1e3, (cpu1 - cpu0) / requests / 1e3
 
 
+#: Every candidate's name, in the order a round starts from (rotated each round).
+CANDIDATES = ("bare_pairs", "bare", "bare_cpu", "disabled", "sdk_start_span", "sdk_start_as_current_span",
+              "live", "deferred", "live_no_signals", "deferred_no_signals", "live_run_queue",
+              "deferred_run_queue", "sdk_start_span_signals", "sdk_start_span_attrs", "live_attrs",
+              "deferred_attrs")
+
 RATIOS = {  # name: (candidate, baseline)
     "deferred_vs_sdk_start_span": ("deferred", "sdk_start_span"),
     "live_vs_sdk_start_span": ("live", "sdk_start_span"),
@@ -266,18 +273,22 @@ RATIOS = {  # name: (candidate, baseline)
 }
 
 
-def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, Any]:
-    """Run the benchmark; returns the report (module docstring)."""
+def measure(rounds: int, warmup: int, requests: int, folder: Path,
+            only: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns the report (module docstring). ``only``: run just these
+    candidates (a quicker look while iterating; ratios and targets whose two sides did not run
+    are left out)."""
     load_before = os.getloadavg()
     telemetry = ots.configure(data_dir=folder, gpu="off", set_global=False, span_mode="live",
                               service_name="overhead-benchmark")
     signals_default = signals.is_enabled()  # configure()'s default: on
     bench = _Bench(telemetry)
-    names = list(bench.candidates)
+    names = list(bench.candidates) if only is None else only
+    pairs = {k: v for k, v in RATIOS.items() if set(v) <= set(names)}
     walls: dict[str, list[float]] = {n: [] for n in names}
     cpus: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {k: [] for k in RATIOS}
-    wall_ratios: dict[str, list[float]] = {k: [] for k in RATIOS}
+    ratios: dict[str, list[float]] = {k: [] for k in pairs}
+    wall_ratios: dict[str, list[float]] = {k: [] for k in pairs}
     started = time.monotonic()
     try:
         for index in range(warmup + rounds):
@@ -291,19 +302,21 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
                 for name in names:
                     walls[name].append(wall_round[name])
                     cpus[name].append(cpu_round[name])
-                for key, (num, den) in RATIOS.items():
+                for key, (num, den) in pairs.items():
                     ratios[key].append(cpu_round[num] / cpu_round[den])
                     wall_ratios[key].append(wall_round[num] / wall_round[den])
         bench._settle()
     finally:
         ok = telemetry.shutdown()
         bench.builder.shutdown(time.monotonic() + 5)
-    # deferred, _no_signals, _attrs, _run_queue
-    deferred_requests = (rounds + warmup) * requests * 4
+    deferred_requests = (rounds + warmup) * requests * sum(
+        bool(bench.candidates[n][0].get("deferred")) for n in names)
     median = statistics.median
     cpu_us = {n: round(median(v), 3) for n, v in cpus.items()}
 
-    def per_span(num: str, den: str | None = None) -> float:
+    def per_span(num: str, den: str | None = None) -> float | None:
+        if num not in cpu_us or (den is not None and den not in cpu_us):
+            return None  # not run (--candidates)
         return round((cpu_us[num] - (cpu_us[den] if den else 0.0)) / SPANS_PER_REQUEST, 3)
 
     report: dict[str, Any] = {
@@ -340,10 +353,10 @@ def measure(rounds: int, warmup: int, requests: int, folder: Path) -> dict[str, 
                     "load_avg_after": [round(x, 2) for x in os.getloadavg()]},
     }
     report["targets"] = {k: {"ratio": report["ratios"][k], "at_most": t, "met": report["ratios"][k] <= t}
-                         for k, t in TARGETS.items()}
+                         for k, t in TARGETS.items() if k in pairs}
     report["targets_no_signals"] = {
         k: {"ratio": report["ratios"][k], "at_most": t, "met": report["ratios"][k] <= t}
-        for k, t in TARGETS_NO_SIGNALS.items()}
+        for k, t in TARGETS_NO_SIGNALS.items() if k in pairs}
     return report
 
 
@@ -355,11 +368,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests per candidate per round (default 80; x6 spans stays under "
                              "the batch processor's 512-span batch)")
     parser.add_argument("--smoke", action="store_true", help="2 rounds of 5 requests, no warm-up")
+    parser.add_argument("--candidates", metavar="NAME,...",
+                        help="run only these candidates, comma-separated (e.g. "
+                             "live_no_signals,sdk_start_span); the full run is what BENCHMARKS.md "
+                             "reports")
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.warmup, args.requests = 2, 0, 5
+    only = None
+    if args.candidates:
+        only = [n.strip() for n in args.candidates.split(",") if n.strip()]
+        unknown = sorted(set(only) - set(CANDIDATES))
+        if unknown:
+            parser.error(f"--candidates: unknown {', '.join(unknown)} (known: {', '.join(CANDIDATES)})")
     with tempfile.TemporaryDirectory() as folder:
-        report = measure(args.rounds, args.warmup, args.requests, Path(folder))
+        report = measure(args.rounds, args.warmup, args.requests, Path(folder), only)
         report["spans_written"] = sum(
             len(scope["spans"]) for path in Path(folder).glob("traces-*.jsonl")
             for line in path.read_bytes().splitlines()

@@ -48,7 +48,18 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("configure", "Telemetry"):
-        from otel_stages import sdk
+        from otel_stages import sdk  # its import makes both plain attributes (_setup_imported)
 
         return getattr(sdk, name)
     raise AttributeError(f"module 'otel_stages' has no attribute {name!r}")
+
+
+def _setup_imported(configure: Any, telemetry: Any) -> None:
+    """Called by :mod:`otel_stages.sdk` once imported: ``configure`` and ``Telemetry`` become plain
+    attributes and the module ``__getattr__`` above goes away. CPython (3.11) does not specialise
+    attribute loads on a module that defines ``__getattr__``: every ``ots.stage`` would pay a
+    generic lookup (measured: about a quarter of a disabled stage's own cost, BENCHMARKS.md)."""
+    names = globals()
+    names["configure"] = configure
+    names["Telemetry"] = telemetry
+    names.pop("__getattr__", None)

@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+import otel_stages as _package
 from otel_stages import attributes, propagation, sampling, semconv, urls
 from otel_stages._runtime import RUNTIME, scoped_tracer
 from otel_stages._version import __version__
@@ -417,3 +418,7 @@ def _shutdown_at_exit() -> None:
 atexit.register(_shutdown_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+# ``otel_stages.configure`` / ``otel_stages.Telemetry`` were lazy (the package's __getattr__, so
+# that instrumented code does not import the SDK); now that it is imported they are plain names.
+_package._setup_imported(configure, Telemetry)

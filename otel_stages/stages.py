@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
 from types import TracebackType
@@ -38,7 +38,9 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from otel_stages import semconv
 from otel_stages._runtime import DEFERRED, LIVE, RECORD_KEY, RUNTIME, guard
@@ -58,6 +60,42 @@ _GUARD_DETACH = guard("context detach")
 _GUARD_SIGNALS = guard("stage signals")
 _on_start = _capture.on_start
 _on_finish = _capture.on_finish
+_getframe = sys._getframe
+_INTERNAL = SpanKind.INTERNAL
+_REQUEST_SEQ = semconv.REQUEST_SEQ
+_REQUEST_COLD_START = semconv.REQUEST_COLD_START
+_set_span_in_context = trace.set_span_in_context
+_Context = otel_context.Context
+
+
+def _api_context() -> tuple[Callable[[], otel_context.Context],
+                            Callable[[otel_context.Context], Token[otel_context.Context]],
+                            Callable[[Token[otel_context.Context]], None]]:
+    """``(get_current, attach, detach)`` for the hot path: the ``ContextVar`` methods behind the
+    OpenTelemetry API's own functions when the API runs its default runtime context
+    (``opentelemetry/context/contextvars_context.py``: ``attach`` is ``set``, ``get_current``
+    ``get``, ``detach`` ``reset``; one C call instead of three Python frames), else the API's
+    functions (``OTEL_PYTHON_CONTEXT`` names another runtime context). Read once, at import, as
+    the API reads its own (``opentelemetry.context._RUNTIME_CONTEXT``)."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is ContextVarsRuntimeContext:
+        var = runtime._current_context
+        return var.get, var.set, var.reset
+    return otel_context.get_current, otel_context.attach, otel_context.detach
+
+
+_get_current, _attach, _reset = _api_context()
+#: The API's detach: logs "Failed to detach context" and returns (what a failed ``_reset`` falls
+#: back to, so a bad token is reported as the API reports it).
+_api_detach = otel_context.detach
+
+
+def _detach(token: Token[otel_context.Context]) -> None:
+    """``otel_context.detach(token)``, through the ContextVar when it can (see _api_context)."""
+    try:
+        _reset(token)
+    except Exception:  # noqa: BLE001 - the API's own handling: it logs the failure and goes on
+        _api_detach(token)
 
 
 def start_signals() -> _capture.State | None:
@@ -138,6 +176,11 @@ class Scope:
         return wrapper  # type: ignore[return-value]
 
 
+def _exit_nothing(exc_type: type[BaseException] | None, exc: BaseException | None,
+                  tb: TracebackType | None) -> None:
+    """A no-op scope's ``__exit__``: nothing to end, the exception (if any) propagates."""
+
+
 class _NoopScope(Scope):
     """Telemetry off: records nothing. One shared object per stage name (``_NOOPS``); stateless,
     so it can be entered by any number of threads and blocks at once."""
@@ -148,11 +191,13 @@ class _NoopScope(Scope):
         self.name = name
         self.attributes = attributes
 
-    # Entering and leaving a no-op stage runs no Python frame: both are C callables. ``__enter__``
-    # returns INVALID_SPAN (for ``as span``); ``__exit__`` is ``"".format``, which takes any
-    # arguments and returns "", a false value, so the block's exception propagates unchanged.
-    __enter__ = staticmethod(itertools.repeat(INVALID_SPAN).__next__)
-    __exit__ = staticmethod("".format)  # type: ignore[assignment]
+    # The cheapest pair measured (instructions per ``with`` block under callgrind, BENCHMARKS.md):
+    # ``__enter__`` is a weak reference to INVALID_SPAN (a module-level singleton, never freed):
+    # calling it returns the span (for ``as span``) without a Python frame; ``__exit__`` is a
+    # plain function returning None (so the block's exception propagates unchanged), cheaper than
+    # any C callable that takes three arguments (``"".format`` parses its format string).
+    __enter__ = staticmethod(weakref.ref(INVALID_SPAN))  # type: ignore[assignment]
+    __exit__ = staticmethod(_exit_nothing)
 
     async def __aenter__(self) -> Span:
         return INVALID_SPAN
@@ -188,25 +233,50 @@ def _noop(name: str, attributes: dict[str, Any]) -> _NoopScope:
 
 class StageScope(Scope):
     """A live span around a block or a call: started on entry (parent: the current span) and made
-    current, ended on exit. See :class:`Scope`."""
+    current, ended on exit. See :class:`Scope`.
 
-    __slots__ = ("_signals", "_span", "_start_ns", "_token", "attributes", "name")
+    One class for stages and requests (:func:`request` sets ``_request``): the hot methods then
+    see one type, so CPython's specialised attribute loads keep hitting (a subclass sharing them
+    would miss on every request span).
+    """
 
-    #: Whether the start attributes come from :meth:`_start_attributes` (a request: sequence
-    #: number) rather than :attr:`attributes` as given (saves a call per stage).
-    _computed_attributes = False
+    __slots__ = ("_request", "_signals", "_span", "_start_ns", "_token", "attributes", "name")
 
-    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+    def __init__(self, name: str, attributes: dict[str, Any],
+                 request: tuple[str | None, bool | None] | None = None) -> None:
         self.name = name
         self.attributes = attributes
+        #: ``None`` for a stage; for a request span ``(request_id, cold_start)`` as given to
+        #: :func:`request` (the start attributes then carry ``request.seq`` and the rest).
+        self._request = request
         self._span: Span | None = None
         self._token: Token[otel_context.Context] | None = None
         self._start_ns = 0
         self._signals: _capture.State | None = None
 
+    @property
+    def request_id(self) -> str | None:
+        """``request_id`` as given to :func:`request` (``None`` for a stage)."""
+        return None if self._request is None else self._request[0]
+
+    @property
+    def cold_start(self) -> bool | None:
+        """``cold_start`` as given to :func:`request` (``None``: from the request sequence)."""
+        return None if self._request is None else self._request[1]
+
+    def _fresh(self) -> Scope:
+        if self._request is None:
+            return _new_stage(self.name, self.attributes)
+        return _new_request(self.name, self.attributes, None, self._request[1])
+
     # -- span lifecycle (generator wrappers, handoff, cuda_stage) ---------------------------------
-    def _start_attributes(self) -> dict[str, Any]:
-        return self.attributes
+    def _start_attributes(self) -> Mapping[str, Any]:
+        """The span's start attributes, cleaned; a request's take the next sequence number."""
+        request = self._request
+        if request is None:
+            attributes = self.attributes
+            return clean_attributes(attributes) if attributes else attributes
+        return _request_attributes(self.attributes, request)
 
     def _open(self, parent: otel_context.Context | None = None, start_ns: int | None = None,
               links: Sequence[Any] | None = None) -> Span:
@@ -214,9 +284,7 @@ class StageScope(Scope):
         if not RUNTIME.mode:  # scopes made directly (handoff, cuda_stage) follow the switch too
             return INVALID_SPAN
         with _GUARD_START:  # telemetry must not break inference
-            attributes: Mapping[str, Any] = self._start_attributes()
-            if attributes:
-                attributes = clean_attributes(attributes)  # before the clock starts
+            attributes = self._start_attributes()  # before the clock starts
             if parent is None and RUNTIME.mode == DEFERRED:  # a live span in a deferred stage
                 parent = _deferred_parent()
             if start_ns is None:
@@ -231,13 +299,13 @@ class StageScope(Scope):
 
     def _attach(self) -> None:
         if self._span is not None:
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+            self._token = _attach(_set_span_in_context(self._span, _get_current()))
 
     def _detach(self) -> None:
         token, self._token = self._token, None
         if token is not None:
             with _GUARD_DETACH:
-                otel_context.detach(token)
+                _detach(token)
 
     def _close(self, exc: BaseException | None, end_ns: int | None = None) -> None:
         span = self._span
@@ -267,22 +335,33 @@ class StageScope(Scope):
         return end_ns
 
     # -- context manager: the hot path ----------------------------------------------------------
-    # What the raw SDK does per span (start_span, attach, detach, end) plus the span clock. The
-    # current context is read once and passed on: start_span, its sampler and set_span_in_context
-    # would each read it again, which pays for most of this wrapper's own calls. Failures go to
-    # the guard through ``except`` (the guard's hot-path form: see otel_stages._runtime.guard).
-    def _enter_at(self, frame: Any) -> Span:
-        """Start the span; ``frame`` is the caller's (a generator's ``with`` does not attach)."""
+    # What the raw SDK does per span (start_span, attach, detach, end) plus the span clock, in one
+    # Python frame each way. Measured (BENCHMARKS.md, instruction counts under callgrind) and cut:
+    # the current context is read once and passed on (start_span, its sampler and
+    # set_span_in_context would each read it again); the context is read, set and reset on the
+    # OpenTelemetry API's own ContextVar (_api_context: Python frames less each way); the
+    # span is put in the context as ``trace.set_span_in_context`` does; ``start_span`` and
+    # ``end`` take positional arguments in the API's order (a keyword call misses CPython's
+    # specialised call path); the clock's function is loaded as an attribute, not called as a
+    # method (a slot holding a builtin misses the method-call specialisation). Failures go to the
+    # guard through ``except`` (the guard's hot-path form: see otel_stages._runtime.guard).
+    def __enter__(self, _frame: Any = None) -> Span:
+        """Start the span and make it current; ``_frame``: the frame whose block this is (the
+        caller's when not given; a generator's ``with`` does not make it current)."""
+        frame = _getframe(1) if _frame is None else _frame
         try:
-            if self._computed_attributes:  # before the clock starts
-                attributes: Mapping[str, Any] = self._start_attributes()  # cleaned
-            else:
+            request = self._request
+            attributes: Mapping[str, Any]
+            if request is None:
                 attributes = self.attributes
                 if attributes:
-                    attributes = clean_attributes(attributes)
+                    attributes = clean_attributes(attributes)  # before the clock starts
+            else:
+                attributes = _request_attributes(self.attributes, request)
             context = _get_current()
             clock = RUNTIME.clock
-            self._start_ns = start_ns = clock.monotonic_ns() + clock.offset_ns
+            monotonic_ns = clock.monotonic_ns
+            self._start_ns = start_ns = monotonic_ns() + clock.offset_ns
             if _capture._enabled:  # issue 13's readings, right after the start time
                 try:
                     self._signals = _on_start()
@@ -291,20 +370,19 @@ class StageScope(Scope):
                     _GUARD_SIGNALS.failed(exc)
             else:
                 self._signals = None
-            self._span = span = RUNTIME.tracer.start_span(self.name, context, attributes=attributes,
-                                                          start_time=start_ns)
+            self._span = span = RUNTIME.tracer.start_span(self.name, context, _INTERNAL, attributes,
+                                                          None, start_ns)
             if not frame.f_code.co_flags & _GENERATOR_CODE or _driven_by_contextlib(frame):
-                self._token = _attach(_set_span_in_context(span, context))
+                values = context.copy()  # trace.set_span_in_context(span, context), inlined
+                values[_SPAN_KEY] = span  # as its set_value builds it
+                self._token = _attach(_Context(values))
             return span
         except Exception as exc:  # noqa: BLE001 - the guard's hot-path form: telemetry must not break inference
             _GUARD_START.failed(exc)
         return INVALID_SPAN
 
-    def __enter__(self) -> Span:
-        return self._enter_at(sys._getframe(1))
-
     async def __aenter__(self) -> Span:
-        return self._enter_at(sys._getframe(1))
+        return self.__enter__(_getframe(1))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -315,27 +393,50 @@ class StageScope(Scope):
         self._span = None
         try:
             try:
-                if not RUNTIME.stage_end_hooks:  # the common case: _finish inlined
-                    clock = RUNTIME.clock
-                    end_ns = clock.monotonic_ns() + clock.offset_ns
-                    state = self._signals
-                    if state is not None:
-                        try:
-                            _on_finish(span, state, self._start_ns, end_ns)
-                        except Exception as error:  # noqa: BLE001 - the guard's hot-path form
-                            _GUARD_SIGNALS.failed(error)
-                    if exc is not None and not isinstance(exc, _NOT_ERRORS):
-                        record_error(span, exc, end_ns)
-                else:
-                    end_ns = self._finish(span, exc)
+                clock = RUNTIME.clock
+                monotonic_ns = clock.monotonic_ns
+                end_ns = monotonic_ns() + clock.offset_ns
+                state = self._signals
+                if state is not None:
+                    try:
+                        _on_finish(span, state, self._start_ns, end_ns)
+                    except Exception as error:  # noqa: BLE001 - the guard's hot-path form
+                        _GUARD_SIGNALS.failed(error)
+                if RUNTIME.stage_end_hooks:  # keyed by stage name: run_end_hooks picks this one's
+                    run_end_hooks(span, self.name, self._start_ns, end_ns)
+                if exc is not None and not isinstance(exc, _NOT_ERRORS):
+                    record_error(span, exc, end_ns)
             finally:  # the context is restored whatever failed
                 token = self._token
                 if token is not None:
                     self._token = None
-                    _detach(token)
-            span.end(end_time=end_ns)
+                    try:
+                        _reset(token)
+                    except Exception:  # noqa: BLE001 - the API's own handling: logs, goes on
+                        _api_detach(token)
+            span.end(end_ns)
         except Exception as error:  # noqa: BLE001 - the guard's hot-path form
             _GUARD_END.failed(error)
+
+
+def _request_attributes(attributes: dict[str, Any],
+                        request: tuple[str | None, bool | None]) -> dict[str, Any]:
+    """A live request span's start attributes, cleaned, with the next sequence number
+    (:func:`otel_stages.sequence.request_attributes`, inlined: a request is a sixth of the spans
+    of a typical request)."""
+    seq, cold = next_request()
+    request_id, cold_start = request
+    if cold_start is not None:
+        cold = cold_start
+    if attributes:
+        attrs = dict(clean_attributes(attributes))
+        attrs[_REQUEST_SEQ] = seq
+        attrs[_REQUEST_COLD_START] = cold
+    else:
+        attrs = {_REQUEST_SEQ: seq, _REQUEST_COLD_START: cold}
+    if request_id is not None:
+        attrs[semconv.REQUEST_ID] = clean_value(request_id, key=semconv.REQUEST_ID)
+    return attrs
 
 
 def _deferred_parent() -> otel_context.Context | None:
@@ -349,12 +450,6 @@ def _deferred_parent() -> otel_context.Context | None:
     return trace.set_span_in_context(builder.start_now(record), current)
 
 
-_get_current = otel_context.get_current
-_attach = otel_context.attach
-_detach = otel_context.detach
-_set_span_in_context = trace.set_span_in_context
-
-
 def run_end_hooks(span: Any, name: str, start_ns: int, end_ns: int) -> None:
     """Run the stage-end hooks registered for ``name`` (each behind its own guard: one bad hook
     must not skip the others)."""
@@ -366,34 +461,6 @@ def run_end_hooks(span: Any, name: str, start_ns: int, end_ns: int) -> None:
         for hook, hook_guard in hooks:
             with hook_guard:
                 hook(span, name, start_ns, end_ns)
-
-
-class RequestScope(StageScope):
-    """The parent span of one inference request; sets ``request.seq`` / ``request.cold_start``."""
-
-    __slots__ = ("cold_start", "request_id")
-
-    def __init__(self, name: str, attributes: dict[str, Any], request_id: str | None = None,
-                 cold_start: bool | None = None) -> None:
-        super().__init__(name, attributes)
-        self.request_id = request_id
-        self.cold_start = cold_start
-
-    _computed_attributes = True
-
-    def _start_attributes(self) -> dict[str, Any]:
-        """Cleaned, with the next sequence number (request_attributes() inlined: a request is a
-        sixth of the spans of a typical request)."""
-        seq, cold = next_request()
-        attrs = dict(clean_attributes(self.attributes)) if self.attributes else {}
-        attrs[semconv.REQUEST_SEQ] = seq
-        attrs[semconv.REQUEST_COLD_START] = cold if self.cold_start is None else self.cold_start
-        if self.request_id is not None:
-            attrs[semconv.REQUEST_ID] = clean_value(self.request_id, key=semconv.REQUEST_ID)
-        return attrs
-
-    def _fresh(self) -> Scope:
-        return _new_request(self.name, self.attributes, None, self.cold_start)
 
 
 # Deferred mode's scope classes. otel_stages.deferred builds on this module and registers them
@@ -421,7 +488,7 @@ def _new_request(name: str, attributes: dict[str, Any], request_id: str | None,
                  cold_start: bool | None) -> Scope:
     mode = RUNTIME.mode
     if mode == LIVE:
-        return RequestScope(name, attributes, request_id, cold_start)
+        return StageScope(name, attributes, (request_id, cold_start))
     if mode == DEFERRED:
         return DeferredRequest(name, attributes, request_id, cold_start)  # type: ignore[no-any-return]
     if request_id is None and cold_start is None:
@@ -464,6 +531,7 @@ def stage(name: str, /, **attributes: Any) -> Scope:
         scope = _new_object(StageScope)
         scope.name = name
         scope.attributes = attributes
+        scope._request = None
         scope._span = None
         scope._token = None
         return scope
@@ -492,14 +560,13 @@ def request(name: str = semconv.SPAN_REQUEST, /, *, request_id: str | None = Non
             return _NOOPS[name]  # off: the shared no-op, as in stage()
         except KeyError:
             pass
-    if mode == LIVE:  # RequestScope(...) without the __init__ frames: same fields
-        scope = _new_object(RequestScope)
+    if mode == LIVE:  # StageScope(name, attributes, (request_id, cold_start)) without __init__
+        scope = _new_object(StageScope)
         scope.name = name
         scope.attributes = attributes
+        scope._request = (request_id, cold_start)
         scope._span = None
         scope._token = None
-        scope.request_id = request_id
-        scope.cold_start = cold_start
         return scope
     return _new_request(name, attributes, request_id, cold_start)
 

@@ -57,3 +57,14 @@ def test_exporter_smoke_writes_the_official_bytes_and_loses_nothing():
         assert run["spans_written"] + run["spans_dropped"] == run["spans_expected"] > 0
     assert report["targets"]["no_spans_lost_default_configure"]["met"] is True
     assert report["targets_no_signals"]["no_spans_lost_default_configure"]["met"] is True
+
+
+def test_overhead_instructions_child_loop_runs_every_default_candidate():
+    """benchmarks/overhead_instructions.py counts under valgrind (not in the suite); the loop it
+    counts must keep running on the candidates of overhead.py."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
+    for name in ("disabled", "live_no_signals", "deferred"):
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead_instructions.py"),
+                               "--child", name, "80"], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
