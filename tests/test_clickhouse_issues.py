@@ -32,6 +32,7 @@ from otel_stages.analysis.caveats import SKEWED_MIN_FRACTION
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
 from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
+from otel_stages.analysis.clickhouse_queries import MAX_FOREIGN_GPU_PROCESSES
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
 from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.commands.clickhouse_report import text
@@ -646,3 +647,55 @@ def test_a_file_imported_twice_reads_as_once(engine) -> None:
     assert want["verdict"]["stage"] == "decode"
     assert got["verdict"] == want["verdict"]
     assert not any("more than once" in e for e in got["verdict"]["evidence"])
+
+
+# --- GPU points from processes that ran no request -----------------------------------------------
+
+
+def _gpu_elsewhere(source: Path, target: Path, processes: int) -> Path:
+    """``source`` with its GPU metrics sent by ``processes`` exporter processes (service
+    ``dcgm-exporter``, one ``service.instance.id`` each, the points dealt out among them in
+    turn) instead of the service that ran the requests."""
+    out = []
+    for line in source.read_text().splitlines():
+        doc = json.loads(line)
+        if "resourceMetrics" not in doc:
+            out.append(doc)
+            continue
+        copies = []
+        for k in range(processes):
+            for rm in copy.deepcopy(doc["resourceMetrics"]):
+                rm["resource"]["attributes"] = [
+                    {"key": "service.name", "value": {"stringValue": "dcgm-exporter"}},
+                    {"key": "service.instance.id", "value": {"stringValue": f"exporter-{k}"}}]
+                for sm in rm["scopeMetrics"]:
+                    for metric in sm["metrics"]:
+                        points = metric["gauge"]["dataPoints"]
+                        metric["gauge"]["dataPoints"] = points[k::processes]
+                copies.append(rm)
+        out.append({"resourceMetrics": copies})
+    target.write_text("".join(json.dumps(doc) + "\n" for doc in out))
+    return target
+
+
+@pytest.mark.parametrize("processes", [1, MAX_FOREIGN_GPU_PROCESSES])
+def test_gpu_points_of_an_exporter_process_meet_the_forwards(engine, tmp_path: Path, processes: int) -> None:
+    """The GPU metrics come from exporter processes that ran no request (a DCGM exporter, a GPU
+    worker): lined up with the forwards by time, as the file report does, the verdict is the
+    file report's gpu_busy, not 'no GPU data: enable the GPU sampler'."""
+    path = _gpu_elsewhere(TRACES / "gpu_busy.otlp.jsonl", tmp_path / "dcgm.jsonl", processes)
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert got["verdict"] == want["verdict"]
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+
+
+def test_gpu_points_of_too_many_exporter_processes_are_said_unread(engine, tmp_path: Path) -> None:
+    """One exporter process more than MAX_FOREIGN_GPU_PROCESSES: not lined up (each host's
+    forwards would meet every host's GPUs), said, and the verdict is tentative."""
+    path = _gpu_elsewhere(TRACES / "gpu_busy.otlp.jsonl", tmp_path / "dcgm9.jsonl",
+                          MAX_FOREIGN_GPU_PROCESSES + 1)
+    got, _ = reports(engine, path)
+    (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert line.startswith(f"{NOT_CHECKED}GPU points from {MAX_FOREIGN_GPU_PROCESSES + 1} processes")
+    assert got["verdict"]["tentative"] and got["verdict"]["cause"] != "gpu_busy"

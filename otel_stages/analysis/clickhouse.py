@@ -433,6 +433,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
+    results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(tables.gauge_ref, query),
+                                         sql.query_params(query), settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),
@@ -448,7 +450,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
                   preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE, sql.APART_TABLE,
-                  sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE):
+                  sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
 

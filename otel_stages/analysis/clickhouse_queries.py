@@ -30,6 +30,7 @@ from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis.clickhouse_requests import names_sql
 from otel_stages.analysis.clickhouse_sql import (
     GPU_BUCKET_NS,
+    GPU_OWNERS_TABLE,
     PERCENT_GUESS,
     PROCESS_TABLE,
     AggregateQuery,
@@ -251,11 +252,57 @@ CROSS JOIN (SELECT quantileExactInclusive(0.5)(d) AS m FROM ({forwards})) AS med
 #: Temporary tables of the GPU step: utilization/memory samples, and samples inside forwards.
 GPU_SAMPLES_TABLE = "otel_stages_gpu_samples"
 GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
+#: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) are lined
+#: up by time with the forwards of request processes that have no GPU points of their own, as the
+#: file report lines up every series; past this many such processes (one per host, say) they are
+#: not, since every forward would meet every host's GPUs.
+MAX_FOREIGN_GPU_PROCESSES = 8
+#: The three GPU gauges, as a SQL tuple.
+_GPU_METRICS = (f"('{semconv.HW_GPU_UTILIZATION}', '{semconv.HW_GPU_MEMORY_USAGE}',"
+                f" '{semconv.HW_GPU_MEMORY_LIMIT}')")
+
+
+_REQUEST_PROCESSES = f"SELECT arrayJoin(proc_keys) AS k FROM {PROCESS_TABLE}"
+
+
+def gpu_series_sql(gauge: str, query: AggregateQuery) -> str:
+    """``SELECT k``: the processes (hashed ``service.name``, ``service.instance.id``) with GPU
+    points in the window."""
+    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
+    return f"""SELECT DISTINCT cityHash64(CAST(ServiceName AS String), {inst}) AS k
+    FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
+
+
+def foreign_gpu_sql(gauge: str, query: AggregateQuery) -> str:
+    """One row: ``foreign_gpu_processes`` (processes with GPU points and no request) and
+    ``processes_without_gpu`` (processes with requests and no GPU points)."""
+    series = gpu_series_sql(gauge, query)
+    return f"""SELECT
+    (SELECT count() FROM ({series}) WHERE k NOT IN ({_REQUEST_PROCESSES})) AS foreign_gpu_processes,
+    (SELECT count() FROM ({_REQUEST_PROCESSES}) WHERE k NOT IN ({series})) AS processes_without_gpu"""
+
+
+def gpu_owners_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
+    points owns its points (matched by ``service.name`` and ``service.instance.id``); the points
+    of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them) go to
+    every request process without GPU points of its own. Both GPU joins (utilization, memory)
+    read points through it."""
+    owners = f"""CREATE TEMPORARY TABLE {GPU_OWNERS_TABLE} ENGINE = Memory AS
+WITH series AS ({gpu_series_sql(gauge, query)}), requests AS ({_REQUEST_PROCESSES}),
+    foreign AS (SELECT k FROM series WHERE k NOT IN (SELECT k FROM requests)),
+    orphans AS (SELECT k FROM requests WHERE k NOT IN (SELECT k FROM series))
+SELECT k AS point_key, k AS proc_key FROM series WHERE k IN (SELECT k FROM requests)
+UNION ALL
+SELECT f.k AS point_key, o.k AS proc_key FROM foreign AS f CROSS JOIN orphans AS o
+WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}"""
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, query_params(query))]
 
 
 def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` that fill the two temporary GPU tables: the ``hw.gpu.utilization``
-    points of the processes with warm requests (per process and ``hw.id``; values scaled to 0..1,
+    points of the processes with warm requests, or of processes without requests for those with
+    no GPU points (:func:`gpu_owners_statements`; per process and ``hw.id``; values scaled to 0..1,
     a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent), and one row per (point,
     warm forward window) with the point inside the window (the bucketed join described in
     :mod:`otel_stages.analysis.clickhouse_sql`)."""
@@ -266,10 +313,11 @@ def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str,
         Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
     FROM {gauge} WHERE {where}"""
     samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS
-SELECT p.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
-FROM (SELECT * FROM ({points}) WHERE proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})) AS p
+SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
+FROM ({points}) AS p
 INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw) AS m
-    ON p.proc_key = m.proc_key AND p.hw = m.hw"""
+    ON p.proc_key = m.proc_key AND p.hw = m.hw
+INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
     pairs = f"""CREATE TEMPORARY TABLE {GPU_PAIRS_TABLE} ENGINE = Log AS
 SELECT wb.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util,
     wb.s AS s, wb.e AS e, wb.mult AS mult
@@ -286,7 +334,8 @@ INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLE
     ON sm.proc_key = wb.proc_key AND sm.b = wb.b
 WHERE sm.t >= wb.s AND sm.t <= wb.e"""
     params = query_params(query)
-    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
+    return [*gpu_owners_statements(gauge, query),
+            (f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
             (samples, params), (pairs, {})]
 

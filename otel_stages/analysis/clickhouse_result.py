@@ -520,8 +520,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
         signals=bool(results.get("signals") and results["signals"][0]["signals"]))
     if results.get("gaps"):
-        unchecked += gap_lines(results["gaps"][0], standard_names=sum(
-            1 for r in results["stages"] if r["stage"] in semconv.STANDARD_STAGES))
+        unchecked += gap_lines({**results["gaps"][0], **next(iter(results.get("foreign_gpu") or ()), {})},
+                               standard_names=sum(1 for r in results["stages"]
+                                                  if r["stage"] in semconv.STANDARD_STAGES))
     set_apart = apart_requests(results.get("apart") or [])
     return FleetAggregates(
         url=url, start_ns=start_ns, end_ns=end_ns, service=service,

@@ -70,6 +70,7 @@ from otel_stages import semconv
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     GPU_BUCKET_NS,
+    GPU_OWNERS_TABLE,
     PROCESS_TABLE,
     AggregateQuery,
     metric_filter,
@@ -342,18 +343,19 @@ GROUP BY {keys}name ORDER BY {keys}name"""
 
 def memory_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
-    ``hw.gpu.memory.limit`` points of the processes with requests, in the window (by process and
-    time, as the utilization), and one row per (warm forward window of a cohort, GPU) with the
-    points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm requests with that window)."""
+    ``hw.gpu.memory.limit`` points of the processes with requests, in the window (by process,
+    through the GPU owners table, and time, as the utilization), and one row per (warm forward
+    window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm
+    requests with that window)."""
     names = f"('{semconv.HW_GPU_MEMORY_USAGE}', '{semconv.HW_GPU_MEMORY_LIMIT}')"
     where = metric_filter(query, names)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
-SELECT proc_key, hw, t, v, is_limit FROM (
+SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_limit FROM (
     SELECT {_PROC_KEY} AS proc_key,
         Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v,
         MetricName = '{semconv.HW_GPU_MEMORY_LIMIT}' AS is_limit
     FROM {gauge} WHERE {where}
-) WHERE proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})"""
+) AS p INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
     pairs = f"""CREATE TEMPORARY TABLE {MEMORY_PAIRS_TABLE} ENGINE = Log AS
 SELECT wb.proc_key AS proc_key, wb.width AS width, wb.height AS height, wb.fmt AS fmt,
     wb.s AS s, wb.e AS e, any(wb.mult) AS mult, sm.hw AS hw, max(sm.v) AS vmax, min(sm.v) AS vmin,

@@ -35,6 +35,9 @@ from typing import Any
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
 PROCESS_TABLE = "otel_stages_processes"
+#: Whose forwards a process's GPU points describe (``point_key`` -> ``proc_key``): see
+#: :func:`otel_stages.analysis.clickhouse_queries.gpu_owners_statements`.
+GPU_OWNERS_TABLE = "otel_stages_gpu_owners"
 #: The warm requests set apart as cold (:mod:`otel_stages.analysis.clickhouse_apart`).
 APART_TABLE = "otel_stages_apart"
 #: With ``--service``: the traces holding a span of that service, and the services of their
