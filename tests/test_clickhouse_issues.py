@@ -699,3 +699,21 @@ def test_gpu_points_of_too_many_exporter_processes_are_said_unread(engine, tmp_p
     (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
     assert line.startswith(f"{NOT_CHECKED}GPU points from {MAX_FOREIGN_GPU_PROCESSES + 1} processes")
     assert got["verdict"]["tentative"] and got["verdict"]["cause"] != "gpu_busy"
+
+
+def _nested_download(i: int, spans: Spans) -> None:
+    """A download span inside the download span (the library's own ``with stage('download')``
+    nested in another)."""
+    outer = named(spans, "download")
+    inner = {**copy.deepcopy(outer), "spanId": f"{0xd0000000 + i:016x}", "parentSpanId": outer["spanId"]}
+    spans.append(inner)
+
+
+def test_a_stage_nested_in_a_stage_is_detail_not_incomplete(engine, tmp_path: Path) -> None:
+    """Stage spans whose parent is a stage span are detail inside that stage (analysis.requests):
+    neither requests nor incomplete, in SQL too (its parent is present, just not a request)."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "nested.jsonl", _nested_download))
+    assert want["counts"]["incomplete"] == 0
+    assert got["counts"] == want["counts"]
+    assert got["problems"] == want["problems"] == []
+    assert got["verdict"] == want["verdict"]

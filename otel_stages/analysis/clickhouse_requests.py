@@ -383,6 +383,14 @@ _IS_REQUEST = (f"(key != 0 AND present AND (n_kids > 0 OR self_isreq)"
                f" AND (trace_key, key) NOT IN (SELECT trace_key, key FROM {NESTED_TABLE}))")
 
 
+#: (trace, span id) of the standard stage spans in traces with a missing parent: a group whose
+#: parent is one of them holds detail spans nested inside a stage (``download`` in
+#: ``download``), which analysis.requests leaves out, neither request nor incomplete. Only traces
+#: with a parent not found are expanded (usually none).
+_INSIDE_A_STAGE = f"""SELECT trace_key, arrayJoin(k_id) FROM {GROUPS_TABLE}
+    WHERE trace_key IN (SELECT trace_key FROM {GROUPS_TABLE} WHERE NOT present AND key != 0)"""
+
+
 def _requests_select(query: AggregateQuery) -> str:
     """One row per request (with its cold and warm flags), and one per missing parent with stage
     children (incomplete). A child stored twice (same span id) counts once. The common case (no
@@ -480,4 +488,5 @@ FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
 LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
 WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
+    AND (present OR key = 0 OR (p.trace_key, key) NOT IN ({_INSIDE_A_STAGE}))
 SETTINGS {_SMALL_RIGHT}, max_block_size = 8192)"""
