@@ -8,7 +8,9 @@ URL forms (:func:`parse_url`):
   variable ``CLICKHOUSE_PASSWORD`` (and the user from ``CLICKHOUSE_USER``), as for
   ``clickhouse-client``; a password in the URL is never printed.
 - ``chdb:PATH``: chDB, ClickHouse's engine in this process, with its data in the folder PATH
-  (created when missing). One PATH per process at a time (a chDB limit): open, use, close.
+  (``~`` expanded; created when missing, except by a reader: :func:`connect`'s ``reading``). One
+  PATH per process at a time (a chDB limit): open, use, close; one process at a time on a PATH
+  (another one's open database is :data:`IN_USE`).
 
 Both run the same SQL; the server does all the work, only aggregates come back. Every failure
 (missing package, unreachable server, SQL error) is a :class:`SourceError` naming the URL (without
@@ -18,9 +20,11 @@ its password) and the engine's message. Needs the ``clickhouse`` extra:
 
 from __future__ import annotations
 
-import codecs
 import json
+import logging
 import os
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,8 +44,8 @@ from otel_stages.analysis import clickhouse_schema as schema
 from otel_stages.analysis import clickhouse_signal_result as signal_result
 from otel_stages.analysis import clickhouse_signals as signals
 from otel_stages.analysis import clickhouse_sql as sql
+from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
-from otel_stages.analysis.files import FOLDER_SUFFIXES
 from otel_stages.analysis.http_source import SourceError
 
 #: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
@@ -78,7 +82,7 @@ def parse_url(url: str, environ: Mapping[str, str] | None = None) -> Target:
         path = url[len("chdb:"):]
         if not path:
             raise ValueError("chdb: needs a folder, e.g. chdb:./otel-stages-clickhouse")
-        return Target(kind="chdb", display=url, path=path)
+        return Target(kind="chdb", display=url, path=os.path.expanduser(path))
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
@@ -127,6 +131,39 @@ def _decode_rows(data: bytes) -> list[dict[str, Any]]:
 _OUTPUT = {"output_format_json_quote_64bit_integers": 0}
 
 
+#: What the engine writes when another process has the chDB folder open (its ``status`` file
+#: is locked: ClickHouse's ``StatusFile``), and what the user is told instead.
+_LOCKED = "Cannot lock file"
+IN_USE = ("{display} is in use by another process (an import or report running on it); wait for it"
+          " or use a server")
+
+
+class _InUse(Exception):
+    """Another process holds the chDB folder."""
+
+
+@contextmanager
+def _engine_stderr(into: list[str]) -> Iterator[None]:
+    """Hold back what the embedded engine writes straight to file descriptor 2 while it starts
+    (on a locked folder it prints its own exception text before Python sees any), and hand it to
+    ``into``. Written back to stderr unless the caller clears ``into``."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters): nothing to hold back
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            into.append(held.read().decode("utf-8", "replace"))
+
+
 class _ChdbEngine:
     """chDB in this process (``chdb.connect(PATH)``); settings are applied with ``SET``."""
 
@@ -134,7 +171,17 @@ class _ChdbEngine:
         import chdb
 
         Path(path).mkdir(parents=True, exist_ok=True)
-        self._conn = chdb.connect(path)
+        said: list[str] = []
+        try:
+            with _engine_stderr(said):
+                self._conn = chdb.connect(path)
+        except Exception as exc:
+            if _LOCKED in "".join(said) + str(exc):
+                raise _InUse from None
+            raise
+        finally:
+            if said and said[0].strip() and _LOCKED not in said[0]:
+                sys.stderr.write(said[0])
         self._applied: dict[str, Any] = {}
         self._purge = True
 
@@ -178,6 +225,24 @@ class _ChdbEngine:
         self._conn.close()
 
 
+#: Loggers that log each retry of a refused connection as a WARNING (with the same error the
+#: :class:`SourceError` then names): quiet while connecting.
+_RETRY_LOGGERS = ("urllib3.connectionpool", "clickhouse_connect")
+
+
+@contextmanager
+def _quiet_retries() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _RETRY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 class _ServerEngine:
     """A ClickHouse server through clickhouse-connect (HTTP). Temporary tables need the session
     clickhouse-connect opens per client by default."""
@@ -185,11 +250,12 @@ class _ServerEngine:
     def __init__(self, target: Target) -> None:
         import clickhouse_connect
 
-        self._client = clickhouse_connect.get_client(
-            host=target.host, port=target.port, username=target.username,
-            password=target.password, database=target.database, secure=target.secure,
-            connect_timeout=CONNECT_TIMEOUT_S, settings=dict(_OUTPUT),
-        )
+        with _quiet_retries():
+            self._client = clickhouse_connect.get_client(
+                host=target.host, port=target.port, username=target.username,
+                password=target.password, database=target.database, secure=target.secure,
+                connect_timeout=CONNECT_TIMEOUT_S, settings=dict(_OUTPUT),
+            )
 
     def rows(self, query: str, params: Mapping[str, Any] | None = None,
              settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -211,13 +277,49 @@ class _ServerEngine:
         self._client.close()
 
 
+def no_table(url: str, name: str) -> str:
+    """The message for a report on ``url`` (a target's display) without the traces table
+    ``name``."""
+    if url.startswith("chdb:"):
+        named = "" if name == schema.DEFAULT_TRACES_TABLE else f" --traces-table {name}"
+        how = f"run `otel-stages import FILE... --clickhouse {url}{named}` first"
+    else:
+        how = ("is the Collector's clickhouse exporter writing to this database? name its table"
+               " with --traces-table, or load files with `otel-stages import FILE... --clickhouse"
+               " URL`")
+    return f"{url}: no {name} table here ({how})"
+
+
+def _chdb_folder_problem(target: Target, reading: str | None) -> str | None:
+    """Why the chDB folder of ``target`` cannot be opened (``reading``: see :func:`connect`)."""
+    path = Path(target.path)
+    if path.exists() and not path.is_dir():
+        return (f"{target.display}: {target.path} is a file, not a folder (chDB keeps a database in"
+                " a folder: give a folder's path, e.g. chdb:./otel-stages-clickhouse)")
+    # a database folder has metadata/ (what chDB writes first); a reader creates nothing
+    if reading is not None and not (path / "metadata").is_dir():
+        return no_table(target.display, reading)
+    return None
+
+
 @contextmanager
-def connect(target: Target) -> Iterator[Engine]:
+def connect(target: Target, *, reading: str | None = None) -> Iterator[Engine]:
     """Open ``target``, yield an :class:`Engine`, close it. Any failure inside (connecting, a
-    query) is re-raised as :class:`SourceError` naming ``target.display``."""
+    query) is re-raised as :class:`SourceError` naming ``target.display``: a chDB ``PATH`` that
+    is a file, or that another process has open (:data:`IN_USE`), is said so.
+
+    ``reading``: the traces table a reader needs (as the user named it). With it a chDB folder is
+    never created: a missing one, or one without a database, is the error :func:`no_table`.
+    Without it (``import``) the folder is created when missing."""
+    if target.kind == "chdb":
+        problem = _chdb_folder_problem(target, reading)
+        if problem is not None:
+            raise SourceError(problem)
     try:
         engine: _ChdbEngine | _ServerEngine = (
             _ChdbEngine(target.path) if target.kind == "chdb" else _ServerEngine(target))
+    except _InUse:
+        raise SourceError(IN_USE.format(display=target.display)) from None
     except ImportError as exc:
         package = "chdb-core" if target.kind == "chdb" else "clickhouse-connect"
         raise SourceError(f"{target.display}: {package} is not installed ({exc}); {_EXTRA_HINT}"
@@ -252,6 +354,17 @@ class Tables:
     sum: str = schema.DEFAULT_SUM_TABLE
 
     @property
+    def traces_name(self) -> str:
+        """The traces table as a person names it: ``TABLE``, or ``DB.TABLE`` outside
+        ``default``."""
+        return self.traces if self.database == "default" else f"{self.database}.{self.traces}"
+
+    @property
+    def gauge_name(self) -> str:
+        """The gauge table as a person names it (as :attr:`traces_name`)."""
+        return self.gauge if self.database == "default" else f"{self.database}.{self.gauge}"
+
+    @property
     def traces_ref(self) -> str:
         """The traces table, quoted."""
         return schema.table_ref(self.database, self.traces)
@@ -267,9 +380,39 @@ class Tables:
         return schema.table_ref(self.database, self.sum)
 
 
+def table_columns(engine: Engine, database: str, table: str) -> set[str] | None:
+    """The column names of ``database.table`` (Nested ones as ``Name.Field``), ``None`` when there
+    is no such table."""
+    rows = engine.rows("SELECT name FROM system.columns WHERE database = {db:String}"
+                       " AND table = {t:String}", {"db": database, "t": table})
+    return {str(r["name"]) for r in rows} or None
+
+
+def missing_columns(engine: Engine, database: str, table: str, required: Iterable[str]
+                    ) -> list[str] | None:
+    """Which of ``required`` the table lacks (in ``required``'s order); ``None`` when there is no
+    such table."""
+    have = table_columns(engine, database, table)
+    return None if have is None else [c for c in required if c not in have]
+
+
 def create_tables(engine: Engine, tables: Tables) -> None:
     """Create the database and the exporter's traces, gauge and sum tables where missing (the
-    exporter's own DDL, picked by server version as the exporter does)."""
+    exporter's own DDL, picked by server version as the exporter does). A table already there
+    must have the columns the import writes: else ``ValueError`` naming the table and the
+    columns it lacks, and nothing is created."""
+    wrong = []
+    for table, columns in ((tables.traces, schema.TRACES_COLUMNS),
+                           (tables.gauge, schema.GAUGE_COLUMNS),
+                           (tables.sum, schema.SUM_COLUMNS)):
+        lacks = missing_columns(engine, tables.database, table, columns)
+        if lacks:
+            wrong.append(f"{schema.table_ref(tables.database, table)} lacks {', '.join(lacks)}")
+    if wrong:
+        raise ValueError(
+            "tables already there are not the Collector clickhouse exporter's ("
+            + "; ".join(wrong) + "): nothing imported; import into other tables (--traces-table /"
+            " --gauge-table DB.TABLE) or another database")
     if tables.database != "default":
         engine.execute(f"CREATE DATABASE IF NOT EXISTS {schema.quote_ident(tables.database)}")
     version = engine.rows("SELECT version() AS v")[0]["v"]
@@ -293,70 +436,12 @@ class ImportSummary:
     problems: list[str] = field(default_factory=list)
 
 
-def iter_files(paths: Iterable[str | os.PathLike[str]], problems: list[str]) -> list[Path]:
-    """Files named, and ``*.jsonl`` / ``*.json`` under folders named (recursively, sorted); a
-    missing path or an empty folder is a problem. Each real file once."""
-    found: list[Path] = []
-    seen: set[str] = set()
-    for path in map(Path, paths):
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(FOLDER_SUFFIXES))
-            if not files:
-                problems.append(f"{path}: no *.jsonl or *.json files in this folder")
-        elif path.exists():
-            files = [path]
-        else:
-            problems.append(f"{path}: no such file or folder")
-            continue
-        for file in files:
-            key = os.path.realpath(file)
-            if key not in seen:
-                seen.add(key)
-                found.append(file)
-    return found
-
-
-def iter_export_requests(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(where, decoded JSON object)`` for each export request in one OTLP/JSON file: one per
-    line (the Collector ``file`` exporter's format), or one pretty-printed document / array.
-    Unreadable files and lines are problems; the rest is still yielded."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        problems.append(f"{path}: cannot read ({exc.strerror or exc})")
-        return
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    lines = data.splitlines()
-    if not lines:
-        return
-    try:
-        first = next(line for line in lines if line.strip())
-        json.loads(first)
-    except StopIteration:
-        return
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        try:  # not one object per line: a whole-file document?
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            pass
-        else:
-            for i, item in enumerate(doc if isinstance(doc, list) else [doc]):
-                yield (f"{path}[{i}]" if isinstance(doc, list) else str(path)), item
-            return
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield f"{path}:{number}", json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            problems.append(f"{path}:{number}: not valid JSON ({exc})")
-
-
 def import_files(engine: Engine, tables: Tables, paths: Sequence[str | os.PathLike[str]],
                  batch_rows: int = INSERT_BATCH_ROWS) -> ImportSummary:
-    """Create the tables where missing, then load every OTLP/JSON file under ``paths`` into them
-    as the Collector's ``clickhouse`` exporter would have (see
+    """Create the tables where missing, then load every OTLP/JSON file under ``paths`` (``-``:
+    standard input; any compression and framing
+    :mod:`otel_stages.analysis.clickhouse_files` reads) into them as the Collector's
+    ``clickhouse`` exporter would have (see
     :mod:`otel_stages.analysis.clickhouse_rows`). Rows go in batches of ``batch_rows``."""
     summary = ImportSummary()
     files = iter_files(paths, summary.problems)
@@ -402,7 +487,17 @@ def fetch_aggregates(engine: Engine, tables: Tables, query: sql.AggregateQuery, 
     the connection's temporary per-request table, pick the quantile function (exact unless the
     warm requests exceed :data:`~otel_stages.analysis.clickhouse_sql.EXACT_QUANTILE_MAX_ROWS`),
     run the aggregate queries, and return their results. ``url`` names the source in the result.
+    Raises :class:`SourceError` when the traces table is missing (:func:`no_table`) or lacks a
+    column the SQL reads.
     """
+    lacks = missing_columns(engine, tables.database, tables.traces, schema.TRACES_READ_COLUMNS)
+    if lacks is None:
+        raise SourceError(no_table(url or "ClickHouse", tables.traces_name))
+    if lacks:
+        raise SourceError(
+            f"{url or 'ClickHouse'}: {tables.traces_name} lacks the columns {', '.join(lacks)} the"
+            " report reads: is it the Collector clickhouse exporter's traces table? (name that"
+            " one with --traces-table)")
     results, method = run_queries(engine, tables, query)
     return build_aggregates(results, url=url, method=method, start_ns=query.start_ns,
                             end_ns=query.end_ns, service=query.service)
@@ -421,12 +516,14 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         engine.execute(statement, None, settings)
     warm = int(engine.rows(sql.count_statement(), None, settings)[0]["n_warm"])
     method = sql.quantile_function(query, warm)
-    for statement, params in queries.gpu_prepare_statements(tables.gauge_ref, query):
+    gauge = metrics_table(engine, tables.database, tables.gauge)
+    for statement, params in queries.gpu_prepare_statements(gauge[0]["read"], query):
         engine.execute(statement, params, settings)
     results = {
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    results["gauge_table"] = gauge
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
@@ -445,6 +542,17 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                   preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE, sql.APART_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def metrics_table(engine: Engine, database: str, table: str) -> list[dict[str, Any]]:
+    """One row for a metrics table the report reads: ``table`` (quoted), ``exists``, ``lacks``
+    (the read columns it lacks) and ``read``, what the SQL reads in its place: the table, or an
+    empty one (:data:`~otel_stages.analysis.clickhouse_schema.EMPTY_METRICS`) when it is missing
+    or lacks columns, so the statements run unchanged and find no points."""
+    lacks = missing_columns(engine, database, table, schema.METRICS_READ_COLUMNS)
+    ref = schema.table_ref(database, table)
+    return [{"table": ref, "exists": lacks is not None, "lacks": lacks or [],
+             "read": ref if lacks == [] else schema.EMPTY_METRICS}]
 
 
 def issue_results(engine: Engine, tables: Tables, query: sql.AggregateQuery,
@@ -479,8 +587,9 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
     forwards = bool(results["summary"] and results["summary"][0].get("n_warm_forwards"))
     tops = {"top_cohorts": query.top_cohorts}
     gpus: list[dict[str, Any]] = []
+    gauge = str((results.get("gauge_table") or [{"read": tables.gauge_ref}])[0]["read"])
     if forwards:
-        for statement, params in signals.memory_statements(tables.gauge_ref, query):
+        for statement, params in signals.memory_statements(gauge, query):
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
     memory = any(g.usage_points and g.limit_points for g in signal_result.memory_gpus(gpus))
@@ -490,8 +599,8 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         params = sql.query_params(query)
         for table in (signals.SIGNAL_SPANS_TABLE, signals.THROTTLE_TABLE, signals.PRESSURE_TABLE):
             engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
-        sums = bool(engine.rows(f"EXISTS TABLE {tables.sum_ref}", None, settings)[0]["result"])
-        out["sum_table"] = [{"table": tables.sum_ref, "exists": sums}]
+        out["sum_table"] = metrics_table(engine, tables.database, tables.sum)
+        sums = out["sum_table"][0]["read"] == tables.sum_ref
         filled = {}
         for counter, fill in ((signals.THROTTLE_TABLE, signals.throttle_statement),
                               (signals.PRESSURE_TABLE, signals.pressure_statement)):
@@ -502,7 +611,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         engine.execute(signals.signal_spans_statement(
             tables.traces_ref, query, filled[signals.THROTTLE_TABLE],
             filled[signals.PRESSURE_TABLE]), params, settings)
-        out["limit"] = engine.rows(signals.limit_sql(tables.gauge_ref), None, settings)
+        out["limit"] = engine.rows(signals.limit_sql(gauge), None, settings)
         if filled[signals.PRESSURE_TABLE]:
             out["pressure_scope"] = engine.rows(
                 signals.pressure_scope_sql(tables.sum_ref, query), params, settings)
