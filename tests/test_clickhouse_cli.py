@@ -171,6 +171,24 @@ def test_a_gauge_table_named_wrongly_or_of_another_schema_is_a_problem(
     assert not any("otel_metrics_gauge" in p for p in report["problems"])
 
 
+def test_a_sum_table_of_another_schema_is_a_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # gc_pause's spans carry signals, so the report reads the sum table (throttling, pressure)
+    url = f"chdb:{tmp_path / 'db'}"
+    assert main(["import", str(TRACES / "gc_pause.otlp.jsonl"), "--clickhouse", url]) == 0
+    with connect(parse_url(url)) as engine:
+        engine.execute("DROP TABLE `default`.`otel_metrics_sum`")
+        engine.execute("CREATE TABLE `default`.`otel_metrics_sum` (n Int32) ENGINE = MergeTree"
+                       " ORDER BY n")
+    capsys.readouterr()
+    code, out, _ = _run(["report", "--clickhouse", url, "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["verdict"]["cause"] == "gc_pause"
+    assert any(p.startswith("stage spans carry mechanism signals but `default`.`otel_metrics_sum`"
+                            " lacks the columns ServiceName,") and "throttling" in p
+               for p in report["problems"])
+
+
 # --- C: a folder another process has open ----------------------------------------------------
 
 
