@@ -1,32 +1,19 @@
-"""ClickHouse as a report source: connect, create the Collector exporter's tables, import OTLP/JSON
-files into them, and run the aggregate queries of :mod:`otel_stages.analysis.clickhouse_sql`.
+"""ClickHouse as a report source: create the Collector exporter's tables, import OTLP/JSON files
+into them, and run the aggregate queries of :mod:`otel_stages.analysis.clickhouse_sql`, on an
+:class:`~otel_stages.analysis.clickhouse_engine.Engine` (a server or embedded chDB: URL forms,
+:func:`connect` and its errors in :mod:`otel_stages.analysis.clickhouse_engine`, whose names are
+re-exported here).
 
-URL forms (:func:`parse_url`):
-
-- ``http://[user[:password]@]host[:8123][/database]`` or ``https://...`` (port 8443): a server,
-  through clickhouse-connect (HTTP interface). The password may instead come from the environment
-  variable ``CLICKHOUSE_PASSWORD`` (and the user from ``CLICKHOUSE_USER``), as for
-  ``clickhouse-client``; a password in the URL is never printed.
-- ``chdb:PATH``: chDB, ClickHouse's engine in this process, with its data in the folder PATH
-  (created when missing). One PATH per process at a time (a chDB limit): open, use, close.
-
-Both run the same SQL; the server does all the work, only aggregates come back. Every failure
-(missing package, unreachable server, SQL error) is a :class:`SourceError` naming the URL (without
-its password) and the engine's message. Needs the ``clickhouse`` extra:
-``pip install 'otel-stages[clickhouse]'``.
+Both backends run the same SQL; the server does all the work, only aggregates come back. Every
+failure is a :class:`SourceError` naming the URL (without its password) and what is wrong.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
+from typing import Any
 
 from otel_stages.analysis import clickhouse_apart as apart
 from otel_stages.analysis import clickhouse_failures as failures
@@ -41,203 +28,21 @@ from otel_stages.analysis import clickhouse_schema as schema
 from otel_stages.analysis import clickhouse_signal_result as signal_result
 from otel_stages.analysis import clickhouse_signals as signals
 from otel_stages.analysis import clickhouse_sql as sql
+from otel_stages.analysis.clickhouse_engine import CONNECT_TIMEOUT_S as CONNECT_TIMEOUT_S
+from otel_stages.analysis.clickhouse_engine import ENV_PASSWORD as ENV_PASSWORD
+from otel_stages.analysis.clickhouse_engine import ENV_USER as ENV_USER
+from otel_stages.analysis.clickhouse_engine import IN_USE as IN_USE
+from otel_stages.analysis.clickhouse_engine import Engine, no_table
+from otel_stages.analysis.clickhouse_engine import Target as Target
+from otel_stages.analysis.clickhouse_engine import connect as connect
+from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
+from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
-from otel_stages.analysis.files import FOLDER_SUFFIXES
 from otel_stages.analysis.http_source import SourceError
 
 #: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
 #: that a batch of spans stays a few tens of MB in this process.
 INSERT_BATCH_ROWS = 20_000
-#: Environment variables read for server credentials (the names clickhouse-client uses).
-ENV_USER = "CLICKHOUSE_USER"
-ENV_PASSWORD = "CLICKHOUSE_PASSWORD"
-#: Seconds to wait for a server to accept the connection.
-CONNECT_TIMEOUT_S = 10
-_EXTRA_HINT = "install the clickhouse extra: pip install 'otel-stages[clickhouse]'"
-
-
-@dataclass(frozen=True)
-class Target:
-    """A parsed ``--clickhouse`` URL. ``kind`` is ``"chdb"`` (``path`` set) or ``"http"``."""
-
-    kind: str
-    display: str
-    path: str = ""
-    host: str = ""
-    port: int = 0
-    secure: bool = False
-    username: str = "default"
-    password: str = ""
-    database: str = "default"
-
-
-def parse_url(url: str, environ: Mapping[str, str] | None = None) -> Target:
-    """Parse a ``--clickhouse`` URL (see the module docstring). Raises ``ValueError`` with the
-    accepted forms when ``url`` is none of them."""
-    env = os.environ if environ is None else environ
-    if url.startswith("chdb:"):
-        path = url[len("chdb:"):]
-        if not path:
-            raise ValueError("chdb: needs a folder, e.g. chdb:./otel-stages-clickhouse")
-        return Target(kind="chdb", display=url, path=path)
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"unsupported ClickHouse URL {url!r}: use http(s)://user@host:8123/database for a"
-            " server or chdb:PATH for an embedded database in PATH")
-    database = parts.path.strip("/") or "default"
-    schema.quote_ident(database)
-    secure = parts.scheme == "https"
-    shown = f"{parts.scheme}://" + (f"{parts.username}@" if parts.username else "") + (
-        f"{parts.hostname}" + (f":{parts.port}" if parts.port else "") + f"/{database}")
-    return Target(
-        kind="http",
-        display=shown,
-        host=parts.hostname,
-        port=parts.port or (8443 if secure else 8123),
-        secure=secure,
-        username=unquote(parts.username) if parts.username else env.get(ENV_USER, "default"),
-        password=unquote(parts.password) if parts.password else env.get(ENV_PASSWORD, ""),
-        database=database,
-    )
-
-
-class Engine(Protocol):
-    """What the report needs from a ClickHouse connection. Not thread-safe; one user at a time.
-
-    ``rows`` returns the result as one dict per row (``JSONEachRow``); ``execute`` runs a
-    statement without a result; ``insert`` streams ``JSONEachRow`` lines into a table. Every
-    method raises the backend's own exception; :func:`connect` turns them into
-    :class:`SourceError`.
-    """
-
-    def rows(self, query: str, params: Mapping[str, Any] | None = None,
-             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]: ...
-
-    def execute(self, query: str, params: Mapping[str, Any] | None = None,
-                settings: Mapping[str, Any] | None = None) -> None: ...
-
-    def insert(self, table: str, lines: Iterable[bytes]) -> None: ...
-
-
-def _decode_rows(data: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
-
-
-#: Output settings both backends run with: 64-bit integers as JSON numbers, not strings.
-_OUTPUT = {"output_format_json_quote_64bit_integers": 0}
-
-
-class _ChdbEngine:
-    """chDB in this process (``chdb.connect(PATH)``); settings are applied with ``SET``."""
-
-    def __init__(self, path: str) -> None:
-        import chdb
-
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self._conn = chdb.connect(path)
-        self._applied: dict[str, Any] = {}
-        self._purge = True
-
-    def _settings(self, settings: Mapping[str, Any] | None) -> None:
-        for key, value in {**_OUTPUT, **(settings or {})}.items():
-            if self._applied.get(key, object()) != value:
-                self._conn.query(f"SET {key} = {sql.setting_literal(value)}")
-                self._applied[key] = value
-
-    def rows(self, query: str, params: Mapping[str, Any] | None = None,
-             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        self._settings(settings)
-        result = self._conn.query(query, "JSONEachRow", params=dict(params or {}))
-        self._release()
-        return _decode_rows(result.bytes())
-
-    def execute(self, query: str, params: Mapping[str, Any] | None = None,
-                settings: Mapping[str, Any] | None = None) -> None:
-        self._settings(settings)
-        self._conn.query(query, "CSV", params=dict(params or {}))
-        self._release()
-
-    def _release(self) -> None:
-        """Hand the memory a statement freed back to the system. The engine shares this
-        process, and its allocator (jemalloc) otherwise keeps freed pages: at 10 M spans the
-        report's peak RSS went from 845 MB with this to 995-1136 MB without (same statements,
-        each under the engine's ``max_memory_usage``); it costs ~0.3 ms a statement. Skipped
-        for good if this chDB build refuses the command."""
-        if self._purge:
-            try:
-                self._conn.query("SYSTEM JEMALLOC PURGE")
-            except Exception:  # noqa: BLE001 - a build without jemalloc: keep its memory
-                self._purge = False
-
-    def insert(self, table: str, lines: Iterable[bytes]) -> None:
-        body = b"".join(lines)
-        if body:
-            self._conn.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + body.decode("utf-8"))
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-class _ServerEngine:
-    """A ClickHouse server through clickhouse-connect (HTTP). Temporary tables need the session
-    clickhouse-connect opens per client by default."""
-
-    def __init__(self, target: Target) -> None:
-        import clickhouse_connect
-
-        self._client = clickhouse_connect.get_client(
-            host=target.host, port=target.port, username=target.username,
-            password=target.password, database=target.database, secure=target.secure,
-            connect_timeout=CONNECT_TIMEOUT_S, settings=dict(_OUTPUT),
-        )
-
-    def rows(self, query: str, params: Mapping[str, Any] | None = None,
-             settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        data = self._client.raw_query(query, parameters=dict(params or {}),
-                                      settings=dict(settings or {}), fmt="JSONEachRow")
-        return _decode_rows(data)
-
-    def execute(self, query: str, params: Mapping[str, Any] | None = None,
-                settings: Mapping[str, Any] | None = None) -> None:
-        self._client.command(query, parameters=dict(params or {}) or None,
-                             settings=dict(settings or {}))
-
-    def insert(self, table: str, lines: Iterable[bytes]) -> None:
-        body = b"".join(lines)
-        if body:
-            self._client.raw_insert(table, insert_block=body, fmt="JSONEachRow")
-
-    def close(self) -> None:
-        self._client.close()
-
-
-@contextmanager
-def connect(target: Target) -> Iterator[Engine]:
-    """Open ``target``, yield an :class:`Engine`, close it. Any failure inside (connecting, a
-    query) is re-raised as :class:`SourceError` naming ``target.display``."""
-    try:
-        engine: _ChdbEngine | _ServerEngine = (
-            _ChdbEngine(target.path) if target.kind == "chdb" else _ServerEngine(target))
-    except ImportError as exc:
-        package = "chdb-core" if target.kind == "chdb" else "clickhouse-connect"
-        raise SourceError(f"{target.display}: {package} is not installed ({exc}); {_EXTRA_HINT}"
-                          ) from None
-    except Exception as exc:  # noqa: BLE001 - each backend raises its own types
-        raise SourceError(f"{target.display}: cannot connect ({_first_line(exc)})") from None
-    try:
-        yield engine
-    except SourceError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise SourceError(f"{target.display}: {_first_line(exc)}") from None
-    finally:
-        engine.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
 
 
 # --- schema + import --------------------------------------------------------------------------
@@ -251,6 +56,17 @@ class Tables:
     traces: str = schema.DEFAULT_TRACES_TABLE
     gauge: str = schema.DEFAULT_GAUGE_TABLE
     sum: str = schema.DEFAULT_SUM_TABLE
+
+    @property
+    def traces_name(self) -> str:
+        """The traces table as a person names it: ``TABLE``, or ``DB.TABLE`` outside
+        ``default``."""
+        return self.traces if self.database == "default" else f"{self.database}.{self.traces}"
+
+    @property
+    def gauge_name(self) -> str:
+        """The gauge table as a person names it (as :attr:`traces_name`)."""
+        return self.gauge if self.database == "default" else f"{self.database}.{self.gauge}"
 
     @property
     def traces_ref(self) -> str:
@@ -268,9 +84,39 @@ class Tables:
         return schema.table_ref(self.database, self.sum)
 
 
+def table_columns(engine: Engine, database: str, table: str) -> set[str] | None:
+    """The column names of ``database.table`` (Nested ones as ``Name.Field``), ``None`` when there
+    is no such table."""
+    rows = engine.rows("SELECT name FROM system.columns WHERE database = {db:String}"
+                       " AND table = {t:String}", {"db": database, "t": table})
+    return {str(r["name"]) for r in rows} or None
+
+
+def missing_columns(engine: Engine, database: str, table: str, required: Iterable[str]
+                    ) -> list[str] | None:
+    """Which of ``required`` the table lacks (in ``required``'s order); ``None`` when there is no
+    such table."""
+    have = table_columns(engine, database, table)
+    return None if have is None else [c for c in required if c not in have]
+
+
 def create_tables(engine: Engine, tables: Tables) -> None:
     """Create the database and the exporter's traces, gauge and sum tables where missing (the
-    exporter's own DDL, picked by server version as the exporter does)."""
+    exporter's own DDL, picked by server version as the exporter does). A table already there
+    must have the columns the import writes: else ``ValueError`` naming the table and the
+    columns it lacks, and nothing is created."""
+    wrong = []
+    for table, columns in ((tables.traces, schema.TRACES_COLUMNS),
+                           (tables.gauge, schema.GAUGE_COLUMNS),
+                           (tables.sum, schema.SUM_COLUMNS)):
+        lacks = missing_columns(engine, tables.database, table, columns)
+        if lacks:
+            wrong.append(f"{schema.table_ref(tables.database, table)} lacks {', '.join(lacks)}")
+    if wrong:
+        raise ValueError(
+            "tables already there are not the Collector clickhouse exporter's ("
+            + "; ".join(wrong) + "): nothing imported; import into other tables (--traces-table /"
+            " --gauge-table DB.TABLE) or another database")
     if tables.database != "default":
         engine.execute(f"CREATE DATABASE IF NOT EXISTS {schema.quote_ident(tables.database)}")
     version = engine.rows("SELECT version() AS v")[0]["v"]
@@ -294,70 +140,12 @@ class ImportSummary:
     problems: list[str] = field(default_factory=list)
 
 
-def iter_files(paths: Iterable[str | os.PathLike[str]], problems: list[str]) -> list[Path]:
-    """Files named, and ``*.jsonl`` / ``*.json`` under folders named (recursively, sorted); a
-    missing path or an empty folder is a problem. Each real file once."""
-    found: list[Path] = []
-    seen: set[str] = set()
-    for path in map(Path, paths):
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(FOLDER_SUFFIXES))
-            if not files:
-                problems.append(f"{path}: no *.jsonl or *.json files in this folder")
-        elif path.exists():
-            files = [path]
-        else:
-            problems.append(f"{path}: no such file or folder")
-            continue
-        for file in files:
-            key = os.path.realpath(file)
-            if key not in seen:
-                seen.add(key)
-                found.append(file)
-    return found
-
-
-def iter_export_requests(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(where, decoded JSON object)`` for each export request in one OTLP/JSON file: one per
-    line (the Collector ``file`` exporter's format), or one pretty-printed document / array.
-    Unreadable files and lines are problems; the rest is still yielded."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        problems.append(f"{path}: cannot read ({exc.strerror or exc})")
-        return
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    lines = data.splitlines()
-    if not lines:
-        return
-    try:
-        first = next(line for line in lines if line.strip())
-        json.loads(first)
-    except StopIteration:
-        return
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        try:  # not one object per line: a whole-file document?
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            pass
-        else:
-            for i, item in enumerate(doc if isinstance(doc, list) else [doc]):
-                yield (f"{path}[{i}]" if isinstance(doc, list) else str(path)), item
-            return
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield f"{path}:{number}", json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            problems.append(f"{path}:{number}: not valid JSON ({exc})")
-
-
 def import_files(engine: Engine, tables: Tables, paths: Sequence[str | os.PathLike[str]],
                  batch_rows: int = INSERT_BATCH_ROWS) -> ImportSummary:
-    """Create the tables where missing, then load every OTLP/JSON file under ``paths`` into them
-    as the Collector's ``clickhouse`` exporter would have (see
+    """Create the tables where missing, then load every OTLP/JSON file under ``paths`` (``-``:
+    standard input; any compression and framing
+    :mod:`otel_stages.analysis.clickhouse_files` reads) into them as the Collector's
+    ``clickhouse`` exporter would have (see
     :mod:`otel_stages.analysis.clickhouse_rows`). Rows go in batches of ``batch_rows``."""
     summary = ImportSummary()
     files = iter_files(paths, summary.problems)
@@ -403,7 +191,17 @@ def fetch_aggregates(engine: Engine, tables: Tables, query: sql.AggregateQuery, 
     the connection's temporary per-request table, pick the quantile function (exact unless the
     warm requests exceed :data:`~otel_stages.analysis.clickhouse_sql.EXACT_QUANTILE_MAX_ROWS`),
     run the aggregate queries, and return their results. ``url`` names the source in the result.
+    Raises :class:`SourceError` when the traces table is missing (:func:`no_table`) or lacks a
+    column the SQL reads.
     """
+    lacks = missing_columns(engine, tables.database, tables.traces, schema.TRACES_READ_COLUMNS)
+    if lacks is None:
+        raise SourceError(no_table(url or "ClickHouse", tables.traces_name))
+    if lacks:
+        raise SourceError(
+            f"{url or 'ClickHouse'}: {tables.traces_name} lacks the columns {', '.join(lacks)} the"
+            " report reads: is it the Collector clickhouse exporter's traces table? (name that"
+            " one with --traces-table)")
     results, method = run_queries(engine, tables, query)
     return build_aggregates(results, url=url, method=method, start_ns=query.start_ns,
                             end_ns=query.end_ns, service=query.service)
@@ -424,12 +222,14 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         engine.execute(statement, None, settings)
     warm = int(engine.rows(sql.count_statement(), None, settings)[0]["n_warm"])
     method = sql.quantile_function(query, warm)
-    for statement, params in queries.gpu_prepare_statements(tables.gauge_ref, query):
+    gauge = metrics_table(engine, tables.database, tables.gauge)
+    for statement, params in queries.gpu_prepare_statements(gauge[0]["read"], query):
         engine.execute(statement, params, settings)
     results = {
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    results["gauge_table"] = gauge
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
@@ -453,6 +253,17 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                   sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def metrics_table(engine: Engine, database: str, table: str) -> list[dict[str, Any]]:
+    """One row for a metrics table the report reads: ``table`` (quoted), ``exists``, ``lacks``
+    (the read columns it lacks) and ``read``, what the SQL reads in its place: the table, or an
+    empty one (:data:`~otel_stages.analysis.clickhouse_schema.EMPTY_METRICS`) when it is missing
+    or lacks columns, so the statements run unchanged and find no points."""
+    lacks = missing_columns(engine, database, table, schema.METRICS_READ_COLUMNS)
+    ref = schema.table_ref(database, table)
+    return [{"table": ref, "exists": lacks is not None, "lacks": lacks or [],
+             "read": ref if lacks == [] else schema.EMPTY_METRICS}]
 
 
 def issue_results(engine: Engine, tables: Tables, query: sql.AggregateQuery,
@@ -487,8 +298,9 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
     forwards = bool(results["summary"] and results["summary"][0].get("n_warm_forwards"))
     tops = {"top_cohorts": query.top_cohorts}
     gpus: list[dict[str, Any]] = []
+    gauge = str((results.get("gauge_table") or [{"read": tables.gauge_ref}])[0]["read"])
     if forwards:
-        for statement, params in signals.memory_statements(tables.gauge_ref, query):
+        for statement, params in signals.memory_statements(gauge, query):
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
     memory = any(g.usage_points and g.limit_points for g in signal_result.memory_gpus(gpus))
@@ -498,8 +310,8 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         params = sql.query_params(query)
         for table in (signals.SIGNAL_SPANS_TABLE, signals.THROTTLE_TABLE, signals.PRESSURE_TABLE):
             engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
-        sums = bool(engine.rows(f"EXISTS TABLE {tables.sum_ref}", None, settings)[0]["result"])
-        out["sum_table"] = [{"table": tables.sum_ref, "exists": sums}]
+        out["sum_table"] = metrics_table(engine, tables.database, tables.sum)
+        sums = out["sum_table"][0]["read"] == tables.sum_ref
         filled = {}
         for counter, fill in ((signals.THROTTLE_TABLE, signals.throttle_statement),
                               (signals.PRESSURE_TABLE, signals.pressure_statement)):
@@ -510,7 +322,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         engine.execute(signals.signal_spans_statement(
             tables.traces_ref, query, filled[signals.THROTTLE_TABLE],
             filled[signals.PRESSURE_TABLE]), params, settings)
-        out["limit"] = engine.rows(signals.limit_sql(tables.gauge_ref), None, settings)
+        out["limit"] = engine.rows(signals.limit_sql(gauge), None, settings)
         if filled[signals.PRESSURE_TABLE]:
             out["pressure_scope"] = engine.rows(
                 signals.pressure_scope_sql(tables.sum_ref, query), params, settings)

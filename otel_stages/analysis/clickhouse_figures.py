@@ -407,5 +407,6 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
                      "image_width": s.image_width, "image_height": s.image_height,
                      "image_bytes": s.image_bytes, "error": s.error} for s in agg.slowest],
         "signals": {name: sig.to_dict() for name, sig in stage_signals(agg).items()},
+        "comparison": None,  # no --baseline with --clickhouse yet (DESIGN.md section 3)
         "aggregates": agg.to_dict(),
     }

@@ -415,12 +415,30 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     return {"source": "clickhouse", **walk(data)}
 
 
+def _unreadable(rows: Rows | None) -> str | None:
+    """What is wrong with a metrics table (a :func:`otel_stages.analysis.clickhouse.metrics_table`
+    row): ``"there is no T table"``, ``"T lacks the columns ..."``, or ``None``."""
+    for r in rows or []:
+        if not r["exists"]:
+            return f"there is no {r['table']} table"
+        if r.get("lacks"):
+            return (f"{r['table']} lacks the columns {', '.join(r['lacks'])} (not the Collector"
+                    " clickhouse exporter's schema)")
+    return None
+
+
 def _problems(issues: SpanIssues, runs_total: int,
               runs_shown: int, sum_table: str | None = None,
-              memory_forwards: tuple[int, int] = (0, 0)) -> list[str]:
+              memory_forwards: tuple[int, int] = (0, 0), gauge_table: str | None = None
+              ) -> list[str]:
     out: list[str] = list(issues.problems)
+    if gauge_table is not None:
+        out.append(f"{gauge_table}: GPU utilization and memory (hw.gpu.*) and the container CPU"
+                   " limit are not read; export metrics to ClickHouse too (the Collector's"
+                   " clickhouse exporter), import them with otel-stages import, or name the table"
+                   " with --gauge-table")
     if sum_table is not None:
-        out.append(f"stage spans carry mechanism signals but there is no {sum_table} table: cgroup"
+        out.append(f"stage spans carry mechanism signals but {sum_table}: cgroup"
                    " CPU throttling (container.cpu.throttling_data.throttled_time, a Sum) and CPU"
                    " pressure (system.cpu.linux.pressure.total) are not read; export metrics to"
                    " ClickHouse too, or import them with otel-stages import")
@@ -544,8 +562,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         gpu=gpu,
         runs=runs, slowest=slowest,
         problems=_problems(span_issues, counts.runs, len(runs),
-                           sum_table=next((str(r["table"]) for r in results.get("sum_table") or []
-                                           if not r["exists"]), None),
+                           sum_table=_unreadable(results.get("sum_table")),
+                           gauge_table=_unreadable(results.get("gauge_table")),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
         + unlisted_line(counts.set_apart, len(set_apart)) + unchecked,
         signals=scopes(results, gpu.hw_id),

@@ -206,3 +206,45 @@ def gauge_ddl(database: str, table: str) -> str:
 def sum_ddl(database: str, table: str) -> str:
     """The exporter's ``CREATE TABLE IF NOT EXISTS`` for its sum metrics table."""
     return _SUM.format(table=table_ref(database, table))
+
+
+# --- columns ----------------------------------------------------------------------------------
+
+#: The traces table's columns ``otel-stages import`` writes: every column of the DDL above but
+#: the two ALIAS ones (Nested columns by their ``Name.Field`` names, as ``system.columns`` lists
+#: them).
+TRACES_COLUMNS: tuple[str, ...] = (
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
+    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration",
+    "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name", "Events.Attributes",
+    "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+)
+#: The gauge table's columns (all of them) ...
+GAUGE_COLUMNS: tuple[str, ...] = (
+    "ResourceAttributes", "ResourceSchemaUrl", "ScopeName", "ScopeVersion", "ScopeAttributes",
+    "ScopeDroppedAttrCount", "ScopeSchemaUrl", "ServiceName", "MetricName", "MetricDescription",
+    "MetricUnit", "Attributes", "StartTimeUnix", "TimeUnix", "Value", "Flags",
+    "Exemplars.FilteredAttributes", "Exemplars.TimeUnix", "Exemplars.Value", "Exemplars.SpanId",
+    "Exemplars.TraceId",
+)
+#: ... and the sum table's.
+SUM_COLUMNS: tuple[str, ...] = (*GAUGE_COLUMNS, "AggregationTemporality", "IsMonotonic")
+#: The traces columns the report's SQL reads (a table without one cannot be reported on).
+TRACES_READ_COLUMNS: tuple[str, ...] = (
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "ServiceName",
+    "ResourceAttributes", "SpanAttributes", "Duration", "StatusCode", "Events.Timestamp",
+    "Events.Name", "Events.Attributes",
+)
+#: The columns of a metrics table (gauge or sum) the report's SQL reads, with their types ...
+_METRICS_READ = (
+    ("ServiceName", "LowCardinality(String)"),
+    ("ResourceAttributes", "Map(LowCardinality(String), String)"),
+    ("MetricName", "String"),
+    ("Attributes", "Map(LowCardinality(String), String)"),
+    ("TimeUnix", "DateTime64(9)"),
+    ("Value", "Float64"),
+)
+METRICS_READ_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _METRICS_READ)
+#: ... and an empty table with them (the ``null`` table function), read in place of a metrics
+#: table that is missing, so every statement runs unchanged and finds no points.
+EMPTY_METRICS = "null('" + ", ".join(f"{n} {t}" for n, t in _METRICS_READ) + "')"

@@ -421,3 +421,15 @@ def _console_problem(count: int, name: str, into: Compactor) -> None:
             f" not read: {_CONSOLE_HINT}"
         )
 
+
+
+def binary_kind(head: bytes) -> str | None:
+    """What a file is when its first bytes (a few KiB) are binary rather than text (``"a JPEG
+    image"``, ``"binary data"``...), else ``None``."""
+    return _binary_kind(head)
+
+
+def concatenated_documents(data: bytes) -> list[tuple[Any, int]] | None:
+    """Whitespace-separated JSON documents in ``data`` with the line each starts on; ``None``
+    unless the whole text is such documents."""
+    return _concatenated(data)

@@ -56,6 +56,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _pct(share: float | None) -> str:
+    """A share as a whole percent; a small negative one shows as 0%, not -0%."""
+    if share is None:
+        return "-"
+    text = f"{share:.0%}"
+    return "0%" if text == "-0%" else text
+
+
 def text(agg: FleetAggregates) -> str:
     """A short plain-text view: counts, total and stage rows, GPU, the largest cohorts."""
     c = agg.counts
@@ -63,7 +71,8 @@ def text(agg: FleetAggregates) -> str:
         f"otel-stages: aggregates from {agg.url} ({c.requests} requests: {c.warm} warm,"
         f" {c.cold - c.cold_failed + c.set_apart} cold"
         + (f" ({c.set_apart} of them warm requests set apart)" if c.set_apart else "")
-        + f", {c.failed} failed; {c.incomplete} incomplete; {c.runs} processes;"
+        + f", {c.failed} failed; {c.incomplete} incomplete; {c.runs}"
+        f" {'process' if c.runs == 1 else 'processes'};"
         f" quantiles: {agg.quantile_function})",
         "",
         f"{'':<10}{'min ms':>10}{'median ms':>11}{'p95 ms':>10}{'max ms':>10}{'swing ms':>10}"
@@ -76,7 +85,7 @@ def text(agg: FleetAggregates) -> str:
     for s in agg.stages.values():
         r = s.ran
         lines.append(f"{s.name:<10}{_ms(r.min_ms):>10}{_ms(r.median_ms):>11}{_ms(r.p95_ms):>10}"
-                     f"{_ms(r.max_ms):>10}{_ms(r.swing_ms):>10}{s.explained:>10.0%}")
+                     f"{_ms(r.max_ms):>10}{_ms(r.swing_ms):>10}{_pct(s.explained):>10}")
     g = agg.gpu
     if g.source:
         lines += ["", f"GPU utilization during forward: {g.mean_utilization or 0:.0%} mean over"
@@ -89,7 +98,7 @@ def text(agg: FleetAggregates) -> str:
     if agg.overlap is not None:
         o = agg.overlap
         lines.append(f"{'(overlap)':<10}{'':>10}{_ms(o.median_ms):>11}{'':>10}{'':>10}"
-                     f"{_ms(o.swing_ms):>10}{'-' if o.explains is None else f'{o.explains:.0%}':>10}")
+                     f"{_ms(o.swing_ms):>10}{_pct(o.explains):>10}")
         lines.append(f"(overlap) = time counted in two stages at once, in {o.requests} warm requests"
                      f" ({o.share:.0%} of request time): subtract it for the stages to add up")
     lines += [f"problem: {p}" for p in agg.problems]
@@ -117,7 +126,7 @@ def run(args: argparse.Namespace, default_since_ns: int) -> int:
         service=args.service, top_slowest=args.top,
     )
     try:
-        with connect(target) as engine:
+        with connect(target, reading=tables.traces_name) as engine:
             agg = fetch_aggregates(engine, tables, query, url=target.display)
     except SourceError as exc:
         print(f"otel-stages: error: {exc}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """``otel-stages import FILE... --clickhouse URL [--traces-table T] [--gauge-table G]``.
 
 Loads OTLP/JSON files (the Collector ``file`` exporter's format, what ``otel-stages`` writes by
-default; folders are searched for ``*.jsonl`` / ``*.json``) into the tables of the Collector's
+default; gzip or zstd compressed too; ``-`` is standard input; folders are searched for the names
+the file report reads: ``*.jsonl``, ``*.json``, ``*.ndjson``, each also with ``.gz`` / ``.zst``;
+see :mod:`otel_stages.analysis.clickhouse_files`) into the tables of the Collector's
 ``clickhouse`` exporter, creating them with the exporter's DDL when missing, so files, a Collector
 and ``otel-stages report --clickhouse URL`` meet in one schema. URL: ``chdb:PATH`` (embedded, data
 in PATH) or ``http(s)://user@host:8123/database``.
@@ -30,7 +32,8 @@ MAX_STDERR_PROBLEMS = 20
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``import``'s arguments on ``parser``."""
     parser.add_argument("paths", nargs="+", metavar="FILE",
-                        help="OTLP/JSON lines files or folders (searched for *.jsonl / *.json)")
+                        help="OTLP/JSON files (gzip or zstd compressed too; - for stdin) or folders"
+                        " (searched for *.jsonl, *.json, *.ndjson, also .gz / .zst)")
     add_clickhouse_arguments(parser, required=True)
 
 

@@ -235,7 +235,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if not (traces or args.prometheus):
         for flag in ("service", "since"):
             if getattr(args, flag) is not None:
-                return f"--{flag} goes with --jaeger, --tempo or --prometheus"
+                return f"--{flag} goes with --jaeger, --tempo, --prometheus or --clickhouse"
     if args.html and args.prometheus and not traces:
         return "--html draws traces: use it with PATHs, --jaeger or --tempo"
     if args.prometheus and not traces and args.baseline:
