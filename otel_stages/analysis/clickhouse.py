@@ -233,7 +233,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
-    results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(tables.gauge_ref, query),
+    results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(gauge[0]["read"], query),
                                          sql.query_params(query), settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
