@@ -717,3 +717,17 @@ def test_a_stage_nested_in_a_stage_is_detail_not_incomplete(engine, tmp_path: Pa
     assert got["counts"] == want["counts"]
     assert got["problems"] == want["problems"] == []
     assert got["verdict"] == want["verdict"]
+
+
+def test_two_recordings_with_the_same_ids_give_a_tentative_verdict(engine, tmp_path: Path) -> None:
+    """Two handed recordings made with the same seed share trace and span ids: merged, each
+    report keeps the first span of each id, so the answer depends on the read order. Both
+    reports, in both orders, say the verdict is tentative (span ids first)."""
+    a, b = TRACES / "gpu_memory_pressure.otlp.jsonl", TRACES / "preprocess_mixed_sizes.otlp.jsonl"
+    for first, second in ((a, b), (b, a)):
+        merged = tmp_path / f"merged_{first.stem}.jsonl"
+        merged.write_text(first.read_text() + second.read_text())
+        got, want = reports(engine, merged)
+        for verdict in (got["verdict"], want["verdict"]):
+            assert verdict["tentative"]
+            assert "share a span id with a different span" in verdict["evidence"][0]

@@ -431,3 +431,19 @@ def test_a_spike_says_it_is_a_spike():
                        total_spike=60.0))
     assert any(e.startswith("request total spikes: one run lies 60.0 ms from the median 100.0 ms")
                for e in v.evidence)
+
+
+# --- span ids shared by different spans -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("clash_spans, tentative", [(0, False), (4, False), (5, True), (100, True)])
+def test_clashing_span_ids_make_the_verdict_tentative(clash_spans: int, tentative: bool) -> None:
+    """CLASH_MIN_FRACTION 0.05 of 100 requests (literal: a changed threshold must fail): at 5 spans
+    that share an id with a different span, which requests the figures describe depends on the
+    read order, so the verdict (the same cause) is tentative with the reason first."""
+    fig = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, requests=100,
+                  clash_spans=clash_spans)
+    v = decide(fig)
+    assert (v.cause, v.stage) == ("forward", "forward")
+    assert v.tentative is tentative
+    assert v.evidence[0].startswith(f"{clash_spans} spans share a span id") is tentative

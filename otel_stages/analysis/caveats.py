@@ -17,6 +17,10 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   so their parts of the total's variance cancel (see :mod:`otel_stages.analysis.stats`).
 - :func:`set_apart_lines`: warm requests reported apart as cold (first of a new input, after an
   idle gap, after a failed first request), so the verdict's evidence agrees with the set-apart list.
+- :func:`clash_caveat`: span ids shared by different spans in :data:`CLASH_MIN_FRACTION` of the
+  requests or more (two recordings with the same ids merged, a badly seeded id generator): only
+  the first span of each id is kept, so which requests the statistics describe depends on the
+  order the spans were read. The verdict is tentative, with the reason first.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ OFFSET_MIN_EXPLAINS = 0.1
 #: untraced time is read as clock skew rather than missing instrumentation: skew between two hosts
 #: moves every span the other host records, so it shows in most requests, not in a few.
 SKEWED_MIN_FRACTION = 0.5
+#: When the spans that share an id with a different span number at least this part of the
+#: requests, the verdict is tentative (:func:`clash_caveat`): a stray duplicate id among many
+#: requests changes nothing, but at this rate whole requests are merged or lost depending on the
+#: order the spans were read (the file order, the import order).
+CLASH_MIN_FRACTION = 0.05
 #: Error kinds named in the failure line; the rest are counted as "other".
 MAX_ERROR_KINDS = 3
 #: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
@@ -182,3 +191,16 @@ def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
                    f" warm requests ({duration(a.comparable_median_total_ms)}), {why}; reported"
                    " apart from warm runs")
     return out
+
+
+def clash_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, with the reason first in the evidence, when :attr:`Figures.clash_spans` reach
+    :data:`CLASH_MIN_FRACTION` of the requests (module docstring)."""
+    if fig.requests <= 0 or fig.clash_spans < CLASH_MIN_FRACTION * fig.requests:
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, (
+        f"{fig.clash_spans} span{'s' if fig.clash_spans != 1 else ''} share a span id with a"
+        f" different span ({fig.requests} requests): only the first of each id is kept, so which"
+        " requests these figures describe depends on the order the spans were read; the verdict"
+        " is tentative until the ids are unique (see the problems)"))

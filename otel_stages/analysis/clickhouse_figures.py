@@ -325,6 +325,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         failure_stages=agg.failure_stages,
         per_request=True,  # a stage's count is requests, as in the file report
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
+        clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart),
     )
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.caveats import (
+    clash_caveat,
     failures_dominate,
     failures_first,
     offset_line,
@@ -202,6 +203,7 @@ def decide(fig: Figures) -> Verdict:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig)
     failures_first(verdict, fig)
+    clash_caveat(verdict, fig)
     return verdict
 
 

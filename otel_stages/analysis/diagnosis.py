@@ -119,7 +119,8 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True, detached_requests: int = 0, table: SignalTable | None = None,
+    cold_first: bool = True, detached_requests: int = 0, clash_spans: int = 0,
+    table: SignalTable | None = None,
     verdict_only: bool = False,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
@@ -161,6 +162,7 @@ def _warm(
         set_apart=tuple(a.figures() for a in apart),
         per_request=True,
         detached_requests=detached_requests,
+        clash_spans=clash_spans,
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
@@ -267,7 +269,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
-                   detached_requests=min(grouping.detached_requests, len(requests)), table=table)
+                   detached_requests=min(grouping.detached_requests, len(requests)),
+                   clash_spans=grouping.clashes.count, table=table)
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)

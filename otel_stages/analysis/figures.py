@@ -303,6 +303,8 @@ class Figures:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
+    ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
+    the first of each id is kept).
     """
 
     warm_requests: int
@@ -321,6 +323,7 @@ class Figures:
     set_apart: Sequence[ApartFigures] = ()
     per_request: bool = False
     detached_requests: int = 0
+    clash_spans: int = 0
 
     @property
     def reference_ms(self) -> float:
