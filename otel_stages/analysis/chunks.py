@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -20,6 +20,24 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK_BYTES = 1 << 20
 #: Bytes :func:`peek` makes sure the first chunk has (magic numbers, the framing's first record).
 HEAD_BYTES = 8
+
+
+def read_stream(stream: IO[bytes], failed: list[OSError],
+                on_chunk: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """``stream`` read :data:`CHUNK_BYTES` at a time; ``on_chunk(size)`` after each chunk. A read
+    error (a disk error, a file truncated under us) ends the chunks and is appended to ``failed``:
+    what came before it stays yielded."""
+    while True:
+        try:
+            chunk = stream.read(CHUNK_BYTES)
+        except OSError as exc:
+            failed.append(exc)
+            return
+        if not chunk:
+            return
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+        yield chunk
 
 
 def peek(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:

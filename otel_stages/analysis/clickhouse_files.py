@@ -29,19 +29,25 @@ from pathlib import Path
 from typing import IO, Any
 
 from otel_stages.analysis.chunks import (
-    CHUNK_BYTES,
     GZIP_MAGIC,
     ZSTD_MAGIC,
     ByteReader,
     Tee,
     gunzip,
     peek,
+    read_stream,
     split_lines,
     strip_bom,
     unzstd,
 )
 from otel_stages.analysis.files import COMPRESSED_SUFFIXES, DATA_SUFFIXES, FOLDER_SUFFIXES
-from otel_stages.analysis.formats import MAX_NESTING, binary_kind, concatenated_documents
+from otel_stages.analysis.formats import (
+    BAD,
+    MAX_NESTING,
+    binary_kind,
+    concatenated_documents,
+    json_or_bad,
+)
 
 #: The path that names standard input (as for ``otel-stages report -``).
 STDIN = "-"
@@ -105,19 +111,7 @@ def iter_export_requests(path: Path | str, problems: list[str]) -> Iterator[tupl
 
 def _from_stream(stream: IO[bytes], name: str, problems: list[str]) -> Iterator[tuple[str, Any]]:
     failed: list[OSError] = []
-
-    def chunks() -> Iterator[bytes]:
-        while True:
-            try:
-                chunk = stream.read(CHUNK_BYTES)
-            except OSError as exc:  # a disk error, a file truncated under us: keep what came
-                failed.append(exc)
-                return
-            if not chunk:
-                return
-            yield chunk
-
-    yield from export_requests(chunks(), name, problems)
+    yield from export_requests(read_stream(stream, failed), name, problems)
     if failed:
         problems.append(f"{name}: cannot read ({failed[0].strerror or failed[0]}); read what came"
                         " before")
@@ -178,8 +172,8 @@ def _text(chunks: Iterator[bytes], name: str, problems: list[str]) -> Iterator[t
     for number, raw in lines:
         if not raw.strip():
             continue
-        obj = _loads(raw)
-        if obj is _BAD:
+        obj = json_or_bad(raw)
+        if obj is BAD:
             seen = tee.seen or []
             tee.forget()
             yield from _whole(b"".join(seen) + b"".join(tee.chunks), name, problems)
@@ -187,13 +181,7 @@ def _text(chunks: Iterator[bytes], name: str, problems: list[str]) -> Iterator[t
         tee.forget()
         yield f"{name}:{number}", obj
         break
-    for number, raw in lines:
-        if raw.strip():
-            obj = _loads(raw)
-            if obj is _BAD:
-                problems.append(f"{name}:{number}: {_why(raw)}")
-            else:
-                yield f"{name}:{number}", obj
+    yield from _documents(lines, name, problems)
 
 
 def _whole(data: bytes, name: str, problems: list[str]) -> Iterator[tuple[str, Any]]:
@@ -207,27 +195,20 @@ def _whole(data: bytes, name: str, problems: list[str]) -> Iterator[tuple[str, A
             else:
                 yield where, doc
         return
-    for number, raw in enumerate(data.splitlines(), start=1):
+    yield from _documents(enumerate(data.splitlines(), start=1), name, problems)
+
+
+def _documents(lines: Iterable[tuple[int, bytes]], name: str, problems: list[str]
+               ) -> Iterator[tuple[str, Any]]:
+    """The JSON document of each numbered line (blank ones skipped); a line that is none is a
+    problem naming it."""
+    for number, raw in lines:
         if raw.strip():
-            obj = _loads(raw)
-            if obj is _BAD:
+            obj = json_or_bad(raw)
+            if obj is BAD:
                 problems.append(f"{name}:{number}: {_why(raw)}")
             else:
                 yield f"{name}:{number}", obj
-
-
-class _Bad:
-    pass
-
-
-_BAD = _Bad()
-
-
-def _loads(raw: bytes) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return _BAD
 
 
 def _why(raw: bytes) -> str:

@@ -20,11 +20,11 @@ each chunk as it is read, so a bar moves with the reading, compressed files incl
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Protocol
 
-from otel_stages.analysis.chunks import CHUNK_BYTES
+from otel_stages.analysis.chunks import read_stream
 from otel_stages.analysis.compact import Compactor, paused_gc
 from otel_stages.analysis.formats import read_chunks
 from otel_stages.analysis.model import Recording
@@ -169,21 +169,8 @@ def _read_file(path: Path, into: Compactor, progress: LoadProgress | None) -> No
 
 def _read_chunks(stream: IO[bytes], name: str, into: Compactor, progress: LoadProgress | None) -> None:
     failed: list[OSError] = []
-
-    def chunks() -> Iterator[bytes]:
-        while True:
-            try:
-                chunk = stream.read(CHUNK_BYTES)
-            except OSError as exc:  # a disk error, a file truncated under us: keep what came
-                failed.append(exc)
-                return
-            if not chunk:
-                return
-            if progress is not None:
-                progress.advance(len(chunk))
-            yield chunk
-
-    read_chunks(chunks(), name, into)
+    read_chunks(read_stream(stream, failed, None if progress is None else progress.advance),
+                name, into)
     if failed:
         exc = failed[0]
         into.out.problems.append(f"{name}: cannot read ({exc.strerror or exc}); read what came before")

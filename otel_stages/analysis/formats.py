@@ -227,7 +227,7 @@ def _read_text(chunks: Iterator[bytes], name: str, into: Compactor) -> None:
             continue
         where = f"{name}:{number}"
         if not read_line(raw, where, into):
-            if _loads(raw) is _BAD:
+            if json_or_bad(raw) is BAD:
                 seen = tee.seen or []
                 tee.forget()
                 _decode_text(b"".join(seen) + b"".join(tee.chunks), name, into)
@@ -266,7 +266,7 @@ def _decode_text(data: bytes, name: str, into: Compactor) -> None:
     first = next((line for line in data.splitlines() if line.strip()), None)
     if first is None:
         return
-    docs = _concatenated(data) if _loads(first) is _BAD else None
+    docs = _concatenated(data) if json_or_bad(first) is BAD else None
     if docs is not None:
         console = 0
         for obj, line in docs:
@@ -289,14 +289,16 @@ class _Bad:
     pass
 
 
-_BAD = _Bad()
+#: What :func:`json_or_bad` returns for a line that is no JSON document (``None`` is ``null``).
+BAD: Any = _Bad()
 
 
-def _loads(line: bytes) -> Any:
+def json_or_bad(line: bytes) -> Any:
+    """The JSON document in ``line`` (UTF-8), or :data:`BAD`."""
     try:
         return json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return _BAD
+        return BAD
 
 
 def _concatenated(data: bytes) -> list[tuple[Any, int]] | None:
