@@ -731,3 +731,23 @@ def test_two_recordings_with_the_same_ids_give_a_tentative_verdict(engine, tmp_p
         for verdict in (got["verdict"], want["verdict"]):
             assert verdict["tentative"]
             assert "share a span id with a different span" in verdict["evidence"][0]
+
+
+PARITY = Path(__file__).parent / "data" / "traces" / "parity"  # README.md there says how each was made
+
+
+@pytest.mark.parametrize("name, cause", [
+    ("format_on_some_requests", "gpu_busy"),
+    ("service_renamed_same_instance", "gpu_busy"),
+    ("own_gpu_plus_exporter", "gpu_busy"),
+])
+def test_the_testers_parity_cases(engine, name: str, cause: str) -> None:
+    """Inputs on which the ClickHouse report was confidently different (cohort format key,
+    process key, GPU series of an exporter beside the process's own): now the same verdict,
+    counts, set-apart list and GPU figures as the file report."""
+    got, want = reports(engine, PARITY / f"{name}.otlp.jsonl")
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]
+    assert (got["counts"], got["set_apart"]) == (want["counts"], want["set_apart"])
+    for key in ("level", "samples", "forwards_covered", "hw_id"):
+        assert got["gpu"].get(key) == want["gpu"].get(key), key

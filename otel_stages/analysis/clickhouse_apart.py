@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from otel_stages.analysis.clickhouse_sql import APART_TABLE, REQUESTS_TABLE
+from otel_stages.analysis.clickhouse_sql import APART_TABLE, cohort_requests
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, IDLE_GAP_MIN_S
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
@@ -71,16 +71,16 @@ FROM (
         max(start_ns + total_ns) OVER ({prev}) AS last_end,
         count() OVER ({prev}) AS rows_before,
         sum(warm) OVER ({prev}) AS warm_before
-    FROM {REQUESTS_TABLE} WHERE is_request
+    FROM {cohort_requests()} WHERE is_request
 ) AS w
 LEFT JOIN (
     SELECT cityHash64(proc) AS ph, max(cold) AS started,
         argMin(cold AND error, (start_ns, trace_key)) AS failed_first
-    FROM {REQUESTS_TABLE} WHERE is_request GROUP BY ph
+    FROM {cohort_requests()} WHERE is_request GROUP BY ph
 ) AS p ON w.ph = p.ph
 LEFT JOIN (
     SELECT cityHash64(proc) AS ph, width, height, fmt, min((start_ns, trace_key)) AS first
-    FROM {REQUESTS_TABLE} WHERE is_request AND {_KNOWN} GROUP BY ph, width, height, fmt
+    FROM {cohort_requests()} WHERE is_request AND {_KNOWN} GROUP BY ph, width, height, fmt
 ) AS i ON w.ph = i.ph AND w.width = i.width AND w.height = i.height AND w.fmt = i.fmt
 WHERE w.warm"""
     create = f"""CREATE TEMPORARY TABLE {APART_TABLE} ENGINE = Memory AS

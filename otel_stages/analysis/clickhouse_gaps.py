@@ -14,9 +14,8 @@ granules without the key):
   or the request span);
 - GPU points from more than
   :data:`~otel_stages.analysis.clickhouse_queries.MAX_FOREIGN_GPU_PROCESSES` processes that ran
-  no request, where request processes have no GPU points of their own: the file report lines
-  every series up with the forwards by time, the SQL only that many (per host it would meet every
-  host's GPUs);
+  no request: the file report lines every series up with the forwards by time, the SQL only that
+  many (per host, every forward would meet every host's GPUs);
 - more than :data:`~otel_stages.analysis.naming.MAX_STAGE_NAMES` distinct span names under
   requests, some of them custom names without a path or an id: the file report then reads every
   custom name as per-request (counted under its ``stage`` attribute); the SQL only names holding
@@ -78,13 +77,12 @@ def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:
             " decode span (else a group or the request span), so a request whose size is recorded"
             " only on another stage counts as an unknown input; report the exported files (PATH)")
     foreign = int(row.get("foreign_gpu_processes") or 0)
-    if foreign > MAX_FOREIGN_GPU_PROCESSES and int(row.get("processes_without_gpu") or 0):
+    if foreign > MAX_FOREIGN_GPU_PROCESSES:
         out.append(
             f"{NOT_CHECKED}GPU points from {foreign} processes that ran no request here (a GPU"
-            " worker or metrics exporter per host, say): they are lined up with the forwards of"
-            f" request processes without GPU points of their own only up to"
-            f" {MAX_FOREIGN_GPU_PROCESSES} such processes, so those forwards have no GPU data"
-            " here; report the exported files (PATH) of one host")
+            " worker or metrics exporter per host, say): they are lined up with the forwards"
+            f" only up to {MAX_FOREIGN_GPU_PROCESSES} such processes, so only each request"
+            " process's own GPU points count here; report the exported files (PATH) of one host")
     names = int(row.get("custom_names") or 0) + standard_names
     if names > MAX_STAGE_NAMES and int(row.get("plain_names") or 0):  # else nothing differs
         out.append(

@@ -36,7 +36,7 @@ JOIN_SETTINGS = "join_algorithm = 'grace_hash', grace_hash_join_initial_buckets 
 #: Thread names quoted in the evidence (as in analysis.preprocessing).
 NAMES_SHOWN = 3
 
-_R = requests()
+_R = requests(recorded_format=True)  # the draft-decoding rule reads the recorded format
 _JPEG = "(" + ", ".join(f"'{f}'" for f in sorted(DRAFT_FORMATS)) + ")"
 
 

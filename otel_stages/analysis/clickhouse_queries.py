@@ -37,6 +37,7 @@ from otel_stages.analysis.clickhouse_sql import (
     distribution,
     median,
     metric_filter,
+    process_hash,
     query_params,
     requests,
     span_filter,
@@ -253,9 +254,9 @@ CROSS JOIN (SELECT quantileExactInclusive(0.5)(d) AS m FROM ({forwards})) AS med
 GPU_SAMPLES_TABLE = "otel_stages_gpu_samples"
 GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
 #: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) are lined
-#: up by time with the forwards of request processes that have no GPU points of their own, as the
-#: file report lines up every series; past this many such processes (one per host, say) they are
-#: not, since every forward would meet every host's GPUs.
+#: up by time with the forwards of every request process, as the file report lines up every
+#: series; past this many such processes (one per host, say) they are not, since every forward
+#: would meet every host's GPUs.
 MAX_FOREIGN_GPU_PROCESSES = 8
 #: The three GPU gauges, as a SQL tuple.
 _GPU_METRICS = (f"('{semconv.HW_GPU_UTILIZATION}', '{semconv.HW_GPU_MEMORY_USAGE}',"
@@ -269,7 +270,7 @@ def gpu_series_sql(gauge: str, query: AggregateQuery) -> str:
     """``SELECT k``: the processes (hashed ``service.name``, ``service.instance.id``) with GPU
     points in the window."""
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
-    return f"""SELECT DISTINCT cityHash64(CAST(ServiceName AS String), {inst}) AS k
+    return f"""SELECT DISTINCT {process_hash("CAST(ServiceName AS String)", inst)} AS k
     FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
 
 
@@ -284,17 +285,17 @@ def foreign_gpu_sql(gauge: str, query: AggregateQuery) -> str:
 
 def gpu_owners_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
-    points owns its points (matched by ``service.name`` and ``service.instance.id``); the points
-    of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them) go to
-    every request process without GPU points of its own. Both GPU joins (utilization, memory)
-    read points through it."""
+    points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
+    the points of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them)
+    go to every request process too, whose GPU is then the series that rises most during its
+    forwards, as in the file report. Both GPU joins (utilization, memory) read points through
+    it."""
     owners = f"""CREATE TEMPORARY TABLE {GPU_OWNERS_TABLE} ENGINE = Memory AS
 WITH series AS ({gpu_series_sql(gauge, query)}), requests AS ({_REQUEST_PROCESSES}),
-    foreign AS (SELECT k FROM series WHERE k NOT IN (SELECT k FROM requests)),
-    orphans AS (SELECT k FROM requests WHERE k NOT IN (SELECT k FROM series))
+    foreign AS (SELECT k FROM series WHERE k NOT IN (SELECT k FROM requests))
 SELECT k AS point_key, k AS proc_key FROM series WHERE k IN (SELECT k FROM requests)
 UNION ALL
-SELECT f.k AS point_key, o.k AS proc_key FROM foreign AS f CROSS JOIN orphans AS o
+SELECT f.k AS point_key, r.k AS proc_key FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
 WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, query_params(query))]
 
@@ -309,7 +310,7 @@ def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str,
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     where = metric_filter(query, f"('{semconv.HW_GPU_UTILIZATION}')")
     # the process of a point: the same key as the requests' (service.name, service.instance.id)
-    points = f"""SELECT cityHash64(CAST(ServiceName AS String), {inst}) AS proc_key,
+    points = f"""SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS proc_key,
         Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
     FROM {gauge} WHERE {where}"""
     samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS

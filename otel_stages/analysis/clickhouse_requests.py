@@ -54,6 +54,7 @@ from otel_stages.analysis.clickhouse_sql import (
     REQUESTS_TABLE,
     WINDOW_SLACK_NS,
     AggregateQuery,
+    process_hash,
     query_params,
     span_filter,
 )
@@ -353,7 +354,7 @@ GROUP BY trace_key, owner"""), {}
     # and its earliest request
     yield (f"""CREATE TEMPORARY TABLE {PROCESS_TABLE} ENGINE = Memory AS
 SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(present, self_inst, '')) AS inst,
-    groupUniqArray(cityHash64(if(present, self_svc, kid_svc), if(present, self_inst, ''))) AS proc_keys,
+    groupUniqArray({_PROC_HASH}) AS proc_keys,
     max(self_cold > 0) AS has_cold_attr, max(self_seq > 0) AS has_seq,
     argMin((start, trace_key), (start, reinterpretAsFixedString(trace_key))) AS first
 FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE})
@@ -376,6 +377,8 @@ def _window(query: AggregateQuery, column: str) -> str:
 _PROC = (f"multiIf(present AND self_inst != '', concat('{semconv.SERVICE_INSTANCE_ID}=', self_inst),"
          f" present AND self_svc != '', concat('{semconv.SERVICE_NAME}=', self_svc),"
          f" NOT present AND kid_svc != '', concat('{semconv.SERVICE_NAME}=', kid_svc), '')")
+#: Over GROUPS_TABLE rows: the hash of the group's process (clickhouse_sql.process_hash).
+_PROC_HASH = process_hash("if(present, self_svc, kid_svc)", "if(present, self_inst, '')")
 #: Over GROUPS_TABLE rows: the group is a request (not a nested group). Standard stage spans at
 #: the root of their trace (key 0) are no request: each is an incomplete unit, as in
 #: analysis.requests.
@@ -466,7 +469,7 @@ def _requests_select(query: AggregateQuery) -> str:
     if(present, self_svc, kid_svc) AS svc,
     if(present, self_inst, '') AS inst,
     {_PROC} AS proc,
-    cityHash64(svc, inst) AS proc_key,
+    {process_hash("svc", "inst")} AS proc_key,
     {fwd.format("starts")} AS fwd_start,
     {fwd.format("ends")} AS fwd_end,
     arrayConcat(p.g_id, x.g_id) AS gids,

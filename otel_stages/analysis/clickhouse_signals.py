@@ -74,6 +74,7 @@ from otel_stages.analysis.clickhouse_sql import (
     PROCESS_TABLE,
     AggregateQuery,
     metric_filter,
+    process_hash,
     query_params,
     requests,
     span_filter,
@@ -117,7 +118,8 @@ def _num(key: str) -> str:
     return f"toFloat64OrNull(SpanAttributes['{key}'])"
 
 
-_PROC_KEY = f"cityHash64(CAST(ServiceName AS String), ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'])"
+_PROC_KEY = process_hash("CAST(ServiceName AS String)",
+                         f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']")
 
 
 def throttle_statement(sums: str, query: AggregateQuery) -> str:

@@ -130,6 +130,14 @@ def query_params(query: AggregateQuery) -> dict[str, Any]:
     }
 
 
+def process_hash(service: str, instance: str) -> str:
+    """SQL: a UInt64 naming a process as :func:`otel_stages.analysis.requests.process_key` does,
+    by its ``service.instance.id`` (``instance``), else its ``service.name`` (``service``): the
+    key that lines metric points up with requests (a service renamed in a rolling deploy keeps
+    its instance, and its GPU points)."""
+    return f"cityHash64(if({instance} != '', concat('i:', {instance}), concat('s:', {service})))"
+
+
 def _span_window(query: AggregateQuery) -> list[str]:
     parts = []
     if query.start_ns is not None:
@@ -173,13 +181,29 @@ def span_filter(query: AggregateQuery, *, odd: bool) -> str:
     return " AND ".join(parts)
 
 
-def requests() -> str:
+#: ``image.format`` as the cohorts read it: only when the requests hold more than one format,
+#: else '' (as :class:`otel_stages.analysis.cohorts.CohortKeys`: one format on some requests and
+#: none on others is one input, not two).
+_COHORT_FORMAT = (f"if((SELECT uniqExactIf(fmt, fmt != '') FROM {REQUESTS_TABLE} WHERE is_request)"
+                  " > 1, fmt, '')")
+
+
+def cohort_requests() -> str:
+    """The per-request table as a subquery with ``fmt`` as the cohorts read it (only when the
+    requests hold more than one format)."""
+    return f"(SELECT * REPLACE ({_COHORT_FORMAT} AS fmt) FROM {REQUESTS_TABLE})"
+
+
+def requests(*, recorded_format: bool = False) -> str:
     """The per-request table (:data:`REQUESTS_TABLE`), with its ``cold`` and ``warm`` flags, as
     a subquery: ``warm`` is cleared for the requests set apart as cold (:data:`APART_TABLE`,
-    filled before any statement reads this; the engine reads only the columns a statement uses).
+    filled before any statement reads this; the engine reads only the columns a statement uses),
+    ``fmt`` as in :func:`cohort_requests` unless ``recorded_format`` (the format as recorded,
+    for rules about the format itself).
     """
+    fmt = "" if recorded_format else f", {_COHORT_FORMAT} AS fmt"
     return (f"(SELECT * REPLACE (toUInt8(warm AND (trace_key, span_key) NOT IN"
-            f" (SELECT trace_key, span_key FROM {APART_TABLE})) AS warm) FROM {REQUESTS_TABLE})")
+            f" (SELECT trace_key, span_key FROM {APART_TABLE})) AS warm{fmt}) FROM {REQUESTS_TABLE})")
 
 
 def count_statement() -> str:
