@@ -40,6 +40,26 @@ def read_stream(stream: IO[bytes], failed: list[OSError],
         yield chunk
 
 
+def length_prefixed_records(chunks: Iterator[bytes], name: str, problems: list[str]
+                            ) -> Iterator[tuple[int, bytes]]:
+    """``(number, record)`` of the Collector file exporter's binary framing (a 4-byte big-endian
+    length, then the record; numbered from 1), read from ``chunks`` as they come; the last record
+    may be cut short. A zero length ends the records, with a problem naming it."""
+    reader = ByteReader(chunks)
+    number = 0
+    while True:
+        prefix = reader.read(4)
+        if len(prefix) < 4:
+            return
+        number += 1
+        size = int.from_bytes(prefix, "big")
+        if size == 0:
+            problems.append(f"{name} record {number}: length 0 in the length-prefixed framing; the"
+                            " rest of the file is not read")
+            return
+        yield number, reader.read(size)
+
+
 def peek(chunks: Iterator[bytes]) -> tuple[bytes, Iterator[bytes]]:
     """The first chunk, grown to at least :data:`HEAD_BYTES` when the input has them, and an
     iterator that yields it and then the rest."""

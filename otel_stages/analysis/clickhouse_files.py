@@ -31,9 +31,9 @@ from typing import IO, Any
 from otel_stages.analysis.chunks import (
     GZIP_MAGIC,
     ZSTD_MAGIC,
-    ByteReader,
     Tee,
     gunzip,
+    length_prefixed_records,
     peek,
     read_stream,
     split_lines,
@@ -148,20 +148,8 @@ def _zstd_records(chunks: Iterator[bytes], name: str, problems: list[str], depth
                   ) -> Iterator[tuple[str, Any]]:
     """The Collector file exporter's compressed framing: a 4-byte big-endian length, then one
     zstd frame (one export) per record; the last record may be cut short."""
-    reader = ByteReader(chunks)
-    number = 0
-    while True:
-        prefix = reader.read(4)
-        if len(prefix) < 4:
-            return
-        number += 1
-        size = int.from_bytes(prefix, "big")
-        if size == 0:
-            problems.append(f"{name} record {number}: length 0 in the length-prefixed framing; the"
-                            " rest of the file is not read")
-            return
-        yield from export_requests(iter([reader.read(size)]), f"{name} record {number}", problems,
-                                   depth + 1)
+    for number, record in length_prefixed_records(chunks, name, problems):
+        yield from export_requests(iter([record]), f"{name} record {number}", problems, depth + 1)
 
 
 def _text(chunks: Iterator[bytes], name: str, problems: list[str]) -> Iterator[tuple[str, Any]]:

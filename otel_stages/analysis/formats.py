@@ -50,9 +50,9 @@ from typing import Any
 from otel_stages.analysis.chunks import (
     GZIP_MAGIC,
     ZSTD_MAGIC,
-    ByteReader,
     Tee,
     gunzip,
+    length_prefixed_records,
     peek,
     split_lines,
     strip_bom,
@@ -153,20 +153,9 @@ def _binary_kind(head: bytes) -> str | None:
 def _read_zstd_records(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> None:
     """The Collector file exporter's default zstd framing, one record at a time (a 4-byte
     big-endian length, then one zstd frame per export); the last record may be cut short."""
-    reader = ByteReader(chunks)
     proto = 0
-    number = 0
-    while True:
-        prefix = reader.read(4)
-        if len(prefix) < 4:
-            break
-        number += 1
-        size = int.from_bytes(prefix, "big")
-        if size == 0:
-            into.out.problems.append(f"{name} record {number}: length 0 in the length-prefixed"
-                                     " framing; the rest of the file is not read")
-            break
-        proto += _decode_record(reader.read(size), f"{name} record {number}", into, depth)
+    for number, record in length_prefixed_records(chunks, name, into.out.problems):
+        proto += _decode_record(record, f"{name} record {number}", into, depth)
     _proto_problem(proto, name, into)
 
 
