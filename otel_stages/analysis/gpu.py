@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
+from otel_stages.analysis.gpu_series import PERCENT_GUESS
 from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request
 
@@ -33,9 +34,6 @@ MIN_FORWARD_COVERAGE = 0.3
 GPU_BUSY_MIN_UTILIZATION = 0.7
 #: At or below this the GPU mostly waits during forward (data, locks, allocation, host syncs).
 GPU_STARVED_MAX_UTILIZATION = 0.4
-#: Values above this are taken as percent (0..100) from a producer that did not divide by 100.
-_PERCENT_GUESS = 1.5
-
 LEVEL_HIGH = "high"
 LEVEL_LOW = "low"
 LEVEL_MEDIUM = "medium"
@@ -161,7 +159,7 @@ def _align(
     hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]]
 ) -> tuple[GpuEvidence, float]:
     """Evidence for one GPU, and its rise in utilization inside vs. outside forwards."""
-    scale = 100.0 if max(v for _, v in samples) > _PERCENT_GUESS else 1.0
+    scale = 100.0 if max(v for _, v in samples) > PERCENT_GUESS else 1.0
     times = [t for t, _ in samples]
     inside_idx: set[int] = set()
     per_forward: list[tuple[int, list[float]]] = []

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.model import MetricPoint
 
-#: Utilization values above this are percent (0..100) from a producer that did not divide by 100
-#: (same rule as :mod:`otel_stages.analysis.gpu`).
-PERCENT_GUESS = 1.5
+#: A utilization series with a value above this is percent (0..100) from a producer that did not
+#: divide by 100 and did not declare the unit ``%`` (a ratio never exceeds 1; a series declared
+#: ``%`` is scaled when read, :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). Shared by
+#: :mod:`otel_stages.analysis.gpu`.
+PERCENT_GUESS = 1.0
 
 
 @dataclass(frozen=True)
