@@ -19,6 +19,7 @@ from otel_stages.analysis import clickhouse_apart as apart
 from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis import clickhouse_gaps as gaps
+from otel_stages.analysis import clickhouse_gpu_ids as gpu_ids
 from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis import clickhouse_preprocess as preprocess
 from otel_stages.analysis import clickhouse_queries as queries
@@ -39,6 +40,7 @@ from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
 from otel_stages.analysis.http_source import SourceError
+from otel_stages.analysis.services import MAX_SERVICES_NAMED
 
 #: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
 #: that a batch of spans stays a few tens of MB in this process.
