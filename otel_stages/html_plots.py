@@ -195,9 +195,12 @@ def _gpu(c: ReportCharts) -> Section:
                   fill_color=FORWARD_FILL, fill_alpha=0.18, line_alpha=0, legend_label="forward span")
     mem = fig(width=WIDE_W, height=220, x_range=util.x_range, title="memory used, GiB")
     palette = ["#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#8C564B"]
+    repeated = {g.hw_id for g in c.gpu if sum(h.hw_id == g.hw_id for h in c.gpu) > 1}
     for i, g in enumerate(c.gpu):
         ink = palette[i % len(palette)]
-        label = plain(f"{g.model or 'GPU'} {g.hw_id[:12]}".strip())
+        # hw.id is unique only within a host: one id under two processes is two GPUs
+        where = f" {g.process.partition('=')[2]}" if g.hw_id in repeated else ""
+        label = plain(f"{g.model or 'GPU'} {g.hw_id[:12]}{where}".strip())
         if g.utilization:
             util.line([t for t, _ in g.utilization], [v * 100 for _, v in g.utilization],
                       color=ink, line_width=1.5, legend_label=label)

@@ -4,7 +4,10 @@ exact-size reads, and splitting into lines. Pure; used by :mod:`otel_stages.anal
 A chunk iterator is what a file gives when read :data:`CHUNK_BYTES` at a time; every function
 here pulls chunks only as it needs them, so memory holds a chunk (and a line), not the file.
 Decompressors report an early stop (data cut short or damaged) by appending why to ``cut``
-and ending; what decompressed before stays yielded.
+and ending; what decompressed before stays yielded. :func:`decompressed` takes every layer of
+compression off a stream, by magic bytes: the one dispatch both file readers use (the file
+report's :mod:`~otel_stages.analysis.formats` and import's
+:mod:`~otel_stages.analysis.clickhouse_files`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import codecs
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -20,6 +24,8 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK_BYTES = 1 << 20
 #: Bytes :func:`peek` makes sure the first chunk has (magic numbers, the framing's first record).
 HEAD_BYTES = 8
+#: Compressed inside compressed inside ...: deeper than this is not a trace file.
+MAX_NESTING = 3
 
 
 def read_stream(stream: IO[bytes], failed: list[OSError],
@@ -202,3 +208,48 @@ def strip_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
     first = next(chunks, b"")
     yield first.removeprefix(codecs.BOM_UTF8)  # Windows editors and PowerShell write one
     yield from chunks
+
+
+@dataclass
+class Decompressed:
+    """A stream with its compression taken off (:func:`decompressed`): ``head`` (its first
+    bytes) and ``chunks`` (all of it, the head included, decompressed as they are pulled),
+    ``name`` (the caller's, with ``(gzip)`` / ``(zstd)`` per layer), ``depth`` (the caller's plus
+    one per layer); ``too_deep`` when it was compressed more than :data:`MAX_NESTING` times over
+    (then not to be read: the problem is said)."""
+
+    head: bytes
+    chunks: Iterator[bytes]
+    name: str
+    depth: int
+    too_deep: bool = False
+    _layers: list[tuple[str, str, list[str]]] = field(default_factory=list)
+
+    def cut_problems(self) -> list[str]:
+        """One problem per layer whose data was cut short or damaged, the outermost first: known
+        once ``chunks`` has been read (decompression is lazy)."""
+        return [f"{name}: {kind} data cut short or damaged ({cut[0]}); read what came before"
+                for name, kind, cut in self._layers if cut]
+
+
+def decompressed(chunks: Iterator[bytes], name: str, problems: list[str], depth: int = 0
+                 ) -> Decompressed:
+    """``chunks`` with every gzip / zstd layer taken off, by magic bytes (never by name), nested
+    at most :data:`MAX_NESTING` deep below ``depth``; past that the problem ``"<name>: compressed
+    more than 3 times over; not read"`` is appended and ``too_deep`` set. Nothing is
+    decompressed beyond the head until ``chunks`` is pulled: read it, then say
+    :meth:`Decompressed.cut_problems`."""
+    layers: list[tuple[str, str, list[str]]] = []
+    while True:
+        if depth > MAX_NESTING:
+            problems.append(f"{name}: compressed more than {MAX_NESTING} times over; not read")
+            return Decompressed(b"", iter(()), name, depth, True, layers)
+        head, chunks = peek(chunks)
+        for magic, kind, decompress in ((GZIP_MAGIC, "gzip", gunzip), (ZSTD_MAGIC, "zstd", unzstd)):
+            if head.startswith(magic):
+                cut: list[str] = []
+                layers.append((name, kind, cut))
+                chunks, name, depth = decompress(chunks, cut), f"{name} ({kind})", depth + 1
+                break
+        else:
+            return Decompressed(head, chunks, name, depth, False, layers)

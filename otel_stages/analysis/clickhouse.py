@@ -19,6 +19,7 @@ from otel_stages.analysis import clickhouse_apart as apart
 from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis import clickhouse_gaps as gaps
+from otel_stages.analysis import clickhouse_gpu_ids as gpu_ids
 from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis import clickhouse_preprocess as preprocess
 from otel_stages.analysis import clickhouse_queries as queries
@@ -39,6 +40,7 @@ from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
 from otel_stages.analysis.http_source import SourceError
+from otel_stages.analysis.services import MAX_SERVICES_NAMED
 
 #: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
 #: that a batch of spans stays a few tens of MB in this process.
@@ -207,6 +209,29 @@ def fetch_aggregates(engine: Engine, tables: Tables, query: sql.AggregateQuery, 
                             end_ns=query.end_ns, service=query.service)
 
 
+def services_seen(engine: Engine, tables: Tables, query: sql.AggregateQuery
+                  ) -> tuple[list[tuple[str, int]], int, bool]:
+    """For a ``--service`` that found no request: the first
+    :data:`~otel_stages.analysis.services.MAX_SERVICES_NAMED` ``(service.name, spans)`` of the
+    traces table in ``query``'s window (most spans first, then by name), how many services there
+    are, and whether ``query.service`` is one of them (read for the error, a grouping on the
+    ``ServiceName`` column)."""
+    parts = ["1"]
+    if query.start_ns is not None:
+        parts.append("Timestamp >= fromUnixTimestamp64Nano({lo:Int64})")
+    if query.end_ns is not None:
+        parts.append("Timestamp < fromUnixTimestamp64Nano({hi:Int64})")
+    rows = engine.rows(f"""SELECT name, spans, count() OVER () AS services,
+    max(name = {{service:String}}) OVER () AS found
+FROM (SELECT CAST(ServiceName AS String) AS name, count() AS spans FROM {tables.traces_ref}
+      WHERE {" AND ".join(parts)} GROUP BY name)
+ORDER BY spans DESC, name LIMIT {MAX_SERVICES_NAMED}""", sql.query_params(query))
+    if not rows:
+        return [], 0, False
+    return ([(str(r["name"]), int(r["spans"])) for r in rows], int(rows[0]["services"]),
+            bool(rows[0]["found"]))
+
+
 def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                 ) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """The statements behind :func:`fetch_aggregates`: the answer rows of every aggregate query
@@ -235,6 +260,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                                   settings)
     results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(gauge[0]["read"], query),
                                          sql.query_params(query), settings)
+    results["shared_gpu_ids"] = engine.rows(gpu_ids.shared_gpu_ids_sql(gauge[0]["read"], query),
+                                            sql.query_params(query), settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),

@@ -274,6 +274,10 @@ def no_table(url: str, name: str) -> str:
     return f"{url}: no {name} table here ({how})"
 
 
+#: At most this many entries of a folder that is not a chDB database are named.
+_NAMED_ENTRIES = 3
+
+
 def _chdb_folder_problem(target: Target, reading: str | None) -> str | None:
     """Why the chDB folder of ``target`` cannot be opened (``reading``: see :func:`connect`)."""
     path = Path(target.path)
@@ -281,8 +285,20 @@ def _chdb_folder_problem(target: Target, reading: str | None) -> str | None:
         return (f"{target.display}: {target.path} is a file, not a folder (chDB keeps a database in"
                 " a folder: give a folder's path, e.g. chdb:./otel-stages-clickhouse)")
     # a database folder has metadata/ (what chDB writes first); a reader creates nothing
-    if reading is not None and not (path / "metadata").is_dir():
+    if (path / "metadata").is_dir():
+        return None
+    if reading is not None:
         return no_table(target.display, reading)
+    # an importer creates the database in a missing or empty folder only: chDB would write its
+    # data/, metadata/, store/ and tmp/ among the user's own files
+    others = sorted(os.listdir(path)) if path.is_dir() else []
+    if others:
+        named = ", ".join(others[:_NAMED_ENTRIES]) + (", ..." if len(others) > _NAMED_ENTRIES else "")
+        return (f"{target.display}: {target.path} holds {len(others)}"
+                f" entr{'ies' if len(others) != 1 else 'y'} ({named}) but no chDB database (no"
+                " metadata/ folder), and import would write the database's data/, metadata/,"
+                " store/ and tmp/ folders among them; give a new or empty folder, e.g."
+                " chdb:./otel-stages-clickhouse")
     return None
 
 
@@ -294,7 +310,8 @@ def connect(target: Target, *, reading: str | None = None) -> Iterator[Engine]:
 
     ``reading``: the traces table a reader needs (as the user named it). With it a chDB folder is
     never created: a missing one, or one without a database, is the error :func:`no_table`.
-    Without it (``import``) the folder is created when missing."""
+    Without it (``import``) the folder is created when missing, and a folder holding other files
+    but no database is refused (chDB would write its folders among them)."""
     if target.kind == "chdb":
         problem = _chdb_folder_problem(target, reading)
         if problem is not None:

@@ -6,8 +6,9 @@ layers this follows):
    frames in turn, and the Collector ``file`` exporter's default framing with compression on: a
    4-byte big-endian length, then one zstd frame per export, contrib
    ``exporter/fileexporter/file_writer.go``), nested at most
-   :data:`~otel_stages.analysis.formats.MAX_NESTING` deep; decompressed as it is read (see
-   :mod:`otel_stages.analysis.chunks`). Data cut short keeps what came before, with a problem.
+   :data:`~otel_stages.analysis.chunks.MAX_NESTING` deep; decompressed as it is read, by the
+   file report's own dispatch (:func:`otel_stages.analysis.chunks.decompressed`). Data cut
+   short keeps what came before, with a problem.
 2. **Framing**: JSON lines (one export request per line, the Collector ``file`` exporter's
    format and what ``otel_stages.configure()`` writes), streamed line by line; else the whole
    text: one pretty-printed document, a JSON array of them, or several documents in a row.
@@ -29,21 +30,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from otel_stages.analysis.chunks import (
-    GZIP_MAGIC,
     ZSTD_MAGIC,
     Tee,
-    gunzip,
+    decompressed,
     length_prefixed_records,
-    peek,
     read_stream,
     split_lines,
     strip_bom,
-    unzstd,
 )
 from otel_stages.analysis.files import COMPRESSED_SUFFIXES, DATA_SUFFIXES, FOLDER_SUFFIXES
 from otel_stages.analysis.formats import (
     BAD,
-    MAX_NESTING,
     binary_kind,
     concatenated_documents,
     json_or_bad,
@@ -121,19 +118,16 @@ def export_requests(chunks: Iterator[bytes], name: str, problems: list[str], dep
                     ) -> Iterator[tuple[str, Any]]:
     """The documents in a byte stream given as chunks (``name`` prefixes problems); see
     :func:`iter_export_requests`."""
-    if depth > MAX_NESTING:
-        problems.append(f"{name}: compressed more than {MAX_NESTING} times over; not read")
-        return
-    head, chunks = peek(chunks)
-    for magic, kind, decompress in ((GZIP_MAGIC, "gzip", gunzip), (ZSTD_MAGIC, "zstd", unzstd)):
-        if head.startswith(magic):
-            cut: list[str] = []
-            yield from export_requests(decompress(chunks, cut), f"{name} ({kind})", problems,
-                                       depth + 1)
-            if cut:
-                problems.append(f"{name}: {kind} data cut short or damaged ({cut[0]}); read what"
-                                " came before")
-            return
+    plain = decompressed(chunks, name, problems, depth)  # the file report's dispatch (chunks)
+    if not plain.too_deep:
+        yield from _plain(plain.head, plain.chunks, plain.name, problems, plain.depth)
+    # after what the cut-short content gave, the innermost layer first
+    problems.extend(reversed(plain.cut_problems()))
+
+
+def _plain(head: bytes, chunks: Iterator[bytes], name: str, problems: list[str], depth: int
+           ) -> Iterator[tuple[str, Any]]:
+    """Uncompressed bytes (``head``: the first of ``chunks``): framing, then documents."""
     if len(head) >= 8 and head[4:8] == ZSTD_MAGIC:
         yield from _zstd_records(chunks, name, problems, depth)
         return

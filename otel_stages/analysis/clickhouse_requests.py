@@ -65,13 +65,25 @@ NESTED_TABLE = "otel_stages_nested"
 EXTRAS_TABLE = "otel_stages_extras"
 #: Temporary tables this module creates (dropped after a report).
 TABLES = (GROUPS_TABLE, CUSTOM_TABLE, NESTED_TABLE, EXTRAS_TABLE, PROCESS_TABLE, REQUESTS_TABLE)
-#: The per-request table's columns (see clickhouse_queries for how they are read).
-REQUEST_COLUMNS = (
-    "trace_key", "is_request", "by_trace", "span_key", "start_ns", "total_ns", "stage_names",
-    "stage_ns", "stage_counts", "covered_ns", "width", "height", "bytes", "fmt", "seq", "cold_attr",
-    "error", "svc", "inst", "proc", "proc_key", "fwd_start", "fwd_end", "fwd_util", "fwd_count",
-    "incomplete_groups", "incomplete_spans", "cold", "warm", "detached_spans", "outside_ns",
-    "overlap_ns", "first_of_proc")
+#: The per-request table's columns and types (see clickhouse_queries for how they are read).
+REQUEST_SCHEMA: tuple[tuple[str, str], ...] = (
+    ("trace_key", "UInt128"), ("is_request", "UInt8"), ("by_trace", "UInt8"), ("span_key", "UInt64"),
+    ("start_ns", "Int64"), ("total_ns", "Int64"), ("stage_names", "Array(String)"),
+    ("stage_ns", "Array(Int64)"), ("stage_counts", "Array(UInt64)"), ("covered_ns", "Int64"),
+    ("width", "Nullable(Int64)"), ("height", "Nullable(Int64)"), ("bytes", "Nullable(Int64)"),
+    ("fmt", "String"), ("seq", "Nullable(Int64)"), ("cold_attr", "Nullable(UInt8)"),
+    ("error", "UInt8"), ("svc", "String"), ("inst", "String"), ("proc", "String"),
+    ("proc_key", "UInt64"), ("fwd_start", "Array(Int64)"), ("fwd_end", "Array(Int64)"),
+    ("fwd_util", "Array(Nullable(Float64))"), ("fwd_count", "Array(Nullable(Int64))"),
+    ("incomplete_groups", "UInt64"), ("incomplete_spans", "UInt64"), ("cold", "UInt8"),
+    ("warm", "UInt8"), ("detached_spans", "UInt32"), ("outside_ns", "Int64"),
+    ("overlap_ns", "Int64"), ("first_of_proc", "UInt8"))
+REQUEST_COLUMNS = tuple(name for name, _ in REQUEST_SCHEMA)
+#: The temporary tables written once and read many times (the groups by every later pass, the
+#: requests by some thirty statements) are stored uncompressed: at 10 M spans LZ4 cost about
+#: 5 s of CPU writing and reading them (BENCHMARKS.md, ClickHouse), their disk use is about
+#: 1 GB (the engine's temporary path) and the engine's memory does not grow.
+UNCOMPRESSED = "CODEC(NONE)"
 
 #: :func:`otel_stages.analysis.naming.looks_per_request` in RE2 (ClickHouse's ``match``), which
 #: has no lookbehind: "not preceded by X" is written "at the start or after a character not in X",
@@ -223,15 +235,17 @@ WHERE (trace_key, sid) IN (SELECT trace_key, pid FROM {CUSTOM_TABLE})
     AND (trace_key, sid) NOT IN (SELECT trace_key, key FROM {GROUPS_TABLE})"""
 
 
-_GROUPS_COLUMNS = f"""trace_key UInt128, key UInt64, present UInt8,
-    self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8,
-    self_seq Int64, self_cold UInt8, self_w Int64, self_h Int64, self_s Int64, self_fmt String,
-    self_svc String, self_inst String, kid_svc String, kid_inst String, n_kids UInt64,
-    {", ".join(f"d{i} Int64, n{i} UInt64" for i in range(1, 6))},
-    kid_min Int64, kid_max Int64, kid_err UInt8,
-    dec_w Int64, dec_h Int64, dec_s Int64, dec_f String,
-    k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64),
-    g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)"""
+_GROUPS_SCHEMA = (
+    "trace_key UInt128, key UInt64, present UInt8, "
+    "self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8, "
+    "self_seq Int64, self_cold UInt8, self_w Int64, self_h Int64, self_s Int64, self_fmt String, "
+    "self_svc String, self_inst String, kid_svc String, kid_inst String, n_kids UInt64, "
+    + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
+    + "kid_min Int64, kid_max Int64, kid_err UInt8, "
+    "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, "
+    "k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64), "
+    "g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)")
+_GROUPS_COLUMNS = ", ".join(f"{column} {UNCOMPRESSED}" for column in _GROUPS_SCHEMA.split(", "))
 
 
 def _stage_parents_among(keys: str) -> str:
@@ -287,8 +301,8 @@ FROM ({inner}) AS g LEFT JOIN {NESTED_TABLE} AS u ON g.trace_key = u.trace_key A
 def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
                        ) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(statement, params)``: (re)create the temporary tables and fill them, slice by slice
-    (``plan`` from :func:`plan_sql`); the last two are the per-request table and the
-    per-process table the cold rule reads."""
+    (``plan`` from :func:`plan_sql`); the last ones fill the per-process table the cold rule
+    reads, then the per-request table (created with :data:`REQUEST_SCHEMA`, then filled)."""
     params = query_params(query)
     time_slices = slices(plan, query)
     for table in TABLES:
@@ -360,8 +374,9 @@ SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(prese
 FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE})
 WHERE {_IS_REQUEST} {_window(query, "start")}
 GROUP BY proc"""), params
-    yield (f"CREATE TEMPORARY TABLE {REQUESTS_TABLE} ENGINE = Log AS\n"
-           f"{_requests_select(query)}"), params
+    columns = ", ".join(f"{name} {kind} {UNCOMPRESSED}" for name, kind in REQUEST_SCHEMA)
+    yield f"CREATE TEMPORARY TABLE {REQUESTS_TABLE} ({columns}) ENGINE = Log", {}
+    yield f"INSERT INTO {REQUESTS_TABLE}\n{_requests_select(query)}", params
 
 
 def _window(query: AggregateQuery, column: str) -> str:

@@ -19,6 +19,7 @@ from otel_stages import semconv
 from otel_stages.analysis.clickhouse_apart import ApartRequest, apart_requests, apart_total, unlisted_line
 from otel_stages.analysis.clickhouse_failures import failure_kinds
 from otel_stages.analysis.clickhouse_gaps import gap_lines
+from otel_stages.analysis.clickhouse_gpu_ids import shared_gpu_ids
 from otel_stages.analysis.clickhouse_issues import SpanIssues, not_checked
 from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
@@ -30,6 +31,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
+from otel_stages.analysis.gpu_owners import shared_hw_id_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
@@ -565,7 +567,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                            sum_table=_unreadable(results.get("sum_table")),
                            gauge_table=_unreadable(results.get("gauge_table")),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
-        + unlisted_line(counts.set_apart, len(set_apart)) + unchecked,
+        + unlisted_line(counts.set_apart, len(set_apart))
+        + shared_hw_id_lines(shared_gpu_ids(results.get("shared_gpu_ids") or [])) + unchecked,
         signals=scopes(results, gpu.hw_id),
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,

@@ -37,6 +37,7 @@ from otel_stages.analysis.figures import (
     UnaccountedFigures,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
+from otel_stages.analysis.gpu_owners import shared_hw_id_lines, shared_hw_ids
 from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
@@ -122,6 +123,7 @@ def _warm(
     cold_first: bool = True, detached_requests: int = 0, clash_spans: int = 0,
     table: SignalTable | None = None,
     verdict_only: bool = False,
+    processes: frozenset[str] | None = None,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
     is a subset of all warm requests' table: each request's spans are read once).
@@ -130,7 +132,10 @@ def _warm(
     cause, stage, tentative). The per-request stage evidence (:func:`stage_evidence`: size and
     attribute correlations, the preprocess facts) is then left out: the rules read it only for the
     verdict's evidence sentences and advice (``decision._warm_verdict``; the cause comes from the
-    mechanisms, which stay), and a fleet's cohorts would read every warm request again."""
+    mechanisms, which stay), and a fleet's cohorts would read every warm request again.
+
+    ``processes``: the process keys of every request read (the GPU points of other processes are
+    lined up with every process's forwards; :mod:`otel_stages.analysis.gpu_owners`)."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -138,9 +143,9 @@ def _warm(
     if len(warm) < MIN_WARM_RUNS:  # a covariance of a handful of points is noise: not shown
         stages = {n: replace(s, explains=None) for n, s in stages.items()}
         gap = None if gap is None else replace(gap, explains=None)
-    gpu = gpu_evidence(warm, metrics)
+    gpu = gpu_evidence(warm, metrics, processes)
     # CPU, GC, loop, throttling, memory
-    signals = stage_signals(warm, list(stages), metrics, gpu, table=table)
+    signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes)
     cold_fig = cold_figures(cold, warm, keys, first_of_process=cold_first)
     kinds, where = failure_kinds(failed)
     figures = Figures(
@@ -169,7 +174,7 @@ def _warm(
 
 def _cohorts(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
-    table: SignalTable,
+    table: SignalTable, processes: frozenset[str] | None = None,
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
     of the total's variance. ``table``: the signal table of ``warm``."""
@@ -183,7 +188,7 @@ def _cohorts(
             own_cold = [c for c in cold if keys.key(c) == key]
             positions = [position[id(r)] for r in reqs]  # in order: a cohort keeps warm's
             v = decide(_warm(reqs, own_cold, metrics, keys, table=table.subset(positions),
-                             verdict_only=True).figures)
+                             verdict_only=True, processes=processes).figures)
             verdict = CohortVerdict(v.cause, v.stage, v.tentative)
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
@@ -265,12 +270,13 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     # every warm request's spans read once for the signals; the cohorts take their rows
     table = signal_table(warm, None, ThrottleSeries(recording.metrics),
                          PressureSeries(recording.metrics))
-    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table)
+    processes = frozenset(process_keys(requests))
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
-                   clash_spans=grouping.clashes.count, table=table)
+                   clash_spans=grouping.clashes.count, table=table, processes=processes)
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
@@ -281,6 +287,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
             f"{len(screened.spans)} spans read but none is a stage span (expected spans named"
             " download/decode/resize/queue/forward, or children of a 'request' span)"
         )
+    problems += shared_hw_id_lines(shared_hw_ids(recording.metrics, processes))
     counts: dict[str, int] = defaultdict(int)
     for key in keys.keys(warm):
         counts[key or UNKNOWN_INPUT] += 1

@@ -47,13 +47,12 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from otel_stages.analysis.chunks import MAX_NESTING as MAX_NESTING  # where layers come off
 from otel_stages.analysis.chunks import (
-    GZIP_MAGIC,
     ZSTD_MAGIC,
     Tee,
-    gunzip,
+    decompressed,
     length_prefixed_records,
-    peek,
     split_lines,
     strip_bom,
     unzstd,
@@ -63,8 +62,6 @@ from otel_stages.analysis.model import Recording
 from otel_stages.analysis.otlp_fast import read_line
 from otel_stages.analysis.selection import ALL, Selection
 
-#: Compressed inside compressed inside ...: deeper than this is not a trace file.
-MAX_NESTING = 3
 #: Protobuf tag of field 1 (``resource_spans``/``resource_metrics``), wire type 2: the first byte
 #: of an OTLP export request in protobuf.
 _PROTO_FIELD1 = 0x0A
@@ -95,19 +92,18 @@ def read_chunks(chunks: Iterable[bytes], name: str, into: Compactor) -> None:
 
 def _read(chunks: Iterator[bytes], name: str, into: Compactor, depth: int) -> None:
     problems = into.out.problems
-    if depth > MAX_NESTING:
-        problems.append(f"{name}: compressed more than {MAX_NESTING} times over; not read")
-        return
-    head, chunks = peek(chunks)
-    for magic, kind, decompress in ((GZIP_MAGIC, "gzip", gunzip), (ZSTD_MAGIC, "zstd", unzstd)):
-        if head.startswith(magic):
-            cut: list[str] = []
-            at = len(problems)
-            _read(decompress(chunks, cut), f"{name} ({kind})", into, depth + 1)
-            if cut:  # said before what the cut-short content gave, as it happened first
-                problems.insert(at, f"{name}: {kind} data cut short or damaged ({cut[0]}); read what"
-                                " came before")
-            return
+    at = len(problems)
+    plain = decompressed(chunks, name, problems, depth)
+    if not plain.too_deep:
+        _read_plain(plain.head, plain.chunks, plain.name, into, plain.depth)
+    # said before what the cut-short content gave, as it happened first
+    problems[at:at] = plain.cut_problems()
+
+
+def _read_plain(head: bytes, chunks: Iterator[bytes], name: str, into: Compactor, depth: int
+                ) -> None:
+    """Uncompressed bytes (``head``: the first of ``chunks``): framing, then documents."""
+    problems = into.out.problems
     if len(head) >= 5 and head[4:8] == ZSTD_MAGIC:
         _read_zstd_records(chunks, name, into, depth)
         return

@@ -4,23 +4,29 @@ Two sources, the first that has data wins:
 
 1. ``gpu.utilization.mean`` / ``gpu.sample_count`` set on forward spans by the sampler
    (``semconv.GPU_*``): exact per forward, weighted by sample count.
-2. ``hw.gpu.utilization`` metric points (one series per ``hw.id``): a sample counts for a forward
-   when its time lies inside ``[start_ns, end_ns]`` of that forward span. With several GPUs the one
-   whose utilization rises most during forwards (vs. outside them) is taken as the model's GPU.
+2. ``hw.gpu.utilization`` metric points, one series per process and ``hw.id``
+   (:mod:`otel_stages.analysis.gpu_owners`: a request process's own points and those of
+   processes that ran no request): a sample counts for a forward of that process when its time
+   lies inside ``[start_ns, end_ns]`` of the forward span. Per process, the GPU whose utilization
+   rises most during its forwards (vs. outside them) is taken as the model's; the sums over
+   those GPUs give the evidence (as the ClickHouse SQL,
+   :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
+   process's GPU was taken.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_series import PERCENT_GUESS
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, owned_series
 from otel_stages.analysis.model import MetricPoint, Span
-from otel_stages.analysis.requests import Request
+from otel_stages.analysis.requests import Request, process_keys
 
 #: Fewer samples than this inside forward spans is too thin to call the GPU busy or starved:
 #: a sampler at 5 Hz gives ~1 sample per 200 ms forward, so 5 samples is the least that averages
@@ -34,6 +40,7 @@ MIN_FORWARD_COVERAGE = 0.3
 GPU_BUSY_MIN_UTILIZATION = 0.7
 #: At or below this the GPU mostly waits during forward (data, locks, allocation, host syncs).
 GPU_STARVED_MAX_UTILIZATION = 0.4
+
 LEVEL_HIGH = "high"
 LEVEL_LOW = "low"
 LEVEL_MEDIUM = "medium"
@@ -105,28 +112,49 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint]) -> GpuEvidence:
+def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
+                 processes: Collection[str] | None = None) -> GpuEvidence:
     """Line GPU utilization up with the forward spans of ``requests`` (pass the warm ones).
 
-    ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. Never raises.
+    ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. ``processes``: the
+    process keys (:func:`~otel_stages.analysis.requests.process_key`) of every request read,
+    cold and failed ones too (default: those of ``requests``); GPU points of other processes are
+    lined up with every process's forwards. Never raises.
     """
     name = semconv.STAGE_FORWARD  # one pass over the spans of a fleet's requests, not one per use
     forwards = [s for r in requests for s in r.spans if s.name == name]
-    windows = [(s.start_ns, s.end_ns) for s in forwards]
-    if not windows:
+    if not forwards:
         return GpuEvidence(level=LEVEL_NONE)
-    from_spans = _from_span_attributes(forwards, len(windows))
+    from_spans = _from_span_attributes(forwards, len(forwards))
     if from_spans is not None:
         return from_spans
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for p in points:
-        if p.name == semconv.HW_GPU_UTILIZATION:
-            series[str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, p.value))
+    windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r, proc in zip(requests, process_keys(requests)):
+        windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
+    owners = set(windows) if processes is None else set(processes) | set(windows)
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
     if not series:
-        return GpuEvidence(level=LEVEL_NONE, forwards=len(windows))
-    candidates = [_align(hw_id, sorted(s), windows) for hw_id, s in series.items()]
-    best = max(candidates, key=lambda c: (c[1], c[0].samples))
-    return best[0]
+        return GpuEvidence(level=LEVEL_NONE, forwards=len(forwards))
+    by_process: dict[str, list[_Aligned]] = defaultdict(list)
+    for (proc, hw_id), pts in series.items():
+        by_process[proc].append(_align(hw_id, pts, windows.get(proc, [])))
+    chosen = [max(found, key=lambda a: (a.rise, a.samples)) for found in by_process.values()]
+    samples = sum(a.samples for a in chosen)
+    covered = sum(a.covered for a in chosen)
+    mean = sum(a.sum_in for a in chosen) / samples if samples else None
+    split = [a for a in chosen if a.covered >= 2]
+    slow_n, fast_n = sum(a.slow_n for a in split), sum(a.fast_n for a in split)
+    return GpuEvidence(
+        level=utilization_level(mean, samples, covered, len(forwards)),
+        mean_utilization=mean,
+        samples=samples,
+        forwards=len(forwards),
+        forwards_covered=covered,
+        source="metrics",
+        hw_id=(chosen[0].hw_id or None) if len(chosen) == 1 else None,
+        slow_mean_utilization=sum(a.slow_sum for a in split) / slow_n if slow_n else None,
+        fast_mean_utilization=sum(a.fast_sum for a in split) / fast_n if fast_n else None,
+    )
 
 
 def utilization_level(mean: float | None, samples: int, covered: int = 0, forwards: int = 0) -> str:
@@ -155,11 +183,25 @@ def _split_means(per_forward: list[tuple[int, list[float]]]) -> tuple[float | No
     )
 
 
-def _align(
-    hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]]
-) -> tuple[GpuEvidence, float]:
-    """Evidence for one GPU, and its rise in utilization inside vs. outside forwards."""
-    scale = 100.0 if max(v for _, v in samples) > PERCENT_GUESS else 1.0
+@dataclass(frozen=True)
+class _Aligned:
+    """One GPU series against one process's forwards: ``samples`` inside them and their
+    ``sum_in``, forwards ``covered``, the sums and counts inside slow (>= the median covered
+    forward) and fast forwards, and the ``rise`` of the mean inside over the mean outside."""
+
+    hw_id: str
+    samples: int
+    sum_in: float
+    covered: int
+    slow_sum: float
+    slow_n: int
+    fast_sum: float
+    fast_n: int
+    rise: float
+
+
+def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]]) -> _Aligned:
+    """One GPU's samples (time order, 0..1) against ``windows`` (may be empty)."""
     times = [t for t, _ in samples]
     inside_idx: set[int] = set()
     per_forward: list[tuple[int, list[float]]] = []
@@ -168,24 +210,19 @@ def _align(
         hi = bisect.bisect_right(times, end_ns)
         if hi > lo:
             inside_idx.update(range(lo, hi))
-            per_forward.append((end_ns - start_ns, [samples[i][1] / scale for i in range(lo, hi)]))
-    inside = [samples[i][1] / scale for i in sorted(inside_idx)]
-    outside = [v / scale for i, (_, v) in enumerate(samples) if i not in inside_idx]
-    mean = statistics.fmean(inside) if inside else None
-    slow, fast = _split_means(per_forward)
-    evidence = GpuEvidence(
-        level=utilization_level(mean, len(inside), len(per_forward), len(windows)),
-        mean_utilization=mean,
-        samples=len(inside),
-        forwards=len(windows),
-        forwards_covered=len(per_forward),
-        source="metrics",
-        hw_id=hw_id or None,
-        slow_mean_utilization=slow,
-        fast_mean_utilization=fast,
-    )
-    rise = (mean or 0.0) - (statistics.fmean(outside) if outside else 0.0)
-    return evidence, rise
+            per_forward.append((end_ns - start_ns, [samples[i][1] for i in range(lo, hi)]))
+    inside = [samples[i][1] for i in sorted(inside_idx)]
+    outside = [v for i, (_, v) in enumerate(samples) if i not in inside_idx]
+    slow: list[float] = []
+    fast: list[float] = []
+    if len(per_forward) >= 2:
+        median_ns = statistics.median(d for d, _ in per_forward)
+        slow = [v for d, vs in per_forward if d >= median_ns for v in vs]
+        fast = [v for d, vs in per_forward if d < median_ns for v in vs]
+    mean = statistics.fmean(inside) if inside else 0.0
+    rise = mean - (statistics.fmean(outside) if outside else 0.0)
+    return _Aligned(hw_id, len(inside), math.fsum(inside), len(per_forward), math.fsum(slow),
+                    len(slow), math.fsum(fast), len(fast), rise)
 
 
 def _from_span_attributes(forwards: Sequence[Span], n_forwards: int) -> GpuEvidence | None:

@@ -5,9 +5,11 @@ jumping up and down (allocation and release: the caching allocator freeing and r
 fragmented heap, another process taking memory) is ``gpu_memory_pressure``; memory flat with low
 utilization stays ``gpu_starved``.
 
-Per warm forward, from the ``hw.gpu.memory.usage`` points inside its span (one series per
-``hw.id``: the GPU the utilization evidence chose, else the one with most points inside forwards)
-over that GPU's ``hw.gpu.memory.limit``: the *peak* (fraction of the limit) and the *range*
+Per warm forward, from the ``hw.gpu.memory.usage`` points inside its span (of one ``hw.id``: the
+GPU the utilization evidence chose, else the one with most points inside forwards; a forward
+sees the points of its own process and of processes that ran no request,
+:mod:`otel_stages.analysis.gpu_owners`, as the ClickHouse SQL does) over that GPU's largest
+``hw.gpu.memory.limit``: the *peak* (fraction of the limit) and the *range*
 (max - min, fraction of the limit; 0 with one point). A forward is *under pressure* when its peak
 is at least :data:`NEAR_LIMIT_FRACTION` or its range at least :data:`CHURN_MIN_FRACTION`. Forwards
 with no point inside are left out (a sampler every 200 ms misses short forwards).
@@ -23,14 +25,14 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import Mechanism
+from otel_stages.analysis.gpu_owners import owned_series
 from otel_stages.analysis.model import MetricPoint
-from otel_stages.analysis.requests import Request
+from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.stats import percentile
 from otel_stages.analysis.units import duration, pct
 
@@ -95,42 +97,45 @@ class MemoryEvidence:
         return [f for f in self.covered if f.forward_ms <= self.fast_max_ms]
 
 
-def _series(points: Sequence[MetricPoint], name: str) -> dict[str, list[tuple[int, float]]]:
-    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for p in points:
-        if p.name == name:
-            out[str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, p.value))
-    for pts in out.values():
-        pts.sort()
-    return out
-
-
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
-                    hw_id: str | None = None) -> MemoryEvidence | None:
-    """Line GPU memory up with the warm forwards; ``None`` without memory and limit points."""
-    usage = _series(points, semconv.HW_GPU_MEMORY_USAGE)
-    limits = _series(points, semconv.HW_GPU_MEMORY_LIMIT)
-    candidates = [k for k in usage if limits.get(k)]
-    if not candidates:  # before the windows: a fleet's recording has hundreds of thousands
-        return None
-    windows = [(e - s, s, e) for r in warm for s, e in r.stage_windows_ns(semconv.STAGE_FORWARD)]
+                    hw_id: str | None = None, processes: Collection[str] | None = None
+                    ) -> MemoryEvidence | None:
+    """Line GPU memory up with the warm forwards; ``None`` without memory and limit points.
+    ``processes``: the process keys of every request read (default: those of ``warm``), as for
+    :func:`otel_stages.analysis.gpu.gpu_evidence`."""
+    if not any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in points):
+        return None  # before the windows: a fleet's recording has hundreds of thousands
+    windows: list[tuple[int, int, int, str]] = [
+        (e - s, s, e, proc) for r, proc in zip(warm, process_keys(warm))
+        for s, e in r.stage_windows_ns(semconv.STAGE_FORWARD)]
     if not windows:
         return None
+    owners = {w[3] for w in windows} | set(processes or ())
+    usage = owned_series(points, semconv.HW_GPU_MEMORY_USAGE, owners)
+    limits: dict[str, float] = {}
+    for (_, key), pts in owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners).items():
+        limits[key] = max(limits.get(key, float("-inf")), max(v for _, v in pts))
+    times = {k: [t for t, _ in pts] for k, pts in usage.items()}
 
     def inside(key: str) -> list[list[float]]:
-        times = [t for t, _ in usage[key]]
-        return [[v for _, v in usage[key][bisect.bisect_left(times, s):bisect.bisect_right(times, e)]]
-                for _, s, e in windows]
+        out = []
+        for _, s, e, proc in windows:
+            pts, ts = usage.get((proc, key), []), times.get((proc, key), [])
+            out.append([v for _, v in pts[bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)]])
+        return out
 
+    candidates = sorted({k for _, k in usage} & set(limits))
+    if not candidates:
+        return None
     key = hw_id if hw_id in candidates else max(candidates, key=lambda k: sum(map(len, inside(k))))
-    limit = max(v for _, v in limits[key])
+    limit = limits[key]
     if limit <= 0:
         return None
     covered = tuple(
         ForwardMemory((dur_ns) / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit, len(vals))
-        for (dur_ns, _, _), vals in zip(windows, inside(key)) if vals
+        for (dur_ns, _, _, _), vals in zip(windows, inside(key)) if vals
     )
-    all_ms = [d / 1e6 for d, _, _ in windows]
+    all_ms = [d / 1e6 for d, _, _, _ in windows]
     return MemoryEvidence(covered, len(windows), limit, key or None,
                           percentile(all_ms, SLOW_PERCENTILE), statistics.median(all_ms))
 

@@ -1,5 +1,5 @@
 """GPU samples for the HTML report's time axis: ``hw.gpu.utilization`` / ``hw.gpu.memory.*`` points
-near the requests, per GPU, in seconds from the first request (plain data for
+near the requests, per process and GPU, in seconds from the first request (plain data for
 :mod:`otel_stages.analysis.charts`)."""
 
 from __future__ import annotations
@@ -9,40 +9,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, point_processes
 from otel_stages.analysis.model import MetricPoint
-
-#: A utilization series with a value above this is percent (0..100) from a producer that did not
-#: divide by 100 and did not declare the unit ``%`` (a ratio never exceeds 1; a series declared
-#: ``%`` is scaled when read, :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). Shared by
-#: :mod:`otel_stages.analysis.gpu`.
-PERCENT_GUESS = 1.0
-
 
 @dataclass(frozen=True)
 class GpuSeries:
-    """One GPU (``hw.id``; ``model`` = ``hw.model``): ``utilization`` as ``(t_s, 0..1)`` and
-    ``memory_used_bytes`` as ``(t_s, bytes)`` samples in time order; ``memory_limit_bytes`` the
-    largest ``hw.gpu.memory.limit`` seen (``None`` without)."""
+    """One GPU (``hw.id``; ``model`` = ``hw.model``) of one process (``process``:
+    :func:`~otel_stages.analysis.requests.process_key` of the points' resource; ``hw.id`` is unique
+    only within a host, :mod:`otel_stages.analysis.gpu_owners`): ``utilization`` as
+    ``(t_s, 0..1)`` and ``memory_used_bytes`` as ``(t_s, bytes)`` samples in time order;
+    ``memory_limit_bytes`` the largest ``hw.gpu.memory.limit`` seen (``None`` without)."""
 
     hw_id: str
     model: str | None
     utilization: tuple[tuple[float, float], ...]
     memory_used_bytes: tuple[tuple[float, float], ...]
     memory_limit_bytes: float | None
+    process: str = ""
 
 
 def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns: int
                ) -> tuple[GpuSeries, ...]:
-    """One :class:`GpuSeries` per ``hw.id`` from the points taken in ``[lo_ns, hi_ns]`` (Unix
+    """One :class:`GpuSeries` per process and ``hw.id`` from the points taken in ``[lo_ns, hi_ns]`` (Unix
     ns), times in seconds from ``origin_ns``; utilization given in percent is scaled to 0..1."""
-    util: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    used: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    limit: dict[str, float] = {}
-    model: dict[str, str] = {}
-    for p in points:
-        if not lo_ns <= p.time_ns <= hi_ns:
-            continue
-        hw_id = str(p.attributes.get(semconv.HW_ID, ""))
+    util: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    used: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    limit: dict[tuple[str, str], float] = {}
+    model: dict[tuple[str, str], str] = {}
+    near = [p for p in points if lo_ns <= p.time_ns <= hi_ns]
+    for p, proc in zip(near, point_processes(near)):
+        hw_id = proc, str(p.attributes.get(semconv.HW_ID, ""))
         if p.name == semconv.HW_GPU_UTILIZATION:
             util[hw_id].append((p.time_ns, p.value))
         elif p.name == semconv.HW_GPU_MEMORY_USAGE:
@@ -59,10 +55,11 @@ def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns:
         samples = sorted(util.get(hw_id, []))
         scale = 100.0 if samples and max(v for _, v in samples) > PERCENT_GUESS else 1.0
         out.append(GpuSeries(
-            hw_id=hw_id,
+            hw_id=hw_id[1],
             model=model.get(hw_id),
             utilization=tuple(((t - origin_ns) / 1e9, v / scale) for t, v in samples),
             memory_used_bytes=tuple(((t - origin_ns) / 1e9, v) for t, v in sorted(used.get(hw_id, []))),
             memory_limit_bytes=limit.get(hw_id),
+            process=hw_id[0],
         ))
     return tuple(out)

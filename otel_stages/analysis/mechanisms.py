@@ -33,7 +33,7 @@ compare the slowest quarter of the stage's runs (``>= p75``) with the faster hal
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from otel_stages import semconv
@@ -242,13 +242,15 @@ def _summary(sig: StageSignals) -> tuple[str, ...]:
 
 
 def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Sequence[MetricPoint],
-                  gpu: GpuEvidence, *, table: SignalTable | None = None) -> dict[str, StageSignals]:
+                  gpu: GpuEvidence, *, table: SignalTable | None = None,
+                  processes: Collection[str] | None = None) -> dict[str, StageSignals]:
     """Signals per stage over the ``warm`` requests (module docstring); stages without any
     recorded signal are left out. ``table``: the requests' :func:`signal_table
     <otel_stages.analysis.stage_signals.signal_table>` when the caller has it already (it must
     be the table of exactly ``warm``, e.g. a :meth:`SignalTable.subset
     <otel_stages.analysis.stage_signals.SignalTable.subset>` of a larger one). Never raises for
-    odd input."""
+    odd input. ``processes``: the process keys of every request read, for the GPU memory
+    (:func:`~otel_stages.analysis.gpu_memory.memory_evidence`)."""
     throttle = ThrottleSeries(metrics)
     if table is None:
         table = signal_table(warm, stages, throttle, PressureSeries(metrics))
@@ -263,7 +265,7 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
         sig = figures_of(stage, found_columns, limit)
         if sig.pressure is not None:
             sig = replace(sig, pressure_scope=scope)
-        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id))
+        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id, processes))
                        if stage == semconv.STAGE_FORWARD else None)
         if judged is not None:
             out[stage] = judged

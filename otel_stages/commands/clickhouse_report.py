@@ -21,10 +21,11 @@ import sys
 import time
 
 from otel_stages.analysis import clickhouse_figures
-from otel_stages.analysis.clickhouse import connect, fetch_aggregates, parse_url
+from otel_stages.analysis.clickhouse import connect, fetch_aggregates, parse_url, services_seen
 from otel_stages.analysis.clickhouse_result import FleetAggregates
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
 from otel_stages.analysis.http_source import SourceError
+from otel_stages.analysis.services import no_service_line
 from otel_stages.commands.import_otlp import tables_from_args
 
 
@@ -128,6 +129,11 @@ def run(args: argparse.Namespace, default_since_ns: int) -> int:
     try:
         with connect(target, reading=tables.traces_name) as engine:
             agg = fetch_aggregates(engine, tables, query, url=target.display)
+            no_service = ""  # as the file report: the services seen when --service matched none
+            if agg.counts.requests == 0 and query.service:
+                seen, services, found = services_seen(engine, tables, query)
+                if not found:
+                    no_service = f": {no_service_line(query.service, seen, services)}"
     except SourceError as exc:
         print(f"otel-stages: error: {exc}", file=sys.stderr)
         return 1
@@ -140,6 +146,6 @@ def run(args: argparse.Namespace, default_since_ns: int) -> int:
     if agg.counts.requests == 0:
         where = "" if since_ns is None else " in that window (widen it with --since)"
         print(f"otel-stages: error: no requests found in {tables.traces_ref} at {target.display}"
-              f"{where}", file=sys.stderr)
+              f"{where}{no_service}", file=sys.stderr)
         return 1
     return 0

@@ -25,6 +25,10 @@ stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0``
 ``--fail-on-regression`` tripped (the report is printed first); 4 ``--fail-on-regression`` could
 not test (fewer than 5 warm requests on a side: a gate that cannot judge does not pass).
 
+``--service S`` with PATHs keeps the whole traces that hold a span of service ``S`` (as Jaeger and
+ClickHouse pick them) and the GPU points of the services in them; when no span is of ``S``, the
+error names the services seen (:func:`otel_stages.analysis.services.no_service_line`).
+
 Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; default 1h):
 
 - ``--jaeger URL --service S [--limit N]``: traces from Jaeger's query API, raw span times;
@@ -69,6 +73,7 @@ from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
+from otel_stages.analysis.services import no_service_line, pick_service, spans_by_service
 from otel_stages.analysis.stage_map import StageMapError
 from otel_stages.commands import int_at_least
 from otel_stages.commands.remote import (
@@ -185,8 +190,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     remote.add_argument(
         "--service",
         metavar="S",
-        help="service.name: whose traces (--jaeger), the default TraceQL (--tempo), a filter"
-        " (--prometheus)",
+        help="service.name: whose traces (--jaeger, --clickhouse, trace files: whole traces with a"
+        " span of it), the default TraceQL (--tempo), a filter (--prometheus)",
     )
     remote.add_argument(
         "--query",
@@ -232,10 +237,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "--limit goes with --jaeger or --tempo"
     if args.traces_table != DEFAULT_TRACES_TABLE or args.gauge_table != DEFAULT_GAUGE_TABLE:
         return "--traces-table and --gauge-table go with --clickhouse"
-    if not (traces or args.prometheus):
-        for flag in ("service", "since"):
-            if getattr(args, flag) is not None:
-                return f"--{flag} goes with --jaeger, --tempo, --prometheus or --clickhouse"
+    if not (traces or args.prometheus) and args.since is not None:
+        return "--since goes with --jaeger, --tempo, --prometheus or --clickhouse"
     if args.html and args.prometheus and not traces:
         return "--html draws traces: use it with PATHs, --jaeger or --tempo"
     if args.prometheus and not traces and args.baseline:
@@ -322,6 +325,14 @@ def _run(args: argparse.Namespace) -> int:
         where = ", ".join("stdin" if p == STDIN else p for p in paths)
     baseline = (_load(args.baseline, selection, show=show_progress(args.json), what="baseline")
                 if args.baseline else None)
+    no_service = ""  # what the "no requests found" error adds when --service matched no span
+    if args.service and not remote:
+        picked = pick_service(recording, args.service)
+        if not picked.spans:
+            seen = spans_by_service(recording.spans)
+            no_service = f": {no_service_line(args.service, seen, len(seen))}"
+        recording = picked
+        baseline = None if baseline is None else pick_service(baseline, args.service)
     try:
         recording, baseline, mapped = apply_stage_map_argument(args, recording, baseline)
     except StageMapError as exc:
@@ -360,7 +371,7 @@ def _run(args: argparse.Namespace) -> int:
             if not args.paths and not remote
             else ""
         ) + stage_map_hint(args, recording)
-        print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
+        print(f"otel-stages: error: no requests found in {where}{no_service}{hint}", file=sys.stderr)
         return 1
     if args.fail_on_regression is not None and report.comparison is not None:
         if not report.comparison.tested:

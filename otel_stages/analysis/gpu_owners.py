@@ -1,0 +1,105 @@
+"""Which GPU points a request's forwards are lined up with: those of the request's own process,
+and those of processes that ran no request (a DCGM exporter, a GPU worker). Pure.
+
+GPU series are keyed by process (:func:`~otel_stages.analysis.requests.process_key`:
+``service.instance.id``, else ``service.name``), then ``hw.id``, never by ``hw.id`` alone:
+``hw.id`` is "an identifier for the hardware component, unique within the monitored host"
+(OpenTelemetry hardware semantic conventions, ``hw.gpu.*``:
+https://opentelemetry.io/docs/specs/semconv/hardware/gpu/). Producers differ: otel-stages' own
+NVML sampler writes the NVML UUID (``GPU-…`` / ``MIG-…``, unique everywhere;
+:func:`otel_stages.gpu.metrics.device_attributes`), OpenLIT's GPU collector writes the UUID when
+NVML gives one and else DCGM's device id (``opentelemetry-gpu-collector``, its DCGM export:
+``hwID := s.DeviceID`` unless ``info.UUID`` is known), and others write an index such as ``"0"``.
+So two hosts can each have a ``GPU-0`` / ``0``: merging them would line host A's forwards up
+with host B's GPU. The ClickHouse SQL keys its GPU tables the same way
+(:func:`otel_stages.analysis.clickhouse_queries.gpu_owners_statements`).
+
+Points of a process that ran no request go to every request process (the file report and the
+SQL alike); with a ``hw.id`` the request process also reports they join that series (one host's
+exporter and the model's own sampler naming the same GPU).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from otel_stages import semconv
+from otel_stages.analysis.model import MetricPoint
+from otel_stages.analysis.requests import process_key
+
+#: A utilization series with a value above this is percent (0..100) from a producer that did not
+#: divide by 100 and did not declare the unit ``%`` (a ratio never exceeds 1; a series declared
+#: ``%`` is scaled when read, :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). One value
+#: for the verdict (:mod:`otel_stages.analysis.gpu`) and the charts (``gpu_series``).
+PERCENT_GUESS = 1.0
+
+#: The GPU gauges whose ``hw.id`` is checked for being reported by several request processes.
+GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT)
+#: At most this many ``hw.id`` values, and processes per value, are named in the problem line.
+MAX_NAMED = 5
+
+#: ``(request process, hw.id)``: one GPU series as the forwards of that process see it.
+SeriesKey = tuple[str, str]
+
+
+def point_processes(points: Iterable[MetricPoint]) -> list[str]:
+    """The :func:`~otel_stages.analysis.requests.process_key` of each point, in order (computed
+    once per distinct resource dict: loaders share one per process)."""
+    known: dict[int, str] = {}
+    out = []
+    for p in points:
+        key = known.get(id(p.resource))
+        if key is None:
+            key = known[id(p.resource)] = process_key(p.resource)
+        out.append(key)
+    return out
+
+
+def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
+                 scale: float | None = None) -> dict[SeriesKey, list[tuple[int, float]]]:
+    """The ``name`` points as ``(time_ns, value)`` lists in time order, per ``(request process,
+    hw.id)``: a request process's own points, plus every point of a process that ran no request
+    (not in ``request_processes``). ``scale``: a series (per sending process and ``hw.id``) whose
+    largest value exceeds it is divided by 100 (utilization given in percent)."""
+    sent: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
+    chosen = [p for p in points if p.name == name]
+    for p, proc in zip(chosen, point_processes(chosen)):
+        sent[proc, str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, p.value))
+    out: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
+    for (proc, hw_id), samples in sent.items():
+        if scale is not None and max(v for _, v in samples) > scale:
+            samples = [(t, v / 100.0) for t, v in samples]
+        owners = [proc] if proc in request_processes else request_processes
+        for owner in owners:
+            out[owner, hw_id].extend(samples)
+    for samples in out.values():
+        samples.sort()
+    return dict(out)
+
+
+def shared_hw_ids(points: Sequence[MetricPoint], request_processes: Collection[str]
+                  ) -> dict[str, list[str]]:
+    """``hw.id`` -> the request processes (sorted; at least two) whose own GPU points carry it."""
+    found: dict[str, set[str]] = defaultdict(set)
+    chosen = [p for p in points if p.name in GPU_METRICS]
+    for p, proc in zip(chosen, point_processes(chosen)):
+        if proc in request_processes:
+            found[str(p.attributes.get(semconv.HW_ID, ""))].add(proc)
+    return {hw: sorted(procs) for hw, procs in sorted(found.items()) if len(procs) > 1}
+
+
+def shared_hw_id_lines(shared: Mapping[str, Sequence[str]]) -> list[str]:
+    """The problem line for :func:`shared_hw_ids`'s answer (none when empty); the same text from
+    the file report and the ClickHouse report."""
+    if not shared:
+        return []
+    parts = []
+    for hw_id, procs in list(shared.items())[:MAX_NAMED]:
+        named = ", ".join(procs[:MAX_NAMED]) + (", ..." if len(procs) > MAX_NAMED else "")
+        parts.append(f"{hw_id or '(no hw.id)'} by {len(procs)} processes ({named})")
+    more = f"; {len(shared) - MAX_NAMED} more" if len(shared) > MAX_NAMED else ""
+    return [
+        "GPU hw.id reported by more than one process: " + "; ".join(parts) + more
+        + ". Each process's GPU points are lined up with its own forwards, not merged into one"
+        " GPU: hw.id is unique only within a host (an index such as '0' repeats across hosts)"]

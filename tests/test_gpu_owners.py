@@ -1,0 +1,113 @@
+"""GPU series are keyed by process, then ``hw.id`` (analysis.gpu_owners): two hosts whose GPU
+points share one ``hw.id`` ("0", "GPU-0": unique only within a host) are not merged into one GPU,
+and the report says the id repeats."""
+
+from __future__ import annotations
+
+from otel_stages import semconv
+from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.gpu import LEVEL_HIGH, gpu_evidence
+from otel_stages.analysis.gpu_owners import owned_series, shared_hw_id_lines, shared_hw_ids
+from otel_stages.analysis.gpu_series import gpu_series
+from otel_stages.analysis.model import MetricPoint, Recording, Span
+from otel_stages.analysis.requests import find_requests
+
+MS = 1_000_000
+T0 = 1_800_000_000 * 1_000_000_000
+
+
+def _resource(host: str) -> dict[str, object]:
+    return {semconv.SERVICE_NAME: "vlm-server", semconv.SERVICE_INSTANCE_ID: host}
+
+
+def _requests(host: str, n: int) -> list[Span]:
+    """``n`` requests of one process, a 200 ms forward each second."""
+    res = _resource(host)
+    out = []
+    for i in range(n):
+        trace, start = f"{host}{i:030x}"[-32:], T0 + i * 1000 * MS
+        out.append(Span(trace, f"{i + 1:015x}a", None, semconv.SPAN_REQUEST, start, start + 210 * MS,
+                        {semconv.REQUEST_SEQ: i + 1}, res))
+        out.append(Span(trace, f"{i + 1:015x}b", f"{i + 1:015x}a", semconv.STAGE_FORWARD,
+                        start + 5 * MS, start + 205 * MS, {}, res))
+    return out
+
+
+def _gpu(host: str, value: float, hw_id: str = "0", seconds: int = 10) -> list[MetricPoint]:
+    """A utilization point every 50 ms (a sampler at 20 Hz) for ``seconds``."""
+    res = _resource(host)
+    return [MetricPoint(semconv.HW_GPU_UTILIZATION, T0 + k * 50 * MS, value, {semconv.HW_ID: hw_id}, res)
+            for k in range(seconds * 20)]
+
+
+def _two_hosts() -> Recording:
+    """Host a: 10 requests, its GPU 90 % busy; host b: 3 requests, its GPU idle (2 %); both
+    name their GPU hw.id "0" and sample it all the time."""
+    return Recording(spans=_requests("a", 10) + _requests("b", 3),
+                     metrics=_gpu("a", 0.9) + _gpu("b", 0.02))
+
+
+def test_two_hosts_sharing_a_hw_id_are_two_gpus() -> None:
+    """Each forward meets its own host's GPU: 9 warm forwards of a at 90 % and 2 of b at 2 % make
+    a busy GPU (mean 74 %). Merged by hw.id, every forward would meet both hosts' points and
+    read 46 %, a 'medium' GPU that says nothing."""
+    rec = _two_hosts()
+    warm = [r for r in find_requests(rec.spans) if not r.cold]
+    ev = gpu_evidence(warm, rec.metrics)
+    assert ev.forwards == ev.forwards_covered == 11
+    assert ev.samples == 11 * 4  # the points at +50, +100, +150, +200 ms of each second
+    assert ev.mean_utilization is not None
+    assert abs(ev.mean_utilization - (9 * 0.9 + 2 * 0.02) / 11) < 1e-9
+    assert ev.level == LEVEL_HIGH
+    assert ev.hw_id is None  # two processes' GPUs were taken: no single id to name
+
+
+def test_a_shared_hw_id_is_a_problem_line_in_the_file_report() -> None:
+    report = diagnose(_two_hosts())
+    (line,) = [p for p in report.problems if "hw.id" in p]
+    assert line.startswith("GPU hw.id reported by more than one process: 0 by 2 processes"
+                           " (service.instance.id=a, service.instance.id=b)")
+    assert "not merged" in line
+
+
+def test_one_process_with_its_gpu_is_not_a_problem() -> None:
+    rec = Recording(spans=_requests("a", 10), metrics=_gpu("a", 0.9))
+    assert not [p for p in diagnose(rec).problems if "hw.id" in p]
+    assert diagnose(rec).gpu.hw_id == "0"
+
+
+def test_an_exporter_that_ran_no_request_joins_every_process_and_is_not_a_shared_id() -> None:
+    """A DCGM exporter (no requests) naming the same GPU as the model's own sampler joins that
+    series (one host: one GPU); it is not a repeated id between request processes."""
+    exporter = [MetricPoint(p.name, p.time_ns + 1, p.value, p.attributes,
+                            {semconv.SERVICE_NAME: "dcgm-exporter"}) for p in _gpu("x", 0.8)]
+    points = _gpu("a", 0.9) + exporter
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"})
+    assert list(series) == [("service.instance.id=a", "0")]
+    assert len(series["service.instance.id=a", "0"]) == 2 * 200
+    assert shared_hw_ids(points, {"service.instance.id=a"}) == {}
+
+
+def test_percent_is_scaled_per_sending_series() -> None:
+    """A producer in percent (0..100) beside one in 0..1: each series is scaled on its own."""
+    points = _gpu("a", 90.0) + [MetricPoint(p.name, p.time_ns, p.value, p.attributes,
+                                            {semconv.SERVICE_NAME: "exp"}) for p in _gpu("x", 0.5)]
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, 1.5)
+    assert sorted({v for _, v in series["service.instance.id=a", "0"]}) == [0.5, 0.9]
+
+
+def test_the_line_names_a_handful() -> None:
+    shared = {f"GPU-{i}": [f"service.instance.id=h{k}" for k in range(7)] for i in range(7)}
+    (line,) = shared_hw_id_lines(shared)
+    assert "GPU-4 by 7 processes (service.instance.id=h0" in line and "GPU-5 by" not in line
+    assert "h4, ...)" in line and "; 2 more." in line
+    assert shared_hw_id_lines({}) == []
+
+
+def test_the_html_charts_draw_one_line_per_host() -> None:
+    """The HTML report's GPU series (analysis.gpu_series): one per process and hw.id, so host a's
+    90 % and host b's 2 % are two lines, not one zigzag."""
+    series = gpu_series(_two_hosts().metrics, T0, T0, T0 + 20 * 1000 * MS)
+    assert [(g.process, g.hw_id) for g in series] == [("service.instance.id=a", "0"),
+                                                      ("service.instance.id=b", "0")]
+    assert [{v for _, v in g.utilization} for g in series] == [{0.9}, {0.02}]
