@@ -12,6 +12,7 @@ from otel_stages import semconv
 from otel_stages.analysis.gpu_owners import PERCENT_GUESS, point_processes
 from otel_stages.analysis.model import MetricPoint
 
+
 @dataclass(frozen=True)
 class GpuSeries:
     """One GPU (``hw.id``; ``model`` = ``hw.model``) of one process (``process``:
