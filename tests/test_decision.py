@@ -327,6 +327,31 @@ def test_a_cold_start_next_to_a_warm_swing_keeps_the_warm_cause():
     assert v.advice[-1] == "also: " + advice.WARM_UP
 
 
+def cold_in(stage_name: str, ratio: float = 5.0) -> ColdFigures:
+    """A cold request whose extra time lies in ``stage_name``."""
+    extra = (ratio - 1) * REF
+    return replace(cold(ratio), stages_ms={**MEDIANS, stage_name: MEDIANS[stage_name] + extra})
+
+
+@pytest.mark.parametrize("stage_name, first", [
+    ("download", "opening the connection to the image origin"),
+    ("decode", "the first decode paid one-time setup"),
+    ("resize", "the first resize paid one-time setup"),
+    ("queue", "batcher / executor workers to start"),
+    ("forward", advice.WARM_UP),
+])
+def test_cold_start_advice_follows_the_stage_that_was_cold(stage_name, first):
+    # a cold download got model warm-up advice (weights, kernels) beside "download took 616 ms"
+    v = decide(figures(total_swing=5.0, cold=cold_in(stage_name)))
+    assert (v.cause, v.stage) == ("cold_start", stage_name)
+    assert first in v.advice[0]
+    model = "weight loading" in " ".join(v.advice)
+    assert model is (stage_name == "forward")
+    # beside a warm cause, the one "also:" line follows the cold stage too
+    w = decide(figures(stage("queue", 40.0, explains=0.9), total_swing=40.0, cold=cold_in(stage_name)))
+    assert w.cause == "queue" and w.advice[-1].startswith("also: ") and first in w.advice[-1]
+
+
 # --- input mix ----------------------------------------------------------------------------------
 
 

@@ -142,6 +142,29 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     return lines
 
 
+#: cause ``cold_start``: the first line by the stage that took the extra time (the model's
+#: warm-up lines follow only for ``forward``, or when no stage is named).
+_COLD_BY_STAGE = {
+    "download": ("the first request paid for opening the connection to the image origin (DNS,"
+                 " TCP, TLS) and filling the connection pool: create the HTTP client at startup,"
+                 " reuse it, and fetch one image from each origin before serving"),
+    "decode": ("the first decode paid one-time setup (codec plugin imports, decoder tables,"
+               " thread pools): decode one image of each accepted format at startup"),
+    "resize": ("the first resize paid one-time setup (filter tables, thread pools, SIMD"
+               " dispatch): resize one image to the model's input size at startup"),
+    "queue": ("the first request waited for the batcher / executor workers to start: start them"
+              " (and the first batch) at startup, before the readiness probe passes"),
+}
+
+
+def for_cold_start(stage: str | None) -> list[str]:
+    """Advice lines for ``cold_start`` whose extra time lay in ``stage`` (``None``: unknown)."""
+    first = _COLD_BY_STAGE.get(stage or "")
+    if first is None:
+        return list(_ADVICE["cold_start"])
+    return [first, "keep at least one replica warm (min replicas > 0) so restarts are rare"]
+
+
 def more_runs(missing: int) -> str:
     """Advice when the verdict is tentative: ``missing`` more warm requests give a firm one."""
     return (f"{MORE_RUNS_PREFIX}{missing} more time{'s' if missing != 1 else ''} (20+ warm requests"

@@ -348,9 +348,15 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
 
 
-def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
+def _cold_excess(cold: ColdFigures) -> tuple[str | None, dict[str, float]]:
+    """The stage with the most extra time in the cold request (``None`` without stage figures),
+    and each stage's extra ms over comparable warm requests."""
     excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0) for name, ms in cold.stages_ms.items()}
-    stage = max(excess, key=lambda k: excess[k]) if excess else None
+    return (max(excess, key=lambda k: excess[k]) if excess else None), excess
+
+
+def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
+    stage, excess = _cold_excess(cold)
     lines = [band_line(fig, band, False).replace("request total swings", "warm runs are steady:"
                                                    " request total swings", 1)
              if fig.total is not None else "warm runs are steady"]
@@ -359,7 +365,7 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
             f"{stage} took {duration(cold.stages_ms[stage])} in the cold request vs"
             f" {duration(cold.comparable_stages_ms.get(stage, 0.0))} in comparable warm requests:"
             f" {duration(excess[stage])} of the extra time")
-    return Verdict(CAUSE_COLD_START, stage, lines, advice_text.for_cause(CAUSE_COLD_START))
+    return Verdict(CAUSE_COLD_START, stage, lines, advice_text.for_cold_start(stage))
 
 
 # --- lines every verdict gets ---------------------------------------------------------------------
@@ -413,7 +419,7 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
                                 " cold start")
     elif _cold_claim(cold):
         verdict.evidence.append(line + ", and a cold start too")
-        verdict.advice.append("also: " + advice_text.WARM_UP)
+        verdict.advice.append("also: " + advice_text.for_cold_start(_cold_excess(cold)[0])[0])
     elif verdict.cause == CAUSE_STABLE:
         on = " on that request (others are set apart below)" if others_apart else ""
         verdict.evidence.append(f"no cold-start penalty{on}: {line}")

@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import owned_series
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, owned_series
 from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_keys
 
@@ -40,8 +40,6 @@ MIN_FORWARD_COVERAGE = 0.3
 GPU_BUSY_MIN_UTILIZATION = 0.7
 #: At or below this the GPU mostly waits during forward (data, locks, allocation, host syncs).
 GPU_STARVED_MAX_UTILIZATION = 0.4
-#: Values above this are taken as percent (0..100) from a producer that did not divide by 100.
-_PERCENT_GUESS = 1.5
 
 LEVEL_HIGH = "high"
 LEVEL_LOW = "low"
@@ -134,7 +132,7 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     for r, proc in zip(requests, process_keys(requests)):
         windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
     owners = set(windows) if processes is None else set(processes) | set(windows)
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, _PERCENT_GUESS)
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
     if not series:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(forwards))
     by_process: dict[str, list[_Aligned]] = defaultdict(list)

@@ -28,6 +28,12 @@ from otel_stages import semconv
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import process_key
 
+#: A utilization series with a value above this is percent (0..100) from a producer that did not
+#: divide by 100 and did not declare the unit ``%`` (a ratio never exceeds 1; a series declared
+#: ``%`` is scaled when read, :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). One value
+#: for the verdict (:mod:`otel_stages.analysis.gpu`) and the charts (``gpu_series``).
+PERCENT_GUESS = 1.0
+
 #: The GPU gauges whose ``hw.id`` is checked for being reported by several request processes.
 GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT)
 #: At most this many ``hw.id`` values, and processes per value, are named in the problem line.

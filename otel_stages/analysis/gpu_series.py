@@ -9,12 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import point_processes
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, point_processes
 from otel_stages.analysis.model import MetricPoint
-
-#: Utilization values above this are percent (0..100) from a producer that did not divide by 100
-#: (same rule as :mod:`otel_stages.analysis.gpu`).
-PERCENT_GUESS = 1.5
 
 
 @dataclass(frozen=True)

@@ -303,14 +303,23 @@ def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
             data = metric.get("gauge") or metric.get("sum")
             if not isinstance(data, Mapping):
                 continue  # histograms, summaries...: not used by the analysis
+            scale = PERCENT_SCALE if metric.get("unit") == PERCENT_UNIT else 1.0
             for k, point in enumerate(_list(data.get("dataPoints"), out, prefix, "dataPoints")):
                 try:
-                    out.metrics.append(_parse_point(name, point, resource))
+                    out.metrics.append(_parse_point(name, point, resource, scale))
                 except (_Malformed, ValueError, TypeError, AttributeError) as exc:
                     out.problems.append(f"{prefix}metric {name!r} point {k}: {exc}")
 
 
-def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue]) -> MetricPoint:
+#: A metric whose ``unit`` is ``%`` (UCUM percent, as DCGM-style exporters declare GPU
+#: utilization) is read as a ratio: its values times :data:`PERCENT_SCALE`, so ``hw.gpu.*``
+#: ratios are in the semantic conventions' unit ``1`` whatever the producer declared.
+PERCENT_UNIT = "%"
+PERCENT_SCALE = 0.01
+
+
+def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue],
+                 scale: float = 1.0) -> MetricPoint:
     if not isinstance(raw, Mapping):
         raise _Malformed("not an object")
     if "asDouble" in raw:
@@ -324,7 +333,7 @@ def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue]) -> Me
     return MetricPoint(
         name=name,
         time_ns=_time_ns(raw.get("timeUnixNano"), "timeUnixNano"),
-        value=value,
+        value=value * scale,
         attributes=decode_attributes(raw.get("attributes")),
         resource=resource,
     )

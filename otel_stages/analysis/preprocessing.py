@@ -40,7 +40,7 @@ from typing import Any, NamedTuple, TypeVar
 from otel_stages import semconv
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts, RepeatedInputs, ThreadUse
 from otel_stages.analysis.model import AttributeValue
-from otel_stages.analysis.requests import Request, process_key
+from otel_stages.analysis.requests import Request, process_key, usable_int
 from otel_stages.analysis.units import duration, pct
 
 #: Pillow formats whose loader has a draft mode (MPO is a JPEG container: JpegImageFile).
@@ -91,7 +91,8 @@ def estimated_speedup(pixels: int, size_bytes: int, scale: int) -> float:
 
 
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    number = usable_int(value) if type(value) is int else None
+    return number if number is not None and number > 0 else None
 
 
 _T = TypeVar("_T")

@@ -369,12 +369,28 @@ def _owner(span_id: str, by_id: dict[str, Span], parents: dict[str, list[Span]])
     return span_id  # a parent cycle (malformed ids): stop where it closes
 
 
+#: Integer attributes outside a signed 64-bit int are unusable (absent): OTLP's ``intValue`` is
+#: an int64, and ClickHouse's ``toInt64OrZero`` reads such values (and NaN, infinities,
+#: fractions) as absent too, so both reports see the same inputs.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def usable_int(value: object) -> int | None:
+    """``value`` as an int: an int in the int64 range, or a finite whole float in it; ``None``
+    for anything else (bools, NaN, infinities, fractions, huge numbers, strings)."""
+    if type(value) is int:
+        return value if INT64_MIN <= value <= INT64_MAX else None
+    if isinstance(value, float) and value.is_integer() and INT64_MIN <= value < 2.0**63:
+        return int(value)
+    return None
+
+
 def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str) -> int | None:
-    """The first int (or float, as an int; not a bool) under ``key`` in ``attributes``."""
+    """The first usable int (:func:`usable_int`) under ``key`` in ``attributes``."""
     for attrs in attributes:
-        value = attrs.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return int(value)
+        value = usable_int(attrs.get(key))
+        if value is not None:
+            return value
     return None
 
 
@@ -397,23 +413,27 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
     """Image width, height, bytes, format and prompt tokens: each the first usable value in
     ``attributes`` (:func:`_first_int`, :func:`_first_str`). The dicts merged, the first one's
     value winning, answer the usual case at once; an odd value (a float, a bool, an explicit
-    None, an empty format) sends that key through the walk over the dicts."""
+    None, an empty format, an int past int64) sends that key through the walk over the dicts."""
     merged: dict[str, AttributeValue] = {}
     for attrs in reversed(attributes):
         merged.update(attrs)
     get = merged.get
     width, height, size, image_format, tokens = (get(_WIDTH), get(_HEIGHT), get(_SIZE),
                                                  get(_FORMAT), get(_TOKENS))
-    if type(width) is not int and (width is not None or _WIDTH in merged):
+    if (type(width) is not int or not INT64_MIN <= width <= INT64_MAX) and (width is not None
+                                                                            or _WIDTH in merged):
         width = _first_int(attributes, _WIDTH)
-    if type(height) is not int and (height is not None or _HEIGHT in merged):
+    if (type(height) is not int or not INT64_MIN <= height <= INT64_MAX) and (height is not None
+                                                                              or _HEIGHT in merged):
         height = _first_int(attributes, _HEIGHT)
-    if type(size) is not int and (size is not None or _SIZE in merged):
+    if (type(size) is not int or not INT64_MIN <= size <= INT64_MAX) and (size is not None
+                                                                          or _SIZE in merged):
         size = _first_int(attributes, _SIZE)
     if not (type(image_format) is str and image_format) and (image_format is not None
                                                              or _FORMAT in merged):
         image_format = _first_str(attributes, _FORMAT)
-    if type(tokens) is not int and (tokens is not None or _TOKENS in merged):
+    if (type(tokens) is not int or not INT64_MIN <= tokens <= INT64_MAX) and (tokens is not None
+                                                                              or _TOKENS in merged):
         tokens = _first_int(attributes, _TOKENS)
     return width, height, size, image_format, tokens
 

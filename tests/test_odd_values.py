@@ -1,0 +1,117 @@
+"""Attribute and metric values a producer can write that the report must survive (a fresh-eyes
+tester's crash and wrong-unit inputs, rebuilt here): NaN, infinite, huge or fractional image
+attributes are absent, never a crash; a metric declared in ``%`` is read as a ratio; a
+utilization series over 1 is percent."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from otel_stages.analysis import gpu_owners
+from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT, parse_export_request
+from otel_stages.analysis.requests import INT64_MAX, INT64_MIN, usable_int
+from otel_stages.cli import main
+from tests import odd_inputs
+
+
+@pytest.mark.parametrize("value, expected", [
+    (1920, 1920), (INT64_MAX, INT64_MAX), (INT64_MAX + 1, None), (INT64_MIN, INT64_MIN),
+    (INT64_MIN - 1, None), (1920.0, 1920), (1920.5, None), (math.nan, None), (math.inf, None),
+    (-math.inf, None), (1e300, None), (2.0**63, None), (True, None), ("1920", None), (None, None),
+])
+def test_usable_int_takes_int64_whole_numbers_only(value, expected):
+    assert usable_int(value) == expected
+
+
+_KEYS = ("image.width", "image.height", "image.size")
+
+
+def _with_decode_attr(tmp_path: Path, name: str, value: dict, key: str = "image.size") -> Path:
+    """The tester's steady pipeline (30 requests); every decode span carries image attributes,
+    and request 7's ``key`` is ``value`` (an OTLP AnyValue)."""
+    rows = odd_inputs.run(30)
+    for i, spans in enumerate(rows):
+        decode = next(s for s in spans if s["name"] == "decode")
+        decode["attributes"] = [odd_inputs._attr("image.width", 640), odd_inputs._attr("image.height", 480),
+                                odd_inputs._attr("image.size", 50_000)]
+        if i == 7:
+            decode["attributes"][_KEYS.index(key)] = {"key": key, "value": value}
+    return odd_inputs.write(tmp_path / name, rows)
+
+
+def _report(path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(["report", str(path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("key", _KEYS)
+@pytest.mark.parametrize("value", [
+    {"doubleValue": "NaN"}, {"doubleValue": "Infinity"}, {"doubleValue": "-Infinity"},
+    {"doubleValue": 1e300}, {"intValue": str(2**70)}, {"doubleValue": 50000.5},
+])
+def test_an_unusable_image_attribute_is_absent_not_a_crash(tmp_path, capsys, key, value):
+    # NaN / Infinity raised ValueError / OverflowError out of the whole report; a huge width
+    # overflowed the draft estimate
+    clean = _report(_with_decode_attr(tmp_path, "clean.jsonl", {"intValue": "50000"}, key), capsys)
+    odd = _report(_with_decode_attr(tmp_path, "odd.jsonl", value, key), capsys)
+    assert odd["verdict"]["cause"] == clean["verdict"]["cause"]
+    assert odd["verdict"]["stage"] == clean["verdict"]["stage"]
+    assert odd["requests"] == clean["requests"] == 30
+
+
+def _metric(unit: str, values: list[float], *, as_int: bool = False) -> dict:
+    points = [{"timeUnixNano": str(odd_inputs.BASE_NS + i * 10**8),
+               "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
+               **({"asInt": str(int(v))} if as_int else {"asDouble": v})} for i, v in enumerate(values)]
+    return {"resourceMetrics": [{"resource": {"attributes": [odd_inputs._attr("service.name", "svc")]},
+                                 "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": unit,
+                                                                "gauge": {"dataPoints": points}}]}]}]}
+
+
+@pytest.mark.parametrize("unit, scale", [(PERCENT_UNIT, PERCENT_SCALE), ("1", 1.0), ("", 1.0)])
+def test_a_metric_declared_in_percent_is_read_as_a_ratio(unit, scale):
+    recording = parse_export_request(_metric(unit, [50.0, 1.0, 0.75]))
+    assert [p.value for p in recording.metrics] == pytest.approx([50.0 * scale, 1.0 * scale, 0.75 * scale])
+    ints = parse_export_request(_metric(unit, [0, 1], as_int=True))
+    assert [p.value for p in ints.metrics] == pytest.approx([0.0, 1.0 * scale])
+
+
+def test_a_series_over_one_is_percent_and_one_is_a_ratio():
+    # a ratio never exceeds 1: the guess sits at 1.0 (it was 1.5, which read 1.2 % as 120 %)
+    assert gpu_owners.PERCENT_GUESS == 1.0
+
+
+def _gpu_run(tmp_path: Path, unit: str, value: float) -> Path:
+    """Forwards swinging 100..400 ms, the GPU sampled every 20 ms at ``value`` in ``unit``."""
+    def swing(i, r):
+        return [("download", 5.0), ("decode", 10.0), ("resize", 4.0), ("queue", 2.0),
+                ("forward", 100.0 + 300.0 * (i % 3 == 0) + r.random())]
+    rows = odd_inputs.run(40, swing)
+    path = odd_inputs.write(tmp_path / f"gpu_{unit or 'none'}_{value}.jsonl", rows)
+    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")], "asDouble": value}
+              for t in range(first, last, 20_000_000)]
+    doc = {"resourceMetrics": [{"resource": {"attributes": [odd_inputs._attr("service.name", "svc"),
+                                                           odd_inputs._attr("service.instance.id", "i1")]},
+                                "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": unit,
+                                                               "gauge": {"dataPoints": points}}]}]}]}
+    with path.open("a") as f:
+        f.write(json.dumps(doc) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("unit, value, cause", [
+    ("%", 1.0, "gpu_starved"),     # DCGM-style percent of an idle GPU (was read as 100 % busy)
+    ("%", 95.0, "gpu_busy"),
+    ("1", 0.95, "gpu_busy"),
+    ("1", 1.2, "gpu_starved"),     # over 1 cannot be a ratio: percent (was 120 %, busy)
+    ("", 1.0, "gpu_busy"),         # undeclared and never over 1: a ratio
+])
+def test_the_gpu_verdict_reads_the_declared_unit(tmp_path, capsys, unit, value, cause):
+    report = _report(_gpu_run(tmp_path, unit, value), capsys)
+    assert report["verdict"]["cause"] == cause
