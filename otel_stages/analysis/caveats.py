@@ -21,6 +21,11 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   requests or more (two recordings with the same ids merged, a badly seeded id generator): only
   the first span of each id is kept, so which requests the statistics describe depends on the
   order the spans were read. The verdict is tentative, with the reason first.
+- :func:`services_caveat`: warm requests of more than one ``service.name``, at least
+  :data:`POOLED_SERVICE_MIN_REQUESTS` each, are pooled: two services (another model, another
+  pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
+  The verdict is tentative, with the reason first, and the advice says to report each service
+  alone (``--service``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ SKEWED_MIN_FRACTION = 0.5
 #: requests changes nothing, but at this rate whole requests are merged or lost depending on the
 #: order the spans were read (the file order, the import order).
 CLASH_MIN_FRACTION = 0.05
+#: A service with at least this many warm requests counts as pooled with another
+#: (:func:`services_caveat`): as many as a verdict needs (``decision.MIN_WARM_RUNS``); a stray
+#: request of another service (a health check traced like a request) does not make one.
+POOLED_SERVICE_MIN_REQUESTS = 5
 #: Error kinds named in the failure line; the rest are counted as "other".
 MAX_ERROR_KINDS = 3
 #: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
@@ -204,3 +213,21 @@ def clash_caveat(verdict: Verdict, fig: Figures) -> None:
         f" different span ({fig.requests} requests): only the first of each id is kept, so which"
         " requests these figures describe depends on the order the spans were read; the verdict"
         " is tentative until the ids are unique (see the problems)"))
+
+
+def services_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, with the reason first in the evidence and a per-service report first in the
+    advice, when :attr:`Figures.services` holds two services or more with at least
+    :data:`POOLED_SERVICE_MIN_REQUESTS` warm requests each (module docstring)."""
+    pooled = [(name, n) for name, n in fig.services if n >= POOLED_SERVICE_MIN_REQUESTS]
+    if len(pooled) < 2:
+        return
+    verdict.tentative = True
+    named = ", ".join(f"{name or '(no service.name)'} {n}" for name, n in pooled)
+    verdict.evidence.insert(0, (
+        f"warm requests of {len(pooled)} services are pooled here ({named}): another model or"
+        " pipeline per service makes requests differ for reasons no stage shows, so a swing"
+        " across services reads as a stage's swing; the verdict is tentative"))
+    first = next((name for name, _ in pooled if name), None)
+    example = f" --service {first}" if first else " --service NAME"
+    verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")

@@ -56,6 +56,7 @@ from otel_stages.analysis.clickhouse_sql import (
     AggregateQuery,
     process_hash,
     query_params,
+    requests,
     span_filter,
 )
 
@@ -508,3 +509,15 @@ LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
 WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
     AND (present OR key = 0 OR (p.trace_key, key) NOT IN ({_INSIDE_A_STAGE}))
 SETTINGS {_SMALL_RIGHT}, max_block_size = 8192)"""
+
+
+#: Services listed by :func:`services_sql` (the caveat names those with enough warm requests).
+MAX_SERVICES_LISTED = 20
+
+
+def services_sql() -> str:
+    """``service_name, n``: warm requests per ``service.name`` of the request span, most first
+    (as :func:`otel_stages.analysis.diagnosis` counts them for
+    :func:`~otel_stages.analysis.caveats.services_caveat`)."""
+    return f"""SELECT svc AS service_name, countIf(warm) AS n FROM {requests()}
+WHERE is_request GROUP BY svc HAVING n > 0 ORDER BY n DESC, svc LIMIT {MAX_SERVICES_LISTED}"""

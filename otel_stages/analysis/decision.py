@@ -47,6 +47,7 @@ from otel_stages.analysis.caveats import (
     failures_first,
     offset_line,
     partial_stage_lines,
+    services_caveat,
     set_apart_lines,
     untraced_advice,
     untraced_is_largest,
@@ -204,6 +205,7 @@ def decide(fig: Figures) -> Verdict:
     _append_common(verdict, fig)
     failures_first(verdict, fig)
     clash_caveat(verdict, fig)
+    services_caveat(verdict, fig)
     return verdict
 
 
