@@ -59,6 +59,7 @@ from otel_stages.analysis.clickhouse_sql import (
     requests,
     span_filter,
 )
+from otel_stages.analysis.naming import RECURRING_NAME_MIN_SHARE
 
 GROUPS_TABLE = "otel_stages_groups"
 CUSTOM_TABLE = "otel_stages_custom"
@@ -278,14 +279,25 @@ WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
 
 def custom_names_sql() -> str:
     """``SELECT distinct_names, plain_names``: distinct names of the custom stage spans (children
-    of stage parents that hold no stage spans), and of those whose names do not look
-    per-request (:data:`PER_REQUEST_RE2`), which stay stage names here."""
+    of stage parents that hold no stage spans), and of those the names the file report would read
+    as per-request past :data:`~otel_stages.analysis.naming.MAX_STAGE_NAMES` names but the SQL does
+    not: names that do not look per-request (:data:`PER_REQUEST_RE2`) and do not recur
+    (:func:`otel_stages.analysis.naming.recurring_names`: fewer spans than
+    :data:`~otel_stages.analysis.naming.RECURRING_NAME_MIN_SHARE` of the most used name's,
+    standard stage names included)."""
     parents = _stage_parents_among(f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")
     groups = _stage_parents_among(f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")
-    return f"""SELECT uniqExact(span_name) AS distinct_names,
-    uniqExactIf(span_name, NOT per_request) AS plain_names
-FROM {CUSTOM_TABLE}
-WHERE (trace_key, pid) IN ({parents}) AND (trace_key, sid) NOT IN ({groups})"""
+    standard_top = (f"(SELECT greatest({', '.join(f'sum(n{i})' for i in range(1, 6))})"
+                    f" FROM {GROUPS_TABLE} WHERE key != 0)")
+    return f"""SELECT count() AS distinct_names,
+    countIf(NOT per_request AND top >= 2 AND n < {RECURRING_NAME_MIN_SHARE} * top) AS plain_names
+FROM (
+    SELECT span_name, any(per_request) AS per_request, count() AS n,
+        greatest(max(count()) OVER (), toUInt64(ifNull({standard_top}, 0))) AS top
+    FROM {CUSTOM_TABLE}
+    WHERE (trace_key, pid) IN ({parents}) AND (trace_key, sid) NOT IN ({groups})
+    GROUP BY span_name
+)"""
 
 
 def _owner_walk(depth: int) -> str:
