@@ -155,13 +155,12 @@ def partial_stage_lines(fig: Figures) -> list[str]:
     :data:`STAGE_PRESENT_MIN_FRACTION` of the warm requests (histogram sources count spans, not
     requests, and are skipped)."""
     n = fig.warm_requests
-    if n <= 0 or not fig.per_request:
-        return []
+    partial = partial_stages(fig)
     return [
         f"{s.name} appears in only {s.count} of {n} warm requests: its min / median / p95 are over"
         f" those {s.count}; its share and explains count it as 0 ms in the other {n - s.count}"
         f" (a stage skipped on some requests, or its spans lost)"
-        for s in fig.stages.values() if s.count < STAGE_PRESENT_MIN_FRACTION * n
+        for s in fig.stages.values() if s.name in partial
     ]
 
 
@@ -171,17 +170,53 @@ def offsetting(fig: Figures) -> list[str]:
             and (s.explains < -OFFSET_MIN_EXPLAINS or s.explains > 1 + OFFSET_MIN_EXPLAINS)]
 
 
+def partial_stages(fig: Figures) -> list[str]:
+    """Stages present in fewer than :data:`STAGE_PRESENT_MIN_FRACTION` of the warm requests
+    (per-request figures only)."""
+    n = fig.warm_requests
+    if n <= 0 or not fig.per_request:
+        return []
+    return [s.name for s in fig.stages.values() if s.count < STAGE_PRESENT_MIN_FRACTION * n]
+
+
 def offset_line(fig: Figures) -> str | None:
-    """The sentence about stages that offset each other, or ``None``."""
+    """The sentence about stages whose ``explains`` lies outside 0..1, or ``None``: a stage
+    missing from some warm requests (:func:`partial_stages`) counts 0 ms there, which is no
+    trade-off; the others offset each other."""
     names = offsetting(fig)
     if not names:
         return None
-    parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in fig.stages.values()
-                      if s.name in names)
-    swing = (f"{duration(fig.total.swing_ms)}" if fig.total is not None else "little")
-    return (f"explains outside 0-100% ({parts}): these stages offset each other (when one is slower"
-            f" the other is faster), so their parts of the total's variance cancel; each swings more"
-            f" than the request total ({swing}), which is held steady by the trade-off")
+    partial = set(partial_stages(fig))
+
+    def parts(which: set[str]) -> str:
+        return ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in fig.stages.values()
+                         if s.name in which)
+
+    lines = []
+    missing = {n for n in names if n in partial}
+    if missing:
+        lines.append(f"explains outside 0-100% ({parts(missing)}): counted as 0 ms in the warm"
+                     " requests without it, so the requests missing its spans, not its own"
+                     " swing, set this figure")
+    offset = set(names) - missing
+    if offset:
+        swing = (f"{duration(fig.total.swing_ms)}" if fig.total is not None else "little")
+        lines.append(f"explains outside 0-100% ({parts(offset)}): these stages offset each other"
+                     " (when one is slower the other is faster), so their parts of the total's"
+                     f" variance cancel; each swings more than the request total ({swing}), which"
+                     " is held steady by the trade-off")
+    return "; ".join(lines)
+
+
+def missing_spans_advice(fig: Figures) -> str | None:
+    """Advice when a stage is missing from some warm requests (:func:`partial_stages`) and the
+    untraced time is the verdict: that time is most likely the lost spans', not untraced work."""
+    partial = partial_stages(fig)
+    if not partial:
+        return None
+    return (f"{', '.join(partial)} spans are missing from some warm requests and their time shows"
+            " as untraced: find why they were not recorded (spans dropped by a full export queue"
+            " or a sampler, context lost across a thread or process) before instrumenting more")
 
 
 def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
