@@ -634,6 +634,30 @@ def test_twenty_distinct_names_are_read_as_the_file_report_does(engine, tmp_path
     assert got["verdict"] == want["verdict"]
 
 
+def _fixed_custom_stages(n: int) -> Callable[[int, Spans], None]:
+    """``n`` fixed custom stages (``safety_0``...) of 100 µs at the start of every request."""
+    def edit(i: int, spans: Spans) -> None:
+        request = named(spans, "request")
+        start = int(request["startTimeUnixNano"])
+        for k in range(n):
+            spans.append({**named(spans, "download"), "spanId": f"{i:08x}{k:08x}", "name": f"safety_{k}",
+                          "parentSpanId": request["spanId"], "attributes": [],
+                          "startTimeUnixNano": str(start + k * 100_000),
+                          "endTimeUnixNano": str(start + (k + 1) * 100_000)})
+    return edit
+
+
+def test_many_fixed_stage_names_that_recur_are_stages_in_both_reports(engine, tmp_path: Path) -> None:
+    """16 fixed custom stages in every request + the 5 standard ones = 21 names: they recur
+    (naming.RECURRING_NAME_MIN_SHARE), so the file report keeps them as stages, and the SQL,
+    which never renamed them, has nothing unread: the same confident verdict."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "fixed21.jsonl", _fixed_custom_stages(16)))
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert not [p for p in want["problems"] if "per-request" in p]
+    assert got["verdict"] == want["verdict"]
+    assert {f"safety_{k}" for k in range(16)} <= set(want["stages"]) and not want["verdict"]["tentative"]
+
+
 def test_a_file_imported_twice_reads_as_once(engine) -> None:
     """Importing the same file twice stores every span twice (the exporter's table has no key):
     the report, decode facts included ('decoded more than once' would be false), is the file

@@ -472,3 +472,9 @@ def test_clashing_span_ids_make_the_verdict_tentative(clash_spans: int, tentativ
     assert (v.cause, v.stage) == ("forward", "forward")
     assert v.tentative is tentative
     assert v.evidence[0].startswith(f"{clash_spans} spans share a span id") is tentative
+
+
+@pytest.mark.parametrize("failed, words", [(1, "the one that failed is not in these timings: look at its"),
+                                           (2, "the 2 that failed are not in these timings: look at their")])
+def test_steady_but_failed_agrees_in_number(failed, words):
+    assert words in advice.steady_but_failed(failed)

@@ -179,6 +179,38 @@ def test_more_than_twenty_distinct_names_are_per_request(names, renamed):
         assert "prepare" not in stage_names and not grouping.problems
 
 
+def _fixed_stages(requests: int, names: int, sometimes: int = 0) -> list[Span]:
+    """``requests`` requests, each with ``names`` fixed custom stages (``safety_0``...) and a
+    forward; ``safety_0`` is missing from all but ``sometimes`` of them when ``sometimes``."""
+    spans = []
+    for i in range(requests):
+        kids = [(f"safety_{k}", k, k + 1, {}) for k in range(names)
+                if not (k == 0 and sometimes and i >= sometimes)]
+        one = _one_request([*kids, (FORWARD, names, names + 50, {})],
+                           start=T0_NS + i * 1000 * MS, end_ms=names + 50)
+        spans += [replace(s, trace_id=f"{i:032x}") for s in one]
+    return spans
+
+
+def test_many_fixed_stage_names_that_recur_stay_stages():
+    """21 fixed custom names in every request (a tester's pipeline with 16 custom stages plus the
+    5 standard ones was read as per-request: 480 spans dropped, no verdict)."""
+    grouping = group_spans(_fixed_stages(10, 21))
+    assert not grouping.problems
+    assert {n for r in grouping.requests for n in r.stages_ms} == {*(f"safety_{k}" for k in range(21)), FORWARD}
+
+
+@pytest.mark.parametrize("sometimes, renamed", [(5, False), (4, True)])  # RECURRING_NAME_MIN_SHARE 0.5
+def test_past_twenty_names_a_name_on_half_the_requests_recurs(sometimes, renamed):
+    """Past MAX_STAGE_NAMES names, one on 5 of 10 requests (half the most used name's spans) is a
+    stage; on 4 it is read as per-request (no stage attribute: left out, and said)."""
+    grouping = group_spans(_fixed_stages(10, 21, sometimes))
+    stage_names = {n for r in grouping.requests for n in r.stages_ms}
+    assert ("safety_0" not in stage_names) is renamed
+    assert bool(grouping.problems) is renamed
+    assert "safety_1" in stage_names
+
+
 # --- shares, out-of-parent and overlapping stages ---------------------------------------------------
 
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from otel_stages.analysis import gpu_owners
+from otel_stages.analysis.decision import decide
+from otel_stages.analysis.figures import Figures, UnaccountedFigures
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT, parse_export_request
 from otel_stages.analysis.requests import INT64_MAX, INT64_MIN, usable_int
 from otel_stages.cli import main
 from tests import odd_inputs
+from tests.test_decision import figures, stage
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -115,3 +119,24 @@ def _gpu_run(tmp_path: Path, unit: str, value: float) -> Path:
 def test_the_gpu_verdict_reads_the_declared_unit(tmp_path, capsys, unit, value, cause):
     report = _report(_gpu_run(tmp_path, unit, value), capsys)
     assert report["verdict"]["cause"] == cause
+
+
+# --- a stage whose spans were lost in some requests (tester: the slow requests' forward spans) --
+
+
+def _lost_forward(count: int) -> Figures:
+    fwd = replace(stage("forward", 7.0, explains=-0.4), count=count)
+    return figures(fwd, total_swing=257.0, unaccounted=UnaccountedFigures(0.3, 354.0, 0.38, 1.4),
+                   per_request=True)
+
+
+@pytest.mark.parametrize("count, partial", [(26, True), (27, False)])  # 0.9 of 30 warm requests
+def test_a_stage_lost_from_some_requests_is_not_a_trade_off(count, partial):
+    """forward missing from the slow requests counts 0 ms there: its negative 'explains' is the
+    loss, not stages offsetting each other, and the untraced time is most likely the lost spans'
+    (was: 'held steady by the trade-off' and 'wrap the untraced work')."""
+    v = decide(_lost_forward(count))
+    text = " ".join(v.evidence)
+    assert ("counted as 0 ms in the warm requests without it" in text) is partial
+    assert ("offset each other" in text) is not partial
+    assert ("forward spans are missing from some warm requests" in v.advice[0]) is partial

@@ -211,8 +211,9 @@ STEADY = "latency is steady: no per-stage fix is needed for variability"
 def steady_but_failed(failed: int) -> str:
     """:data:`STEADY` when some requests failed: the steadiness is of the others only."""
     return (f"latency of the requests that succeeded is steady (no per-stage fix is needed for"
-            f" their variability); the {failed} that failed are not in these timings: look at"
-            " their error spans and exception events first")
+            f" their variability); {'the one' if failed == 1 else f'the {failed}'} that failed"
+            f" {'is' if failed == 1 else 'are'} not in these timings: look at"
+            f" {'its' if failed == 1 else 'their'} error spans and exception events first")
 
 
 def for_stable_loop(holder: str | None) -> list[str]:

@@ -21,6 +21,11 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   requests or more (two recordings with the same ids merged, a badly seeded id generator): only
   the first span of each id is kept, so which requests the statistics describe depends on the
   order the spans were read. The verdict is tentative, with the reason first.
+- :func:`services_caveat`: warm requests of more than one ``service.name``, at least
+  :data:`POOLED_SERVICE_MIN_REQUESTS` each, are pooled: two services (another model, another
+  pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
+  The verdict is tentative, with the reason first, and the advice says to report each service
+  alone (``--service``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ SKEWED_MIN_FRACTION = 0.5
 #: requests changes nothing, but at this rate whole requests are merged or lost depending on the
 #: order the spans were read (the file order, the import order).
 CLASH_MIN_FRACTION = 0.05
+#: A service with at least this many warm requests counts as pooled with another
+#: (:func:`services_caveat`): as many as a verdict needs (``decision.MIN_WARM_RUNS``); a stray
+#: request of another service (a health check traced like a request) does not make one.
+POOLED_SERVICE_MIN_REQUESTS = 5
 #: Error kinds named in the failure line; the rest are counted as "other".
 MAX_ERROR_KINDS = 3
 #: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
@@ -146,13 +155,12 @@ def partial_stage_lines(fig: Figures) -> list[str]:
     :data:`STAGE_PRESENT_MIN_FRACTION` of the warm requests (histogram sources count spans, not
     requests, and are skipped)."""
     n = fig.warm_requests
-    if n <= 0 or not fig.per_request:
-        return []
+    partial = partial_stages(fig)
     return [
         f"{s.name} appears in only {s.count} of {n} warm requests: its min / median / p95 are over"
         f" those {s.count}; its share and explains count it as 0 ms in the other {n - s.count}"
         f" (a stage skipped on some requests, or its spans lost)"
-        for s in fig.stages.values() if s.count < STAGE_PRESENT_MIN_FRACTION * n
+        for s in fig.stages.values() if s.name in partial
     ]
 
 
@@ -162,17 +170,53 @@ def offsetting(fig: Figures) -> list[str]:
             and (s.explains < -OFFSET_MIN_EXPLAINS or s.explains > 1 + OFFSET_MIN_EXPLAINS)]
 
 
+def partial_stages(fig: Figures) -> list[str]:
+    """Stages present in fewer than :data:`STAGE_PRESENT_MIN_FRACTION` of the warm requests
+    (per-request figures only)."""
+    n = fig.warm_requests
+    if n <= 0 or not fig.per_request:
+        return []
+    return [s.name for s in fig.stages.values() if s.count < STAGE_PRESENT_MIN_FRACTION * n]
+
+
 def offset_line(fig: Figures) -> str | None:
-    """The sentence about stages that offset each other, or ``None``."""
+    """The sentence about stages whose ``explains`` lies outside 0..1, or ``None``: a stage
+    missing from some warm requests (:func:`partial_stages`) counts 0 ms there, which is no
+    trade-off; the others offset each other."""
     names = offsetting(fig)
     if not names:
         return None
-    parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in fig.stages.values()
-                      if s.name in names)
-    swing = (f"{duration(fig.total.swing_ms)}" if fig.total is not None else "little")
-    return (f"explains outside 0-100% ({parts}): these stages offset each other (when one is slower"
-            f" the other is faster), so their parts of the total's variance cancel; each swings more"
-            f" than the request total ({swing}), which is held steady by the trade-off")
+    partial = set(partial_stages(fig))
+
+    def parts(which: set[str]) -> str:
+        return ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in fig.stages.values()
+                         if s.name in which)
+
+    lines = []
+    missing = {n for n in names if n in partial}
+    if missing:
+        lines.append(f"explains outside 0-100% ({parts(missing)}): counted as 0 ms in the warm"
+                     " requests without it, so the requests missing its spans, not its own"
+                     " swing, set this figure")
+    offset = set(names) - missing
+    if offset:
+        swing = (f"{duration(fig.total.swing_ms)}" if fig.total is not None else "little")
+        lines.append(f"explains outside 0-100% ({parts(offset)}): these stages offset each other"
+                     " (when one is slower the other is faster), so their parts of the total's"
+                     f" variance cancel; each swings more than the request total ({swing}), which"
+                     " is held steady by the trade-off")
+    return "; ".join(lines)
+
+
+def missing_spans_advice(fig: Figures) -> str | None:
+    """Advice when a stage is missing from some warm requests (:func:`partial_stages`) and the
+    untraced time is the verdict: that time is most likely the lost spans', not untraced work."""
+    partial = partial_stages(fig)
+    if not partial:
+        return None
+    return (f"{', '.join(partial)} spans are missing from some warm requests and their time shows"
+            " as untraced: find why they were not recorded (spans dropped by a full export queue"
+            " or a sampler, context lost across a thread or process) before instrumenting more")
 
 
 def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
@@ -204,3 +248,21 @@ def clash_caveat(verdict: Verdict, fig: Figures) -> None:
         f" different span ({fig.requests} requests): only the first of each id is kept, so which"
         " requests these figures describe depends on the order the spans were read; the verdict"
         " is tentative until the ids are unique (see the problems)"))
+
+
+def services_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, with the reason first in the evidence and a per-service report first in the
+    advice, when :attr:`Figures.services` holds two services or more with at least
+    :data:`POOLED_SERVICE_MIN_REQUESTS` warm requests each (module docstring)."""
+    pooled = [(name, n) for name, n in fig.services if n >= POOLED_SERVICE_MIN_REQUESTS]
+    if len(pooled) < 2:
+        return
+    verdict.tentative = True
+    named = ", ".join(f"{name or '(no service.name)'} {n}" for name, n in pooled)
+    verdict.evidence.insert(0, (
+        f"warm requests of {len(pooled)} services are pooled here ({named}): another model or"
+        " pipeline per service makes requests differ for reasons no stage shows, so a swing"
+        " across services reads as a stage's swing; the verdict is tentative"))
+    first = next((name for name, _ in pooled if name), None)
+    example = f" --service {first}" if first else " --service NAME"
+    verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")

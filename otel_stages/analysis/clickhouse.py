@@ -256,6 +256,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     }
     results["gauge_table"] = gauge
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
+    results["services"] = engine.rows(requests.services_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
     results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(gauge[0]["read"], query),

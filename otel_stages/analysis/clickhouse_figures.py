@@ -327,6 +327,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart),
+        services=agg.services,
     )
 
 

@@ -56,8 +56,10 @@ from otel_stages.analysis.clickhouse_sql import (
     AggregateQuery,
     process_hash,
     query_params,
+    requests,
     span_filter,
 )
+from otel_stages.analysis.naming import RECURRING_NAME_MIN_SHARE
 
 GROUPS_TABLE = "otel_stages_groups"
 CUSTOM_TABLE = "otel_stages_custom"
@@ -277,14 +279,25 @@ WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
 
 def custom_names_sql() -> str:
     """``SELECT distinct_names, plain_names``: distinct names of the custom stage spans (children
-    of stage parents that hold no stage spans), and of those whose names do not look
-    per-request (:data:`PER_REQUEST_RE2`), which stay stage names here."""
+    of stage parents that hold no stage spans), and of those the names the file report would read
+    as per-request past :data:`~otel_stages.analysis.naming.MAX_STAGE_NAMES` names but the SQL does
+    not: names that do not look per-request (:data:`PER_REQUEST_RE2`) and do not recur
+    (:func:`otel_stages.analysis.naming.recurring_names`: fewer spans than
+    :data:`~otel_stages.analysis.naming.RECURRING_NAME_MIN_SHARE` of the most used name's,
+    standard stage names included)."""
     parents = _stage_parents_among(f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")
     groups = _stage_parents_among(f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")
-    return f"""SELECT uniqExact(span_name) AS distinct_names,
-    uniqExactIf(span_name, NOT per_request) AS plain_names
-FROM {CUSTOM_TABLE}
-WHERE (trace_key, pid) IN ({parents}) AND (trace_key, sid) NOT IN ({groups})"""
+    standard_top = (f"(SELECT greatest({', '.join(f'sum(n{i})' for i in range(1, 6))})"
+                    f" FROM {GROUPS_TABLE} WHERE key != 0)")
+    return f"""SELECT count() AS distinct_names,
+    countIf(NOT per_request AND top >= 2 AND n < {RECURRING_NAME_MIN_SHARE} * top) AS plain_names
+FROM (
+    SELECT span_name, any(per_request) AS per_request, count() AS n,
+        greatest(max(count()) OVER (), toUInt64(ifNull({standard_top}, 0))) AS top
+    FROM {CUSTOM_TABLE}
+    WHERE (trace_key, pid) IN ({parents}) AND (trace_key, sid) NOT IN ({groups})
+    GROUP BY span_name
+)"""
 
 
 def _owner_walk(depth: int) -> str:
@@ -508,3 +521,15 @@ LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
 WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
     AND (present OR key = 0 OR (p.trace_key, key) NOT IN ({_INSIDE_A_STAGE}))
 SETTINGS {_SMALL_RIGHT}, max_block_size = 8192)"""
+
+
+#: Services listed by :func:`services_sql` (the caveat names those with enough warm requests).
+MAX_SERVICES_LISTED = 20
+
+
+def services_sql() -> str:
+    """``service_name, n``: warm requests per ``service.name`` of the request span, most first
+    (as :func:`otel_stages.analysis.diagnosis` counts them for
+    :func:`~otel_stages.analysis.caveats.services_caveat`)."""
+    return f"""SELECT svc AS service_name, countIf(warm) AS n FROM {requests()}
+WHERE is_request GROUP BY svc HAVING n > 0 ORDER BY n DESC, svc LIMIT {MAX_SERVICES_LISTED}"""

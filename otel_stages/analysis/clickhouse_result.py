@@ -336,7 +336,9 @@ class FleetAggregates:
     ``failure_kinds`` / ``failure_stages``: failed requests by error kind and by where they stopped
     (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures). ``overlap``: time
     counted in two stages at once over the warm requests, as the file report's
-    (:class:`~otel_stages.analysis.stage_overlap.Overlap`; ``None`` when no request has any)."""
+    (:class:`~otel_stages.analysis.stage_overlap.Overlap`; ``None`` when no request has any).
+    ``services``: warm requests per ``service.name`` (:func:`~otel_stages.analysis
+    .clickhouse_requests.services_sql`), most first."""
 
     url: str
     start_ns: int | None
@@ -367,6 +369,7 @@ class FleetAggregates:
     failure_stages: dict[str, int] = field(default_factory=dict)
     overlap: Overlap | None = None
     set_apart: tuple[ApartRequest, ...] = ()
+    services: tuple[tuple[str, int], ...] = ()
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -572,5 +575,6 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         signals=scopes(results, gpu.hw_id),
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
+        services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
     )
 

@@ -45,8 +45,10 @@ from otel_stages.analysis.caveats import (
     clash_caveat,
     failures_dominate,
     failures_first,
+    missing_spans_advice,
     offset_line,
     partial_stage_lines,
+    services_caveat,
     set_apart_lines,
     untraced_advice,
     untraced_is_largest,
@@ -204,6 +206,7 @@ def decide(fig: Figures) -> Verdict:
     _append_common(verdict, fig)
     failures_first(verdict, fig)
     clash_caveat(verdict, fig)
+    services_caveat(verdict, fig)
     return verdict
 
 
@@ -305,7 +308,8 @@ def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     if untraced_is_skew(fig):
         lines.append(untraced_share_line(fig))
         return Verdict(None, None, lines, [advice_text.SYNC_CLOCKS])
-    return Verdict(None, None, lines, [advice_text.UNTRACED])
+    missing = missing_spans_advice(fig)
+    return Verdict(None, None, lines, [missing] if missing else [advice_text.UNTRACED])
 
 
 def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:

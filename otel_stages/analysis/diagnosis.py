@@ -15,7 +15,7 @@ Steps of :func:`diagnose`:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -168,8 +168,21 @@ def _warm(
         per_request=True,
         detached_requests=detached_requests,
         clash_spans=clash_spans,
+        services=() if verdict_only else services_of(warm),
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
+
+
+def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:
+    """Requests per ``service.name`` of their resource (``""`` when unset), most first (ties by
+    name), for :func:`~otel_stages.analysis.caveats.services_caveat`."""
+    by_resource = Counter(id(r.resource) for r in requests)
+    resources = {id(r.resource): r.resource for r in requests}
+    counts: Counter[str] = Counter()
+    for key, n in by_resource.items():
+        name = resources[key].get(semconv.SERVICE_NAME)
+        counts[name if isinstance(name, str) else ""] += n
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _cohorts(

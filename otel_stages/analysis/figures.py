@@ -304,7 +304,8 @@ class Figures:
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
-    the first of each id is kept).
+    the first of each id is kept). ``services``: warm requests per ``service.name`` of the
+    request span, ``(name, requests)`` most first (a name ``""`` when unset).
     """
 
     warm_requests: int
@@ -324,6 +325,7 @@ class Figures:
     per_request: bool = False
     detached_requests: int = 0
     clash_spans: int = 0
+    services: Sequence[tuple[str, int]] = ()
 
     @property
     def reference_ms(self) -> float:

@@ -3,7 +3,8 @@ stage names: each would become its own stage row, with one run each and no swing
 
 :func:`per_request_names` looks at the distinct names of the spans under requests. Names are taken
 as per-request when more than :data:`MAX_STAGE_NAMES` distinct names appear there, or when a
-custom name holds a path, a query, or an id (:func:`looks_per_request`). Such a span is then
+custom name holds a path, a query, or an id (:func:`looks_per_request`); names that recur across
+requests (:func:`recurring_names`) stay stage names however many there are. Such a span is then
 counted under its ``stage`` attribute (``semconv.STAGE_NAME``) when it has one, and otherwise left
 out of the stage rows (its time counts as unaccounted) with a problem saying how to fix the naming.
 Standard stage names are never renamed. Pure.
@@ -12,7 +13,8 @@ Standard stage names are never renamed. Pure.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from otel_stages import semconv
@@ -21,6 +23,10 @@ from otel_stages.analysis.model import Span
 #: More distinct span names than this under requests means names carry per-request data: a
 #: pipeline has a handful of stages (5 standard ones plus a few custom), not dozens.
 MAX_STAGE_NAMES = 20
+#: ...except the names that recur: a custom name on at least this share as many spans as the
+#: most used name under requests (which runs about once per request) is a fixed stage of the
+#: pipeline, however many there are; a name carrying per-request data recurs about once.
+RECURRING_NAME_MIN_SHARE = 0.5
 
 #: A path or query (``/``, ``?``, ``=``, ``#``), a hex run of 8+ digits (ids, hashes, UUID parts)
 #: or a number of 3+ digits standing alone (``request 1234``): data, not a stage name.
@@ -79,15 +85,28 @@ def problem_lines(why: str, example: str, grouped: int, by_attribute: list[str],
     return out
 
 
+def recurring_names(counts: Mapping[str, int]) -> set[str]:
+    """The names (``counts``: spans per name under requests) on at least
+    :data:`RECURRING_NAME_MIN_SHARE` as many spans as the most used one; none when that one has a
+    single span (one request tells nothing)."""
+    top = max(counts.values(), default=0)
+    if top < 2:
+        return set(counts)
+    return {n for n, c in counts.items() if c >= RECURRING_NAME_MIN_SHARE * top}
+
+
 def per_request_names(stage_spans: Iterable[Span]) -> Naming:
     """Decide how to name ``stage_spans`` (every span whose parent is a request or a group).
 
     One pass to collect names, one to rename: linear in the spans.
     """
     spans = list(stage_spans)
-    distinct = {s.name for s in spans}
+    counts = Counter(s.name for s in spans)
+    distinct = set(counts)
     too_many = len(distinct) > MAX_STAGE_NAMES
-    suspect_names = {n for n in distinct if n not in _STANDARD and (too_many or looks_per_request(n))}
+    recurring = recurring_names(counts) if too_many else set()
+    suspect_names = {n for n in distinct if n not in _STANDARD
+                     and ((too_many and n not in recurring) or looks_per_request(n))}
     if not suspect_names:
         return Naming()
     suspects = [s for s in spans if s.name in suspect_names]
