@@ -117,6 +117,7 @@ def test_min_slow_forwards_covered(covered, judged, level):
     if level == "thin":
         assert report.verdict.cause == "forward"
         assert "point different ways" in report.gpu.describe()
+        assert "inside the slow ones" in report.verdict.advice[0]
 
 
 @pytest.mark.parametrize("covered, judged", [(2, g.JUDGED_ALL), (3, g.JUDGED_SLOW)])
