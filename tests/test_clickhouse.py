@@ -148,11 +148,15 @@ def check_against_python(agg: FleetAggregates, recording: Recording) -> None:
             value = getattr(got, attr)
             assert value == (None if want_corr is None else pytest.approx(want_corr, abs=1e-9)), (name, attr)
 
-    gpu = gpu_evidence(warm, recording.metrics)
+    noise = diagnose(recording).noise  # the band sets the slow forwards
+    gpu = gpu_evidence(warm, recording.metrics, band_ms=None if noise is None else noise.band_ms)
     assert agg.gpu.source == gpu.source
     assert (agg.gpu.samples, agg.gpu.forwards, agg.gpu.forwards_covered) == (
         gpu.samples, gpu.forwards, gpu.forwards_covered)
-    for key in ("mean_utilization", "slow_mean_utilization", "fast_mean_utilization"):
+    if agg.gpu.split is not None:
+        assert (agg.gpu.split.slow_forwards, agg.gpu.split.slow_covered) == (
+            gpu.slow_forwards, gpu.slow_covered)
+    for key in ("mean_utilization", "slow_mean_utilization", "fast_mean_utilization", "slow_min_ms"):
         want = getattr(gpu, key)
         assert getattr(agg.gpu, key) == (None if want is None else pytest.approx(want, **TOL)), key
     assert agg.gpu.hw_id == gpu.hw_id

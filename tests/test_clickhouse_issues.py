@@ -776,3 +776,45 @@ def test_the_testers_parity_cases(engine, name: str, cause: str) -> None:
     assert (got["counts"], got["set_apart"]) == (want["counts"], want["set_apart"])
     for key in ("level", "samples", "forwards_covered", "hw_id"):
         assert got["gpu"].get(key) == want["gpu"].get(key), key
+
+
+SWING = Path(__file__).parent / "data" / "traces" / "gpu_swing"  # README.md there says what each is
+
+
+@pytest.mark.parametrize("name, cause", [
+    ("s1b_bimodal_2slow", "gpu_starved"),
+    ("s1b_bimodal_inverse", "gpu_busy"),
+    ("s1_contention_mix", "gpu_busy"),
+    ("s7_batch_memory", "gpu_busy"),
+])
+def test_the_gpu_swing_cases(engine, name: str, cause: str) -> None:
+    """The forward mechanism verdicts on the slow forwards (split at the warm forward median plus
+    the noise band in SQL too; memory released within a forward computed in SQL): the same
+    verdict and GPU figures as the file report."""
+    got, want = reports(engine, SWING / f"{name}.otlp.jsonl")
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"] == want["gpu"]
+
+
+def test_memory_released_within_the_slow_forwards_in_sql_too(engine, tmp_path: Path) -> None:
+    """s7_batch_memory with every other point inside a batch-8 forward back at 40 GiB: memory
+    released within the slow forwards (repeated allocation and release, summed in time order in
+    SQL as in the file report) is pressure in both reports."""
+    gib = 1024**3
+    lines = []
+    for line in (SWING / "s7_batch_memory.otlp.jsonl").read_text().splitlines():
+        doc = json.loads(line)
+        for rm in doc.get("resourceMetrics", []):
+            for sm in rm["scopeMetrics"]:
+                for metric in sm["metrics"]:
+                    if metric["name"] == "hw.gpu.memory.usage":
+                        for i, point in enumerate(metric["gauge"]["dataPoints"]):
+                            if point["asDouble"] > 41 * gib and i % 2:
+                                point["asDouble"] = 40.0 * gib
+        lines.append(json.dumps(doc))
+    path = tmp_path / "churn.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_memory_pressure"
+    assert got["verdict"] == want["verdict"]

@@ -28,6 +28,7 @@ from otel_stages.analysis import load_paths
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
 from otel_stages.analysis.clickhouse_result import FleetAggregates
 from otel_stages.analysis.clickhouse_sql import DD_RELATIVE_ACCURACY, AggregateQuery
+from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.gpu import gpu_evidence
 from otel_stages.analysis.requests import find_requests, group_spans
 from otel_stages.analysis.stats import stage_stats
@@ -258,6 +259,13 @@ def test_service_filter_reads_one_service(engine, tmp_path: Path) -> None:
     assert run(engine, [path]).counts.requests == 12
 
 
+def _band_ms(recording: Any) -> float:
+    """The run's noise band as the file report computes it (it sets the slow forwards)."""
+    noise = diagnose(recording).noise
+    assert noise is not None
+    return noise.band_ms
+
+
 def _gauge(points: list[tuple[float, float]], hw: str = "GPU-0") -> dict[str, Any]:
     return {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
         {"timeUnixNano": str(T0 + int(ms * MS)), "asDouble": v,
@@ -273,11 +281,14 @@ def test_gpu_percent_series_and_idle_gpu_match_python(engine, tmp_path: Path) ->
     agg = run(engine, [path])
     recording = load_paths([path])
     warm = [r for r in find_requests(recording.spans) if not r.cold and not r.error]
-    want = gpu_evidence(warm, recording.metrics)
+    want = gpu_evidence(warm, recording.metrics, band_ms=_band_ms(recording))
     assert (agg.gpu.source, agg.gpu.hw_id) == ("metrics", "GPU-0") == (want.source, want.hw_id)
     assert (agg.gpu.samples, agg.gpu.forwards_covered) == (want.samples, want.forwards_covered)
     assert agg.gpu.mean_utilization == pytest.approx(want.mean_utilization)
     assert agg.gpu.slow_mean_utilization == pytest.approx(want.slow_mean_utilization)
+    assert agg.gpu.split is not None and agg.gpu.slow_min_ms == pytest.approx(want.slow_min_ms)
+    assert (agg.gpu.split.slow_forwards, agg.gpu.split.slow_covered, agg.gpu.split.slow_samples) == (
+        want.slow_forwards, want.slow_covered, want.slow_samples)
 
 
 def test_gpu_from_forward_span_attributes_is_preferred(engine, tmp_path: Path) -> None:
@@ -293,11 +304,15 @@ def test_gpu_from_forward_span_attributes_is_preferred(engine, tmp_path: Path) -
     agg = run(engine, [path])
     recording = load_paths([path])
     warm = [r for r in find_requests(recording.spans) if not r.cold and not r.error]
-    want = gpu_evidence(warm, recording.metrics)
+    want = gpu_evidence(warm, recording.metrics, band_ms=_band_ms(recording))
     assert agg.gpu.source == "span_attributes" == want.source
     assert agg.gpu.samples == want.samples
     assert agg.gpu.mean_utilization == pytest.approx(want.mean_utilization)
     assert agg.gpu.fast_mean_utilization == pytest.approx(want.fast_mean_utilization)
+    assert agg.gpu.slow_mean_utilization == pytest.approx(want.slow_mean_utilization)
+    assert agg.gpu.split is not None and agg.gpu.slow_min_ms == pytest.approx(want.slow_min_ms)
+    assert (agg.gpu.split.slow_forwards, agg.gpu.split.slow_covered) == (
+        want.slow_forwards, want.slow_covered) != (0, 0)
 
 
 def test_dd_quantiles_stay_within_their_documented_accuracy(engine, tmp_path: Path) -> None:

@@ -293,9 +293,11 @@ def test_spans_without_signals_say_so():
 
 
 def _memory(slow: list[tuple[float, float]], fast: list[tuple[float, float]]) -> gm.MemoryEvidence:
-    covered = [gm.ForwardMemory(400.0, p, r, 2) for p, r in slow]
-    covered += [gm.ForwardMemory(100.0, p, r, 2) for p, r in fast]
-    return gm.MemoryEvidence(tuple(covered), len(covered), 80 * 1024**3, "GPU-0", 300.0, 120.0)
+    """(peak, released) per slow (400 ms) and fast (100 ms) forward; median 120 ms plus a 100 ms
+    band: the slow ones are those above 220 ms."""
+    covered = [gm.ForwardMemory(400.0, p, r, 2, r) for p, r in slow]
+    covered += [gm.ForwardMemory(100.0, p, r, 2, r) for p, r in fast]
+    return gm.MemoryEvidence(tuple(covered), len(covered), 80 * 1024**3, "GPU-0", 120.0, 100.0)
 
 
 FLAT = (0.6, 0.0)
@@ -307,10 +309,18 @@ def test_near_limit_threshold(peak, pressure):
     assert gm.ForwardMemory(400, peak, 0.0, 1).under_pressure is pressure
 
 
-@pytest.mark.parametrize("jump, pressure", [(0.049, False), (0.05, True)])
-def test_churn_threshold(jump, pressure):
+@pytest.mark.parametrize("freed, pressure", [(0.049, False), (0.05, True)])
+def test_churn_threshold(freed, pressure):
     assert gm.CHURN_MIN_FRACTION == 0.05
-    assert gm.ForwardMemory(400, 0.6, jump, 2).under_pressure is pressure
+    assert gm.ForwardMemory(400, 0.6, freed, 3, freed).under_pressure is pressure
+
+
+def test_memory_that_only_grows_in_a_forward_is_not_churn():
+    """Activations of a larger batch: memory rises by 7.5 % of the card inside the forward and is
+    freed after it; nothing is released inside, so no pressure however large the growth."""
+    assert gm.released([40.0, 43.0, 46.0, 46.0]) == 0.0
+    assert gm.released([40.0, 46.0, 40.0, 46.0]) == 6.0
+    assert not gm.ForwardMemory(400, 0.575, 0.075, 4, 0.0).under_pressure
 
 
 @pytest.mark.parametrize("hit, confirmed", [(1, False), (2, True)])
@@ -327,7 +337,7 @@ def test_fast_share_threshold(hit, confirmed):
     mechanism = gm.memory_mechanism(_memory([(0.97, 0.1)] * 4, fast))
     assert mechanism.confirmed is confirmed
     if not confirmed:
-        assert "as high in the fast forwards" in mechanism.evidence[0]
+        assert "as high or as unsettled in the other forwards" in mechanism.evidence[0]
 
 
 @pytest.mark.parametrize("n, confirmed", [(2, False), (3, True)])

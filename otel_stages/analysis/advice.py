@@ -50,7 +50,8 @@ _ADVICE: dict[str, list[str]] = {
         "add GPU capacity or spread load across replicas",
     ],
     "gpu_starved": [
-        "the GPU idles during forward: it waits on the host (data copies, locks, allocation)",
+        "the GPU idles during slow forwards: they wait on the host (data copies, locks,"
+        " allocation)",
         "copy inputs with pinned memory and non_blocking=True; prepare tensors before the forward",
         "avoid host syncs inside forward (.item(), .cpu(), printing tensors) and Python-side locks",
         "pre-allocate / reuse CUDA memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and"
@@ -78,7 +79,8 @@ _ADVICE: dict[str, list[str]] = {
 _FORWARD_BY_GPU_LEVEL = {
     "none": "the model call swings but there is no GPU data: enable the GPU sampler"
             " (hw.gpu.utilization metrics) to tell a busy GPU from a starved one",
-    "thin": "too few GPU samples fall inside forward spans to call it: collect more runs or lower"
+    "thin": "too few GPU samples fall inside forward spans (or inside the slow ones, which decide)"
+            " to call it: collect more runs or lower"
             " OTEL_STAGES_GPU_INTERVAL_S (the driver samples about every 1/6 s)",
     "medium": "GPU utilization during forward is in between (neither clearly busy nor starved):"
               " profile one slow forward (torch.profiler, Nsight Systems) to see whether kernels"
@@ -116,19 +118,33 @@ SPREAD = (
 )
 
 
+#: gpu_busy / gpu_starved judged on all forwards (the slow ones could not be judged apart:
+#: ``GpuEvidence.judged_on``): the first line says "during forward", not "during slow forwards".
+_GPU_ALL_FORWARDS = {
+    "gpu_busy": "the GPU is saturated during forward: reduce work per call (smaller batch, fewer"
+                " image tiles/tokens, shorter max output length)",
+    "gpu_starved": "the GPU idles during forward: it waits on the host (data copies, locks,"
+                   " allocation)",
+}
+
+
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
-              gpu_level: str | None = None, preprocess: PreprocessFacts | None = None) -> list[str]:
+              gpu_level: str | None = None, preprocess: PreprocessFacts | None = None,
+              gpu_slow: bool = True) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
     (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``);
     the concrete fixes after it follow the decode / resize facts (:func:`preprocess_fixes`).
     For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
-    ``GpuEvidence.level``) could not decide."""
+    ``GpuEvidence.level``) could not decide. ``gpu_slow``: ``gpu_busy`` / ``gpu_starved`` was
+    judged on the slow forwards (else on all: the first line says so)."""
     lines = list(_ADVICE.get(cause, []))
     if cause == "preprocess":
         lines = preprocess_fixes(preprocess)
     if cause == "forward":
         lines.insert(0, _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
+    if cause in _GPU_ALL_FORWARDS and not gpu_slow:
+        lines[0] = _GPU_ALL_FORWARDS[cause]
     if cause == "preprocess":
         if one_size:
             first = ONE_SIZE

@@ -10,6 +10,7 @@ failure is a :class:`SourceError` naming the URL (without its password) and what
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -254,6 +255,16 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
     }
+    # the GPU split needs the run's noise band: the slow forwards are those beyond it
+    head = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
+                            end_ns=query.end_ns, service=query.service)
+    band = clickhouse_figures.band_ms(head.stages, head.total)
+    results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
+                                           {"band_ns": (band or 0.0) * 1e6}, settings)
+    threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None
+    for name, text, params in queries.gpu_statements(
+            float(threshold) if threshold is not None and math.isfinite(threshold) else 0.0):
+        results[name] = engine.rows(text, params, settings)
     results["gauge_table"] = gauge
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)

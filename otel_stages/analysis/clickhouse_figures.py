@@ -14,8 +14,9 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
 - cold request: compared with the warm requests of its input when every cold request's input has
   at least :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` of them, else with all
   warm requests (:func:`otel_stages.analysis.cohorts.cold_figures`);
-- GPU: the engine's utilization during warm forwards through the trace report's thresholds
-  (:func:`otel_stages.analysis.gpu.utilization_level`);
+- GPU: the engine's utilization during warm forwards, split at the slow-forward threshold (the
+  warm forward median plus the noise band of :func:`band_ms`, passed to the SQL), judged as the
+  trace report judges it (:func:`otel_stages.analysis.gpu.evidence_of`);
 - per-stage evidence: does the stage follow image pixels / bytes (Pearson r computed in SQL) and
   the per-size medians, with the sentences of :mod:`otel_stages.analysis.evidence`.
 
@@ -76,8 +77,9 @@ from otel_stages.analysis.figures import (
     StageFigures,
     TotalFigures,
     UnaccountedFigures,
+    reference_ms,
 )
-from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, utilization_level
+from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, evidence_of
 from otel_stages.analysis.gpu_memory import memory_mechanism
 from otel_stages.analysis.mechanisms import judge, with_mechanisms
 from otel_stages.analysis.noise import noise_band
@@ -116,16 +118,24 @@ def total_figures(t: Summary) -> TotalFigures:
 
 
 def gpu_evidence(g: GpuAggregate) -> GpuEvidence:
-    """The engine's GPU aggregate with the trace report's level thresholds."""
+    """The engine's GPU aggregate judged as the trace report judges it
+    (:func:`otel_stages.analysis.gpu.evidence_of`: the slow forwards' level, else all forwards')."""
     if g.source is None:
         return GpuEvidence(level=LEVEL_NONE, forwards=g.forwards if g.forwards else 0)
-    return GpuEvidence(
-        level=utilization_level(g.mean_utilization, g.samples, g.forwards_covered, g.forwards),
-        mean_utilization=g.mean_utilization, samples=g.samples, forwards=g.forwards,
-        forwards_covered=g.forwards_covered, source=g.source, hw_id=g.hw_id,
-        slow_mean_utilization=g.slow_mean_utilization,
-        fast_mean_utilization=g.fast_mean_utilization,
-    )
+    return evidence_of(source=g.source, forwards=g.forwards, covered=g.forwards_covered,
+                       samples=g.samples, total=g.sum_utilization, split=g.split,
+                       slow_min_ms=g.slow_min_ms, hw_id=g.hw_id)
+
+
+def band_ms(stages: Mapping[str, StageAggregate], total: Summary | None) -> float | None:
+    """The run's noise band (ms) for ``stages`` and ``total`` (all warm requests, or a cohort's):
+    the band :func:`~otel_stages.analysis.decision.decide` uses, which sets the slow forwards of
+    the GPU rules; ``None`` without stages."""
+    if not stages:
+        return None
+    figs = {n: stage_figures(s) for n, s in stages.items()}
+    return noise_band(figs.values(), reference_ms(figs, None if total is None
+                                                  else total_figures(total))).band_ms
 
 
 def _size_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]]
@@ -213,10 +223,19 @@ def stage_signals(agg: FleetAggregates, cohort: CohortAggregate | None = None
     scope = next((s for s in agg.signals if (s.width, s.height, s.format) == key), None)
     if scope is None:
         return {}
+    gpu: GpuEvidence | None
+    if cohort is None:
+        band, gpu = band_ms(agg.stages, agg.total), gpu_evidence(agg.gpu)
+    else:  # GPU utilization within a cohort only when it is the only one (module docstring)
+        band = band_ms(cohort.stages, cohort.total)
+        gpu = gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else None
+    memory_ev = (None if scope.memory is None
+                 else replace(scope.memory, band_ms=band or 0.0))
     out = {}
     for name in ordered_stages(scope.stages):
-        memory = memory_mechanism(scope.memory) if name == semconv.STAGE_FORWARD else None
-        judged = judge(scope.stages[name], scope.held, memory)
+        forward = name == semconv.STAGE_FORWARD
+        memory = memory_mechanism(memory_ev) if forward else None
+        judged = judge(scope.stages[name], scope.held, memory, gpu if forward else None)
         if judged is not None:
             out[name] = judged
     return out

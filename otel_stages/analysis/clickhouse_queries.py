@@ -237,17 +237,32 @@ INNER JOIN (
 ) AS s ON w.trace_key = s.trace_key AND w.span_key = s.span_key"""
 
 
+def slow_forwards_sql() -> str:
+    """One row: ``slow_min_ns``, the slow-forward threshold (the warm forward spans' median plus
+    the run's noise band ``{band_ns:Float64}``, :func:`otel_stages.analysis.gpu.slow_forward_min_ms`)
+    and ``slow_forwards``, the warm forward spans longer than it."""
+    return f"""SELECT any(th) AS slow_min_ns, countIf(d > th) AS slow_forwards
+FROM (SELECT w.2 - w.1 AS d FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w WHERE warm) AS f
+CROSS JOIN (
+    SELECT quantileExactInclusive(0.5)(w.2 - w.1) + {{band_ns:Float64}} AS th
+    FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w WHERE warm
+) AS t"""
+
+
 def gpu_spans_sql() -> str:
     """GPU utilization from the forward spans' own ``gpu.utilization.mean`` (weighted by
-    ``gpu.sample_count``, default 1; counts <= 0 skipped), split at the median duration."""
+    ``gpu.sample_count``, default 1; counts <= 0 skipped), split at the slow-forward threshold
+    ``{slow_min_ns:Float64}`` (:func:`slow_forwards_sql`; ``slow_covered``: slow forwards with a
+    value)."""
     forwards = f"""SELECT (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
     FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
     WHERE warm AND w.3 IS NOT NULL AND ifNull(w.4, 1) > 0"""
+    th = "{slow_min_ns:Float64}"
     return f"""SELECT count() AS covered, sum(c) AS samples, sum(u * c) AS weighted,
-    sumIf(u * c, d >= m) AS slow_sum, sumIf(c, d >= m) AS slow_n,
-    sumIf(u * c, d < m) AS fast_sum, sumIf(c, d < m) AS fast_n
-FROM ({forwards}) AS f
-CROSS JOIN (SELECT quantileExactInclusive(0.5)(d) AS m FROM ({forwards})) AS med"""
+    countIf(d > {th}) AS slow_covered,
+    sumIf(u * c, d > {th}) AS slow_sum, sumIf(c, d > {th}) AS slow_n,
+    sumIf(u * c, d <= {th}) AS fast_sum, sumIf(c, d <= {th}) AS fast_n
+FROM ({forwards}) AS f"""
 
 
 #: Temporary tables of the GPU step: utilization/memory samples, and samples inside forwards.
@@ -345,10 +360,10 @@ def gpu_metrics_sql() -> str:
     """From the GPU tables: per process the GPU whose utilization rises most inside forwards
     (vs. outside them; ties: more samples), and one row of sums over those GPUs: samples inside
     forwards and their sum, forwards covered, and the sums and counts inside slow and fast
-    forwards (at/above vs. below that GPU's median covered forward duration; only GPUs with at
-    least 2 covered forwards split)."""
-    slow = "f.e - f.s >= m.m"
-    fast = "f.e - f.s < m.m"
+    forwards (longer than the slow-forward threshold ``{slow_min_ns:Float64}`` of
+    :func:`slow_forwards_sql`, and the others; ``slow_covered``: slow forwards with a sample)."""
+    slow = "f.e - f.s > {slow_min_ns:Float64}"
+    fast = "f.e - f.s <= {slow_min_ns:Float64}"
     return f"""WITH
 per_forward AS (
     SELECT proc_key, hw, s, e, any(mult) AS mult, count() AS n, sum(util) AS su
@@ -356,14 +371,11 @@ per_forward AS (
 ),
 split AS (
     SELECT f.proc_key AS proc_key, f.hw AS hw, sum(f.mult) AS covered,
-        sum(f.mult) >= 2 AS can_split,
+        sum(f.mult) >= 1 AS can_split,
         sumIf(f.su * f.mult, {slow}) AS slow_sum, sumIf(f.n * f.mult, {slow}) AS slow_n,
-        sumIf(f.su * f.mult, {fast}) AS fast_sum, sumIf(f.n * f.mult, {fast}) AS fast_n
+        sumIf(f.su * f.mult, {fast}) AS fast_sum, sumIf(f.n * f.mult, {fast}) AS fast_n,
+        sumIf(f.mult, {slow}) AS slow_covered
     FROM per_forward AS f
-    INNER JOIN (
-        SELECT proc_key, hw, quantileExactInclusive(0.5)(e - s) AS m
-        FROM per_forward ARRAY JOIN range(mult) AS copy GROUP BY proc_key, hw
-    ) AS m ON f.proc_key = m.proc_key AND f.hw = m.hw
     GROUP BY proc_key, hw
 ),
 per_gpu AS (
@@ -372,7 +384,7 @@ per_gpu AS (
         if(n_in > 0, sum_in / n_in, 0)
             - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise,
         (ifNull(sp.covered, 0), ifNull(sp.can_split, 0), sp.slow_sum, sp.slow_n, sp.fast_sum,
-         sp.fast_n) AS sp_row
+         sp.fast_n, ifNull(sp.slow_covered, 0)) AS sp_row
     FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
           FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
     LEFT JOIN (
@@ -390,8 +402,17 @@ SELECT count() AS gpus, any(g.1) AS hw_id,
     sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,
     countIf(g.4.2) AS split_gpus,
     sumIf(g.4.3, g.4.2) AS slow_sum, sumIf(g.4.4, g.4.2) AS slow_n,
-    sumIf(g.4.5, g.4.2) AS fast_sum, sumIf(g.4.6, g.4.2) AS fast_n
+    sumIf(g.4.5, g.4.2) AS fast_sum, sumIf(g.4.6, g.4.2) AS fast_n,
+    sumIf(g.4.7, g.4.2) AS slow_covered
 FROM chosen"""
+
+
+def gpu_statements(slow_min_ns: float) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(name, SQL, params)`` of the GPU utilization aggregates, run after
+    :func:`aggregate_statements` and :func:`slow_forwards_sql` (whose threshold, from the run's
+    noise band in their answers, is ``slow_min_ns``)."""
+    split = {"slow_min_ns": slow_min_ns}
+    return [("gpu_spans", gpu_spans_sql(), split), ("gpu_metrics", gpu_metrics_sql(), split)]
 
 
 def aggregate_statements(traces: str, query: AggregateQuery, method: str
@@ -412,8 +433,6 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("cold_cohorts", cold_cohorts_sql(method), tops),
         ("cold_cohort_stages", cold_cohort_stages_sql(method), tops),
         ("cold_input_stages", cold_input_stages_sql(method), {}),
-        ("gpu_spans", gpu_spans_sql(), {}),
-        ("gpu_metrics", gpu_metrics_sql(), {}),
         ("runs", runs_sql(), tops),
         ("slowest", slowest_sql(), tops),
         ("signals", signals_sql(traces, query), params),

@@ -31,6 +31,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
+from otel_stages.analysis.gpu import SplitFigures
 from otel_stages.analysis.gpu_owners import shared_hw_id_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
@@ -221,9 +222,11 @@ class GpuAggregate:
     ``gpu.sample_count``; preferred, as in ``analysis.gpu``), ``"metrics"`` (``hw.gpu.utilization``
     samples inside forward windows, per process the GPU whose utilization rises most during
     forwards) or ``None`` (no GPU data). ``forwards``: warm forward spans; ``forwards_covered``:
-    those with at least one sample; ``samples``: samples inside them. ``slow_*`` / ``fast_*``:
-    forwards at/above vs. below the median forward duration (``None`` below 2 covered forwards).
-    ``gpus``: GPUs taken (one per process with samples).
+    those with at least one sample; ``samples``: samples inside them, ``sum_utilization`` their
+    sum. ``split``: the slow forwards' and the others' sums
+    (:class:`otel_stages.analysis.gpu.SplitFigures`) at ``slow_min_ms`` (the warm forward median
+    plus the run's noise band); ``slow_*`` / ``fast_*`` their means. ``gpus``: GPUs taken (one per
+    process with samples).
     """
 
     source: str | None
@@ -235,33 +238,54 @@ class GpuAggregate:
     fast_mean_utilization: float | None = None
     hw_id: str | None = None
     gpus: int = 0
+    sum_utilization: float = 0.0
+    split: SplitFigures | None = None
+    slow_min_ms: float | None = None
 
 
 def _ratio(num: Any, den: Any) -> float | None:
     return float(num) / float(den) if den and num is not None else None
 
 
-def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int) -> GpuAggregate:
+def _split(row: Mapping[str, Any], head: Mapping[str, Any]) -> tuple[SplitFigures | None, float | None]:
+    """The slow / other forwards' sums of a GPU row at the threshold of ``head`` (the
+    ``slow_forwards`` answer); ``(None, None)`` without a threshold."""
+    th = head.get("slow_min_ns")
+    if th is None or not math.isfinite(float(th)):
+        return None, None
+    return SplitFigures(
+        slow_forwards=int(head.get("slow_forwards") or 0), slow_covered=int(row.get("slow_covered") or 0),
+        slow_samples=int(row.get("slow_n") or 0), slow_sum=float(row.get("slow_sum") or 0.0),
+        fast_samples=int(row.get("fast_n") or 0), fast_sum=float(row.get("fast_sum") or 0.0),
+    ), float(th) / 1e6
+
+
+def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
+         slow: Mapping[str, Any]) -> GpuAggregate:
     if int(spans.get("covered") or 0) > 0:
         covered = int(spans["covered"])
-        split = covered >= 2
+        split, slow_min = _split(spans, slow)
         return GpuAggregate(
             source="span_attributes", forwards=forwards, forwards_covered=covered,
             samples=int(spans["samples"]), mean_utilization=_ratio(spans["weighted"], spans["samples"]),
-            slow_mean_utilization=_ratio(spans["slow_sum"], spans["slow_n"]) if split else None,
-            fast_mean_utilization=_ratio(spans["fast_sum"], spans["fast_n"]) if split else None,
+            slow_mean_utilization=_ratio(spans["slow_sum"], spans["slow_n"]),
+            fast_mean_utilization=_ratio(spans["fast_sum"], spans["fast_n"]),
+            sum_utilization=float(spans["weighted"] or 0.0), split=split, slow_min_ms=slow_min,
         )
     if int(metrics.get("gpus") or 0) == 0:
         return GpuAggregate(source=None, forwards=forwards)
-    split = int(metrics.get("split_gpus") or 0) > 0
+    split_row, slow_min = _split(metrics, slow)
+    has_split = int(metrics.get("split_gpus") or 0) > 0
     gpus = int(metrics["gpus"])
     return GpuAggregate(
         source="metrics", forwards=forwards, forwards_covered=int(metrics["covered"] or 0),
         samples=int(metrics["samples"] or 0),
         mean_utilization=_ratio(metrics["sum_in"], metrics["samples"]),
-        slow_mean_utilization=_ratio(metrics["slow_sum"], metrics["slow_n"]) if split else None,
-        fast_mean_utilization=_ratio(metrics["fast_sum"], metrics["fast_n"]) if split else None,
+        slow_mean_utilization=_ratio(metrics["slow_sum"], metrics["slow_n"]) if has_split else None,
+        fast_mean_utilization=_ratio(metrics["fast_sum"], metrics["fast_n"]) if has_split else None,
         hw_id=(metrics["hw_id"] or None) if gpus == 1 else None, gpus=gpus,
+        sum_utilization=float(metrics["sum_in"] or 0.0), split=split_row if has_split else None,
+        slow_min_ms=slow_min,
     )
 
 
@@ -535,8 +559,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                    for n in ordered_stages(r["stage_names"])},
         image_width=r["width"], image_height=r["height"], image_bytes=r["bytes"],
         error=bool(r["error"])) for r in results["slowest"]]
-    gpu = _gpu(results["gpu_spans"][0] if results["gpu_spans"] else {},
-               results["gpu_metrics"][0] if results["gpu_metrics"] else {}, counts.warm_forwards)
+    gpu = _gpu(results["gpu_spans"][0] if results.get("gpu_spans") else {},  # (not run yet: {})
+               results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
+               results["slow_forwards"][0] if results.get("slow_forwards") else {})
     memory = results.get("memory_forwards")
     kinds, where = failure_kinds(results.get("failures") or [])
     unchecked = not_checked(

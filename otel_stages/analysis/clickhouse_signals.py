@@ -347,8 +347,9 @@ def memory_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict
     """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
     ``hw.gpu.memory.limit`` points of the processes with requests, in the window (by process,
     through the GPU owners table, and time, as the utilization), and one row per (warm forward
-    window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm
-    requests with that window)."""
+    window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``; ``vdrop``: the
+    memory released between them, the sum of the falls in time order,
+    :func:`otel_stages.analysis.gpu_memory.released`; ``mult``: warm requests with that window)."""
     names = f"('{semconv.HW_GPU_MEMORY_USAGE}', '{semconv.HW_GPU_MEMORY_LIMIT}')"
     where = metric_filter(query, names)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
@@ -361,7 +362,9 @@ SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_
     pairs = f"""CREATE TEMPORARY TABLE {MEMORY_PAIRS_TABLE} ENGINE = Log AS
 SELECT wb.proc_key AS proc_key, wb.width AS width, wb.height AS height, wb.fmt AS fmt,
     wb.s AS s, wb.e AS e, any(wb.mult) AS mult, sm.hw AS hw, max(sm.v) AS vmax, min(sm.v) AS vmin,
-    count() AS n
+    count() AS n,
+    arraySum(arrayMap(x -> greatest(-x, 0),
+        arrayDifference(arrayMap(p -> p.2, arraySort(groupArray((sm.t, sm.v))))))) AS vdrop
 FROM (
     SELECT proc_key, width, height, fmt, s, e, mult,
         arrayJoin(range(toUInt64(intDiv(s, {GPU_BUCKET_NS})), toUInt64(intDiv(e, {GPU_BUCKET_NS})) + 1)) AS b
@@ -408,9 +411,9 @@ WHERE warm {group}"""
 
 def memory_forwards_sql() -> str:
     """Covered warm forwards of the GPU ``{hw:String}``: cohort, ``hw``, ``ms``,
-    ``vmax`` / ``vmin`` bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a
+    ``vmax`` / ``vmin`` / ``vdrop`` bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a
     deterministic sample by hash above), and ``total`` rows in all."""
-    return f"""SELECT {COHORT}, hw, (e - s) / 1e6 AS ms, vmax, vmin, n, mult,
+    return f"""SELECT {COHORT}, hw, (e - s) / 1e6 AS ms, vmax, vmin, vdrop, n, mult,
     count() OVER () AS total
 FROM {MEMORY_PAIRS_TABLE} WHERE hw = {{hw:String}}
 ORDER BY cityHash64(proc_key, s, e, hw) LIMIT {{cap:UInt64}}"""

@@ -44,6 +44,12 @@ The rule, on :class:`~otel_stages.analysis.signal_figures.StageSignals`:
    I/O, a lock, a sleep, the GIL) drives it, and unconfirmed when neither does. It is the
    thread's own, exact wait for a core, so neither the CPU/wall guards nor the pressure
    override it.
+
+   **A busy GPU refutes it for ``forward``** (after the run-queue wait, before the other guards):
+   when the GPU evidence's level is high (:data:`~otel_stages.analysis.gpu.GPU_BUSY_MIN_UTILIZATION`,
+   judged on the slow forwards where enough of them are sampled,
+   :mod:`otel_stages.analysis.gpu`), a forward thread off the CPU was waiting on the device, not
+   for a core: the cause stays ``gpu_busy``.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from __future__ import annotations
 from otel_stages import semconv
 from otel_stages.analysis import signal_rules as rules
 from otel_stages.analysis.figures import Mechanism
+from otel_stages.analysis.gpu import GPU_BUSY_MIN_UTILIZATION, LEVEL_HIGH, GpuEvidence
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.signal_rules import (
     drives,
@@ -140,7 +147,21 @@ def _pressure_covers(sig: StageSignals) -> bool:
             and share >= CONTENTION_MIN_PRESSURE_OF_WAIT)
 
 
-def contention(sig: StageSignals) -> Mechanism | None:
+def _device_busy(sig: StageSignals, line: str, gpu: GpuEvidence | None) -> Mechanism | None:
+    """``cpu_contention`` refuted for a forward whose GPU was busy during the slow forwards (or,
+    when those could not be judged apart, during the forwards): module docstring, item 5."""
+    if gpu is None or gpu.level != LEVEL_HIGH:
+        return None
+    return Mechanism(CAUSE_CPU_CONTENTION, False, (
+        f"{line}; but the GPU was busy, {gpu.judged_words()}, at or above the"
+        f" {pct(GPU_BUSY_MIN_UTILIZATION)} busy threshold: the {sig.stage} thread was off the CPU"
+        " waiting on the device (a forward blocks while its kernels run), not waiting for a"
+        " core",))
+
+
+def contention(sig: StageSignals, gpu: GpuEvidence | None = None) -> Mechanism | None:
+    """The ``cpu_contention`` mechanism for one stage's signals (module docstring); ``gpu``: the
+    forward's GPU evidence (``None`` for other stages). ``None`` without thread CPU time."""
     wait = sig.wait
     if wait is None or sig.cpu is None:
         return None
@@ -167,6 +188,9 @@ def contention(sig: StageSignals) -> Mechanism | None:
     decided = _run_queue_check(sig, line, slowdown)
     if decided is not None:
         return decided
+    device = _device_busy(sig, line, gpu)
+    if device is not None:
+        return device
     busy = sig.busy_utilization
     if busy is None or busy < CPU_WORK_MIN_UTILIZATION:
         return Mechanism(CAUSE_CPU_CONTENTION, False, (

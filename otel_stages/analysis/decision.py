@@ -61,6 +61,7 @@ from otel_stages.analysis.figures import (
     Figures,
     TotalFigures,
 )
+from otel_stages.analysis.gpu import JUDGED_SLOW
 from otel_stages.analysis.noise import (
     MIN_SWING_MS,
     SPIKE_MIN_FRACTION,
@@ -286,6 +287,7 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         one_size=evidence.one_size if evidence else False,
         gpu_level=fig.gpu.level,
         preprocess=evidence.preprocess if evidence else None,
+        gpu_slow=fig.gpu.judged_on == JUDGED_SLOW,
     )
     # first, what an unconfirmed mechanism's evidence points at (a blocked stage): no sentence in
     # the evidence is left without its advice

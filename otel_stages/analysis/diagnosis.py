@@ -35,6 +35,7 @@ from otel_stages.analysis.figures import (
     StageFigures,
     TotalFigures,
     UnaccountedFigures,
+    reference_ms,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
 from otel_stages.analysis.gpu_owners import shared_hw_id_lines, shared_hw_ids
@@ -143,15 +144,20 @@ def _warm(
     if len(warm) < MIN_WARM_RUNS:  # a covariance of a handful of points is noise: not shown
         stages = {n: replace(s, explains=None) for n, s in stages.items()}
         gap = None if gap is None else replace(gap, explains=None)
-    gpu = gpu_evidence(warm, metrics, processes)
+    figs = {n: stage_figures(s) for n, s in stages.items()}
+    total_fig = None if total is None else total_figures(total)
+    # the slow forwards the GPU rules judge are those beyond the band the verdict uses
+    band = noise_band(figs.values(), reference_ms(figs, total_fig)).band_ms if figs else None
+    gpu = gpu_evidence(warm, metrics, processes, band_ms=band)
     # CPU, GC, loop, throttling, memory
-    signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes)
+    signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
+                            band_ms=band or 0.0)
     cold_fig = cold_figures(cold, warm, keys, first_of_process=cold_first)
     kinds, where = failure_kinds(failed)
     figures = Figures(
         warm_requests=len(warm),
-        stages={n: stage_figures(s) for n, s in stages.items()},
-        total=None if total is None else total_figures(total),
+        stages=figs,
+        total=total_fig,
         gpu=gpu,
         unaccounted=None if gap is None else UnaccountedFigures(
             gap.median_ms, gap.swing_ms, gap.share, gap.explains),

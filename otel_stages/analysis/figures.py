@@ -329,7 +329,12 @@ class Figures:
 
     @property
     def reference_ms(self) -> float:
-        """The size of a typical request, ms: the median total, else the sum of stage medians."""
-        if self.total is not None and self.total.median_ms > 0:
-            return self.total.median_ms
-        return sum(s.median_ms for s in self.stages.values())
+        """The size of a typical request, ms: :func:`reference_ms`."""
+        return reference_ms(self.stages, self.total)
+
+
+def reference_ms(stages: Mapping[str, StageFigures], total: TotalFigures | None) -> float:
+    """The size of a typical request, ms: the median total, else the sum of stage medians."""
+    if total is not None and total.median_ms > 0:
+        return total.median_ms
+    return sum(s.median_ms for s in stages.values())

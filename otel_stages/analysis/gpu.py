@@ -12,6 +12,18 @@ Two sources, the first that has data wins:
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
    process's GPU was taken.
+
+The level is judged on the forwards that make the swing (DESIGN.md section 1: blame what explains
+the swing; the mechanism is about the slow forwards). The *slow forwards* are the warm forwards
+longer than the warm forward median (per forward span, every warm request's forwards) by more than
+the run's noise band (:func:`otel_stages.analysis.noise.noise_band`, the band the verdict uses for
+the request total): :func:`slow_forward_min_ms`. When at least :data:`MIN_SLOW_FORWARDS_COVERED` of
+them, and :data:`MIN_FORWARD_COVERAGE` of them, have samples, with :data:`MIN_GPU_SAMPLES` samples
+among them, the level is their mean utilization's (``judged_on`` = :data:`JUDGED_SLOW`). Otherwise
+(no slow forward: the forward's spread stays inside the band; or too few of them sampled) the level
+is the mean over all covered forwards' (:data:`JUDGED_ALL`), and the description says so; when the
+few sampled slow forwards point to another level than that mean, the evidence contradicts itself
+and the level is ``thin`` (not enough data). ``fast`` means every other warm forward.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from otel_stages import semconv
 from otel_stages.analysis.gpu_owners import PERCENT_GUESS, owned_series
 from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_keys
+from otel_stages.analysis.units import duration
 
 #: Fewer samples than this inside forward spans is too thin to call the GPU busy or starved:
 #: a sampler at 5 Hz gives ~1 sample per 200 ms forward, so 5 samples is the least that averages
@@ -35,6 +48,9 @@ MIN_GPU_SAMPLES = 5
 #: Under this fraction of warm forwards with at least one sample, the samples may describe a few
 #: unusual forwards rather than the typical one, so no busy/starved call is made.
 MIN_FORWARD_COVERAGE = 0.3
+#: The slow forwards decide the level only when at least this many of them have samples: one
+#: sampled forward is one event, which may be a blip (a context switch, another process's kernel).
+MIN_SLOW_FORWARDS_COVERED = 2
 #: Mean utilization during forwards at or above this is a busy GPU (compute-bound model): NVML's
 #: "percent of time a kernel ran" stays above ~70 % for a model that keeps the GPU fed.
 GPU_BUSY_MIN_UTILIZATION = 0.7
@@ -47,14 +63,31 @@ LEVEL_MEDIUM = "medium"
 LEVEL_THIN = "thin"
 LEVEL_NONE = "none"
 
+#: ``GpuEvidence.judged_on``: the level is the slow forwards' (module docstring).
+JUDGED_SLOW = "slow_forwards"
+#: ``GpuEvidence.judged_on``: the level is all covered forwards' (no slow forwards, or too few
+#: of them sampled).
+JUDGED_ALL = "all_forwards"
+
+
+def slow_forward_min_ms(forward_median_ms: float, band_ms: float) -> float:
+    """The least duration (exclusive) of a slow forward, ms: the warm forward median plus the
+    run's noise band (module docstring)."""
+    return forward_median_ms + band_ms
+
 
 @dataclass(frozen=True)
 class GpuEvidence:
     """GPU utilization (0..1) during warm forward spans and how much data backs it.
 
     ``level`` is ``high`` / ``low`` / ``medium`` (between the thresholds) / ``thin`` (too few
-    samples or forwards covered: no call) / ``none`` (no GPU data). ``slow_`` / ``fast_`` means
-    split forwards at the median forward duration.
+    samples or forwards covered: no call) / ``none`` (no GPU data), judged on the slow forwards
+    or on all (``judged_on``, module docstring). ``mean_utilization`` / ``samples`` /
+    ``forwards_covered``: over all ``forwards`` warm forwards. ``slow_min_ms``: the slow-forward
+    threshold (ms, exclusive; ``None`` when the run's noise band was not given), ``slow_forwards``
+    warm forwards above it, ``slow_covered`` of them with samples, ``slow_samples`` samples in
+    them; ``slow_`` / ``fast_mean_utilization``: mean over the slow forwards' / the others'
+    samples (``None`` without samples there).
     """
 
     level: str
@@ -66,43 +99,95 @@ class GpuEvidence:
     hw_id: str | None = None
     slow_mean_utilization: float | None = None
     fast_mean_utilization: float | None = None
+    slow_min_ms: float | None = None
+    slow_forwards: int = 0
+    slow_covered: int = 0
+    slow_samples: int = 0
+    judged_on: str = JUDGED_ALL
 
     @property
     def coverage(self) -> float:
         """Fraction of forwards with at least one sample (0 when there are no forwards)."""
         return self.forwards_covered / self.forwards if self.forwards else 0.0
 
+    @property
+    def judged_utilization(self) -> float | None:
+        """The mean the level was judged on (the slow forwards' or all forwards')."""
+        return self.slow_mean_utilization if self.judged_on == JUDGED_SLOW else self.mean_utilization
+
+    def judged_words(self) -> str:
+        """The judged mean with the forwards it covers, e.g. ``95% during the 2 slow forwards
+        (> 117.0 ms)``, for sentences that give the level's reason."""
+        value = self.judged_utilization
+        mean = "n/a" if value is None else f"{value:.0%}"
+        if self.judged_on == JUDGED_SLOW and self.slow_min_ms is not None:
+            return (f"{mean} during the {self.slow_forwards} slow forwards"
+                    f" (> {duration(self.slow_min_ms)})")
+        return f"{mean} during the forwards"
+
     def describe(self) -> str:
         """One sentence with the numbers, for evidence lists and the text report."""
         if self.level == LEVEL_NONE:
             return "no GPU data (no hw.gpu.utilization points or gpu.* forward attributes)"
         mean = "n/a" if self.mean_utilization is None else f"{self.mean_utilization:.0%}"
-        text = (
-            f"GPU utilization during forward: {mean} mean over {self.samples} samples, "
-            f"{self.forwards_covered} of {self.forwards} warm forwards covered"
-        )
-        if self.slow_mean_utilization is not None and self.fast_mean_utilization is not None:
-            text += (
-                f" (slow forwards {self.slow_mean_utilization:.0%},"
-                f" fast {self.fast_mean_utilization:.0%})"
-            )
+        overall = (f"{mean} mean over {self.samples} samples, {self.forwards_covered} of"
+                   f" {self.forwards} warm forwards covered")
+        fast = ("" if self.fast_mean_utilization is None
+                else f", the other forwards {self.fast_mean_utilization:.0%}")
+        if self.judged_on == JUDGED_SLOW and self.slow_min_ms is not None:
+            assert self.slow_mean_utilization is not None  # judged on them
+            text = (f"GPU utilization during the slow forwards (the {self.slow_forwards} longer"
+                    f" than {duration(self.slow_min_ms)}: the warm forward median plus the run's"
+                    f" noise band): {self.slow_mean_utilization:.0%} over {self.slow_samples}"
+                    f" samples, {self.slow_covered} of them covered{fast}; over all forwards"
+                    f" {overall}")
+        else:
+            text = f"GPU utilization during forward: {overall}"
+            if self.slow_min_ms is not None and self.level != LEVEL_THIN:
+                text += (f"; judged on all forwards: {self._why_all()}")
+            elif self.slow_mean_utilization is not None and self.slow_min_ms is not None:
+                text += (f"; the {self.slow_covered} sampled of the {self.slow_forwards} slow"
+                         f" forwards (> {duration(self.slow_min_ms)}) show"
+                         f" {self.slow_mean_utilization:.0%}{fast}")
         if self.level == LEVEL_THIN:
-            text += (
-                f"; too thin to call busy or starved (need >= {MIN_GPU_SAMPLES} samples and"
-                f" >= {MIN_FORWARD_COVERAGE:.0%} of forwards covered)"
-            )
+            text += self._why_thin()
         return text
+
+    def _why_all(self) -> str:
+        if self.slow_forwards == 0:
+            assert self.slow_min_ms is not None
+            return (f"no forward is longer than {duration(self.slow_min_ms)} (the warm forward"
+                    " median plus the run's noise band)")
+        return (f"only {self.slow_covered} of the {self.slow_forwards} slow forwards"
+                f" (> {duration(self.slow_min_ms or 0.0)}) have GPU samples ({self.slow_samples}"
+                " samples), too few to judge them apart")
+
+    def _why_thin(self) -> str:
+        if (self.slow_forwards and self.slow_mean_utilization is not None
+                and utilization_level(self.mean_utilization, self.samples, self.forwards_covered,
+                                      self.forwards) != LEVEL_THIN):
+            return ("; the few sampled slow forwards and the mean over all forwards point different"
+                    f" ways: too thin to call busy or starved (need >= {MIN_SLOW_FORWARDS_COVERED}"
+                    f" sampled slow forwards, >= {MIN_FORWARD_COVERAGE:.0%} of them, and"
+                    f" >= {MIN_GPU_SAMPLES} samples in them)")
+        return (f"; too thin to call busy or starved (need >= {MIN_GPU_SAMPLES} samples and"
+                f" >= {MIN_FORWARD_COVERAGE:.0%} of forwards covered)")
 
     def to_dict(self) -> dict[str, object]:
         """JSON form for the report's ``gpu`` object."""
         return {
             "level": self.level,
+            "judged_on": self.judged_on,
             "mean_utilization": _round(self.mean_utilization),
             "samples": self.samples,
             "forwards": self.forwards,
             "forwards_covered": self.forwards_covered,
             "source": self.source,
             "hw_id": self.hw_id,
+            "slow_forward_min_ms": _round(self.slow_min_ms),
+            "slow_forwards": self.slow_forwards,
+            "slow_forwards_covered": self.slow_covered,
+            "slow_forward_samples": self.slow_samples,
             "slow_forward_mean_utilization": _round(self.slow_mean_utilization),
             "fast_forward_mean_utilization": _round(self.fast_mean_utilization),
         }
@@ -113,19 +198,27 @@ def _round(value: float | None) -> float | None:
 
 
 def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
-                 processes: Collection[str] | None = None) -> GpuEvidence:
+                 processes: Collection[str] | None = None, *,
+                 band_ms: float | None = None) -> GpuEvidence:
     """Line GPU utilization up with the forward spans of ``requests`` (pass the warm ones).
 
     ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. ``processes``: the
     process keys (:func:`~otel_stages.analysis.requests.process_key`) of every request read,
     cold and failed ones too (default: those of ``requests``); GPU points of other processes are
-    lined up with every process's forwards. Never raises.
+    lined up with every process's forwards. ``band_ms``: the run's noise band
+    (:func:`otel_stages.analysis.noise.noise_band`), which sets the slow forwards (module
+    docstring); without it the level is judged on all forwards. Never raises.
     """
     name = semconv.STAGE_FORWARD  # one pass over the spans of a fleet's requests, not one per use
     forwards = [s for r in requests for s in r.spans if s.name == name]
-    if not forwards:
+    every = [(s.start_ns, s.end_ns) for s in forwards]
+    if not every:
         return GpuEvidence(level=LEVEL_NONE)
-    from_spans = _from_span_attributes(forwards, len(forwards))
+    slow_min_ns = None
+    if band_ms is not None:
+        median_ms = statistics.median(e - s for s, e in every) / 1e6
+        slow_min_ns = slow_forward_min_ms(median_ms, band_ms) * 1e6
+    from_spans = _from_span_attributes(forwards, every, slow_min_ns)
     if from_spans is not None:
         return from_spans
     windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -134,27 +227,29 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     owners = set(windows) if processes is None else set(processes) | set(windows)
     series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
     if not series:
-        return GpuEvidence(level=LEVEL_NONE, forwards=len(forwards))
+        return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
     by_process: dict[str, list[_Aligned]] = defaultdict(list)
     for (proc, hw_id), pts in series.items():
-        by_process[proc].append(_align(hw_id, pts, windows.get(proc, [])))
+        by_process[proc].append(_align(hw_id, pts, windows.get(proc, []), slow_min_ns))
     chosen = [max(found, key=lambda a: (a.rise, a.samples)) for found in by_process.values()]
-    samples = sum(a.samples for a in chosen)
-    covered = sum(a.covered for a in chosen)
-    mean = sum(a.sum_in for a in chosen) / samples if samples else None
-    split = [a for a in chosen if a.covered >= 2]
-    slow_n, fast_n = sum(a.slow_n for a in split), sum(a.fast_n for a in split)
-    return GpuEvidence(
-        level=utilization_level(mean, samples, covered, len(forwards)),
-        mean_utilization=mean,
-        samples=samples,
-        forwards=len(forwards),
-        forwards_covered=covered,
-        source="metrics",
-        hw_id=(chosen[0].hw_id or None) if len(chosen) == 1 else None,
-        slow_mean_utilization=sum(a.slow_sum for a in split) / slow_n if slow_n else None,
-        fast_mean_utilization=sum(a.fast_sum for a in split) / fast_n if fast_n else None,
-    )
+    split = None if slow_min_ns is None else SplitFigures(
+        slow_forwards=sum(1 for s, e in every if e - s > slow_min_ns),
+        slow_covered=sum(a.slow_covered for a in chosen),
+        slow_samples=sum(a.slow_n for a in chosen), slow_sum=math.fsum(a.slow_sum for a in chosen),
+        fast_samples=sum(a.fast_n for a in chosen), fast_sum=math.fsum(a.fast_sum for a in chosen))
+    return evidence_of(
+        source="metrics", forwards=len(every), covered=sum(a.covered for a in chosen),
+        samples=sum(a.samples for a in chosen), total=math.fsum(a.sum_in for a in chosen),
+        split=split, slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6,
+        hw_id=(chosen[0].hw_id or None) if len(chosen) == 1 else None)
+
+
+def _level_of(mean: float) -> str:
+    if mean >= GPU_BUSY_MIN_UTILIZATION:
+        return LEVEL_HIGH
+    if mean <= GPU_STARVED_MAX_UTILIZATION:
+        return LEVEL_LOW
+    return LEVEL_MEDIUM
 
 
 def utilization_level(mean: float | None, samples: int, covered: int = 0, forwards: int = 0) -> str:
@@ -163,36 +258,90 @@ def utilization_level(mean: float | None, samples: int, covered: int = 0, forwar
     window mean). The one place the busy / starved thresholds are applied."""
     if mean is None or samples < MIN_GPU_SAMPLES or covered < MIN_FORWARD_COVERAGE * forwards:
         return LEVEL_THIN
-    if mean >= GPU_BUSY_MIN_UTILIZATION:
-        return LEVEL_HIGH
-    if mean <= GPU_STARVED_MAX_UTILIZATION:
-        return LEVEL_LOW
-    return LEVEL_MEDIUM
+    return _level_of(mean)
 
 
-def _split_means(per_forward: list[tuple[int, list[float]]]) -> tuple[float | None, float | None]:
-    """Mean utilization of slow (>= median duration) and fast forwards that have samples."""
-    if len(per_forward) < 2:
-        return None, None
-    median_ns = statistics.median(d for d, _ in per_forward)
-    slow = [v for d, vs in per_forward if d >= median_ns for v in vs]
-    fast = [v for d, vs in per_forward if d < median_ns for v in vs]
-    return (
-        statistics.fmean(slow) if slow else None,
-        statistics.fmean(fast) if fast else None,
+@dataclass(frozen=True)
+class SplitFigures:
+    """The slow / other forwards' sums behind a :class:`GpuEvidence` (module docstring), as both
+    the file report and SQL compute them: ``slow_forwards`` warm forwards above the threshold,
+    ``slow_covered`` of them with samples, ``slow_samples`` / ``slow_sum`` their samples and the
+    sum of their values (0..1), ``fast_samples`` / ``fast_sum`` the others'."""
+
+    slow_forwards: int = 0
+    slow_covered: int = 0
+    slow_samples: int = 0
+    slow_sum: float = 0.0
+    fast_samples: int = 0
+    fast_sum: float = 0.0
+
+
+def judge_level(mean: float | None, samples: int, covered: int, forwards: int,
+                split: SplitFigures | None) -> tuple[str, str]:
+    """``(level, judged_on)`` for the overall figures and the slow forwards' ``split`` (``None``:
+    no noise band given): the module docstring's rule. Both sources call it."""
+    overall = utilization_level(mean, samples, covered, forwards)
+    if split is None or split.slow_forwards == 0:
+        return overall, JUDGED_ALL
+    slow_mean = split.slow_sum / split.slow_samples if split.slow_samples else None
+    slow = utilization_level(slow_mean, split.slow_samples, split.slow_covered, split.slow_forwards)
+    if split.slow_covered >= MIN_SLOW_FORWARDS_COVERED and slow != LEVEL_THIN:
+        return slow, JUDGED_SLOW
+    if slow_mean is not None and overall != LEVEL_THIN and _level_of(slow_mean) != overall:
+        return LEVEL_THIN, JUDGED_ALL  # the few slow samples contradict the overall mean
+    return overall, JUDGED_ALL
+
+
+def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total: float,
+                split: SplitFigures | None, slow_min_ms: float | None,
+                hw_id: str | None = None) -> GpuEvidence:
+    """:class:`GpuEvidence` from sums (``total``: the sum of the ``samples`` values, 0..1),
+    judged by :func:`judge_level`: the file report and the ClickHouse aggregates alike."""
+    mean = total / samples if samples else None
+    level, judged = judge_level(mean, samples, covered, forwards, split)
+    return GpuEvidence(
+        level=level, mean_utilization=mean, samples=samples, forwards=forwards,
+        forwards_covered=covered, source=source, hw_id=hw_id,
+        slow_mean_utilization=(split.slow_sum / split.slow_samples
+                               if split is not None and split.slow_samples else None),
+        fast_mean_utilization=(split.fast_sum / split.fast_samples
+                               if split is not None and split.fast_samples else None),
+        slow_min_ms=slow_min_ms,
+        slow_forwards=split.slow_forwards if split is not None else 0,
+        slow_covered=split.slow_covered if split is not None else 0,
+        slow_samples=split.slow_samples if split is not None else 0,
+        judged_on=judged,
+    )
+
+
+def _split(per_forward: list[tuple[int, list[float]]], windows: Sequence[tuple[int, int]],
+           slow_min_ns: float | None) -> SplitFigures | None:
+    """Sums over the slow forwards (longer than ``slow_min_ns``) and the others; ``per_forward``:
+    (duration ns, samples) of the covered forwards."""
+    if slow_min_ns is None:
+        return None
+    slow = [vs for d, vs in per_forward if d > slow_min_ns]
+    fast = [vs for d, vs in per_forward if d <= slow_min_ns]
+    return SplitFigures(
+        slow_forwards=sum(1 for s, e in windows if e - s > slow_min_ns),
+        slow_covered=len(slow),
+        slow_samples=sum(map(len, slow)), slow_sum=sum(map(sum, slow)),
+        fast_samples=sum(map(len, fast)), fast_sum=sum(map(sum, fast)),
     )
 
 
 @dataclass(frozen=True)
 class _Aligned:
     """One GPU series against one process's forwards: ``samples`` inside them and their
-    ``sum_in``, forwards ``covered``, the sums and counts inside slow (>= the median covered
-    forward) and fast forwards, and the ``rise`` of the mean inside over the mean outside."""
+    ``sum_in``, forwards ``covered``, the slow forwards (longer than the threshold) covered, the
+    sums and counts inside slow and other forwards, and the ``rise`` of the mean inside over the
+    mean outside."""
 
     hw_id: str
     samples: int
     sum_in: float
     covered: int
+    slow_covered: int
     slow_sum: float
     slow_n: int
     fast_sum: float
@@ -200,8 +349,10 @@ class _Aligned:
     rise: float
 
 
-def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]]) -> _Aligned:
-    """One GPU's samples (time order, 0..1) against ``windows`` (may be empty)."""
+def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]],
+           slow_min_ns: float | None) -> _Aligned:
+    """One GPU's samples (time order, 0..1) against ``windows`` (may be empty); slow forwards are
+    longer than ``slow_min_ns`` (``None``: no split)."""
     times = [t for t, _ in samples]
     inside_idx: set[int] = set()
     per_forward: list[tuple[int, list[float]]] = []
@@ -213,19 +364,15 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
             per_forward.append((end_ns - start_ns, [samples[i][1] for i in range(lo, hi)]))
     inside = [samples[i][1] for i in sorted(inside_idx)]
     outside = [v for i, (_, v) in enumerate(samples) if i not in inside_idx]
-    slow: list[float] = []
-    fast: list[float] = []
-    if len(per_forward) >= 2:
-        median_ns = statistics.median(d for d, _ in per_forward)
-        slow = [v for d, vs in per_forward if d >= median_ns for v in vs]
-        fast = [v for d, vs in per_forward if d < median_ns for v in vs]
+    split = _split(per_forward, windows, slow_min_ns) or SplitFigures()
     mean = statistics.fmean(inside) if inside else 0.0
     rise = mean - (statistics.fmean(outside) if outside else 0.0)
-    return _Aligned(hw_id, len(inside), math.fsum(inside), len(per_forward), math.fsum(slow),
-                    len(slow), math.fsum(fast), len(fast), rise)
+    return _Aligned(hw_id, len(inside), math.fsum(inside), len(per_forward), split.slow_covered,
+                    split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise)
 
 
-def _from_span_attributes(forwards: Sequence[Span], n_forwards: int) -> GpuEvidence | None:
+def _from_span_attributes(forwards: Sequence[Span], windows: Sequence[tuple[int, int]],
+                          slow_min_ns: float | None) -> GpuEvidence | None:
     per_forward: list[tuple[int, list[float]]] = []
     weighted = 0.0
     samples = 0
@@ -242,15 +389,7 @@ def _from_span_attributes(forwards: Sequence[Span], n_forwards: int) -> GpuEvide
         per_forward.append((span.end_ns - span.start_ns, [float(mean)] * count))
     if not per_forward:
         return None
-    mean_all = weighted / samples
-    slow, fast = _split_means(per_forward)
-    return GpuEvidence(
-        level=utilization_level(mean_all, samples, len(per_forward), n_forwards),
-        mean_utilization=mean_all,
-        samples=samples,
-        forwards=n_forwards,
-        forwards_covered=len(per_forward),
-        source="span_attributes",
-        slow_mean_utilization=slow,
-        fast_mean_utilization=fast,
-    )
+    return evidence_of(
+        source="span_attributes", forwards=len(windows), covered=len(per_forward),
+        samples=samples, total=weighted, split=_split(per_forward, windows, slow_min_ns),
+        slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6)

@@ -9,31 +9,38 @@ Per warm forward, from the ``hw.gpu.memory.usage`` points inside its span (of on
 GPU the utilization evidence chose, else the one with most points inside forwards; a forward
 sees the points of its own process and of processes that ran no request,
 :mod:`otel_stages.analysis.gpu_owners`, as the ClickHouse SQL does) over that GPU's largest
-``hw.gpu.memory.limit``: the *peak* (fraction of the limit) and the *range*
-(max - min, fraction of the limit; 0 with one point). A forward is *under pressure* when its peak
-is at least :data:`NEAR_LIMIT_FRACTION` or its range at least :data:`CHURN_MIN_FRACTION`. Forwards
-with no point inside are left out (a sampler every 200 ms misses short forwards).
+``hw.gpu.memory.limit``: the *peak* (fraction of the limit), the *range* (max - min, fraction of
+the limit; 0 with one point; shown, not judged) and the memory *released* inside the forward (the
+sum of every fall between consecutive points in time order, fraction of the limit). A forward is
+*under pressure* when its peak is at least :data:`NEAR_LIMIT_FRACTION` or it released at least
+:data:`CHURN_MIN_FRACTION` (memory jumping up and down: repeated allocation and release). Memory
+that only grows inside a forward is its activations being allocated (a larger batch or input
+takes more), not pressure, however large the growth: the range is not a test. Forwards with no
+point inside are left out (a sampler every 200 ms misses short forwards).
 
-Confirmed when, with at least :data:`MIN_MEMORY_FORWARDS` covered forwards among the slow ones
-(the slowest quarter, ``>= p75`` of all warm forwards) and among the fast ones (the faster half,
-``<= median``), at least :data:`PRESSURE_MIN_SLOW_SHARE` of the slow ones and at most
-:data:`PRESSURE_MAX_FAST_SHARE` of the fast ones were under pressure: the pressure lines up with
-the slow forwards. Memory equally high in fast and slow forwards does not explain the swing.
+The slow forwards are those that make the swing, as for the utilization
+(:func:`otel_stages.analysis.gpu.slow_forward_min_ms`: longer than the warm forward median by more
+than the run's noise band); the fast ones are all the others. Confirmed when, with at least
+:data:`MIN_MEMORY_FORWARDS` covered forwards among the slow ones and among the fast ones, at least
+:data:`PRESSURE_MIN_SLOW_SHARE` of the slow ones and at most :data:`PRESSURE_MAX_FAST_SHARE` of the
+fast ones were under pressure: the pressure lines up with the slow forwards. Memory higher during
+the slow forwards but clear of the limit and not churning does not make pressure.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import Mechanism
+from otel_stages.analysis.gpu import slow_forward_min_ms
 from otel_stages.analysis.gpu_owners import owned_series
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request, process_keys
-from otel_stages.analysis.stats import percentile
 from otel_stages.analysis.units import duration, pct
 
 CAUSE_GPU_MEMORY_PRESSURE = "gpu_memory_pressure"
@@ -42,8 +49,9 @@ CAUSE_GPU_MEMORY_PRESSURE = "gpu_memory_pressure"
 #: (PyTorch, TensorFlow) start freeing cached blocks and retrying, and fragmentation makes large
 #: allocations fail and wait, in the last ~10 %.
 NEAR_LIMIT_FRACTION = 0.9
-#: Memory moving by at least this fraction of the limit inside one forward (4 GiB of 80) is
-#: repeated allocation and release, not the steady state of a loaded model.
+#: Memory released by at least this fraction of the limit inside one forward (4 GiB of 80: the sum
+#: of its falls between points) is repeated allocation and release, not the steady state of a
+#: loaded model (a caching allocator keeps what it took until the process frees it).
 CHURN_MIN_FRACTION = 0.05
 #: At least this share of the slow forwards must be under pressure ...
 PRESSURE_MIN_SLOW_SHARE = 0.5
@@ -51,7 +59,7 @@ PRESSURE_MIN_SLOW_SHARE = 0.5
 PRESSURE_MAX_FAST_SHARE = 0.25
 #: Fewer covered forwards than this among the slow (or the fast) ones: not enough data.
 MIN_MEMORY_FORWARDS = 3
-#: The slow forwards are those at or above this percentile of warm forward ms.
+#: Kept for the SQL side's window query (its ``slow_min`` column; no longer read by the rule).
 SLOW_PERCENTILE = 75.0
 
 _GIB = 1024 ** 3
@@ -59,50 +67,63 @@ _GIB = 1024 ** 3
 
 @dataclass(frozen=True)
 class ForwardMemory:
-    """One warm forward: ``forward_ms``, ``peak`` and ``range`` (fractions of the limit) of its
-    ``samples`` memory points."""
+    """One warm forward: ``forward_ms``, ``peak``, ``range`` and ``released`` (fractions of the
+    limit; module docstring) of its ``samples`` memory points."""
 
     forward_ms: float
     peak: float
     range: float
     samples: int
+    released: float = 0.0
 
     @property
     def under_pressure(self) -> bool:
-        """Peak near the limit, or memory jumping inside the forward (module docstring)."""
-        return self.peak >= NEAR_LIMIT_FRACTION or self.range >= CHURN_MIN_FRACTION
+        """Peak near the limit, or memory released inside the forward (module docstring)."""
+        return self.peak >= NEAR_LIMIT_FRACTION or self.released >= CHURN_MIN_FRACTION
 
 
 @dataclass(frozen=True)
 class MemoryEvidence:
     """What :func:`memory_evidence` found: one :class:`ForwardMemory` per covered warm forward,
-    ``forwards`` warm forwards in all, the GPU's ``limit_bytes`` and ``hw_id``, and the slow /
-    fast thresholds in ms."""
+    ``forwards`` warm forwards in all, the GPU's ``limit_bytes`` and ``hw_id``, the warm forward
+    median ``median_ms`` and the run's noise band ``band_ms`` (they set the slow forwards)."""
 
     covered: tuple[ForwardMemory, ...]
     forwards: int
     limit_bytes: float
     hw_id: str | None
-    slow_min_ms: float
-    fast_max_ms: float
+    median_ms: float
+    band_ms: float = 0.0
+
+    @property
+    def slow_min_ms(self) -> float:
+        """The slow-forward threshold, ms (exclusive):
+        :func:`~otel_stages.analysis.gpu.slow_forward_min_ms`."""
+        return slow_forward_min_ms(self.median_ms, self.band_ms)
 
     @property
     def slow(self) -> list[ForwardMemory]:
-        """Covered forwards at or above the slow threshold."""
-        return [f for f in self.covered if f.forward_ms >= self.slow_min_ms]
+        """Covered forwards above the slow threshold."""
+        return [f for f in self.covered if f.forward_ms > self.slow_min_ms]
 
     @property
     def fast(self) -> list[ForwardMemory]:
-        """Covered forwards at or below the median."""
-        return [f for f in self.covered if f.forward_ms <= self.fast_max_ms]
+        """The other covered forwards."""
+        return [f for f in self.covered if f.forward_ms <= self.slow_min_ms]
+
+
+def released(values: Sequence[float]) -> float:
+    """The memory released between consecutive points (time order): the sum of the falls."""
+    return sum(max(a - b, 0.0) for a, b in itertools.pairwise(values))
 
 
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
-                    hw_id: str | None = None, processes: Collection[str] | None = None
-                    ) -> MemoryEvidence | None:
+                    hw_id: str | None = None, processes: Collection[str] | None = None, *,
+                    band_ms: float = 0.0) -> MemoryEvidence | None:
     """Line GPU memory up with the warm forwards; ``None`` without memory and limit points.
     ``processes``: the process keys of every request read (default: those of ``warm``), as for
-    :func:`otel_stages.analysis.gpu.gpu_evidence`."""
+    :func:`otel_stages.analysis.gpu.gpu_evidence`. ``band_ms``: the run's noise band (0: every
+    forward above the median is slow)."""
     if not any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in points):
         return None  # before the windows: a fleet's recording has hundreds of thousands
     windows: list[tuple[int, int, int, str]] = [
@@ -132,12 +153,13 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
     if limit <= 0:
         return None
     covered = tuple(
-        ForwardMemory((dur_ns) / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit, len(vals))
+        ForwardMemory((dur_ns) / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit, len(vals),
+                      released(vals) / limit)
         for (dur_ns, _, _, _), vals in zip(windows, inside(key)) if vals
     )
     all_ms = [d / 1e6 for d, _, _, _ in windows]
-    return MemoryEvidence(covered, len(windows), limit, key or None,
-                          percentile(all_ms, SLOW_PERCENTILE), statistics.median(all_ms))
+    return MemoryEvidence(covered, len(windows), limit, key or None, statistics.median(all_ms),
+                          band_ms)
 
 
 def _gib(fraction: float, limit: float) -> str:
@@ -151,28 +173,37 @@ def memory_mechanism(ev: MemoryEvidence | None) -> Mechanism | None:
         return None
     slow, fast = ev.slow, ev.fast
     limit_text = f"{ev.limit_bytes / _GIB:.0f} GiB"
+    slow_words = (f"the slow forwards (> {duration(ev.slow_min_ms)}: the warm forward median"
+                  f" {duration(ev.median_ms)} plus the run's noise band {duration(ev.band_ms)})")
     if len(slow) < MIN_MEMORY_FORWARDS or len(fast) < MIN_MEMORY_FORWARDS:
         return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, False, (
-            f"GPU memory: too few forwards with a memory sample to line memory up with the slow ones"
-            f" ({len(slow)} of the slowest quarter, {len(fast)} of the faster half; need"
-            f" {MIN_MEMORY_FORWARDS} each: sample the GPU more often than the forwards last)",))
+            f"GPU memory: too few forwards with a memory sample to line memory up with {slow_words}"
+            f" ({len(slow)} of them, {len(fast)} of the others; need {MIN_MEMORY_FORWARDS} each:"
+            " sample the GPU more often than the forwards last)",))
     slow_hit = [f for f in slow if f.under_pressure]
     fast_hit = [f for f in fast if f.under_pressure]
     slow_share, fast_share = len(slow_hit) / len(slow), len(fast_hit) / len(fast)
     confirmed = slow_share >= PRESSURE_MIN_SLOW_SHARE and fast_share <= PRESSURE_MAX_FAST_SHARE
     slow_peak = statistics.median(f.peak for f in slow)
     fast_peak = statistics.median(f.peak for f in fast)
-    jumps = max((f.range for f in slow), default=0.0)
-    line = (f"GPU memory during the slowest quarter of forwards (>= {duration(ev.slow_min_ms)}):"
-            f" {len(slow_hit)} of {len(slow)} near its limit (>= {pct(NEAR_LIMIT_FRACTION)}) or"
-            f" jumping by >= {pct(CHURN_MIN_FRACTION)} of it within the forward; peak median"
-            f" {pct(slow_peak)} of {limit_text}, jumps up to {_gib(jumps, ev.limit_bytes)}."
-            f" During the faster half (<= {duration(ev.fast_max_ms)}): {len(fast_hit)} of"
-            f" {len(fast)}, peak median {pct(fast_peak)}")
+    freed = max((f.released for f in slow), default=0.0)
+    near = sum(1 for f in slow if f.peak >= NEAR_LIMIT_FRACTION)
+    churn = sum(1 for f in slow if f.released >= CHURN_MIN_FRACTION)
+    line = (f"GPU memory during {slow_words}: {len(slow_hit)} of {len(slow)} near its limit"
+            f" (peak >= {pct(NEAR_LIMIT_FRACTION)}: {near}) or allocating and releasing (>="
+            f" {pct(CHURN_MIN_FRACTION)} of it released within the forward: {churn}); peak median"
+            f" {pct(slow_peak)} of {limit_text}, released up to {_gib(freed, ev.limit_bytes)}."
+            f" During the other forwards: {len(fast_hit)} of {len(fast)}, peak median"
+            f" {pct(fast_peak)}")
     if not confirmed:
-        why = ("memory is as high in the fast forwards: it does not explain the swing"
-               if fast_share > PRESSURE_MAX_FAST_SHARE else
-               "memory stays clear of its limit and steady in most slow forwards")
+        if fast_share > PRESSURE_MAX_FAST_SHARE and slow_share >= PRESSURE_MIN_SLOW_SHARE:
+            why = "memory is as high or as unsettled in the other forwards: it does not explain the swing"
+        elif slow_peak > fast_peak:
+            why = ("memory is higher in the slow forwards but clear of its limit and not released"
+                   " within them: memory that grows with the work (activations of a larger batch or"
+                   " input) is not pressure")
+        else:
+            why = "memory stays clear of its limit and steady in most slow forwards"
         return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, False, (f"{line}: {why}",))
     return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, True, (
         f"{line}: memory pressure lines up with the slow forwards",

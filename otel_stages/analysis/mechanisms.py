@@ -243,14 +243,17 @@ def _summary(sig: StageSignals) -> tuple[str, ...]:
 
 def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Sequence[MetricPoint],
                   gpu: GpuEvidence, *, table: SignalTable | None = None,
-                  processes: Collection[str] | None = None) -> dict[str, StageSignals]:
+                  processes: Collection[str] | None = None, band_ms: float = 0.0
+                  ) -> dict[str, StageSignals]:
     """Signals per stage over the ``warm`` requests (module docstring); stages without any
     recorded signal are left out. ``table``: the requests' :func:`signal_table
     <otel_stages.analysis.stage_signals.signal_table>` when the caller has it already (it must
     be the table of exactly ``warm``, e.g. a :meth:`SignalTable.subset
-    <otel_stages.analysis.stage_signals.SignalTable.subset>` of a larger one). Never raises for
-    odd input. ``processes``: the process keys of every request read, for the GPU memory
-    (:func:`~otel_stages.analysis.gpu_memory.memory_evidence`)."""
+    <otel_stages.analysis.stage_signals.SignalTable.subset>` of a larger one). ``processes``: the
+    process keys of every request read, for the GPU memory
+    (:func:`~otel_stages.analysis.gpu_memory.memory_evidence`). ``band_ms``: the run's noise band,
+    which sets the slow forwards of the memory rule (:mod:`otel_stages.analysis.gpu_memory`; 0:
+    every forward above the median). Never raises for odd input."""
     throttle = ThrottleSeries(metrics)
     if table is None:
         table = signal_table(warm, stages, throttle, PressureSeries(metrics))
@@ -265,22 +268,27 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
         sig = figures_of(stage, found_columns, limit)
         if sig.pressure is not None:
             sig = replace(sig, pressure_scope=scope)
-        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id, processes))
-                       if stage == semconv.STAGE_FORWARD else None)
+        forward = stage == semconv.STAGE_FORWARD
+        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id, processes,
+                                                                   band_ms=band_ms))
+                       if forward else None, gpu if forward else None)
         if judged is not None:
             out[stage] = judged
     return out
 
 
-def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None = None
-          ) -> StageSignals | None:
+def judge(sig: StageSignals, held: Mapping[str, Held], memory: Mechanism | None = None,
+          gpu: GpuEvidence | None = None) -> StageSignals | None:
     """The mechanism rules on one stage's signals: ``sig`` (its parts filled, no mechanisms yet)
     with its mechanisms in order of precedence and its summary lines; ``held`` the stages that held
     the event loop, ``memory`` the forward's ``gpu_memory_pressure`` mechanism (``None`` for other
-    stages or without memory data). ``None`` when nothing was recorded (no mechanism, no CPU time).
-    Every source's signals go through here: the file report's and ClickHouse's aggregates."""
+    stages or without memory data), ``gpu`` the forward's GPU utilization evidence (``None`` for
+    other stages: a busy GPU during the slow forwards refutes ``cpu_contention``,
+    :mod:`otel_stages.analysis.contention`). ``None`` when nothing was recorded (no mechanism, no
+    CPU time). Every source's signals go through here: the file report's and ClickHouse's
+    aggregates."""
     found = [memory, _throttled(sig), _gc(sig), _loop(sig, held), _blocking_call(sig, held),
-             contention(sig)]
+             contention(sig, gpu)]
     mechanisms = tuple(m for m in found if m is not None)
     if not mechanisms and sig.cpu is None:
         return None

@@ -1,0 +1,275 @@
+"""The forward mechanism verdicts judge the forwards that make the swing (otel_stages.analysis.gpu,
+gpu_memory, contention): the slow forwards are those beyond the warm forward median plus the run's
+noise band; the utilization level is theirs when enough of them are sampled; a busy GPU during
+them refutes cpu_contention; memory pressure needs their peak near the limit or memory released
+within them. The tester's inputs (tests/data/traces/gpu_swing, README.md there) are cases here and,
+through chDB, in tests/test_clickhouse_issues.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from otel_stages import semconv
+from otel_stages.analysis import MetricPoint, diagnose, load_paths
+from otel_stages.analysis import gpu as g
+from otel_stages.analysis import gpu_memory as gm
+from otel_stages.analysis.requests import find_requests
+from tests.test_verdict import FORWARD, build, steady
+
+SWING = Path(__file__).parent / "data" / "traces" / "gpu_swing"
+GIB = 1024**3
+
+
+def _run(slow: Callable[[int], bool], slow_util: float | None, fast_util: float | None, *,
+         n: int = 30, count: Callable[[int], int] = lambda i: 4, slow_ms: float = 400.0,
+         extra: Callable[[int], dict] = lambda i: {}):
+    """``n`` requests; forward ``slow_ms`` where ``slow(i)``, else ~100 ms; the forward span
+    carries the GPU utilization (``gpu.utilization.mean``, ``count(i)`` samples; no attribute
+    where the value or the count is ``None`` / 0)."""
+    ms = {i: slow_ms if slow(i) else 100.0 for i in range(n)}
+
+    def attrs(i: int) -> dict:
+        util = slow_util if slow(i) else fast_util
+        out = dict(extra(i))
+        if util is not None and count(i):
+            out.update({semconv.GPU_UTILIZATION_MEAN: util, semconv.GPU_SAMPLE_COUNT: count(i)})
+        return out
+
+    return build(steady(n, forward=lambda i, r: ms[i]), forward_attrs=attrs)
+
+
+def _every(k: int) -> Callable[[int], bool]:
+    return lambda i: i % k == 2
+
+
+# --- the slow forwards ------------------------------------------------------------------------
+
+
+def test_slow_forwards_lie_beyond_the_median_plus_the_band():
+    assert g.slow_forward_min_ms(100.0, 30.0) == 130.0
+    for ms, slow in ((130.0, 0), (131.0, 1)):
+        rec = _run(lambda i: i == 5, 0.1, 0.9, slow_ms=ms)
+        requests = [r for r in find_requests(rec.spans) if not r.cold]
+        median = sorted(s.end_ns - s.start_ns for r in requests for s in r.spans
+                        if s.name == FORWARD)[len(requests) // 2] / 1e6
+        ev = g.gpu_evidence(requests, [], band_ms=130.0 - median)  # threshold 130 ms exactly
+        assert ev.slow_forwards == slow, ms
+
+
+def test_the_report_uses_its_own_noise_band():
+    report = diagnose(_run(_every(8), 0.05, 0.95))
+    assert report.noise is not None and report.gpu.slow_min_ms is not None
+    median = sorted(r.stages_ms[FORWARD] for r in report.request_sets.warm)[14]
+    assert report.gpu.slow_min_ms == pytest.approx(median + report.noise.band_ms, rel=0.02)
+
+
+# --- the level on the slow forwards -----------------------------------------------------------
+
+
+def test_two_starved_slow_forwards_among_busy_fast_ones_are_gpu_starved():
+    """A1: the overall mean (about 80 %) would say busy; the slow forwards idle."""
+    report = diagnose(_run(lambda i: i in (7, 19), 0.08, 0.95))
+    assert report.gpu.judged_on == g.JUDGED_SLOW and report.gpu.slow_forwards == 2
+    assert report.gpu.mean_utilization > g.GPU_BUSY_MIN_UTILIZATION  # what used to decide
+    assert (report.verdict.cause, report.gpu.level) == ("gpu_starved", "low")
+    described = report.gpu.describe()
+    assert "during the slow forwards" in described and "8% over" in described
+    assert report.verdict.advice[0].startswith("the GPU idles during slow forwards")
+
+
+def test_busy_slow_forwards_among_idle_fast_ones_are_gpu_busy():
+    report = diagnose(_run(_every(8), 0.95, 0.10))
+    assert report.gpu.mean_utilization < g.GPU_STARVED_MAX_UTILIZATION
+    assert (report.verdict.cause, report.gpu.level) == ("gpu_busy", "high")
+    assert report.verdict.advice[0].startswith("the GPU is saturated during slow forwards")
+
+
+@pytest.mark.parametrize("util, cause", [(0.699, "forward"), (0.7, "gpu_busy")])
+def test_busy_threshold_on_the_slow_forwards(util, cause):
+    assert g.GPU_BUSY_MIN_UTILIZATION == 0.7
+    report = diagnose(_run(_every(8), util, 0.05))
+    assert report.gpu.judged_on == g.JUDGED_SLOW
+    assert report.verdict.cause == cause
+
+
+@pytest.mark.parametrize("util, cause", [(0.4, "gpu_starved"), (0.401, "forward")])
+def test_starved_threshold_on_the_slow_forwards(util, cause):
+    assert g.GPU_STARVED_MAX_UTILIZATION == 0.4
+    report = diagnose(_run(_every(8), util, 0.95))
+    assert report.gpu.judged_on == g.JUDGED_SLOW
+    assert report.verdict.cause == cause
+
+
+@pytest.mark.parametrize("covered, judged, level", [(1, g.JUDGED_ALL, "thin"),
+                                                    (2, g.JUDGED_SLOW, "low")])
+def test_min_slow_forwards_covered(covered, judged, level):
+    """Slow forwards at 5 % among busy fast ones: one sampled slow forward is not enough to judge
+    them apart, and it contradicts the overall mean, so the level is thin (no call)."""
+    assert g.MIN_SLOW_FORWARDS_COVERED == 2
+    slow = [2, 12, 22]
+    rec = _run(lambda i: i in slow, 0.05, 0.95,
+               count=lambda i: 0 if i in slow[covered:] else 6)
+    report = diagnose(rec)
+    assert (report.gpu.judged_on, report.gpu.level) == (judged, level)
+    if level == "thin":
+        assert report.verdict.cause == "forward"
+        assert "point different ways" in report.gpu.describe()
+        assert "inside the slow ones" in report.verdict.advice[0]
+
+
+@pytest.mark.parametrize("covered, judged", [(2, g.JUDGED_ALL), (3, g.JUDGED_SLOW)])
+def test_slow_forward_coverage(covered, judged):
+    """Of 10 slow forwards at least MIN_FORWARD_COVERAGE (30 %) must be sampled."""
+    assert g.MIN_FORWARD_COVERAGE == 0.3
+    slow = [i for i in range(30) if i % 3 == 1]
+    rec = _run(lambda i: i in slow, 0.05, 0.95,
+               count=lambda i: 0 if i in slow[covered:] else 6)
+    assert diagnose(rec).gpu.judged_on == judged
+
+
+@pytest.mark.parametrize("samples, judged", [(4, g.JUDGED_ALL), (5, g.JUDGED_SLOW)])
+def test_slow_forward_samples(samples, judged):
+    assert g.MIN_GPU_SAMPLES == 5
+    slow = [2, 12]
+    rec = _run(lambda i: i in slow, 0.05, 0.95,
+               count=lambda i: (2 if i == 2 else samples - 2) if i in slow else 6)
+    assert diagnose(rec).gpu.judged_on == judged
+
+
+def test_too_few_sampled_slow_forwards_fall_back_to_all_and_say_so():
+    """The one sampled slow forward agrees with the overall mean: the level is the mean's, and
+    the evidence says why it is judged on all forwards."""
+    slow = [2, 12, 22]
+    report = diagnose(_run(lambda i: i in slow, 0.9, 0.95, count=lambda i: 0 if i in slow[1:] else 6))
+    assert (report.gpu.judged_on, report.gpu.level, report.verdict.cause) == (
+        g.JUDGED_ALL, "high", "gpu_busy")
+    assert "judged on all forwards: only 1 of the 3 slow forwards" in report.gpu.describe()
+    assert report.verdict.advice[0].startswith("the GPU is saturated during forward:")
+
+
+def test_no_slow_forward_judges_all_and_says_so():
+    rec = _run(lambda i: False, None, 0.9)
+    requests = [r for r in find_requests(rec.spans) if not r.cold]
+    ev = g.gpu_evidence(requests, [], band_ms=50.0)
+    assert (ev.slow_forwards, ev.judged_on, ev.level) == (0, g.JUDGED_ALL, "high")
+    assert "no forward is longer than" in ev.describe()
+
+
+def test_the_json_names_what_was_judged():
+    got = diagnose(_run(_every(8), 0.05, 0.95)).gpu.to_dict()
+    assert got["judged_on"] == "slow_forwards" and got["level"] == "low"
+    assert got["slow_forwards"] == got["slow_forwards_covered"] == 4
+    assert got["slow_forward_mean_utilization"] == 0.05
+
+
+# --- cpu_contention against a busy GPU ---------------------------------------------------------
+
+
+def _contention(slow_util: float):
+    """Fixed 95 ms of thread CPU time per forward against 100 or 400 ms of wall time (a third
+    slow: the contention rule compares the slowest quarter with the faster half)."""
+    slow = _every(3)
+    return _run(slow, slow_util, slow_util, extra=lambda i: {
+        semconv.THREAD_CPU_TIME_MS: 95.0,
+        semconv.THREAD_CPU_UTILIZATION: 95.0 / (400.0 if slow(i) else 100.0)})
+
+
+@pytest.mark.parametrize("util, cause", [(0.69, "cpu_contention"), (0.7, "gpu_busy")])
+def test_a_busy_gpu_during_the_slow_forwards_is_not_cpu_contention(util, cause):
+    """A9: off-CPU time with the GPU busy is the thread waiting on the device."""
+    report = diagnose(_contention(util))
+    assert report.verdict.cause == cause
+    said = " ".join(report.verdict.evidence)
+    if cause == "gpu_busy":
+        assert "waiting on the device" in said and "70% busy threshold" in said
+        assert not any("give forward a core" in a for a in report.verdict.advice)
+
+
+# --- GPU memory during the slow forwards --------------------------------------------------------
+
+
+def _memory_points(rec, inside: Callable[[int, int, int], list[float]]) -> list[MetricPoint]:
+    """Memory points at 5 evenly spaced times inside each forward (``inside(i, start, end)``
+    gives their bytes), 40 GiB between forwards, and an 80 GiB limit."""
+    points = []
+    forwards = sorted((s.start_ns, s.end_ns) for s in rec.spans if s.name == FORWARD)
+    attrs = {semconv.HW_ID: "GPU-0"}
+    for i, (a, b) in enumerate(forwards):
+        values = inside(i, a, b)
+        for k, v in enumerate(values):
+            t = a + (b - a) * k // (len(values) - 1)
+            points.append(MetricPoint(semconv.HW_GPU_MEMORY_USAGE, t, v, attrs))
+        points.append(MetricPoint(semconv.HW_GPU_MEMORY_USAGE, b + 20_000_000, 40 * GIB, attrs))
+        points.append(MetricPoint(semconv.HW_GPU_MEMORY_LIMIT, b + 20_000_000, 80 * GIB, attrs))
+    return points
+
+
+def _memory_run(slow_values: list[float], slow: Callable[[int], bool] | None = None):
+    rec = _run(slow or _every(10), 0.95, 0.95)
+    flat = [40.5 * GIB] * 5
+    rec.metrics = _memory_points(rec, lambda i, a, b: slow_values if (b - a) > 300e6 else flat)
+    return diagnose(rec)
+
+
+def test_memory_growing_with_the_batch_is_not_pressure():
+    """A8: +6 GiB of activations in the slow forwards, 57 % of the card: not near the limit and
+    never released within a forward."""
+    report = _memory_run([40 * GIB, 43 * GIB, 46 * GIB, 46 * GIB, 46 * GIB])
+    assert report.verdict.cause == "gpu_busy"
+    said = " ".join(report.verdict.evidence)
+    assert "grows with the work" in said and "0 of 3 near its limit" in said
+
+
+def test_memory_released_within_the_slow_forwards_is_pressure():
+    report = _memory_run([40 * GIB, 46 * GIB, 40 * GIB, 46 * GIB, 40 * GIB])
+    assert report.verdict.cause == "gpu_memory_pressure"
+    assert "3 of 3 near its limit" in report.verdict.evidence[-3] or any(
+        "allocating and releasing" in e for e in report.verdict.evidence)
+
+
+def test_memory_near_the_limit_in_the_slow_forwards_is_pressure():
+    report = _memory_run([70 * GIB, 73 * GIB, 74 * GIB, 74 * GIB, 74 * GIB])
+    assert report.verdict.cause == "gpu_memory_pressure"
+
+
+def test_memory_pressure_on_a_minority_of_slow_forwards_still_lines_up():
+    """3 slow forwards of 30 near the limit: the slowest quarter would hold 5 fast ones too and
+    dilute them below half; the slow forwards are those beyond the band."""
+    report = _memory_run([74 * GIB] * 5, slow=lambda i: i in (5, 15, 25))
+    assert report.verdict.cause == "gpu_memory_pressure"
+
+
+def test_memory_in_forwards_within_the_band_is_not_the_slow_ones():
+    """Forwards a little above the median (110 ms, inside the noise band) are not slow: memory
+    pressure in the three 400 ms forwards alone lines up with the swing."""
+    ms = {i: 400.0 if i in (5, 15, 25) else 110.0 if i % 3 == 0 else 100.0 for i in range(30)}
+    rec = build(steady(30, forward=lambda i, r: ms[i]))
+    rec.metrics = _memory_points(rec, lambda i, a, b: [74 * GIB] * 5 if b - a > 300e6
+                                 else [40.5 * GIB] * 5)
+    report = diagnose(rec)
+    assert report.noise is not None and report.noise.band_ms > 10.0
+    assert report.verdict.cause == "gpu_memory_pressure"
+
+
+def test_memory_evidence_uses_the_band():
+    ev = gm.MemoryEvidence((), 0, 80 * GIB, None, 100.0, 20.0)
+    assert ev.slow_min_ms == 120.0
+
+
+# --- the tester's inputs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, cause, level", [
+    ("s1b_bimodal_2slow", "gpu_starved", "low"),
+    ("s1b_bimodal_inverse", "gpu_busy", "high"),
+    ("s1_contention_mix", "gpu_busy", "high"),
+    ("s7_batch_memory", "gpu_busy", "high"),
+])
+def test_the_testers_inputs(name, cause, level):
+    report = diagnose(load_paths([SWING / f"{name}.otlp.jsonl"]))
+    assert (report.verdict.cause, report.verdict.stage, report.gpu.level) == (cause, "forward", level)
+    assert report.gpu.judged_on == g.JUDGED_SLOW
+    assert not report.verdict.tentative
