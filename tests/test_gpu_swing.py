@@ -273,3 +273,13 @@ def test_the_testers_inputs(name, cause, level):
     assert (report.verdict.cause, report.verdict.stage, report.gpu.level) == (cause, "forward", level)
     assert report.gpu.judged_on == g.JUDGED_SLOW
     assert not report.verdict.tentative
+
+
+@pytest.mark.parametrize("mean, level", [
+    (0.4000000000000001, "low"),       # a mean of 82 samples at exactly 0.4 (float rounding)
+    (0.40000001, "medium"),
+    (0.6999999999999999, "high"),
+    (0.69999999, "medium"),
+])
+def test_the_thresholds_read_a_mean_at_the_threshold_as_at_it(mean, level):
+    assert g.utilization_level(mean, 100, 10, 10) == level

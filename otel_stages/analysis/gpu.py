@@ -244,7 +244,13 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
         hw_id=(chosen[0].hw_id or None) if len(chosen) == 1 else None)
 
 
+#: Means are compared with the thresholds at this many decimals: a mean of samples all at 0.4 is
+#: 0.4000000000000001 in floating point, and must read as "at the threshold", not above it.
+LEVEL_DECIMALS = 9
+
+
 def _level_of(mean: float) -> str:
+    mean = round(mean, LEVEL_DECIMALS)
     if mean >= GPU_BUSY_MIN_UTILIZATION:
         return LEVEL_HIGH
     if mean <= GPU_STARVED_MAX_UTILIZATION:
