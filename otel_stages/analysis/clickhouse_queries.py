@@ -374,21 +374,23 @@ FROM ({points}) AS p
 INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw) AS m
     ON p.proc_key = m.proc_key AND p.hw = m.hw
 INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
+    # every warm forward meets the points (not grouped by window first: most hold no point);
+    # a window's requests (``mult``) are its distinct (request, forward) pairs, and a point
+    # stored more than once keeps its copies (``copies``), as the join of grouped windows did
     pairs = f"""CREATE TEMPORARY TABLE {GPU_PAIRS_TABLE} ENGINE = Log AS
-SELECT wb.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util,
-    wb.s AS s, wb.e AS e, wb.mult AS mult
-FROM (
-    SELECT proc_key, s, e, mult,
-        arrayJoin(range(toUInt64(intDiv(s, {GPU_BUCKET_NS})), toUInt64(intDiv(e, {GPU_BUCKET_NS})) + 1)) AS b
+SELECT proc_key, hw, t, util, s, e, mult FROM (
+    SELECT f.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util, f.s AS s, f.e AS e,
+        uniqExact(f.trace_key, f.span_key, f.i) AS mult, intDiv(count(), mult) AS copies
     FROM (
-        SELECT proc_key, w.1 AS s, w.2 AS e, count() AS mult
-        FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
-        WHERE warm GROUP BY proc_key, s, e
-    )
-) AS wb
-INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
-    ON sm.proc_key = wb.proc_key AND sm.b = wb.b
-WHERE sm.t >= wb.s AND sm.t <= wb.e"""
+        SELECT trace_key, span_key, proc_key, s, e, i, arrayJoin({buckets("s", "e")}) AS b
+        FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
+        WHERE warm
+    ) AS f
+    INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
+        ON sm.proc_key = f.proc_key AND sm.b = f.b
+    WHERE sm.t >= f.s AND sm.t <= f.e
+    GROUP BY proc_key, hw, t, util, s, e
+) ARRAY JOIN range(copies) AS copy"""
     return [*gpu_points_statements(gauge, query), *gpu_owners_statements(),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
