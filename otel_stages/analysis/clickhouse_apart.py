@@ -68,23 +68,31 @@ def apart_statements() -> list[str]:
     firsts = f"""SELECT proc_key, width, height, fmt, first.1, first.2 FROM (
             SELECT proc_key, width, height, fmt, min((start_ns, trace_key)) AS first
             FROM {cohort_requests()} WHERE is_request AND {_KNOWN} GROUP BY proc_key, width, height, fmt)"""
+    # the window sorts only the columns it needs; the flagged rows' input, seq and total come
+    # from a second read of the requests, joined to those few rows
     flagged = f"""CREATE TEMPORARY TABLE {FLAGGED_TABLE} ENGINE = Memory AS
-SELECT w.trace_key AS trace_key, w.span_key AS span_key, w.start_ns AS start_ns, w.seq AS seq,
-    w.width AS width, w.height AS height, w.fmt AS fmt, w.total_ns AS total_ns, {key} AS k,
+SELECT d.trace_key AS trace_key, d.span_key AS span_key, d.start_ns AS start_ns, d.seq AS seq,
+    d.width AS width, d.height AS height, d.fmt AS fmt, d.total_ns AS total_ns, {key} AS k,
     {reason} AS reason,
     if(reason = '{REASON_AFTER_IDLE}', w.start_ns - w.last_end, NULL) AS idle_ns
 FROM (
+    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns
+    FROM {cohort_requests()} WHERE is_request
+) AS d
+INNER JOIN (
     SELECT * FROM (
-        SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns, warm,
-            proc_key AS ph,
+        SELECT trace_key, span_key, start_ns, warm, first_input, proc_key AS ph,
             max(start_ns + total_ns) OVER ({prev}) AS last_end,
             count() OVER ({prev}) AS rows_before,
-            sum(warm) OVER ({prev}) AS warm_before,
-            (proc_key, width, height, fmt, start_ns, trace_key) IN ({firsts}) AS first_input
-        FROM {cohort_requests()} WHERE is_request
+            sum(warm) OVER ({prev}) AS warm_before
+        FROM (
+            SELECT trace_key, span_key, start_ns, total_ns, warm, proc_key,
+                (proc_key, width, height, fmt, start_ns, trace_key) IN ({firsts}) AS first_input
+            FROM {cohort_requests()} WHERE is_request
+        )
     )  -- what can be flagged (the reasons below, without the per-process facts)
     WHERE warm AND ((rows_before > 0 AND start_ns - last_end >= {idle}) OR warm_before = 0 OR first_input)
-) AS w
+) AS w ON d.trace_key = w.trace_key AND d.span_key = w.span_key
 LEFT JOIN (
     SELECT proc_key AS ph, max(cold) AS started,
         argMin(cold AND error, (start_ns, trace_key)) AS failed_first
