@@ -249,8 +249,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
-                  issues.CLASH_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE, sql.WARM_TABLE,
-                  sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
+                  issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
+                  sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
 
@@ -275,6 +275,9 @@ def issue_results(engine: Engine, tables: Tables, query: sql.AggregateQuery,
     out: dict[str, list[dict[str, Any]]] = {}
     for statement, params in issues.clash_statements(tables.traces_ref, query):
         engine.execute(statement, params, settings)
+    if int(engine.rows(issues.duplicate_count_sql(), None, settings)[0]["n"]):
+        for statement, params in issues.clash_check_statements(tables.traces_ref, query):
+            engine.execute(statement, params, settings)
     if int(engine.rows(issues.clash_count_sql(), None, settings)[0]["n"]):
         out["clashes"] = engine.rows(issues.clashes_sql(tables.traces_ref, query),
                                      sql.query_params(query), settings)
