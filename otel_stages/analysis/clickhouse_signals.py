@@ -348,14 +348,15 @@ def memory_statements() -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
     ``hw.gpu.memory.limit`` points of the processes with requests, in the window (from the GPU
     points table, by process through the GPU owners table, and time, as the utilization; after
-    :func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`), and one row per (warm forward
-    window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``; ``mult``: warm
-    requests with that window)."""
-    usage, limit = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE), gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
+    :func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`), and one row per
+    (warm forward window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``;
+    ``mult``: warm requests with that window)."""
+    is_usage = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE)
+    is_limit = gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
 SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_limit FROM (
-    SELECT point_key AS proc_key, hw, t, v, {limit} AS is_limit
-    FROM {GPU_POINTS_TABLE} WHERE {usage} OR {limit}
+    SELECT point_key AS proc_key, hw, t, v, {is_limit} AS is_limit
+    FROM {GPU_POINTS_TABLE} WHERE {is_usage} OR {is_limit}
 ) AS p INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
     usage = (f"SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {MEMORY_SAMPLES_TABLE}"
              " WHERE NOT is_limit")
