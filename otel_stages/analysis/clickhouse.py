@@ -244,12 +244,13 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                        sql.query_params(query), settings)[0]
     for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
         engine.execute(statement, params, settings)
-    for statement in apart.apart_statements():  # before anything reads the warm flag
+    # before anything reads the cohorts' format / the warm flag
+    for statement in (*sql.formats_statements(), *apart.apart_statements(), *sql.warm_statements()):
         engine.execute(statement, None, settings)
     warm = int(engine.rows(sql.count_statement(), None, settings)[0]["n_warm"])
     method = sql.quantile_function(query, warm)
     gauge = metrics_table(engine, tables.database, tables.gauge)
-    for statement, params in queries.gpu_prepare_statements(gauge[0]["read"], query):
+    for statement, params in queries.prepare_statements(gauge[0]["read"], query):
         engine.execute(statement, params, settings)
     results = {
         name: engine.rows(text, params, settings)
@@ -270,8 +271,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["services"] = engine.rows(requests.services_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
-    results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(gauge[0]["read"], query),
-                                         sql.query_params(query), settings)
+    results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(), None, settings)
     results["shared_gpu_ids"] = engine.rows(gpu_ids.shared_gpu_ids_sql(gauge[0]["read"], query),
                                             sql.query_params(query), settings)
     results.update(issue_results(engine, tables, query, settings, results))
@@ -287,9 +287,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         for statement in preprocess.prepare_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
-    for table in (*requests.TABLES, queries.GPU_SAMPLES_TABLE, queries.GPU_PAIRS_TABLE,
-                  preprocess.TABLE, *signals.TABLES, issues.CLASH_TABLE, sql.APART_TABLE,
-                  sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
+    for table in (*requests.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
+                  issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
+                  sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
 
@@ -314,6 +314,9 @@ def issue_results(engine: Engine, tables: Tables, query: sql.AggregateQuery,
     out: dict[str, list[dict[str, Any]]] = {}
     for statement, params in issues.clash_statements(tables.traces_ref, query):
         engine.execute(statement, params, settings)
+    if int(engine.rows(issues.duplicate_count_sql(), None, settings)[0]["n"]):
+        for statement, params in issues.clash_check_statements(tables.traces_ref, query):
+            engine.execute(statement, params, settings)
     if int(engine.rows(issues.clash_count_sql(), None, settings)[0]["n"]):
         out["clashes"] = engine.rows(issues.clashes_sql(tables.traces_ref, query),
                                      sql.query_params(query), settings)
@@ -339,7 +342,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
     gpus: list[dict[str, Any]] = []
     gauge = str((results.get("gauge_table") or [{"read": tables.gauge_ref}])[0]["read"])
     if forwards:
-        for statement, params in signals.memory_statements(gauge, query):
+        for statement, params in signals.memory_statements():
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
     memory = any(g.usage_points and g.limit_points for g in signal_result.memory_gpus(gpus))

@@ -40,7 +40,7 @@ MAX_APART_ROWS = 1000
 _KNOWN = "width IS NOT NULL AND height IS NOT NULL"
 
 
-#: The warm requests with their flag (a Log table on disk, dropped after the report).
+#: The flagged warm requests with their reason (dropped once the requests set apart are known).
 FLAGGED_TABLE = "otel_stages_apart_flagged"
 
 
@@ -49,52 +49,74 @@ def apart_statements() -> list[str]:
     request set apart with its ``trace_key``, ``span_key``, ``start_ns``, ``seq``, input,
     ``total_ns``, ``reason``, ``idle_ns`` (NULL unless after an idle gap) and the comparable
     ``median_ns``. One window pass over the requests sorted per process (the time since the
-    previous requests ended, how many came before, how many of them were warm); per-process
-    facts (started in the window, failed first request, first request of each input) are small
-    aggregations joined to it, so the sort carries few columns."""
+    previous requests ended, how many came before, how many of them were warm) keeps only the
+    flagged requests (:data:`FLAGGED_TABLE`, usually few): the first request of each input in a
+    process is a set lookup, the per-process facts (started in the window, failed first request)
+    a small aggregation joined to those rows. The comparable medians are then taken only for the
+    inputs of flagged requests (and over all unflagged warm requests only when a flagged one has
+    no known input)."""
     idle = round(IDLE_GAP_MIN_S * 1e9)
     prev = ("PARTITION BY ph ORDER BY start_ns, trace_key"
             " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
     reason = (f"multiIf(w.rows_before > 0 AND w.start_ns - w.last_end >= {idle}, '{REASON_AFTER_IDLE}',"
               f" p.failed_first AND w.warm_before = 0, '{REASON_AFTER_FAILED_START}',"
-              f" p.started AND {_KNOWN} AND (w.start_ns, w.trace_key) = i.first, '{REASON_NEW_INPUT}',"
+              f" p.started AND {_KNOWN} AND w.first_input, '{REASON_NEW_INPUT}',"
               " '')")
     key = f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt), '')"
-    flagged = f"""CREATE TEMPORARY TABLE {FLAGGED_TABLE} ENGINE = Log AS
-SELECT w.trace_key AS trace_key, w.span_key AS span_key, w.start_ns AS start_ns, w.seq AS seq,
-    w.width AS width, w.height AS height, w.fmt AS fmt, w.total_ns AS total_ns, {key} AS k,
+    # a request's process: proc_key (clickhouse_sql.process_hash of the request span's service
+    # name and instance) names the same processes as ``proc``
+    firsts = f"""SELECT proc_key, width, height, fmt, first.1, first.2 FROM (
+            SELECT proc_key, width, height, fmt, min((start_ns, trace_key)) AS first
+            FROM {cohort_requests()} WHERE is_request AND {_KNOWN} GROUP BY proc_key, width, height, fmt)"""
+    # the window sorts only the columns it needs; the flagged rows' input, seq and total come
+    # from a second read of the requests, joined to those few rows
+    flagged = f"""CREATE TEMPORARY TABLE {FLAGGED_TABLE} ENGINE = Memory AS
+SELECT d.trace_key AS trace_key, d.span_key AS span_key, d.start_ns AS start_ns, d.seq AS seq,
+    d.width AS width, d.height AS height, d.fmt AS fmt, d.total_ns AS total_ns, {key} AS k,
     {reason} AS reason,
     if(reason = '{REASON_AFTER_IDLE}', w.start_ns - w.last_end, NULL) AS idle_ns
 FROM (
-    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns, warm,
-        cityHash64(proc) AS ph,
-        max(start_ns + total_ns) OVER ({prev}) AS last_end,
-        count() OVER ({prev}) AS rows_before,
-        sum(warm) OVER ({prev}) AS warm_before
+    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns
     FROM {cohort_requests()} WHERE is_request
-) AS w
+) AS d
+INNER JOIN (
+    SELECT * FROM (
+        SELECT trace_key, span_key, start_ns, warm, first_input, proc_key AS ph,
+            max(start_ns + total_ns) OVER ({prev}) AS last_end,
+            count() OVER ({prev}) AS rows_before,
+            sum(warm) OVER ({prev}) AS warm_before
+        FROM (
+            SELECT trace_key, span_key, start_ns, total_ns, warm, proc_key,
+                (proc_key, width, height, fmt, start_ns, trace_key) IN ({firsts}) AS first_input
+            FROM {cohort_requests()} WHERE is_request
+        )
+    )  -- what can be flagged (the reasons below, without the per-process facts)
+    WHERE warm AND ((rows_before > 0 AND start_ns - last_end >= {idle}) OR warm_before = 0 OR first_input)
+) AS w ON d.trace_key = w.trace_key AND d.span_key = w.span_key
 LEFT JOIN (
-    SELECT cityHash64(proc) AS ph, max(cold) AS started,
+    SELECT proc_key AS ph, max(cold) AS started,
         argMin(cold AND error, (start_ns, trace_key)) AS failed_first
     FROM {cohort_requests()} WHERE is_request GROUP BY ph
 ) AS p ON w.ph = p.ph
-LEFT JOIN (
-    SELECT cityHash64(proc) AS ph, width, height, fmt, min((start_ns, trace_key)) AS first
-    FROM {cohort_requests()} WHERE is_request AND {_KNOWN} GROUP BY ph, width, height, fmt
-) AS i ON w.ph = i.ph AND w.width = i.width AND w.height = i.height AND w.fmt = i.fmt
-WHERE w.warm"""
+WHERE reason != ''"""
+    unflagged = (f"warm AND (trace_key, span_key) NOT IN"
+                 f" (SELECT trace_key, span_key FROM {FLAGGED_TABLE})")
     create = f"""CREATE TEMPORARY TABLE {APART_TABLE} ENGINE = Memory AS
 WITH comparable AS (
-    SELECT k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
-    FROM {FLAGGED_TABLE} WHERE reason = '' AND k != '' GROUP BY k
+    SELECT {key} AS k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
+    FROM {cohort_requests()}
+    WHERE {unflagged} AND {_KNOWN}
+        AND (width, height, fmt) IN (SELECT width, height, fmt FROM {FLAGGED_TABLE})
+    GROUP BY width, height, fmt
     UNION ALL  -- an unknown input compares with every unflagged warm request
     SELECT '' AS k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
-    FROM {FLAGGED_TABLE} WHERE reason = ''
+    FROM {cohort_requests()}
+    WHERE {unflagged} AND (SELECT count() FROM {FLAGGED_TABLE} WHERE k = '') > 0
 )
 SELECT f.trace_key AS trace_key, f.span_key AS span_key, f.start_ns AS start_ns, f.seq AS seq,
     f.width AS width, f.height AS height, f.fmt AS fmt, f.total_ns AS total_ns, f.reason AS reason,
     f.idle_ns AS idle_ns, c.median_ns AS median_ns
-FROM (SELECT * FROM {FLAGGED_TABLE} WHERE reason != '') AS f INNER JOIN comparable AS c ON f.k = c.k
+FROM {FLAGGED_TABLE} AS f INNER JOIN comparable AS c ON f.k = c.k
 WHERE c.n >= {COMPARABLE_MIN_REQUESTS} AND c.median_ns > 0
     AND f.total_ns >= {COLD_START_MIN_RATIO} * c.median_ns"""
     return [f"DROP TEMPORARY TABLE IF EXISTS {APART_TABLE}",

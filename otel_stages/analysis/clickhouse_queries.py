@@ -29,6 +29,7 @@ from otel_stages import semconv
 from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis.clickhouse_requests import names_sql
 from otel_stages.analysis.clickhouse_sql import (
+    FORMATS_TABLE,
     GPU_BUCKET_NS,
     GPU_OWNERS_TABLE,
     PERCENT_GUESS,
@@ -42,6 +43,7 @@ from otel_stages.analysis.clickhouse_sql import (
     requests,
     span_filter,
 )
+from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
 #: The per-request rows with their cold / warm flags (a subquery).
@@ -55,7 +57,29 @@ _UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
 #: time inside the request beyond the union they cover.
 _OVERLAP_MS = "greatest(overlap_ns, 0) / 1e6"
 OVERLAP_TOLERANCE_NS = round(OVERLAP_TOLERANCE_MS * 1e6)
-_MEAN_TOTAL = f"(SELECT avgIf({_TOTAL_MS}, warm) FROM {R})"
+#: The warm requests' mean total (ms), computed once (clickhouse_sql.warm_statements).
+_MEAN_TOTAL = f"(SELECT mean_total FROM {WARM_TABLE})"
+#: Warm requests with a known input per cohort (``width``, ``height``, ``fmt``): ``n``,
+#: ``mean_total`` (ms), ``ss`` (sum of squares about that mean) and ``rank`` (1 = most
+#: requests; ties by input), filled once by :func:`cohort_statements` for the statements that
+#: read the largest cohorts or their means.
+COHORTS_TABLE = "otel_stages_cohorts"
+#: The largest ``{top_cohorts:UInt32}`` cohorts, as a SELECT of their keys.
+TOP_COHORTS = f"SELECT width, height, fmt FROM {COHORTS_TABLE} WHERE rank <= {{top_cohorts:UInt32}}"
+
+
+def cohort_statements() -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` filling :data:`COHORTS_TABLE` (one read of the requests, where the
+    cohort statements each grouped them again)."""
+    fill = f"""CREATE TEMPORARY TABLE {COHORTS_TABLE} ENGINE = Memory AS
+SELECT width, height, fmt, n, mean_total, ss,
+    row_number() OVER (ORDER BY n DESC, width, height, fmt) AS rank
+FROM (
+    SELECT width, height, fmt, count() AS n, avg({_TOTAL_MS}) AS mean_total,
+        if(n > 1, varSampStable({_TOTAL_MS}) * (n - 1), 0) AS ss
+    FROM {R} WHERE warm AND {_KNOWN} GROUP BY width, height, fmt
+)"""
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {COHORTS_TABLE}", {}), (fill, {})]
 
 
 def summary_sql(method: str) -> str:
@@ -78,18 +102,17 @@ def summary_sql(method: str) -> str:
 FROM {R}"""
 
 
-def stages_sql(method: str, where: str = "warm", by: str = "") -> str:
-    """One row per stage (per ``by`` group too): its distribution where it ran, ``cross``, and
+def stages_sql(method: str) -> str:
+    """One row per stage over the warm requests: its distribution where it ran, ``cross``, and
     its correlation with the input's pixels and encoded bytes over the requests where both are
-    known (``pixels_corr``, ``bytes_corr``; NaN when undefined). ``by`` (e.g.
-    ``"width, height, fmt"``) splits by cohort; ``cross`` is then within it."""
+    known (``pixels_corr``, ``bytes_corr``; NaN when undefined)."""
+    return _stage_stats(method, "", R, "warm", _MEAN_TOTAL)
+
+
+def _stage_stats(method: str, by: str, source: str, where: str, mean: str) -> str:
+    """The per-stage statistics of :func:`stages_sql` over ``source`` rows where ``where``, per
+    ``by`` group too (e.g. ``"width, height, fmt"``), ``cross`` about ``mean`` (ms)."""
     keys = f"{by}, " if by else ""
-    if by:
-        source = (f"{R} AS q INNER JOIN (SELECT {by}, avg({_TOTAL_MS}) AS mean_total FROM {R}"
-                  f" WHERE {where} GROUP BY {by}) AS m USING ({by})")
-        mean = "mean_total"
-    else:
-        source, mean = R, f"(SELECT avgIf({_TOTAL_MS}, {where}) FROM {R})"
     return f"""SELECT {keys}stage,
     {distribution("stage", "ms", "1", method)},
     sum(ms * dt) AS cross,
@@ -114,26 +137,25 @@ LIMIT {{top_cohorts:UInt32}}"""
 
 
 def cohort_stages_sql(method: str) -> str:
-    """Per-stage distributions within each of the largest cohorts."""
-    top = (f"(width, height, fmt) IN (SELECT width, height, fmt FROM {R} WHERE warm AND {_KNOWN}"
-           f" GROUP BY width, height, fmt ORDER BY count() DESC, width, height, fmt"
-           f" LIMIT {{top_cohorts:UInt32}})")
-    return stages_sql(method, where=f"warm AND {_KNOWN} AND {top}", by="width, height, fmt")
+    """Per-stage distributions within each of the largest ``{top_cohorts:UInt32}`` cohorts (as
+    :func:`stages_sql`, ``cross`` within the cohort)."""
+    by = "width, height, fmt"
+    source = (f"{R} AS q INNER JOIN (SELECT {by}, mean_total FROM {COHORTS_TABLE}"
+              f" WHERE rank <= {{top_cohorts:UInt32}}) AS m USING ({by})")
+    return _stage_stats(method, by, source, f"warm AND {_KNOWN}", "mean_total")
 
 
 def cohort_mix_sql() -> str:
     """One row: cohort count, warm requests with a known / unknown input, and the sums of squares
     for ``input_mix_explains``."""
+    # formats: as the cohorts read them (0 unless the requests hold more than one)
     return f"""SELECT
     count() AS cohorts, sum(n) AS known, sum(ss) AS ss_within,
-    (SELECT uniqExactIf(fmt, fmt != '') FROM {R} WHERE is_request) AS formats,
-    (SELECT countIf(warm AND NOT ({_KNOWN})) FROM {R}) AS unknown,
+    (SELECT if(formats > 1, formats, 0) FROM {FORMATS_TABLE}) AS formats,
+    (SELECT n_warm FROM {WARM_TABLE}) - known AS unknown,
     (SELECT if(count() > 1, varSampStable({_TOTAL_MS}) * (count() - 1), 0) FROM {R}
      WHERE warm AND {_KNOWN}) AS ss_total
-FROM (
-    SELECT count() AS n, if(n > 1, varSampStable({_TOTAL_MS}) * (n - 1), 0) AS ss
-    FROM {R} WHERE warm AND {_KNOWN} GROUP BY width, height, fmt
-)"""
+FROM {COHORTS_TABLE}"""
 
 
 def cold_sql(method: str) -> str:
@@ -213,28 +235,41 @@ def signals_sql(traces: str, query: AggregateQuery) -> str:
     LIMIT 1)"""
 
 
+#: The queue-depth read aggregates in memory up to this (bytes) before spilling: its state is
+#: about 1.7 M keys at 10 M spans, and at the default SPILL_BYTES it spilled (3x the CPU).
+QUEUE_SPILL_BYTES = 512 * 2**20
+
+
 def queue_depth_sql(traces: str, query: AggregateQuery) -> str:
     """One row: the Pearson r of warm requests' queue ms with their queue span's ``queue.depth``
     (the first queue span that has it, as ``Request.stage_attribute``), over ``n`` pairs. Queue
     spans are matched to their request by trace and parent span id (a queue span inside a custom
-    group is not read). A separate read: only queue spans' attribute maps are touched."""
+    group is not read). A separate read: only queue spans' attribute maps are touched. Requests
+    and queue spans meet in one aggregation by (trace, parent span id), each key one request
+    (10 M spans: 2.6-3.0 s CPU and 600 MB peak against 3.3-4.7 s and 690 MB for a join of the
+    requests with the queue spans grouped first)."""
     queue = semconv.STAGE_QUEUE
     depth = f"toFloat64OrNull(SpanAttributes['{semconv.QUEUE_DEPTH}'])"
-    return f"""SELECT corrStable(w.ms, s.depth) AS depth_corr, count() AS n
+    return f"""SELECT corrStable(ms, depth) AS depth_corr, count() AS n
 FROM (
-    SELECT trace_key, span_key,
-        arraySum(arrayFilter((d, n) -> n = '{queue}', stage_ns, stage_names)) / 1e6 AS ms
-    FROM {R} WHERE warm AND span_key != 0 AND has(stage_names, '{queue}')
-) AS w
-INNER JOIN (
-    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
-        reinterpretAsUInt64(unhex(ParentSpanId)) AS span_key,
-        argMin({depth}, Timestamp) AS depth
-    FROM {traces}
-    WHERE SpanName = '{queue}' AND mapContains(SpanAttributes, '{semconv.QUEUE_DEPTH}')
-        AND isNotNull({depth}) AND {span_filter(query, odd=False)}
+    SELECT anyIf(ms, side = 0) AS ms, argMinIf(depth, ts, side = 1) AS depth,
+        max(side = 0) AS has_request, max(side = 1) AS has_queue
+    FROM (
+        SELECT trace_key, span_key,
+            arraySum(arrayFilter((d, n) -> n = '{queue}', stage_ns, stage_names)) / 1e6 AS ms,
+            CAST(NULL AS Nullable(Float64)) AS depth, toInt64(0) AS ts, 0 AS side
+        FROM {R} WHERE warm AND span_key != 0 AND has(stage_names, '{queue}')
+        UNION ALL
+        SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+            reinterpretAsUInt64(unhex(ParentSpanId)) AS span_key, 0. AS ms, {depth} AS depth,
+            toInt64(toUnixTimestamp64Nano(Timestamp)) AS ts, 1 AS side
+        FROM {traces}
+        WHERE SpanName = '{queue}' AND mapContains(SpanAttributes, '{semconv.QUEUE_DEPTH}')
+            AND isNotNull({depth}) AND {span_filter(query, odd=False)}
+    )
     GROUP BY trace_key, span_key
-) AS s ON w.trace_key = s.trace_key AND w.span_key = s.span_key"""
+    HAVING has_request AND has_queue
+) SETTINGS max_bytes_before_external_group_by = {QUEUE_SPILL_BYTES}"""
 
 
 def slow_forwards_sql() -> str:
@@ -265,40 +300,64 @@ def gpu_spans_sql() -> str:
 FROM ({forwards}) AS f"""
 
 
-#: Temporary tables of the GPU step: utilization/memory samples, and samples inside forwards.
+#: Temporary tables of the GPU step: the three gauges' points in the window (read once from the
+#: gauge table: its attribute maps are the costly part), utilization samples, and samples inside
+#: forwards.
+GPU_POINTS_TABLE = "otel_stages_gpu_points"
 GPU_SAMPLES_TABLE = "otel_stages_gpu_samples"
 GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
+#: Temporary tables this module creates (dropped after a report).
+TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE)
 #: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) are lined
 #: up by time with the forwards of every request process, as the file report lines up every
 #: series; past this many such processes (one per host, say) they are not, since every forward
 #: would meet every host's GPUs.
 MAX_FOREIGN_GPU_PROCESSES = 8
-#: The three GPU gauges, as a SQL tuple.
-_GPU_METRICS = (f"('{semconv.HW_GPU_UTILIZATION}', '{semconv.HW_GPU_MEMORY_USAGE}',"
-                f" '{semconv.HW_GPU_MEMORY_LIMIT}')")
+#: The three GPU gauges; a SQL tuple of them.
+GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT)
+_GPU_METRICS = "(" + ", ".join(f"'{m}'" for m in GPU_METRICS) + ")"
+
+
+def gpu_metric_is(name: str) -> str:
+    """SQL over :data:`GPU_POINTS_TABLE`: the point is of the gauge ``name`` (one of
+    :data:`GPU_METRICS`; the table holds its 1-based position there, ``metric``)."""
+    return f"metric = {GPU_METRICS.index(name) + 1}"
 
 
 _REQUEST_PROCESSES = f"SELECT arrayJoin(proc_keys) AS k FROM {PROCESS_TABLE}"
 
 
-def gpu_series_sql(gauge: str, query: AggregateQuery) -> str:
-    """``SELECT k``: the processes (hashed ``service.name``, ``service.instance.id``) with GPU
-    points in the window."""
+def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` filling :data:`GPU_POINTS_TABLE`: every point of the three GPU
+    gauges in the window (:func:`~otel_stages.analysis.clickhouse_sql.metric_filter`) with
+    ``point_key`` (its process, :func:`~otel_stages.analysis.clickhouse_sql.process_hash` of
+    ``service.name`` and ``service.instance.id``), ``hw`` (``hw.id``), ``t`` (ns), ``v`` and
+    ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
-    return f"""SELECT DISTINCT {process_hash("CAST(ServiceName AS String)", inst)} AS k
-    FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
+    fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
+SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS point_key,
+    Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v,
+    toUInt8(indexOf([{_GPU_METRICS[1:-1]}], CAST(MetricName AS String))) AS metric
+FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_POINTS_TABLE}", {}), (fill, query_params(query))]
 
 
-def foreign_gpu_sql(gauge: str, query: AggregateQuery) -> str:
+def gpu_series_sql() -> str:
+    """``SELECT k``: the processes (hashed ``service.name``, ``service.instance.id``) with GPU
+    points in the window (from :data:`GPU_POINTS_TABLE`)."""
+    return f"SELECT DISTINCT point_key AS k FROM {GPU_POINTS_TABLE}"
+
+
+def foreign_gpu_sql() -> str:
     """One row: ``foreign_gpu_processes`` (processes with GPU points and no request) and
     ``processes_without_gpu`` (processes with requests and no GPU points)."""
-    series = gpu_series_sql(gauge, query)
+    series = gpu_series_sql()
     return f"""SELECT
     (SELECT count() FROM ({series}) WHERE k NOT IN ({_REQUEST_PROCESSES})) AS foreign_gpu_processes,
     (SELECT count() FROM ({_REQUEST_PROCESSES}) WHERE k NOT IN ({series})) AS processes_without_gpu"""
 
 
-def gpu_owners_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
     points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
     the points of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them)
@@ -306,54 +365,64 @@ def gpu_owners_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     forwards, as in the file report. Both GPU joins (utilization, memory) read points through
     it."""
     owners = f"""CREATE TEMPORARY TABLE {GPU_OWNERS_TABLE} ENGINE = Memory AS
-WITH series AS ({gpu_series_sql(gauge, query)}), requests AS ({_REQUEST_PROCESSES}),
+WITH series AS ({gpu_series_sql()}), requests AS ({_REQUEST_PROCESSES}),
     foreign AS (SELECT k FROM series WHERE k NOT IN (SELECT k FROM requests))
 SELECT k AS point_key, k AS proc_key FROM series WHERE k IN (SELECT k FROM requests)
 UNION ALL
 SELECT f.k AS point_key, r.k AS proc_key FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
 WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}"""
-    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, query_params(query))]
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, {})]
+
+
+def prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` run before :func:`aggregate_statements` (after the warm flags are
+    final): :func:`cohort_statements`, then the GPU tables (:func:`gpu_prepare_statements`)."""
+    return [*cohort_statements(), *gpu_prepare_statements(gauge, query)]
+
+
+def buckets(s: str, e: str) -> str:
+    """The :data:`GPU_BUCKET_NS` buckets a window ``s`` .. ``e`` (ns) touches, as an array."""
+    return (f"range(toUInt64(intDiv({s}, {GPU_BUCKET_NS})),"
+            f" toUInt64(intDiv({e}, {GPU_BUCKET_NS})) + 1)")
 
 
 def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` that fill the two temporary GPU tables: the ``hw.gpu.utilization``
-    points of the processes with warm requests, or of processes without requests for those with
-    no GPU points (:func:`gpu_owners_statements`; per process and ``hw.id``; values scaled to 0..1,
+    """``(statement, params)`` that fill the GPU tables: the points (:func:`gpu_points_statements`),
+    their owners (:func:`gpu_owners_statements`), the ``hw.gpu.utilization`` points of the
+    processes with warm requests, or of processes without requests for those with
+    no GPU points (per process and ``hw.id``; values scaled to 0..1,
     a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent), and one row per (point,
     warm forward window) with the point inside the window (the bucketed join described in
     :mod:`otel_stages.analysis.clickhouse_sql`)."""
-    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
-    where = metric_filter(query, f"('{semconv.HW_GPU_UTILIZATION}')")
-    # the process of a point: the same key as the requests' (service.name, service.instance.id)
-    points = f"""SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS proc_key,
-        Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v
-    FROM {gauge} WHERE {where}"""
+    points = f"""SELECT point_key AS proc_key, hw, t, v FROM {GPU_POINTS_TABLE}
+    WHERE {gpu_metric_is(semconv.HW_GPU_UTILIZATION)}"""
     samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS
 SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
 FROM ({points}) AS p
 INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw) AS m
     ON p.proc_key = m.proc_key AND p.hw = m.hw
 INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
+    # every warm forward meets the points (not grouped by window first: most hold no point);
+    # a window's requests (``mult``) are its distinct (request, forward) pairs, and a point
+    # stored more than once keeps its copies (``copies``), as the join of grouped windows did
     pairs = f"""CREATE TEMPORARY TABLE {GPU_PAIRS_TABLE} ENGINE = Log AS
-SELECT wb.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util,
-    wb.s AS s, wb.e AS e, wb.mult AS mult
-FROM (
-    SELECT proc_key, s, e, mult,
-        arrayJoin(range(toUInt64(intDiv(s, {GPU_BUCKET_NS})), toUInt64(intDiv(e, {GPU_BUCKET_NS})) + 1)) AS b
+SELECT proc_key, hw, t, util, s, e, mult FROM (
+    SELECT f.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util, f.s AS s, f.e AS e,
+        uniqExact(f.trace_key, f.span_key, f.i) AS mult, intDiv(count(), mult) AS copies
     FROM (
-        SELECT proc_key, w.1 AS s, w.2 AS e, count() AS mult
-        FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
-        WHERE warm GROUP BY proc_key, s, e
-    )
-) AS wb
-INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
-    ON sm.proc_key = wb.proc_key AND sm.b = wb.b
-WHERE sm.t >= wb.s AND sm.t <= wb.e"""
-    params = query_params(query)
-    return [*gpu_owners_statements(gauge, query),
+        SELECT trace_key, span_key, proc_key, s, e, i, arrayJoin({buckets("s", "e")}) AS b
+        FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
+        WHERE warm
+    ) AS f
+    INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
+        ON sm.proc_key = f.proc_key AND sm.b = f.b
+    WHERE sm.t >= f.s AND sm.t <= f.e
+    GROUP BY proc_key, hw, t, util, s, e
+) ARRAY JOIN range(copies) AS copy"""
+    return [*gpu_points_statements(gauge, query), *gpu_owners_statements(),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
-            (samples, params), (pairs, {})]
+            (samples, {}), (pairs, {})]
 
 
 def gpu_metrics_sql() -> str:

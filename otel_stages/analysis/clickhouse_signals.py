@@ -67,6 +67,12 @@ from __future__ import annotations
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_queries import (
+    GPU_POINTS_TABLE,
+    TOP_COHORTS,
+    buckets,
+    gpu_metric_is,
+)
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     GPU_BUCKET_NS,
@@ -75,7 +81,6 @@ from otel_stages.analysis.clickhouse_sql import (
     AggregateQuery,
     metric_filter,
     process_hash,
-    query_params,
     requests,
     span_filter,
 )
@@ -292,11 +297,7 @@ def stage_signals_sql(method: str, by: str = "") -> str:
     CPU/wall medians (slow, tail, fast) and upper quartile (``busy``); the slowdown's ``cov`` and
     ``var`` of ``log(wall)`` over runs with CPU time above the rule's floor."""
     keys = f"{by}, " if by else ""
-    where = ""
-    if by:
-        where = (f"WHERE ({by}) IN (SELECT {by} FROM {R} WHERE warm AND width IS NOT NULL"
-                 f" AND height IS NOT NULL GROUP BY {by} ORDER BY count() DESC, {by}"
-                 " LIMIT {top_cohorts:UInt32})")
+    where = f"WHERE ({by}) IN ({TOP_COHORTS})" if by else ""
     u = "util IS NOT NULL"
     sd = "sd"
     return f"""SELECT {keys}stage, count() AS n, any(th_slow) AS slow_min, any(th_fast) AS fast_max,
@@ -343,46 +344,43 @@ FROM (
 GROUP BY {keys}name ORDER BY {keys}name"""
 
 
-def memory_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+def memory_statements() -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
-    ``hw.gpu.memory.limit`` points of the processes with requests, in the window (by process,
-    through the GPU owners table, and time, as the utilization), and one row per (warm forward
-    window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``; ``vdrop``: the
-    memory released between them, the sum of the falls in time order,
+    ``hw.gpu.memory.limit`` points of the processes with requests, in the window (from the GPU
+    points table, by process through the GPU owners table, and time, as the utilization; after
+    :func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`), and one row per
+    (warm forward window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``;
+    ``vdrop``: the memory released between them, the sum of the falls in time order,
     :func:`otel_stages.analysis.gpu_memory.released`; ``mult``: warm requests with that window)."""
-    names = f"('{semconv.HW_GPU_MEMORY_USAGE}', '{semconv.HW_GPU_MEMORY_LIMIT}')"
-    where = metric_filter(query, names)
+    is_usage = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE)
+    is_limit = gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
 SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_limit FROM (
-    SELECT {_PROC_KEY} AS proc_key,
-        Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v,
-        MetricName = '{semconv.HW_GPU_MEMORY_LIMIT}' AS is_limit
-    FROM {gauge} WHERE {where}
+    SELECT point_key AS proc_key, hw, t, v, {is_limit} AS is_limit
+    FROM {GPU_POINTS_TABLE} WHERE {is_usage} OR {is_limit}
 ) AS p INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
+    usage = (f"SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {MEMORY_SAMPLES_TABLE}"
+             " WHERE NOT is_limit")
+    # one join of every warm forward (not grouped by window first: most hold no point, and that
+    # grouping by window and cohort cost more than the join); a window's requests (``mult``)
+    # are its distinct (request, forward) pairs, each met by the same ``n`` points
     pairs = f"""CREATE TEMPORARY TABLE {MEMORY_PAIRS_TABLE} ENGINE = Log AS
-SELECT wb.proc_key AS proc_key, wb.width AS width, wb.height AS height, wb.fmt AS fmt,
-    wb.s AS s, wb.e AS e, any(wb.mult) AS mult, sm.hw AS hw, max(sm.v) AS vmax, min(sm.v) AS vmin,
-    count() AS n,
+SELECT f.proc_key AS proc_key, f.width AS width, f.height AS height, f.fmt AS fmt,
+    f.s AS s, f.e AS e, uniqExact(f.trace_key, f.span_key, f.i) AS mult, sm.hw AS hw,
+    max(sm.v) AS vmax, min(sm.v) AS vmin, intDiv(count(), mult) AS n,
     arraySum(arrayMap(x -> greatest(-x, 0),
         arrayDifference(arrayMap(p -> p.2, arraySort(groupArray((sm.t, sm.v))))))) AS vdrop
 FROM (
-    SELECT proc_key, width, height, fmt, s, e, mult,
-        arrayJoin(range(toUInt64(intDiv(s, {GPU_BUCKET_NS})), toUInt64(intDiv(e, {GPU_BUCKET_NS})) + 1)) AS b
-    FROM (
-        SELECT proc_key, width, height, fmt, w.1 AS s, w.2 AS e, count() AS mult
-        FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
-        WHERE warm GROUP BY proc_key, width, height, fmt, s, e
-    )
-) AS wb
-INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {MEMORY_SAMPLES_TABLE}
-            WHERE NOT is_limit) AS sm
-    ON sm.proc_key = wb.proc_key AND sm.b = wb.b
-WHERE sm.t >= wb.s AND sm.t <= wb.e
+    SELECT trace_key, span_key, proc_key, width, height, fmt, s, e, i, arrayJoin({buckets("s", "e")}) AS b
+    FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
+    WHERE warm
+) AS f
+INNER JOIN ({usage}) AS sm ON sm.proc_key = f.proc_key AND sm.b = f.b
+WHERE sm.t >= f.s AND sm.t <= f.e
 GROUP BY proc_key, width, height, fmt, s, e, hw"""
-    params = query_params(query)
     return [(f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_SAMPLES_TABLE}", {}),
-            (samples, params), (pairs, {})]
+            (samples, {}), (pairs, {})]
 
 
 def memory_gpus_sql() -> str:

@@ -40,6 +40,13 @@ PROCESS_TABLE = "otel_stages_processes"
 GPU_OWNERS_TABLE = "otel_stages_gpu_owners"
 #: The warm requests set apart as cold (:mod:`otel_stages.analysis.clickhouse_apart`).
 APART_TABLE = "otel_stages_apart"
+#: One row: ``formats``, the distinct ``image.format`` values of the requests (filled with the
+#: per-request table's first reader, :func:`formats_statements`; what :func:`cohort_requests`
+#: reads instead of counting them again in every statement).
+FORMATS_TABLE = "otel_stages_formats"
+#: One row: ``n_warm`` and ``mean_total`` (ms) of the warm requests, once the requests set apart
+#: are known (:func:`warm_statements`).
+WARM_TABLE = "otel_stages_warm"
 #: With ``--service``: the traces holding a span of that service, and the services of their
 #: spans (whose metrics are read), as :func:`service_statements` fills them.
 SERVICE_TRACES_TABLE = "otel_stages_service_traces"
@@ -184,8 +191,25 @@ def span_filter(query: AggregateQuery, *, odd: bool) -> str:
 #: ``image.format`` as the cohorts read it: only when the requests hold more than one format,
 #: else '' (as :class:`otel_stages.analysis.cohorts.CohortKeys`: one format on some requests and
 #: none on others is one input, not two).
-_COHORT_FORMAT = (f"if((SELECT uniqExactIf(fmt, fmt != '') FROM {REQUESTS_TABLE} WHERE is_request)"
-                  " > 1, fmt, '')")
+_COHORT_FORMAT = f"if((SELECT formats FROM {FORMATS_TABLE}) > 1, fmt, '')"
+
+
+def formats_statements() -> list[str]:
+    """(Re)create :data:`FORMATS_TABLE` from the per-request table: run before anything reads
+    :func:`cohort_requests` or :func:`requests` (a scalar subquery over one row, where the count
+    itself read every request's format again in each statement)."""
+    return [f"DROP TEMPORARY TABLE IF EXISTS {FORMATS_TABLE}",
+            f"""CREATE TEMPORARY TABLE {FORMATS_TABLE} ENGINE = Memory AS
+SELECT uniqExactIf(fmt, fmt != '') AS formats FROM {REQUESTS_TABLE} WHERE is_request"""]
+
+
+def warm_statements() -> list[str]:
+    """(Re)create :data:`WARM_TABLE` (after the requests set apart): the warm count and the
+    warm requests' mean total, read by :func:`count_statement` and the statements that centre
+    on that mean."""
+    return [f"DROP TEMPORARY TABLE IF EXISTS {WARM_TABLE}",
+            f"""CREATE TEMPORARY TABLE {WARM_TABLE} ENGINE = Memory AS
+SELECT countIf(warm) AS n_warm, avgIf(total_ns / 1e6, warm) AS mean_total FROM {requests()}"""]
 
 
 def cohort_requests() -> str:
@@ -207,8 +231,9 @@ def requests(*, recorded_format: bool = False) -> str:
 
 
 def count_statement() -> str:
-    """Warm requests in the temporary table (picks the quantile function under ``auto``)."""
-    return f"SELECT countIf(warm) AS n_warm FROM {requests()}"
+    """Warm requests in the temporary table (picks the quantile function under ``auto``; after
+    :func:`warm_statements`)."""
+    return f"SELECT n_warm FROM {WARM_TABLE}"
 
 
 def quantile_function(query: AggregateQuery, warm_requests: int) -> str:
@@ -224,7 +249,15 @@ def _levels() -> str:
 
 def distribution(prefix: str, expr: str, cond: str, method: str) -> str:
     """Select-list items summarising ``expr`` over rows where ``cond``: ``{prefix}_n``, ``_min``,
-    ``_max``, ``_q`` (the :data:`LEVELS`), ``_mean``, ``_var`` (sample variance), ``_sum``."""
+    ``_max``, ``_q`` (the :data:`LEVELS`), ``_mean``, ``_var`` (sample variance), ``_sum``.
+    ``cond`` ``"1"`` (every row) gives the plain aggregate functions (no ``-If`` per row)."""
+    if cond == "1":
+        q = (f"quantilesExactInclusive({_levels()})({expr})" if method == "exact"
+             else f"quantilesDD({DD_RELATIVE_ACCURACY}, {_levels()})({expr})")
+        return (f"count() AS {prefix}_n, min({expr}) AS {prefix}_min, "
+                f"max({expr}) AS {prefix}_max, {q} AS {prefix}_q, "
+                f"avg({expr}) AS {prefix}_mean, varSampStable({expr}) AS {prefix}_var, "
+                f"sum({expr}) AS {prefix}_sum")
     q = (f"quantilesExactInclusiveIf({_levels()})({expr}, {cond})" if method == "exact"
          else f"quantilesDDIf({DD_RELATIVE_ACCURACY}, {_levels()})({expr}, {cond})")
     return (f"countIf({cond}) AS {prefix}_n, minIf({expr}, {cond}) AS {prefix}_min, "
@@ -234,7 +267,11 @@ def distribution(prefix: str, expr: str, cond: str, method: str) -> str:
 
 
 def median(expr: str, cond: str, method: str) -> str:
-    """The median of ``expr`` over rows where ``cond``, with the chosen quantile function."""
+    """The median of ``expr`` over rows where ``cond``, with the chosen quantile function
+    (``cond`` ``"1"``: the plain function)."""
+    if cond == "1":
+        return (f"quantileExactInclusive(0.5)({expr})" if method == "exact"
+                else f"quantileDD({DD_RELATIVE_ACCURACY}, 0.5)({expr})")
     if method == "exact":
         return f"quantileExactInclusiveIf(0.5)({expr}, {cond})"
     return f"quantileDDIf({DD_RELATIVE_ACCURACY}, 0.5)({expr}, {cond})"
