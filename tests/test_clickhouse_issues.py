@@ -764,7 +764,7 @@ PARITY = Path(__file__).parent / "data" / "traces" / "parity"  # README.md there
     ("format_on_some_requests", "gpu_busy"),
     ("service_renamed_same_instance", "gpu_busy"),
     ("own_gpu_plus_exporter", "gpu_busy"),
-    ("two_hosts_one_hw_id", "gpu_memory_pressure"),
+    ("two_hosts_one_hw_id", "gpu_busy"),
 ])
 def test_the_testers_parity_cases(engine, name: str, cause: str) -> None:
     """Inputs on which the ClickHouse report was confidently different (cohort format key,

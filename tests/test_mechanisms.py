@@ -337,7 +337,7 @@ def test_fast_share_threshold(hit, confirmed):
     mechanism = gm.memory_mechanism(_memory([(0.97, 0.1)] * 4, fast))
     assert mechanism.confirmed is confirmed
     if not confirmed:
-        assert "as high or as unsettled in the other forwards" in mechanism.evidence[0]
+        assert "of the other forwards are under pressure too" in mechanism.evidence[0]
 
 
 @pytest.mark.parametrize("n, confirmed", [(2, False), (3, True)])

@@ -197,7 +197,8 @@ def memory_mechanism(ev: MemoryEvidence | None) -> Mechanism | None:
             f" {pct(fast_peak)}")
     if not confirmed:
         if fast_share > PRESSURE_MAX_FAST_SHARE and slow_share >= PRESSURE_MIN_SLOW_SHARE:
-            why = "memory is as high or as unsettled in the other forwards: it does not explain the swing"
+            why = (f"more than {pct(PRESSURE_MAX_FAST_SHARE)} of the other forwards are under"
+                   " pressure too: it does not single out the slow ones")
         elif slow_peak > fast_peak:
             why = ("memory is higher in the slow forwards but clear of its limit and not released"
                    " within them: memory that grows with the work (activations of a larger batch or"
