@@ -818,3 +818,21 @@ def test_memory_released_within_the_slow_forwards_in_sql_too(engine, tmp_path: P
     got, want = reports(engine, path)
     assert want["verdict"]["cause"] == "gpu_memory_pressure"
     assert got["verdict"] == want["verdict"]
+
+
+# --- a utilization declared in % (unit "%") is a ratio in both reports --------------------------
+
+
+@pytest.mark.parametrize("unit, value, cause", [
+    ("%", 1.0, "gpu_starved"),     # DCGM-style percent of an idle GPU (not 100 % busy)
+    ("%", 95.0, "gpu_busy"),
+    ("1", 1.2, "gpu_starved"),     # over 1 cannot be a ratio: percent (the guess sits at 1.0)
+    ("", 1.0, "gpu_busy"),         # undeclared and never over 1: a ratio
+])
+def test_the_gpu_unit_is_read_as_the_file_report_reads_it(engine, tmp_path: Path, unit: str,
+                                                          value: float, cause: str) -> None:
+    from tests.test_odd_values import _gpu_run
+
+    got, want = reports(engine, _gpu_run(tmp_path, unit, value))
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]

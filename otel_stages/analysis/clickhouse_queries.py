@@ -32,7 +32,6 @@ from otel_stages.analysis.clickhouse_sql import (
     FORMATS_TABLE,
     GPU_BUCKET_NS,
     GPU_OWNERS_TABLE,
-    PERCENT_GUESS,
     PROCESS_TABLE,
     AggregateQuery,
     distribution,
@@ -44,6 +43,8 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS
+from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
 #: The per-request rows with their cold / warm flags (a subquery).
@@ -331,12 +332,15 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     """``(statement, params)`` filling :data:`GPU_POINTS_TABLE`: every point of the three GPU
     gauges in the window (:func:`~otel_stages.analysis.clickhouse_sql.metric_filter`) with
     ``point_key`` (its process, :func:`~otel_stages.analysis.clickhouse_sql.process_hash` of
-    ``service.name`` and ``service.instance.id``), ``hw`` (``hw.id``), ``t`` (ns), ``v`` and
+    ``service.name`` and ``service.instance.id``), ``hw`` (``hw.id``), ``t`` (ns), ``v`` (a
+    metric whose ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
+    :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`) and
     ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
 SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS point_key,
-    Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t, Value AS v,
+    Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t,
+    if(MetricUnit = '{PERCENT_UNIT}', Value * {PERCENT_SCALE}, Value) AS v,
     toUInt8(indexOf([{_GPU_METRICS[1:-1]}], CAST(MetricName AS String))) AS metric
 FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_POINTS_TABLE}", {}), (fill, query_params(query))]

@@ -108,9 +108,9 @@ def memory_evidence(gpu: MemoryGpu | None, windows: Mapping[str, Any] | None,
                       (float(r["vmax"]) - float(r["vmin"])) / limit, int(r["n"]),
                       float(r["vdrop"]) / limit)
         for r in forwards if r["hw"] == gpu.hw for _ in range(int(r["mult"])))
-    # fast_max is the warm forward median; the noise band is set where the stage figures are
+    # the noise band is set where the stage figures are
     return MemoryEvidence(covered, int(windows["n"]), limit, gpu.hw or None,
-                          float(windows["fast_max"]))
+                          float(windows["median_ms"]))
 
 
 def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:

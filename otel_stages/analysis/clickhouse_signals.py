@@ -49,7 +49,7 @@ What is read, and how narrowly (a fleet has millions of spans):
   window (:data:`MEMORY_SAMPLES_TABLE`), lined up with each warm forward window by the bucketed
   join of the utilization (:mod:`otel_stages.analysis.clickhouse_sql`), per process; per GPU
   (``hw.id``) the point and limit counts and the points inside forwards (:func:`memory_gpus_sql`);
-  per scope the forward windows' count, p75 and median (:func:`memory_windows_sql`); and one row
+  per scope the forward windows' count and median (:func:`memory_windows_sql`); and one row
   per covered forward of the chosen GPUs (peak and lowest bytes, points), at most
   :data:`MAX_MEMORY_FORWARDS` rows: the memory rule compares per-forward shares, so it needs the
   forwards, not a sum. Above that a deterministic sample (by hash) is returned and the report
@@ -57,9 +57,7 @@ What is read, and how narrowly (a fleet has millions of spans):
 
 Left out on purpose: signals of stage spans under a custom group span (they count as not
 recorded; the file report reads them; the report says so in ``problems``:
-:func:`otel_stages.analysis.clickhouse_issues.not_checked`), and per-process GPU memory series
-merged across processes (the file report merges series of the same ``hw.id`` from every
-process; here a forward sees only its own process's points, as for the utilization).
+:func:`otel_stages.analysis.clickhouse_issues.not_checked`).
 """
 
 from __future__ import annotations
@@ -84,7 +82,6 @@ from otel_stages.analysis.clickhouse_sql import (
     requests,
     span_filter,
 )
-from otel_stages.analysis.gpu_memory import SLOW_PERCENTILE as MEMORY_SLOW_PERCENTILE
 from otel_stages.analysis.signal_figures import (
     _MIN_CPU_MS,
     BUSY_PERCENTILE,
@@ -397,12 +394,13 @@ SETTINGS join_use_nulls = 1"""
 
 
 def memory_windows_sql(method: str, by: str = "") -> str:
-    """Warm forward windows (per ``by`` group too): ``n``, and the slow / fast bounds of the
-    memory rule over their ms (``slow_min``: its percentile, ``fast_max``: the median)."""
+    """Warm forward windows (per ``by`` group too): ``n`` and ``median_ms`` (the memory rule's
+    slow forwards are those beyond it plus the run's noise band,
+    :class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`)."""
     keys = f"{by}, " if by else ""
     group = f"GROUP BY {by} ORDER BY {by}" if by else ""
     return f"""SELECT {keys}count() AS n,
-    {_q(MEMORY_SLOW_PERCENTILE / 100, "d", "1", method)} AS slow_min, {_q(0.5, "d", "1", method)} AS fast_max
+    {_q(0.5, "d", "1", method)} AS median_ms
 FROM {R} ARRAY JOIN arrayMap((s, e) -> (e - s) / 1e6, fwd_start, fwd_end) AS d
 WHERE warm {group}"""
 

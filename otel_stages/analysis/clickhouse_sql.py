@@ -69,8 +69,6 @@ DD_RELATIVE_ACCURACY = 0.01
 EXACT_RELATIVE_TOLERANCE = 1e-9
 #: Width of the time buckets the forward/sample join matches on (ns).
 GPU_BUCKET_NS = 10**9
-#: Utilization series whose maximum exceeds this are percent (0..100), as in analysis.gpu.
-PERCENT_GUESS = 1.5
 #: Percentile levels computed for every distribution (p5, p25, median, p75, p95).
 LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 #: The engine spills GROUP BY / ORDER BY state to disk past these sizes (bytes).

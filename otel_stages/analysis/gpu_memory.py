@@ -59,8 +59,6 @@ PRESSURE_MIN_SLOW_SHARE = 0.5
 PRESSURE_MAX_FAST_SHARE = 0.25
 #: Fewer covered forwards than this among the slow (or the fast) ones: not enough data.
 MIN_MEMORY_FORWARDS = 3
-#: Kept for the SQL side's window query (its ``slow_min`` column; no longer read by the rule).
-SLOW_PERCENTILE = 75.0
 
 _GIB = 1024 ** 3
 
