@@ -14,6 +14,27 @@ percent. So a change counts only when its whole interval lies beyond a margin of
 when any of its statistics' changes counts: "outside run-to-run noise at 95 % confidence". Rows
 with fewer than :data:`MIN_SAMPLES` requests on either side are never significant.
 
+The bootstrap has little power for a *tail*: when a tenth of the requests become much slower, the
+p95's interval spans both modes and is not significant. So each row also has a tail test
+(:class:`ShareChange` ``tail``): the *tail line* is the baseline's slowest request plus the drift
+margin, and the requests after the change above it are counted. Under "same code, drifted by at
+most :data:`RUN_DRIFT_FRACTION`", ``k`` of ``n_after`` requests lie beyond it with probability at most
+``C(n_after, k) / C(n_after + n_before, k)`` (every ordering of the pooled requests equally likely),
+which is exactly Fisher's exact test (``scipy.stats.fisher_exact``, one-sided) of ``k`` of
+``n_after`` against 0 of ``n_before``; significant below :data:`SIGNIFICANCE`. (Boschloo's test
+would be more powerful but treats the baseline's 0, forced by the line, as a chance outcome; a line
+at the baseline's p95 flags most pairs that merely drifted by 10 %.) A tail needs at least
+:data:`MIN_EVENTS` such requests. A tail with a p-value under :data:`INCONCLUSIVE_LEVEL` that is
+not significant is *inconclusive* (below). The *failure rate* (requests that ended with an error,
+of all finished requests: ``failures``) is a fixed criterion, so Boschloo's exact test
+(``scipy.stats.boschloo_exact``, uniformly more powerful than Fisher's; Fisher's past
+:data:`EXACT_MAX_TABLES`) tests whether it rose. A significant tail counts as a significant change
+of its row; a significant rise in the failure rate means the comparison is not within noise.
+
+``inconclusive``: rows (the total or stages) that are not significant but which the output must
+not call noise: the stage the verdicts name as the new bottleneck (it moved there, or appeared),
+and rows whose tail test came close (p under :data:`INCONCLUSIVE_LEVEL`).
+
 ``uniform_shift``: every stage of the request (each at least 2 % of it) moved the same way by a
 similar factor, which points at the host rather than a change in one stage.
 ``bottleneck_moved``: both verdicts name a stage and they differ. ``inputs_differ``: the two
@@ -59,6 +80,19 @@ UNIFORM_MIN_STAGES = 3
 #: ... largest / smallest median ratio among those stages.
 UNIFORM_MAX_SPREAD = 2.0
 
+#: Significance level of the tail and failure-rate tests (one-sided): ``1 - CONFIDENCE``.
+SIGNIFICANCE = 1 - CONFIDENCE
+#: Fewer requests than this above the tail line (or failed) after the change: one or two freak
+#: requests are outliers, not a tail or a failure pattern; not tested.
+MIN_EVENTS = 3
+#: A row whose tail test's p-value is under this (but not under :data:`SIGNIFICANCE`) is
+#: inconclusive, never "noise": e.g. 4 of 39 requests slower than anything in 39 before (p 0.058).
+INCONCLUSIVE_LEVEL = 0.10
+#: Boschloo's exact test enumerates every (before, after) table: up to this many
+#: (``(n_before + 1) * (n_after + 1)``, about 0.1 s); above it Fisher's exact test, whose
+#: conservatism costs little at that size.
+EXACT_MAX_TABLES = 12_000
+
 _STATS = ("median", "p95", "swing")
 
 
@@ -98,6 +132,92 @@ def _diff(after: float | None, before: float | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class ShareChange:
+    """The share of requests that are slow (above ``line_ms``: the tail) or failed, before and
+    after: ``baseline_count`` of ``baseline_total``, ``count`` of ``total``. ``p_value``: one-sided
+    exact test that the share rose (``test``: ``"boschloo"`` or ``"fisher"``); ``None`` when not
+    tested (a side under :data:`MIN_SAMPLES` requests, or fewer than :data:`MIN_EVENTS` events
+    after)."""
+
+    baseline_count: int
+    baseline_total: int
+    count: int
+    total: int
+    p_value: float | None = None
+    test: str | None = None
+    line_ms: float | None = None
+
+    @property
+    def baseline_share(self) -> float | None:
+        """``baseline_count / baseline_total`` (``None`` without requests)."""
+        return self.baseline_count / self.baseline_total if self.baseline_total else None
+
+    @property
+    def share(self) -> float | None:
+        """``count / total`` (``None`` without requests)."""
+        return self.count / self.total if self.total else None
+
+    @property
+    def significant(self) -> bool:
+        """The share rose, at :data:`SIGNIFICANCE`."""
+        return self.p_value is not None and self.p_value < SIGNIFICANCE
+
+    def describe(self, what: str) -> str:
+        """``"<what> 0 of 39 (0%) -> 4 of 39 (10%), Boschloo's exact test p=0.029"``."""
+        def side(k: int, n: int) -> str:
+            return f"{k} of {n} ({k / n:.0%})" if n else "none"
+        name = {"boschloo": "Boschloo's", "fisher": "Fisher's"}.get(self.test or "", "an")
+        test = "" if self.p_value is None else f", {name} exact test p={self.p_value:.2g}"
+        return (f"{what} {side(self.baseline_count, self.baseline_total)} ->"
+                f" {side(self.count, self.total)}{test}")
+
+    def to_dict(self, count_key: str) -> dict[str, object]:
+        """JSON form; ``count_key`` names the events (``slow``, ``failed``)."""
+        def r(v: float | None, digits: int) -> float | None:
+            return None if v is None else round(v, digits)
+
+        out: dict[str, object] = {} if self.line_ms is None else {"line_ms": round(self.line_ms, 3)}
+        out.update({
+            f"baseline_{count_key}": self.baseline_count, "baseline_requests": self.baseline_total,
+            count_key: self.count, "requests": self.total,
+            "baseline_share": r(self.baseline_share, 4), "share": r(self.share, 4),
+            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "test": self.test, "significant": self.significant,
+        })
+        return out
+
+
+def share_rise(baseline_count: int, baseline_total: int, count: int, total: int,
+               line_ms: float | None = None, *, exact: str = "boschloo") -> ShareChange:
+    """Test whether the share ``count / total`` rose above ``baseline_count / baseline_total``:
+    one-sided Boschloo exact test (``scipy.stats.boschloo_exact``), Fisher's exact test
+    (``scipy.stats.fisher_exact``) past :data:`EXACT_MAX_TABLES` or with ``exact="fisher"``
+    (the tail test: module docstring). Not tested (``p_value`` None)
+    below :data:`MIN_SAMPLES` requests on a side or :data:`MIN_EVENTS` events after, or when the
+    share did not rise."""
+    out = ShareChange(baseline_count, baseline_total, count, total, line_ms=line_ms)
+    if (min(baseline_total, total) < MIN_SAMPLES or count < MIN_EVENTS
+            or count * baseline_total <= baseline_count * total):
+        return out
+    from scipy import stats
+
+    # rows: after, before; columns: events, others. "greater": after's share is the larger
+    table = [[count, total - count], [baseline_count, baseline_total - baseline_count]]
+    if exact == "boschloo" and (baseline_total + 1) * (total + 1) <= EXACT_MAX_TABLES:
+        p, test = float(stats.boschloo_exact(table, alternative="greater").pvalue), "boschloo"
+    else:
+        p, test = float(stats.fisher_exact(table, alternative="greater").pvalue), "fisher"
+    return ShareChange(baseline_count, baseline_total, count, total, min(p, 1.0), test, line_ms)
+
+
+def tail_line(baseline_max_ms: float) -> float:
+    """The tail line (ms) of a row whose baseline's slowest request took ``baseline_max_ms``: that
+    plus its drift margin (:func:`drift_margin`): slower than anything in the baseline by more
+    than two runs of the same code drift apart."""
+    return baseline_max_ms + drift_margin(baseline_max_ms)
+
+
+@dataclass(frozen=True)
 class Change:
     """One row (the total or a stage) before and after. Times in ms; ``None`` where a side has
     no data. ``*_ci`` are the intervals of after - before (``None``: too few requests)."""
@@ -113,6 +233,7 @@ class Change:
     swing_ci: Interval | None = None
     baseline_count: int = 0
     count: int = 0
+    tail: ShareChange | None = None
 
     @property
     def change_ms(self) -> float | None:
@@ -140,14 +261,18 @@ class Change:
         return _diff(self.swing_ms, self.baseline_swing_ms)
 
     def significant_of(self, statistic: str) -> bool:
-        """Whether the change of ``statistic`` (``median``, ``p95``, ``swing``) is significant."""
+        """Whether the change of ``statistic`` (``median``, ``p95``, ``swing``, ``tail``) is
+        significant."""
+        if statistic == "tail":
+            return self.tail is not None and self.tail.significant
         ci = {"median": self.median_ci, "p95": self.p95_ci, "swing": self.swing_ci}[statistic]
         return ci is not None and ci.significant
 
     @property
     def significant(self) -> bool:
-        """Any of median, p95, swing changed beyond run-to-run noise (module docstring)."""
-        return any(self.significant_of(s) for s in _STATS)
+        """Any of median, p95, swing changed beyond run-to-run noise, or the share of requests
+        above the tail line rose (module docstring)."""
+        return any(self.significant_of(s) for s in (*_STATS, "tail"))
 
     def to_dict(self) -> dict[str, object]:
         """JSON form: the DESIGN.md section 3 keys plus ``change_ms``, swing and intervals."""
@@ -180,6 +305,8 @@ class Change:
             "median_significant": self.significant_of("median"),
             "p95_significant": self.significant_of("p95"),
             "swing_significant": self.significant_of("swing"),
+            "tail": None if self.tail is None else self.tail.to_dict("slow"),
+            "tail_significant": self.significant_of("tail"),
             "baseline_count": self.baseline_count,
             "count": self.count,
         }
@@ -251,8 +378,11 @@ def compare_samples(before: Sequence[float], after: Sequence[float]) -> Change:
         high = np.atleast_1d(np.asarray(res.confidence_interval.high, dtype=float))
         margins = (drift_margin(b50), drift_margin(b95), drift_margin(b95 - b5))
         cis = [Interval(float(low[i]), float(high[i]), margins[i]) for i in range(len(_STATS))]
+    line = tail_line(max(before))
+    tail = share_rise(0, len(before), sum(v > line for v in after), len(after), line_ms=line,
+                      exact="fisher")
     return Change(b50, a50, b95, a95, b95 - b5, a95 - a5, cis[0], cis[1], cis[2],
-                  baseline_count=len(before), count=len(after))
+                  baseline_count=len(before), count=len(after), tail=tail)
 
 
 def cohort_distance(before: Mapping[str, int], after: Mapping[str, int]) -> float | None:
@@ -280,6 +410,8 @@ class Comparison:
     input_distance: float | None = None
     uniform_shift: bool = False
     summary: list[str] = field(default_factory=list)
+    failures: ShareChange | None = None
+    inconclusive: list[str] = field(default_factory=list)
 
     @property
     def tested(self) -> bool:
@@ -288,19 +420,49 @@ class Comparison:
         return self.total.median_ci is not None
 
     @property
+    def any_significant(self) -> bool:
+        """The total or a stage changed beyond run-to-run noise (bootstrap or tail test)."""
+        return self.total.significant or any(c.significant for c in self.stages.values())
+
+    @property
+    def failures_rose(self) -> bool:
+        """The failure rate rose significantly (module docstring)."""
+        return self.failures is not None and self.failures.significant
+
+    @property
     def within_noise(self) -> bool:
-        """The total was tested and no row changed beyond run-to-run noise."""
-        return (self.tested and not self.total.significant
-                and not any(c.significant for c in self.stages.values()))
+        """The total was tested, no row changed beyond run-to-run noise, the failure rate did not
+        rise, and no stage is :attr:`inconclusive`."""
+        return (self.tested and not self.any_significant and not self.failures_rose
+                and not self.inconclusive)
 
     def regressions(self, threshold_pct: float) -> list[str]:
-        """The total's statistics (median, p95) that rose significantly by more than
-        ``threshold_pct`` percent, as sentences; empty when none did."""
+        """What trips ``--fail-on-regression threshold_pct``, as sentences (empty: nothing):
+
+        - the total's median or p95 rose by more than ``threshold_pct`` percent and that
+          statistic's change is significant (bootstrap);
+        - the total's p95 rose by more than ``threshold_pct`` percent and the share of requests
+          above the tail line rose significantly (the tail test: the bootstrap misses a tail);
+        - the failure rate rose significantly, by more than ``threshold_pct`` percent of the
+          baseline's rate (any rise from none).
+        """
         out = []
-        for statistic, pct in (("median", self.total.change_pct), ("p95", self.total.p95_change_pct)):
-            if pct is not None and pct > threshold_pct and self.total.significant_of(statistic):
-                out.append(f"total {statistic} {self.total.describe(statistic)}, above"
+        total = self.total
+        for statistic, pct in (("median", total.change_pct), ("p95", total.p95_change_pct)):
+            if pct is not None and pct > threshold_pct and total.significant_of(statistic):
+                out.append(f"total {statistic} {total.describe(statistic)}, above"
                            f" {threshold_pct:g}% and outside run-to-run noise")
+        pct = total.p95_change_pct
+        if (total.tail is not None and total.tail.significant and not total.significant_of("p95")
+                and pct is not None and pct > threshold_pct):
+            out.append(f"total p95 {total.describe('p95')}, above {threshold_pct:g}%, with"
+                       f" {_tail_clause(total.tail)}")
+        f = self.failures
+        if f is not None and f.significant:
+            before, after = f.baseline_share or 0.0, f.share or 0.0
+            if before == 0.0 or 100.0 * (after - before) / before > threshold_pct:
+                out.append(f"{f.describe('failed requests')}: the failure rate rose"
+                           + ("" if before == 0.0 else f" by more than {threshold_pct:g}%"))
         return out
 
     def to_dict(self) -> dict[str, object]:
@@ -314,6 +476,8 @@ class Comparison:
             "within_noise": self.within_noise,
             "uniform_shift": self.uniform_shift,
             "input_distance": None if self.input_distance is None else round(self.input_distance, 3),
+            "failures": None if self.failures is None else self.failures.to_dict("failed"),
+            "inconclusive": list(self.inconclusive),
             "baseline_requests": self.baseline_requests,
             "baseline_verdict": {"cause": self.baseline_cause, "stage": self.baseline_stage},
             "verdict": {"cause": self.cause, "stage": self.stage},
@@ -335,7 +499,17 @@ def _row_sentence(name: str, c: Change) -> str:
                          f"{signed_ms(ci.high_ms)} ms")
     if c.swing_ci is not None and c.swing_ci.significant and c.swing_change_ms is not None:
         parts.append(f"swing {duration(c.baseline_swing_ms)} -> {duration(c.swing_ms)}")
+    if c.tail is not None and c.tail.significant:
+        if not c.significant_of("p95"):
+            parts.append(f"p95 {c.describe('p95')}")
+        parts.append(_tail_clause(c.tail))
     return f"{name}: " + "; ".join(parts)
+
+
+def _tail_clause(tail: ShareChange) -> str:
+    line = duration(tail.line_ms) if tail.line_ms is not None else "the tail line"
+    return (tail.describe(f"requests slower than {line} (the baseline's slowest + 10%)")
+            + (": a tail regression" if tail.significant else ""))
 
 
 def uniform_ratios(stages: Mapping[str, Change], baseline_total_ms: float | None) -> list[float] | None:
@@ -368,8 +542,17 @@ def compare(baseline: Report, current: Report) -> Comparison:
     distance = cohort_distance(baseline.cohort_counts, current.cohort_counts)
     differ = distance is not None and distance >= INPUTS_DIFFER_MIN
     ratios = uniform_ratios(stages, total.baseline_median_ms)
+    failures = share_rise(baseline.counts.failed, baseline.requests, current.counts.failed,
+                          current.requests)
+    # the stage the verdicts now name (moved there, or appeared) is never called noise
+    named = stage if stage is not None and stage != b_stage else None
+    inconclusive = [n for n, c in [("total", total), *stages.items()]
+                    if not c.significant and c.median_ci is not None
+                    and (n == named or (c.tail is not None and c.tail.p_value is not None
+                                        and c.tail.p_value < INCONCLUSIVE_LEVEL))]
     comparison = Comparison(baseline.requests, stages, total, b_cause, b_stage, cause, stage, moved,
-                            differ, distance, uniform_shift=ratios is not None)
+                            differ, distance, uniform_shift=ratios is not None, failures=failures,
+                            inconclusive=inconclusive)
     summary = comparison.summary
     if ratios is not None:
         summary.append(
@@ -390,14 +573,25 @@ def compare(baseline: Report, current: Report) -> Comparison:
     else:
         rows = [("total", total)] + [(n, c) for n, c in stages.items()]
         summary.extend(_row_sentence(n, c) for n, c in rows if c.significant)
-        quiet = [n for n, c in stages.items() if not c.significant and c.median_ci is not None]
+        quiet = [n for n, c in rows if not c.significant and c.median_ci is not None
+                 and n not in inconclusive and (n != "total" or not comparison.any_significant)]
         if quiet:
             summary.append(f"within run-to-run noise: {', '.join(quiet)}")
+        for n in inconclusive:
+            row = total if n == "total" else stages[n]
+            why = ("the verdict now names it as the bottleneck" if n == named
+                   else _tail_clause(row.tail) if row.tail is not None else "")
+            summary.append(f"{n}: not significant, yet {why}: inconclusive (neither a change nor"
+                           " noise); record more requests on both sides")
+    if failures.significant:
+        summary.append(
+            f"{failures.describe('failed requests')}: the failure rate rose (the timings above"
+            " describe only the requests that succeeded)")
     few = [n for n, c in [("total", total), *stages.items()]
            if c.baseline_count and c.count and (min(c.baseline_count, c.count) < MIN_SAMPLES)]
     if few and comparison.tested:
         summary.append(f"too few requests to test {', '.join(few)} (fewer than {MIN_SAMPLES} on a side)")
-    chance = ("" if not comparison.within_noise
+    chance = ("" if not comparison.tested or comparison.any_significant
               else " (no change is significant: the verdicts may differ by chance)")
     if moved:
         summary.append(

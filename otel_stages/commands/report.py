@@ -16,8 +16,11 @@ report: each is printed to stderr as
 last; every run read is still listed under ``runs``, and the text header names them); it applies
 to the baseline too. ``--fail-on-regression PCT`` (with ``--baseline``) is a CI gate: exit status 3
 when the request total's median or p95 rose by more than PCT percent *and* that change is outside
-run-to-run noise (the comparison's 95 % bootstrap interval excludes zero); stages are reported but
-do not trip the gate, since users feel the total.
+run-to-run noise (the comparison's 95 % bootstrap interval excludes zero, or, for the p95, the share
+of requests above the baseline's p95 + 10 % rose: the tail test), or when the failure rate rose
+significantly (by more than PCT percent of the baseline's rate; any rise from none); stages are
+reported but do not trip the gate, since users feel the total
+(:meth:`otel_stages.analysis.comparison.Comparison.regressions`).
 
 Exit status: 0 when at least one request was found; 1 when none was (the message says why on
 stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0`` and
@@ -167,7 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PCT",
         default=None,
         help="with --baseline: exit 3 when the request total's median or p95 rose by more than PCT"
-        " percent beyond run-to-run noise (a CI gate)",
+        " percent beyond run-to-run noise (a slower tail included), or the failure rate rose"
+        " significantly (a CI gate)",
     )
     remote = parser.add_argument_group("remote sources (instead of PATH)")
     remote.add_argument(
@@ -363,12 +367,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"otel-stages: error: no requests found in {where}{hint}", file=sys.stderr)
         return 1
     if args.fail_on_regression is not None and report.comparison is not None:
-        if not report.comparison.tested:
-            total = report.comparison.total
-            print(f"otel-stages: error: --fail-on-regression cannot judge: too few warm requests"
-                  f" ({total.baseline_count} before, {total.count} after; at least {MIN_SAMPLES}"
-                  " a side); record more requests", file=sys.stderr)
-            return EXIT_UNTESTED
+        # a regression found (a failure-rate rise can be judged with too few warm requests) trips
+        # the gate before "cannot judge" does
         regressions = report.comparison.regressions(args.fail_on_regression)
         for line in regressions:
             print(f"otel-stages: regression: {line}", file=sys.stderr)
@@ -377,6 +377,16 @@ def _run(args: argparse.Namespace) -> int:
                   " throttled host rather than the change", file=sys.stderr)
         if regressions:
             return EXIT_REGRESSION
+        if "total" in report.comparison.inconclusive:
+            print("otel-stages: note: the total's change is inconclusive (a tail too small to"
+                  " judge at 95%): the gate passes; record more requests to decide",
+                  file=sys.stderr)
+        if not report.comparison.tested:
+            total = report.comparison.total
+            print(f"otel-stages: error: --fail-on-regression cannot judge: too few warm requests"
+                  f" ({total.baseline_count} before, {total.count} after; at least {MIN_SAMPLES}"
+                  " a side); record more requests", file=sys.stderr)
+            return EXIT_UNTESTED
     return 0
 
 
