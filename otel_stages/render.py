@@ -24,7 +24,7 @@ from rich.text import Text
 from otel_stages import semconv
 from otel_stages.analysis import units
 from otel_stages.analysis.caveats import OFFSET_MIN_EXPLAINS
-from otel_stages.analysis.comparison import Change
+from otel_stages.analysis.change import Change
 from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
 from otel_stages.analysis.figures import REASON_AFTER_FAILED_START, REASON_NEW_INPUT, SAME_INPUT
 from otel_stages.analysis.report import Report, Run

@@ -26,7 +26,8 @@ Exit status: 0 when at least one request was found; 1 when none was (the message
 stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0`` and
 ``"verdict": {"cause": null, ...}``, so scripts can parse it either way); 2 usage error; 3
 ``--fail-on-regression`` tripped (the report is printed first); 4 ``--fail-on-regression`` could
-not test (fewer than 5 warm requests on a side: a gate that cannot judge does not pass).
+not test (fewer than 5 warm requests on a side, or the total's p95 rose by more than PCT percent
+while its tail test is only inconclusive: a gate that cannot judge does not pass).
 
 Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; default 1h):
 
@@ -65,8 +66,8 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Recording, diagnose, load_paths
+from otel_stages.analysis.change import MIN_SAMPLES
 from otel_stages.analysis.clickhouse_schema import DEFAULT_GAUGE_TABLE, DEFAULT_TRACES_TABLE
-from otel_stages.analysis.comparison import MIN_SAMPLES
 from otel_stages.analysis.files import load_bytes, load_stream
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
@@ -93,8 +94,8 @@ STDIN = "-"
 
 #: Exit status when --fail-on-regression trips.
 EXIT_REGRESSION = 3
-#: Exit status when --fail-on-regression cannot judge (too few requests on a side): a gate that
-#: cannot test must not pass silently.
+#: Exit status when --fail-on-regression cannot judge (too few requests on a side, or an
+#: inconclusive tail under a p95 rise past PCT): a gate that cannot test must not pass silently.
 EXIT_UNTESTED = 4
 
 
@@ -123,7 +124,7 @@ EPILOG = (
     " GPU utilization in percent, memory in GiB. JSON keys carry their unit (_ms, _ns, _s, _bytes);"
     " share, explains and utilization are fractions 0..1 there. Exit status: 0 report printed, 1"
     " nothing to report or unreadable input, 2 usage error, 3 --fail-on-regression tripped, 4"
-    " --fail-on-regression could not test (too few requests on a side)."
+    " --fail-on-regression could not judge (too few requests on a side, or an inconclusive tail)."
 )
 
 
@@ -377,10 +378,11 @@ def _run(args: argparse.Namespace) -> int:
                   " throttled host rather than the change", file=sys.stderr)
         if regressions:
             return EXIT_REGRESSION
-        if "total" in report.comparison.inconclusive:
-            print("otel-stages: note: the total's change is inconclusive (a tail too small to"
-                  " judge at 95%): the gate passes; record more requests to decide",
-                  file=sys.stderr)
+        undecided = report.comparison.undecided(args.fail_on_regression)
+        if undecided is not None:
+            print(f"otel-stages: error: --fail-on-regression cannot judge: {undecided}; record"
+                  " more requests on both sides", file=sys.stderr)
+            return EXIT_UNTESTED
         if not report.comparison.tested:
             total = report.comparison.total
             print(f"otel-stages: error: --fail-on-regression cannot judge: too few warm requests"
