@@ -161,7 +161,10 @@ class Change:
         return any(self.significant_of(s) for s in (*_STATS, "tail"))
 
     def to_dict(self) -> dict[str, object]:
-        """JSON form: the DESIGN.md section 3 keys plus ``change_ms``, swing and intervals."""
+        """JSON form: the DESIGN.md section 3 keys (``significant`` now includes the tail test)
+        plus ``change_ms``, swing, intervals, ``*_significant`` per statistic, ``tail`` (``{"line_ms",
+        "baseline_slow", "baseline_requests", "slow", "requests", "baseline_share", "share",
+        "p_value", "test", "significant"}``, or null without samples) and ``tail_significant``."""
         def r(v: float | None, digits: int = 3) -> float | None:
             return None if v is None else round(v, digits)
 

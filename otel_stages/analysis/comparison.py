@@ -147,7 +147,14 @@ class Comparison:
                 f" {_tail_clause(total.tail)} is not significant at {CONFIDENCE:.0%}")
 
     def to_dict(self) -> dict[str, object]:
-        """The report's ``comparison`` object (DESIGN.md section 3 keys plus extras)."""
+        """The report's ``comparison`` object: the DESIGN.md section 3 keys (``total``,
+        ``stages``: :meth:`Change.to_dict`, ``bottleneck_moved``, ``inputs_differ``) plus
+        ``tested``, ``within_noise`` (false when anything changed, the failure rate rose or a row
+        is inconclusive), ``uniform_shift``, ``input_distance``, ``failures`` (``{"baseline_failed",
+        "baseline_requests", "failed", "requests", "baseline_share", "share", "p_value", "test",
+        "significant"}``: :meth:`~otel_stages.analysis.proportions.ShareChange.to_dict`, or null),
+        ``inconclusive`` (row names: ``"total"`` or stages, never called noise), the verdicts,
+        ``confidence`` and ``summary``."""
         return {
             "total": self.total.to_dict(),
             "stages": {name: c.to_dict() for name, c in self.stages.items()},
