@@ -319,7 +319,7 @@ def _comparison(report: Report, width: int) -> RenderableType:
     summary = _bullets("Summary:", c.summary, "bold")
     title = Text(f"Compared with the baseline ({_count(c.baseline_requests, 'request')}), ms;"
                  " changed = outside run-to-run noise (95% bootstrap intervals of median, p95,"
-                 " swing; exact test of the requests beyond the baseline's slowest + 10%; unsure ="
+                 " swing; exact test of the requests beyond the baseline's slowest + 50%; unsure ="
                  " inconclusive)",
                  style="bold")
     return Group(title, table, *left_out_note(dropped), summary)

@@ -1,7 +1,7 @@
 """Tail and failure-rate regressions in the before/after comparison and its CI gate.
 
 The bootstrap of median / p95 / swing has little power for a tail (a tenth of the requests much
-slower): these tests pin the exact tail test (requests beyond the baseline's slowest + 10 %), the
+slower): these tests pin the exact tail test (requests beyond the baseline's slowest + 50 %), the
 failure-rate test, the ``inconclusive`` rows that are never called noise, and the cohort verdicts'
 ``tentative``. Inputs under tests/data/traces/gate/ are a hostile tester's files, gzipped
 unchanged (generators ``s4_pairs.py``, ``s8_fail_svc.py``, ``s3_incomplete.py``: OTLP/JSON lines
@@ -19,7 +19,7 @@ from scipy import stats
 
 from otel_stages.analysis import change as change_module
 from otel_stages.analysis import proportions
-from otel_stages.analysis.change import RUN_DRIFT_FRACTION, compare_samples
+from otel_stages.analysis.change import TAIL_MARGIN_FRACTION, compare_samples
 from otel_stages.analysis.comparison import INCONCLUSIVE_LEVEL
 from otel_stages.analysis.proportions import (
     EXACT_MAX_TABLES,
@@ -79,14 +79,14 @@ def test_a_tail_needs_min_events(slow, tested):
     assert share_rise(0, 1000, 2, 20).p_value is None
 
 
-@pytest.mark.parametrize("factor, slow", [(1.0 + RUN_DRIFT_FRACTION - 0.02, 0),
-                                          (1.0 + RUN_DRIFT_FRACTION + 0.02, 8)])
-def test_the_tail_line_is_the_baseline_slowest_plus_drift(factor, slow):
+@pytest.mark.parametrize("factor, slow", [(1.0 + TAIL_MARGIN_FRACTION - 0.02, 0),
+                                          (1.0 + TAIL_MARGIN_FRACTION + 0.02, 8)])
+def test_the_tail_line_is_the_baseline_slowest_plus_its_margin(factor, slow):
     before = steady(39, 1)
     after = [max(before) * factor if i < 8 else v for i, v in enumerate(steady(39, 2))]
     change = compare_samples(before, after)
     assert change.tail is not None and change.tail.line_ms == pytest.approx(
-        max(before) * (1 + RUN_DRIFT_FRACTION))
+        max(before) * (1 + TAIL_MARGIN_FRACTION))
     assert change.tail.count == slow
 
 
@@ -239,17 +239,29 @@ def test_the_tail_rule_is_what_catches_a6(monkeypatch, capsys):
 
 
 def test_a_near_tail_in_a_stage_nobody_names_stays_noise():
-    # 4 of 39 downloads 1.5 ms slower (beyond the baseline's slowest + 1 ms: p 0.058), the total
+    # 4 of 39 downloads 2 ms slower (beyond the baseline's slowest + 50 %: p 0.058), the total
     # and the verdict unmoved: with six rows, near tails between runs of the same code are common
     from otel_stages.analysis import diagnose
     from tests.test_verdict import build
     from tests.test_verdict import steady as rows
 
     before = build(rows(40))
-    after = build(rows(40, seed=2, download=lambda i, r: 4.5 if i % 10 == 5 else 3.0))
+    after = build(rows(40, seed=2, download=lambda i, r: 5.0 if i % 10 == 5 else 3.0))
     c = diagnose(after, baseline=before).comparison
     assert c is not None
     tail = c.stages["download"].tail
     assert tail is not None and tail.count == 4 and tail.p_value is not None
     assert SIGNIFICANCE < tail.p_value < INCONCLUSIVE_LEVEL
     assert c.stage is None and c.inconclusive == [] and c.within_noise
+
+
+def test_two_identical_demo_runs_have_no_tail_regression(capsys):
+    # `otel-stages demo --seed 1` twice on the shared 2-core host: the slowest resize went from
+    # 101 to 141 ms and six resizes (and five forwards) of 46 lay beyond 110 % of the first run's
+    # slowest; beyond 150 % (TAIL_MARGIN_FRACTION) none does
+    code, out = _json([_gz("demo_same_b"), "--baseline", _gz("demo_same_a")], capsys)
+    assert code == 0
+    c = out["comparison"]
+    rows = [c["total"], *c["stages"].values()]
+    assert not any(row["tail_significant"] for row in rows)
+    assert c["within_noise"] and c["inconclusive"] == []

@@ -31,6 +31,7 @@ from otel_stages.analysis.change import (
     CONFIDENCE,
     MIN_SAMPLES,
     RUN_DRIFT_FRACTION,
+    TAIL_MARGIN_FRACTION,
     Change,
     compare_samples,
 )
@@ -196,7 +197,8 @@ def _row_sentence(name: str, c: Change) -> str:
 
 def _tail_clause(tail: ShareChange) -> str:
     line = duration(tail.line_ms) if tail.line_ms is not None else "the tail line"
-    return (tail.describe(f"requests slower than {line} (the baseline's slowest + 10%)")
+    return (tail.describe(f"requests slower than {line} (the baseline's slowest"
+                          f" + {TAIL_MARGIN_FRACTION:.0%})")
             + (": a tail regression" if tail.significant else ""))
 
 
