@@ -276,6 +276,8 @@ def _change(s: StageSeries) -> str:
 def _significance(s: StageSeries) -> str:
     if s.significant is None:
         return "significance not tested"
+    if s.inconclusive:
+        return "inconclusive (not significant, not noise)"
     return "significant (95%)" if s.significant else "within run-to-run noise"
 
 
@@ -318,7 +320,8 @@ def _baseline(c: ReportCharts) -> Section:
                       signed_pct(s.change_pct), ms(b.p95_ms if b else None),
                       ms(a.p95_ms if a else None),
                       "not tested" if s.significant is None else
-                      "yes: significant (95%)" if s.significant else "no"))
+                      "yes: significant (95%)" if s.significant else
+                      "unsure: inconclusive" if s.inconclusive else "no"))
     intro = ("Warm requests per stage and the request total, baseline (before) and this recording"
              " (after). Title: change of the median; below: whether the change is outside run-to-run"
              " noise (95% confidence). A significant improvement is green, a significant"

@@ -24,7 +24,7 @@ from rich.text import Text
 from otel_stages import semconv
 from otel_stages.analysis import units
 from otel_stages.analysis.caveats import OFFSET_MIN_EXPLAINS
-from otel_stages.analysis.comparison import Change
+from otel_stages.analysis.change import Change
 from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
 from otel_stages.analysis.figures import REASON_AFTER_FAILED_START, REASON_NEW_INPUT, SAME_INPUT
 from otel_stages.analysis.report import Report, Run
@@ -296,10 +296,12 @@ def _verdict(report: Report) -> RenderableType:
     )
 
 
-def _changed(ch: Change) -> str:
+def _changed(ch: Change, inconclusive: bool = False) -> str:
     if ch.median_ci is None:
         return "-"
-    return "yes" if ch.significant else "noise"
+    if ch.significant:
+        return "yes"
+    return "unsure" if inconclusive else "noise"  # never "noise" beside "the bottleneck is now X"
 
 
 def _comparison(report: Report, width: int) -> RenderableType:
@@ -307,7 +309,8 @@ def _comparison(report: Report, width: int) -> RenderableType:
     assert c is not None
     rows = [
         [name, _ms(ch.baseline_median_ms), _ms(ch.median_ms), units.signed_pct(ch.change_pct),
-         _ms(ch.baseline_p95_ms), _ms(ch.p95_ms), units.signed_pct(ch.p95_change_pct), _changed(ch)]
+         _ms(ch.baseline_p95_ms), _ms(ch.p95_ms), units.signed_pct(ch.p95_change_pct),
+         _changed(ch, name in c.inconclusive)]
         for name, ch in [*c.stages.items(), ("total", c.total)]
     ]
     table, dropped = fit_table([Column("stage", justify="left", fold=True), Column("median before", 2),
@@ -316,7 +319,9 @@ def _comparison(report: Report, width: int) -> RenderableType:
     summary = _bullets("Summary:", c.summary, "bold")
     title = Text(f"Compared with the baseline ({_count(c.baseline_requests, 'request')}), ms;"
                  " changed = outside run-to-run noise (95% bootstrap intervals of median, p95,"
-                 " swing)", style="bold")
+                 " swing; exact test of the requests beyond the baseline's slowest + 50%; unsure ="
+                 " inconclusive)",
+                 style="bold")
     return Group(title, table, *left_out_note(dropped), summary)
 
 

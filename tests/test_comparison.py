@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from otel_stages.analysis import diagnose, load_paths
-from otel_stages.analysis.comparison import (
-    INPUTS_DIFFER_MIN,
-    MAX_SAMPLES,
-    cohort_distance,
-    compare_samples,
-)
+from otel_stages.analysis.change import MAX_SAMPLES, compare_samples
+from otel_stages.analysis.comparison import INPUTS_DIFFER_MIN, cohort_distance
 from otel_stages.cli import main
 from otel_stages.render import render_text
 from tests.test_cohorts import SMALL, mixed, recording
@@ -152,7 +148,7 @@ def test_comparison_json_has_the_contract_keys(capsys):
 
 
 def _rows(ratios: dict[str, float]) -> dict:
-    from otel_stages.analysis.comparison import Change
+    from otel_stages.analysis.change import Change
 
     base = {"download": 5.0, "decode": 10.0, "resize": 5.0, "queue": 5.0, "forward": 75.0}
     return {n: Change(m, m * ratios.get(n, 1.0)) for n, m in base.items()}

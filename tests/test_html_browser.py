@@ -224,7 +224,8 @@ def test_demo_before_after_draft_decoding_marks_the_change(browser, demo: Demo, 
     rows = _sections_html(out)["baseline"]
     for name, change in [*report.comparison.stages.items(), ("total", report.comparison.total)]:
         mark = "not tested" if change.median_ci is None else (
-            "yes: significant (95%)" if change.significant else "no")
+            "yes: significant (95%)" if change.significant else
+            "unsure: inconclusive" if name in report.comparison.inconclusive else "no")
         assert re.search(rf"<td class='text'>{name}</td>.*?<td class='text'>{re.escape(mark)}</td>",
                          rows), (name, mark)
 

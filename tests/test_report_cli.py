@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_stages.analysis import diagnose, load_paths
-from otel_stages.analysis.comparison import Change
+from otel_stages.analysis.change import Change
 from otel_stages.analysis.units import duration, ms, pct, signed_ms, signed_pct
 from otel_stages.cli import build_parser, main
 from otel_stages.render import render, render_text

@@ -81,7 +81,8 @@ class StageSeries:
     warm requests (empty / ``None`` without one); ``change_pct`` and ``significant`` from the
     contract's ``comparison.stages[name]`` (``comparison.total`` for the total; ``None`` when
     absent: no baseline, a row the comparison does not test, or an analysis that does not test
-    significance).
+    significance). ``inconclusive``: the comparison lists the row as inconclusive (not
+    significant, and not to be called noise: ``comparison.inconclusive``).
     """
 
     name: str
@@ -93,6 +94,7 @@ class StageSeries:
     baseline: Distribution | None = None
     change_pct: float | None = None
     significant: bool | None = None
+    inconclusive: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def _series(
     sets: RequestSets,
     base: RequestSets | None,
     change: Mapping[str, Any] | None,
+    inconclusive: bool = False,
 ) -> StageSeries:
     def values(reqs: Sequence[Request]) -> tuple[float, ...]:
         return tuple(v for r in reqs if (v := value(r)) is not None)
@@ -251,6 +254,7 @@ def _series(
         baseline=_dist(before),
         change_pct=float(pct) if isinstance(pct, (int, float)) else None,
         significant=significant if isinstance(significant, bool) else None,
+        inconclusive=inconclusive,
     )
 
 
@@ -320,6 +324,7 @@ def report_charts(
     comparison = contract.get("comparison")
     comparison = comparison if isinstance(comparison, dict) else None
     compared = comparison.get("stages", {}) if comparison else {}
+    unsure = set(comparison.get("inconclusive") or []) if comparison else set()
 
     origin = min((r.start_ns for r in requests), default=0)
     end = max((r.end_ns for r in requests), default=origin)
@@ -346,7 +351,8 @@ def report_charts(
         origin_unix_ns=origin,
         counts=counts,
         verdict=dict(verdict) if isinstance(verdict := contract.get("verdict"), dict) else {},
-        stages=tuple(_series(n, _stage_ms(n), sets, base, compared.get(n)) for n in names),
+        stages=tuple(_series(n, _stage_ms(n), sets, base, compared.get(n), n in unsure)
+                     for n in names),
         cohorts=_cohorts(sets, cohorts if isinstance(cohorts, list) else []),
         waterfall=_waterfall(sets, reasons),
         images=tuple(
@@ -365,7 +371,8 @@ def report_charts(
         unaccounted=(_series(UNACCOUNTED, lambda r: r.unaccounted_ms, sets, base, None)
                      if requests else None),
         total=(_series(TOTAL, lambda r: r.total_ms, sets, base,
-                       comparison.get("total") if comparison else None) if requests else None),
+                       comparison.get("total") if comparison else None, TOTAL in unsure)
+               if requests else None),
         input_mix_explains=float(mix) if isinstance(mix, (int, float)) else None,
     )
 

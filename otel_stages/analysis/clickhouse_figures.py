@@ -78,6 +78,7 @@ from otel_stages.analysis.figures import (
     TotalFigures,
     UnaccountedFigures,
     reference_ms,
+    share_tentative,
 )
 from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, evidence_of
 from otel_stages.analysis.gpu_memory import memory_mechanism
@@ -388,6 +389,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
     :data:`~otel_stages.analysis.clickhouse_apart.MAX_APART_ROWS`)."""
     cohort_list = cohorts(agg)
     fig = figures(agg, cohort_list)
+    top = verdict(agg, fig)
     total = None if agg.total is None else _distribution(agg.total)
     unaccounted = _unaccounted(agg)
     c = agg.counts
@@ -402,7 +404,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "unaccounted": None if unaccounted is None else Unaccounted(
             unaccounted.median_ms, unaccounted.swing_ms, unaccounted.share,
             unaccounted.explains or 0.0).to_dict(),
-        "cohorts": [cohort_to_dict(k) for k in cohort_list],
+        "cohorts": [cohort_to_dict(k) for k in share_tentative(cohort_list, top.tentative)],
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
@@ -419,7 +421,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
                   "first_unix_ns": r.first_unix_ns, "last_unix_ns": r.last_unix_ns,
                   "requests": r.requests, "reported": True} for r in agg.runs],
         "problems": list(agg.problems),
-        "verdict": verdict(agg, fig).to_dict(),
+        "verdict": top.to_dict(),
         "noise": noise_to_dict(noise_band(fig.stages.values(), fig.reference_ms), total)
         if c.warm else None,
         "gpu": fig.gpu.to_dict(),

@@ -36,6 +36,7 @@ from otel_stages.analysis.figures import (
     TotalFigures,
     UnaccountedFigures,
     reference_ms,
+    share_tentative,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
 from otel_stages.analysis.gpu_owners import shared_hw_id_lines, shared_hw_ids
@@ -321,7 +322,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         cold_start=result.cold,
         verdict=verdict,
         gpu=result.gpu,
-        cohorts=cohorts,
+        cohorts=share_tentative(cohorts, verdict.tentative),
         input_mix_explains=mix,
         set_apart=apart,
         runs=runs,

@@ -16,7 +16,7 @@ stage's cause through :class:`Mechanism`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from otel_stages.analysis.gpu import GpuEvidence
 
@@ -160,6 +160,20 @@ class CohortFigures:
     median_total_ms: float
     p95_total_ms: float
     verdict: CohortVerdict | None = None
+
+
+def share_tentative(cohorts: Sequence[CohortFigures], tentative: bool) -> list[CohortFigures]:
+    """``cohorts`` with each verdict made tentative when the report's verdict is (``tentative``).
+
+    A cohort's verdict is decided from its own warm requests, but what makes the report's verdict
+    tentative (failures past the failures-first share, clashing span ids, overlapping stages that
+    could change the lead, too few warm requests) holds for every cohort of the recording too: a
+    cohort's verdict is never firmer than the report's. A cohort can still be tentative on its
+    own (fewer than 20 warm requests in it) under a firm report verdict."""
+    if not tentative:
+        return list(cohorts)
+    return [c if c.verdict is None or c.verdict.tentative
+            else replace(c, verdict=replace(c.verdict, tentative=True)) for c in cohorts]
 
 
 @dataclass(frozen=True)

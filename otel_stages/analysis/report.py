@@ -4,8 +4,10 @@
 :meth:`Report.to_dict` is the ``otel-stages report --json`` contract (DESIGN.md section 3):
 ``requests``, ``counts``, ``total``, ``stages`` (with ``explains``), ``unaccounted``, ``overlap``
 (time counted in two stages at once, :class:`~otel_stages.analysis.stage_overlap.Overlap`, or
-null), ``cohorts``, ``input_mix_explains``, ``cold_start``, ``runs``, ``problems``, ``verdict``
-(with ``tentative``), ``comparison``; plus ``set_apart``, ``noise``, ``gpu``, ``slowest``,
+null), ``cohorts`` (each verdict tentative on its own, fewer than 20 warm requests in it, or
+whenever the report's ``verdict`` is: :func:`~otel_stages.analysis.figures.share_tentative`),
+``input_mix_explains``, ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``),
+``comparison`` (:meth:`.comparison.Comparison.to_dict`); plus ``set_apart``, ``noise``, ``gpu``, ``slowest``,
 ``groups`` and ``signals`` (per stage: thread CPU time against waiting, GC, event-loop lag,
 throttling; :mod:`otel_stages.analysis.mechanisms`).
 """

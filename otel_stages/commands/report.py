@@ -16,14 +16,18 @@ report: each is printed to stderr as
 last; every run read is still listed under ``runs``, and the text header names them); it applies
 to the baseline too. ``--fail-on-regression PCT`` (with ``--baseline``) is a CI gate: exit status 3
 when the request total's median or p95 rose by more than PCT percent *and* that change is outside
-run-to-run noise (the comparison's 95 % bootstrap interval excludes zero); stages are reported but
-do not trip the gate, since users feel the total.
+run-to-run noise (the comparison's 95 % bootstrap interval excludes zero, or, for the p95, the share
+of requests beyond the baseline's slowest + 50 % rose: the tail test), or when the failure rate rose
+significantly (by more than PCT percent of the baseline's rate; any rise from none); stages are
+reported but do not trip the gate, since users feel the total
+(:meth:`otel_stages.analysis.comparison.Comparison.regressions`).
 
 Exit status: 0 when at least one request was found; 1 when none was (the message says why on
 stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0`` and
 ``"verdict": {"cause": null, ...}``, so scripts can parse it either way); 2 usage error; 3
 ``--fail-on-regression`` tripped (the report is printed first); 4 ``--fail-on-regression`` could
-not test (fewer than 5 warm requests on a side: a gate that cannot judge does not pass).
+not test (fewer than 5 warm requests on a side, or the total's p95 rose by more than PCT percent
+while its tail test is only inconclusive: a gate that cannot judge does not pass).
 
 ``--service S`` with PATHs keeps the whole traces that hold a span of service ``S`` (as Jaeger and
 ClickHouse pick them) and the GPU points of the services in them; when no span is of ``S``, the
@@ -66,8 +70,8 @@ from typing import TYPE_CHECKING
 
 from otel_stages import config
 from otel_stages.analysis import Recording, diagnose, load_paths
+from otel_stages.analysis.change import MIN_SAMPLES
 from otel_stages.analysis.clickhouse_schema import DEFAULT_GAUGE_TABLE, DEFAULT_TRACES_TABLE
-from otel_stages.analysis.comparison import MIN_SAMPLES
 from otel_stages.analysis.files import load_bytes, load_stream
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
@@ -95,8 +99,8 @@ STDIN = "-"
 
 #: Exit status when --fail-on-regression trips.
 EXIT_REGRESSION = 3
-#: Exit status when --fail-on-regression cannot judge (too few requests on a side): a gate that
-#: cannot test must not pass silently.
+#: Exit status when --fail-on-regression cannot judge (too few requests on a side, or an
+#: inconclusive tail under a p95 rise past PCT): a gate that cannot test must not pass silently.
 EXIT_UNTESTED = 4
 
 
@@ -125,7 +129,7 @@ EPILOG = (
     " GPU utilization in percent, memory in GiB. JSON keys carry their unit (_ms, _ns, _s, _bytes);"
     " share, explains and utilization are fractions 0..1 there. Exit status: 0 report printed, 1"
     " nothing to report or unreadable input, 2 usage error, 3 --fail-on-regression tripped, 4"
-    " --fail-on-regression could not test (too few requests on a side)."
+    " --fail-on-regression could not judge (too few requests on a side, or an inconclusive tail)."
 )
 
 
@@ -172,7 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PCT",
         default=None,
         help="with --baseline: exit 3 when the request total's median or p95 rose by more than PCT"
-        " percent beyond run-to-run noise (a CI gate)",
+        " percent beyond run-to-run noise (a slower tail included), or the failure rate rose"
+        " significantly (a CI gate)",
     )
     remote = parser.add_argument_group("remote sources (instead of PATH)")
     remote.add_argument(
@@ -374,12 +379,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"otel-stages: error: no requests found in {where}{no_service}{hint}", file=sys.stderr)
         return 1
     if args.fail_on_regression is not None and report.comparison is not None:
-        if not report.comparison.tested:
-            total = report.comparison.total
-            print(f"otel-stages: error: --fail-on-regression cannot judge: too few warm requests"
-                  f" ({total.baseline_count} before, {total.count} after; at least {MIN_SAMPLES}"
-                  " a side); record more requests", file=sys.stderr)
-            return EXIT_UNTESTED
+        # a regression found (a failure-rate rise can be judged with too few warm requests) trips
+        # the gate before "cannot judge" does
         regressions = report.comparison.regressions(args.fail_on_regression)
         for line in regressions:
             print(f"otel-stages: regression: {line}", file=sys.stderr)
@@ -388,6 +389,17 @@ def _run(args: argparse.Namespace) -> int:
                   " throttled host rather than the change", file=sys.stderr)
         if regressions:
             return EXIT_REGRESSION
+        undecided = report.comparison.undecided(args.fail_on_regression)
+        if undecided is not None:
+            print(f"otel-stages: error: --fail-on-regression cannot judge: {undecided}; record"
+                  " more requests on both sides", file=sys.stderr)
+            return EXIT_UNTESTED
+        if not report.comparison.tested:
+            total = report.comparison.total
+            print(f"otel-stages: error: --fail-on-regression cannot judge: too few warm requests"
+                  f" ({total.baseline_count} before, {total.count} after; at least {MIN_SAMPLES}"
+                  " a side); record more requests", file=sys.stderr)
+            return EXIT_UNTESTED
     return 0
 
 
