@@ -26,8 +26,14 @@ defaults (``clickhouse_sql.DEFAULT_SETTINGS``: spill thresholds, small insert bl
 bounded by the report's design rather than by spilling: requests are grouped in time slices of
 about a million spans (chDB's external aggregation measured ~10x slower than slicing here).
 
-Usage: ``python benchmarks/clickhouse_scale.py [--spans 10000000] [--repeat 3] [--path DIR]``
-(``--smoke``: 60 000 spans, one repeat; what the tests run). Prints one JSON object.
+Each report run also lists its costliest statements (process CPU seconds per statement, the
+engine's threads included). ``--against ROOT`` runs another checkout's report (``ROOT``, e.g. a
+``git worktree`` of the commit before a change) on the same data, interleaved with this one's
+(alternating which goes first), and gives the CPU ratio per round.
+
+Usage: ``python benchmarks/clickhouse_scale.py [--spans 10000000] [--repeat 3] [--path DIR]
+[--keep] [--against ROOT]`` (``--smoke``: 60 000 spans, one repeat; what the tests run). Prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ SPANS_PER_REQUEST = 6
 #: Start of the generated data (2026-01-01T00:00:00Z) and the gap between a process's requests.
 T0_NS = 1_767_225_600 * 10**9
 REQUEST_INTERVAL_NS = 600 * 10**6
+#: The costliest statements listed per report run (by process CPU seconds).
+TOP_STATEMENTS = 8
 
 
 def _fill_sql(traces: str, gauge: str, spans: int, processes: int) -> list[str]:
@@ -140,11 +148,40 @@ def child_fill(path: str, spans: int, processes: int) -> dict[str, object]:
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def child_report(path: str, max_memory_mb: int, dump: str) -> dict[str, object]:
-    sys.path.insert(0, str(ROOT))
-    from otel_stages.analysis import clickhouse_figures, clickhouse_sql
+def _statement_label(query: str) -> str:
+    """A statement's first words (its kind and, for a table it fills, the table's name)."""
+    words = " ".join(query.split())
+    return words[:70]
+
+
+def _timed(engine_class: type, spent: dict[str, float]) -> None:
+    """Wraps ``engine_class``'s ``rows`` / ``execute`` to add each statement's process CPU
+    seconds (user+sys, the engine's threads included) to ``spent`` by its label."""
+    for name in ("rows", "execute"):
+        plain = getattr(engine_class, name)
+
+        def timed(self: object, query: str, *args: object, _plain: object = plain,
+                  **kwargs: object) -> object:
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            try:
+                return _plain(self, query, *args, **kwargs)  # type: ignore[operator]
+            finally:
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                label = _statement_label(query)
+                spent[label] = spent.get(label, 0.0) + (
+                    after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        setattr(engine_class, name, timed)
+
+
+def child_report(path: str, max_memory_mb: int, dump: str, root: str = str(ROOT)
+                 ) -> dict[str, object]:
+    sys.path.insert(0, root)
+    from otel_stages.analysis import clickhouse_engine, clickhouse_figures, clickhouse_sql
     from otel_stages.analysis.clickhouse import Tables, connect, parse_url, run_queries
     from otel_stages.analysis.clickhouse_result import build_aggregates
+
+    spent: dict[str, float] = {}
+    _timed(clickhouse_engine._ChdbEngine, spent)
 
     settings = {**clickhouse_sql.DEFAULT_SETTINGS, "max_memory_usage": max_memory_mb * 2**20}
     rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -159,7 +196,10 @@ def child_report(path: str, max_memory_mb: int, dump: str) -> dict[str, object]:
     wall = time.perf_counter() - t0
     Path(dump).write_text(json.dumps({"results": results, "method": method}))
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"report_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+    top = sorted(spent.items(), key=lambda kv: -kv[1])[:TOP_STATEMENTS]
+    return {"root": root, "report_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "statements_cpu_s": sum(spent.values()),
+            "top_statements": [[label, round(cpu, 2)] for label, cpu in top],
             "rss_mb": usage.ru_maxrss / 1024,
             "rss_after_import_mb": rss_import, "requests": agg.counts.requests,
             "warm": agg.counts.warm, "set_apart": agg.counts.set_apart, "stages": list(agg.stages),
@@ -215,12 +255,15 @@ def main() -> None:
     parser.add_argument("--path", help="data folder (default: a temporary one, removed after)")
     parser.add_argument("--keep", action="store_true", help="reuse --path if already filled")
     parser.add_argument("--smoke", action="store_true", help="60 000 spans, one repeat")
+    parser.add_argument("--against", metavar="ROOT",
+                        help="another checkout of otel-stages whose report runs interleaved with"
+                             " this one's (a before/after on the same data, same load)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
         funcs = {"fill": lambda: child_fill(rest[0], int(rest[1]), int(rest[2])),
-                 "report": lambda: child_report(rest[0], int(rest[1]), rest[2]),
+                 "report": lambda: child_report(rest[0], int(rest[1]), rest[2], *rest[3:]),
                  "scan": lambda: child_scan(rest[0], int(rest[1])),
                  "client": lambda: child_client(rest[0])}
         print(json.dumps(funcs[kind]()))
@@ -234,15 +277,22 @@ def main() -> None:
         if not (args.keep and Path(folder, "store").exists()):
             shutil.rmtree(folder, ignore_errors=True)
             fill = _child("fill", folder, str(args.spans), str(args.processes))
-        reports, scans = [], []
-        for _ in range(args.repeat):  # interleaved: scan, report, scan, report ...
+        reports, scans, against = [], [], []
+        for i in range(args.repeat):  # interleaved: scan, report, scan, report ...
             scans.append(_child("scan", folder, str(args.max_memory_mb)))
+            if args.against and i % 2:  # the other code first every second round
+                against.append(_child("report", folder, str(args.max_memory_mb), dump + ".b",
+                                      str(Path(args.against).resolve())))
             reports.append(_child("report", folder, str(args.max_memory_mb), dump))
+            if args.against and not i % 2:
+                against.append(_child("report", folder, str(args.max_memory_mb), dump + ".b",
+                                      str(Path(args.against).resolve())))
         client = _child("client", dump)
     finally:
         if not args.path:
             shutil.rmtree(folder, ignore_errors=True)
         Path(dump).unlink(missing_ok=True)
+        Path(dump + ".b").unlink(missing_ok=True)
     report_s = [float(r["report_s"]) for r in reports]  # type: ignore[arg-type]
     scan_s = [float(s["scan_s"]) for s in scans]  # type: ignore[arg-type]
     print(json.dumps({
@@ -254,6 +304,9 @@ def main() -> None:
             r / s for r, s in zip(report_s, scan_s)),
         "client_rss_mb": client["rss_mb"], "answer_bytes": client["answer_bytes"],
         "reports": reports, "scans": scans,
+        **({"against": against, "against_cpu_s": [r["cpu_s"] for r in against],
+            "cpu_ratio_to_against": [float(r["cpu_s"]) / float(a["cpu_s"])  # type: ignore[arg-type]
+                                     for r, a in zip(reports, against)]} if against else {}),
     }, indent=2))
 
 

@@ -240,6 +240,7 @@ _METRICS_READ = (
     ("ServiceName", "LowCardinality(String)"),
     ("ResourceAttributes", "Map(LowCardinality(String), String)"),
     ("MetricName", "String"),
+    ("MetricUnit", "String"),
     ("Attributes", "Map(LowCardinality(String), String)"),
     ("TimeUnix", "DateTime64(9)"),
     ("Value", "Float64"),
