@@ -40,7 +40,8 @@ class IdClashes:
             f"{n} span{'s' if n != 1 else ''} share{'s' if n == 1 else ''} a span id with a"
             f" different span (e.g. {self.example}): only the first of each id was kept, so"
             " requests that share an id are merged into one; the ids are not unique (a fixed or"
-            " badly seeded id generator, spans copied between traces, or hand-written ids)"
+            " badly seeded id generator, spans copied between traces, hand-written ids, or one"
+            " span exported twice with changed fields)"
         ]
 
 
