@@ -836,3 +836,57 @@ def test_the_gpu_unit_is_read_as_the_file_report_reads_it(engine, tmp_path: Path
     got, want = reports(engine, _gpu_run(tmp_path, unit, value))
     assert want["verdict"]["cause"] == cause
     assert got["verdict"] == want["verdict"]
+
+
+# --- GPU evidence within each input cohort ------------------------------------------------------
+
+
+def _cohort_gpu_run(tmp_path: Path) -> Path:
+    """Two inputs in one process, each with slow forwards (400 ms against 100 ms): the GPU is busy
+    (95 %) during the 640x480 requests' slow forwards and idle (10 %) during the 1280x960 ones',
+    50 % in the fast forwards, 2 % between requests; one point every 20 ms."""
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        slow = i % 6 in (0, 1) and i > 0
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if slow else 100.0) + r.random())]
+    rows = odd_inputs.run(60, stages)
+    windows = []
+    for i, spans in enumerate(rows):
+        size = (640, 480) if i % 2 == 0 else (1280, 960)
+        for s in spans:
+            if s["name"] == "decode":
+                s["attributes"] += [odd_inputs._attr("image.width", size[0]),
+                                    odd_inputs._attr("image.height", size[1])]
+            if s["name"] == "forward":
+                slow = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS
+                windows.append((int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]),
+                                (0.95 if i % 2 == 0 else 0.10) if slow else 0.5))
+    path = odd_inputs.write(tmp_path / "cohort_gpu.jsonl", rows)
+    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    points = []
+    for t in range(first, last, 20 * MS):
+        value = next((v for s, e, v in windows if s <= t <= e), 0.02)
+        points.append({"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
+                       "asDouble": value})
+    doc = {"resourceMetrics": [{"resource": {"attributes": [
+        odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
+        "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": "1",
+                                       "gauge": {"dataPoints": points}}]}]}]}
+    with path.open("a") as f:
+        f.write(json.dumps(doc) + "\n")
+    return path
+
+
+def test_each_cohort_is_judged_on_its_own_gpu_samples(engine, tmp_path: Path) -> None:
+    # the SQL judged a cohort's GPU only when it was the only cohort: with two, neither got the
+    # GPU cause the file report gave it
+    got, want = reports(engine, _cohort_gpu_run(tmp_path))
+    causes = {c["key"]: c["verdict"]["cause"] for c in want["cohorts"]}
+    assert causes == {"640x480": "gpu_busy", "1280x960": "gpu_starved"}
+    assert {c["key"]: c["verdict"] for c in got["cohorts"]} == {
+        c["key"]: c["verdict"] for c in want["cohorts"]}
+    assert got["verdict"] == want["verdict"]

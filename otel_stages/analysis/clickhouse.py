@@ -266,6 +266,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     for name, text, params in queries.gpu_statements(
             float(threshold) if threshold is not None and math.isfinite(threshold) else 0.0):
         results[name] = engine.rows(text, params, settings)
+    results.update(_cohort_gpu(engine, query, head, settings))
     results["gauge_table"] = gauge
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)
@@ -292,6 +293,23 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                   sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def _cohort_gpu(engine: Engine, query: sql.AggregateQuery, head: FleetAggregates,
+                settings: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """GPU utilization within each of the largest cohorts (``head``: the aggregates so far), its
+    slow forwards beyond the cohort's own forward median plus its own noise band, as the file
+    report judges a cohort (:func:`otel_stages.analysis.gpu.gpu_evidence` on its requests)."""
+    rows = engine.rows(queries.cohort_forwards_sql(), {"top_cohorts": query.top_cohorts}, settings)
+    bands = {(c.width, c.height, c.format or ""): clickhouse_figures.band_ms(c.stages, c.total)
+             for c in head.cohorts}
+    thresholds = []
+    for r in rows:
+        key = (int(r["width"]), int(r["height"]), str(r["fmt"]))
+        if key in bands and math.isfinite(float(r["median_ns"])):
+            thresholds.append((*key, float(r["median_ns"]) + (bands[key] or 0.0) * 1e6))
+    return {name: engine.rows(text, params, settings)
+            for name, text, params in queries.cohort_gpu_statements(thresholds)}
 
 
 def metrics_table(engine: Engine, database: str, table: str) -> list[dict[str, Any]]:

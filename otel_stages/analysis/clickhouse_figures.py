@@ -16,7 +16,8 @@ Mapping (units as in :mod:`otel_stages.analysis.figures`):
   warm requests (:func:`otel_stages.analysis.cohorts.cold_figures`);
 - GPU: the engine's utilization during warm forwards, split at the slow-forward threshold (the
   warm forward median plus the noise band of :func:`band_ms`, passed to the SQL), judged as the
-  trace report judges it (:func:`otel_stages.analysis.gpu.evidence_of`);
+  trace report judges it (:func:`otel_stages.analysis.gpu.evidence_of`); within each cohort the
+  same over its own forwards, split at its own forward median plus its own noise band;
 - per-stage evidence: does the stage follow image pixels / bytes (Pearson r computed in SQL) and
   the per-size medians, with the sentences of :mod:`otel_stages.analysis.evidence`.
 
@@ -41,7 +42,7 @@ Not computed in SQL yet (documented gaps, not guesses; the first said in ``probl
 signals of stage spans inside custom group spans, and throttling on stage spans without other
 signals (counted as not recorded); the prompt-length part of cohort keys (also in the requests set
 apart as cold, :mod:`otel_stages.analysis.clickhouse_apart`, whose inputs are image size and
-format); GPU evidence within a cohort when there are several cohorts (``none`` there); with cold
+format); with cold
 requests of several inputs, the comparison is with all warm requests; a cold request's input known
 from its prompt length alone (the SQL reads image sizes only).
 """
@@ -227,9 +228,8 @@ def stage_signals(agg: FleetAggregates, cohort: CohortAggregate | None = None
     gpu: GpuEvidence | None
     if cohort is None:
         band, gpu = band_ms(agg.stages, agg.total), gpu_evidence(agg.gpu)
-    else:  # GPU utilization within a cohort only when it is the only one (module docstring)
-        band = band_ms(cohort.stages, cohort.total)
-        gpu = gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else None
+    else:
+        band, gpu = band_ms(cohort.stages, cohort.total), _cohort_gpu(agg, cohort)
     memory_ev = (None if scope.memory is None
                  else replace(scope.memory, band_ms=band or 0.0))
     out = {}
@@ -282,6 +282,15 @@ def _unaccounted(agg: FleetAggregates) -> UnaccountedFigures | None:
     )
 
 
+def _cohort_gpu(agg: FleetAggregates, cohort: CohortAggregate) -> GpuEvidence | None:
+    """The GPU evidence within ``cohort``: its own (the engine's utilization during its warm
+    forwards, split at its own slow-forward threshold); answers without it (an older run) fall
+    back to the whole run's when it is the only cohort, else ``None``."""
+    if cohort.gpu is not None:
+        return gpu_evidence(cohort.gpu)
+    return gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else None
+
+
 def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
     """The rules' input within one cohort (its own stages, total, cold requests of its input)."""
     own_cold = None
@@ -298,7 +307,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
                     comparable_requests=i.warm_requests,
                     warm_median_total_ms=cohort.total.median_ms,
                     cohort=cohort.key if same else None)
-    gpu = gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else GpuEvidence(level=LEVEL_NONE)
+    gpu = _cohort_gpu(agg, cohort) or GpuEvidence(level=LEVEL_NONE)
     return Figures(
         warm_requests=cohort.total.count,
         stages={n: stage_figures(s) for n, s in cohort.stages.items()},

@@ -23,6 +23,7 @@ Definitions (all over *warm* requests: not cold, not failed, unless said otherwi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from otel_stages import semconv
@@ -65,6 +66,10 @@ _MEAN_TOTAL = f"(SELECT mean_total FROM {WARM_TABLE})"
 #: requests; ties by input), filled once by :func:`cohort_statements` for the statements that
 #: read the largest cohorts or their means.
 COHORTS_TABLE = "otel_stages_cohorts"
+#: Cohorts of one size are ordered by their key's text, as the file report orders them
+#: (:func:`otel_stages.analysis.cohorts.group`: "1280x960" before "640x480"; format last, unset
+#: read as "unknown"), so both keep the same largest cohorts and list them alike.
+_KEY_ORDER = ("concat(toString(width), 'x', toString(height)), if(fmt = '', 'unknown', fmt)")
 #: The largest ``{top_cohorts:UInt32}`` cohorts, as a SELECT of their keys.
 TOP_COHORTS = f"SELECT width, height, fmt FROM {COHORTS_TABLE} WHERE rank <= {{top_cohorts:UInt32}}"
 
@@ -74,7 +79,7 @@ def cohort_statements() -> list[tuple[str, dict[str, Any]]]:
     cohort statements each grouped them again)."""
     fill = f"""CREATE TEMPORARY TABLE {COHORTS_TABLE} ENGINE = Memory AS
 SELECT width, height, fmt, n, mean_total, ss,
-    row_number() OVER (ORDER BY n DESC, width, height, fmt) AS rank
+    row_number() OVER (ORDER BY n DESC, {_KEY_ORDER}) AS rank
 FROM (
     SELECT width, height, fmt, count() AS n, avg({_TOTAL_MS}) AS mean_total,
         if(n > 1, varSampStable({_TOTAL_MS}) * (n - 1), 0) AS ss
@@ -133,7 +138,7 @@ def cohorts_sql(method: str) -> str:
     return f"""SELECT width, height, fmt, {distribution("total", _TOTAL_MS, "1", method)}
 FROM {R} WHERE warm AND {_KNOWN}
 GROUP BY width, height, fmt
-ORDER BY total_n DESC, width, height, fmt
+ORDER BY total_n DESC, {_KEY_ORDER}
 LIMIT {{top_cohorts:UInt32}}"""
 
 
@@ -407,21 +412,24 @@ INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key
     ON p.proc_key = m.proc_key AND p.hw = m.hw
 INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
     # every warm forward meets the points (not grouped by window first: most hold no point);
-    # a window's requests (``mult``) are its distinct (request, forward) pairs, and a point
-    # stored more than once keeps its copies (``copies``), as the join of grouped windows did
+    # a window's requests (``mult``, per input cohort: requests of two inputs may share a batch's
+    # window) are its distinct (request, forward) pairs, and a point stored more than once keeps
+    # its copies (``copies``), as the join of grouped windows did
     pairs = f"""CREATE TEMPORARY TABLE {GPU_PAIRS_TABLE} ENGINE = Log AS
-SELECT proc_key, hw, t, util, s, e, mult FROM (
+SELECT proc_key, hw, t, util, s, e, mult, width, height, fmt FROM (
     SELECT f.proc_key AS proc_key, sm.hw AS hw, sm.t AS t, sm.util AS util, f.s AS s, f.e AS e,
+        f.width AS width, f.height AS height, f.fmt AS fmt,
         uniqExact(f.trace_key, f.span_key, f.i) AS mult, intDiv(count(), mult) AS copies
     FROM (
-        SELECT trace_key, span_key, proc_key, s, e, i, arrayJoin({buckets("s", "e")}) AS b
+        SELECT trace_key, span_key, proc_key, s, e, i, width, height, fmt,
+            arrayJoin({buckets("s", "e")}) AS b
         FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
         WHERE warm
     ) AS f
     INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
         ON sm.proc_key = f.proc_key AND sm.b = f.b
     WHERE sm.t >= f.s AND sm.t <= f.e
-    GROUP BY proc_key, hw, t, util, s, e
+    GROUP BY proc_key, hw, t, util, s, e, width, height, fmt
 ) ARRAY JOIN range(copies) AS copy"""
     return [*gpu_points_statements(gauge, query), *gpu_owners_statements(),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
@@ -440,7 +448,7 @@ def gpu_metrics_sql() -> str:
     return f"""WITH
 per_forward AS (
     SELECT proc_key, hw, s, e, any(mult) AS mult, count() AS n, sum(util) AS su
-    FROM {GPU_PAIRS_TABLE} GROUP BY proc_key, hw, s, e
+    FROM {GPU_PAIRS_TABLE} GROUP BY proc_key, hw, s, e, width, height, fmt
 ),
 split AS (
     SELECT f.proc_key AS proc_key, f.hw AS hw, sum(f.mult) AS covered,
@@ -478,6 +486,121 @@ SELECT count() AS gpus, any(g.1) AS hw_id,
     sumIf(g.4.5, g.4.2) AS fast_sum, sumIf(g.4.6, g.4.2) AS fast_n,
     sumIf(g.4.7, g.4.2) AS slow_covered
 FROM chosen"""
+
+
+def cohort_forwards_sql() -> str:
+    """Per cohort of the largest ``{top_cohorts:UInt32}``: ``median_ns`` of its warm forward spans
+    (as :func:`slow_forwards_sql` over all) and ``forwards``, their count. The cohort's slow-forward
+    threshold adds its own noise band (:func:`cohort_gpu_statements`)."""
+    return f"""SELECT width, height, fmt, quantileExactInclusive(0.5)(w.2 - w.1) AS median_ns,
+    count() AS forwards
+FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
+WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({TOP_COHORTS})
+GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+
+
+def _thresholds(count: int) -> str:
+    """SQL rows (``width``, ``height``, ``fmt``, ``th``: slow-forward threshold, ns) from the
+    params ``w{i}``, ``h{i}``, ``f{i}``, ``t{i}`` for ``i < count`` (``count`` >= 1)."""
+    return " UNION ALL ".join(
+        f"SELECT {{w{i}:Int64}} AS width, {{h{i}:Int64}} AS height, {{f{i}:String}} AS fmt,"
+        f" {{t{i}:Float64}} AS th" for i in range(count))
+
+
+def cohort_gpu_spans_sql(count: int) -> str:
+    """:func:`gpu_spans_sql` per cohort, each split at its own threshold (:func:`_thresholds`,
+    returned as ``slow_min_ns``), with ``forwards``, the cohort's warm forwards, and
+    ``slow_forwards``, those beyond it."""
+    return f"""SELECT f.width AS width, f.height AS height, f.fmt AS fmt,
+    countIf(f.ok) AS covered, sumIf(f.c, f.ok) AS samples, sumIf(f.u * f.c, f.ok) AS weighted,
+    any(t.th) AS slow_min_ns, count() AS forwards,
+    countIf(f.d > t.th) AS slow_forwards, countIf(f.ok AND f.d > t.th) AS slow_covered,
+    sumIf(f.u * f.c, f.ok AND f.d > t.th) AS slow_sum, sumIf(f.c, f.ok AND f.d > t.th) AS slow_n,
+    sumIf(f.u * f.c, f.ok AND f.d <= t.th) AS fast_sum, sumIf(f.c, f.ok AND f.d <= t.th) AS fast_n
+FROM (
+    SELECT width, height, fmt, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c,
+        w.3 IS NOT NULL AND ifNull(w.4, 1) > 0 AS ok
+    FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
+    WHERE warm AND {_KNOWN}
+) AS f
+INNER JOIN ({_thresholds(count)}) AS t
+    ON f.width = t.width AND f.height = t.height AND f.fmt = t.fmt
+GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+
+
+def cohort_gpu_metrics_sql(count: int) -> str:
+    """:func:`gpu_metrics_sql` per cohort: per process the GPU whose utilization rises most inside
+    the cohort's forwards (every process with GPU samples takes part, as in the file report), and
+    the sums over those GPUs, split at the cohort's own threshold (:func:`_thresholds`)."""
+    th = _thresholds(count)
+    slow = "f.e - f.s > t.th"
+    fast = "f.e - f.s <= t.th"
+    return f"""WITH
+per_forward AS (
+    SELECT width, height, fmt, proc_key, hw, s, e, any(mult) AS mult, count() AS n,
+        sum(util) AS su
+    FROM {GPU_PAIRS_TABLE} WHERE {_KNOWN} GROUP BY width, height, fmt, proc_key, hw, s, e
+),
+split AS (
+    SELECT f.width AS width, f.height AS height, f.fmt AS fmt, f.proc_key AS proc_key,
+        f.hw AS hw, sum(f.mult) AS covered,
+        sumIf(f.su * f.mult, {slow}) AS slow_sum, sumIf(f.n * f.mult, {slow}) AS slow_n,
+        sumIf(f.su * f.mult, {fast}) AS fast_sum, sumIf(f.n * f.mult, {fast}) AS fast_n,
+        sumIf(f.mult, {slow}) AS slow_covered
+    FROM per_forward AS f
+    INNER JOIN ({th}) AS t ON f.width = t.width AND f.height = t.height AND f.fmt = t.fmt
+    GROUP BY width, height, fmt, proc_key, hw
+),
+inside AS (
+    SELECT width, height, fmt, proc_key, hw, count() AS n_in, sum(u) AS sum_in
+    FROM (SELECT width, height, fmt, proc_key, hw, t, any(util) AS u FROM {GPU_PAIRS_TABLE}
+          WHERE {_KNOWN} GROUP BY width, height, fmt, proc_key, hw, t)
+    GROUP BY width, height, fmt, proc_key, hw
+),
+per_gpu AS (
+    SELECT c.width AS width, c.height AS height, c.fmt AS fmt, a.proc_key AS proc_key,
+        a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
+        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
+        if(n_in > 0, sum_in / n_in, 0)
+            - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise,
+        (ifNull(sp.covered, 0), sp.slow_sum, sp.slow_n, sp.fast_sum, sp.fast_n,
+         ifNull(sp.slow_covered, 0)) AS sp_row
+    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
+          FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
+    CROSS JOIN ({th}) AS c
+    LEFT JOIN inside AS i ON i.width = c.width AND i.height = c.height AND i.fmt = c.fmt
+        AND i.proc_key = a.proc_key AND i.hw = a.hw
+    LEFT JOIN split AS sp ON sp.width = c.width AND sp.height = c.height AND sp.fmt = c.fmt
+        AND sp.proc_key = a.proc_key AND sp.hw = a.hw
+    SETTINGS join_use_nulls = 1
+),
+chosen AS (
+    SELECT width, height, fmt, argMax((hw, n_in, sum_in, sp_row), (rise, n_in)) AS g
+    FROM per_gpu GROUP BY width, height, fmt, proc_key
+)
+SELECT width, height, fmt, count() AS gpus, any(g.1) AS hw_id,
+    sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,
+    countIf(g.4.1 >= 1) AS split_gpus,
+    sumIf(g.4.2, g.4.1 >= 1) AS slow_sum, sumIf(g.4.3, g.4.1 >= 1) AS slow_n,
+    sumIf(g.4.4, g.4.1 >= 1) AS fast_sum, sumIf(g.4.5, g.4.1 >= 1) AS fast_n,
+    sumIf(g.4.6, g.4.1 >= 1) AS slow_covered
+FROM chosen GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+
+
+def cohort_gpu_statements(thresholds: Sequence[tuple[int, int, str, float]]
+                          ) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(name, SQL, params)`` of the GPU utilization aggregates per cohort (after
+    :func:`gpu_statements`), ``thresholds``: ``(width, height, fmt, slow_min_ns)`` per cohort
+    (its forward median, :func:`cohort_forwards_sql`, plus its own noise band). Empty without
+    cohorts."""
+    if not thresholds:
+        return []
+    params: dict[str, Any] = {}
+    for i, (w, h, f, t) in enumerate(thresholds):
+        params.update({f"w{i}": w, f"h{i}": h, f"f{i}": f, f"t{i}": t})
+    n = len(thresholds)
+    return [("cohort_gpu_spans", cohort_gpu_spans_sql(n), params),
+            ("cohort_gpu_metrics", cohort_gpu_metrics_sql(n), params)]
 
 
 def gpu_statements(slow_min_ns: float) -> list[tuple[str, str, dict[str, Any]]]:

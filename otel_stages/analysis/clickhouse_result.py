@@ -184,6 +184,9 @@ class CohortAggregate:
     format: str | None
     total: Summary
     stages: dict[str, StageAggregate]
+    #: GPU utilization during the cohort's own warm forwards, split at its own slow-forward
+    #: threshold (``None`` when not computed, e.g. answers of an older run).
+    gpu: GpuAggregate | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,18 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
         sum_utilization=float(metrics["sum_in"] or 0.0), split=split_row if has_split else None,
         slow_min_ms=slow_min,
     )
+
+
+def _cohort_gpus(results: Mapping[str, Sequence[Mapping[str, Any]]]
+                 ) -> dict[tuple[Any, ...], GpuAggregate]:
+    """Per cohort key ``(width, height, fmt)``: its GPU aggregate from the ``cohort_gpu_spans``
+    (which carry the cohort's forwards and threshold) and ``cohort_gpu_metrics`` answers."""
+    metrics = {(r["width"], r["height"], r["fmt"]): r for r in results.get("cohort_gpu_metrics") or ()}
+    out = {}
+    for row in results.get("cohort_gpu_spans") or ():
+        key = (row["width"], row["height"], row["fmt"])
+        out[key] = _gpu(row, metrics.get(key, {}), int(row["forwards"] or 0), row)
+    return out
 
 
 @dataclass(frozen=True)
@@ -516,6 +531,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     cohort_stage_rows: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for row in results["cohort_stages"]:
         cohort_stage_rows.setdefault((row["width"], row["height"], row["fmt"]), []).append(row)
+    cohort_gpu = _cohort_gpus(results)
     cohorts = []
     for row in results["cohorts"]:
         cohort_total = summary(row, "total")
@@ -526,7 +542,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
             key=input_key(row["width"], row["height"], row["fmt"] or None, formats),
             width=int(row["width"]),
             height=int(row["height"]), format=row["fmt"] or None, total=cohort_total,
-            stages=_stages(cohort_stage_rows.get(key, []), cohort_total)))
+            stages=_stages(cohort_stage_rows.get(key, []), cohort_total),
+            gpu=cohort_gpu.get(key)))
     mix = results["cohort_mix"][0]
     ss_total = float(mix["ss_total"] or 0.0)
     n_cohorts = int(mix["cohorts"] or 0)
