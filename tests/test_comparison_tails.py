@@ -265,3 +265,21 @@ def test_two_identical_demo_runs_have_no_tail_regression(capsys):
     rows = [c["total"], *c["stages"].values()]
     assert not any(row["tail_significant"] for row in rows)
     assert c["within_noise"] and c["inconclusive"] == []
+
+
+def test_a_faster_median_does_not_hide_a_near_tail(capsys):
+    # a tester's pair: forward 100 -> 80 ms (the total's median significantly faster) while every
+    # tenth request decodes in 400 ms (4 of 39 beyond the baseline's slowest + 50 %, p 0.058): the
+    # gate passed it (exit 0) because the total row was significant by its median
+    argv = [_gz("t20_faster_tail"), "--baseline", _gz("t20_before")]
+    code, out = _json(argv, capsys)
+    assert code == 0
+    c = out["comparison"]
+    total = c["total"]
+    assert total["significant"] and total["change_pct"] < 0
+    assert not total["p95_significant"] and not total["tail_significant"]
+    assert SIGNIFICANCE < total["tail"]["p_value"] < INCONCLUSIVE_LEVEL
+    assert "total" in c["inconclusive"]
+    assert any(s.startswith("total: its p95 and tail are not significant") for s in c["summary"])
+    assert main(["report", *argv, "--fail-on-regression", "10"]) == 4
+    assert "cannot judge: total p95" in capsys.readouterr().err

@@ -10,9 +10,10 @@ before and after; whether it rose is Boschloo's exact test
 (:func:`~otel_stages.analysis.proportions.share_rise`: uniformly more powerful than Fisher's for a
 fixed criterion such as "failed"). A significant rise means the comparison is not within noise.
 
-``inconclusive``: rows (the total or stages) that are not significant but which the output must
-not call noise: the stage the verdicts name as the new bottleneck (it moved there, or appeared),
-and the total when its tail test came close (p under :data:`INCONCLUSIVE_LEVEL`).
+``inconclusive``: rows (the total or stages) which the output must not call noise: the stage the
+verdicts name as the new bottleneck (it moved there, or appeared) when not significant, and the
+total when its tail test came close (p under :data:`INCONCLUSIVE_LEVEL`) and neither its tail nor
+its p95 is significant, whatever its median did (a faster median must not hide a slower tail).
 
 ``uniform_shift``: every stage of the request (each at least 2 % of it) moved the same way by a
 similar factor, which points at the host rather than a change in one stage.
@@ -238,11 +239,13 @@ def compare(baseline: Report, current: Report) -> Comparison:
     named = stage if stage is not None and stage != b_stage else None
     # the total (what the gate judges) whose tail came close; not every stage's: with six rows,
     # a near tail somewhere would be common between two runs of the same code
+    # (the total's tail whatever its median did: a faster median must not hide a slower tail)
     inconclusive = [n for n, c in [("total", total), *stages.items()]
-                    if not c.significant and c.median_ci is not None
-                    and (n == named or (n == "total" and c.tail is not None
-                                        and c.tail.p_value is not None
-                                        and c.tail.p_value < INCONCLUSIVE_LEVEL))]
+                    if c.median_ci is not None
+                    and ((n == named and not c.significant)
+                         or (n == "total" and c.tail is not None and c.tail.p_value is not None
+                             and c.tail.p_value < INCONCLUSIVE_LEVEL
+                             and not c.significant_of("tail") and not c.significant_of("p95")))]
     comparison = Comparison(baseline.requests, stages, total, b_cause, b_stage, cause, stage, moved,
                             differ, distance, uniform_shift=ratios is not None, failures=failures,
                             inconclusive=inconclusive)
@@ -274,7 +277,9 @@ def compare(baseline: Report, current: Report) -> Comparison:
             row = total if n == "total" else stages[n]
             why = ("the verdict now names it as the bottleneck" if n == named
                    else _tail_clause(row.tail) if row.tail is not None else "")
-            summary.append(f"{n}: not significant, yet {why}: inconclusive (neither a change nor"
+            lead = ("its p95 and tail are not significant, yet" if row.significant
+                    else "not significant, yet")
+            summary.append(f"{n}: {lead} {why}: inconclusive (neither a change nor"
                            " noise); record more requests on both sides")
     if failures.significant:
         summary.append(
