@@ -890,3 +890,32 @@ def test_each_cohort_is_judged_on_its_own_gpu_samples(engine, tmp_path: Path) ->
     assert {c["key"]: c["verdict"] for c in got["cohorts"]} == {
         c["key"]: c["verdict"] for c in want["cohorts"]}
     assert got["verdict"] == want["verdict"]
+
+
+@pytest.mark.parametrize("slow_value, fast_value, cause", [
+    (5.0, 90.0, "gpu_starved"),    # percent on the spans (was "500% ... the other forwards 9000%")
+    (0.05, 0.9, "gpu_starved"),    # the same as a ratio
+    (95.0, 20.0, "gpu_busy"),
+])
+def test_span_attribute_utilization_in_percent_is_read_as_percent(
+        engine, tmp_path: Path, slow_value: float, fast_value: float, cause: str) -> None:
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        slow = i % 7 == 3
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if slow else 100.0) + r.random())]
+    rows = odd_inputs.run(30, stages)
+    for spans in rows:
+        for s in spans:
+            if s["name"] == "forward":
+                slow = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS
+                s["attributes"] += [
+                    odd_inputs._attr("gpu.utilization.mean", slow_value if slow else fast_value),
+                    odd_inputs._attr("gpu.sample_count", 8 if slow else 2)]
+    got, want = reports(engine, odd_inputs.write(tmp_path / "span_pct.jsonl", rows))
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]
+    assert 0.0 <= want["gpu"]["mean_utilization"] <= 1.0
+    assert got["gpu"]["mean_utilization"] == pytest.approx(want["gpu"]["mean_utilization"])

@@ -379,22 +379,23 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
 
 def _from_span_attributes(forwards: Sequence[Span], windows: Sequence[tuple[int, int]],
                           slow_min_ns: float | None) -> GpuEvidence | None:
-    per_forward: list[tuple[int, list[float]]] = []
-    weighted = 0.0
-    samples = 0
+    found: list[tuple[int, float, int]] = []
     for span in forwards:
         mean = span.attributes.get(semconv.GPU_UTILIZATION_MEAN)
-        if not isinstance(mean, (int, float)) or isinstance(mean, bool):
+        if not isinstance(mean, (int, float)) or isinstance(mean, bool) or not math.isfinite(mean):
             continue
         count = span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1)
-        count = int(count) if isinstance(count, (int, float)) else 1
+        count = int(count) if isinstance(count, (int, float)) and math.isfinite(count) else 1
         if count <= 0:
             continue
-        weighted += float(mean) * count
-        samples += count
-        per_forward.append((span.end_ns - span.start_ns, [float(mean)] * count))
-    if not per_forward:
+        found.append((span.end_ns - span.start_ns, float(mean), count))
+    if not found:
         return None
+    # percent written as a ratio's attribute (5, 90): read as percent, as a metric series is
+    scale = 100.0 if max(mean for _, mean, _ in found) > PERCENT_GUESS else 1.0
+    per_forward = [(d, [mean / scale] * count) for d, mean, count in found]
+    weighted = math.fsum(mean / scale * count for _, mean, count in found)
+    samples = sum(count for _, _, count in found)
     return evidence_of(
         source="span_attributes", forwards=len(windows), covered=len(per_forward),
         samples=samples, total=weighted, split=_split(per_forward, windows, slow_min_ns),
