@@ -919,3 +919,74 @@ def test_span_attribute_utilization_in_percent_is_read_as_percent(
     assert got["verdict"] == want["verdict"]
     assert 0.0 <= want["gpu"]["mean_utilization"] <= 1.0
     assert got["gpu"]["mean_utilization"] == pytest.approx(want["gpu"]["mean_utilization"])
+
+
+def test_two_senders_of_one_gpu_memory_are_not_memory_released(engine, tmp_path: Path) -> None:
+    # a tester's input: the service's own sampler reads a flat 20 GiB and a GPU exporter (a
+    # process with no requests) a flat 19 GiB of the same hw.id, 25 ms apart: merged into one
+    # sequence, every 1 GiB step down from one to the other read as memory released, more of
+    # them in longer forwards: gpu_memory_pressure and "stop allocating and freeing per request"
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if i % 7 == 3 else 100.0) + r.random())]
+    rows = odd_inputs.run(30, stages)
+    path = odd_inputs.write(tmp_path / "two_senders.jsonl", rows)
+    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    gib = 2**30
+
+    def gauges(service: str, instance: str, offset_ns: int, used: float) -> str:
+        def points(value: float) -> list[dict[str, Any]]:
+            return [{"timeUnixNano": str(t), "asDouble": value,
+                     "attributes": [odd_inputs._attr("hw.id", "GPU-0")]}
+                    for t in range(first + offset_ns, last, 150 * MS)]
+        return json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+            odd_inputs._attr("service.name", service),
+            odd_inputs._attr("service.instance.id", instance)]},
+            "scopeMetrics": [{"metrics": [
+                {"name": "hw.gpu.memory.usage", "unit": "By", "gauge": {"dataPoints": points(used)}},
+                {"name": "hw.gpu.memory.limit", "unit": "By",
+                 "gauge": {"dataPoints": points(24.0 * gib)}}]}]}]})
+    with path.open("a") as f:
+        f.write(gauges("svc", "i1", 0, 20.0 * gib) + "\n")
+        f.write(gauges("dcgm-exporter", "node-a:9400", 25 * MS, 19.0 * gib) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "forward"
+    assert got["verdict"] == want["verdict"]
+    memory = next(e for e in want["verdict"]["evidence"] if e.startswith("GPU memory during"))
+    assert "released up to 0.0 GiB" in memory
+
+
+def test_two_senders_at_the_same_times_count_as_the_file_report_counts(engine, tmp_path: Path) -> None:
+    # the service's sampler and a GPU exporter read GPU-0 at the same instants: the SQL counted
+    # each instant once over all forwards (82) but both inside the slow ones (64), more than all
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if i % 7 == 3 else 100.0) + r.random())]
+    rows = odd_inputs.run(30, stages)
+    slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
+            if s["name"] == "forward" and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+    path = odd_inputs.write(tmp_path / "same_times.jsonl", rows)
+    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
+               "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
+              for t in range(first, last, 50 * MS)]
+    with path.open("a") as f:
+        for service, instance in (("svc", "i1"), ("dcgm-exporter", "node-a:9400")):
+            f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+                odd_inputs._attr("service.name", service),
+                odd_inputs._attr("service.instance.id", instance)]},
+                "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": "1",
+                                               "gauge": {"dataPoints": points}}]}]}]}) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_starved"
+    assert got["verdict"] == want["verdict"]
+    for key in ("samples", "forwards_covered", "mean_utilization"):
+        assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key

@@ -440,6 +440,19 @@ SELECT proc_key, hw, t, util, s, e, mult, width, height, fmt FROM (
             (samples, {}), (pairs, {})]
 
 
+def _points_inside(by: str = "", where: str = "") -> str:
+    """Rows ``proc_key``, ``hw``, ``t``, ``u`` (utilization), ``c``: each point inside a warm
+    forward once, however many forwards hold it, with its copies (points of two senders at one
+    time and value, or one point stored twice, count as the file report counts them: each)."""
+    return f"""SELECT {by}proc_key, hw, t, util AS u, max(k) AS c FROM (
+        SELECT {by}proc_key, hw, t, util, s, e, width AS w, height AS h, fmt AS f, count() AS k
+        FROM {GPU_PAIRS_TABLE} {where} GROUP BY {by}proc_key, hw, t, util, s, e, w, h, f)
+    GROUP BY {by}proc_key, hw, t, util"""
+
+
+_POINTS_INSIDE = _points_inside()
+
+
 def gpu_metrics_sql() -> str:
     """From the GPU tables: per process the GPU whose utilization rises most inside forwards
     (vs. outside them; ties: more samples), and one row of sums over those GPUs: samples inside
@@ -472,9 +485,8 @@ per_gpu AS (
     FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
           FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
     LEFT JOIN (
-        SELECT proc_key, hw, count() AS n_in, sum(u) AS sum_in
-        FROM (SELECT proc_key, hw, t, any(util) AS u FROM {GPU_PAIRS_TABLE} GROUP BY proc_key, hw, t)
-        GROUP BY proc_key, hw
+        SELECT proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in
+        FROM ({_POINTS_INSIDE}) GROUP BY proc_key, hw
     ) AS i ON a.proc_key = i.proc_key AND a.hw = i.hw
     LEFT JOIN split AS sp ON a.proc_key = sp.proc_key AND a.hw = sp.hw
     SETTINGS join_use_nulls = 1
@@ -559,9 +571,8 @@ split AS (
     GROUP BY width, height, fmt, proc_key, hw
 ),
 inside AS (
-    SELECT width, height, fmt, proc_key, hw, count() AS n_in, sum(u) AS sum_in
-    FROM (SELECT width, height, fmt, proc_key, hw, t, any(util) AS u FROM {GPU_PAIRS_TABLE}
-          WHERE {_KNOWN} GROUP BY width, height, fmt, proc_key, hw, t)
+    SELECT width, height, fmt, proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in
+    FROM ({_points_inside("width, height, fmt, ", f"WHERE {_KNOWN}")})
     GROUP BY width, height, fmt, proc_key, hw
 ),
 per_gpu AS (

@@ -347,12 +347,14 @@ def memory_statements() -> list[tuple[str, dict[str, Any]]]:
     points table, by process through the GPU owners table, and time, as the utilization; after
     :func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`), and one row per
     (warm forward window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``;
-    ``vdrop``: the memory released between them, the sum of the falls in time order,
-    :func:`otel_stages.analysis.gpu_memory.released`; ``mult``: warm requests with that window)."""
+    ``vdrop``: the memory released between them, the sum of the falls in time order within each
+    sending process's points, :func:`otel_stages.analysis.gpu_memory.released_by_sender`;
+    ``mult``: warm requests with that window)."""
     is_usage = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE)
     is_limit = gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
-SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_limit FROM (
+SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_limit,
+    p.proc_key AS src FROM (
     SELECT point_key AS proc_key, hw, t, v, {is_limit} AS is_limit
     FROM {GPU_POINTS_TABLE} WHERE {is_usage} OR {is_limit}
 ) AS p INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
@@ -361,12 +363,17 @@ SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_
     # one join of every warm forward (not grouped by window first: most hold no point, and that
     # grouping by window and cohort cost more than the join); a window's requests (``mult``)
     # are its distinct (request, forward) pairs, each met by the same ``n`` points
+    # vdrop: the falls within each sender's own points (two senders' readings of one GPU differ
+    # by their offsets: gpu_memory.released_by_sender)
     pairs = f"""CREATE TEMPORARY TABLE {MEMORY_PAIRS_TABLE} ENGINE = Log AS
+SELECT * EXCEPT (by_sender) FROM (
 SELECT f.proc_key AS proc_key, f.width AS width, f.height AS height, f.fmt AS fmt,
     f.s AS s, f.e AS e, uniqExact(f.trace_key, f.span_key, f.i) AS mult, sm.hw AS hw,
     max(sm.v) AS vmax, min(sm.v) AS vmin, intDiv(count(), mult) AS n,
-    arraySum(arrayMap(x -> greatest(-x, 0),
-        arrayDifference(arrayMap(p -> p.2, arraySort(groupArray((sm.t, sm.v))))))) AS vdrop
+    arraySort(groupArray((sm.src, sm.t, sm.v))) AS by_sender,
+    arraySum(arrayMap(i -> if(i > 1 AND by_sender[i].1 = by_sender[i - 1].1,
+                              greatest(by_sender[i - 1].3 - by_sender[i].3, 0), 0),
+                      arrayEnumerate(by_sender))) AS vdrop
 FROM (
     SELECT trace_key, span_key, proc_key, width, height, fmt, s, e, i, arrayJoin({buckets("s", "e")}) AS b
     FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
@@ -374,7 +381,7 @@ FROM (
 ) AS f
 INNER JOIN ({usage}) AS sm ON sm.proc_key = f.proc_key AND sm.b = f.b
 WHERE sm.t >= f.s AND sm.t <= f.e
-GROUP BY proc_key, width, height, fmt, s, e, hw"""
+GROUP BY proc_key, width, height, fmt, s, e, hw)"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_SAMPLES_TABLE}", {}),
             (samples, {}), (pairs, {})]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.gpu import slow_forward_min_ms
-from otel_stages.analysis.gpu_owners import owned_series
+from otel_stages.analysis.gpu_owners import owned_points, owned_series
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.units import duration, pct
@@ -115,6 +115,16 @@ def released(values: Sequence[float]) -> float:
     return sum(max(a - b, 0.0) for a, b in itertools.pairwise(values))
 
 
+def released_by_sender(points: Sequence[tuple[int, float, str]]) -> float:
+    """:func:`released` of each sending process's own points (``(time_ns, value, sender)`` in time
+    order), summed: two senders' readings of one GPU (the service's sampler and a GPU exporter)
+    differ by their own offsets, and a fall from one's reading to the other's is not a release."""
+    by_sender: dict[str, list[float]] = {}
+    for _, v, sender in points:
+        by_sender.setdefault(sender, []).append(v)
+    return sum(released(values) for values in by_sender.values())
+
+
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
                     hw_id: str | None = None, processes: Collection[str] | None = None, *,
                     band_ms: float = 0.0) -> MemoryEvidence | None:
@@ -130,17 +140,17 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
     if not windows:
         return None
     owners = {w[3] for w in windows} | set(processes or ())
-    usage = owned_series(points, semconv.HW_GPU_MEMORY_USAGE, owners)
+    usage = owned_points(points, semconv.HW_GPU_MEMORY_USAGE, owners)
     limits: dict[str, float] = {}
     for (_, key), pts in owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners).items():
         limits[key] = max(limits.get(key, float("-inf")), max(v for _, v in pts))
-    times = {k: [t for t, _ in pts] for k, pts in usage.items()}
+    times = {k: [t for t, _, _ in pts] for k, pts in usage.items()}
 
-    def inside(key: str) -> list[list[float]]:
+    def inside(key: str) -> list[list[tuple[int, float, str]]]:
         out = []
         for _, s, e, proc in windows:
             pts, ts = usage.get((proc, key), []), times.get((proc, key), [])
-            out.append([v for _, v in pts[bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)]])
+            out.append(pts[bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)])
         return out
 
     candidates = sorted({k for _, k in usage} & set(limits))
@@ -151,9 +161,10 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
     if limit <= 0:
         return None
     covered = tuple(
-        ForwardMemory((dur_ns) / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit, len(vals),
-                      released(vals) / limit)
-        for (dur_ns, _, _, _), vals in zip(windows, inside(key)) if vals
+        ForwardMemory(dur_ns / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit, len(vals),
+                      released_by_sender(pts) / limit)
+        for (dur_ns, _, _, _), pts in zip(windows, inside(key)) if pts
+        for vals in ([v for _, v, _ in pts],)
     )
     all_ms = [d / 1e6 for d, _, _, _ in windows]
     return MemoryEvidence(covered, len(windows), limit, key or None, statistics.median(all_ms),

@@ -62,19 +62,27 @@ def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Co
     hw.id)``: a request process's own points, plus every point of a process that ran no request
     (not in ``request_processes``). ``scale``: a series (per sending process and ``hw.id``) whose
     largest value exceeds it is divided by 100 (utilization given in percent)."""
+    return {key: [(t, v) for t, v, _ in samples]
+            for key, samples in owned_points(points, name, request_processes, scale).items()}
+
+
+def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
+                 scale: float | None = None) -> dict[SeriesKey, list[tuple[int, float, str]]]:
+    """:func:`owned_series` with each point's sending process: ``(time_ns, value, sender)``, for
+    rules that must not read two senders' readings of one GPU as one sequence (a GPU exporter's
+    memory reading 1 GiB below the service's own is not memory released)."""
     sent: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
     chosen = [p for p in points if p.name == name]
     for p, proc in zip(chosen, point_processes(chosen)):
         sent[proc, str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, p.value))
-    out: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
+    out: dict[SeriesKey, list[tuple[int, float, str]]] = defaultdict(list)
     for (proc, hw_id), samples in sent.items():
-        if scale is not None and max(v for _, v in samples) > scale:
-            samples = [(t, v / 100.0) for t, v in samples]
+        divide = 100.0 if scale is not None and max(v for _, v in samples) > scale else 1.0
         owners = [proc] if proc in request_processes else request_processes
         for owner in owners:
-            out[owner, hw_id].extend(samples)
-    for samples in out.values():
-        samples.sort()
+            out[owner, hw_id].extend((t, v / divide, proc) for t, v in samples)
+    for found in out.values():
+        found.sort()
     return dict(out)
 
 
