@@ -990,3 +990,58 @@ def test_two_senders_at_the_same_times_count_as_the_file_report_counts(engine, t
     assert got["verdict"] == want["verdict"]
     for key in ("samples", "forwards_covered", "mean_utilization"):
         assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key
+
+
+def _two_hosts_memory(tmp_path: Path, hw_b: str, limit_a_gib: float) -> Path:
+    """Two hosts (instances inst-a, inst-b), 30 requests each; host b's every seventh forward is
+    slow (400 ms) with its GPU's memory at 23.5 of 24 GiB in them (15 GiB otherwise); host a's
+    card (``hw.id`` 0, ``limit_a_gib``) holds a flat 40 % of it. Memory read every 50 ms."""
+    from tests import odd_inputs
+
+    gib, lines = 2**30, []
+    for host, hw, limit, slow_every in (("inst-a", "0", limit_a_gib, 0), ("inst-b", hw_b, 24.0, 7)):
+        def stages(i: int, r: Any, slow_every: int = slow_every) -> list[tuple[str, float]]:
+            slow = slow_every and i % slow_every == 3
+            return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                    ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                    ("forward", (400.0 if slow else 100.0) + r.random())]
+        rows = odd_inputs.run(30, stages, seed=len(lines) + 1)
+        slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows
+                for s in spans if s["name"] == "forward"
+                and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+        path = odd_inputs.write(tmp_path / f"{host}.jsonl", rows)
+        lines += path.read_text().replace('"i1"', f'"{host}"').splitlines()
+        first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+        last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+
+        def used(t: int, limit: float = limit, slow_every: int = slow_every,
+                 slow: list[tuple[int, int]] = slow) -> float:
+            if not slow_every:
+                return 0.4 * limit * gib
+            return (23.5 if any(s <= t <= e for s, e in slow) else 15.0) * gib
+        times = range(first, last, 50 * MS)
+        lines.append(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+            odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", host)]},
+            "scopeMetrics": [{"metrics": [
+                {"name": "hw.gpu.memory.usage", "unit": "By", "gauge": {"dataPoints": [
+                    {"timeUnixNano": str(t), "asDouble": used(t),
+                     "attributes": [odd_inputs._attr("hw.id", hw)]} for t in times]}},
+                {"name": "hw.gpu.memory.limit", "unit": "By", "gauge": {"dataPoints": [
+                    {"timeUnixNano": str(t), "asDouble": limit * gib,
+                     "attributes": [odd_inputs._attr("hw.id", hw)]} for t in times]}}]}]}]}))
+    out = tmp_path / f"two_hosts_{hw_b}.jsonl"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("hw_b, limit_a_gib", [
+    ("0", 80.0),            # both cards hw.id 0: host b's 24 GiB was judged against host a's 80 GiB
+    ("GPU-b", 24.0),        # distinct ids: only one GPU of the fleet was read (host a's, no slow
+                            # forwards): "too few forwards with a memory sample"
+])
+def test_each_hosts_gpu_memory_is_judged_against_its_own_limit(
+        engine, tmp_path: Path, hw_b: str, limit_a_gib: float) -> None:
+    got, want = reports(engine, _two_hosts_memory(tmp_path, hw_b, limit_a_gib))
+    assert want["verdict"]["cause"] == "gpu_memory_pressure"
+    assert got["verdict"] == want["verdict"]
+    assert any("2 GPUs" in e for e in want["verdict"]["evidence"])

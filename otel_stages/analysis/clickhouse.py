@@ -401,8 +401,10 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
             signals.memory_windows_sql(method, signals.COHORT), None, settings)
         hw_id = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
                                  end_ns=query.end_ns, service=query.service).gpu.hw_id
-        chosen = signal_result.choose_gpu(signal_result.memory_gpus(gpus), hw_id)
-        out["memory_forwards"] = [] if chosen is None else engine.rows(
-            signals.memory_forwards_sql(), {"hw": chosen.hw, "cap": signals.MAX_MEMORY_FORWARDS},
-            settings)
+        chosen = signal_result.choose_gpus(signal_result.memory_gpus(gpus), hw_id)
+        out["memory_forwards"] = [] if not chosen else engine.rows(
+            signals.memory_forwards_sql(),
+            {"procs": ",".join(str(g.proc_key) for g in chosen),
+             "hws": signals.HW_SEPARATOR.join(g.hw for g in chosen),
+             "cap": signals.MAX_MEMORY_FORWARDS}, settings)
     return out

@@ -388,15 +388,18 @@ GROUP BY proc_key, width, height, fmt, s, e, hw)"""
 
 
 def memory_gpus_sql() -> str:
-    """Per GPU (``hw``): memory points (``n_usage``), limit points and the largest limit
-    (``n_limit``, ``limit_bytes``), and points inside warm forwards counted once per window and
-    request (``inside``: how the file report picks a GPU without the utilization's)."""
-    return f"""SELECT a.hw AS hw, a.n_usage AS n_usage, a.n_limit AS n_limit, a.limit_bytes AS limit_bytes,
-    ifNull(p.inside, 0) AS inside
-FROM (SELECT hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
-             maxIf(v, is_limit) AS limit_bytes FROM {MEMORY_SAMPLES_TABLE} GROUP BY hw) AS a
-LEFT JOIN (SELECT hw, sum(n * mult) AS inside FROM {MEMORY_PAIRS_TABLE} GROUP BY hw) AS p ON a.hw = p.hw
-ORDER BY hw
+    """Per GPU series (``proc_key``, ``hw``: a request process's points of one ``hw.id``, its own
+    and those of processes without requests): memory points (``n_usage``), limit points and the
+    largest limit (``n_limit``, ``limit_bytes``), and points inside warm forwards counted once per
+    window and request (``inside``: how the file report picks a process's GPU without the
+    utilization's)."""
+    return f"""SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_usage AS n_usage, a.n_limit AS n_limit,
+    a.limit_bytes AS limit_bytes, ifNull(p.inside, 0) AS inside
+FROM (SELECT proc_key, hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
+             maxIf(v, is_limit) AS limit_bytes FROM {MEMORY_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
+LEFT JOIN (SELECT proc_key, hw, sum(n * mult) AS inside FROM {MEMORY_PAIRS_TABLE}
+           GROUP BY proc_key, hw) AS p ON a.proc_key = p.proc_key AND a.hw = p.hw
+ORDER BY proc_key, hw
 SETTINGS join_use_nulls = 1"""
 
 
@@ -413,10 +416,20 @@ WHERE warm {group}"""
 
 
 def memory_forwards_sql() -> str:
-    """Covered warm forwards of the GPU ``{hw:String}``: cohort, ``hw``, ``ms``,
-    ``vmax`` / ``vmin`` / ``vdrop`` bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a
-    deterministic sample by hash above), and ``total`` rows in all."""
-    return f"""SELECT {COHORT}, hw, (e - s) / 1e6 AS ms, vmax, vmin, vdrop, n, mult,
+    """Covered warm forwards of the chosen GPU series: ``{procs:String}`` (process keys, comma
+    separated) with ``{hws:String}`` (their ``hw.id`` values, in order, separated by
+    :data:`HW_SEPARATOR`): cohort, ``proc_key``, ``hw``, ``ms``, ``vmax`` / ``vmin`` / ``vdrop``
+    bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a deterministic sample by hash
+    above), and ``total`` rows in all."""
+    chosen = ("SELECT arrayJoin(arrayZip(arrayMap(x -> toUInt64(x), splitByChar(',', {procs:String})),"
+              f" splitByString('{HW_SEPARATOR_SQL}', {{hws:String}})))")
+    return f"""SELECT {COHORT}, proc_key, hw, (e - s) / 1e6 AS ms, vmax, vmin, vdrop, n, mult,
     count() OVER () AS total
-FROM {MEMORY_PAIRS_TABLE} WHERE hw = {{hw:String}}
+FROM {MEMORY_PAIRS_TABLE} WHERE (proc_key, hw) IN ({chosen})
 ORDER BY cityHash64(proc_key, s, e, hw) LIMIT {{cap:UInt64}}"""
+
+
+#: Separates the chosen series' ``hw.id`` values in :func:`memory_forwards_sql`'s parameter (a
+#: control character no GPU id holds), and how SQL writes it.
+HW_SEPARATOR = "\x1f"
+HW_SEPARATOR_SQL = "\\x1F"

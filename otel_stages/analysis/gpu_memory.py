@@ -5,18 +5,21 @@ jumping up and down (allocation and release: the caching allocator freeing and r
 fragmented heap, another process taking memory) is ``gpu_memory_pressure``; memory flat with low
 utilization stays ``gpu_starved``.
 
-Per warm forward, from the ``hw.gpu.memory.usage`` points inside its span (of one ``hw.id``: the
-GPU the utilization evidence chose, else the one with most points inside forwards; a forward
-sees the points of its own process and of processes that ran no request,
-:mod:`otel_stages.analysis.gpu_owners`, as the ClickHouse SQL does) over that GPU's largest
-``hw.gpu.memory.limit``: the *peak* (fraction of the limit), the *range* (max - min, fraction of
-the limit; 0 with one point; shown, not judged) and the memory *released* inside the forward (the
-sum of every fall between consecutive points in time order, fraction of the limit). A forward is
-*under pressure* when its peak is at least :data:`NEAR_LIMIT_FRACTION` or it released at least
-:data:`CHURN_MIN_FRACTION` (memory jumping up and down: repeated allocation and release). Memory
-that only grows inside a forward is its activations being allocated (a larger batch or input
-takes more), not pressure, however large the growth: the range is not a test. Forwards with no
-point inside are left out (a sampler every 200 ms misses short forwards).
+Per warm forward, from the ``hw.gpu.memory.usage`` points inside its span (of one GPU series per
+process, keyed by process then ``hw.id`` as the utilization's,
+:mod:`otel_stages.analysis.gpu_owners`: the ``hw.id`` the utilization evidence chose when that
+process has it, else the one with most points inside the process's forwards; a forward sees the
+points of its own process and of processes that ran no request, as the ClickHouse SQL does) over
+that series' largest ``hw.gpu.memory.limit`` (each host's GPU its own limit: an 80 GiB card and a
+24 GiB card that both report ``hw.id`` 0 are not judged against 80 GiB): the *peak* (fraction of
+the limit), the *range* (max - min, fraction of the limit; 0 with one point; shown, not judged) and
+the memory *released* inside the forward (the sum of every fall between consecutive points in time
+order, fraction of the limit). A forward is *under pressure* when its peak is at least
+:data:`NEAR_LIMIT_FRACTION` or it released at least :data:`CHURN_MIN_FRACTION` (memory jumping up
+and down: repeated allocation and release). Memory that only grows inside a forward is its
+activations being allocated (a larger batch or input takes more), not pressure, however large the
+growth: the range is not a test. Forwards with no point inside are left out (a sampler every 200 ms
+misses short forwards).
 
 The slow forwards are those that make the swing, as for the utilization
 (:func:`otel_stages.analysis.gpu.slow_forward_min_ms`: longer than the warm forward median by more
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.gpu import slow_forward_min_ms
-from otel_stages.analysis.gpu_owners import owned_points, owned_series
+from otel_stages.analysis.gpu_owners import SeriesKey, owned_points, owned_series
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.units import duration, pct
@@ -83,8 +86,10 @@ class ForwardMemory:
 @dataclass(frozen=True)
 class MemoryEvidence:
     """What :func:`memory_evidence` found: one :class:`ForwardMemory` per covered warm forward,
-    ``forwards`` warm forwards in all, the GPU's ``limit_bytes`` and ``hw_id``, the warm forward
-    median ``median_ms`` and the run's noise band ``band_ms`` (they set the slow forwards)."""
+    ``forwards`` warm forwards in all, ``limit_bytes`` (the largest limit of the GPU series read;
+    the fractions are each of its own), ``hw_id`` (when every process read the same one),
+    ``gpus`` (GPU series read: one per process with memory points), the warm forward median
+    ``median_ms`` and the run's noise band ``band_ms`` (they set the slow forwards)."""
 
     covered: tuple[ForwardMemory, ...]
     forwards: int
@@ -92,6 +97,7 @@ class MemoryEvidence:
     hw_id: str | None
     median_ms: float
     band_ms: float = 0.0
+    gpus: int = 1
 
     @property
     def slow_min_ms(self) -> float:
@@ -141,34 +147,40 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
         return None
     owners = {w[3] for w in windows} | set(processes or ())
     usage = owned_points(points, semconv.HW_GPU_MEMORY_USAGE, owners)
-    limits: dict[str, float] = {}
-    for (_, key), pts in owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners).items():
-        limits[key] = max(limits.get(key, float("-inf")), max(v for _, v in pts))
+    limits = {k: max(v for _, v in pts)
+              for k, pts in owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners).items()}
     times = {k: [t for t, _, _ in pts] for k, pts in usage.items()}
 
-    def inside(key: str) -> list[list[tuple[int, float, str]]]:
-        out = []
-        for _, s, e, proc in windows:
-            pts, ts = usage.get((proc, key), []), times.get((proc, key), [])
-            out.append(pts[bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)])
-        return out
+    def inside(series: SeriesKey, s: int, e: int) -> list[tuple[int, float, str]]:
+        pts, ts = usage.get(series, []), times.get(series, [])
+        return pts[bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)]
 
-    candidates = sorted({k for _, k in usage} & set(limits))
-    if not candidates:
+    by_process: dict[str, list[tuple[int, int]]] = {}
+    for _, s, e, proc in windows:
+        by_process.setdefault(proc, []).append((s, e))
+    chosen: dict[str, str] = {}  # process -> the hw.id whose memory its forwards are judged on
+    for proc, spans in by_process.items():
+        candidates = sorted(k for p, k in usage if p == proc and limits.get((p, k), 0.0) > 0)
+        if candidates:
+            chosen[proc] = hw_id if hw_id in candidates else max(
+                candidates, key=lambda k: sum(len(inside((proc, k), s, e)) for s, e in spans))
+    if not chosen:
         return None
-    key = hw_id if hw_id in candidates else max(candidates, key=lambda k: sum(map(len, inside(k))))
-    limit = limits[key]
-    if limit <= 0:
-        return None
-    covered = tuple(
-        ForwardMemory(dur_ns / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit, len(vals),
-                      released_by_sender(pts) / limit)
-        for (dur_ns, _, _, _), pts in zip(windows, inside(key)) if pts
-        for vals in ([v for _, v, _ in pts],)
-    )
+    covered = []
+    for dur_ns, s, e, proc in windows:
+        if proc not in chosen:
+            continue
+        pts = inside((proc, chosen[proc]), s, e)
+        if not pts:
+            continue
+        vals, limit = [v for _, v, _ in pts], limits[proc, chosen[proc]]
+        covered.append(ForwardMemory(dur_ns / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit,
+                                     len(vals), released_by_sender(pts) / limit))
+    ids = set(chosen.values())
     all_ms = [d / 1e6 for d, _, _, _ in windows]
-    return MemoryEvidence(covered, len(windows), limit, key or None, statistics.median(all_ms),
-                          band_ms)
+    return MemoryEvidence(tuple(covered), len(windows), max(limits[p, k] for p, k in chosen.items()),
+                          (next(iter(ids)) or None) if len(ids) == 1 else None,
+                          statistics.median(all_ms), band_ms, gpus=len(chosen))
 
 
 def _gib(fraction: float, limit: float) -> str:
@@ -181,7 +193,8 @@ def memory_mechanism(ev: MemoryEvidence | None) -> Mechanism | None:
     if ev is None:
         return None
     slow, fast = ev.slow, ev.fast
-    limit_text = f"{ev.limit_bytes / _GIB:.0f} GiB"
+    limit_text = (f"{ev.limit_bytes / _GIB:.0f} GiB" if ev.gpus == 1
+                  else f"each GPU's limit ({ev.gpus} GPUs, up to {ev.limit_bytes / _GIB:.0f} GiB)")
     slow_words = (f"the slow forwards (> {duration(ev.slow_min_ms)}: the warm forward median"
                   f" {duration(ev.median_ms)} plus the run's noise band {duration(ev.band_ms)})")
     if len(slow) < MIN_MEMORY_FORWARDS or len(fast) < MIN_MEMORY_FORWARDS:
@@ -201,7 +214,8 @@ def memory_mechanism(ev: MemoryEvidence | None) -> Mechanism | None:
     line = (f"GPU memory during {slow_words}: {len(slow_hit)} of {len(slow)} near its limit"
             f" (peak >= {pct(NEAR_LIMIT_FRACTION)}: {near}) or allocating and releasing (>="
             f" {pct(CHURN_MIN_FRACTION)} of it released within the forward: {churn}); peak median"
-            f" {pct(slow_peak)} of {limit_text}, released up to {_gib(freed, ev.limit_bytes)}."
+            f" {pct(slow_peak)} of {limit_text}, released up to"
+            f" {_gib(freed, ev.limit_bytes) if ev.gpus == 1 else pct(freed) + ' of it'}."
             f" During the other forwards: {len(fast_hit)} of {len(fast)}, peak median"
             f" {pct(fast_peak)}")
     if not confirmed:
@@ -217,8 +231,10 @@ def memory_mechanism(ev: MemoryEvidence | None) -> Mechanism | None:
         return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, False, (f"{line}: {why}",))
     return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, True, (
         f"{line}: memory pressure lines up with the slow forwards",
-        f"hw.id {ev.hw_id}: {len(ev.covered)} of {ev.forwards} warm forwards have a memory sample"
-        if ev.hw_id else f"{len(ev.covered)} of {ev.forwards} warm forwards have a memory sample",
+        (f"{ev.gpus} GPUs" + (f" (hw.id {ev.hw_id} on each host)" if ev.hw_id else "")
+         if ev.gpus > 1 else f"hw.id {ev.hw_id}" if ev.hw_id else "")
+        + f"{': ' if ev.hw_id or ev.gpus > 1 else ''}{len(ev.covered)} of {ev.forwards} warm"
+        " forwards have a memory sample",
     ), (
         "leave the GPU memory headroom: lower the batch size or the maximum sequence / image size,"
         " or the share of memory given to caches (e.g. vLLM gpu_memory_utilization, a smaller KV"
