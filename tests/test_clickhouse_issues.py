@@ -1045,3 +1045,45 @@ def test_each_hosts_gpu_memory_is_judged_against_its_own_limit(
     assert want["verdict"]["cause"] == "gpu_memory_pressure"
     assert got["verdict"] == want["verdict"]
     assert any("2 GPUs" in e for e in want["verdict"]["evidence"])
+
+
+@pytest.mark.parametrize("slow_count, cause", [
+    (0, "gpu_starved"),    # the spans sample no slow forward: the metric points inside them judge
+    (4, "gpu_busy"),       # the spans sample them (their own 0.95): the spans win, as before
+])
+def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
+        engine, tmp_path: Path, slow_count: int, cause: str) -> None:
+    # a tester's input: forward spans carry gpu.utilization.mean 0.9 on the fast forwards and
+    # gpu.sample_count 0 on the slow ones, while hw.gpu.utilization points at 5 % lie inside the
+    # slow ones: the span attributes won ("judged on all forwards: 0 of the 4 slow forwards")
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if i % 7 == 3 else 100.0) + r.random())]
+    rows = odd_inputs.run(30, stages)
+    slow = []
+    for spans in rows:
+        for s in spans:
+            if s["name"] == "forward":
+                long = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS
+                if long:
+                    slow.append((int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])))
+                s["attributes"] += [odd_inputs._attr("gpu.utilization.mean", 0.95 if long else 0.9),
+                                    odd_inputs._attr("gpu.sample_count", slow_count if long else 2)]
+    path = odd_inputs.write(tmp_path / f"spans_miss_{slow_count}.jsonl", rows)
+    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
+               "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
+              for t in range(first, last, 50 * MS)]
+    with path.open("a") as f:
+        f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+            odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
+            "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": "1",
+                                           "gauge": {"dataPoints": points}}]}]}]}) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]
+    assert want["gpu"]["source"] == ("metrics" if slow_count == 0 else "span_attributes")

@@ -283,3 +283,16 @@ def test_the_testers_inputs(name, cause, level):
 ])
 def test_the_thresholds_read_a_mean_at_the_threshold_as_at_it(mean, level):
     assert g.utilization_level(mean, 100, 10, 10) == level
+
+
+@pytest.mark.parametrize("span_covered, metric_covered, expected", [
+    (0, g.MIN_SLOW_FORWARDS_COVERED, True),
+    (0, g.MIN_SLOW_FORWARDS_COVERED - 1, False),      # the points sample too few either
+    (g.MIN_SLOW_FORWARDS_COVERED - 1, g.MIN_SLOW_FORWARDS_COVERED, True),
+    (g.MIN_SLOW_FORWARDS_COVERED, 10, False),          # the spans sample enough: they win
+])
+def test_metric_points_win_only_where_the_spans_miss_the_slow_forwards(span_covered, metric_covered,
+                                                                       expected):
+    assert g.MIN_SLOW_FORWARDS_COVERED == 2
+    assert g.prefer_metrics(10, span_covered, metric_covered) is expected
+    assert g.prefer_metrics(0, 0, 10) is False  # no slow forward: nothing to miss

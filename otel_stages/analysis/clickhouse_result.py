@@ -31,7 +31,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
-from otel_stages.analysis.gpu import SplitFigures
+from otel_stages.analysis.gpu import SplitFigures, prefer_metrics
 from otel_stages.analysis.gpu_owners import shared_hw_id_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
@@ -265,7 +265,15 @@ def _split(row: Mapping[str, Any], head: Mapping[str, Any]) -> tuple[SplitFigure
 
 def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
          slow: Mapping[str, Any]) -> GpuAggregate:
-    if int(spans.get("covered") or 0) > 0:
+    """The forward spans' own attributes when they have data, unless they leave the slow forwards
+    unsampled where the metric points do not (:func:`otel_stages.analysis.gpu.prefer_metrics`),
+    else the metric points; as the file report chooses."""
+    span_split, _ = _split(spans, slow)
+    metric_split, _ = _split(metrics, slow)
+    use_metrics = span_split is not None and metric_split is not None and int(
+        metrics.get("split_gpus") or 0) > 0 and prefer_metrics(
+        span_split.slow_forwards, span_split.slow_covered, metric_split.slow_covered)
+    if int(spans.get("covered") or 0) > 0 and not use_metrics:
         covered = int(spans["covered"])
         split, slow_min = _split(spans, slow)
         return GpuAggregate(

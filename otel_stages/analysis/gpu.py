@@ -1,6 +1,9 @@
 """GPU utilization during the forward spans: busy, starved, or not enough data to say.
 
-Two sources, the first that has data wins:
+Two sources, the first that has data wins, unless it leaves the slow forwards unsampled
+(fewer than :data:`MIN_SLOW_FORWARDS_COVERED` of them) where the second samples enough of them
+(:func:`prefer_metrics`: a sampler that wrote no span attributes on the long forwards must not
+hide the metric points inside them):
 
 1. ``gpu.utilization.mean`` / ``gpu.sample_count`` set on forward spans by the sampler
    (``semconv.GPU_*``): exact per forward, weighted by sample count.
@@ -219,8 +222,33 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
         median_ms = statistics.median(e - s for s, e in every) / 1e6
         slow_min_ns = slow_forward_min_ms(median_ms, band_ms) * 1e6
     from_spans = _from_span_attributes(forwards, every, slow_min_ns)
-    if from_spans is not None:
+    if from_spans is not None and not _slow_unsampled(from_spans.slow_forwards,
+                                                      from_spans.slow_covered):
         return from_spans
+    from_metrics = _from_metrics(requests, points, processes, every, slow_min_ns)
+    if from_spans is not None and not prefer_metrics(
+            from_spans.slow_forwards, from_spans.slow_covered, from_metrics.slow_covered):
+        return from_spans
+    return from_metrics
+
+
+def _slow_unsampled(slow_forwards: int, slow_covered: int) -> bool:
+    return slow_forwards > 0 and slow_covered < MIN_SLOW_FORWARDS_COVERED
+
+
+def prefer_metrics(slow_forwards: int, span_slow_covered: int, metric_slow_covered: int) -> bool:
+    """Whether the metric points judge the GPU rather than the forward spans' own attributes
+    (module docstring): the spans sample fewer than :data:`MIN_SLOW_FORWARDS_COVERED` of the
+    ``slow_forwards`` and the metric points sample at least that many."""
+    return (_slow_unsampled(slow_forwards, span_slow_covered)
+            and metric_slow_covered >= MIN_SLOW_FORWARDS_COVERED)
+
+
+def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
+                  processes: Collection[str] | None, every: Sequence[tuple[int, int]],
+                  slow_min_ns: float | None) -> GpuEvidence:
+    """The evidence of the ``hw.gpu.utilization`` points (module docstring, source 2)."""
+    name = semconv.STAGE_FORWARD
     windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for r, proc in zip(requests, process_keys(requests)):
         windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
