@@ -283,3 +283,15 @@ def test_a_faster_median_does_not_hide_a_near_tail(capsys):
     assert any(s.startswith("total: its p95 and tail are not significant") for s in c["summary"])
     assert main(["report", *argv, "--fail-on-regression", "10"]) == 4
     assert "cannot judge: total p95" in capsys.readouterr().err
+
+
+def test_a_regression_between_runs_of_other_inputs_says_so(capsys):
+    # every image 4000x3000 after, 1024x768 before: the total is slower, but the inputs moved
+    argv = [_gz("t20_big_inputs"), "--baseline", _gz("t20_before")]
+    assert main(["report", *argv, "--fail-on-regression", "10"]) == 3
+    err = capsys.readouterr().err
+    assert "regression: total median" in err
+    assert "note: the two runs' inputs differ (cohort mix 100% apart)" in err
+    assert main(["report", _gz("t20_faster_tail"), "--baseline", _gz("t20_before"),
+                 "--fail-on-regression", "10"]) == 4
+    assert "inputs differ" not in capsys.readouterr().err

@@ -387,6 +387,11 @@ def _run(args: argparse.Namespace) -> int:
         if regressions and report.comparison.uniform_shift:
             print("otel-stages: note: every stage slowed together, which often means a busier or"
                   " throttled host rather than the change", file=sys.stderr)
+        if regressions and report.comparison.inputs_differ:
+            distance = report.comparison.input_distance or 0.0
+            print(f"otel-stages: note: the two runs' inputs differ (cohort mix {distance:.0%} apart):"
+                  " the change may come from the inputs, not the code; gate on runs of the same"
+                  " inputs", file=sys.stderr)
         if regressions:
             return EXIT_REGRESSION
         undecided = report.comparison.undecided(args.fail_on_regression)
