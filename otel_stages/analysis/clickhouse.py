@@ -266,7 +266,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     for name, text, params in queries.gpu_statements(
             float(threshold) if threshold is not None and math.isfinite(threshold) else 0.0):
         results[name] = engine.rows(text, params, settings)
-    results.update(_cohort_gpu(engine, query, head, settings))
+    results.update(_cohort_gpu(engine, query, head, settings, results))
     results["gauge_table"] = gauge
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)
@@ -296,10 +296,16 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
 
 
 def _cohort_gpu(engine: Engine, query: sql.AggregateQuery, head: FleetAggregates,
-                settings: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+                settings: Mapping[str, Any], results: Mapping[str, list[dict[str, Any]]]
+                ) -> dict[str, list[dict[str, Any]]]:
     """GPU utilization within each of the largest cohorts (``head``: the aggregates so far), its
     slow forwards beyond the cohort's own forward median plus its own noise band, as the file
-    report judges a cohort (:func:`otel_stages.analysis.gpu.gpu_evidence` on its requests)."""
+    report judges a cohort (:func:`otel_stages.analysis.gpu.gpu_evidence` on its requests). Each
+    source is read per cohort only when the run has it (``results``: the run's GPU answers)."""
+    spans = bool(results.get("gpu_spans") and int(results["gpu_spans"][0].get("covered") or 0))
+    metrics = bool(results.get("gpu_metrics") and int(results["gpu_metrics"][0].get("gpus") or 0))
+    if not spans and not metrics:
+        return {}
     rows = engine.rows(queries.cohort_forwards_sql(), {"top_cohorts": query.top_cohorts}, settings)
     bands = {(c.width, c.height, c.format or ""): clickhouse_figures.band_ms(c.stages, c.total)
              for c in head.cohorts}
@@ -309,7 +315,8 @@ def _cohort_gpu(engine: Engine, query: sql.AggregateQuery, head: FleetAggregates
         if key in bands and math.isfinite(float(r["median_ns"])):
             thresholds.append((*key, float(r["median_ns"]) + (bands[key] or 0.0) * 1e6))
     return {name: engine.rows(text, params, settings)
-            for name, text, params in queries.cohort_gpu_statements(thresholds)}
+            for name, text, params in queries.cohort_gpu_statements(thresholds, spans=spans,
+                                                                     metrics=metrics)}
 
 
 def metrics_table(engine: Engine, database: str, table: str) -> list[dict[str, Any]]:

@@ -547,6 +547,20 @@ INNER JOIN ({_thresholds(count)}) AS t
 GROUP BY width, height, fmt ORDER BY width, height, fmt"""
 
 
+def cohort_slow_forwards_sql(count: int) -> str:
+    """Per cohort, as :func:`cohort_gpu_spans_sql` without span attributes to read (a run whose
+    GPU data is metric points only): ``slow_min_ns``, ``forwards``, ``slow_forwards``."""
+    return f"""SELECT f.width AS width, f.height AS height, f.fmt AS fmt, any(t.th) AS slow_min_ns,
+    count() AS forwards, countIf(f.d > t.th) AS slow_forwards, 0 AS covered
+FROM (
+    SELECT width, height, fmt, w.2 - w.1 AS d FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
+    WHERE warm AND {_KNOWN}
+) AS f
+INNER JOIN ({_thresholds(count)}) AS t
+    ON f.width = t.width AND f.height = t.height AND f.fmt = t.fmt
+GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+
+
 def cohort_gpu_metrics_sql(count: int) -> str:
     """:func:`gpu_metrics_sql` per cohort: per process the GPU whose utilization rises most inside
     the cohort's forwards (every process with GPU samples takes part, as in the file report), and
@@ -605,20 +619,23 @@ SELECT width, height, fmt, count() AS gpus, any(g.1) AS hw_id,
 FROM chosen GROUP BY width, height, fmt ORDER BY width, height, fmt"""
 
 
-def cohort_gpu_statements(thresholds: Sequence[tuple[int, int, str, float]]
+def cohort_gpu_statements(thresholds: Sequence[tuple[int, int, str, float]], *,
+                          spans: bool = True, metrics: bool = True
                           ) -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, SQL, params)`` of the GPU utilization aggregates per cohort (after
     :func:`gpu_statements`), ``thresholds``: ``(width, height, fmt, slow_min_ns)`` per cohort
     (its forward median, :func:`cohort_forwards_sql`, plus its own noise band). Empty without
-    cohorts."""
-    if not thresholds:
+    cohorts. ``spans`` / ``metrics``: whether the run has that source (its forwards and
+    threshold come with the span statement, which runs whenever either does)."""
+    if not thresholds or not (spans or metrics):
         return []
     params: dict[str, Any] = {}
     for i, (w, h, f, t) in enumerate(thresholds):
         params.update({f"w{i}": w, f"h{i}": h, f"f{i}": f, f"t{i}": t})
     n = len(thresholds)
-    return [("cohort_gpu_spans", cohort_gpu_spans_sql(n), params),
-            ("cohort_gpu_metrics", cohort_gpu_metrics_sql(n), params)]
+    return [("cohort_gpu_spans", cohort_gpu_spans_sql(n) if spans else cohort_slow_forwards_sql(n),
+             params),
+            *([("cohort_gpu_metrics", cohort_gpu_metrics_sql(n), params)] if metrics else [])]
 
 
 def gpu_statements(slow_min_ns: float) -> list[tuple[str, str, dict[str, Any]]]:
