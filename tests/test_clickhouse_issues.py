@@ -838,6 +838,28 @@ def test_the_gpu_unit_is_read_as_the_file_report_reads_it(engine, tmp_path: Path
     assert got["verdict"] == want["verdict"]
 
 
+# --- GPU parity inputs: a steady pipeline whose forward is slow on some requests ----------------
+
+
+def _slow_every(every: int, n: int = 30, seed: int = 1) -> list[Spans]:
+    """``n`` requests (tests/odd_inputs.py: one trace each) of about 5 / 10 / 4 / 2 ms stages and a
+    100 ms forward, 400 ms on every request ``i`` with ``i % every == 3`` (``every`` 0: none)."""
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        slow = every and i % every == 3
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if slow else 100.0) + r.random())]
+    return odd_inputs.run(n, stages, seed=seed)
+
+
+def _span_range(rows: list[Spans]) -> tuple[int, int]:
+    """The first start and last end (ns) of the spans of ``rows``."""
+    return (min(int(s["startTimeUnixNano"]) for spans in rows for s in spans),
+            max(int(s["endTimeUnixNano"]) for spans in rows for s in spans))
+
+
 # --- GPU evidence within each input cohort ------------------------------------------------------
 
 
@@ -865,8 +887,7 @@ def _cohort_gpu_run(tmp_path: Path) -> Path:
                 windows.append((int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]),
                                 (0.95 if i % 2 == 0 else 0.10) if slow else 0.5))
     path = odd_inputs.write(tmp_path / "cohort_gpu.jsonl", rows)
-    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
-    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    first, last = _span_range(rows)
     points = []
     for t in range(first, last, 20 * MS):
         value = next((v for s, e, v in windows if s <= t <= e), 0.02)
@@ -901,12 +922,7 @@ def test_span_attribute_utilization_in_percent_is_read_as_percent(
         engine, tmp_path: Path, slow_value: float, fast_value: float, cause: str) -> None:
     from tests import odd_inputs
 
-    def stages(i: int, r: Any) -> list[tuple[str, float]]:
-        slow = i % 7 == 3
-        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                ("forward", (400.0 if slow else 100.0) + r.random())]
-    rows = odd_inputs.run(30, stages)
+    rows = _slow_every(7)
     for spans in rows:
         for s in spans:
             if s["name"] == "forward":
@@ -928,14 +944,9 @@ def test_two_senders_of_one_gpu_memory_are_not_memory_released(engine, tmp_path:
     # them in longer forwards: gpu_memory_pressure and "stop allocating and freeing per request"
     from tests import odd_inputs
 
-    def stages(i: int, r: Any) -> list[tuple[str, float]]:
-        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                ("forward", (400.0 if i % 7 == 3 else 100.0) + r.random())]
-    rows = odd_inputs.run(30, stages)
+    rows = _slow_every(7)
     path = odd_inputs.write(tmp_path / "two_senders.jsonl", rows)
-    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
-    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    first, last = _span_range(rows)
     gib = 2**30
 
     def gauges(service: str, instance: str, offset_ns: int, used: float) -> str:
@@ -965,16 +976,11 @@ def test_two_senders_at_the_same_times_count_as_the_file_report_counts(engine, t
     # each instant once over all forwards (82) but both inside the slow ones (64), more than all
     from tests import odd_inputs
 
-    def stages(i: int, r: Any) -> list[tuple[str, float]]:
-        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                ("forward", (400.0 if i % 7 == 3 else 100.0) + r.random())]
-    rows = odd_inputs.run(30, stages)
+    rows = _slow_every(7)
     slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
             if s["name"] == "forward" and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
     path = odd_inputs.write(tmp_path / "same_times.jsonl", rows)
-    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
-    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    first, last = _span_range(rows)
     points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
                "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
               for t in range(first, last, 50 * MS)]
@@ -1000,19 +1006,13 @@ def _two_hosts_memory(tmp_path: Path, hw_b: str, limit_a_gib: float) -> Path:
 
     gib, lines = 2**30, []
     for host, hw, limit, slow_every in (("inst-a", "0", limit_a_gib, 0), ("inst-b", hw_b, 24.0, 7)):
-        def stages(i: int, r: Any, slow_every: int = slow_every) -> list[tuple[str, float]]:
-            slow = slow_every and i % slow_every == 3
-            return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                    ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                    ("forward", (400.0 if slow else 100.0) + r.random())]
-        rows = odd_inputs.run(30, stages, seed=len(lines) + 1)
+        rows = _slow_every(slow_every, seed=len(lines) + 1)
         slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows
                 for s in spans if s["name"] == "forward"
                 and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
         path = odd_inputs.write(tmp_path / f"{host}.jsonl", rows)
         lines += path.read_text().replace('"i1"', f'"{host}"').splitlines()
-        first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
-        last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+        first, last = _span_range(rows)
 
         def used(t: int, limit: float = limit, slow_every: int = slow_every,
                  slow: list[tuple[int, int]] = slow) -> float:
@@ -1058,11 +1058,7 @@ def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
     # slow ones: the span attributes won ("judged on all forwards: 0 of the 4 slow forwards")
     from tests import odd_inputs
 
-    def stages(i: int, r: Any) -> list[tuple[str, float]]:
-        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                ("forward", (400.0 if i % 7 == 3 else 100.0) + r.random())]
-    rows = odd_inputs.run(30, stages)
+    rows = _slow_every(7)
     slow = []
     for spans in rows:
         for s in spans:
@@ -1073,8 +1069,7 @@ def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
                 s["attributes"] += [odd_inputs._attr("gpu.utilization.mean", 0.95 if long else 0.9),
                                     odd_inputs._attr("gpu.sample_count", slow_count if long else 2)]
     path = odd_inputs.write(tmp_path / f"spans_miss_{slow_count}.jsonl", rows)
-    first = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
-    last = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    first, last = _span_range(rows)
     points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
                "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
               for t in range(first, last, 50 * MS)]

@@ -522,6 +522,14 @@ def _thresholds(count: int) -> str:
         f" {{t{i}:Float64}} AS th" for i in range(count))
 
 
+def _by_cohort_threshold(count: int) -> str:
+    """The tail of a per-cohort statement over rows ``f`` (``width``, ``height``, ``fmt``): each
+    met by its cohort's threshold ``t.th`` (:func:`_thresholds`), grouped by cohort."""
+    return f"""INNER JOIN ({_thresholds(count)}) AS t
+    ON f.width = t.width AND f.height = t.height AND f.fmt = t.fmt
+GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+
+
 def cohort_gpu_spans_sql(count: int) -> str:
     """:func:`gpu_spans_sql` per cohort, each split at its own threshold (:func:`_thresholds`,
     returned as ``slow_min_ns``), with ``forwards``, the cohort's warm forwards, and
@@ -542,9 +550,7 @@ FROM (
         WHERE warm AND {_KNOWN}
     )
 ) AS f
-INNER JOIN ({_thresholds(count)}) AS t
-    ON f.width = t.width AND f.height = t.height AND f.fmt = t.fmt
-GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+{_by_cohort_threshold(count)}"""
 
 
 def cohort_slow_forwards_sql(count: int) -> str:
@@ -556,9 +562,7 @@ FROM (
     SELECT width, height, fmt, w.2 - w.1 AS d FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end) AS w
     WHERE warm AND {_KNOWN}
 ) AS f
-INNER JOIN ({_thresholds(count)}) AS t
-    ON f.width = t.width AND f.height = t.height AND f.fmt = t.fmt
-GROUP BY width, height, fmt ORDER BY width, height, fmt"""
+{_by_cohort_threshold(count)}"""
 
 
 def cohort_gpu_metrics_sql(count: int) -> str:
