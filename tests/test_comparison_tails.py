@@ -295,3 +295,19 @@ def test_a_regression_between_runs_of_other_inputs_says_so(capsys):
     assert main(["report", _gz("t20_faster_tail"), "--baseline", _gz("t20_before"),
                  "--fail-on-regression", "10"]) == 4
     assert "inputs differ" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pct, code", [(10, 3), (50, 3), (51, 0)])  # TAIL_MARGIN_FRACTION 0.5
+def test_a_significant_tail_trips_the_gate_though_the_p95_did_not_move(capsys, pct, code):
+    # 6 of 199 requests at about 1000 ms (3 %: under the p95) and an 18 % faster median: the
+    # output called it "a tail regression" while the gate passed it (exit 0); the tail line lies
+    # 50 % beyond the baseline's slowest, so it is a rise beyond any gate of 50 % or less
+    argv = [_gz("t21_after200_tail6"), "--baseline", _gz("t21_before200")]
+    assert TAIL_MARGIN_FRACTION == 0.5
+    code_json, out = _json(argv, capsys)
+    total = out["comparison"]["total"]
+    assert code_json == 0 and total["tail_significant"] and not total["p95_significant"]
+    assert total["p95_change_pct"] < 0
+    assert main(["report", *argv, "--fail-on-regression", str(pct)]) == code
+    err = capsys.readouterr().err
+    assert ("regression: total tail: requests slower than" in err) is (code == 3)

@@ -113,8 +113,10 @@ class Comparison:
 
         - the total's median or p95 rose by more than ``threshold_pct`` percent and that
           statistic's change is significant (bootstrap);
-        - the total's p95 rose by more than ``threshold_pct`` percent and the share of requests
-          above the tail line rose significantly (the tail test: the bootstrap misses a tail);
+        - the share of requests above the tail line rose significantly (the tail test: the
+          bootstrap misses a tail) and either the total's p95 rose by more than ``threshold_pct``
+          percent or the tail line's margin (50 %) is at least ``threshold_pct``: a few much
+          slower requests do not move the p95;
         - the failure rate rose significantly, by more than ``threshold_pct`` percent of the
           baseline's rate (any rise from none).
         """
@@ -126,9 +128,14 @@ class Comparison:
                            f" {threshold_pct:g}% and outside run-to-run noise")
         pct = total.p95_change_pct
         if (total.tail is not None and total.tail.significant and not total.significant_of("p95")
-                and pct is not None and pct > threshold_pct):
-            out.append(f"total p95 {total.describe('p95')}, above {threshold_pct:g}%, with"
-                       f" {_tail_clause(total.tail)}")
+                and _tail_above(pct, threshold_pct)):
+            if pct is not None and pct > threshold_pct:
+                out.append(f"total p95 {total.describe('p95')}, above {threshold_pct:g}%, with"
+                           f" {_tail_clause(total.tail)}")
+            else:  # a few much slower requests: the p95 did not move
+                out.append(f"total tail: {_tail_clause(total.tail)}, each over"
+                           f" {TAIL_MARGIN_FRACTION:.0%} slower than the baseline's slowest, beyond"
+                           f" the gate's {threshold_pct:g}% (total p95 {total.describe('p95')})")
         f = self.failures
         if f is not None and f.significant:
             before, after = f.baseline_share or 0.0, f.share or 0.0
@@ -139,14 +146,15 @@ class Comparison:
 
     def undecided(self, threshold_pct: float) -> str | None:
         """Why ``--fail-on-regression threshold_pct`` cannot judge though the total was tested:
-        its p95 rose by more than ``threshold_pct`` percent and its tail test is inconclusive
-        (p under :data:`INCONCLUSIVE_LEVEL`, not under ``SIGNIFICANCE``); else ``None``."""
+        its tail test is inconclusive (p under :data:`INCONCLUSIVE_LEVEL`, not under
+        ``SIGNIFICANCE``) and, as for a tail regression, its p95 rose by more than
+        ``threshold_pct`` percent or the tail line's margin is at least that; else ``None``."""
         total, pct = self.total, self.total.p95_change_pct
         if ("total" not in self.inconclusive or total.tail is None or total.tail.p_value is None
-                or pct is None or pct <= threshold_pct):
+                or not _tail_above(pct, threshold_pct)):
             return None
-        return (f"total p95 {total.describe('p95')}, above {threshold_pct:g}%, but"
-                f" {_tail_clause(total.tail)} is not significant at {CONFIDENCE:.0%}")
+        return (f"total p95 {total.describe('p95')}, but {_tail_clause(total.tail)} is not"
+                f" significant at {CONFIDENCE:.0%}")
 
     def to_dict(self) -> dict[str, object]:
         """The report's ``comparison`` object: the DESIGN.md section 3 keys (``total``,
@@ -194,6 +202,15 @@ def _row_sentence(name: str, c: Change) -> str:
             parts.append(f"p95 {c.describe('p95')}")
         parts.append(_tail_clause(c.tail))
     return f"{name}: " + "; ".join(parts)
+
+
+def _tail_above(p95_change_pct: float | None, threshold_pct: float) -> bool:
+    """Whether a tail regression counts against ``--fail-on-regression threshold_pct``: the p95
+    rose by more than it, or the tail's requests are (the tail line lies
+    :data:`~otel_stages.analysis.change.TAIL_MARGIN_FRACTION` beyond the baseline's slowest): a
+    few much slower requests (under 5 % of them) do not move the p95 at all."""
+    return ((p95_change_pct is not None and p95_change_pct > threshold_pct)
+            or threshold_pct <= 100.0 * TAIL_MARGIN_FRACTION)
 
 
 def _tail_clause(tail: ShareChange) -> str:

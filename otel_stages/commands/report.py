@@ -17,7 +17,8 @@ last; every run read is still listed under ``runs``, and the text header names t
 to the baseline too. ``--fail-on-regression PCT`` (with ``--baseline``) is a CI gate: exit status 3
 when the request total's median or p95 rose by more than PCT percent *and* that change is outside
 run-to-run noise (the comparison's 95 % bootstrap interval excludes zero, or, for the p95, the share
-of requests beyond the baseline's slowest + 50 % rose: the tail test), or when the failure rate rose
+of requests beyond the baseline's slowest + 50 % rose: the tail test, which also trips any PCT up
+to 50 on its own: those requests are over 50 % slower than anything before), or when the failure rate rose
 significantly (by more than PCT percent of the baseline's rate; any rise from none); stages are
 reported but do not trip the gate, since users feel the total
 (:meth:`otel_stages.analysis.comparison.Comparison.regressions`).
