@@ -1047,15 +1047,18 @@ def test_each_hosts_gpu_memory_is_judged_against_its_own_limit(
     assert any("2 GPUs" in e for e in want["verdict"]["evidence"])
 
 
-@pytest.mark.parametrize("slow_count, cause", [
-    (0, "gpu_starved"),    # the spans sample no slow forward: the metric points inside them judge
-    (4, "gpu_busy"),       # the spans sample them (their own 0.95): the spans win, as before
+@pytest.mark.parametrize("on_slow, slow_count, cause", [
+    (4, 0, "gpu_starved"),  # the spans sample no slow forward: the metric points inside them judge
+    (4, 4, "gpu_busy"),     # the spans sample all 4 (their own 0.95): the spans win, as before
+    (2, 2, "gpu_starved"),  # 2 of 4, 4 samples (under MIN_GPU_SAMPLES): too thin, the points judge
+    (2, 3, "gpu_busy"),     # 2 of 4, 6 samples: the spans can judge them, and win
 ])
 def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
-        engine, tmp_path: Path, slow_count: int, cause: str) -> None:
-    # a tester's input: forward spans carry gpu.utilization.mean 0.9 on the fast forwards and
-    # gpu.sample_count 0 on the slow ones, while hw.gpu.utilization points at 5 % lie inside the
-    # slow ones: the span attributes won ("judged on all forwards: 0 of the 4 slow forwards")
+        engine, tmp_path: Path, on_slow: int, slow_count: int, cause: str) -> None:
+    # testers' inputs: forward spans carry gpu.utilization.mean 0.9 on the fast forwards and
+    # gpu.sample_count 0 on the slow ones (or attributes on a few slow ones only), while
+    # hw.gpu.utilization points at 5 % lie inside the slow ones: the span attributes won
+    # ("judged on all forwards: 0 of the 4 slow forwards"; "too thin to call")
     from tests import odd_inputs
 
     rows = _slow_every(7)
@@ -1066,9 +1069,11 @@ def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
                 long = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS
                 if long:
                     slow.append((int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])))
+                if long and len(slow) > on_slow:
+                    continue  # this slow forward carries no span attributes
                 s["attributes"] += [odd_inputs._attr("gpu.utilization.mean", 0.95 if long else 0.9),
                                     odd_inputs._attr("gpu.sample_count", slow_count if long else 2)]
-    path = odd_inputs.write(tmp_path / f"spans_miss_{slow_count}.jsonl", rows)
+    path = odd_inputs.write(tmp_path / f"spans_miss_{on_slow}_{slow_count}.jsonl", rows)
     first, last = _span_range(rows)
     points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
                "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
@@ -1081,4 +1086,4 @@ def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
     got, want = reports(engine, path)
     assert want["verdict"]["cause"] == cause
     assert got["verdict"] == want["verdict"]
-    assert want["gpu"]["source"] == ("metrics" if slow_count == 0 else "span_attributes")
+    assert want["gpu"]["source"] == ("metrics" if cause == "gpu_starved" else "span_attributes")

@@ -285,14 +285,12 @@ def test_the_thresholds_read_a_mean_at_the_threshold_as_at_it(mean, level):
     assert g.utilization_level(mean, 100, 10, 10) == level
 
 
-@pytest.mark.parametrize("span_covered, metric_covered, expected", [
-    (0, g.MIN_SLOW_FORWARDS_COVERED, True),
-    (0, g.MIN_SLOW_FORWARDS_COVERED - 1, False),      # the points sample too few either
-    (g.MIN_SLOW_FORWARDS_COVERED - 1, g.MIN_SLOW_FORWARDS_COVERED, True),
-    (g.MIN_SLOW_FORWARDS_COVERED, 10, False),          # the spans sample enough: they win
+@pytest.mark.parametrize("span, metric, expected", [
+    (g.JUDGED_ALL, g.JUDGED_SLOW, True),
+    (g.JUDGED_ALL, g.JUDGED_ALL, False),       # neither can judge the slow forwards: the spans
+    (g.JUDGED_SLOW, g.JUDGED_SLOW, False),     # the spans judge them: they win
 ])
-def test_metric_points_win_only_where_the_spans_miss_the_slow_forwards(span_covered, metric_covered,
-                                                                       expected):
-    assert g.MIN_SLOW_FORWARDS_COVERED == 2
-    assert g.prefer_metrics(10, span_covered, metric_covered) is expected
-    assert g.prefer_metrics(0, 0, 10) is False  # no slow forward: nothing to miss
+def test_metric_points_win_only_where_the_spans_cannot_judge_the_slow_forwards(span, metric,
+                                                                             expected):
+    assert g.prefer_metrics(10, span, metric) is expected
+    assert g.prefer_metrics(0, g.JUDGED_ALL, g.JUDGED_SLOW) is False  # no slow forward to judge

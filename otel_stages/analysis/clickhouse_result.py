@@ -31,7 +31,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
-from otel_stages.analysis.gpu import SplitFigures, prefer_metrics
+from otel_stages.analysis.gpu import SplitFigures, judge_level, prefer_metrics
 from otel_stages.analysis.gpu_owners import shared_hw_id_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
@@ -270,9 +270,15 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
     else the metric points; as the file report chooses."""
     span_split, _ = _split(spans, slow)
     metric_split, _ = _split(metrics, slow)
-    use_metrics = span_split is not None and metric_split is not None and int(
-        metrics.get("split_gpus") or 0) > 0 and prefer_metrics(
-        span_split.slow_forwards, span_split.slow_covered, metric_split.slow_covered)
+    use_metrics = False
+    if span_split is not None and metric_split is not None and int(metrics.get("split_gpus") or 0):
+        _, span_judged = judge_level(
+            _ratio(spans.get("weighted"), spans.get("samples")), int(spans.get("samples") or 0),
+            int(spans.get("covered") or 0), forwards, span_split)
+        _, metric_judged = judge_level(
+            _ratio(metrics.get("sum_in"), metrics.get("samples")), int(metrics.get("samples") or 0),
+            int(metrics.get("covered") or 0), forwards, metric_split)
+        use_metrics = prefer_metrics(span_split.slow_forwards, span_judged, metric_judged)
     if int(spans.get("covered") or 0) > 0 and not use_metrics:
         covered = int(spans["covered"])
         split, slow_min = _split(spans, slow)

@@ -1,9 +1,8 @@
 """GPU utilization during the forward spans: busy, starved, or not enough data to say.
 
-Two sources, the first that has data wins, unless it leaves the slow forwards unsampled
-(fewer than :data:`MIN_SLOW_FORWARDS_COVERED` of them) where the second samples enough of them
-(:func:`prefer_metrics`: a sampler that wrote no span attributes on the long forwards must not
-hide the metric points inside them):
+Two sources, the first that has data wins, unless it cannot judge the slow forwards (too few of
+them sampled: below) where the second can (:func:`prefer_metrics`: a sampler that wrote span
+attributes on few of the long forwards must not hide the metric points inside them):
 
 1. ``gpu.utilization.mean`` / ``gpu.sample_count`` set on forward spans by the sampler
    (``semconv.GPU_*``): exact per forward, weighted by sample count.
@@ -222,26 +221,21 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
         median_ms = statistics.median(e - s for s, e in every) / 1e6
         slow_min_ns = slow_forward_min_ms(median_ms, band_ms) * 1e6
     from_spans = _from_span_attributes(forwards, every, slow_min_ns)
-    if from_spans is not None and not _slow_unsampled(from_spans.slow_forwards,
-                                                      from_spans.slow_covered):
+    if from_spans is not None and (from_spans.slow_forwards == 0
+                                   or from_spans.judged_on == JUDGED_SLOW):
         return from_spans
     from_metrics = _from_metrics(requests, points, processes, every, slow_min_ns)
     if from_spans is not None and not prefer_metrics(
-            from_spans.slow_forwards, from_spans.slow_covered, from_metrics.slow_covered):
+            from_spans.slow_forwards, from_spans.judged_on, from_metrics.judged_on):
         return from_spans
     return from_metrics
 
 
-def _slow_unsampled(slow_forwards: int, slow_covered: int) -> bool:
-    return slow_forwards > 0 and slow_covered < MIN_SLOW_FORWARDS_COVERED
-
-
-def prefer_metrics(slow_forwards: int, span_slow_covered: int, metric_slow_covered: int) -> bool:
+def prefer_metrics(slow_forwards: int, span_judged_on: str, metric_judged_on: str) -> bool:
     """Whether the metric points judge the GPU rather than the forward spans' own attributes
-    (module docstring): the spans sample fewer than :data:`MIN_SLOW_FORWARDS_COVERED` of the
-    ``slow_forwards`` and the metric points sample at least that many."""
-    return (_slow_unsampled(slow_forwards, span_slow_covered)
-            and metric_slow_covered >= MIN_SLOW_FORWARDS_COVERED)
+    (module docstring): there are slow forwards, the spans' samples cannot judge them
+    (``judged_on`` is not :data:`JUDGED_SLOW`: :func:`judge_level`) and the metric points' can."""
+    return slow_forwards > 0 and span_judged_on != JUDGED_SLOW and metric_judged_on == JUDGED_SLOW
 
 
 def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
