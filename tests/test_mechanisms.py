@@ -538,3 +538,18 @@ def test_a_blocked_tail_hidden_in_the_slowest_quarter_is_found(tail_util, cause)
     assert sig.slow_cpu_utilization > 0.25
     assert sig.tail_cpu_utilization == pytest.approx(tail_util)
     assert (sig.confirmed.cause if sig.confirmed else "preprocess") == cause
+
+
+@pytest.mark.parametrize("forwards, confirmed", [(40, True), (41, False)])  # 12 covered: 30 % of 40
+def test_memory_needs_min_forward_coverage(forwards, confirmed):
+    # a tester's fleet: one process of twenty sent memory points, and its 3 slow forwards near the
+    # limit decided gpu_memory_pressure for all 60 slow forwards ("3 of 3")
+    from dataclasses import replace
+
+    from otel_stages.analysis import gpu
+
+    assert gpu.MIN_FORWARD_COVERAGE == 0.3
+    ev = replace(_memory([(0.97, 0.0)] * 4, [FLAT] * 8), forwards=forwards)
+    mechanism = gm.memory_mechanism(ev)
+    assert mechanism is not None and mechanism.confirmed is confirmed
+    assert mechanism.evidence[0].startswith("GPU memory: only 12 of 41") is not confirmed

@@ -21,7 +21,9 @@ activations being allocated (a larger batch or input takes more), not pressure, 
 growth: the range is not a test. Forwards with no point inside are left out (a sampler every 200 ms
 misses short forwards).
 
-The slow forwards are those that make the swing, as for the utilization
+Under :data:`~otel_stages.analysis.gpu.MIN_FORWARD_COVERAGE` of the warm forwards with a memory
+point (one process of twenty sending memory), there is not enough data: no call, as for the
+utilization. The slow forwards are those that make the swing, as for the utilization
 (:func:`otel_stages.analysis.gpu.slow_forward_min_ms`: longer than the warm forward median by more
 than the run's noise band); the fast ones are all the others. Confirmed when, with at least
 :data:`MIN_MEMORY_FORWARDS` covered forwards among the slow ones and among the fast ones, at least
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import Mechanism
-from otel_stages.analysis.gpu import slow_forward_min_ms
+from otel_stages.analysis.gpu import MIN_FORWARD_COVERAGE, slow_forward_min_ms
 from otel_stages.analysis.gpu_owners import SeriesKey, owned_points, owned_series
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request, process_keys
@@ -197,6 +199,13 @@ def memory_mechanism(ev: MemoryEvidence | None) -> Mechanism | None:
                   else f"each GPU's limit ({ev.gpus} GPUs, up to {ev.limit_bytes / _GIB:.0f} GiB)")
     slow_words = (f"the slow forwards (> {duration(ev.slow_min_ms)}: the warm forward median"
                   f" {duration(ev.median_ms)} plus the run's noise band {duration(ev.band_ms)})")
+    coverage = len(ev.covered) / ev.forwards if ev.forwards else 0.0
+    if coverage < MIN_FORWARD_COVERAGE:
+        return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, False, (
+            f"GPU memory: only {len(ev.covered)} of {ev.forwards} warm forwards have a memory"
+            f" sample (under {pct(MIN_FORWARD_COVERAGE)}): too few to say whether memory"
+            " pressure lines up with the slow forwards; sample GPU memory in every process"
+            " that runs forwards",))
     if len(slow) < MIN_MEMORY_FORWARDS or len(fast) < MIN_MEMORY_FORWARDS:
         return Mechanism(CAUSE_GPU_MEMORY_PRESSURE, False, (
             f"GPU memory: too few forwards with a memory sample to line memory up with {slow_words}"
