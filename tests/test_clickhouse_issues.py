@@ -1087,3 +1087,30 @@ def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
     assert want["verdict"]["cause"] == cause
     assert got["verdict"] == want["verdict"]
     assert want["gpu"]["source"] == ("metrics" if cause == "gpu_starved" else "span_attributes")
+
+
+def test_each_process_span_attributes_have_their_own_unit(engine, tmp_path: Path) -> None:
+    # a tester's fleet: inst-a writes ratios (its slow forwards at 0.95), inst-b percent (90.0 on
+    # its forwards, none slow): one guess over the fleet divided inst-a's 0.95 by 100 ("1%":
+    # gpu_starved for a busy GPU)
+    from tests import odd_inputs
+
+    lines = []
+    for host, every, slow_value, fast_value in (("inst-a", 7, 0.95, 0.9), ("inst-b", 0, 90.0, 90.0)):
+        rows = _slow_every(every, seed=len(lines) + 1)
+        for spans in rows:
+            for s in spans:
+                if s["name"] == "forward":
+                    long = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS
+                    s["attributes"] += [
+                        odd_inputs._attr("gpu.utilization.mean", slow_value if long else fast_value),
+                        odd_inputs._attr("gpu.sample_count", 8 if long else 2)]
+        path = odd_inputs.write(tmp_path / f"{host}.jsonl", rows)
+        lines += path.read_text().replace('"i1"', f'"{host}"').splitlines()
+    merged = tmp_path / "two_units.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, merged)
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert want["gpu"]["slow_forward_mean_utilization"] == pytest.approx(0.95)
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"]["mean_utilization"] == pytest.approx(want["gpu"]["mean_utilization"])

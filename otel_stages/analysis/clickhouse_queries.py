@@ -296,9 +296,10 @@ def gpu_spans_sql() -> str:
     :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` mean percent), split at the slow-forward threshold
     ``{slow_min_ns:Float64}`` (:func:`slow_forwards_sql`; ``slow_covered``: slow forwards with a
     value)."""
-    # a run whose values exceed 1 wrote percent: read as such, as the file report does
-    forwards = f"""SELECT d, u / if(max(u) OVER () > {PERCENT_GUESS}, 100, 1) AS u, c FROM (
-    SELECT (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
+    # a process whose values exceed 1 wrote percent: read as such, as the file report does
+    forwards = f"""SELECT d, u / if(max(u) OVER (PARTITION BY proc_key) > {PERCENT_GUESS}, 100, 1) AS u, c
+FROM (
+    SELECT proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
     FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
     WHERE warm AND w.3 IS NOT NULL AND isFinite(w.3) AND ifNull(w.4, 1) > 0)"""
     th = "{slow_min_ns:Float64}"
@@ -542,9 +543,10 @@ def cohort_gpu_spans_sql(count: int) -> str:
     sumIf(f.u * f.c, f.ok AND f.d <= t.th) AS fast_sum, sumIf(f.c, f.ok AND f.d <= t.th) AS fast_n
 FROM (
     SELECT width, height, fmt, d, c, ok,
-        u / if(maxIf(u, ok) OVER (PARTITION BY width, height, fmt) > {PERCENT_GUESS}, 100, 1) AS u
+        u / if(maxIf(u, ok) OVER (PARTITION BY width, height, fmt, proc_key) > {PERCENT_GUESS},
+               100, 1) AS u
     FROM (
-        SELECT width, height, fmt, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c,
+        SELECT width, height, fmt, proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c,
             w.3 IS NOT NULL AND isFinite(w.3) AND ifNull(w.4, 1) > 0 AS ok
         FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
         WHERE warm AND {_KNOWN}

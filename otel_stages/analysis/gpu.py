@@ -220,7 +220,8 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     if band_ms is not None:
         median_ms = statistics.median(e - s for s, e in every) / 1e6
         slow_min_ns = slow_forward_min_ms(median_ms, band_ms) * 1e6
-    from_spans = _from_span_attributes(forwards, every, slow_min_ns)
+    procs = [p for r, p in zip(requests, process_keys(requests)) for s in r.spans if s.name == name]
+    from_spans = _from_span_attributes(forwards, procs, every, slow_min_ns)
     if from_spans is not None and (from_spans.slow_forwards == 0
                                    or from_spans.judged_on == JUDGED_SLOW):
         return from_spans
@@ -399,10 +400,16 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
                     split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise)
 
 
-def _from_span_attributes(forwards: Sequence[Span], windows: Sequence[tuple[int, int]],
+def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
+                          windows: Sequence[tuple[int, int]],
                           slow_min_ns: float | None) -> GpuEvidence | None:
+    """Source 1 (module docstring); ``procs``: each forward's process key. A process whose values
+    exceed :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` wrote percent (each process's
+    sampler its own unit, as each metric series)."""
     found: list[tuple[int, float, int]] = []
-    for span in forwards:
+    top: dict[str, float] = {}
+    owner: list[str] = []
+    for span, proc in zip(forwards, procs):
         mean = span.attributes.get(semconv.GPU_UTILIZATION_MEAN)
         if not isinstance(mean, (int, float)) or isinstance(mean, bool) or not math.isfinite(mean):
             continue
@@ -411,12 +418,13 @@ def _from_span_attributes(forwards: Sequence[Span], windows: Sequence[tuple[int,
         if count <= 0:
             continue
         found.append((span.end_ns - span.start_ns, float(mean), count))
+        owner.append(proc)
+        top[proc] = max(top.get(proc, float("-inf")), float(mean))
     if not found:
         return None
-    # percent written as a ratio's attribute (5, 90): read as percent, as a metric series is
-    scale = 100.0 if max(mean for _, mean, _ in found) > PERCENT_GUESS else 1.0
-    per_forward = [(d, [mean / scale] * count) for d, mean, count in found]
-    weighted = math.fsum(mean / scale * count for _, mean, count in found)
+    scale = [100.0 if top[p] > PERCENT_GUESS else 1.0 for p in owner]
+    per_forward = [(d, [mean / k] * count) for (d, mean, count), k in zip(found, scale)]
+    weighted = math.fsum(mean / k * count for (_, mean, count), k in zip(found, scale))
     samples = sum(count for _, _, count in found)
     return evidence_of(
         source="span_attributes", forwards=len(windows), covered=len(per_forward),
