@@ -1114,3 +1114,43 @@ def test_each_process_span_attributes_have_their_own_unit(engine, tmp_path: Path
     assert want["gpu"]["slow_forward_mean_utilization"] == pytest.approx(0.95)
     assert got["verdict"] == want["verdict"]
     assert got["gpu"]["mean_utilization"] == pytest.approx(want["gpu"]["mean_utilization"])
+
+
+def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) -> None:
+    # a tester's fleet: requests on node-a and node-b (host.name), no GPU points of their own, one
+    # dcgm exporter per node, both naming their GPU "0": node-a's reads 5 % in node-a's slow
+    # forwards, node-b's 100 % every 10 ms. Every exporter went to every request process and
+    # node-b's GPU decided node-a's verdict (gpu_busy, "83%")
+    from tests import odd_inputs
+
+    def resource(service: str, instance: str, host: str) -> dict[str, Any]:
+        return {"attributes": [odd_inputs._attr("service.name", service),
+                               odd_inputs._attr("service.instance.id", instance),
+                               odd_inputs._attr("host.name", host)]}
+
+    lines, slow = [], []
+    for node, every in (("node-a", 7), ("node-b", 0)):
+        rows = _slow_every(every, seed=len(lines) + 1)
+        for spans in rows:
+            lines.append(json.dumps({"resourceSpans": [{"resource": resource("svc", f"inst-{node}", node),
+                                                        "scopeSpans": [{"spans": spans}]}]}))
+        if every:
+            slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows
+                    for s in spans if s["name"] == "forward"
+                    and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+        first, last = _span_range(rows)
+        step = 50 * MS if every else 10 * MS
+        points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "0")],
+                   "asDouble": (0.05 if any(s <= t <= e for s, e in slow) else 0.9) if every else 1.0}
+                  for t in range(first, last, step)]
+        lines.append(json.dumps({"resourceMetrics": [{
+            "resource": resource("dcgm-exporter", f"{node}:9400", node),
+            "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": "1",
+                                           "gauge": {"dataPoints": points}}]}]}]}))
+    path = tmp_path / "node_exporters.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_starved"
+    assert got["verdict"] == want["verdict"]
+    for key in ("samples", "forwards_covered", "mean_utilization", "slow_forward_samples"):
+        assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key

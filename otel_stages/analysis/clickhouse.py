@@ -250,7 +250,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     warm = int(engine.rows(sql.count_statement(), None, settings)[0]["n_warm"])
     method = sql.quantile_function(query, warm)
     gauge = metrics_table(engine, tables.database, tables.gauge)
-    for statement, params in queries.prepare_statements(gauge[0]["read"], query):
+    for statement, params in queries.prepare_statements(tables.traces_ref, gauge[0]["read"], query):
         engine.execute(statement, params, settings)
     results = {
         name: engine.rows(text, params, settings)

@@ -316,8 +316,11 @@ FROM ({forwards}) AS f"""
 GPU_POINTS_TABLE = "otel_stages_gpu_points"
 GPU_SAMPLES_TABLE = "otel_stages_gpu_samples"
 GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
+#: Request processes' ``host.name`` (``k``, ``host``), read only when some GPU points come from
+#: processes without requests (:func:`request_hosts_statements`).
+REQUEST_HOSTS_TABLE = "otel_stages_request_hosts"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE)
+TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, REQUEST_HOSTS_TABLE)
 #: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) are lined
 #: up by time with the forwards of every request process, as the file report lines up every
 #: series; past this many such processes (one per host, say) they are not, since every forward
@@ -341,13 +344,15 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     """``(statement, params)`` filling :data:`GPU_POINTS_TABLE`: every point of the three GPU
     gauges in the window (:func:`~otel_stages.analysis.clickhouse_sql.metric_filter`) with
     ``point_key`` (its process, :func:`~otel_stages.analysis.clickhouse_sql.process_hash` of
-    ``service.name`` and ``service.instance.id``), ``hw`` (``hw.id``), ``t`` (ns), ``v`` (a
+    ``service.name`` and ``service.instance.id``), ``host`` (``host.name``), ``hw`` (``hw.id``),
+    ``t`` (ns), ``v`` (a
     metric whose ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
     :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`) and
     ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
 SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS point_key,
+    ResourceAttributes['{semconv.HOST_NAME}'] AS host,
     Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t,
     if(MetricUnit = '{PERCENT_UNIT}', Value * {PERCENT_SCALE}, Value) AS v,
     toUInt8(indexOf([{_GPU_METRICS[1:-1]}], CAST(MetricName AS String))) AS metric
@@ -370,27 +375,55 @@ def foreign_gpu_sql() -> str:
     (SELECT count() FROM ({_REQUEST_PROCESSES}) WHERE k NOT IN ({series})) AS processes_without_gpu"""
 
 
+_FOREIGN_SENDERS = (f"SELECT DISTINCT point_key AS k, host FROM {GPU_POINTS_TABLE}"
+                    f" WHERE point_key NOT IN ({_REQUEST_PROCESSES})")
+
+
+def request_hosts_statements(traces: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` filling :data:`REQUEST_HOSTS_TABLE`: each request process's
+    ``host.name`` (any of its spans'; processes without one left out), read from the spans only
+    when GPU points came from a process without requests with a ``host.name`` (else the table is
+    empty and the spans are not read: the condition is a constant)."""
+    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
+    fill = f"""CREATE TEMPORARY TABLE {REQUEST_HOSTS_TABLE} ENGINE = Memory AS
+SELECT k, any(h) AS host FROM (
+    SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS k,
+        ResourceAttributes['{semconv.HOST_NAME}'] AS h
+    FROM {traces}
+    WHERE {span_filter(query, odd=False)}
+        AND (SELECT count() FROM ({_FOREIGN_SENDERS}) WHERE host != '') > 0
+)
+WHERE h != '' AND k IN ({_REQUEST_PROCESSES}) GROUP BY k"""
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {REQUEST_HOSTS_TABLE}", {}), (fill, query_params(query))]
+
+
 def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
     points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
     the points of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them)
-    go to every request process too, whose GPU is then the series that rises most during its
-    forwards, as in the file report. Both GPU joins (utilization, memory) read points through
-    it."""
+    go to every request process too, or, when the sender's ``host.name`` is that of some request
+    processes (:data:`REQUEST_HOSTS_TABLE`), to those only (a per-node GPU exporter), whose GPU
+    is then the series that rises most during its forwards, as in the file report
+    (:func:`otel_stages.analysis.gpu_owners.owned_series`). Both GPU joins (utilization, memory)
+    read points through it."""
     owners = f"""CREATE TEMPORARY TABLE {GPU_OWNERS_TABLE} ENGINE = Memory AS
 WITH series AS ({gpu_series_sql()}), requests AS ({_REQUEST_PROCESSES}),
-    foreign AS (SELECT k FROM series WHERE k NOT IN (SELECT k FROM requests))
+    foreign AS (SELECT k, any(host) AS host FROM ({_FOREIGN_SENDERS}) GROUP BY k)
 SELECT k AS point_key, k AS proc_key FROM series WHERE k IN (SELECT k FROM requests)
 UNION ALL
-SELECT f.k AS point_key, r.k AS proc_key FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
-WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}"""
+SELECT f.k AS point_key, r.k AS proc_key
+FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
+LEFT JOIN {REQUEST_HOSTS_TABLE} AS h ON h.k = r.k
+WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}
+    AND (f.host = '' OR f.host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE}) OR h.host = f.host)"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, {})]
 
 
-def prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+def prepare_statements(traces: str, gauge: str, query: AggregateQuery
+                       ) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` run before :func:`aggregate_statements` (after the warm flags are
     final): :func:`cohort_statements`, then the GPU tables (:func:`gpu_prepare_statements`)."""
-    return [*cohort_statements(), *gpu_prepare_statements(gauge, query)]
+    return [*cohort_statements(), *gpu_prepare_statements(traces, gauge, query)]
 
 
 def buckets(s: str, e: str) -> str:
@@ -399,7 +432,8 @@ def buckets(s: str, e: str) -> str:
             f" toUInt64(intDiv({e}, {GPU_BUCKET_NS})) + 1)")
 
 
-def gpu_prepare_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+def gpu_prepare_statements(traces: str, gauge: str, query: AggregateQuery
+                           ) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` that fill the GPU tables: the points (:func:`gpu_points_statements`),
     their owners (:func:`gpu_owners_statements`), the ``hw.gpu.utilization`` points of the
     processes with warm requests, or of processes without requests for those with
@@ -435,7 +469,8 @@ SELECT proc_key, hw, t, util, s, e, mult, width, height, fmt FROM (
     WHERE sm.t >= f.s AND sm.t <= f.e
     GROUP BY proc_key, hw, t, util, s, e, width, height, fmt
 ) ARRAY JOIN range(copies) AS copy"""
-    return [*gpu_points_statements(gauge, query), *gpu_owners_statements(),
+    return [*gpu_points_statements(gauge, query), *request_hosts_statements(traces, query),
+            *gpu_owners_statements(),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
             (samples, {}), (pairs, {})]

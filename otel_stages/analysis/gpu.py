@@ -38,7 +38,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import PERCENT_GUESS, owned_series
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, owned_series, request_hosts
 from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.units import duration
@@ -248,7 +248,8 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
     for r, proc in zip(requests, process_keys(requests)):
         windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
     owners = set(windows) if processes is None else set(processes) | set(windows)
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
+    hosts = request_hosts({id(r.resource): r.resource for r in requests}.values())
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS, hosts)
     if not series:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
     by_process: dict[str, list[_Aligned]] = defaultdict(list)

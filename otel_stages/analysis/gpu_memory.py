@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.gpu import MIN_FORWARD_COVERAGE, slow_forward_min_ms
-from otel_stages.analysis.gpu_owners import SeriesKey, owned_points, owned_series
+from otel_stages.analysis.gpu_owners import SeriesKey, owned_points, owned_series, request_hosts
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.units import duration, pct
@@ -148,9 +148,10 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
     if not windows:
         return None
     owners = {w[3] for w in windows} | set(processes or ())
-    usage = owned_points(points, semconv.HW_GPU_MEMORY_USAGE, owners)
-    limits = {k: max(v for _, v in pts)
-              for k, pts in owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners).items()}
+    hosts = request_hosts({id(r.resource): r.resource for r in warm}.values())
+    usage = owned_points(points, semconv.HW_GPU_MEMORY_USAGE, owners, hosts=hosts)
+    limits = {k: max(v for _, v in pts) for k, pts in
+              owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners, hosts=hosts).items()}
     times = {k: [t for t, _, _ in pts] for k, pts in usage.items()}
 
     def inside(series: SeriesKey, s: int, e: int) -> list[tuple[int, float, str]]:

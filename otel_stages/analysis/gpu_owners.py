@@ -15,8 +15,10 @@ with host B's GPU. The ClickHouse SQL keys its GPU tables the same way
 (:func:`otel_stages.analysis.clickhouse_queries.gpu_owners_statements`).
 
 Points of a process that ran no request go to every request process (the file report and the
-SQL alike); with a ``hw.id`` the request process also reports they join that series (one host's
-exporter and the model's own sampler naming the same GPU).
+SQL alike), but where the sender's ``host.name`` is that of some request processes, to those only
+(one DCGM exporter per node: node b's GPU "0" is not node a's); with a ``hw.id`` the request
+process also reports they join that series (one host's exporter and the model's own sampler
+naming the same GPU).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from otel_stages import semconv
-from otel_stages.analysis.model import MetricPoint
+from otel_stages.analysis.model import AttributeValue, MetricPoint
 from otel_stages.analysis.requests import process_key
 
 #: A utilization series with a value above this is percent (0..100) from a producer that did not
@@ -57,28 +59,53 @@ def point_processes(points: Iterable[MetricPoint]) -> list[str]:
 
 
 def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
-                 scale: float | None = None) -> dict[SeriesKey, list[tuple[int, float]]]:
+                 scale: float | None = None, hosts: Mapping[str, str] | None = None
+                 ) -> dict[SeriesKey, list[tuple[int, float]]]:
     """The ``name`` points as ``(time_ns, value)`` lists in time order, per ``(request process,
-    hw.id)``: a request process's own points, plus every point of a process that ran no request
-    (not in ``request_processes``). ``scale``: a series (per sending process and ``hw.id``) whose
-    largest value exceeds it is divided by 100 (utilization given in percent)."""
+    hw.id)``: a request process's own points, plus the points of processes that ran no request
+    (not in ``request_processes``): those of a sender whose ``host.name`` is the host of some
+    request processes (``hosts``: request process -> its ``host.name``, :func:`request_hosts`) go
+    to those processes only (a per-node GPU exporter describes its node's GPUs), the others to
+    every request process. ``scale``: a series (per sending process and ``hw.id``) whose largest
+    value exceeds it is divided by 100 (utilization given in percent)."""
     return {key: [(t, v) for t, v, _ in samples]
-            for key, samples in owned_points(points, name, request_processes, scale).items()}
+            for key, samples in owned_points(points, name, request_processes, scale, hosts).items()}
+
+
+def request_hosts(resources: Iterable[dict[str, AttributeValue]]) -> dict[str, str]:
+    """Process key -> ``host.name`` (when set) of the given request resources, for
+    :func:`owned_series`."""
+    out: dict[str, str] = {}
+    for resource in resources:
+        host = resource.get(semconv.HOST_NAME)
+        if isinstance(host, str) and host:
+            out.setdefault(process_key(resource), host)
+    return out
 
 
 def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
-                 scale: float | None = None) -> dict[SeriesKey, list[tuple[int, float, str]]]:
+                 scale: float | None = None, hosts: Mapping[str, str] | None = None
+                 ) -> dict[SeriesKey, list[tuple[int, float, str]]]:
     """:func:`owned_series` with each point's sending process: ``(time_ns, value, sender)``, for
     rules that must not read two senders' readings of one GPU as one sequence (a GPU exporter's
     memory reading 1 GiB below the service's own is not memory released)."""
     sent: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
+    sender_host: dict[str, str] = {}
     chosen = [p for p in points if p.name == name]
     for p, proc in zip(chosen, point_processes(chosen)):
         sent[proc, str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, p.value))
+        if proc not in sender_host:
+            host = p.resource.get(semconv.HOST_NAME)
+            sender_host[proc] = host if isinstance(host, str) else ""
+    on_host: dict[str, list[str]] = defaultdict(list)
+    for proc in request_processes:
+        if hosts and hosts.get(proc):
+            on_host[hosts[proc]].append(proc)
     out: dict[SeriesKey, list[tuple[int, float, str]]] = defaultdict(list)
     for (proc, hw_id), samples in sent.items():
         divide = 100.0 if scale is not None and max(v for _, v in samples) > scale else 1.0
-        owners = [proc] if proc in request_processes else request_processes
+        owners = ([proc] if proc in request_processes
+                  else on_host.get(sender_host[proc]) or request_processes)
         for owner in owners:
             out[owner, hw_id].extend((t, v / divide, proc) for t, v in samples)
     for found in out.values():
