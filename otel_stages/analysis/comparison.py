@@ -12,8 +12,9 @@ fixed criterion such as "failed"). A significant rise means the comparison is no
 
 ``inconclusive``: rows (the total or stages) which the output must not call noise: the stage the
 verdicts name as the new bottleneck (it moved there, or appeared) when not significant, and the
-total when its tail test came close (p under :data:`INCONCLUSIVE_LEVEL`) and neither its tail nor
-its p95 is significant, whatever its median did (a faster median must not hide a slower tail).
+total when its tail test came close (p under :data:`INCONCLUSIVE_LEVEL`) without being
+significant, whatever its median or p95 did (neither a faster median nor a modest p95 rise may
+hide a slower tail).
 
 ``uniform_shift``: every stage of the request (each at least 2 % of it) moved the same way by a
 similar factor, which points at the host rather than a change in one stage.
@@ -127,7 +128,8 @@ class Comparison:
                 out.append(f"total {statistic} {total.describe(statistic)}, above"
                            f" {threshold_pct:g}% and outside run-to-run noise")
         pct = total.p95_change_pct
-        if (total.tail is not None and total.tail.significant and not total.significant_of("p95")
+        p95_tripped = pct is not None and pct > threshold_pct and total.significant_of("p95")
+        if (total.tail is not None and total.tail.significant and not p95_tripped
                 and _tail_above(pct, threshold_pct)):
             if pct is not None and pct > threshold_pct:
                 out.append(f"total p95 {total.describe('p95')}, above {threshold_pct:g}%, with"
@@ -256,13 +258,13 @@ def compare(baseline: Report, current: Report) -> Comparison:
     named = stage if stage is not None and stage != b_stage else None
     # the total (what the gate judges) whose tail came close; not every stage's: with six rows,
     # a near tail somewhere would be common between two runs of the same code
-    # (the total's tail whatever its median did: a faster median must not hide a slower tail)
+    # (the total's tail whatever its median and p95 did: neither may hide a slower tail)
     inconclusive = [n for n, c in [("total", total), *stages.items()]
                     if c.median_ci is not None
                     and ((n == named and not c.significant)
                          or (n == "total" and c.tail is not None and c.tail.p_value is not None
                              and c.tail.p_value < INCONCLUSIVE_LEVEL
-                             and not c.significant_of("tail") and not c.significant_of("p95")))]
+                             and not c.significant_of("tail")))]
     comparison = Comparison(baseline.requests, stages, total, b_cause, b_stage, cause, stage, moved,
                             differ, distance, uniform_shift=ratios is not None, failures=failures,
                             inconclusive=inconclusive)
@@ -294,7 +296,7 @@ def compare(baseline: Report, current: Report) -> Comparison:
             row = total if n == "total" else stages[n]
             why = ("the verdict now names it as the bottleneck" if n == named
                    else _tail_clause(row.tail) if row.tail is not None else "")
-            lead = ("its p95 and tail are not significant, yet" if row.significant
+            lead = ("its tail is not significant, yet" if row.significant
                     else "not significant, yet")
             summary.append(f"{n}: {lead} {why}: inconclusive (neither a change nor"
                            " noise); record more requests on both sides")
