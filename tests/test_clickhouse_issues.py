@@ -1154,3 +1154,43 @@ def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) 
     assert got["verdict"] == want["verdict"]
     for key in ("samples", "forwards_covered", "mean_utilization", "slow_forward_samples"):
         assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key
+
+
+@pytest.mark.parametrize("exporters, cause", [
+    (("node-a", "node-c"), "gpu_starved"),  # node-c's exporter names no request host: not node-a's
+    (("node-c",), "forward"),               # the only GPU data is another machine's: none here
+])
+def test_an_exporter_on_a_host_no_request_names_is_not_lined_up(
+        engine, tmp_path: Path, exporters: tuple[str, ...], cause: str) -> None:
+    # a tester's fleet: requests on node-a (its GPU at 5 % in the slow forwards), exporters naming
+    # GPU "0" on node-a and on node-c (100 % every 10 ms): node-c's points went to node-a's
+    # requests as a fallback and made gpu_busy ("83% over 177 samples")
+    from tests import odd_inputs
+
+    def resource(service: str, instance: str, host: str) -> dict[str, Any]:
+        return {"attributes": [odd_inputs._attr("service.name", service),
+                               odd_inputs._attr("service.instance.id", instance),
+                               odd_inputs._attr("host.name", host)]}
+
+    rows = _slow_every(7)
+    lines = [json.dumps({"resourceSpans": [{"resource": resource("svc", "inst-a", "node-a"),
+                                            "scopeSpans": [{"spans": spans}]}]}) for spans in rows]
+    slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows
+            for s in spans if s["name"] == "forward"
+            and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+    first, last = _span_range(rows)
+    for node in exporters:
+        own = node == "node-a"
+        points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "0")],
+                   "asDouble": (0.05 if any(s <= t <= e for s, e in slow) else 0.9) if own else 1.0}
+                  for t in range(first, last, 50 * MS if own else 10 * MS)]
+        lines.append(json.dumps({"resourceMetrics": [{
+            "resource": resource("dcgm-exporter", f"{node}:9400", node),
+            "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": "1",
+                                           "gauge": {"dataPoints": points}}]}]}]}))
+    path = tmp_path / f"exporters_{len(exporters)}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"].get("samples") == want["gpu"].get("samples")

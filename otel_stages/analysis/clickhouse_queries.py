@@ -402,7 +402,8 @@ def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
     points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
     the points of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them)
     go to every request process too, or, when the sender's ``host.name`` is that of some request
-    processes (:data:`REQUEST_HOSTS_TABLE`), to those only (a per-node GPU exporter), whose GPU
+    processes (:data:`REQUEST_HOSTS_TABLE`), to those only (a per-node GPU exporter), and when it
+    is none of theirs, only to request processes without a known host; whose GPU
     is then the series that rises most during its forwards, as in the file report
     (:func:`otel_stages.analysis.gpu_owners.owned_series`). Both GPU joins (utilization, memory)
     read points through it."""
@@ -415,7 +416,8 @@ SELECT f.k AS point_key, r.k AS proc_key
 FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
 LEFT JOIN {REQUEST_HOSTS_TABLE} AS h ON h.k = r.k
 WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}
-    AND (f.host = '' OR f.host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE}) OR h.host = f.host)"""
+    AND (f.host = '' OR h.host = f.host
+         OR (f.host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE}) AND h.host = ''))"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, {})]
 
 

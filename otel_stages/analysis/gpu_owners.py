@@ -16,7 +16,8 @@ with host B's GPU. The ClickHouse SQL keys its GPU tables the same way
 
 Points of a process that ran no request go to every request process (the file report and the
 SQL alike), but where the sender's ``host.name`` is that of some request processes, to those only
-(one DCGM exporter per node: node b's GPU "0" is not node a's); with a ``hw.id`` the request
+(one DCGM exporter per node: node b's GPU "0" is not node a's), and where the request processes
+name hosts and none is the sender's, only to those that name none; with a ``hw.id`` the request
 process also reports they join that series (one host's exporter and the model's own sampler
 naming the same GPU).
 """
@@ -62,12 +63,13 @@ def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Co
                  scale: float | None = None, hosts: Mapping[str, str] | None = None
                  ) -> dict[SeriesKey, list[tuple[int, float]]]:
     """The ``name`` points as ``(time_ns, value)`` lists in time order, per ``(request process,
-    hw.id)``: a request process's own points, plus the points of processes that ran no request
-    (not in ``request_processes``): those of a sender whose ``host.name`` is the host of some
-    request processes (``hosts``: request process -> its ``host.name``, :func:`request_hosts`) go
-    to those processes only (a per-node GPU exporter describes its node's GPUs), the others to
-    every request process. ``scale``: a series (per sending process and ``hw.id``) whose largest
-    value exceeds it is divided by 100 (utilization given in percent)."""
+    hw.id)``: a request process's own points, plus the points of processes that ran no request (not
+    in ``request_processes``): those of a sender whose ``host.name`` is the host of some request
+    processes (``hosts``: request process -> its ``host.name``, :func:`request_hosts`) go to those
+    processes only (a per-node GPU exporter describes its node's GPUs); a sender on a host none of
+    them names, to those that name no host; the others to every request process. ``scale``: a
+    series (per sending process and ``hw.id``) whose largest value exceeds it is divided by 100
+    (utilization given in percent)."""
     return {key: [(t, v) for t, v, _ in samples]
             for key, samples in owned_points(points, name, request_processes, scale, hosts).items()}
 
@@ -98,19 +100,32 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
             host = p.resource.get(semconv.HOST_NAME)
             sender_host[proc] = host if isinstance(host, str) else ""
     on_host: dict[str, list[str]] = defaultdict(list)
+    hostless = []
     for proc in request_processes:
         if hosts and hosts.get(proc):
             on_host[hosts[proc]].append(proc)
+        else:
+            hostless.append(proc)
     out: dict[SeriesKey, list[tuple[int, float, str]]] = defaultdict(list)
     for (proc, hw_id), samples in sent.items():
         divide = 100.0 if scale is not None and max(v for _, v in samples) > scale else 1.0
-        owners = ([proc] if proc in request_processes
-                  else on_host.get(sender_host[proc]) or request_processes)
+        owners = [proc] if proc in request_processes else _foreign_owners(
+            sender_host[proc], on_host, hostless, request_processes)
         for owner in owners:
             out[owner, hw_id].extend((t, v / divide, proc) for t, v in samples)
     for found in out.values():
         found.sort()
     return dict(out)
+
+
+def _foreign_owners(host: str, on_host: Mapping[str, list[str]], hostless: list[str],
+                    request_processes: Collection[str]) -> Collection[str]:
+    """The request processes a sender without requests on ``host`` describes: those on its host;
+    where the request processes name hosts and none is its, only those that name none (it is
+    another machine's GPU); where its host or theirs is unknown, every one."""
+    if not host or not on_host:
+        return request_processes
+    return on_host.get(host) or hostless
 
 
 def shared_hw_ids(points: Sequence[MetricPoint], request_processes: Collection[str]
