@@ -338,6 +338,8 @@ def _run_line(run: Run) -> str:
     who = run.service_name or "unknown service"
     if run.service_instance_id:
         who += f" instance {run.service_instance_id}"
+    if run.host_name:
+        who += f" on {run.host_name}"
     return (f"{who}: {_count(run.requests, 'request')}, {_utc(run.first_unix_ns)} .."
             f" {_utc(run.last_unix_ns)[11:]} UTC")
 

@@ -998,20 +998,23 @@ def test_two_senders_at_the_same_times_count_as_the_file_report_counts(engine, t
         assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key
 
 
-def _two_hosts_memory(tmp_path: Path, hw_b: str, limit_a_gib: float) -> Path:
-    """Two hosts (instances inst-a, inst-b), 30 requests each; host b's every seventh forward is
-    slow (400 ms) with its GPU's memory at 23.5 of 24 GiB in them (15 GiB otherwise); host a's
-    card (``hw.id`` 0, ``limit_a_gib``) holds a flat 40 % of it. Memory read every 50 ms."""
+def _two_hosts_memory(tmp_path: Path, hw_b: str, limit_a_gib: float, *, by_host: bool = False) -> Path:
+    """Two hosts (instances inst-a, inst-b; ``by_host``: no instance ids, ``host.name`` inst-a and
+    inst-b instead), 30 requests each; host b's every seventh forward is slow (400 ms) with its
+    GPU's memory at 23.5 of 24 GiB in them (15 GiB otherwise); host a's card (``hw.id`` 0,
+    ``limit_a_gib``) holds a flat 40 % of it. Memory read every 50 ms."""
     from tests import odd_inputs
 
     gib, lines = 2**30, []
+    key = "host.name" if by_host else "service.instance.id"
     for host, hw, limit, slow_every in (("inst-a", "0", limit_a_gib, 0), ("inst-b", hw_b, 24.0, 7)):
         rows = _slow_every(slow_every, seed=len(lines) + 1)
         slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows
                 for s in spans if s["name"] == "forward"
                 and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
         path = odd_inputs.write(tmp_path / f"{host}.jsonl", rows)
-        lines += path.read_text().replace('"i1"', f'"{host}"').splitlines()
+        lines += path.read_text().replace('"service.instance.id", "value": {"stringValue": "i1"}',
+                                          f'"{key}", "value": {{"stringValue": "{host}"}}').splitlines()
         first, last = _span_range(rows)
 
         def used(t: int, limit: float = limit, slow_every: int = slow_every,
@@ -1021,7 +1024,7 @@ def _two_hosts_memory(tmp_path: Path, hw_b: str, limit_a_gib: float) -> Path:
             return (23.5 if any(s <= t <= e for s, e in slow) else 15.0) * gib
         times = range(first, last, 50 * MS)
         lines.append(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
-            odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", host)]},
+            odd_inputs._attr("service.name", "svc"), odd_inputs._attr(key, host)]},
             "scopeMetrics": [{"metrics": [
                 {"name": "hw.gpu.memory.usage", "unit": "By", "gauge": {"dataPoints": [
                     {"timeUnixNano": str(t), "asDouble": used(t),
@@ -1029,7 +1032,7 @@ def _two_hosts_memory(tmp_path: Path, hw_b: str, limit_a_gib: float) -> Path:
                 {"name": "hw.gpu.memory.limit", "unit": "By", "gauge": {"dataPoints": [
                     {"timeUnixNano": str(t), "asDouble": limit * gib,
                      "attributes": [odd_inputs._attr("hw.id", hw)]} for t in times]}}]}]}]}))
-    out = tmp_path / f"two_hosts_{hw_b}.jsonl"
+    out = tmp_path / f"two_hosts_{hw_b}_{key}.jsonl"
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -1045,6 +1048,20 @@ def test_each_hosts_gpu_memory_is_judged_against_its_own_limit(
     assert want["verdict"]["cause"] == "gpu_memory_pressure"
     assert got["verdict"] == want["verdict"]
     assert any("2 GPUs" in e for e in want["verdict"]["evidence"])
+
+
+def test_processes_without_instance_ids_are_told_apart_by_host(engine, tmp_path: Path) -> None:
+    # a tester's fleet: two hosts run service "svc" and set no service.instance.id (one process
+    # per host), both report GPU "0": the two hosts were one process, so host b's 24 GiB card at
+    # 23.5 GiB was one series with host a's 80 GiB card at 32 GiB (no pressure: 23.5 of 80), and
+    # the falls from one host's reading to the other's read as memory released
+    got, want = reports(engine, _two_hosts_memory(tmp_path, "0", 80.0, by_host=True))
+    assert want["verdict"]["cause"] == "gpu_memory_pressure"
+    assert any("2 GPUs" in e for e in want["verdict"]["evidence"])
+    assert got["verdict"] == want["verdict"]
+    for report in (got, want):
+        assert [(r["service_name"], r["service_instance_id"], r["host_name"], r["requests"])
+                for r in report["runs"]] == [("svc", None, "inst-a", 30), ("svc", None, "inst-b", 30)]
 
 
 @pytest.mark.parametrize("on_slow, slow_count, cause", [

@@ -7,7 +7,7 @@ import pytest
 
 from otel_stages import semconv
 from otel_stages.analysis import Span
-from otel_stages.analysis.requests import find_requests, group_spans, process_keys
+from otel_stages.analysis.requests import find_requests, group_spans, process_key, process_keys
 
 T0 = 1_790_000_000_000_000_000
 MS = 1_000_000
@@ -74,3 +74,15 @@ def test_process_keys_are_worked_out_once_per_resource():
     alone = find_requests([Span("t3", "c", "r", "decode", T0, T0 + MS, {}, other),
                            Span("t3", "r", None, "request", T0, T0 + 2 * MS, {}, other)])
     assert process_keys([*requests, *alone]) == ["service.instance.id=p1"] * 2 + ["service.name=svc"]
+
+
+@pytest.mark.parametrize("resource, key", [
+    ({"service.instance.id": "i1", "service.name": "svc", "host.name": "node-a"}, "service.instance.id=i1"),
+    ({"service.name": "svc", "host.name": "node-a"}, "service.name=svc,host.name=node-a"),
+    ({"service.name": "svc", "host.name": ""}, "service.name=svc"),
+    ({"service.instance.id": "", "host.name": "node-a"}, "host.name=node-a"),
+    ({}, ""),
+])
+def test_a_process_is_its_instance_else_its_service_on_its_host(resource: dict, key: str) -> None:
+    # two hosts running one service without instance ids (one process per host) are two processes
+    assert process_key(resource) == key

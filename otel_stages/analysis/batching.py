@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis.model import Span
+from otel_stages.analysis.requests import process_key
 from otel_stages.analysis.stats import percentile
 
 
@@ -89,14 +90,6 @@ class BatchSummary:
         return lines
 
 
-def _process(span: Span) -> str:
-    for key in (semconv.SERVICE_INSTANCE_ID, semconv.SERVICE_NAME):
-        value = span.resource.get(key)
-        if value not in (None, ""):
-            return f"{key}={value}"
-    return ""
-
-
 def _size(span: Span) -> int:
     value = span.attributes.get(semconv.BATCH_SIZE)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -131,7 +124,7 @@ def summarize_batches(spans: Iterable[Span]) -> BatchSummary | None:
     overlapping: set[str] = set()
     last_end: dict[str, int] = {}
     for batch in batches:
-        process = _process(batch)
+        process = process_key(batch.resource)
         end = last_end.get(process)
         if end is not None and end > batch.start_ns:
             overlapping.add(process)  # several executors: "previous batch" means nothing
@@ -155,7 +148,7 @@ def summarize_batches(spans: Iterable[Span]) -> BatchSummary | None:
             picked_ns = max(q.end_ns for q in members)
             start_ns = min(q.start_ns for q in members)
             free_ns = free_at[(batch.trace_id, batch.span_id)]
-            if free_ns is not None and _process(batch) not in overlapping:
+            if free_ns is not None and process_key(batch.resource) not in overlapping:
                 start_ns = max(start_ns, min(free_ns, picked_ns))
             fill_ms.append((picked_ns - start_ns) / 1e6)
     return BatchSummary(

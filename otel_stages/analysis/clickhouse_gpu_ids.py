@@ -14,14 +14,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.clickhouse_sql import PROCESS_TABLE, AggregateQuery, metric_filter, process_hash
+from otel_stages.analysis.clickhouse_sql import (
+    PROCESS_TABLE,
+    RESOURCE_PROCESS,
+    AggregateQuery,
+    metric_filter,
+    process_hash,
+    process_label,
+)
 from otel_stages.analysis.gpu_owners import GPU_METRICS
 
-_INST = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
-_SVC = "CAST(ServiceName AS String)"
 #: A point's process as :func:`otel_stages.analysis.requests.process_key` writes it.
-_LABEL = (f"multiIf({_INST} != '', concat('{semconv.SERVICE_INSTANCE_ID}=', {_INST}),"
-          f" {_SVC} != '', concat('{semconv.SERVICE_NAME}=', {_SVC}), '')")
+_LABEL = process_label(*RESOURCE_PROCESS)
 
 
 def shared_gpu_ids_sql(gauge: str, query: AggregateQuery) -> str:
@@ -30,7 +34,7 @@ def shared_gpu_ids_sql(gauge: str, query: AggregateQuery) -> str:
     carry. Params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
     names = "(" + ", ".join(f"'{n}'" for n in GPU_METRICS) + ")"
     return f"""SELECT hw, arraySort(groupUniqArray(label)) AS procs FROM (
-    SELECT Attributes['{semconv.HW_ID}'] AS hw, {_LABEL} AS label, {process_hash(_SVC, _INST)} AS k
+    SELECT Attributes['{semconv.HW_ID}'] AS hw, {_LABEL} AS label, {process_hash(*RESOURCE_PROCESS)} AS k
     FROM {gauge} WHERE {metric_filter(query, names)}
 ) WHERE k IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE})
 GROUP BY hw HAVING length(procs) > 1 ORDER BY hw"""

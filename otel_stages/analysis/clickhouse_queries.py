@@ -34,6 +34,7 @@ from otel_stages.analysis.clickhouse_sql import (
     GPU_BUCKET_NS,
     GPU_OWNERS_TABLE,
     PROCESS_TABLE,
+    RESOURCE_PROCESS,
     AggregateQuery,
     distribution,
     median,
@@ -97,7 +98,7 @@ def summary_sql(method: str) -> str:
     countIf(is_request AND cold AND NOT first_of_proc) AS n_cold_not_first,
     sumIf(incomplete_spans, by_trace) AS n_by_trace,
     sum(incomplete_groups) + n_by_trace AS n_incomplete, sum(incomplete_spans) AS n_incomplete_spans,
-    uniqExactIf((svc, inst), is_request) AS n_runs,
+    uniqExactIf(proc, is_request) AS n_runs,
     sumIf(length(fwd_start), warm) AS n_warm_forwards,
     {distribution("total", _TOTAL_MS, "warm", method)},
     {distribution("unaccounted", _UNACCOUNTED_MS, "warm", method)},
@@ -212,10 +213,11 @@ WHERE {_COLD} GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, st
 
 def runs_sql() -> str:
     """The processes read (``{top_runs:UInt32}`` earliest first)."""
-    return f"""SELECT svc AS service_name, inst AS service_instance_id,
+    return f"""SELECT argMin(svc, start_ns) AS service_name, argMin(inst, start_ns) AS service_instance_id,
+    argMin(host, start_ns) AS host_name,
     min(start_ns) AS first_unix_ns, max(start_ns + total_ns) AS last_unix_ns, count() AS requests
-FROM {R} WHERE is_request GROUP BY svc, inst
-ORDER BY first_unix_ns, service_name, service_instance_id LIMIT {{top_runs:UInt32}}"""
+FROM {R} WHERE is_request GROUP BY proc
+ORDER BY first_unix_ns, proc LIMIT {{top_runs:UInt32}}"""
 
 
 def slowest_sql() -> str:
@@ -349,9 +351,8 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     metric whose ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
     :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`) and
     ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
-    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
-SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS point_key,
+SELECT {process_hash(*RESOURCE_PROCESS)} AS point_key,
     ResourceAttributes['{semconv.HOST_NAME}'] AS host,
     Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t,
     if(MetricUnit = '{PERCENT_UNIT}', Value * {PERCENT_SCALE}, Value) AS v,
@@ -384,10 +385,9 @@ def request_hosts_statements(traces: str, query: AggregateQuery) -> list[tuple[s
     ``host.name`` (any of its spans'; processes without one left out), read from the spans only
     when GPU points came from a process without requests with a ``host.name`` (else the table is
     empty and the spans are not read: the condition is a constant)."""
-    inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     fill = f"""CREATE TEMPORARY TABLE {REQUEST_HOSTS_TABLE} ENGINE = Memory AS
 SELECT k, any(h) AS host FROM (
-    SELECT {process_hash("CAST(ServiceName AS String)", inst)} AS k,
+    SELECT {process_hash(*RESOURCE_PROCESS)} AS k,
         ResourceAttributes['{semconv.HOST_NAME}'] AS h
     FROM {traces}
     WHERE {span_filter(query, odd=False)}

@@ -321,13 +321,15 @@ def _cohort_gpus(results: Mapping[str, Sequence[Mapping[str, Any]]]
 @dataclass(frozen=True)
 class RunAggregate:
     """One process read: ``service.name``, ``service.instance.id`` (``""`` when not set), its
-    first request's start and last request's end, and its request count."""
+    first request's start and last request's end, its request count and its ``host.name`` (``""``
+    when not set)."""
 
     service_name: str
     service_instance_id: str
     first_unix_ns: int
     last_unix_ns: int
     requests: int
+    host_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -582,7 +584,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                 for r in results["cold_cohorts"]],
         )
     runs = [RunAggregate(**{k: r[k] for k in ("service_name", "service_instance_id",
-                                              "first_unix_ns", "last_unix_ns", "requests")})
+                                              "first_unix_ns", "last_unix_ns", "requests",
+                                              "host_name")})
             for r in results["runs"]]
     slowest = [SlowRequest(
         trace_id=r["trace_id"], seq=r["seq"], total_ms=r["total_ns"] / 1e6,

@@ -76,6 +76,7 @@ from otel_stages.analysis.clickhouse_sql import (
     GPU_BUCKET_NS,
     GPU_OWNERS_TABLE,
     PROCESS_TABLE,
+    RESOURCE_PROCESS,
     AggregateQuery,
     metric_filter,
     process_hash,
@@ -120,8 +121,7 @@ def _num(key: str) -> str:
     return f"toFloat64OrNull(SpanAttributes['{key}'])"
 
 
-_PROC_KEY = process_hash("CAST(ServiceName AS String)",
-                         f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']")
+_PROC_KEY = process_hash(*RESOURCE_PROCESS)
 
 
 def throttle_statement(sums: str, query: AggregateQuery) -> str:

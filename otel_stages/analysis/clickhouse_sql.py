@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_stages import semconv
+
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
 PROCESS_TABLE = "otel_stages_processes"
@@ -135,12 +137,31 @@ def query_params(query: AggregateQuery) -> dict[str, Any]:
     }
 
 
-def process_hash(service: str, instance: str) -> str:
+def process_hash(service: str, instance: str, host: str) -> str:
     """SQL: a UInt64 naming a process as :func:`otel_stages.analysis.requests.process_key` does,
-    by its ``service.instance.id`` (``instance``), else its ``service.name`` (``service``): the
-    key that lines metric points up with requests (a service renamed in a rolling deploy keeps
-    its instance, and its GPU points)."""
-    return f"cityHash64(if({instance} != '', concat('i:', {instance}), concat('s:', {service})))"
+    by its ``service.instance.id`` (``instance``), else its ``service.name`` (``service``) and
+    ``host.name`` (``host``): the key that lines metric points up with requests (a service
+    renamed in a rolling deploy keeps its instance, and its GPU points; two hosts' processes of
+    one service without instance ids stay apart)."""
+    return (f"cityHash64(if({instance} != '', concat('i:', {instance}),"
+            f" concat('s:', {service}, '\\0', {host})))")
+
+
+def process_label(service: str, instance: str, host: str) -> str:
+    """SQL: the text :func:`otel_stages.analysis.requests.process_key` writes, from the
+    ``service.name`` (``service``), ``service.instance.id`` (``instance``) and ``host.name``
+    (``host``) expressions (``''`` for not set)."""
+    return (f"if({instance} != '', concat('{semconv.SERVICE_INSTANCE_ID}=', {instance}),"
+            f" arrayStringConcat(arrayFilter(x -> x != '', [if({service} != '',"
+            f" concat('{semconv.SERVICE_NAME}=', {service}), ''), if({host} != '',"
+            f" concat('{semconv.HOST_NAME}=', {host}), '')]), ','))")
+
+
+#: Over a row of the Collector exporter's tables (``ServiceName``, ``ResourceAttributes``): the
+#: ``service.name``, ``service.instance.id`` and ``host.name`` expressions of its process.
+RESOURCE_PROCESS = ("CAST(ServiceName AS String)",
+                    f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']",
+                    f"ResourceAttributes['{semconv.HOST_NAME}']")
 
 
 def _span_window(query: AggregateQuery) -> list[str]:

@@ -235,6 +235,7 @@ def runs_of(requests: Sequence[Request]) -> list[Run]:
     for key, reqs in found.items():
         resource = reqs[0].resource
         name, instance = resource.get(semconv.SERVICE_NAME), resource.get(semconv.SERVICE_INSTANCE_ID)
+        host = resource.get(semconv.HOST_NAME)
         runs.append(Run(
             key=key,
             service_name=None if name is None else str(name),
@@ -242,6 +243,7 @@ def runs_of(requests: Sequence[Request]) -> list[Run]:
             first_unix_ns=min(r.start_ns for r in reqs),
             last_unix_ns=max(r.end_ns for r in reqs),
             requests=len(reqs),
+            host_name=None if host in (None, "") else str(host),
         ))
     return sorted(runs, key=lambda r: (r.first_unix_ns, r.key))
 

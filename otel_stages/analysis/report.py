@@ -124,8 +124,9 @@ class Counts:
 @dataclass(frozen=True)
 class Run:
     """One process read: ``service_name``, ``service_instance_id``, its first request start and
-    last request end (Unix ns), how many ``requests`` (all kinds), and whether it is in the
-    statistics (``reported``: false when ``--last-run`` chose another). ``key`` is its
+    last request end (Unix ns), how many ``requests`` (all kinds), whether it is in the
+    statistics (``reported``: false when ``--last-run`` chose another) and its ``host_name``
+    (``host.name``, ``None`` when not set). ``key`` is its
     :func:`~otel_stages.analysis.requests.process_key`."""
 
     key: str
@@ -135,12 +136,14 @@ class Run:
     last_unix_ns: int
     requests: int
     reported: bool = True
+    host_name: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        """JSON form (DESIGN.md section 3 ``runs`` entry plus ``reported``)."""
+        """JSON form (DESIGN.md section 3 ``runs`` entry plus ``host_name`` and ``reported``)."""
         return {
             "service_name": self.service_name,
             "service_instance_id": self.service_instance_id,
+            "host_name": self.host_name,
             "first_unix_ns": self.first_unix_ns,
             "last_unix_ns": self.last_unix_ns,
             "requests": self.requests,

@@ -148,12 +148,19 @@ class Grouping:
 
 
 def process_key(resource: dict[str, AttributeValue]) -> str:
-    """The process a resource belongs to: ``service.instance.id``, else ``service.name``, else ``""``."""
-    for key in (semconv.SERVICE_INSTANCE_ID, semconv.SERVICE_NAME):
-        value = resource.get(key)
-        if value not in (None, ""):
-            return f"{key}={value}"
-    return ""
+    """The process a resource belongs to: ``service.instance.id=…``; without one,
+    ``service.name=…`` and ``host.name=…`` (those set, comma separated; ``""`` with neither).
+
+    ``service.instance.id`` is unique per instance of a service (OpenTelemetry resource
+    semantic conventions); servers that do not set it (one process per host) are told apart by
+    their host, so two hosts' processes of one service keep their own cold starts and GPUs. The
+    ClickHouse SQL writes the same key (:func:`otel_stages.analysis.clickhouse_sql.process_label`).
+    """
+    instance = resource.get(semconv.SERVICE_INSTANCE_ID)
+    if instance not in (None, ""):
+        return f"{semconv.SERVICE_INSTANCE_ID}={instance}"
+    return ",".join(f"{key}={value}" for key in (semconv.SERVICE_NAME, semconv.HOST_NAME)
+                    if (value := resource.get(key)) not in (None, ""))
 
 
 def process_keys(requests: Iterable[Request]) -> list[str]:
