@@ -676,12 +676,20 @@ def test_a_file_imported_twice_reads_as_once(engine) -> None:
 # --- GPU points from processes that ran no request -----------------------------------------------
 
 
+#: An NVML UUID (the hw.id otel-stages' sampler and OpenLIT's collector write): one GPU whoever
+#: reports it, so several senders' points of it are one series.
+GPU_UUID = "GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c6d"
+
+
 def _gpu_elsewhere(source: Path, target: Path, processes: int) -> Path:
     """``source`` with its GPU metrics sent by ``processes`` exporter processes (service
     ``dcgm-exporter``, one ``service.instance.id`` each, the points dealt out among them in
-    turn) instead of the service that ran the requests."""
+    turn) instead of the service that ran the requests; with several, the GPU is named by its
+    UUID (:data:`GPU_UUID`), which says they read one GPU."""
     out = []
     for line in source.read_text().splitlines():
+        if processes > 1:
+            line = line.replace('"stringValue":"GPU-0"', f'"stringValue":"{GPU_UUID}"')
         doc = json.loads(line)
         if "resourceMetrics" not in doc:
             out.append(doc)
@@ -1211,3 +1219,40 @@ def test_an_exporter_on_a_host_no_request_names_is_not_lined_up(
     assert want["verdict"]["cause"] == cause
     assert got["verdict"] == want["verdict"]
     assert got["gpu"].get("samples") == want["gpu"].get("samples")
+
+
+@pytest.mark.parametrize("idle_host", ["node-c", ""])
+def test_two_exporters_naming_one_gpu_id_stay_two_gpus(engine, tmp_path: Path, idle_host: str) -> None:
+    # a tester's fleet: the model server names no host.name; two node exporters (no requests)
+    # each report GPU "0": node-b's rises to 95 % in the server's slow forwards (its GPU), the
+    # other (node-c, or a host unknown) idles at 5 %. Merged into one series "0" the slow
+    # forwards read 50 % (neither busy nor starved); apart, the GPU that rises with the forwards
+    # is the model's
+    from tests import odd_inputs
+
+    rows = _slow_every(7)
+    path = odd_inputs.write(tmp_path / f"exporters_{idle_host or 'nohost'}.jsonl", rows)
+    slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
+            if s["name"] == "forward" and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+    fast = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
+            if s["name"] == "forward" and (int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) not in slow]
+    first, last = _span_range(rows)
+
+    def busy(t: int) -> float:
+        return 0.95 if any(s <= t <= e for s, e in slow) else 0.5 if any(s <= t <= e for s, e in fast) else 0.02
+
+    with path.open("a") as f:
+        for name, host, level in (("dcgm-b", "node-b", busy), ("dcgm-c", idle_host, lambda t: 0.05)):
+            attrs = [odd_inputs._attr("service.name", name)] + (
+                [odd_inputs._attr("host.name", host)] if host else [])
+            f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": attrs}, "scopeMetrics": [
+                {"metrics": [{"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
+                    {"timeUnixNano": str(t), "asDouble": level(t),
+                     "attributes": [odd_inputs._attr("hw.id", "0")]}
+                    for t in range(first, last, 20 * MS)]}}]}]}]}) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert got["verdict"] == want["verdict"]
+    assert want["gpu"]["hw_id"] == got["gpu"]["hw_id"] == "0"
+    for key in ("samples", "forwards_covered", "mean_utilization"):
+        assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key

@@ -7,7 +7,14 @@ from __future__ import annotations
 from otel_stages import semconv
 from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.gpu import LEVEL_HIGH, gpu_evidence
-from otel_stages.analysis.gpu_owners import owned_series, shared_hw_id_lines, shared_hw_ids
+from otel_stages.analysis.gpu_owners import (
+    hw_of,
+    owned_series,
+    request_hosts,
+    series_hw,
+    shared_hw_id_lines,
+    shared_hw_ids,
+)
 from otel_stages.analysis.gpu_series import gpu_series
 from otel_stages.analysis.model import MetricPoint, Recording, Span
 from otel_stages.analysis.requests import find_requests
@@ -77,15 +84,28 @@ def test_one_process_with_its_gpu_is_not_a_problem() -> None:
 
 
 def test_an_exporter_that_ran_no_request_joins_every_process_and_is_not_a_shared_id() -> None:
-    """A DCGM exporter (no requests) naming the same GPU as the model's own sampler joins that
-    series (one host: one GPU); it is not a repeated id between request processes."""
-    exporter = [MetricPoint(p.name, p.time_ns + 1, p.value, p.attributes,
-                            {semconv.SERVICE_NAME: "dcgm-exporter"}) for p in _gpu("x", 0.8)]
-    points = _gpu("a", 0.9) + exporter
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"})
-    assert list(series) == [("service.instance.id=a", "0")]
-    assert len(series["service.instance.id=a", "0"]) == 2 * 200
-    assert shared_hw_ids(points, {"service.instance.id=a"}) == {}
+    """A DCGM exporter (no requests) naming the same GPU as the model's own sampler: on the
+    model's host it joins that series (one host: one GPU); with a host unknown on either side it
+    is a series of its own (it may be another machine's GPU 0); never a repeated id between
+    request processes."""
+    for host in ("node-a", None):
+        where = {} if host is None else {semconv.HOST_NAME: host}
+        exporter = [MetricPoint(p.name, p.time_ns + 1, p.value, p.attributes,
+                                {semconv.SERVICE_NAME: "dcgm-exporter", **where}) for p in _gpu("x", 0.8)]
+        own = [MetricPoint(p.name, p.time_ns, p.value, p.attributes, {**p.resource, **where})
+               for p in _gpu("a", 0.9)]
+        points = own + exporter
+        hosts = request_hosts([own[0].resource])
+        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, hosts=hosts)
+        apart = series_hw("0", f"service.name=dcgm-exporter{'' if host is None else ',host.name=' + host}")
+        if host is None:
+            assert sorted(series) == [("service.instance.id=a", "0"), ("service.instance.id=a", apart)]
+            assert [len(v) for _, v in sorted(series.items())] == [200, 200]
+            assert hw_of(apart) == "0"
+        else:
+            assert list(series) == [("service.instance.id=a", "0")]
+            assert len(series["service.instance.id=a", "0"]) == 2 * 200
+        assert shared_hw_ids(points, {"service.instance.id=a"}) == {}
 
 
 def test_percent_is_scaled_per_sending_series() -> None:
@@ -93,7 +113,8 @@ def test_percent_is_scaled_per_sending_series() -> None:
     points = _gpu("a", 90.0) + [MetricPoint(p.name, p.time_ns, p.value, p.attributes,
                                             {semconv.SERVICE_NAME: "exp"}) for p in _gpu("x", 0.5)]
     series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, 1.5)
-    assert sorted({v for _, v in series["service.instance.id=a", "0"]}) == [0.5, 0.9]
+    assert {k[1]: sorted({v for _, v in pts}) for k, pts in series.items()} == {
+        "0": [0.9], series_hw("0", "service.name=exp"): [0.5]}
 
 
 def test_the_line_names_a_handful() -> None:
@@ -111,3 +132,18 @@ def test_the_html_charts_draw_one_line_per_host() -> None:
     assert [(g.process, g.hw_id) for g in series] == [("service.instance.id=a", "0"),
                                                       ("service.instance.id=b", "0")]
     assert [{v for _, v in g.utilization} for g in series] == [{0.9}, {0.02}]
+
+
+def test_an_nvml_uuid_is_one_gpu_whoever_sends_it() -> None:
+    """Two exporters on hosts unknown: GPU "0" from each is two series; the same NVML UUID from
+    each is one GPU (``MIG-`` too); a UUID cut short is not one."""
+    for hw, series_count in (("GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c6d", 1),
+                             ("MIG-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c6d", 1),
+                             ("MIG-GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c6d/1/0", 1),
+                             ("GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c6", 2), ("0", 2)):
+        points = [MetricPoint(p.name, p.time_ns + k, p.value, {semconv.HW_ID: hw},
+                              {semconv.SERVICE_NAME: f"exporter-{k}"})
+                  for k in range(2) for p in _gpu("x", 0.5)]
+        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"})
+        assert len(series) == series_count, hw
+        assert {hw_of(k[1]) for k in series} == {hw}

@@ -45,7 +45,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
-from otel_stages.analysis.gpu_owners import PERCENT_GUESS
+from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
@@ -405,20 +405,35 @@ def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
     processes (:data:`REQUEST_HOSTS_TABLE`), to those only (a per-node GPU exporter), and when it
     is none of theirs, only to request processes without a known host; whose GPU
     is then the series that rises most during its forwards, as in the file report
-    (:func:`otel_stages.analysis.gpu_owners.owned_series`). Both GPU joins (utilization, memory)
+    (:func:`otel_stages.analysis.gpu_owners.owned_series`). ``part`` is 0 where the points join
+    the request process's series of their ``hw.id`` (its own, or a sender on its host), else the
+    sender (a series of its own: :func:`series_hw_sql`). Both GPU joins (utilization, memory)
     read points through it."""
     owners = f"""CREATE TEMPORARY TABLE {GPU_OWNERS_TABLE} ENGINE = Memory AS
 WITH series AS ({gpu_series_sql()}), requests AS ({_REQUEST_PROCESSES}),
     foreign AS (SELECT k, any(host) AS host FROM ({_FOREIGN_SENDERS}) GROUP BY k)
-SELECT k AS point_key, k AS proc_key FROM series WHERE k IN (SELECT k FROM requests)
+SELECT k AS point_key, k AS proc_key, toUInt64(0) AS part FROM series WHERE k IN (SELECT k FROM requests)
 UNION ALL
-SELECT f.k AS point_key, r.k AS proc_key
+SELECT f.k AS point_key, r.k AS proc_key, if(f.host != '' AND h.host = f.host, toUInt64(0), f.k) AS part
 FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
 LEFT JOIN {REQUEST_HOSTS_TABLE} AS h ON h.k = r.k
 WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}
     AND (f.host = '' OR h.host = f.host
          OR (f.host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE}) AND h.host = ''))"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, {})]
+
+
+def series_hw_sql(hw: str, part: str) -> str:
+    """SQL: a GPU series' ``hw`` (:func:`otel_stages.analysis.gpu_owners.series_hw`) from a point's
+    ``hw.id`` and its owner row's ``part`` (:func:`gpu_owners_statements`); the file report names
+    the sender by its process key, the SQL by its hash: the same series apart."""
+    uuid = NVML_UUID.replace("\\", "\\\\")
+    return (f"if({part} = 0 OR match({hw}, '{uuid}'), {hw},"
+            f" concat({hw}, '{HW_SENDER_SQL}', toString({part})))")
+
+
+#: :data:`otel_stages.analysis.gpu_owners.SENDER_SEPARATOR` as SQL writes it.
+HW_SENDER_SQL = "\\x1E"
 
 
 def prepare_statements(traces: str, gauge: str, query: AggregateQuery
@@ -446,7 +461,8 @@ def gpu_prepare_statements(traces: str, gauge: str, query: AggregateQuery
     points = f"""SELECT point_key AS proc_key, hw, t, v FROM {GPU_POINTS_TABLE}
     WHERE {gpu_metric_is(semconv.HW_GPU_UTILIZATION)}"""
     samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS
-SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
+SELECT o.proc_key AS proc_key, {series_hw_sql("p.hw", "o.part")} AS hw, p.t AS t,
+    p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
 FROM ({points}) AS p
 INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw) AS m
     ON p.proc_key = m.proc_key AND p.hw = m.hw

@@ -32,7 +32,7 @@ from otel_stages.analysis.clickhouse_sql import (
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.gpu import SplitFigures, judge_level, prefer_metrics
-from otel_stages.analysis.gpu_owners import shared_hw_id_lines
+from otel_stages.analysis.gpu_owners import hw_of, shared_hw_id_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
@@ -300,7 +300,7 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
         mean_utilization=_ratio(metrics["sum_in"], metrics["samples"]),
         slow_mean_utilization=_ratio(metrics["slow_sum"], metrics["slow_n"]) if has_split else None,
         fast_mean_utilization=_ratio(metrics["fast_sum"], metrics["fast_n"]) if has_split else None,
-        hw_id=(metrics["hw_id"] or None) if gpus == 1 else None, gpus=gpus,
+        hw_id=(hw_of(str(metrics["hw_id"] or "")) or None) if gpus == 1 else None, gpus=gpus,
         sum_utilization=float(metrics["sum_in"] or 0.0), split=split_row if has_split else None,
         slow_min_ms=slow_min,
     )

@@ -70,6 +70,7 @@ from otel_stages.analysis.clickhouse_queries import (
     TOP_COHORTS,
     buckets,
     gpu_metric_is,
+    series_hw_sql,
 )
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
@@ -353,8 +354,8 @@ def memory_statements() -> list[tuple[str, dict[str, Any]]]:
     is_usage = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE)
     is_limit = gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
-SELECT o.proc_key AS proc_key, p.hw AS hw, p.t AS t, p.v AS v, p.is_limit AS is_limit,
-    p.proc_key AS src FROM (
+SELECT o.proc_key AS proc_key, {series_hw_sql("p.hw", "o.part")} AS hw, p.t AS t, p.v AS v,
+    p.is_limit AS is_limit, p.proc_key AS src FROM (
     SELECT point_key AS proc_key, hw, t, v, {is_limit} AS is_limit
     FROM {GPU_POINTS_TABLE} WHERE {is_usage} OR {is_limit}
 ) AS p INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""

@@ -38,7 +38,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import PERCENT_GUESS, owned_series, request_hosts
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, hw_of, owned_series, request_hosts
 from otel_stages.analysis.model import MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.units import duration
@@ -265,7 +265,7 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
         source="metrics", forwards=len(every), covered=sum(a.covered for a in chosen),
         samples=sum(a.samples for a in chosen), total=math.fsum(a.sum_in for a in chosen),
         split=split, slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6,
-        hw_id=(chosen[0].hw_id or None) if len(chosen) == 1 else None)
+        hw_id=(hw_of(chosen[0].hw_id) or None) if len(chosen) == 1 else None)
 
 
 #: Means are compared with the thresholds at this many decimals: a mean of samples all at 0.4 is

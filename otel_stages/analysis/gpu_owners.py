@@ -17,13 +17,18 @@ with host B's GPU. The ClickHouse SQL keys its GPU tables the same way
 Points of a process that ran no request go to every request process (the file report and the
 SQL alike), but where the sender's ``host.name`` is that of some request processes, to those only
 (one DCGM exporter per node: node b's GPU "0" is not node a's), and where the request processes
-name hosts and none is the sender's, only to those that name none; with a ``hw.id`` the request
-process also reports they join that series (one host's exporter and the model's own sampler
-naming the same GPU).
+name hosts and none is the sender's, only to those that name none. On the request process's own
+host, or with an NVML UUID for ``hw.id`` (:data:`NVML_UUID`, unique everywhere), they join its
+series of that ``hw.id`` (the node's exporter and the model's own sampler naming the same GPU);
+an id such as ``0`` sent from elsewhere or from an unknown host (no ``host.name`` on one side) is
+a series of its own per sender (:func:`series_hw`: the ``hw.id`` and the sender), so two
+exporters' GPU ``0`` are two GPUs, of which the rules pick the one whose utilization rises during
+the forwards, never a mix of both.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
@@ -42,8 +47,30 @@ GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.
 #: At most this many ``hw.id`` values, and processes per value, are named in the problem line.
 MAX_NAMED = 5
 
-#: ``(request process, hw.id)``: one GPU series as the forwards of that process see it.
+#: ``(request process, series hw)``: one GPU series as the forwards of that process see it; the
+#: second part is the ``hw.id``, with the sender for points from another host (:func:`series_hw`).
 SeriesKey = tuple[str, str]
+#: An NVML UUID (``nvmlDeviceGetUUID``: ``GPU-`` and a UUID; a MIG instance ``MIG-`` and a UUID,
+#: or ``MIG-GPU-<uuid>/<gi>/<ci>`` on older drivers): the same GPU whoever reports it.
+NVML_UUID = (r"^(MIG-)?GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}(/[0-9]+/[0-9]+)?$"
+             r"|^MIG-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_NVML_UUID = re.compile(NVML_UUID)
+#: Joins a ``hw.id`` and its sender in a series key (a control character no ``hw.id`` holds).
+SENDER_SEPARATOR = "\x1e"
+
+
+def series_hw(hw_id: str, sender: str | None = None) -> str:
+    """The second part of a :data:`SeriesKey`: ``hw_id``, or with ``sender`` (a process key) the
+    series of that sender's GPU ``hw_id`` apart from the request process's own, unless ``hw_id`` is
+    an NVML UUID (:data:`NVML_UUID`: the same GPU whoever reports it)."""
+    if sender is None or _NVML_UUID.match(hw_id):
+        return hw_id
+    return f"{hw_id}{SENDER_SEPARATOR}{sender}"
+
+
+def hw_of(series: str) -> str:
+    """The ``hw.id`` of a series' second part (:func:`series_hw`), for display."""
+    return series.split(SENDER_SEPARATOR, 1)[0]
 
 
 def point_processes(points: Iterable[MetricPoint]) -> list[str]:
@@ -62,14 +89,15 @@ def point_processes(points: Iterable[MetricPoint]) -> list[str]:
 def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
                  scale: float | None = None, hosts: Mapping[str, str] | None = None
                  ) -> dict[SeriesKey, list[tuple[int, float]]]:
-    """The ``name`` points as ``(time_ns, value)`` lists in time order, per ``(request process,
-    hw.id)``: a request process's own points, plus the points of processes that ran no request (not
-    in ``request_processes``): those of a sender whose ``host.name`` is the host of some request
+    """The ``name`` points as ``(time_ns, value)`` lists in time order, per :data:`SeriesKey`: a
+    request process's own points, plus the points of processes that ran no request (not in
+    ``request_processes``): those of a sender whose ``host.name`` is the host of some request
     processes (``hosts``: request process -> its ``host.name``, :func:`request_hosts`) go to those
-    processes only (a per-node GPU exporter describes its node's GPUs); a sender on a host none of
-    them names, to those that name no host; the others to every request process. ``scale``: a
-    series (per sending process and ``hw.id``) whose largest value exceeds it is divided by 100
-    (utilization given in percent)."""
+    processes only (a per-node GPU exporter describes its node's GPUs), joining their series of
+    the same ``hw.id``; a sender on a host none of them names, to those that name no host; the
+    others to every request process; those two kinds as a series per sender (:func:`series_hw`).
+    ``scale``: a series (per sending process and ``hw.id``) whose largest value exceeds it is
+    divided by 100 (utilization given in percent)."""
     return {key: [(t, v) for t, v, _ in samples]
             for key, samples in owned_points(points, name, request_processes, scale, hosts).items()}
 
@@ -109,10 +137,15 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
     out: dict[SeriesKey, list[tuple[int, float, str]]] = defaultdict(list)
     for (proc, hw_id), samples in sent.items():
         divide = 100.0 if scale is not None and max(v for _, v in samples) > scale else 1.0
-        owners = [proc] if proc in request_processes else _foreign_owners(
-            sender_host[proc], on_host, hostless, request_processes)
-        for owner in owners:
-            out[owner, hw_id].extend((t, v / divide, proc) for t, v in samples)
+        if proc in request_processes:
+            out[proc, hw_id].extend((t, v / divide, proc) for t, v in samples)
+            continue
+        host = sender_host[proc]
+        for owner in _foreign_owners(host, on_host, hostless, request_processes):
+            # the request process's host: its own GPU; else the sender's GPU as its own series
+            own_host = bool(host) and hosts is not None and hosts.get(owner) == host
+            key = hw_id if own_host else series_hw(hw_id, proc)
+            out[owner, key].extend((t, v / divide, proc) for t, v in samples)
     for found in out.values():
         found.sort()
     return dict(out)
