@@ -1047,6 +1047,59 @@ def test_each_hosts_gpu_memory_is_judged_against_its_own_limit(
     assert any("2 GPUs" in e for e in want["verdict"]["evidence"])
 
 
+def _two_gpus_memory(tmp_path: Path, pressured: str, denser: str | None, utilization: str | None
+                     ) -> Path:
+    """One process (svc / i1) whose model spans two GPUs, hw.id 0 (80 GiB) and 1 (24 GiB), both
+    reporting memory usage and limit every 50 ms (``denser``: that one every 25 ms); every
+    seventh forward slow (400 ms). The ``pressured`` GPU sits at 94 % of its limit in the slow
+    forwards and half of it otherwise, the other at a flat 40 %. ``utilization``: that GPU also
+    reports hw.gpu.utilization (30 %) every 50 ms."""
+    from tests import odd_inputs
+
+    rows = _slow_every(7)
+    slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
+            if s["name"] == "forward" and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+    path = odd_inputs.write(tmp_path / f"two_gpus_{pressured}_{denser}_{utilization}.jsonl", rows)
+    first, last = _span_range(rows)
+    gib, metrics = 2**30, []
+    for hw, limit in (("0", 80.0 * gib), ("1", 24.0 * gib)):
+        def used(t: int, hw: str = hw, limit: float = limit) -> float:
+            if hw != pressured:
+                return 0.4 * limit
+            return (0.94 if any(s <= t <= e for s, e in slow) else 0.5) * limit
+        times = range(first, last, (25 if hw == denser else 50) * MS)
+        attrs = [odd_inputs._attr("hw.id", hw)]
+        metrics += [
+            {"name": "hw.gpu.memory.usage", "unit": "By", "gauge": {"dataPoints": [
+                {"timeUnixNano": str(t), "asDouble": used(t), "attributes": attrs} for t in times]}},
+            {"name": "hw.gpu.memory.limit", "unit": "By", "gauge": {"dataPoints": [
+                {"timeUnixNano": str(t), "asDouble": limit, "attributes": attrs} for t in times]}}]
+        if hw == utilization:
+            metrics.append({"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
+                {"timeUnixNano": str(t), "asDouble": 0.3, "attributes": attrs}
+                for t in range(first, last, 50 * MS)]}})
+    with path.open("a") as f:
+        f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+            odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
+            "scopeMetrics": [{"metrics": metrics}]}]}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("pressured, denser, utilization", [
+    ("1", None, None),  # the first hw.id was read (a tie on points inside the forwards)
+    ("0", "1", None),   # the GPU with most points inside the forwards was read: the idle one
+    ("1", "1", "0"),    # the utilization's GPU was read, though the other had more points
+])
+def test_every_gpu_of_a_process_is_read_for_memory_pressure(
+        engine, tmp_path: Path, pressured: str, denser: str | None, utilization: str | None) -> None:
+    # a model on two GPUs, the second near its limit in the slow forwards: both reports read one
+    # GPU per process and called it "clear of its limit"
+    got, want = reports(engine, _two_gpus_memory(tmp_path, pressured, denser, utilization))
+    assert want["verdict"]["cause"] == "gpu_memory_pressure", want["verdict"]["evidence"]
+    assert got["verdict"] == want["verdict"]
+    assert any("of each GPU's limit (2 GPUs, up to 80 GiB)" in e for e in want["verdict"]["evidence"])
+
+
 @pytest.mark.parametrize("on_slow, slow_count, cause", [
     (4, 0, "gpu_starved"),  # the spans sample no slow forward: the metric points inside them judge
     (4, 4, "gpu_busy"),     # the spans sample all 4 (their own 0.95): the spans win, as before

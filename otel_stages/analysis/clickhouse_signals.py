@@ -48,12 +48,17 @@ What is read, and how narrowly (a fleet has millions of spans):
 - **GPU memory**: ``hw.gpu.memory.usage`` points of the processes with warm requests in the
   window (:data:`MEMORY_SAMPLES_TABLE`), lined up with each warm forward window by the bucketed
   join of the utilization (:mod:`otel_stages.analysis.clickhouse_sql`), per process; per GPU
-  (``hw.id``) the point and limit counts and the points inside forwards (:func:`memory_gpus_sql`);
-  per scope the forward windows' count and median (:func:`memory_windows_sql`); and one row
-  per covered forward of the chosen GPUs (peak and lowest bytes, points), at most
-  :data:`MAX_MEMORY_FORWARDS` rows: the memory rule compares per-forward shares, so it needs the
-  forwards, not a sum. Above that a deterministic sample (by hash) is returned and the report
-  says so. Peak and range are taken over the chosen GPU's largest ``hw.gpu.memory.limit``.
+  series (process, ``hw.id``) the point and limit counts and the largest limit
+  (:func:`memory_gpus_sql`); per scope the forward windows' count, median and processes
+  (:func:`memory_windows_sql`); and one row per covered forward (:func:`memory_forwards_sql`),
+  judged on *every* GPU series of its process with a positive limit, as
+  :mod:`otel_stages.analysis.gpu_memory` does (no one GPU is chosen: a process's second GPU may be
+  the one near its limit): over the series with points inside it, the highest peak, range and
+  released memory, each as a fraction of its own series' largest ``hw.gpu.memory.limit``, and
+  all their points. At most :data:`MAX_MEMORY_FORWARDS` rows: the memory rule compares
+  per-forward shares, so it needs the forwards, not a sum. Above that a deterministic sample (by
+  hash of the forward, so a forward's GPUs stay together in one row) is returned and the report
+  says so.
 
 Left out on purpose: signals of stage spans under a custom group span (they count as not
 recorded; the file report reads them; the report says so in ``problems``:
@@ -390,46 +395,40 @@ GROUP BY proc_key, width, height, fmt, s, e, hw)"""
 def memory_gpus_sql() -> str:
     """Per GPU series (``proc_key``, ``hw``: a request process's points of one ``hw.id``, its own
     and those of processes without requests): memory points (``n_usage``), limit points and the
-    largest limit (``n_limit``, ``limit_bytes``), and points inside warm forwards counted once per
-    window and request (``inside``: how the file report picks a process's GPU without the
-    utilization's)."""
-    return f"""SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_usage AS n_usage, a.n_limit AS n_limit,
-    a.limit_bytes AS limit_bytes, ifNull(p.inside, 0) AS inside
-FROM (SELECT proc_key, hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
-             maxIf(v, is_limit) AS limit_bytes FROM {MEMORY_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
-LEFT JOIN (SELECT proc_key, hw, sum(n * mult) AS inside FROM {MEMORY_PAIRS_TABLE}
-           GROUP BY proc_key, hw) AS p ON a.proc_key = p.proc_key AND a.hw = p.hw
-ORDER BY proc_key, hw
-SETTINGS join_use_nulls = 1"""
+    largest limit (``n_limit``, ``limit_bytes``)."""
+    return f"""SELECT proc_key, hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
+    maxIf(v, is_limit) AS limit_bytes
+FROM {MEMORY_SAMPLES_TABLE} GROUP BY proc_key, hw ORDER BY proc_key, hw"""
 
 
 def memory_windows_sql(method: str, by: str = "") -> str:
-    """Warm forward windows (per ``by`` group too): ``n`` and ``median_ms`` (the memory rule's
-    slow forwards are those beyond it plus the run's noise band,
-    :class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`)."""
+    """Warm forward windows (per ``by`` group too, then within the largest ``{top_cohorts:UInt32}``
+    cohorts only): ``n``, ``median_ms`` (the memory rule's slow forwards are those beyond it plus
+    the run's noise band, :class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`) and ``procs``,
+    the processes that ran them (their GPU series are the ones read)."""
     keys = f"{by}, " if by else ""
+    where = f" AND ({by}) IN ({TOP_COHORTS})" if by else ""
     group = f"GROUP BY {by} ORDER BY {by}" if by else ""
     return f"""SELECT {keys}count() AS n,
-    {_q(0.5, "d", "1", method)} AS median_ms
+    {_q(0.5, "d", "1", method)} AS median_ms, groupUniqArray(proc_key) AS procs
 FROM {R} ARRAY JOIN arrayMap((s, e) -> (e - s) / 1e6, fwd_start, fwd_end) AS d
-WHERE warm {group}"""
+WHERE warm{where} {group}"""
 
 
 def memory_forwards_sql() -> str:
-    """Covered warm forwards of the chosen GPU series: ``{procs:String}`` (process keys, comma
-    separated) with ``{hws:String}`` (their ``hw.id`` values, in order, separated by
-    :data:`HW_SEPARATOR`): cohort, ``proc_key``, ``hw``, ``ms``, ``vmax`` / ``vmin`` / ``vdrop``
-    bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a deterministic sample by hash
-    above), and ``total`` rows in all."""
-    chosen = ("SELECT arrayJoin(arrayZip(arrayMap(x -> toUInt64(x), splitByChar(',', {procs:String})),"
-              f" splitByString('{HW_SEPARATOR_SQL}', {{hws:String}})))")
-    return f"""SELECT {COHORT}, proc_key, hw, (e - s) / 1e6 AS ms, vmax, vmin, vdrop, n, mult,
+    """Covered warm forwards, one row per (cohort, process, window) over every GPU series of the
+    process with a positive limit that has points inside it (module docstring): cohort,
+    ``proc_key``, ``ms``, the highest ``peak``, ``spread`` (max - min) and ``freed`` (memory
+    released, :func:`otel_stages.analysis.gpu_memory.released_by_sender`) over those series, each
+    a fraction of its own series' largest limit, ``n`` points (of all of them), ``mult``; at most
+    ``{cap:UInt64}`` rows (a deterministic sample by hash of the forward above), and ``total``
+    rows in all."""
+    limits = (f"SELECT proc_key, hw, maxIf(v, is_limit) AS limit_bytes FROM {MEMORY_SAMPLES_TABLE}"
+              " GROUP BY proc_key, hw HAVING limit_bytes > 0")
+    return f"""SELECT {COHORT}, proc_key, (e - s) / 1e6 AS ms,
+    max(p.vmax / g.limit_bytes) AS peak, max((p.vmax - p.vmin) / g.limit_bytes) AS spread,
+    max(p.vdrop / g.limit_bytes) AS freed, sum(p.n) AS n, max(p.mult) AS mult,
     count() OVER () AS total
-FROM {MEMORY_PAIRS_TABLE} WHERE (proc_key, hw) IN ({chosen})
-ORDER BY cityHash64(proc_key, s, e, hw) LIMIT {{cap:UInt64}}"""
-
-
-#: Separates the chosen series' ``hw.id`` values in :func:`memory_forwards_sql`'s parameter (a
-#: control character no GPU id holds), and how SQL writes it.
-HW_SEPARATOR = "\x1f"
-HW_SEPARATOR_SQL = "\\x1F"
+FROM {MEMORY_PAIRS_TABLE} AS p INNER JOIN ({limits}) AS g USING (proc_key, hw)
+GROUP BY {COHORT}, proc_key, s, e
+ORDER BY cityHash64(proc_key, s, e), {COHORT} LIMIT {{cap:UInt64}}"""

@@ -269,7 +269,7 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
         if sig.pressure is not None:
             sig = replace(sig, pressure_scope=scope)
         forward = stage == semconv.STAGE_FORWARD
-        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id, processes,
+        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, processes,
                                                                    band_ms=band_ms))
                        if forward else None, gpu if forward else None)
         if judged is not None:
