@@ -60,13 +60,16 @@ def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None,
 @dataclass(frozen=True)
 class MemoryGpu:
     """A GPU memory series as a request process sees it (``proc_key``, ``hw``): points, limit
-    points and the largest limit (bytes)."""
+    points, the largest limit (bytes) and ``read``: whether the memory rule reads it (its
+    process's model GPU, or every readable series of a process without one:
+    :mod:`otel_stages.analysis.gpu_memory`; ``memory_gpus_sql`` decides)."""
 
     hw: str
     usage_points: int
     limit_points: int
     limit_bytes: float
     proc_key: int = 0
+    read: bool = True
 
     @property
     def readable(self) -> bool:
@@ -93,14 +96,14 @@ def memory_evidence(gpus: Sequence[MemoryGpu], windows: Mapping[str, Any] | None
                     forwards: Sequence[Mapping[str, Any]]) -> MemoryEvidence | None:
     """:class:`~otel_stages.analysis.gpu_memory.MemoryEvidence` for one scope: its forward
     windows' row (``memory_windows_sql``: count, median, processes) and its covered forward rows
-    (``memory_forwards_sql``: each forward over every GPU series of its process, each repeated
-    ``mult`` times). The series read are the :attr:`MemoryGpu.readable` ones of the scope's
-    processes, as :func:`otel_stages.analysis.gpu_memory.memory_evidence` reads them; ``None``
-    without one."""
+    (``memory_forwards_sql``: each forward over the GPU series read for its process, each
+    repeated ``mult`` times). The series read are the :attr:`MemoryGpu.read` (and readable) ones of the
+    scope's processes, as :func:`otel_stages.analysis.gpu_memory.memory_evidence` reads them;
+    ``None`` without one."""
     if windows is None or not int(windows["n"] or 0):
         return None
     procs = {int(p) for p in windows.get("procs") or ()}
-    read = [g for g in gpus if g.readable and g.proc_key in procs]
+    read = [g for g in gpus if g.read and g.readable and g.proc_key in procs]
     if not read:
         return None
     covered = tuple(
@@ -123,7 +126,8 @@ def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:
 def memory_gpus(rows: Sequence[Mapping[str, Any]]) -> list[MemoryGpu]:
     """``memory_gpus_sql`` rows -> :class:`MemoryGpu` (GPUs without points left out)."""
     return [MemoryGpu(str(r["hw"]), int(r["n_usage"] or 0), int(r["n_limit"] or 0),
-                      float(r["limit_bytes"] or 0.0), int(r.get("proc_key") or 0)) for r in rows]
+                      float(r["limit_bytes"] or 0.0), int(r.get("proc_key") or 0),
+                      bool(r.get("read", True))) for r in rows]
 
 
 def scope_of(rows: Sequence[Mapping[str, Any]]) -> str | None:

@@ -5,28 +5,39 @@ jumping up and down (allocation and release: the caching allocator freeing and r
 fragmented heap, another process taking memory) is ``gpu_memory_pressure``; memory flat with low
 utilization stays ``gpu_starved``.
 
-Each warm forward is judged on *every* GPU series of its process (keyed by process then
-``hw.id`` as the utilization's, :mod:`otel_stages.analysis.gpu_owners`: a forward sees the points
-of its own process and of processes that ran no request, as the ClickHouse SQL does) that has
-``hw.gpu.memory.usage`` points and a positive ``hw.gpu.memory.limit``: a process may use several
-GPUs (tensor parallel, or its model on GPU 1 while GPU 0 idles), and the one near its limit need
-not be the one the utilization names, so no one GPU is chosen. Each series is read over its own
-largest limit (each host's GPU its own limit: an 80 GiB card and a 24 GiB card that both report
-``hw.id`` 0 are not judged against 80 GiB). From the usage points of one series inside the
-forward's span: the *peak* (fraction of the limit), the *range* (max - min, fraction of the limit;
-0 with one point; shown, not judged) and the memory *released* inside the forward (the sum of
-every fall between consecutive points in time order, within each sending process's own points:
-:func:`released_by_sender`; fraction of the limit). The forward is *covered* when any of its
-process's series has a point inside it, and its :class:`ForwardMemory` takes, over those series,
-the highest peak, the highest range, the highest released fraction (each may come from a
-different GPU) and all their points as ``samples``. It is *under pressure* when its peak is at least
-:data:`NEAR_LIMIT_FRACTION` or it released at least :data:`CHURN_MIN_FRACTION` (memory jumping up
-and down: repeated allocation and release) on some GPU. Memory that only grows inside a forward is
-its activations being allocated (a larger batch or input takes more), not pressure, however large
-the growth: the range is not a test. Forwards with no point inside are left out (a sampler every
-200 ms misses short forwards). The GPU series read (:attr:`MemoryEvidence.gpus`) are those of the
-processes whose forwards are read; the evidence names their largest limit, and their ``hw.id``
-when they all share one.
+Each warm forward is judged on the GPU series of its process (keyed by process then ``hw.id`` as
+the utilization's, :mod:`otel_stages.analysis.gpu_owners`: a forward sees the points of its own
+process and of processes that ran no request, as the ClickHouse SQL does) that have
+``hw.gpu.memory.usage`` points and a positive ``hw.gpu.memory.limit`` (*readable*), and of those:
+
+- the *model's GPU* alone, when the utilization evidence chose one for the process and it is
+  readable: the series whose ``hw.gpu.utilization`` rises most inside the process's forwards
+  (ties: more samples; :func:`otel_stages.analysis.gpu.model_gpus`), chosen once over the whole
+  window's warm forwards, so every cohort reads the same GPU per process. A sampler (NVML, a
+  DCGM exporter) reports every GPU of the node: on a node of single-GPU model servers each
+  process's points hold its neighbours' GPUs too, and their memory (a preallocating server holds
+  90 % of its GPU; a neighbour's churn) says nothing of this model's forwards;
+- *every* readable series, when there is no such choice (no utilization series for the process,
+  two tied on rise and samples, or the chosen GPU without readable memory): which GPU the model
+  uses cannot be told, and a model may span several (tensor parallel, or the model on GPU 1
+  while GPU 0 idles).
+
+Each series is read over its own largest limit (each host's GPU its own limit: an 80 GiB card and
+a 24 GiB card that both report ``hw.id`` 0 are not judged against 80 GiB). From the usage points
+of one series inside the forward's span: the *peak* (fraction of the limit), the *range*
+(max - min, fraction of the limit; 0 with one point; shown, not judged) and the memory
+*released* inside the forward (the sum of every fall between consecutive points in time order,
+within each sending process's own points: :func:`released_by_sender`; fraction of the limit). The
+forward is *covered* when any series read for its process has a point inside it, and its
+:class:`ForwardMemory` takes, over those series, the highest peak, the highest range, the highest
+released fraction (each may come from a different GPU) and all their points as ``samples``. It is
+*under pressure* when its peak is at least :data:`NEAR_LIMIT_FRACTION` or it released at least
+:data:`CHURN_MIN_FRACTION` (memory jumping up and down: repeated allocation and release) on some
+GPU read. Memory that only grows inside a forward is its activations being allocated (a larger
+batch or input takes more), not pressure, however large the growth: the range is not a test.
+Forwards with no point inside are left out (a sampler every 200 ms misses short forwards). The
+GPU series read (:attr:`MemoryEvidence.gpus`) are those of the processes whose forwards are read;
+the evidence names their largest limit, and their ``hw.id`` when they all share one.
 
 Under :data:`~otel_stages.analysis.gpu.MIN_FORWARD_COVERAGE` of the warm forwards with a memory
 point (one process of twenty sending memory), there is not enough data: no call, as for the
@@ -44,10 +55,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
+from otel_stages.analysis import gpu
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.gpu import MIN_FORWARD_COVERAGE, slow_forward_min_ms
 from otel_stages.analysis.gpu_owners import SeriesKey, owned_points, owned_series, request_hosts
@@ -98,8 +110,8 @@ class MemoryEvidence:
     """What :func:`memory_evidence` found: one :class:`ForwardMemory` per covered warm forward,
     ``forwards`` warm forwards in all, ``limit_bytes`` (the largest limit of the GPU series read;
     the fractions are each of its own), ``hw_id`` (when every series read has the same one),
-    ``gpus`` (GPU series read: every series with memory and limit points of each process whose
-    forwards are read, module docstring), the warm forward median
+    ``gpus`` (GPU series read for the processes whose forwards are read: the model's GPU, or
+    every readable series of a process without one; module docstring), the warm forward median
     ``median_ms`` and the run's noise band ``band_ms`` (they set the slow forwards)."""
 
     covered: tuple[ForwardMemory, ...]
@@ -144,12 +156,15 @@ def released_by_sender(points: Sequence[tuple[int, float, str]]) -> float:
 
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
                     processes: Collection[str] | None = None, *,
-                    band_ms: float = 0.0) -> MemoryEvidence | None:
-    """Line GPU memory up with the warm forwards, each on every GPU series of its process (module
-    docstring); ``None`` without a series with memory and limit points for a process whose
-    forwards are read. ``processes``: the process keys of every request read (default: those of
-    ``warm``), as for :func:`otel_stages.analysis.gpu.gpu_evidence`. ``band_ms``: the run's noise
-    band (0: every forward above the median is slow)."""
+                    band_ms: float = 0.0, model_gpus: Mapping[str, str] | None = None
+                    ) -> MemoryEvidence | None:
+    """Line GPU memory up with the warm forwards, each on the GPU series read for its process
+    (module docstring); ``None`` without a readable series for a process whose forwards are read.
+    ``processes``: the process keys of every request read (default: those of ``warm``), as for
+    :func:`otel_stages.analysis.gpu.gpu_evidence`. ``band_ms``: the run's noise band (0: every
+    forward above the median is slow). ``model_gpus``: process key -> the model's ``hw.id``
+    (:func:`otel_stages.analysis.gpu.model_gpus` over the whole window's warm requests; a
+    cohort's evidence is given the window's); ``None``: chosen over ``warm``."""
     if not any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in points):
         return None  # before the windows: a fleet's recording has hundreds of thousands
     windows: list[tuple[int, int, int, str]] = [
@@ -164,12 +179,18 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
               owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners, hosts=hosts).items()}
     times = {k: [t for t, _, _ in pts] for k, pts in usage.items()}
     forward_processes = {w[3] for w in windows}
-    series: dict[str, list[SeriesKey]] = {}  # process -> every GPU series its forwards are judged on
+    readable: dict[str, list[SeriesKey]] = {}
     for key in sorted(usage):
         if key[0] in forward_processes and limits.get(key, 0.0) > 0:
-            series.setdefault(key[0], []).append(key)
-    if not series:
+            readable.setdefault(key[0], []).append(key)
+    if not readable:
         return None
+    if model_gpus is None:
+        model_gpus = gpu.model_gpus(warm, points, processes)
+    series: dict[str, list[SeriesKey]] = {}  # process -> the GPU series its forwards are judged on
+    for proc, keys in readable.items():
+        hw = model_gpus.get(proc)
+        series[proc] = [(proc, hw)] if hw is not None and (proc, hw) in keys else keys
     covered = []
     for dur_ns, s, e, proc in windows:
         found = []  # (peak, range, released, points) of each series with points inside
