@@ -254,6 +254,130 @@ def test_memory_in_forwards_within_the_band_is_not_the_slow_ones():
     assert report.verdict.cause == "gpu_memory_pressure"
 
 
+def _two_gpu_points(rec, values: dict[str, Callable[[bool, int], float]],
+                    limits: dict[str, float]) -> list[MetricPoint]:
+    """One process, one memory series per ``hw.id`` in ``values`` (``values[hw](slow, k)``: the
+    bytes of the k-th of 5 points inside a forward, slow or not) and a limit point per series in
+    ``limits`` after each forward: a process whose model spans two GPUs."""
+    points = []
+    res = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: "proc-1"}  # build()'s
+    for a, b in sorted((s.start_ns, s.end_ns) for s in rec.spans if s.name == FORWARD):
+        for hw, value in values.items():
+            attrs = {semconv.HW_ID: hw}
+            points += [MetricPoint(semconv.HW_GPU_MEMORY_USAGE, a + (b - a) * k // 4,
+                                   value(b - a > 300e6, k), attrs, res) for k in range(5)]
+            if hw in limits:
+                points.append(MetricPoint(semconv.HW_GPU_MEMORY_LIMIT, b + 20_000_000, limits[hw],
+                                          attrs, res))
+    return points
+
+
+@pytest.mark.parametrize("pressured", ["0", "1"])
+def test_memory_pressure_on_either_gpu_of_a_process_is_found(pressured):
+    """A model on two GPUs (hw.id 0: 80 GiB, 1: 24 GiB): the pressured one at 94 % of its limit in
+    the slow forwards (half of it otherwise), the other at a flat 40 %. Reading one GPU per
+    process (the first, or the utilization's) called GPU 1's pressure "clear of its limit"."""
+    rec = _run(_every(10), 0.95, 0.95)
+    limits = {"0": 80 * GIB, "1": 24 * GIB}
+    rec.metrics = _two_gpu_points(rec, {
+        hw: (lambda slow, k, lim=lim: (0.94 if slow else 0.5) * lim) if hw == pressured
+        else (lambda slow, k, lim=lim: 0.4 * lim) for hw, lim in limits.items()}, limits)
+    report = diagnose(rec)
+    assert report.verdict.cause == "gpu_memory_pressure", report.verdict.evidence
+    assert any("of each GPU's limit (2 GPUs, up to 80 GiB)" in e for e in report.verdict.evidence)
+    assert any(e.startswith("2 GPUs: ") for e in report.verdict.evidence)
+
+
+def test_a_forward_takes_the_highest_of_its_gpus():
+    """Per forward, over the GPUs with points inside it (each over its own limit): the highest
+    peak (GPU 1: 22.5 of 24 GiB), the highest range and memory released (GPU 0: 32 <-> 36 of 80
+    GiB, a range of 4 and 8 released) and the points of both; a series without a limit (hw.id 2)
+    is not read."""
+    rec = _run(_every(10), 0.95, 0.95)
+    churn = [32, 36, 32, 36, 32]
+    near = [22, 22.5, 22.5, 22.5, 22.5]
+    rec.metrics = _two_gpu_points(rec, {
+        "0": lambda slow, k: (churn[k] if slow else 32) * GIB,
+        "1": lambda slow, k: (near[k] if slow else 12) * GIB,
+        "2": lambda slow, k: 70 * GIB}, {"0": 80 * GIB, "1": 24 * GIB})
+    warm = [r for r in find_requests(rec.spans) if not r.cold]
+    ev = gm.memory_evidence(warm, rec.metrics)
+    assert ev is not None
+    assert (ev.gpus, ev.hw_id, ev.limit_bytes) == (2, None, 80 * GIB)
+    assert len(ev.covered) == ev.forwards == 29
+    slow = [f for f in ev.covered if f.forward_ms > 300]
+    assert len(slow) == 3
+    for f in slow:
+        assert f.peak == pytest.approx(22.5 / 24)
+        assert f.range == pytest.approx(4 / 80)
+        assert f.released == pytest.approx(8 / 80)
+        assert f.samples == 10 and f.under_pressure
+    fast = [f for f in ev.covered if f.forward_ms <= 300]
+    assert {(f.peak, f.range, f.released, f.samples) for f in fast} == {(0.5, 0.0, 0.0, 10)}
+
+
+#: The process key of :func:`_two_gpu_points`' process.
+P = "service.instance.id=proc-1"
+
+
+def _utilization_points(rec, hws: str) -> list[MetricPoint]:
+    """``hw.gpu.utilization`` of each GPU in ``hws`` (the process of :func:`_two_gpu_points`):
+    60 % at 3 times inside each forward, 5 % 20 ms after it (it rises in the forwards)."""
+    res = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: "proc-1"}
+    points = []
+    for a, b in sorted((s.start_ns, s.end_ns) for s in rec.spans if s.name == FORWARD):
+        for hw in hws:
+            attrs = {semconv.HW_ID: hw}
+            points += [MetricPoint(semconv.HW_GPU_UTILIZATION, a + (b - a) * k // 4, 0.6, attrs, res)
+                       for k in (1, 2, 3)]
+            points.append(MetricPoint(semconv.HW_GPU_UTILIZATION, b + 20_000_000, 0.05, attrs, res))
+    return points
+
+
+@pytest.mark.parametrize("utilization, model, read, pressure", [
+    ("0", {P: "0"}, "0", False),  # the model's GPU is read: the neighbour's churn is not
+    ("1", {P: "1"}, "1", True),   # the churning GPU is the model's
+    ("", {}, None, True),                # no utilization: every GPU (f2305f1's rule)
+    ("01", {}, None, True),              # alike on both: a tie names none, every GPU
+    ("2", {P: "2"}, None, True),  # the model's GPU has no memory: every GPU
+])
+def test_the_memory_rule_reads_the_models_gpu(utilization, model, read, pressure):
+    """A process whose points hold two GPUs of 80 GiB: GPU 0 at a flat 50 %, GPU 1 (a
+    neighbour's, or the model's) releasing 10 % between its points in the slow forwards and flat
+    at 40 % otherwise. The GPU whose utilization rises in the forwards
+    (:func:`~otel_stages.analysis.gpu.model_gpus`) is the only one read; without one (no
+    utilization, a tie, or no memory on it) every GPU is. f2305f1 read every GPU and called the
+    neighbour's churn gpu_memory_pressure."""
+    rec = _run(_every(10), None, None)
+    churn = [0.5, 0.4, 0.5, 0.4, 0.5]
+    rec.metrics = _two_gpu_points(rec, {
+        "0": lambda slow, k: 0.5 * 80 * GIB,
+        "1": lambda slow, k: (churn[k] if slow else 0.4) * 80 * GIB},
+        {"0": 80 * GIB, "1": 80 * GIB}) + _utilization_points(rec, utilization)
+    warm = [r for r in find_requests(rec.spans) if not r.cold]
+    assert g.model_gpus(warm, rec.metrics) == model
+    ev = gm.memory_evidence(warm, rec.metrics)
+    assert ev is not None
+    assert (ev.gpus, ev.hw_id) == ((1, read) if read else (2, None))
+    assert all(f.under_pressure == (pressure and f.forward_ms > 300) for f in ev.covered)
+    assert (diagnose(rec).verdict.cause == "gpu_memory_pressure") == pressure
+
+
+def test_a_cohort_reads_the_gpu_the_window_chose():
+    """The model's GPU is chosen once over the window's forwards and given to each scope:
+    memory_evidence reads the GPU it is given, not the one its own requests would choose."""
+    rec = _run(_every(10), None, None)
+    churn = [0.5, 0.4, 0.5, 0.4, 0.5]
+    rec.metrics = _two_gpu_points(rec, {
+        "0": lambda slow, k: 0.5 * 80 * GIB,
+        "1": lambda slow, k: (churn[k] if slow else 0.4) * 80 * GIB},
+        {"0": 80 * GIB, "1": 80 * GIB}) + _utilization_points(rec, "0")
+    warm = [r for r in find_requests(rec.spans) if not r.cold]
+    assert gm.memory_evidence(warm, rec.metrics).hw_id == "0"  # chosen over warm
+    given = gm.memory_evidence(warm, rec.metrics, model_gpus={P: "1"})
+    assert given is not None and given.hw_id == "1"
+
+
 def test_memory_evidence_uses_the_band():
     ev = gm.MemoryEvidence((), 0, 80 * GIB, None, 100.0, 20.0)
     assert ev.slow_min_ms == 120.0

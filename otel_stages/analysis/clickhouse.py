@@ -370,7 +370,7 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         for statement, params in signals.memory_statements():
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
-    memory = any(g.usage_points and g.limit_points for g in signal_result.memory_gpus(gpus))
+    memory = any(g.readable for g in signal_result.memory_gpus(gpus))
     if not spans and not memory:
         return out
     if spans:
@@ -405,13 +405,8 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         out["memory_gpus"] = gpus
         out["memory_windows"] = engine.rows(signals.memory_windows_sql(method), None, settings)
         out["cohort_memory_windows"] = engine.rows(
-            signals.memory_windows_sql(method, signals.COHORT), None, settings)
-        hw_id = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
-                                 end_ns=query.end_ns, service=query.service).gpu.hw_id
-        chosen = signal_result.choose_gpus(signal_result.memory_gpus(gpus), hw_id)
-        out["memory_forwards"] = [] if not chosen else engine.rows(
+            signals.memory_windows_sql(method, signals.COHORT), tops, settings)
+        out["memory_forwards"] = engine.rows(
             signals.memory_forwards_sql(),
-            {"procs": ",".join(str(g.proc_key) for g in chosen),
-             "hws": signals.HW_SEPARATOR.join(g.hw for g in chosen),
-             "cap": signals.MAX_MEMORY_FORWARDS}, settings)
+            {"cap": signals.MAX_MEMORY_FORWARDS}, settings)
     return out

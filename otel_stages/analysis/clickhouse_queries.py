@@ -507,6 +507,49 @@ def _points_inside(by: str = "", where: str = "") -> str:
 _POINTS_INSIDE = _points_inside()
 
 
+def _per_gpu(columns: str = "", join: str = "") -> str:
+    """Per GPU series (``proc_key``, ``hw``) of the utilization: all its samples (``n_all``,
+    ``sum_all``), those inside warm forwards (``n_in``, ``sum_in``) and the ``rise`` of the mean
+    inside over the mean outside, then ``columns`` of ``join``."""
+    return f"""
+    SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
+        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
+        if(n_in > 0, sum_in / n_in, 0)
+            - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise{columns}
+    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
+          FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
+    LEFT JOIN (
+        SELECT proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in
+        FROM ({_POINTS_INSIDE}) GROUP BY proc_key, hw
+    ) AS i ON a.proc_key = i.proc_key AND a.hw = i.hw
+    {join}
+    SETTINGS join_use_nulls = 1
+"""
+
+
+#: How a process's GPU is chosen (:func:`_per_gpu` columns): the highest rise, then the most
+#: samples inside forwards (:func:`otel_stages.analysis.gpu.model_gpus`).
+_RANK = "(rise, n_in)"
+
+
+def model_gpus_sql() -> str:
+    """Per process (``proc_key``) the ``hw`` of its model's GPU, the one :func:`gpu_metrics_sql`
+    sums (utilization rising most inside its warm forwards, ties: more samples), over the whole
+    window; a process whose best series ties another on both is left out (nothing tells its
+    model's GPU), as :func:`otel_stages.analysis.gpu.model_gpus` does. The GPU memory rule reads
+    this GPU's memory (:func:`otel_stages.analysis.clickhouse_signals.memory_statements`)."""
+    return f"""SELECT proc_key, any(hw) AS hw FROM (
+    SELECT proc_key, hw, {_RANK} = max({_RANK}) OVER (PARTITION BY proc_key) AS best
+    FROM ({_per_gpu()})
+) WHERE best GROUP BY proc_key HAVING count() = 1"""
+
+
+_SPLIT_ROW = """,
+        (ifNull(sp.covered, 0), ifNull(sp.can_split, 0), sp.slow_sum, sp.slow_n, sp.fast_sum,
+         sp.fast_n, ifNull(sp.slow_covered, 0)) AS sp_row"""
+_SPLIT_JOIN = "LEFT JOIN split AS sp ON a.proc_key = sp.proc_key AND a.hw = sp.hw"
+
+
 def gpu_metrics_sql() -> str:
     """From the GPU tables: per process the GPU whose utilization rises most inside forwards
     (vs. outside them; ties: more samples), and one row of sums over those GPUs: samples inside
@@ -529,24 +572,9 @@ split AS (
     FROM per_forward AS f
     GROUP BY proc_key, hw
 ),
-per_gpu AS (
-    SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
-        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
-        if(n_in > 0, sum_in / n_in, 0)
-            - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise,
-        (ifNull(sp.covered, 0), ifNull(sp.can_split, 0), sp.slow_sum, sp.slow_n, sp.fast_sum,
-         sp.fast_n, ifNull(sp.slow_covered, 0)) AS sp_row
-    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
-          FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
-    LEFT JOIN (
-        SELECT proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in
-        FROM ({_POINTS_INSIDE}) GROUP BY proc_key, hw
-    ) AS i ON a.proc_key = i.proc_key AND a.hw = i.hw
-    LEFT JOIN split AS sp ON a.proc_key = sp.proc_key AND a.hw = sp.hw
-    SETTINGS join_use_nulls = 1
-),
+per_gpu AS ({_per_gpu(_SPLIT_ROW, _SPLIT_JOIN)}),
 chosen AS (
-    SELECT argMax((hw, n_in, sum_in, sp_row), (rise, n_in)) AS g FROM per_gpu GROUP BY proc_key
+    SELECT argMax((hw, n_in, sum_in, sp_row), {_RANK}) AS g FROM per_gpu GROUP BY proc_key
 )
 SELECT count() AS gpus, any(g.1) AS hw_id,
     sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,

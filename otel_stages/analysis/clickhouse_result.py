@@ -631,7 +631,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
         + unlisted_line(counts.set_apart, len(set_apart))
         + shared_hw_id_lines(shared_gpu_ids(results.get("shared_gpu_ids") or [])) + unchecked,
-        signals=scopes(results, gpu.hw_id),
+        signals=scopes(results),
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),

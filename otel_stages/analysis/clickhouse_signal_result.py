@@ -13,6 +13,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.gpu_memory import ForwardMemory, MemoryEvidence
+from otel_stages.analysis.gpu_owners import hw_of
 from otel_stages.analysis.signal_figures import Held, Part, StageSignals
 
 
@@ -60,14 +61,21 @@ def stage_signal(row: Mapping[str, Any], limit_cpus: float | None = None,
 @dataclass(frozen=True)
 class MemoryGpu:
     """A GPU memory series as a request process sees it (``proc_key``, ``hw``): points, limit
-    points, the largest limit (bytes), and points inside warm forwards."""
+    points, the largest limit (bytes) and ``read``: whether the memory rule reads it (its
+    process's model GPU, or every readable series of a process without one:
+    :mod:`otel_stages.analysis.gpu_memory`; ``memory_gpus_sql`` decides)."""
 
     hw: str
     usage_points: int
     limit_points: int
     limit_bytes: float
-    inside: int
     proc_key: int = 0
+    read: bool = True
+
+    @property
+    def readable(self) -> bool:
+        """Memory points and a positive limit: the memory rule reads it."""
+        return bool(self.usage_points and self.limit_points and self.limit_bytes > 0)
 
 
 @dataclass(frozen=True)
@@ -85,42 +93,29 @@ class ScopeSignals:
     memory: MemoryEvidence | None = None
 
 
-def choose_gpus(gpus: Sequence[MemoryGpu], hw_id: str | None) -> list[MemoryGpu]:
-    """The series whose memory the rule reads, one per process (as
-    :func:`otel_stages.analysis.gpu_memory.memory_evidence` picks them): the utilization's
-    ``hw_id`` when the process has it with memory and limit points, else the one with most points
-    inside its forwards (ties: the first ``hw.id`` in order). Empty without such a series."""
-    by_process: dict[int, list[MemoryGpu]] = {}
-    for g in sorted(gpus, key=lambda g: (g.proc_key, g.hw)):
-        if g.usage_points and g.limit_points and g.limit_bytes > 0:
-            by_process.setdefault(g.proc_key, []).append(g)
-    out = []
-    for candidates in by_process.values():
-        same = [g for g in candidates if g.hw == hw_id]
-        out.append(same[0] if same else max(candidates, key=lambda g: g.inside))
-    return out
-
-
 def memory_evidence(gpus: Sequence[MemoryGpu], windows: Mapping[str, Any] | None,
                     forwards: Sequence[Mapping[str, Any]]) -> MemoryEvidence | None:
     """:class:`~otel_stages.analysis.gpu_memory.MemoryEvidence` for one scope: its forward
-    windows' row (``memory_windows_sql``) and its covered forward rows of the chosen series
-    ``gpus`` (:func:`choose_gpus`; ``memory_forwards_sql``, each repeated ``mult`` times), each
-    over its own series' limit."""
-    if not gpus or windows is None or not int(windows["n"] or 0):
+    windows' row (``memory_windows_sql``: count, median, processes) and its covered forward rows
+    (``memory_forwards_sql``: each forward over the GPU series read for its process, each
+    repeated ``mult`` times). The series read are the :attr:`MemoryGpu.read` (and readable) ones of the
+    scope's processes, as :func:`otel_stages.analysis.gpu_memory.memory_evidence` reads them;
+    ``None`` without one."""
+    if windows is None or not int(windows["n"] or 0):
         return None
-    limits = {(g.proc_key, g.hw): g.limit_bytes for g in gpus}
+    procs = {int(p) for p in windows.get("procs") or ()}
+    read = [g for g in gpus if g.read and g.readable and g.proc_key in procs]
+    if not read:
+        return None
     covered = tuple(
-        ForwardMemory(float(r["ms"]), float(r["vmax"]) / limit,
-                      (float(r["vmax"]) - float(r["vmin"])) / limit, int(r["n"]),
-                      float(r["vdrop"]) / limit)
-        for r in forwards for limit in (limits.get((int(r["proc_key"]), str(r["hw"]))),)
-        if limit for _ in range(int(r["mult"])))
-    ids = {g.hw for g in gpus}
+        ForwardMemory(float(r["ms"]), float(r["peak"]), float(r["spread"]), int(r["n"]),
+                      float(r["freed"]))
+        for r in forwards for _ in range(int(r["mult"])))
+    ids = {hw_of(g.hw) for g in read}
     # the noise band is set where the stage figures are
-    return MemoryEvidence(covered, int(windows["n"]), max(limits.values()),
+    return MemoryEvidence(covered, int(windows["n"]), max(g.limit_bytes for g in read),
                           (next(iter(ids)) or None) if len(ids) == 1 else None,
-                          float(windows["median_ms"]), gpus=len(gpus))
+                          float(windows["median_ms"]), gpus=len(read))
 
 
 def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:
@@ -132,8 +127,8 @@ def held(rows: Sequence[Mapping[str, Any]]) -> dict[str, Held]:
 def memory_gpus(rows: Sequence[Mapping[str, Any]]) -> list[MemoryGpu]:
     """``memory_gpus_sql`` rows -> :class:`MemoryGpu` (GPUs without points left out)."""
     return [MemoryGpu(str(r["hw"]), int(r["n_usage"] or 0), int(r["n_limit"] or 0),
-                      float(r["limit_bytes"] or 0.0), int(r["inside"] or 0),
-                      int(r.get("proc_key") or 0)) for r in rows]
+                      float(r["limit_bytes"] or 0.0), int(r.get("proc_key") or 0),
+                      bool(r.get("read", True))) for r in rows]
 
 
 def scope_of(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -150,13 +145,11 @@ def _cohort(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return row["width"], row["height"], row["fmt"]
 
 
-def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
-           ) -> list[ScopeSignals]:
+def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[ScopeSignals]:
     """The whole window's :class:`ScopeSignals` first, then one per cohort with signal rows, from
     the named answers (``signal_stages``, ``signal_cohort_stages``, ``held``, ``cohort_held``,
     ``memory_gpus``, ``memory_windows``, ``cohort_memory_windows``, ``memory_forwards``,
-    ``limit``, ``pressure_scope``; any may
-    be missing). ``hw_id``: the GPU the utilization evidence chose (``None``: none or several)."""
+    ``limit``, ``pressure_scope``; any may be missing)."""
     stage_rows = results.get("signal_stages") or []
     gpus = memory_gpus(results.get("memory_gpus") or [])
     limit_rows = results.get("limit") or []
@@ -164,13 +157,12 @@ def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
     scope = scope_of(results.get("pressure_scope") or [])
     if not stage_rows and not gpus:
         return []
-    chosen = choose_gpus(gpus, hw_id)
     forwards = results.get("memory_forwards") or []
     windows = results.get("memory_windows") or []
     out = [ScopeSignals(
         None, None, None, {str(r["stage"]): stage_signal(r, limit, scope) for r in stage_rows},
         held(results.get("held") or []),
-        memory_evidence(chosen, windows[0] if windows else None, forwards))]
+        memory_evidence(gpus, windows[0] if windows else None, forwards))]
     by_cohort: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
     for r in results.get("signal_cohort_stages") or []:
         by_cohort.setdefault(_cohort(r), []).append(r)
@@ -180,6 +172,6 @@ def scopes(results: Mapping[str, Sequence[Mapping[str, Any]]], hw_id: str | None
         out.append(ScopeSignals(
             int(w), int(h), fmt or None, {str(r["stage"]): stage_signal(r, limit, scope) for r in rows},
             held([r for r in results.get("cohort_held") or [] if _cohort(r) == key]),
-            memory_evidence(chosen, own_windows[0] if own_windows else None,
+            memory_evidence(gpus, own_windows[0] if own_windows else None,
                             [r for r in forwards if _cohort(r) == key])))
     return out

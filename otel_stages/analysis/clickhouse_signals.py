@@ -48,12 +48,21 @@ What is read, and how narrowly (a fleet has millions of spans):
 - **GPU memory**: ``hw.gpu.memory.usage`` points of the processes with warm requests in the
   window (:data:`MEMORY_SAMPLES_TABLE`), lined up with each warm forward window by the bucketed
   join of the utilization (:mod:`otel_stages.analysis.clickhouse_sql`), per process; per GPU
-  (``hw.id``) the point and limit counts and the points inside forwards (:func:`memory_gpus_sql`);
-  per scope the forward windows' count and median (:func:`memory_windows_sql`); and one row
-  per covered forward of the chosen GPUs (peak and lowest bytes, points), at most
+  series (process, ``hw.id``) the point and limit counts, the largest limit and whether it is
+  read (:func:`memory_gpus_sql`); per scope the forward windows' count, median and processes
+  (:func:`memory_windows_sql`); and one row per covered forward (:func:`memory_forwards_sql`),
+  judged on the GPU series read for its process, as :mod:`otel_stages.analysis.gpu_memory` reads
+  them: the model's GPU alone when the whole window's utilization chose one for the process
+  (:data:`MODEL_GPUS_TABLE`, from
+  :func:`~otel_stages.analysis.clickhouse_queries.model_gpus_sql`: the series that
+  :func:`~otel_stages.analysis.clickhouse_queries.gpu_metrics_sql` sums, unless two tie) and it has
+  memory points and a positive limit; else *every* such series of the process (no utilization, a
+  tie, or no memory on the chosen GPU: which GPU the model uses cannot be told). Over the series
+  read with points inside the forward, the highest peak, range and released memory, each as a
+  fraction of its own series' largest ``hw.gpu.memory.limit``, and all their points. At most
   :data:`MAX_MEMORY_FORWARDS` rows: the memory rule compares per-forward shares, so it needs the
-  forwards, not a sum. Above that a deterministic sample (by hash) is returned and the report
-  says so. Peak and range are taken over the chosen GPU's largest ``hw.gpu.memory.limit``.
+  forwards, not a sum. Above that a deterministic sample (by hash of the forward, so a forward's
+  GPUs stay together in one row) is returned and the report says so.
 
 Left out on purpose: signals of stage spans under a custom group span (they count as not
 recorded; the file report reads them; the report says so in ``problems``:
@@ -70,6 +79,7 @@ from otel_stages.analysis.clickhouse_queries import (
     TOP_COHORTS,
     buckets,
     gpu_metric_is,
+    model_gpus_sql,
     series_hw_sql,
 )
 from otel_stages.analysis.clickhouse_sql import (
@@ -95,11 +105,13 @@ SIGNAL_SPANS_TABLE = "otel_stages_signal_spans"
 SAMPLES_TABLE = "otel_stages_signal_samples"
 MEMORY_SAMPLES_TABLE = "otel_stages_memory_samples"
 MEMORY_PAIRS_TABLE = "otel_stages_memory_pairs"
+#: Per process, the model's GPU (``proc_key``, ``hw``): :func:`model_gpus_sql`.
+MODEL_GPUS_TABLE = "otel_stages_model_gpus"
 THROTTLE_TABLE = "otel_stages_throttle"
 PRESSURE_TABLE = "otel_stages_cpu_pressure"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE, THROTTLE_TABLE,
-          PRESSURE_TABLE)
+TABLES = (SIGNAL_SPANS_TABLE, SAMPLES_TABLE, MEMORY_SAMPLES_TABLE, MEMORY_PAIRS_TABLE, MODEL_GPUS_TABLE,
+          THROTTLE_TABLE, PRESSURE_TABLE)
 #: At most this many covered forwards come back for the GPU memory rule (a sample above).
 MAX_MEMORY_FORWARDS = 20_000
 #: Cohort columns of the per-request table (the scope of a cohort's signals).
@@ -350,7 +362,9 @@ def memory_statements() -> list[tuple[str, dict[str, Any]]]:
     (warm forward window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``;
     ``vdrop``: the memory released between them, the sum of the falls in time order within each
     sending process's points, :func:`otel_stages.analysis.gpu_memory.released_by_sender`;
-    ``mult``: warm requests with that window)."""
+    ``mult``: warm requests with that window); and :data:`MODEL_GPUS_TABLE`, each process's model
+    GPU (:func:`~otel_stages.analysis.clickhouse_queries.model_gpus_sql`, from the utilization
+    tables: one choice for the window)."""
     is_usage = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE)
     is_limit = gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
     samples = f"""CREATE TEMPORARY TABLE {MEMORY_SAMPLES_TABLE} ENGINE = Log AS
@@ -383,54 +397,62 @@ FROM (
 INNER JOIN ({usage}) AS sm ON sm.proc_key = f.proc_key AND sm.b = f.b
 WHERE sm.t >= f.s AND sm.t <= f.e
 GROUP BY proc_key, width, height, fmt, s, e, hw)"""
+    model = f"CREATE TEMPORARY TABLE {MODEL_GPUS_TABLE} ENGINE = Log AS {model_gpus_sql()}"
     return [(f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {MEMORY_SAMPLES_TABLE}", {}),
-            (samples, {}), (pairs, {})]
+            (f"DROP TEMPORARY TABLE IF EXISTS {MODEL_GPUS_TABLE}", {}),
+            (samples, {}), (pairs, {}), (model, {})]
+
+
+def _memory_series_sql() -> str:
+    """Per GPU series (``proc_key``, ``hw``: a request process's points of one ``hw.id``, its own
+    and those of processes without requests): memory points (``n_usage``), limit points and the
+    largest limit (``n_limit``, ``limit_bytes``), and ``read``: whether the memory rule reads it
+    (module docstring): it has memory points and a positive limit, and it is its process's model
+    GPU (:data:`MODEL_GPUS_TABLE`) or that process has no such readable series."""
+    return f"""SELECT proc_key, hw, n_usage, n_limit, limit_bytes,
+    readable AND (model OR NOT max(readable AND model) OVER (PARTITION BY proc_key)) AS read
+FROM (
+    SELECT proc_key, hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
+        maxIf(v, is_limit) AS limit_bytes, n_usage > 0 AND limit_bytes > 0 AS readable,
+        (proc_key, hw) IN (SELECT proc_key, hw FROM {MODEL_GPUS_TABLE}) AS model
+    FROM {MEMORY_SAMPLES_TABLE} GROUP BY proc_key, hw)"""
 
 
 def memory_gpus_sql() -> str:
-    """Per GPU series (``proc_key``, ``hw``: a request process's points of one ``hw.id``, its own
-    and those of processes without requests): memory points (``n_usage``), limit points and the
-    largest limit (``n_limit``, ``limit_bytes``), and points inside warm forwards counted once per
-    window and request (``inside``: how the file report picks a process's GPU without the
-    utilization's)."""
-    return f"""SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_usage AS n_usage, a.n_limit AS n_limit,
-    a.limit_bytes AS limit_bytes, ifNull(p.inside, 0) AS inside
-FROM (SELECT proc_key, hw, countIf(NOT is_limit) AS n_usage, countIf(is_limit) AS n_limit,
-             maxIf(v, is_limit) AS limit_bytes FROM {MEMORY_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
-LEFT JOIN (SELECT proc_key, hw, sum(n * mult) AS inside FROM {MEMORY_PAIRS_TABLE}
-           GROUP BY proc_key, hw) AS p ON a.proc_key = p.proc_key AND a.hw = p.hw
-ORDER BY proc_key, hw
-SETTINGS join_use_nulls = 1"""
+    """Every GPU memory series with its counts, limit and ``read`` flag
+    (:func:`_memory_series_sql`), by process and ``hw.id``."""
+    return f"{_memory_series_sql()} ORDER BY proc_key, hw"
 
 
 def memory_windows_sql(method: str, by: str = "") -> str:
-    """Warm forward windows (per ``by`` group too): ``n`` and ``median_ms`` (the memory rule's
-    slow forwards are those beyond it plus the run's noise band,
-    :class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`)."""
+    """Warm forward windows (per ``by`` group too, then within the largest ``{top_cohorts:UInt32}``
+    cohorts only): ``n``, ``median_ms`` (the memory rule's slow forwards are those beyond it plus
+    the run's noise band, :class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`) and ``procs``,
+    the processes that ran them (their GPU series are the ones read)."""
     keys = f"{by}, " if by else ""
+    where = f" AND ({by}) IN ({TOP_COHORTS})" if by else ""
     group = f"GROUP BY {by} ORDER BY {by}" if by else ""
     return f"""SELECT {keys}count() AS n,
-    {_q(0.5, "d", "1", method)} AS median_ms
+    {_q(0.5, "d", "1", method)} AS median_ms, groupUniqArray(proc_key) AS procs
 FROM {R} ARRAY JOIN arrayMap((s, e) -> (e - s) / 1e6, fwd_start, fwd_end) AS d
-WHERE warm {group}"""
+WHERE warm{where} {group}"""
 
 
 def memory_forwards_sql() -> str:
-    """Covered warm forwards of the chosen GPU series: ``{procs:String}`` (process keys, comma
-    separated) with ``{hws:String}`` (their ``hw.id`` values, in order, separated by
-    :data:`HW_SEPARATOR`): cohort, ``proc_key``, ``hw``, ``ms``, ``vmax`` / ``vmin`` / ``vdrop``
-    bytes, ``n`` points, ``mult``; at most ``{cap:UInt64}`` rows (a deterministic sample by hash
-    above), and ``total`` rows in all."""
-    chosen = ("SELECT arrayJoin(arrayZip(arrayMap(x -> toUInt64(x), splitByChar(',', {procs:String})),"
-              f" splitByString('{HW_SEPARATOR_SQL}', {{hws:String}})))")
-    return f"""SELECT {COHORT}, proc_key, hw, (e - s) / 1e6 AS ms, vmax, vmin, vdrop, n, mult,
+    """Covered warm forwards, one row per (cohort, process, window) over the GPU series read for
+    the process (``read``, :func:`_memory_series_sql`: its model's GPU, else every one with
+    memory points and a positive limit) that have points inside it (module docstring): cohort,
+    ``proc_key``, ``ms``, the highest ``peak``, ``spread`` (max - min) and ``freed`` (memory
+    released, :func:`otel_stages.analysis.gpu_memory.released_by_sender`) over those series, each
+    a fraction of its own series' largest limit, ``n`` points (of all of them), ``mult``; at most
+    ``{cap:UInt64}`` rows (a deterministic sample by hash of the forward above), and ``total``
+    rows in all."""
+    limits = f"SELECT proc_key, hw, limit_bytes FROM ({_memory_series_sql()}) WHERE read"
+    return f"""SELECT {COHORT}, proc_key, (e - s) / 1e6 AS ms,
+    max(p.vmax / g.limit_bytes) AS peak, max((p.vmax - p.vmin) / g.limit_bytes) AS spread,
+    max(p.vdrop / g.limit_bytes) AS freed, sum(p.n) AS n, max(p.mult) AS mult,
     count() OVER () AS total
-FROM {MEMORY_PAIRS_TABLE} WHERE (proc_key, hw) IN ({chosen})
-ORDER BY cityHash64(proc_key, s, e, hw) LIMIT {{cap:UInt64}}"""
-
-
-#: Separates the chosen series' ``hw.id`` values in :func:`memory_forwards_sql`'s parameter (a
-#: control character no GPU id holds), and how SQL writes it.
-HW_SEPARATOR = "\x1f"
-HW_SEPARATOR_SQL = "\\x1F"
+FROM {MEMORY_PAIRS_TABLE} AS p INNER JOIN ({limits}) AS g USING (proc_key, hw)
+GROUP BY {COHORT}, proc_key, s, e
+ORDER BY cityHash64(proc_key, s, e), {COHORT} LIMIT {{cap:UInt64}}"""

@@ -16,7 +16,7 @@ Steps of :func:`diagnose`:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from otel_stages import semconv
@@ -38,7 +38,7 @@ from otel_stages.analysis.figures import (
     reference_ms,
     share_tentative,
 )
-from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence
+from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence, model_gpus
 from otel_stages.analysis.gpu_owners import shared_hw_id_lines, shared_hw_ids
 from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
@@ -126,6 +126,7 @@ def _warm(
     table: SignalTable | None = None,
     verdict_only: bool = False,
     processes: frozenset[str] | None = None,
+    models: Mapping[str, str] | None = None,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
     is a subset of all warm requests' table: each request's spans are read once).
@@ -137,7 +138,9 @@ def _warm(
     mechanisms, which stay), and a fleet's cohorts would read every warm request again.
 
     ``processes``: the process keys of every request read (the GPU points of other processes are
-    lined up with every process's forwards; :mod:`otel_stages.analysis.gpu_owners`)."""
+    lined up with every process's forwards; :mod:`otel_stages.analysis.gpu_owners`). ``models``:
+    each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
+    a cohort's memory rule reads the GPU the window's utilization chose)."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -152,7 +155,7 @@ def _warm(
     gpu = gpu_evidence(warm, metrics, processes, band_ms=band)
     # CPU, GC, loop, throttling, memory
     signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
-                            band_ms=band or 0.0)
+                            band_ms=band or 0.0, model_gpus=models)
     cold_fig = cold_figures(cold, warm, keys, first_of_process=cold_first)
     kinds, where = failure_kinds(failed)
     figures = Figures(
@@ -195,6 +198,7 @@ def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:
 def _cohorts(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     table: SignalTable, processes: frozenset[str] | None = None,
+    models: Mapping[str, str] | None = None,
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
     of the total's variance. ``table``: the signal table of ``warm``."""
@@ -208,7 +212,7 @@ def _cohorts(
             own_cold = [c for c in cold if keys.key(c) == key]
             positions = [position[id(r)] for r in reqs]  # in order: a cohort keeps warm's
             v = decide(_warm(reqs, own_cold, metrics, keys, table=table.subset(positions),
-                             verdict_only=True, processes=processes).figures)
+                             verdict_only=True, processes=processes, models=models).figures)
             verdict = CohortVerdict(v.cause, v.stage, v.tentative)
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
@@ -293,12 +297,17 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     table = signal_table(warm, None, ThrottleSeries(recording.metrics),
                          PressureSeries(recording.metrics))
     processes = frozenset(process_keys(requests))
-    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes)
+    # the model's GPU per process, chosen once over the window: every cohort reads its memory
+    # (only with memory limits: without, the memory rule reads nothing)
+    models = (model_gpus(warm, recording.metrics, processes)
+              if any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in recording.metrics) else {})
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
-                   clash_spans=grouping.clashes.count, table=table, processes=processes)
+                   clash_spans=grouping.clashes.count, table=table, processes=processes,
+                   models=models)
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)

@@ -13,7 +13,8 @@ attributes on few of the long forwards must not hide the metric points inside th
    rises most during its forwards (vs. outside them) is taken as the model's; the sums over
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
-   process's GPU was taken.
+   process's GPU was taken. The GPU memory rule reads the memory of the GPU so chosen over the
+   whole window (:func:`model_gpus`).
 
 The level is judged on the forwards that make the swing (DESIGN.md section 1: blame what explains
 the swing; the mechanism is about the slow forwards). The *slow forwards* are the warm forwards
@@ -243,19 +244,10 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
                   processes: Collection[str] | None, every: Sequence[tuple[int, int]],
                   slow_min_ns: float | None) -> GpuEvidence:
     """The evidence of the ``hw.gpu.utilization`` points (module docstring, source 2)."""
-    name = semconv.STAGE_FORWARD
-    windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for r, proc in zip(requests, process_keys(requests)):
-        windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
-    owners = set(windows) if processes is None else set(processes) | set(windows)
-    hosts = request_hosts({id(r.resource): r.resource for r in requests}.values())
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS, hosts)
-    if not series:
+    by_process = _aligned(requests, points, processes, slow_min_ns)
+    if not by_process:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
-    by_process: dict[str, list[_Aligned]] = defaultdict(list)
-    for (proc, hw_id), pts in series.items():
-        by_process[proc].append(_align(hw_id, pts, windows.get(proc, []), slow_min_ns))
-    chosen = [max(found, key=lambda a: (a.rise, a.samples)) for found in by_process.values()]
+    chosen = [max(found, key=_rank) for found in by_process.values()]
     split = None if slow_min_ns is None else SplitFigures(
         slow_forwards=sum(1 for s, e in every if e - s > slow_min_ns),
         slow_covered=sum(a.slow_covered for a in chosen),
@@ -266,6 +258,47 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
         samples=sum(a.samples for a in chosen), total=math.fsum(a.sum_in for a in chosen),
         split=split, slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6,
         hw_id=(hw_of(chosen[0].hw_id) or None) if len(chosen) == 1 else None)
+
+
+def _aligned(requests: Sequence[Request], points: Sequence[MetricPoint],
+             processes: Collection[str] | None, slow_min_ns: float | None
+             ) -> dict[str, list[_Aligned]]:
+    """Every ``hw.gpu.utilization`` series of each process (module docstring, source 2) against
+    that process's forwards; empty without a series."""
+    name = semconv.STAGE_FORWARD
+    windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r, proc in zip(requests, process_keys(requests)):
+        windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
+    owners = set(windows) if processes is None else set(processes) | set(windows)
+    hosts = request_hosts({id(r.resource): r.resource for r in requests}.values())
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS, hosts)
+    by_process: dict[str, list[_Aligned]] = defaultdict(list)
+    for (proc, hw_id), pts in series.items():
+        by_process[proc].append(_align(hw_id, pts, windows.get(proc, []), slow_min_ns))
+    return by_process
+
+
+def _rank(a: _Aligned) -> tuple[float, int]:
+    """How a process's GPU is chosen: the highest rise, then the most samples inside forwards."""
+    return a.rise, a.samples
+
+
+def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],
+               processes: Collection[str] | None = None) -> dict[str, str]:
+    """Per process key, the ``hw.id`` of the GPU the utilization evidence takes as its model's:
+    the series whose ``hw.gpu.utilization`` rises most inside the process's forwards (ties: more
+    samples inside them; module docstring, source 2), over the forwards of ``requests`` (pass the
+    whole window's warm ones: one choice for every cohort). A process left out has no
+    utilization series, or several tied on both (nothing tells its model's GPU). ``processes``:
+    as for :func:`gpu_evidence`. The GPU memory rule reads this GPU's memory
+    (:mod:`otel_stages.analysis.gpu_memory`); the ClickHouse SQL chooses the same
+    (:func:`otel_stages.analysis.clickhouse_queries.model_gpus_sql`)."""
+    out = {}
+    for proc, found in _aligned(requests, points, processes, None).items():
+        best = max(found, key=_rank)
+        if sum(1 for a in found if _rank(a) == _rank(best)) == 1:
+            out[proc] = best.hw_id
+    return out
 
 
 #: Means are compared with the thresholds at this many decimals: a mean of samples all at 0.4 is

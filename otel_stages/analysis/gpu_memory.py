@@ -5,21 +5,39 @@ jumping up and down (allocation and release: the caching allocator freeing and r
 fragmented heap, another process taking memory) is ``gpu_memory_pressure``; memory flat with low
 utilization stays ``gpu_starved``.
 
-Per warm forward, from the ``hw.gpu.memory.usage`` points inside its span (of one GPU series per
-process, keyed by process then ``hw.id`` as the utilization's,
-:mod:`otel_stages.analysis.gpu_owners`: the ``hw.id`` the utilization evidence chose when that
-process has it, else the one with most points inside the process's forwards; a forward sees the
-points of its own process and of processes that ran no request, as the ClickHouse SQL does) over
-that series' largest ``hw.gpu.memory.limit`` (each host's GPU its own limit: an 80 GiB card and a
-24 GiB card that both report ``hw.id`` 0 are not judged against 80 GiB): the *peak* (fraction of
-the limit), the *range* (max - min, fraction of the limit; 0 with one point; shown, not judged) and
-the memory *released* inside the forward (the sum of every fall between consecutive points in time
-order, fraction of the limit). A forward is *under pressure* when its peak is at least
-:data:`NEAR_LIMIT_FRACTION` or it released at least :data:`CHURN_MIN_FRACTION` (memory jumping up
-and down: repeated allocation and release). Memory that only grows inside a forward is its
-activations being allocated (a larger batch or input takes more), not pressure, however large the
-growth: the range is not a test. Forwards with no point inside are left out (a sampler every 200 ms
-misses short forwards).
+Each warm forward is judged on the GPU series of its process (keyed by process then ``hw.id`` as
+the utilization's, :mod:`otel_stages.analysis.gpu_owners`: a forward sees the points of its own
+process and of processes that ran no request, as the ClickHouse SQL does) that have
+``hw.gpu.memory.usage`` points and a positive ``hw.gpu.memory.limit`` (*readable*), and of those:
+
+- the *model's GPU* alone, when the utilization evidence chose one for the process and it is
+  readable: the series whose ``hw.gpu.utilization`` rises most inside the process's forwards
+  (ties: more samples; :func:`otel_stages.analysis.gpu.model_gpus`), chosen once over the whole
+  window's warm forwards, so every cohort reads the same GPU per process. A sampler (NVML, a
+  DCGM exporter) reports every GPU of the node: on a node of single-GPU model servers each
+  process's points hold its neighbours' GPUs too, and their memory (a preallocating server holds
+  90 % of its GPU; a neighbour's churn) says nothing of this model's forwards;
+- *every* readable series, when there is no such choice (no utilization series for the process,
+  two tied on rise and samples, or the chosen GPU without readable memory): which GPU the model
+  uses cannot be told, and a model may span several (tensor parallel, or the model on GPU 1
+  while GPU 0 idles).
+
+Each series is read over its own largest limit (each host's GPU its own limit: an 80 GiB card and
+a 24 GiB card that both report ``hw.id`` 0 are not judged against 80 GiB). From the usage points
+of one series inside the forward's span: the *peak* (fraction of the limit), the *range*
+(max - min, fraction of the limit; 0 with one point; shown, not judged) and the memory
+*released* inside the forward (the sum of every fall between consecutive points in time order,
+within each sending process's own points: :func:`released_by_sender`; fraction of the limit). The
+forward is *covered* when any series read for its process has a point inside it, and its
+:class:`ForwardMemory` takes, over those series, the highest peak, the highest range, the highest
+released fraction (each may come from a different GPU) and all their points as ``samples``. It is
+*under pressure* when its peak is at least :data:`NEAR_LIMIT_FRACTION` or it released at least
+:data:`CHURN_MIN_FRACTION` (memory jumping up and down: repeated allocation and release) on some
+GPU read. Memory that only grows inside a forward is its activations being allocated (a larger
+batch or input takes more), not pressure, however large the growth: the range is not a test.
+Forwards with no point inside are left out (a sampler every 200 ms misses short forwards). The
+GPU series read (:attr:`MemoryEvidence.gpus`) are those of the processes whose forwards are read;
+the evidence names their largest limit, and their ``hw.id`` when they all share one.
 
 Under :data:`~otel_stages.analysis.gpu.MIN_FORWARD_COVERAGE` of the warm forwards with a memory
 point (one process of twenty sending memory), there is not enough data: no call, as for the
@@ -37,13 +55,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
+from otel_stages.analysis import gpu
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.gpu import MIN_FORWARD_COVERAGE, slow_forward_min_ms
-from otel_stages.analysis.gpu_owners import SeriesKey, owned_points, owned_series, request_hosts
+from otel_stages.analysis.gpu_owners import SeriesKey, hw_of, owned_points, owned_series, request_hosts
 from otel_stages.analysis.model import MetricPoint
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.units import duration, pct
@@ -71,7 +90,8 @@ _GIB = 1024 ** 3
 @dataclass(frozen=True)
 class ForwardMemory:
     """One warm forward: ``forward_ms``, ``peak``, ``range`` and ``released`` (fractions of the
-    limit; module docstring) of its ``samples`` memory points."""
+    limit, each the highest over its process's GPU series with points inside it; module docstring)
+    of its ``samples`` memory points (of all those series)."""
 
     forward_ms: float
     peak: float
@@ -89,8 +109,9 @@ class ForwardMemory:
 class MemoryEvidence:
     """What :func:`memory_evidence` found: one :class:`ForwardMemory` per covered warm forward,
     ``forwards`` warm forwards in all, ``limit_bytes`` (the largest limit of the GPU series read;
-    the fractions are each of its own), ``hw_id`` (when every process read the same one),
-    ``gpus`` (GPU series read: one per process with memory points), the warm forward median
+    the fractions are each of its own), ``hw_id`` (when every series read has the same one),
+    ``gpus`` (GPU series read for the processes whose forwards are read: the model's GPU, or
+    every readable series of a process without one; module docstring), the warm forward median
     ``median_ms`` and the run's noise band ``band_ms`` (they set the slow forwards)."""
 
     covered: tuple[ForwardMemory, ...]
@@ -134,12 +155,16 @@ def released_by_sender(points: Sequence[tuple[int, float, str]]) -> float:
 
 
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
-                    hw_id: str | None = None, processes: Collection[str] | None = None, *,
-                    band_ms: float = 0.0) -> MemoryEvidence | None:
-    """Line GPU memory up with the warm forwards; ``None`` without memory and limit points.
+                    processes: Collection[str] | None = None, *,
+                    band_ms: float = 0.0, model_gpus: Mapping[str, str] | None = None
+                    ) -> MemoryEvidence | None:
+    """Line GPU memory up with the warm forwards, each on the GPU series read for its process
+    (module docstring); ``None`` without a readable series for a process whose forwards are read.
     ``processes``: the process keys of every request read (default: those of ``warm``), as for
     :func:`otel_stages.analysis.gpu.gpu_evidence`. ``band_ms``: the run's noise band (0: every
-    forward above the median is slow)."""
+    forward above the median is slow). ``model_gpus``: process key -> the model's ``hw.id``
+    (:func:`otel_stages.analysis.gpu.model_gpus` over the whole window's warm requests; a
+    cohort's evidence is given the window's); ``None``: chosen over ``warm``."""
     if not any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in points):
         return None  # before the windows: a fleet's recording has hundreds of thousands
     windows: list[tuple[int, int, int, str]] = [
@@ -153,37 +178,39 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
     limits = {k: max(v for _, v in pts) for k, pts in
               owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners, hosts=hosts).items()}
     times = {k: [t for t, _, _ in pts] for k, pts in usage.items()}
-
-    def inside(series: SeriesKey, s: int, e: int) -> list[tuple[int, float, str]]:
-        pts, ts = usage.get(series, []), times.get(series, [])
-        return pts[bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)]
-
-    by_process: dict[str, list[tuple[int, int]]] = {}
-    for _, s, e, proc in windows:
-        by_process.setdefault(proc, []).append((s, e))
-    chosen: dict[str, str] = {}  # process -> the hw.id whose memory its forwards are judged on
-    for proc, spans in by_process.items():
-        candidates = sorted(k for p, k in usage if p == proc and limits.get((p, k), 0.0) > 0)
-        if candidates:
-            chosen[proc] = hw_id if hw_id in candidates else max(
-                candidates, key=lambda k: sum(len(inside((proc, k), s, e)) for s, e in spans))
-    if not chosen:
+    forward_processes = {w[3] for w in windows}
+    readable: dict[str, list[SeriesKey]] = {}
+    for key in sorted(usage):
+        if key[0] in forward_processes and limits.get(key, 0.0) > 0:
+            readable.setdefault(key[0], []).append(key)
+    if not readable:
         return None
+    if model_gpus is None:
+        model_gpus = gpu.model_gpus(warm, points, processes)
+    series: dict[str, list[SeriesKey]] = {}  # process -> the GPU series its forwards are judged on
+    for proc, keys in readable.items():
+        hw = model_gpus.get(proc)
+        series[proc] = [(proc, hw)] if hw is not None and (proc, hw) in keys else keys
     covered = []
     for dur_ns, s, e, proc in windows:
-        if proc not in chosen:
-            continue
-        pts = inside((proc, chosen[proc]), s, e)
-        if not pts:
-            continue
-        vals, limit = [v for _, v, _ in pts], limits[proc, chosen[proc]]
-        covered.append(ForwardMemory(dur_ns / 1e6, max(vals) / limit, (max(vals) - min(vals)) / limit,
-                                     len(vals), released_by_sender(pts) / limit))
-    ids = set(chosen.values())
+        found = []  # (peak, range, released, points) of each series with points inside
+        for key in series.get(proc, ()):
+            ts = times[key]
+            pts = usage[key][bisect.bisect_left(ts, s):bisect.bisect_right(ts, e)]
+            if pts:
+                vals, limit = [v for _, v, _ in pts], limits[key]
+                found.append((max(vals) / limit, (max(vals) - min(vals)) / limit,
+                              released_by_sender(pts) / limit, len(pts)))
+        if found:
+            covered.append(ForwardMemory(dur_ns / 1e6, max(f[0] for f in found),
+                                         max(f[1] for f in found), sum(f[3] for f in found),
+                                         max(f[2] for f in found)))
+    read = [key for keys in series.values() for key in keys]
+    ids = {hw_of(hw) for _, hw in read}
     all_ms = [d / 1e6 for d, _, _, _ in windows]
-    return MemoryEvidence(tuple(covered), len(windows), max(limits[p, k] for p, k in chosen.items()),
+    return MemoryEvidence(tuple(covered), len(windows), max(limits[k] for k in read),
                           (next(iter(ids)) or None) if len(ids) == 1 else None,
-                          statistics.median(all_ms), band_ms, gpus=len(chosen))
+                          statistics.median(all_ms), band_ms, gpus=len(read))
 
 
 def _gib(fraction: float, limit: float) -> str:

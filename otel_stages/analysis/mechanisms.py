@@ -243,8 +243,8 @@ def _summary(sig: StageSignals) -> tuple[str, ...]:
 
 def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Sequence[MetricPoint],
                   gpu: GpuEvidence, *, table: SignalTable | None = None,
-                  processes: Collection[str] | None = None, band_ms: float = 0.0
-                  ) -> dict[str, StageSignals]:
+                  processes: Collection[str] | None = None, band_ms: float = 0.0,
+                  model_gpus: Mapping[str, str] | None = None) -> dict[str, StageSignals]:
     """Signals per stage over the ``warm`` requests (module docstring); stages without any
     recorded signal are left out. ``table``: the requests' :func:`signal_table
     <otel_stages.analysis.stage_signals.signal_table>` when the caller has it already (it must
@@ -253,7 +253,9 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
     process keys of every request read, for the GPU memory
     (:func:`~otel_stages.analysis.gpu_memory.memory_evidence`). ``band_ms``: the run's noise band,
     which sets the slow forwards of the memory rule (:mod:`otel_stages.analysis.gpu_memory`; 0:
-    every forward above the median). Never raises for odd input."""
+    every forward above the median). ``model_gpus``: process key -> the model's GPU, whose memory
+    the memory rule reads (:func:`otel_stages.analysis.gpu.model_gpus` over the whole window;
+    ``None``: chosen over ``warm``). Never raises for odd input."""
     throttle = ThrottleSeries(metrics)
     if table is None:
         table = signal_table(warm, stages, throttle, PressureSeries(metrics))
@@ -269,8 +271,8 @@ def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Seque
         if sig.pressure is not None:
             sig = replace(sig, pressure_scope=scope)
         forward = stage == semconv.STAGE_FORWARD
-        judged = judge(sig, held, memory_mechanism(memory_evidence(warm, metrics, gpu.hw_id, processes,
-                                                                   band_ms=band_ms))
+        judged = judge(sig, held, memory_mechanism(memory_evidence(
+            warm, metrics, processes, band_ms=band_ms, model_gpus=model_gpus))
                        if forward else None, gpu if forward else None)
         if judged is not None:
             out[stage] = judged
