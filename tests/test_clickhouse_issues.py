@@ -835,7 +835,7 @@ def test_memory_released_within_the_slow_forwards_in_sql_too(engine, tmp_path: P
     ("%", 1.0, "gpu_starved"),     # DCGM-style percent of an idle GPU (not 100 % busy)
     ("%", 95.0, "gpu_busy"),
     ("1", 1.2, "gpu_starved"),     # over 1 cannot be a ratio: percent (the guess sits at 1.0)
-    ("", 1.0, "gpu_busy"),         # undeclared and never over 1: a ratio
+    ("", 0.95, "gpu_busy"),        # undeclared and fractional, never over 1: a ratio
 ])
 def test_the_gpu_unit_is_read_as_the_file_report_reads_it(engine, tmp_path: Path, unit: str,
                                                           value: float, cause: str) -> None:
@@ -844,6 +844,29 @@ def test_the_gpu_unit_is_read_as_the_file_report_reads_it(engine, tmp_path: Path
     got, want = reports(engine, _gpu_run(tmp_path, unit, value))
     assert want["verdict"]["cause"] == cause
     assert got["verdict"] == want["verdict"]
+
+
+@pytest.mark.parametrize("unit, first, cause", [
+    ("", None, None),         # only 0 and 1, no unit: ambiguous, left out and said (was gpu_busy)
+    ("", 2, "gpu_starved"),   # one value above the guess: percent, judged
+])
+def test_an_undeclared_series_of_zeros_and_ones_is_left_out_by_both(
+        engine, tmp_path: Path, unit: str, first: float | None, cause: str | None) -> None:
+    """dcgm-exporter's integer percent of a near-idle GPU (1 during the forwards, 0 between),
+    imported with MetricUnit '' (the exporter's empty unit kept empty): the SQL drops the series
+    from the GPU samples as the file report does, and says so with the same line."""
+    from tests.test_odd_values import AMBIGUOUS, _dcgm_run
+
+    got, want = reports(engine, _dcgm_run(tmp_path, unit, 1, 0, first))
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"]["level"] == want["gpu"]["level"]
+    said = [sorted(p for p in r["problems"] if p.startswith(AMBIGUOUS)) for r in (got, want)]
+    assert said[0] == said[1]
+    if cause is None:
+        assert want["verdict"]["cause"] not in ("gpu_busy", "gpu_starved")
+        assert want["gpu"]["level"] == "none" and len(said[1]) == 1
+    else:
+        assert want["verdict"]["cause"] == cause and said[1] == []
 
 
 # --- GPU parity inputs: a steady pipeline whose forward is slow on some requests ----------------

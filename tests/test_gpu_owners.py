@@ -8,7 +8,12 @@ from otel_stages import semconv
 from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.gpu import LEVEL_HIGH, gpu_evidence
 from otel_stages.analysis.gpu_owners import (
+    PERCENT_GUESS,
+    UNDECLARED_UNIT,
+    ambiguous_series,
+    ambiguous_unit_lines,
     hw_of,
+    is_ambiguous,
     owned_series,
     request_hosts,
     series_hw,
@@ -147,3 +152,69 @@ def test_an_nvml_uuid_is_one_gpu_whoever_sends_it() -> None:
         series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"})
         assert len(series) == series_count, hw
         assert {hw_of(k[1]) for k in series} == {hw}
+
+
+# --- an undeclared unit with only 0 and 1: ratio or integer percent, not told apart -------------
+
+
+def _unit(points: list[MetricPoint], unit: str | None) -> list[MetricPoint]:
+    return [MetricPoint(p.name, p.time_ns, p.value, p.attributes, p.resource, unit) for p in points]
+
+
+def test_only_whole_numbers_up_to_the_guess_without_a_unit_are_ambiguous() -> None:
+    assert UNDECLARED_UNIT == "" and PERCENT_GUESS == 1.0
+    assert is_ambiguous([0.0, 1.0, 1.0, 0.0], True)
+    assert is_ambiguous([1.0], True) and is_ambiguous([0.0], True)
+    assert not is_ambiguous([0.0, 1.0, 0.37], True)     # one fractional value: a ratio
+    assert not is_ambiguous([0.0, 1.0, 2.0], True)      # one value above the guess: percent
+    assert not is_ambiguous([0.0, 1.0, 1.0000001], True)
+    assert not is_ambiguous([0.0, 1.0], False)          # declared: never
+
+
+def test_ambiguous_series_need_every_point_undeclared() -> None:
+    a = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
+    assert ambiguous_series(a) == [("service.instance.id=a", "0")]
+    assert ambiguous_series(_unit(_gpu("a", 1.0), "1")) == []          # our sampler, saturated
+    assert ambiguous_series(_unit(_gpu("a", 1.0), None)) == []         # no unit in the source (PromQL)
+    assert ambiguous_series(a + _unit(_gpu("a", 0.0), "1")) == []     # one point declares it
+    assert ambiguous_series(_unit(_gpu("a", 0.37), UNDECLARED_UNIT)) == []
+    # memory points are never utilization series
+    mem = [MetricPoint(semconv.HW_GPU_MEMORY_USAGE, p.time_ns, 0.0, p.attributes, p.resource, "")
+           for p in a]
+    assert ambiguous_series(mem) == []
+
+
+def test_an_ambiguous_series_is_left_out_of_the_utilization_only() -> None:
+    """owned_series with the guess drops it (the verdict); without a scale (memory) nothing is
+    dropped; a declared series of the same values stays."""
+    amb = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
+    owners = {"service.instance.id=a"}
+    assert owned_series(amb, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS) == {}
+    assert len(owned_series(amb, semconv.HW_GPU_UTILIZATION, owners)["service.instance.id=a", "0"]) == 200
+    kept = owned_series(_unit(_gpu("a", 1.0), "1"), semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
+    assert {v for _, v in kept["service.instance.id=a", "0"]} == {1.0}
+    # beside it, another process's fractional series is judged as before
+    both = amb + _unit(_gpu("b", 0.9), UNDECLARED_UNIT)
+    assert list(owned_series(both, semconv.HW_GPU_UTILIZATION, owners | {"service.instance.id=b"},
+                             PERCENT_GUESS)) == [("service.instance.id=b", "0")]
+
+
+def test_the_ambiguous_line_counts_names_one_and_says_the_fix() -> None:
+    (line,) = ambiguous_unit_lines([("service.instance.id=a", "0"), ("service.instance.id=b", "0")])
+    assert "in 2 series (e.g. service.instance.id=a hw.id 0)" in line
+    assert "'1' for a ratio, '%' for percent" in line and "transform processor" in line
+    assert ambiguous_unit_lines([]) == []
+    (said,) = [p for p in diagnose(Recording(spans=_requests("a", 10),
+                                             metrics=_unit(_gpu("a", 1.0), ""))).problems
+               if "without a declared unit" in p]
+    assert "in 1 series (e.g. service.instance.id=a hw.id 0)" in said
+
+
+def test_the_charts_do_not_draw_an_ambiguous_series_as_100_percent() -> None:
+    mem = [MetricPoint(semconv.HW_GPU_MEMORY_USAGE, p.time_ns, 2.0**30, p.attributes, p.resource, "By")
+           for p in _gpu("a", 0.0)]
+    amb = gpu_series(_unit(_gpu("a", 1.0), "") + mem, T0, T0, T0 + 20 * 1000 * MS)
+    assert [(g.hw_id, g.utilization, len(g.memory_used_bytes)) for g in amb] == [("0", (), 200)]
+    assert gpu_series(_unit(_gpu("a", 1.0), ""), T0, T0, T0 + 20 * 1000 * MS) == ()
+    declared = gpu_series(_unit(_gpu("a", 1.0), "1"), T0, T0, T0 + 20 * 1000 * MS)
+    assert {v for _, v in declared[0].utilization} == {1.0}

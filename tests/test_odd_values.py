@@ -82,6 +82,13 @@ def test_a_metric_declared_in_percent_is_read_as_a_ratio(unit, scale):
     assert [p.value for p in recording.metrics] == pytest.approx([50.0 * scale, 1.0 * scale, 0.75 * scale])
     ints = parse_export_request(_metric(unit, [0, 1], as_int=True))
     assert [p.value for p in ints.metrics] == pytest.approx([0.0, 1.0 * scale])
+    assert {p.unit for p in recording.metrics} == {unit}  # kept for the ambiguity rule
+
+
+def test_a_metric_without_a_unit_key_reads_as_undeclared():
+    doc = _metric("", [0, 1], as_int=True)
+    del doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["unit"]
+    assert {p.unit for p in parse_export_request(doc).metrics} == {gpu_owners.UNDECLARED_UNIT}
 
 
 def test_a_series_over_one_is_percent_and_one_is_a_ratio():
@@ -114,11 +121,89 @@ def _gpu_run(tmp_path: Path, unit: str, value: float) -> Path:
     ("%", 95.0, "gpu_busy"),
     ("1", 0.95, "gpu_busy"),
     ("1", 1.2, "gpu_starved"),     # over 1 cannot be a ratio: percent (was 120 %, busy)
-    ("", 1.0, "gpu_busy"),         # undeclared and never over 1: a ratio
+    ("1", 1.0, "gpu_busy"),        # declared: a saturated GPU, never ambiguous
+    ("", 0.95, "gpu_busy"),        # undeclared, fractional: a ratio
+    ("", 95.0, "gpu_busy"),        # undeclared, over 1: percent
 ])
 def test_the_gpu_verdict_reads_the_declared_unit(tmp_path, capsys, unit, value, cause):
     report = _report(_gpu_run(tmp_path, unit, value), capsys)
     assert report["verdict"]["cause"] == cause
+
+
+# --- an undeclared series of only 0 and 1: ratio or integer percent cannot be told apart ---------
+
+
+def _dcgm_run(tmp_path: Path, unit: str | None, inside: float, outside: float,
+              first: float | None = None) -> Path:
+    """:func:`_gpu_run`'s requests (a third of the forwards 400 ms, the rest 100 ms) with the GPU
+    sampled every 20 ms as integers (``asInt``, dcgm-exporter's DCGM_FI_DEV_GPU_UTIL through the
+    prometheus receiver) where whole, ``inside`` during the forwards and ``outside`` between them;
+    ``first``: the first point's value instead (it lies before the first forward). ``unit``
+    ``None``: the metric has no ``unit`` key."""
+    def swing(i, r):
+        return [("download", 5.0), ("decode", 10.0), ("resize", 4.0), ("queue", 2.0),
+                ("forward", 100.0 + 300.0 * (i % 3 == 0) + r.random())]
+    rows = odd_inputs.run(40, swing)
+    path = odd_inputs.write(tmp_path / "dcgm.jsonl", rows)
+    windows = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
+               for spans in rows for s in spans if s["name"] == "forward"]
+    lo = min(int(s["startTimeUnixNano"]) for spans in rows for s in spans)
+    hi = max(int(s["endTimeUnixNano"]) for spans in rows for s in spans)
+    points = []
+    for t in range(lo, hi, 20_000_000):
+        v = inside if any(s <= t <= e for s, e in windows) else outside
+        if t == lo and first is not None:
+            v = first
+        number = {"asInt": str(int(v))} if float(v).is_integer() else {"asDouble": v}
+        points.append({"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
+                       **number})
+    metric = {"name": "hw.gpu.utilization", "gauge": {"dataPoints": points},
+              **({} if unit is None else {"unit": unit})}
+    doc = {"resourceMetrics": [{"resource": {"attributes": [odd_inputs._attr("service.name", "svc"),
+                                                           odd_inputs._attr("service.instance.id", "i1")]},
+                                "scopeMetrics": [{"metrics": [metric]}]}]}
+    with path.open("a") as f:
+        f.write(json.dumps(doc) + "\n")
+    return path
+
+
+#: The problem line's start (gpu_owners.ambiguous_unit_lines).
+AMBIGUOUS = "hw.gpu.utilization without a declared unit reads only whole numbers not above 1"
+
+
+@pytest.mark.parametrize("unit", [None, ""])
+def test_an_idle_gpu_in_undeclared_integer_percent_is_not_called_busy(tmp_path, capsys, unit):
+    """dcgm-exporter's GPU_UTIL (integer percent, no unit) of a near-idle GPU: 1 during the
+    forwards, 0 between. Read as a ratio it was 100 % during the forwards: gpu_busy. Ratio and
+    percent cannot be told apart, so the series is left out and the report says why, once."""
+    report = _report(_dcgm_run(tmp_path, unit, 1, 0), capsys)
+    assert report["verdict"]["cause"] not in ("gpu_busy", "gpu_starved")
+    assert report["gpu"]["level"] == "none"
+    lines = [p for p in report["problems"] if p.startswith(AMBIGUOUS)]
+    assert lines == [
+        f"{AMBIGUOUS} in 1 series (e.g. service.instance.id=i1 hw.id GPU-0): a ratio (an idle or"
+        " saturated GPU) and integer percent (a near-idle GPU, as dcgm-exporter's"
+        " DCGM_FI_DEV_GPU_UTIL) cannot be told apart, so they are left out of the GPU evidence."
+        " Declare the unit: '1' for a ratio, '%' for percent (e.g. the Collector's transform"
+        ' processor: set(metric.unit, "%") where metric.name == "hw.gpu.utilization")']
+
+
+@pytest.mark.parametrize("unit, first, cause", [
+    ("", 0.5, "gpu_busy"),        # one fractional value: a ratio again (1 = 100 %)
+    ("", 2, "gpu_starved"),       # one value above PERCENT_GUESS: percent (1 = 1 %)
+    ("1", None, "gpu_busy"),      # declared ratio, as our NVML sampler writes 1.0 / 0.0
+    ("%", None, "gpu_starved"),   # declared percent
+])
+def test_the_same_zeros_and_ones_are_judged_when_the_unit_can_be_told(tmp_path, capsys, unit,
+                                                                       first, cause):
+    report = _report(_dcgm_run(tmp_path, unit, 1, 0, first), capsys)
+    assert report["verdict"]["cause"] == cause
+    assert not any(p.startswith(AMBIGUOUS) for p in report["problems"])
+
+
+def test_a_declared_ratio_of_an_idle_gpu_reading_exactly_zero_is_starved(tmp_path, capsys):
+    report = _report(_dcgm_run(tmp_path, "1", 0.0, 0.0), capsys)
+    assert report["verdict"]["cause"] == "gpu_starved"
 
 
 # --- a stage whose spans were lost in some requests (tester: the slow requests' forward spans) --

@@ -78,7 +78,8 @@ _ADVICE: dict[str, list[str]] = {
 #: (:data:`otel_stages.analysis.gpu.LEVEL_NONE` / ``LEVEL_THIN`` / ``LEVEL_MEDIUM``).
 _FORWARD_BY_GPU_LEVEL = {
     "none": "the model call swings but there is no GPU data: enable the GPU sampler"
-            " (hw.gpu.utilization metrics) to tell a busy GPU from a starved one",
+            " (hw.gpu.utilization metrics, their unit declared) to tell a busy GPU from a"
+            " starved one",
     "thin": "too few GPU samples fall inside forward spans (or inside the slow ones, which decide)"
             " to call it: collect more runs or lower"
             " OTEL_STAGES_GPU_INTERVAL_S (the driver samples about every 1/6 s)",

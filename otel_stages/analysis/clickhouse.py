@@ -275,6 +275,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(), None, settings)
     results["shared_gpu_ids"] = engine.rows(gpu_ids.shared_gpu_ids_sql(gauge[0]["read"], query),
                                             sql.query_params(query), settings)
+    results["ambiguous_units"] = engine.rows(gpu_ids.ambiguous_units_sql(gauge[0]["read"], query),
+                                             sql.query_params(query), settings)
     results.update(issue_results(engine, tables, query, settings, results))
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),

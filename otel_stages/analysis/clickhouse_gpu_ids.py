@@ -6,6 +6,11 @@ The GPU tables key their series by process, then ``hw.id``
 (:func:`otel_stages.analysis.clickhouse_queries.gpu_owners_statements`), as the file report
 does (:mod:`otel_stages.analysis.gpu_owners` says why: ``hw.id`` is unique only within a host);
 this query only names the ids that repeat, so the report says so rather than leave it unseen.
+
+Also the utilization series whose unit is ambiguous (:func:`ambiguous_condition`, the SQL of
+:func:`otel_stages.analysis.gpu_owners.is_ambiguous`): :func:`ambiguous_units_sql` names them for
+the problem line, and the GPU samples statement leaves them out
+(:func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from otel_stages.analysis.clickhouse_sql import (
     process_hash,
     process_label,
 )
-from otel_stages.analysis.gpu_owners import GPU_METRICS
+from otel_stages.analysis.gpu_owners import GPU_METRICS, PERCENT_GUESS, UNDECLARED_UNIT, SeriesKey
 
 #: A point's process as :func:`otel_stages.analysis.requests.process_key` writes it.
 _LABEL = process_label(*RESOURCE_PROCESS)
@@ -44,3 +49,31 @@ def shared_gpu_ids(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     """:func:`shared_gpu_ids_sql`'s rows as :func:`otel_stages.analysis.gpu_owners.shared_hw_ids`
     answers: ``hw.id`` -> its processes."""
     return {str(r["hw"]): [str(p) for p in r["procs"]] for r in rows}
+
+
+def ambiguous_condition(undeclared: str, value: str) -> str:
+    """SQL aggregate over one utilization series' points: true when
+    :func:`otel_stages.analysis.gpu_owners.is_ambiguous` is (every point's ``undeclared``, a UInt8,
+    is 1, and every ``value`` a whole number not above
+    :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS`)."""
+    return (f"(min({undeclared}) = 1 AND max({value}) <= {PERCENT_GUESS}"
+            f" AND min({value} = floor({value})) = 1)")
+
+
+def ambiguous_units_sql(gauge: str, query: AggregateQuery) -> str:
+    """Rows ``proc`` (the sender as :func:`otel_stages.analysis.requests.process_key` writes it)
+    and ``hw`` (``hw.id``), sorted: the ``hw.gpu.utilization`` series in the window that
+    :func:`ambiguous_condition` leaves out, as
+    :func:`otel_stages.analysis.gpu_owners.ambiguous_series` finds them (every sender, with
+    requests or not). Params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
+    return f"""SELECT any(label) AS proc, hw FROM (
+    SELECT Attributes['{semconv.HW_ID}'] AS hw, {_LABEL} AS label, {process_hash(*RESOURCE_PROCESS)} AS k,
+        toUInt8(MetricUnit = '{UNDECLARED_UNIT}') AS undeclared, Value
+    FROM {gauge} WHERE {metric_filter(query, f"('{semconv.HW_GPU_UTILIZATION}')")}
+) GROUP BY k, hw HAVING {ambiguous_condition("undeclared", "Value")} ORDER BY proc, hw"""
+
+
+def ambiguous_units(rows: Sequence[Mapping[str, Any]]) -> list[SeriesKey]:
+    """:func:`ambiguous_units_sql`'s rows as :func:`otel_stages.analysis.gpu_owners.ambiguous_series`
+    answers: ``(process, hw.id)`` pairs."""
+    return [(str(r["proc"]), str(r["hw"])) for r in rows]

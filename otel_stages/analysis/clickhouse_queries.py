@@ -28,6 +28,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis import clickhouse_issues as issues
+from otel_stages.analysis.clickhouse_gpu_ids import ambiguous_condition
 from otel_stages.analysis.clickhouse_requests import names_sql
 from otel_stages.analysis.clickhouse_sql import (
     FORMATS_TABLE,
@@ -45,7 +46,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
-from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS
+from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
@@ -349,13 +350,15 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     ``service.name`` and ``service.instance.id``), ``host`` (``host.name``), ``hw`` (``hw.id``),
     ``t`` (ns), ``v`` (a
     metric whose ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
-    :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`) and
+    :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`), ``undeclared`` (1 where ``MetricUnit``
+    is :data:`~otel_stages.analysis.gpu_owners.UNDECLARED_UNIT`) and
     ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
     fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
 SELECT {process_hash(*RESOURCE_PROCESS)} AS point_key,
     ResourceAttributes['{semconv.HOST_NAME}'] AS host,
     Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t,
     if(MetricUnit = '{PERCENT_UNIT}', Value * {PERCENT_SCALE}, Value) AS v,
+    toUInt8(MetricUnit = '{UNDECLARED_UNIT}') AS undeclared,
     toUInt8(indexOf([{_GPU_METRICS[1:-1]}], CAST(MetricName AS String))) AS metric
 FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_POINTS_TABLE}", {}), (fill, query_params(query))]
@@ -455,16 +458,19 @@ def gpu_prepare_statements(traces: str, gauge: str, query: AggregateQuery
     their owners (:func:`gpu_owners_statements`), the ``hw.gpu.utilization`` points of the
     processes with warm requests, or of processes without requests for those with
     no GPU points (per process and ``hw.id``; values scaled to 0..1,
-    a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent), and one row per (point,
+    a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent, an ambiguous one left out:
+    :func:`~otel_stages.analysis.clickhouse_gpu_ids.ambiguous_condition`), and one row per (point,
     warm forward window) with the point inside the window (the bucketed join described in
     :mod:`otel_stages.analysis.clickhouse_sql`)."""
-    points = f"""SELECT point_key AS proc_key, hw, t, v FROM {GPU_POINTS_TABLE}
+    points = f"""SELECT point_key AS proc_key, hw, t, v, undeclared FROM {GPU_POINTS_TABLE}
     WHERE {gpu_metric_is(semconv.HW_GPU_UTILIZATION)}"""
+    # an ambiguous series (undeclared unit, only 0 and 1) drops out here, as in owned_series
     samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS
 SELECT o.proc_key AS proc_key, {series_hw_sql("p.hw", "o.part")} AS hw, p.t AS t,
     p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
 FROM ({points}) AS p
-INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw) AS m
+INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw
+            HAVING NOT {ambiguous_condition("undeclared", "v")}) AS m
     ON p.proc_key = m.proc_key AND p.hw = m.hw
 INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
     # every warm forward meets the points (not grouped by window first: most hold no point);

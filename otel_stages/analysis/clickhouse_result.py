@@ -19,7 +19,7 @@ from otel_stages import semconv
 from otel_stages.analysis.clickhouse_apart import ApartRequest, apart_requests, apart_total, unlisted_line
 from otel_stages.analysis.clickhouse_failures import failure_kinds
 from otel_stages.analysis.clickhouse_gaps import gap_lines
-from otel_stages.analysis.clickhouse_gpu_ids import shared_gpu_ids
+from otel_stages.analysis.clickhouse_gpu_ids import ambiguous_units, shared_gpu_ids
 from otel_stages.analysis.clickhouse_issues import SpanIssues, not_checked
 from otel_stages.analysis.clickhouse_issues import span_issues as issues_of
 from otel_stages.analysis.clickhouse_preprocess import facts as preprocess_facts
@@ -32,7 +32,7 @@ from otel_stages.analysis.clickhouse_sql import (
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.gpu import SplitFigures, judge_level, prefer_metrics
-from otel_stages.analysis.gpu_owners import hw_of, shared_hw_id_lines
+from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
@@ -630,7 +630,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                            gauge_table=_unreadable(results.get("gauge_table")),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
         + unlisted_line(counts.set_apart, len(set_apart))
-        + shared_hw_id_lines(shared_gpu_ids(results.get("shared_gpu_ids") or [])) + unchecked,
+        + shared_hw_id_lines(shared_gpu_ids(results.get("shared_gpu_ids") or []))
+        + ambiguous_unit_lines(ambiguous_units(results.get("ambiguous_units") or [])) + unchecked,
         signals=scopes(results),
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,

@@ -150,7 +150,8 @@ class Compactor:
         out = self.out
         out.spans.extend(self.span(s) for s in recording.spans)
         out.metrics.extend(
-            MetricPoint(p.name, p.time_ns, p.value, p.attributes, self.resource(p.resource))
+            MetricPoint(p.name, p.time_ns, p.value, p.attributes, self.resource(p.resource),
+                        p.unit if p.unit is None else self.names.setdefault(p.unit, p.unit))
             for p in recording.metrics
         )
         out.problems.extend(recording.problems)

@@ -39,7 +39,12 @@ from otel_stages.analysis.figures import (
     share_tentative,
 )
 from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence, model_gpus
-from otel_stages.analysis.gpu_owners import shared_hw_id_lines, shared_hw_ids
+from otel_stages.analysis.gpu_owners import (
+    ambiguous_series,
+    ambiguous_unit_lines,
+    shared_hw_id_lines,
+    shared_hw_ids,
+)
 from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
@@ -319,6 +324,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
             " download/decode/resize/queue/forward, or children of a 'request' span)"
         )
     problems += shared_hw_id_lines(shared_hw_ids(recording.metrics, processes))
+    problems += ambiguous_unit_lines(ambiguous_series(recording.metrics))
     counts: dict[str, int] = defaultdict(int)
     for key in keys.keys(warm):
         counts[key or UNKNOWN_INPUT] += 1

@@ -14,7 +14,8 @@ attributes on few of the long forwards must not hide the metric points inside th
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
    process's GPU was taken. The GPU memory rule reads the memory of the GPU so chosen over the
-   whole window (:func:`model_gpus`).
+   whole window (:func:`model_gpus`). A series whose unit cannot be told (undeclared, only 0 and
+   1: :func:`otel_stages.analysis.gpu_owners.is_ambiguous`) is left out, and the problems say so.
 
 The level is judged on the forwards that make the swing (DESIGN.md section 1: blame what explains
 the swing; the mechanism is about the slow forwards). The *slow forwards* are the warm forwards
@@ -131,7 +132,9 @@ class GpuEvidence:
     def describe(self) -> str:
         """One sentence with the numbers, for evidence lists and the text report."""
         if self.level == LEVEL_NONE:
-            return "no GPU data (no hw.gpu.utilization points or gpu.* forward attributes)"
+            # "usable": an ambiguous-unit series is left out (gpu_owners.is_ambiguous), said in problems
+            return ("no GPU data (no usable hw.gpu.utilization points or gpu.* forward"
+                    " attributes)")
         mean = "n/a" if self.mean_utilization is None else f"{self.mean_utilization:.0%}"
         overall = (f"{mean} mean over {self.samples} samples, {self.forwards_covered} of"
                    f" {self.forwards} warm forwards covered")

@@ -24,6 +24,18 @@ an id such as ``0`` sent from elsewhere or from an unknown host (no ``host.name`
 a series of its own per sender (:func:`series_hw`: the ``hw.id`` and the sender), so two
 exporters' GPU ``0`` are two GPUs, of which the rules pick the one whose utilization rises during
 the forwards, never a mix of both.
+
+Utilization units: a series declared ``%`` is scaled when read
+(:data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`); a series whose largest value exceeds
+:data:`PERCENT_GUESS` is percent. A series whose OTLP ``unit`` is undeclared
+(:data:`UNDECLARED_UNIT`) and whose values are all whole numbers not above :data:`PERCENT_GUESS`
+(only 0 and 1) is *ambiguous* (:func:`is_ambiguous`): a ratio of an idle or saturated GPU, or
+integer percent of a near-idle one (NVIDIA dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL``, 0..100 with no
+unit through the Collector's prometheus receiver, renamed ``hw.gpu.utilization``). Read as a ratio
+an idle GPU would be called busy, so such a series is left out of the utilization evidence and
+the charts, and the report says so (:func:`ambiguous_unit_lines`). A declared ``1`` is never
+ambiguous (otel-stages' own sampler declares it and reads exactly 0.0 / 1.0 on an idle /
+saturated GPU); a source without units (``MetricPoint.unit`` ``None``: PromQL) keeps the guess.
 """
 
 from __future__ import annotations
@@ -39,8 +51,12 @@ from otel_stages.analysis.requests import process_key
 #: A utilization series with a value above this is percent (0..100) from a producer that did not
 #: divide by 100 and did not declare the unit ``%`` (a ratio never exceeds 1; a series declared
 #: ``%`` is scaled when read, :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). One value
-#: for the verdict (:mod:`otel_stages.analysis.gpu`) and the charts (``gpu_series``).
+#: for the verdict (:mod:`otel_stages.analysis.gpu`) and the charts (``gpu_series``). An
+#: undeclared series of whole numbers not above it is neither: :func:`is_ambiguous`.
 PERCENT_GUESS = 1.0
+#: ``MetricPoint.unit`` (and the exporter's ``MetricUnit``) of a metric whose producer declared no
+#: unit: its utilization series may be ambiguous (module docstring, :func:`is_ambiguous`).
+UNDECLARED_UNIT = ""
 
 #: The GPU gauges whose ``hw.id`` is checked for being reported by several request processes.
 GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT)
@@ -86,6 +102,45 @@ def point_processes(points: Iterable[MetricPoint]) -> list[str]:
     return out
 
 
+def is_ambiguous(values: Iterable[float], undeclared: bool, guess: float = PERCENT_GUESS) -> bool:
+    """Whether a utilization series (its ``values`` as read; ``undeclared``: every point's unit is
+    :data:`UNDECLARED_UNIT`) cannot be told ratio from percent: undeclared, and every value a whole
+    number not above ``guess`` (module docstring). One fractional value makes it a ratio, one
+    value above the guess percent."""
+    return undeclared and all(v <= guess and float(v).is_integer() for v in values)
+
+
+def ambiguous_series(points: Sequence[MetricPoint]) -> list[SeriesKey]:
+    """The ``hw.gpu.utilization`` series, as ``(sending process, hw.id)`` sorted, that
+    :func:`is_ambiguous` finds and :func:`owned_series` leaves out (the sender is its
+    :func:`~otel_stages.analysis.requests.process_key`, whether or not it ran requests)."""
+    values: dict[SeriesKey, list[float]] = defaultdict(list)
+    declared: set[SeriesKey] = set()
+    chosen = [p for p in points if p.name == semconv.HW_GPU_UTILIZATION]
+    for p, proc in zip(chosen, point_processes(chosen)):
+        key = proc, str(p.attributes.get(semconv.HW_ID, ""))
+        values[key].append(p.value)
+        if p.unit != UNDECLARED_UNIT:
+            declared.add(key)
+    return sorted(k for k, vs in values.items() if is_ambiguous(vs, k not in declared))
+
+
+def ambiguous_unit_lines(series: Sequence[SeriesKey]) -> list[str]:
+    """The problem line for :func:`ambiguous_series`'s answer (none when empty), naming the first
+    as the example; the same text from the file report and the ClickHouse report."""
+    if not series:
+        return []
+    proc, hw_id = series[0]
+    return [
+        f"hw.gpu.utilization without a declared unit reads only whole numbers not above"
+        f" {PERCENT_GUESS:g} in {len(series)} series (e.g. {proc or '(no service)'}"
+        f" hw.id {hw_id or '(none)'}): a ratio (an idle or saturated GPU) and integer percent"
+        " (a near-idle GPU, as dcgm-exporter's DCGM_FI_DEV_GPU_UTIL) cannot be told apart, so"
+        " they are left out of the GPU evidence. Declare the unit: '1' for a ratio, '%' for"
+        " percent (e.g. the Collector's transform processor: set(metric.unit, \"%\") where"
+        " metric.name == \"hw.gpu.utilization\")"]
+
+
 def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
                  scale: float | None = None, hosts: Mapping[str, str] | None = None
                  ) -> dict[SeriesKey, list[tuple[int, float]]]:
@@ -97,7 +152,8 @@ def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Co
     the same ``hw.id``; a sender on a host none of them names, to those that name no host; the
     others to every request process; those two kinds as a series per sender (:func:`series_hw`).
     ``scale``: a series (per sending process and ``hw.id``) whose largest value exceeds it is
-    divided by 100 (utilization given in percent)."""
+    divided by 100 (utilization given in percent), and pass :data:`PERCENT_GUESS` to leave out the
+    series :func:`is_ambiguous` finds (undeclared unit, whole numbers not above it)."""
     return {key: [(t, v) for t, v, _ in samples]
             for key, samples in owned_points(points, name, request_processes, scale, hosts).items()}
 
@@ -120,10 +176,14 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
     rules that must not read two senders' readings of one GPU as one sequence (a GPU exporter's
     memory reading 1 GiB below the service's own is not memory released)."""
     sent: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
+    declared: set[SeriesKey] = set()
     sender_host: dict[str, str] = {}
     chosen = [p for p in points if p.name == name]
     for p, proc in zip(chosen, point_processes(chosen)):
-        sent[proc, str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, p.value))
+        key = proc, str(p.attributes.get(semconv.HW_ID, ""))
+        sent[key].append((p.time_ns, p.value))
+        if scale is not None and p.unit != UNDECLARED_UNIT:  # only utilization is guessed
+            declared.add(key)
         if proc not in sender_host:
             host = p.resource.get(semconv.HOST_NAME)
             sender_host[proc] = host if isinstance(host, str) else ""
@@ -136,6 +196,9 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
             hostless.append(proc)
     out: dict[SeriesKey, list[tuple[int, float, str]]] = defaultdict(list)
     for (proc, hw_id), samples in sent.items():
+        if scale is not None and is_ambiguous((v for _, v in samples), (proc, hw_id) not in declared,
+                                             scale):
+            continue  # said once per report: ambiguous_unit_lines
         divide = 100.0 if scale is not None and max(v for _, v in samples) > scale else 1.0
         if proc in request_processes:
             out[proc, hw_id].extend((t, v / divide, proc) for t, v in samples)
@@ -144,8 +207,8 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
         for owner in _foreign_owners(host, on_host, hostless, request_processes):
             # the request process's host: its own GPU; else the sender's GPU as its own series
             own_host = bool(host) and hosts is not None and hosts.get(owner) == host
-            key = hw_id if own_host else series_hw(hw_id, proc)
-            out[owner, key].extend((t, v / divide, proc) for t, v in samples)
+            part = hw_id if own_host else series_hw(hw_id, proc)
+            out[owner, part].extend((t, v / divide, proc) for t, v in samples)
     for found in out.values():
         found.sort()
     return dict(out)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import PERCENT_GUESS, point_processes
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, ambiguous_series, point_processes
 from otel_stages.analysis.model import MetricPoint
 
 
@@ -32,7 +32,9 @@ class GpuSeries:
 def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns: int
                ) -> tuple[GpuSeries, ...]:
     """One :class:`GpuSeries` per process and ``hw.id`` from the points taken in ``[lo_ns, hi_ns]`` (Unix
-    ns), times in seconds from ``origin_ns``; utilization given in percent is scaled to 0..1."""
+    ns), times in seconds from ``origin_ns``; utilization given in percent is scaled to 0..1, and
+    an ambiguous one (:func:`~otel_stages.analysis.gpu_owners.is_ambiguous`: undeclared unit, only
+    0 and 1) is not drawn, as the verdict leaves it out (a near-idle GPU would show 100 %)."""
     util: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     used: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     limit: dict[tuple[str, str], float] = {}
@@ -51,6 +53,8 @@ def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns:
         name = p.attributes.get(semconv.HW_MODEL)
         if isinstance(name, str) and name:
             model[hw_id] = name
+    for hw_id in ambiguous_series(points):  # judged on all its points, as the verdict
+        util.pop(hw_id, None)
     out = []
     for hw_id in sorted(set(util) | set(used)):
         samples = sorted(util.get(hw_id, []))

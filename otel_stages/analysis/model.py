@@ -72,6 +72,9 @@ class MetricPoint(msgspec.Struct, frozen=True, gc=False):
     """One gauge / sum data point: ``value`` at ``time_ns`` (the time the sample was taken).
 
     ``attributes`` are the point attributes (``hw.id``...), ``resource`` the resource attributes.
+    ``unit``: the metric's unit as its source declared it (OTLP ``unit``; ``""`` when the OTLP
+    metric declared none), ``None`` where the source format carries no unit (a PromQL answer).
+    One pointer per point: loaders share one string per metric.
     """
 
     name: str
@@ -79,6 +82,7 @@ class MetricPoint(msgspec.Struct, frozen=True, gc=False):
     value: float
     attributes: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
     resource: dict[str, AttributeValue] = msgspec.field(default_factory=dict)
+    unit: str | None = None
 
 
 @dataclass

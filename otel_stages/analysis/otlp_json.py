@@ -303,10 +303,12 @@ def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
             data = metric.get("gauge") or metric.get("sum")
             if not isinstance(data, Mapping):
                 continue  # histograms, summaries...: not used by the analysis
-            scale = PERCENT_SCALE if metric.get("unit") == PERCENT_UNIT else 1.0
+            # absent or empty: none declared (""), as the ClickHouse import writes MetricUnit
+            unit = str(metric.get("unit") or "")
+            scale = PERCENT_SCALE if unit == PERCENT_UNIT else 1.0
             for k, point in enumerate(_list(data.get("dataPoints"), out, prefix, "dataPoints")):
                 try:
-                    out.metrics.append(_parse_point(name, point, resource, scale))
+                    out.metrics.append(_parse_point(name, point, resource, scale, unit))
                 except (_Malformed, ValueError, TypeError, AttributeError) as exc:
                     out.problems.append(f"{prefix}metric {name!r} point {k}: {exc}")
 
@@ -319,7 +321,7 @@ PERCENT_SCALE = 0.01
 
 
 def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue],
-                 scale: float = 1.0) -> MetricPoint:
+                 scale: float = 1.0, unit: str = "") -> MetricPoint:
     if not isinstance(raw, Mapping):
         raise _Malformed("not an object")
     if "asDouble" in raw:
@@ -336,6 +338,7 @@ def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue],
         value=value * scale,
         attributes=decode_attributes(raw.get("attributes")),
         resource=resource,
+        unit=unit,
     )
 
 
