@@ -1409,3 +1409,93 @@ def test_two_exporters_naming_one_gpu_id_stay_two_gpus(engine, tmp_path: Path, i
     assert want["gpu"]["hw_id"] == got["gpu"]["hw_id"] == "0"
     for key in ("samples", "forwards_covered", "mean_utilization"):
         assert got["gpu"][key] == pytest.approx(want["gpu"][key]), key
+
+
+# --- GPU exporters on hosts, placed or not --------------------------------------------------------
+
+
+def _host_run(path: Path, instance: str, host: str, seed: int = 1) -> tuple[list[tuple[int, int]], int, int]:
+    """Append 30 requests (every seventh forward slow, 400 ms) of ``svc`` / ``instance`` on ``host``
+    to ``path``; returns the slow forward windows and the first start / last end (ns)."""
+    from tests import odd_inputs
+
+    rows = _slow_every(7, seed=seed)
+    resource = {"attributes": [odd_inputs._attr("service.name", "svc"),
+                               odd_inputs._attr("service.instance.id", instance),
+                               odd_inputs._attr("host.name", host)]}
+    with path.open("a") as f:
+        for spans in rows:
+            f.write(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [
+                {"scope": {"name": "otel_stages"}, "spans": spans}]}]}) + "\n")
+    slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
+            if s["name"] == "forward" and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+    return slow, *_span_range(rows)
+
+
+def _gpu_sender(path: Path, resource: list[tuple[str, str]], hw: str, times: range,
+                level: Callable[[int], float]) -> None:
+    """Append a hw.gpu.utilization series (unit 1) of ``hw`` read at ``times`` by a process with
+    the ``resource`` attributes."""
+    from tests import odd_inputs
+
+    with path.open("a") as f:
+        f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+            odd_inputs._attr(k, v) for k, v in resource]}, "scopeMetrics": [{"metrics": [
+                {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
+                    {"timeUnixNano": str(t), "asDouble": level(t),
+                     "attributes": [odd_inputs._attr("hw.id", hw)]} for t in times]}}]}]}]}) + "\n")
+
+
+def _busy_in(slow: list[tuple[int, int]]) -> Callable[[int], float]:
+    return lambda t: 0.95 if any(s <= t <= e for s, e in slow) else 0.3
+
+
+@pytest.mark.parametrize("exporter_host, cause", [("node-x", "forward"), ("node-a", "gpu_busy")])
+def test_an_exporter_on_a_host_no_request_process_names_is_said(
+        engine, tmp_path: Path, exporter_host: str, cause: str) -> None:
+    # testers' fleets: a GPU worker on another node, or Kubernetes' resource detector setting
+    # host.name to each pod's name: the exporter's points went to no request process and the
+    # report said "no GPU data: enable the GPU sampler" with nothing in problems
+    path = tmp_path / f"placed_{exporter_host}.jsonl"
+    slow, first, last = _host_run(path, "i1", "node-a")
+    _gpu_sender(path, [("service.name", "dcgm"), ("host.name", exporter_host)], "0",
+                range(first, last, 20 * MS), _busy_in(slow))
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"]
+    said = [p for p in want["problems"] if "were lined up with no forward" in p]
+    assert [p for p in got["problems"] if "were lined up with no forward" in p] == said
+    assert len(said) == (exporter_host == "node-x")
+    if said:
+        assert said[0].startswith("GPU points of 1 process that ran no request") and "node-x" in said[0]
+
+
+def test_exporters_each_on_its_own_request_node_are_not_capped(engine, tmp_path: Path) -> None:
+    # a tester's fleet of 10 nodes, a request process and a dcgm-exporter on each: each exporter
+    # goes to its own node's process only, yet the SQL counted all 10 against its cap of 8
+    # ("not checked") and lost the GPU evidence the file report had
+    path = tmp_path / "nodes.jsonl"
+    for k in range(MAX_FOREIGN_GPU_PROCESSES + 2):
+        slow, first, last = _host_run(path, f"i{k}", f"node-{k}", seed=k + 1)
+        _gpu_sender(path, [("service.name", "dcgm"), ("service.instance.id", f"dcgm-{k}"),
+                           ("host.name", f"node-{k}")], "0", range(first, last, 25 * MS), _busy_in(slow))
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert got["verdict"] == want["verdict"]
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+
+
+def test_one_gpu_read_by_two_senders_at_the_same_instants_is_chosen_alike(engine, tmp_path: Path) -> None:
+    # a tester's node: the service's sampler names its GPU by UUID, the node's exporter the same
+    # GPU by index "2", same instants and values: the two series tie and the file report took the
+    # UUID, the SQL the index
+    path = tmp_path / "tie.jsonl"
+    slow, first, last = _host_run(path, "i1", "node-a")
+    for resource, hw in (([("service.name", "dcgm"), ("host.name", "node-a")], "2"),
+                         ([("service.name", "svc"), ("service.instance.id", "i1"), ("host.name", "node-a")],
+                          "GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c62")):
+        _gpu_sender(path, resource, hw, range(first, last, 20 * MS), _busy_in(slow))
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"]["hw_id"] == want["gpu"]["hw_id"] == "GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c62"

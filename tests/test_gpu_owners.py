@@ -19,6 +19,8 @@ from otel_stages.analysis.gpu_owners import (
     series_hw,
     shared_hw_id_lines,
     shared_hw_ids,
+    unplaced_lines,
+    unplaced_senders,
 )
 from otel_stages.analysis.gpu_series import gpu_series
 from otel_stages.analysis.model import MetricPoint, Recording, Span
@@ -218,3 +220,22 @@ def test_the_charts_do_not_draw_an_ambiguous_series_as_100_percent() -> None:
     assert gpu_series(_unit(_gpu("a", 1.0), ""), T0, T0, T0 + 20 * 1000 * MS) == ()
     declared = gpu_series(_unit(_gpu("a", 1.0), "1"), T0, T0, T0 + 20 * 1000 * MS)
     assert {v for _, v in declared[0].utilization} == {1.0}
+
+
+def test_an_exporter_is_unplaced_only_when_no_request_process_can_take_its_points() -> None:
+    """On a host no request process names: unplaced while every request process names a host;
+    taken (so not said) when one names none, or when the exporter names no host."""
+    def exporter(host: str | None) -> list[MetricPoint]:
+        where = {} if host is None else {semconv.HOST_NAME: host}
+        return [MetricPoint(p.name, p.time_ns, p.value, p.attributes,
+                            {semconv.SERVICE_NAME: "dcgm", **where}) for p in _gpu("x", 0.5)]
+    hosted = {"service.instance.id=a": "node-a"}
+    assert unplaced_senders(exporter("node-x"), {"service.instance.id=a"}, hosted) == [
+        ("node-x", "service.name=dcgm,host.name=node-x")]
+    assert unplaced_senders(exporter("node-a"), {"service.instance.id=a"}, hosted) == []
+    assert unplaced_senders(exporter(None), {"service.instance.id=a"}, hosted) == []
+    assert unplaced_senders(exporter("node-x"), {"service.instance.id=a", "service.instance.id=b"},
+                            hosted) == []
+    (line,) = unplaced_lines(2, "node-x")
+    assert line.startswith("GPU points of 2 processes that ran no request") and "node-x" in line
+    assert unplaced_lines(0, "") == []

@@ -79,10 +79,11 @@ def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:
     foreign = int(row.get("foreign_gpu_processes") or 0)
     if foreign > MAX_FOREIGN_GPU_PROCESSES:
         out.append(
-            f"{NOT_CHECKED}GPU points from {foreign} processes that ran no request here (a GPU"
-            " worker or metrics exporter per host, say): they are lined up with the forwards"
-            f" only up to {MAX_FOREIGN_GPU_PROCESSES} such processes, so only each request"
-            " process's own GPU points count here; report the exported files (PATH) of one host")
+            f"{NOT_CHECKED}GPU points from {foreign} processes that ran no request here and are on"
+            " no request process's host (a GPU worker or metrics exporter per host, say): they are"
+            f" lined up with the forwards only up to {MAX_FOREIGN_GPU_PROCESSES} such processes, so"
+            " only each request process's own GPU points, and those of exporters on its own"
+            " host.name, count here; report the exported files (PATH) of one host")
     names = int(row.get("custom_names") or 0) + standard_names
     if names > MAX_STAGE_NAMES and int(row.get("plain_names") or 0):  # else nothing differs
         out.append(

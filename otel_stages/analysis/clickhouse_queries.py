@@ -46,6 +46,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
+from otel_stages.analysis.gpu import LEVEL_DECIMALS
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
@@ -324,10 +325,12 @@ GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
 REQUEST_HOSTS_TABLE = "otel_stages_request_hosts"
 #: Temporary tables this module creates (dropped after a report).
 TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, REQUEST_HOSTS_TABLE)
-#: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) are lined
-#: up by time with the forwards of every request process, as the file report lines up every
-#: series; past this many such processes (one per host, say) they are not, since every forward
-#: would meet every host's GPUs.
+#: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) and name
+#: no request process's host are lined up by time with the forwards of every request process
+#: without a known host (of every one, when no host is known), as the file report lines up every
+#: series; past this many such processes they are not, since every forward would meet every
+#: host's GPUs. Those on a request process's host (one exporter per node) are not counted: each
+#: goes to its own node's processes only.
 MAX_FOREIGN_GPU_PROCESSES = 8
 #: The three GPU gauges; a SQL tuple of them.
 GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT)
@@ -370,17 +373,32 @@ def gpu_series_sql() -> str:
     return f"SELECT DISTINCT point_key AS k FROM {GPU_POINTS_TABLE}"
 
 
-def foreign_gpu_sql() -> str:
-    """One row: ``foreign_gpu_processes`` (processes with GPU points and no request) and
-    ``processes_without_gpu`` (processes with requests and no GPU points)."""
-    series = gpu_series_sql()
-    return f"""SELECT
-    (SELECT count() FROM ({series}) WHERE k NOT IN ({_REQUEST_PROCESSES})) AS foreign_gpu_processes,
-    (SELECT count() FROM ({_REQUEST_PROCESSES}) WHERE k NOT IN ({series})) AS processes_without_gpu"""
-
-
 _FOREIGN_SENDERS = (f"SELECT DISTINCT point_key AS k, host FROM {GPU_POINTS_TABLE}"
                     f" WHERE point_key NOT IN ({_REQUEST_PROCESSES})")
+#: Processes that ran no request (``k``, ``host``) and are on no request process's host: those
+#: :data:`MAX_FOREIGN_GPU_PROCESSES` counts (after :func:`request_hosts_statements`).
+_UNPLACED_SENDERS = (f"SELECT k, any(host) AS host FROM ({_FOREIGN_SENDERS}) GROUP BY k"
+                     f" HAVING host = '' OR host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE})")
+
+
+def foreign_gpu_sql() -> str:
+    """One row (after the GPU owners table): ``foreign_gpu_processes`` (processes with GPU points
+    and no request, on no request process's host: :data:`MAX_FOREIGN_GPU_PROCESSES` counts them),
+    ``processes_without_gpu`` (processes with requests and no GPU points), and ``unplaced`` /
+    ``unplaced_host`` (processes with GPU points and no request whose points went to no request
+    process: on a host no request process names while every request process names one; the
+    first such host, in order), as
+    :func:`otel_stages.analysis.gpu_owners.unplaced_senders` finds them."""
+    series = gpu_series_sql()
+    unplaced = (f"SELECT host FROM ({_FOREIGN_SENDERS}) WHERE host != ''"
+                f" AND k NOT IN (SELECT point_key FROM {GPU_OWNERS_TABLE})")
+    return f"""SELECT
+    (SELECT count() FROM ({_UNPLACED_SENDERS})) AS foreign_gpu_processes,
+    (SELECT count() FROM ({_REQUEST_PROCESSES}) WHERE k NOT IN ({series})) AS processes_without_gpu,
+    if(foreign_gpu_processes > {MAX_FOREIGN_GPU_PROCESSES}, 0,
+       (SELECT uniqExact(k) FROM ({_FOREIGN_SENDERS}) WHERE host != ''
+        AND k NOT IN (SELECT point_key FROM {GPU_OWNERS_TABLE}))) AS unplaced,
+    (SELECT min(host) FROM ({unplaced})) AS unplaced_host"""
 
 
 def request_hosts_statements(traces: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
@@ -403,10 +421,11 @@ WHERE h != '' AND k IN ({_REQUEST_PROCESSES}) GROUP BY k"""
 def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
     points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
-    the points of processes without requests (at most :data:`MAX_FOREIGN_GPU_PROCESSES` of them)
-    go to every request process too, or, when the sender's ``host.name`` is that of some request
-    processes (:data:`REQUEST_HOSTS_TABLE`), to those only (a per-node GPU exporter), and when it
-    is none of theirs, only to request processes without a known host; whose GPU
+    the points of processes without requests go to every request process too, or, when the
+    sender's ``host.name`` is that of some request processes (:data:`REQUEST_HOSTS_TABLE`), to
+    those only (a per-node GPU exporter), and when it is none of theirs, only to request processes
+    without a known host (those two kinds only up to :data:`MAX_FOREIGN_GPU_PROCESSES` senders);
+    whose GPU
     is then the series that rises most during its forwards, as in the file report
     (:func:`otel_stages.analysis.gpu_owners.owned_series`). ``part`` is 0 where the points join
     the request process's series of their ``hw.id`` (its own, or a sender on its host), else the
@@ -420,9 +439,9 @@ UNION ALL
 SELECT f.k AS point_key, r.k AS proc_key, if(f.host != '' AND h.host = f.host, toUInt64(0), f.k) AS part
 FROM foreign AS f CROSS JOIN (SELECT DISTINCT k FROM requests) AS r
 LEFT JOIN {REQUEST_HOSTS_TABLE} AS h ON h.k = r.k
-WHERE (SELECT count() FROM foreign) <= {MAX_FOREIGN_GPU_PROCESSES}
-    AND (f.host = '' OR h.host = f.host
-         OR (f.host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE}) AND h.host = ''))"""
+WHERE (f.host != '' AND h.host = f.host)
+    OR ((SELECT count() FROM ({_UNPLACED_SENDERS})) <= {MAX_FOREIGN_GPU_PROCESSES}
+        AND (f.host = '' OR (f.host NOT IN (SELECT host FROM {REQUEST_HOSTS_TABLE}) AND h.host = '')))"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_OWNERS_TABLE}", {}), (owners, {})]
 
 
@@ -535,7 +554,10 @@ def _per_gpu(columns: str = "", join: str = "") -> str:
 
 #: How a process's GPU is chosen (:func:`_per_gpu` columns): the highest rise, then the most
 #: samples inside forwards (:func:`otel_stages.analysis.gpu.model_gpus`).
-_RANK = "(rise, n_in)"
+_RANK = f"(round(rise, {LEVEL_DECIMALS}), n_in)"
+#: :data:`_RANK`, then the greater series id: ties broken as the file report breaks them
+#: (``otel_stages.analysis.gpu._choice``).
+_CHOICE = f"(round(rise, {LEVEL_DECIMALS}), n_in, hw)"
 
 
 def model_gpus_sql() -> str:
@@ -580,7 +602,7 @@ split AS (
 ),
 per_gpu AS ({_per_gpu(_SPLIT_ROW, _SPLIT_JOIN)}),
 chosen AS (
-    SELECT argMax((hw, n_in, sum_in, sp_row), {_RANK}) AS g FROM per_gpu GROUP BY proc_key
+    SELECT argMax((hw, n_in, sum_in, sp_row), {_CHOICE}) AS g FROM per_gpu GROUP BY proc_key
 )
 SELECT count() AS gpus, any(g.1) AS hw_id,
     sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,
@@ -700,7 +722,7 @@ per_gpu AS (
     SETTINGS join_use_nulls = 1
 ),
 chosen AS (
-    SELECT width, height, fmt, argMax((hw, n_in, sum_in, sp_row), (rise, n_in)) AS g
+    SELECT width, height, fmt, argMax((hw, n_in, sum_in, sp_row), {_CHOICE}) AS g
     FROM per_gpu GROUP BY width, height, fmt, proc_key
 )
 SELECT width, height, fmt, count() AS gpus, any(g.1) AS hw_id,

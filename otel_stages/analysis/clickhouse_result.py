@@ -32,7 +32,7 @@ from otel_stages.analysis.clickhouse_sql import (
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.gpu import SplitFigures, judge_level, prefer_metrics
-from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines
+from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
@@ -597,6 +597,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
                results["slow_forwards"][0] if results.get("slow_forwards") else {})
     memory = results.get("memory_forwards")
+    foreign = next(iter(results.get("foreign_gpu") or ()), {})
     kinds, where = failure_kinds(results.get("failures") or [])
     unchecked = not_checked(
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
@@ -631,7 +632,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
         + unlisted_line(counts.set_apart, len(set_apart))
         + shared_hw_id_lines(shared_gpu_ids(results.get("shared_gpu_ids") or []))
-        + ambiguous_unit_lines(ambiguous_units(results.get("ambiguous_units") or [])) + unchecked,
+        + ambiguous_unit_lines(ambiguous_units(results.get("ambiguous_units") or []))
+        + unplaced_lines(int(foreign.get("unplaced") or 0), str(foreign.get("unplaced_host") or ""))
+        + unchecked,
         signals=scopes(results),
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,

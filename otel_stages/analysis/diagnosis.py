@@ -42,8 +42,11 @@ from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence, model_gpus
 from otel_stages.analysis.gpu_owners import (
     ambiguous_series,
     ambiguous_unit_lines,
+    request_hosts,
     shared_hw_id_lines,
     shared_hw_ids,
+    unplaced_lines,
+    unplaced_senders,
 )
 from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
@@ -325,6 +328,9 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         )
     problems += shared_hw_id_lines(shared_hw_ids(recording.metrics, processes))
     problems += ambiguous_unit_lines(ambiguous_series(recording.metrics))
+    unplaced = unplaced_senders(recording.metrics, processes,
+                                request_hosts({id(r.resource): r.resource for r in requests}.values()))
+    problems += unplaced_lines(len(unplaced), unplaced[0][0] if unplaced else "")
     counts: dict[str, int] = defaultdict(int)
     for key in keys.keys(warm):
         counts[key or UNKNOWN_INPUT] += 1

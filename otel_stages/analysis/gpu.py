@@ -250,7 +250,7 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
     by_process = _aligned(requests, points, processes, slow_min_ns)
     if not by_process:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
-    chosen = [max(found, key=_rank) for found in by_process.values()]
+    chosen = [max(found, key=_choice) for found in by_process.values()]
     split = None if slow_min_ns is None else SplitFigures(
         slow_forwards=sum(1 for s, e in every if e - s > slow_min_ns),
         slow_covered=sum(a.slow_covered for a in chosen),
@@ -282,8 +282,16 @@ def _aligned(requests: Sequence[Request], points: Sequence[MetricPoint],
 
 
 def _rank(a: _Aligned) -> tuple[float, int]:
-    """How a process's GPU is chosen: the highest rise, then the most samples inside forwards."""
-    return a.rise, a.samples
+    """How a process's GPU is chosen: the highest rise (at :data:`LEVEL_DECIMALS`: sums of the same
+    values in another order differ in the last bits, in SQL too), then the most samples inside
+    forwards."""
+    return round(a.rise, LEVEL_DECIMALS), a.samples
+
+
+def _choice(a: _Aligned) -> tuple[float, int, str]:
+    """:func:`_rank`, then the greater series id, so that a tie (one GPU read by two senders at the
+    same instants) is broken as the ClickHouse SQL breaks it (``argMax`` on the same tuple)."""
+    return *_rank(a), a.hw_id
 
 
 def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],

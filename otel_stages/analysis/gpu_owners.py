@@ -214,6 +214,39 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
     return dict(out)
 
 
+def unplaced_senders(points: Sequence[MetricPoint], request_processes: Collection[str],
+                     hosts: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(host.name, process key)`` (sorted) of the processes with GPU points (:data:`GPU_METRICS`)
+    and no request whose points :func:`owned_points` gives to no request process: on a host that
+    no request process names, while every request process names one (``hosts``:
+    :func:`request_hosts`). The ClickHouse SQL counts the same
+    (:func:`otel_stages.analysis.clickhouse_queries.foreign_gpu_sql`)."""
+    on_host = {h for p, h in hosts.items() if p in request_processes and h}
+    hostless = [p for p in request_processes if not hosts.get(p)]
+    out: set[tuple[str, str]] = set()
+    chosen = [p for p in points if p.name in GPU_METRICS]
+    for p, proc in zip(chosen, point_processes(chosen)):
+        if proc in request_processes:
+            continue
+        host = p.resource.get(semconv.HOST_NAME)
+        if isinstance(host, str) and host and host not in on_host and not hostless:
+            out.add((host, proc))
+    return sorted(out)
+
+
+def unplaced_lines(count: int, host: str) -> list[str]:
+    """The problem line for :func:`unplaced_senders` (``count`` processes, the first ``host``);
+    none for 0. The same text from the file report and the ClickHouse report."""
+    if not count:
+        return []
+    return [f"GPU points of {count} process{'es' if count != 1 else ''} that ran no request, on"
+            f" hosts no request process names (e.g. host.name {host}), were lined up with no"
+            " forward: a node's GPU exporter goes to the request processes that name its host."
+            " Set host.name to the same node name on both (in Kubernetes the resource detector"
+            " may set the pod's name; use the node's, k8s.node.name), or leave it unset on the"
+            " exporter"]
+
+
 def _foreign_owners(host: str, on_host: Mapping[str, list[str]], hostless: list[str],
                     request_processes: Collection[str]) -> Collection[str]:
     """The request processes a sender without requests on ``host`` describes: those on its host;
