@@ -1499,3 +1499,21 @@ def test_one_gpu_read_by_two_senders_at_the_same_instants_is_chosen_alike(engine
     assert want["verdict"]["cause"] == "gpu_busy"
     assert got["verdict"] == want["verdict"]
     assert got["gpu"]["hw_id"] == want["gpu"]["hw_id"] == "GPU-5b1e6a4c-7f2d-4a0b-9c3e-1d2f3a4b5c62"
+
+
+def test_service_keeps_the_gpu_points_of_metrics_only_processes(engine, tmp_path: Path) -> None:
+    # a tester's host: svc's requests and a dcgm-exporter (metrics only, the same host.name):
+    # --service svc kept only the metric points of services with spans in svc's traces, so the
+    # exporter's GPU went and the report said "no GPU data: enable the GPU sampler"
+    from otel_stages.analysis.services import pick_service
+
+    path = tmp_path / "service_dcgm.jsonl"
+    slow, first, last = _host_run(path, "i1", "node-a")
+    _gpu_sender(path, [("service.name", "dcgm"), ("host.name", "node-a")], "0",
+                range(first, last, 20 * MS), _busy_in(slow))
+    tables = Tables(database=f"i{next(_dbs)}")
+    import_files(engine, tables, [path])
+    got = json.loads(json.dumps(report_dict(fetch_aggregates(engine, tables, AggregateQuery(service="svc")))))
+    want = json.loads(json.dumps(diagnose(pick_service(load_paths([path]), "svc")).to_dict()))
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert got["verdict"] == want["verdict"]

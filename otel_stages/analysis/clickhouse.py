@@ -292,7 +292,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
     for table in (*requests.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
                   issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
-                  sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.GPU_OWNERS_TABLE):
+                  sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.SPAN_SERVICES_TABLE,
+                  sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
 

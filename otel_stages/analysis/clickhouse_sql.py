@@ -53,6 +53,9 @@ WARM_TABLE = "otel_stages_warm"
 #: spans (whose metrics are read), as :func:`service_statements` fills them.
 SERVICE_TRACES_TABLE = "otel_stages_service_traces"
 SERVICE_NAMES_TABLE = "otel_stages_service_names"
+#: With ``--service``: every ``service.name`` with a span in the window (a metrics-only process,
+#: a GPU exporter, has none: its points are kept).
+SPAN_SERVICES_TABLE = "otel_stages_span_services"
 #: Custom stage groups nest at most this deep under a request (deeper ones stop the walk there).
 MAX_GROUP_DEPTH = 4
 #: Spans starting before this (2000-01-01T00:00:00Z) are broken clocks, left out and counted.
@@ -175,16 +178,21 @@ def _span_window(query: AggregateQuery) -> list[str]:
 
 def service_statements(traces: str, query: AggregateQuery) -> list[str]:
     """With ``query.service``: (re)create :data:`SERVICE_TRACES_TABLE` (ids of the traces with a
-    span of that ``service.name`` in the window) and :data:`SERVICE_NAMES_TABLE` (every service
-    with a span in those traces). ``--service`` picks whole traces, as with Jaeger and Tempo: a
-    request's stages that ran in another service (a GPU worker) stay in it. Empty without a
-    service."""
+    span of that ``service.name`` in the window), :data:`SERVICE_NAMES_TABLE` (every service
+    with a span in those traces) and :data:`SPAN_SERVICES_TABLE` (every service with a span in the
+    window: the sort key starts with the service name, so this reads little). ``--service`` picks
+    whole traces, as with Jaeger and Tempo: a request's stages that ran in another service (a GPU
+    worker) stay in it. Empty without a service."""
     if not query.service:
         return []
     window = " AND ".join(["ServiceName = {service:String}", *_span_window(query)])
     return [
         f"DROP TEMPORARY TABLE IF EXISTS {SERVICE_TRACES_TABLE}",
         f"DROP TEMPORARY TABLE IF EXISTS {SERVICE_NAMES_TABLE}",
+        f"DROP TEMPORARY TABLE IF EXISTS {SPAN_SERVICES_TABLE}",
+        f"""CREATE TEMPORARY TABLE {SPAN_SERVICES_TABLE} ENGINE = Memory AS
+SELECT DISTINCT CAST(ServiceName AS String) AS name FROM {traces}
+{"WHERE " + " AND ".join(_span_window(query)) if _span_window(query) else ""}""",
         f"""CREATE TEMPORARY TABLE {SERVICE_TRACES_TABLE} ENGINE = Memory AS
 SELECT DISTINCT TraceId FROM {traces} WHERE {window}""",
         f"""CREATE TEMPORARY TABLE {SERVICE_NAMES_TABLE} ENGINE = Memory AS
@@ -300,12 +308,14 @@ def metric_filter(query: AggregateQuery, names: str) -> str:
     """WHERE over a metrics table (the exporter's gauge or sum schema): ``MetricName IN names``
     (``names`` a SQL tuple, e.g. ``('hw.gpu.utilization')``), finite values, the window with
     :data:`WINDOW_SLACK_NS` (params ``scan_lo`` / ``hi``) and, with a service, the services of
-    the traces it picked (:data:`SERVICE_NAMES_TABLE`)."""
+    the traces it picked (:data:`SERVICE_NAMES_TABLE`) and the services with no span in the
+    window (:data:`SPAN_SERVICES_TABLE`: metrics-only processes, GPU exporters, as
+    :func:`otel_stages.analysis.services.pick_service` keeps them)."""
     parts = [f"MetricName IN {names}", "isFinite(Value)"]
     if query.start_ns is not None:
         parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
     if query.end_ns is not None:
         parts.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
     if query.service:
-        parts.append(f"ServiceName IN {SERVICE_NAMES_TABLE}")
+        parts.append(f"(ServiceName IN {SERVICE_NAMES_TABLE} OR ServiceName NOT IN {SPAN_SERVICES_TABLE})")
     return " AND ".join(parts)

@@ -30,12 +30,16 @@ def spans_by_service(spans: Iterable[Span]) -> list[tuple[str, int]]:
 
 def pick_service(recording: Recording, service: str) -> Recording:
     """The spans of the traces that hold a span of ``service`` (every span of those traces, any
-    service), and the metric points of the services with a span in those traces (as the
-    ClickHouse SQL's ``metric_filter``); problems kept. Empty spans when none matches."""
+    service), and the metric points of the services with a span in those traces or with no span
+    at all (a metrics-only process: a node's GPU exporter, which the GPU rules then place by its
+    ``host.name``), as the ClickHouse SQL's ``metric_filter``; problems kept. Empty spans when none
+    matches."""
     traces = {s.trace_id for s in recording.spans if service_of(s.resource) == service}
     spans = [s for s in recording.spans if s.trace_id in traces]
     services = {service_of(s.resource) for s in spans}
-    metrics = [p for p in recording.metrics if service_of(p.resource) in services]
+    with_spans = {service_of(s.resource) for s in recording.spans}
+    metrics = [p for p in recording.metrics
+               if service_of(p.resource) in services or service_of(p.resource) not in with_spans]
     return Recording(spans=spans, metrics=metrics, problems=list(recording.problems))
 
 
