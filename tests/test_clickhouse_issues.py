@@ -869,6 +869,58 @@ def test_an_undeclared_series_of_zeros_and_ones_is_left_out_by_both(
         assert want["verdict"]["cause"] == cause and said[1] == []
 
 
+
+@pytest.mark.parametrize("case, cause", [
+    ("busy_neighbour", "gpu_starved"),   # GPU 1 at 93..97 says the sender writes percent
+    ("fixed_to_percent", "gpu_busy"),    # undeclared 95 then declared '%' 0.95: not 0.475
+])
+def test_the_unit_is_guessed_per_sender_on_its_undeclared_points(engine, tmp_path: Path,
+                                                                  case: str, cause: str) -> None:
+    """A DCGM exporter without requests (integer percent, no unit): its GPU 0 (the model's: 1 in
+    the forwards, 0 between) beside its GPU 1 (another tenant, 93..97) is 0 % / 1 %, not left
+    out; or its GPU 0 at 95 in the slow forwards, undeclared, then declared '%' from halfway:
+    only the undeclared points are divided. Both reports alike."""
+    from tests import odd_inputs
+
+    def swing(i, r):
+        return [("download", 5.0), ("decode", 10.0), ("resize", 4.0), ("queue", 2.0),
+                ("forward", 100.0 + 300.0 * (i % 3 == 0) + r.random())]
+    rows = odd_inputs.run(40, swing)
+    path = odd_inputs.write(tmp_path / f"{case}.jsonl", rows)
+    forwards = [(int(x["startTimeUnixNano"]), int(x["endTimeUnixNano"]))
+                for spans in rows for x in spans if x["name"] == "forward"]
+    slow = [(a, b) for a, b in forwards if b - a > 300_000_000]
+    lo = min(int(x["startTimeUnixNano"]) for spans in rows for x in spans)
+    hi = max(int(x["endTimeUnixNano"]) for spans in rows for x in spans)
+    times = range(lo, hi, 20_000_000)
+
+    def inside(t: int, windows: list[tuple[int, int]]) -> bool:
+        return any(a <= t <= b for a, b in windows)
+    series: list[tuple[str, str, list[tuple[int, float]]]] = []   # (unit, hw.id, points)
+    if case == "busy_neighbour":
+        series.append(("", "0", [(t, float(inside(t, forwards))) for t in times]))
+        series.append(("", "1", [(t, 93.0 + k % 5) for k, t in enumerate(times)]))
+    else:
+        pct = [(t, 95.0 if inside(t, slow) else 60.0 if inside(t, forwards) else 2.0) for t in times]
+        mid = (lo + hi) // 2
+        series.append(("", "0", [(t, v) for t, v in pct if t < mid]))
+        series.append(("%", "0", [(t, v) for t, v in pct if t >= mid]))
+    metrics = [{"name": "hw.gpu.utilization", **({"unit": unit} if unit else {}),
+                "gauge": {"dataPoints": [{"timeUnixNano": str(t), "asInt": str(int(v)),
+                                          "attributes": [odd_inputs._attr("hw.id", hw)]}
+                                         for t, v in points]}}
+               for unit, hw, points in series]
+    doc = {"resourceMetrics": [{"resource": {"attributes": [
+        odd_inputs._attr("service.name", "dcgm-exporter")]},
+        "scopeMetrics": [{"metrics": metrics}]}]}
+    with path.open("a") as f:
+        f.write(json.dumps(doc) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == cause
+    assert got["verdict"] == want["verdict"] and got["gpu"] == want["gpu"]
+    assert not [p for p in want["problems"] if "without a declared unit" in p]
+    assert got["problems"] == want["problems"]
+
 # --- GPU parity inputs: a steady pipeline whose forward is slow on some requests ----------------
 
 

@@ -16,6 +16,7 @@ from otel_stages.analysis.gpu_owners import (
     is_ambiguous,
     owned_series,
     request_hosts,
+    sender_divisors,
     series_hw,
     shared_hw_id_lines,
     shared_hw_ids,
@@ -166,19 +167,21 @@ def _unit(points: list[MetricPoint], unit: str | None) -> list[MetricPoint]:
 def test_only_whole_numbers_up_to_the_guess_without_a_unit_are_ambiguous() -> None:
     assert UNDECLARED_UNIT == "" and PERCENT_GUESS == 1.0
     assert is_ambiguous([0.0, 1.0, 1.0, 0.0], True)
-    assert is_ambiguous([1.0], True) and is_ambiguous([0.0], True)
+    assert is_ambiguous([1.0], True) and is_ambiguous([0.0, 0.0, 1.0], True)
+    assert not is_ambiguous([0.0], True) and not is_ambiguous([0.0, 0.0], True)  # idle either way
     assert not is_ambiguous([0.0, 1.0, 0.37], True)     # one fractional value: a ratio
     assert not is_ambiguous([0.0, 1.0, 2.0], True)      # one value above the guess: percent
     assert not is_ambiguous([0.0, 1.0, 1.0000001], True)
     assert not is_ambiguous([0.0, 1.0], False)          # declared: never
 
 
-def test_ambiguous_series_need_every_point_undeclared() -> None:
+def test_ambiguous_series_are_judged_on_the_undeclared_points() -> None:
     a = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
     assert ambiguous_series(a) == [("service.instance.id=a", "0")]
     assert ambiguous_series(_unit(_gpu("a", 1.0), "1")) == []          # our sampler, saturated
     assert ambiguous_series(_unit(_gpu("a", 1.0), None)) == []         # no unit in the source (PromQL)
-    assert ambiguous_series(a + _unit(_gpu("a", 0.0), "1")) == []     # one point declares it
+    # declared points are not guessed, so they neither settle nor join the undeclared ones' guess
+    assert ambiguous_series(a + _unit(_gpu("a", 0.0), "1")) == [("service.instance.id=a", "0")]
     assert ambiguous_series(_unit(_gpu("a", 0.37), UNDECLARED_UNIT)) == []
     # memory points are never utilization series
     mem = [MetricPoint(semconv.HW_GPU_MEMORY_USAGE, p.time_ns, 0.0, p.attributes, p.resource, "")
@@ -203,13 +206,15 @@ def test_an_ambiguous_series_is_left_out_of_the_utilization_only() -> None:
 
 def test_the_ambiguous_line_counts_names_one_and_says_the_fix() -> None:
     (line,) = ambiguous_unit_lines([("service.instance.id=a", "0"), ("service.instance.id=b", "0")])
-    assert "in 2 series (e.g. service.instance.id=a hw.id 0)" in line
+    assert "of 2 sending processes (2 series, e.g. service.instance.id=a hw.id 0)" in line
+    (one,) = ambiguous_unit_lines([("service.instance.id=a", "0"), ("service.instance.id=a", "1")])
+    assert "of 1 sending process (2 series, e.g. service.instance.id=a hw.id 0)" in one
     assert "'1' for a ratio, '%' for percent" in line and "transform processor" in line
     assert ambiguous_unit_lines([]) == []
     (said,) = [p for p in diagnose(Recording(spans=_requests("a", 10),
                                              metrics=_unit(_gpu("a", 1.0), ""))).problems
                if "without a declared unit" in p]
-    assert "in 1 series (e.g. service.instance.id=a hw.id 0)" in said
+    assert "of 1 sending process (1 series, e.g. service.instance.id=a hw.id 0)" in said
 
 
 def test_the_charts_do_not_draw_an_ambiguous_series_as_100_percent() -> None:
@@ -239,3 +244,74 @@ def test_an_exporter_is_unplaced_only_when_no_request_process_can_take_its_point
     (line,) = unplaced_lines(2, "node-x")
     assert line.startswith("GPU points of 2 processes that ran no request") and "node-x" in line
     assert unplaced_lines(0, "") == []
+
+
+# --- the unit is guessed per sender, on its undeclared points only ----------------------------
+
+
+def _exporter(values: dict[str, float], unit: str | None = UNDECLARED_UNIT, shift_s: int = 0
+              ) -> list[MetricPoint]:
+    """A GPU exporter without requests ("exp") sending each ``hw.id`` at a flat value, one point
+    every 50 ms for 10 s from ``shift_s``."""
+    res = {semconv.SERVICE_NAME: "dcgm-exporter", semconv.SERVICE_INSTANCE_ID: "exp"}
+    return [MetricPoint(semconv.HW_GPU_UTILIZATION, p.time_ns + shift_s * 1000 * MS, p.value,
+                        p.attributes, res, unit)
+            for hw, v in values.items() for p in _gpu("exp", v, hw)]
+
+
+def _values(series: dict[tuple[str, str], list[tuple[int, float]]]) -> dict[str, list[float]]:
+    return {hw_of(k[1]): sorted({v for _, v in pts}) for k, pts in series.items()}
+
+
+EXP = "service.instance.id=exp"
+UNDECLARED = EXP, UNDECLARED_UNIT
+
+
+def test_one_sender_is_judged_on_all_its_gpus() -> None:
+    """A DCGM exporter's GPU 0 of 0 and 1 beside its GPU 1 at 2 (just above the guess): the
+    exporter writes percent, so GPU 0 reads 0 % and 1 %, not ambiguous. With GPU 1 at 1 (not
+    above) every one of its points is 0 or 1: ambiguous, both series left out and named."""
+    owners = {"service.instance.id=a"}
+    util = semconv.HW_GPU_UTILIZATION
+    percent = _exporter({"0": 0.0}) + _exporter({"0": 1.0, "1": 2.0}, shift_s=10)
+    assert sender_divisors(percent) == {UNDECLARED: 100.0}
+    assert ambiguous_series(percent) == []
+    assert _values(owned_series(percent, util, owners, PERCENT_GUESS)) == {"0": [0.0, 0.01],
+                                                                           "1": [0.02]}
+    amb = _exporter({"0": 0.0}) + _exporter({"0": 1.0, "1": 1.0}, shift_s=10)
+    assert sender_divisors(amb) == {UNDECLARED: None}
+    assert ambiguous_series(amb) == [(EXP, "0"), (EXP, "1")]
+    assert owned_series(amb, util, owners, PERCENT_GUESS) == {}
+    # the charts read it as the verdict does
+    drawn = gpu_series(percent, T0, T0, T0 + 30 * 1000 * MS)
+    assert [sorted({v for _, v in g.utilization}) for g in drawn] == [[0.0, 0.01], [0.02]]
+    assert gpu_series(amb, T0, T0, T0 + 30 * 1000 * MS) == ()
+
+
+def test_only_zeros_are_idle_and_one_1_makes_them_ambiguous() -> None:
+    owners = {"service.instance.id=a"}
+    zeros = _exporter({"0": 0.0, "1": 0.0})
+    assert sender_divisors(zeros) == {UNDECLARED: 1.0} and ambiguous_series(zeros) == []
+    assert _values(owned_series(zeros, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)) == {
+        "0": [0.0], "1": [0.0]}
+    one = zeros + _exporter({"1": 1.0}, shift_s=10)[:1]
+    assert sender_divisors(one) == {UNDECLARED: None}
+    assert ambiguous_series(one) == [(EXP, "0"), (EXP, "1")]
+
+
+def test_declared_points_are_never_divided() -> None:
+    """A unit fixed partway: integer percent undeclared, then declared '%' (scaled when read) or
+    '1'. Only the undeclared points are guessed (95 -> 0.95); the declared 0.95 stays 0.95, not
+    0.0095. An ambiguous sender loses its undeclared points only. (A '1' above 1 is still read as
+    percent: test_odd_values.test_the_gpu_verdict_reads_the_declared_unit.)"""
+    owners = {"service.instance.id=a"}
+    util = semconv.HW_GPU_UTILIZATION
+    for declared in ("%", "1"):
+        fixed = _exporter({"0": 95.0}) + _exporter({"0": 0.95}, declared, shift_s=10)
+        assert _values(owned_series(fixed, util, owners, PERCENT_GUESS)) == {"0": [0.95]}
+        drawn = gpu_series(fixed, T0, T0, T0 + 30 * 1000 * MS)
+        assert [sorted({v for _, v in g.utilization}) for g in drawn] == [[0.95]]
+        # each unit is guessed on its own points: '%' never, '1' only by its own values
+        assert sender_divisors(fixed) == {UNDECLARED: 100.0, **({(EXP, "1"): 1.0} if declared == "1" else {})}
+        mixed = _exporter({"0": 1.0}) + _exporter({"0": 0.95}, declared, shift_s=10)
+        assert _values(owned_series(mixed, util, owners, PERCENT_GUESS)) == {"0": [0.95]}

@@ -7,9 +7,10 @@ The GPU tables key their series by process, then ``hw.id``
 does (:mod:`otel_stages.analysis.gpu_owners` says why: ``hw.id`` is unique only within a host);
 this query only names the ids that repeat, so the report says so rather than leave it unseen.
 
-Also the utilization series whose unit is ambiguous (:func:`ambiguous_condition`, the SQL of
-:func:`otel_stages.analysis.gpu_owners.is_ambiguous`): :func:`ambiguous_units_sql` names them for
-the problem line, and the GPU samples statement leaves them out
+Also the utilization senders whose unit is ambiguous (:func:`ambiguous_condition`, the SQL of
+:func:`otel_stages.analysis.gpu_owners.is_ambiguous`, judged per sender over all its undeclared
+points): :func:`ambiguous_units_sql` names their series for the problem line, and the GPU
+samples statement leaves those points out
 (:func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`).
 """
 
@@ -27,7 +28,12 @@ from otel_stages.analysis.clickhouse_sql import (
     process_hash,
     process_label,
 )
-from otel_stages.analysis.gpu_owners import GPU_METRICS, PERCENT_GUESS, UNDECLARED_UNIT, SeriesKey
+from otel_stages.analysis.gpu_owners import (
+    GPU_METRICS,
+    PERCENT_GUESS,
+    UNDECLARED_UNIT,
+    SeriesKey,
+)
 
 #: A point's process as :func:`otel_stages.analysis.requests.process_key` writes it.
 _LABEL = process_label(*RESOURCE_PROCESS)
@@ -52,25 +58,29 @@ def shared_gpu_ids(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
 
 
 def ambiguous_condition(undeclared: str, value: str) -> str:
-    """SQL aggregate over one utilization series' points: true when
+    """SQL aggregate over one sender's utilization points of one unit (every ``hw.id``): true when
     :func:`otel_stages.analysis.gpu_owners.is_ambiguous` is (every point's ``undeclared``, a UInt8,
     is 1, and every ``value`` a whole number not above
-    :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS`)."""
-    return (f"(min({undeclared}) = 1 AND max({value}) <= {PERCENT_GUESS}"
+    :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS`, at least one above 0)."""
+    return (f"(min({undeclared}) = 1 AND max({value}) <= {PERCENT_GUESS} AND max({value}) > 0"
             f" AND min({value} = floor({value})) = 1)")
 
 
 def ambiguous_units_sql(gauge: str, query: AggregateQuery) -> str:
     """Rows ``proc`` (the sender as :func:`otel_stages.analysis.requests.process_key` writes it)
-    and ``hw`` (``hw.id``), sorted: the ``hw.gpu.utilization`` series in the window that
-    :func:`ambiguous_condition` leaves out, as
-    :func:`otel_stages.analysis.gpu_owners.ambiguous_series` finds them (every sender, with
-    requests or not). Params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
-    return f"""SELECT any(label) AS proc, hw FROM (
+    and ``hw`` (``hw.id``), sorted: the ``hw.gpu.utilization`` series in the window with undeclared
+    points of a sender whose undeclared points (every ``hw.id``) :func:`ambiguous_condition` finds
+    ambiguous, as :func:`otel_stages.analysis.gpu_owners.ambiguous_series` finds them (every sender,
+    with requests or not). Params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
+    return f"""WITH undeclared AS (
     SELECT Attributes['{semconv.HW_ID}'] AS hw, {_LABEL} AS label, {process_hash(*RESOURCE_PROCESS)} AS k,
-        toUInt8(MetricUnit = '{UNDECLARED_UNIT}') AS undeclared, Value
+        toUInt8(1) AS undeclared, Value
     FROM {gauge} WHERE {metric_filter(query, f"('{semconv.HW_GPU_UTILIZATION}')")}
-) GROUP BY k, hw HAVING {ambiguous_condition("undeclared", "Value")} ORDER BY proc, hw"""
+        AND MetricUnit = '{UNDECLARED_UNIT}'
+)
+SELECT any(label) AS proc, hw FROM undeclared
+WHERE k IN (SELECT k FROM undeclared GROUP BY k HAVING {ambiguous_condition("undeclared", "Value")})
+GROUP BY k, hw ORDER BY proc, hw"""
 
 
 def ambiguous_units(rows: Sequence[Mapping[str, Any]]) -> list[SeriesKey]:

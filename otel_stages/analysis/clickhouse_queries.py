@@ -354,7 +354,8 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     ``t`` (ns), ``v`` (a
     metric whose ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
     :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`), ``undeclared`` (1 where ``MetricUnit``
-    is :data:`~otel_stages.analysis.gpu_owners.UNDECLARED_UNIT`) and
+    is :data:`~otel_stages.analysis.gpu_owners.UNDECLARED_UNIT`), ``unit`` (``MetricUnit``: the
+    unit is guessed per sender and unit, :func:`otel_stages.analysis.gpu_owners.sender_divisors`) and
     ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
     fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
 SELECT {process_hash(*RESOURCE_PROCESS)} AS point_key,
@@ -362,6 +363,7 @@ SELECT {process_hash(*RESOURCE_PROCESS)} AS point_key,
     Attributes['{semconv.HW_ID}'] AS hw, toInt64(toUnixTimestamp64Nano(TimeUnix)) AS t,
     if(MetricUnit = '{PERCENT_UNIT}', Value * {PERCENT_SCALE}, Value) AS v,
     toUInt8(MetricUnit = '{UNDECLARED_UNIT}') AS undeclared,
+    CAST(MetricUnit AS String) AS unit,
     toUInt8(indexOf([{_GPU_METRICS[1:-1]}], CAST(MetricName AS String))) AS metric
 FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_POINTS_TABLE}", {}), (fill, query_params(query))]
@@ -476,22 +478,26 @@ def gpu_prepare_statements(traces: str, gauge: str, query: AggregateQuery
     """``(statement, params)`` that fill the GPU tables: the points (:func:`gpu_points_statements`),
     their owners (:func:`gpu_owners_statements`), the ``hw.gpu.utilization`` points of the
     processes with warm requests, or of processes without requests for those with
-    no GPU points (per process and ``hw.id``; values scaled to 0..1,
-    a series whose maximum exceeds :data:`PERCENT_GUESS` read as percent, an ambiguous one left out:
-    :func:`~otel_stages.analysis.clickhouse_gpu_ids.ambiguous_condition`), and one row per (point,
+    no GPU points (per process and ``hw.id``; values scaled to 0..1: a sender's points of one unit,
+    every ``hw.id``, whose maximum exceeds :data:`PERCENT_GUESS` read as percent, its ambiguous
+    undeclared points left out: :func:`~otel_stages.analysis.clickhouse_gpu_ids.ambiguous_condition`,
+    as :func:`otel_stages.analysis.gpu_owners.sender_divisors`; points declared ``%`` as read),
+    and one row per (point,
     warm forward window) with the point inside the window (the bucketed join described in
     :mod:`otel_stages.analysis.clickhouse_sql`)."""
-    points = f"""SELECT point_key AS proc_key, hw, t, v, undeclared FROM {GPU_POINTS_TABLE}
+    points = f"""SELECT point_key AS proc_key, hw, t, v, undeclared, unit FROM {GPU_POINTS_TABLE}
     WHERE {gpu_metric_is(semconv.HW_GPU_UTILIZATION)}"""
-    # an ambiguous series (undeclared unit, only 0 and 1) drops out here, as in owned_series
+    # the unit is guessed per sender and unit over every hw.id, as sender_divisors: ambiguous
+    # undeclared points drop out here; points declared % (already ratios) are taken as read
     samples = f"""CREATE TEMPORARY TABLE {GPU_SAMPLES_TABLE} ENGINE = Log AS
 SELECT o.proc_key AS proc_key, {series_hw_sql("p.hw", "o.part")} AS hw, p.t AS t,
-    p.v / if(m.top > {PERCENT_GUESS}, 100, 1) AS util
+    p.v / if(p.unit != '{PERCENT_UNIT}' AND m.top > {PERCENT_GUESS}, 100, 1) AS util
 FROM ({points}) AS p
-INNER JOIN (SELECT proc_key, hw, max(v) AS top FROM ({points}) GROUP BY proc_key, hw
-            HAVING NOT {ambiguous_condition("undeclared", "v")}) AS m
-    ON p.proc_key = m.proc_key AND p.hw = m.hw
-INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key"""
+LEFT JOIN (SELECT proc_key, unit, max(v) AS top, {ambiguous_condition("undeclared", "v")} AS amb
+           FROM ({points}) WHERE unit != '{PERCENT_UNIT}' GROUP BY proc_key, unit) AS m
+    ON p.proc_key = m.proc_key AND p.unit = m.unit
+INNER JOIN {GPU_OWNERS_TABLE} AS o ON p.proc_key = o.point_key
+WHERE p.unit = '{PERCENT_UNIT}' OR m.amb = 0"""
     # every warm forward meets the points (not grouped by window first: most hold no point);
     # a window's requests (``mult``, per input cohort: requests of two inputs may share a batch's
     # window) are its distinct (request, forward) pairs, and a point stored more than once keeps

@@ -25,17 +25,23 @@ a series of its own per sender (:func:`series_hw`: the ``hw.id`` and the sender)
 exporters' GPU ``0`` are two GPUs, of which the rules pick the one whose utilization rises during
 the forwards, never a mix of both.
 
-Utilization units: a series declared ``%`` is scaled when read
-(:data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`); a series whose largest value exceeds
-:data:`PERCENT_GUESS` is percent. A series whose OTLP ``unit`` is undeclared
-(:data:`UNDECLARED_UNIT`) and whose values are all whole numbers not above :data:`PERCENT_GUESS`
-(only 0 and 1) is *ambiguous* (:func:`is_ambiguous`): a ratio of an idle or saturated GPU, or
-integer percent of a near-idle one (NVIDIA dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL``, 0..100 with no
-unit through the Collector's prometheus receiver, renamed ``hw.gpu.utilization``). Read as a ratio
-an idle GPU would be called busy, so such a series is left out of the utilization evidence and
-the charts, and the report says so (:func:`ambiguous_unit_lines`). A declared ``1`` is never
-ambiguous (otel-stages' own sampler declares it and reads exactly 0.0 / 1.0 on an idle /
-saturated GPU); a source without units (``MetricPoint.unit`` ``None``: PromQL) keeps the guess.
+Utilization units: a point declared ``%`` is scaled when read
+(:data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`) and never guessed. The others are guessed
+per sending process and unit, over all those points of every ``hw.id`` (:func:`sender_divisors`):
+a producer writes one unit for one metric, so a DCGM exporter whose GPU 1 reads 93 writes percent,
+and its GPU 0's 0 and 1 are 0 % and 1 %; and a unit fixed partway through a recording (undeclared,
+then ``%`` or ``1``) leaves the points of each unit to their own reading. A sender's points of one
+unit with a value above :data:`PERCENT_GUESS` are percent, divided by 100 (a ratio never exceeds 1,
+even one declared ``1``). A sender's undeclared points (OTLP ``unit`` empty:
+:data:`UNDECLARED_UNIT`) that are all whole numbers not above :data:`PERCENT_GUESS`, at least one
+of them 1 (0 and 1), are *ambiguous* (:func:`is_ambiguous`): a ratio of an idle or saturated GPU,
+or integer percent of a near-idle one (NVIDIA dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL``, 0..100 with
+no unit through the Collector's prometheus receiver, renamed ``hw.gpu.utilization``). Read as a
+ratio an idle GPU would be called busy, so they are left out of the utilization evidence and the
+charts, and the report says so (:func:`ambiguous_unit_lines`). Only zeros are not ambiguous (an
+idle GPU under either reading: read as 0). A declared ``1`` is never ambiguous (otel-stages' own
+sampler declares it and reads exactly 0.0 / 1.0 on an idle / saturated GPU); a source without units
+(``MetricPoint.unit`` ``None``: PromQL) keeps the percent guess and is never ambiguous either.
 """
 
 from __future__ import annotations
@@ -46,17 +52,21 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from otel_stages import semconv
 from otel_stages.analysis.model import AttributeValue, MetricPoint
+from otel_stages.analysis.otlp_json import PERCENT_UNIT
 from otel_stages.analysis.requests import process_key
 
-#: A utilization series with a value above this is percent (0..100) from a producer that did not
-#: divide by 100 and did not declare the unit ``%`` (a ratio never exceeds 1; a series declared
-#: ``%`` is scaled when read, :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). One value
-#: for the verdict (:mod:`otel_stages.analysis.gpu`) and the charts (``gpu_series``). An
-#: undeclared series of whole numbers not above it is neither: :func:`is_ambiguous`.
+#: A sender's utilization points of one unit (not ``%``: :func:`is_guessed`) with a value above
+#: this are percent (0..100) without dividing by 100 or declaring ``%`` (a ratio never
+#: exceeds 1; a point declared ``%`` is scaled when read,
+#: :data:`otel_stages.analysis.otlp_json.PERCENT_UNIT`). One value for the verdict
+#: (:mod:`otel_stages.analysis.gpu`) and the charts (``gpu_series``). An undeclared sender of
+#: whole numbers not above it, some 1, is neither: :func:`is_ambiguous`.
 PERCENT_GUESS = 1.0
 #: ``MetricPoint.unit`` (and the exporter's ``MetricUnit``) of a metric whose producer declared no
-#: unit: its utilization series may be ambiguous (module docstring, :func:`is_ambiguous`).
+#: unit: a sender's utilization may be ambiguous (module docstring, :func:`is_ambiguous`).
 UNDECLARED_UNIT = ""
+#: What :func:`sender_divisors` keys its answer by: the sending process and the points' unit.
+SenderUnit = tuple[str, str | None]
 
 #: The GPU gauges whose ``hw.id`` is checked for being reported by several request processes.
 GPU_METRICS = (semconv.HW_GPU_UTILIZATION, semconv.HW_GPU_MEMORY_USAGE, semconv.HW_GPU_MEMORY_LIMIT)
@@ -103,26 +113,60 @@ def point_processes(points: Iterable[MetricPoint]) -> list[str]:
 
 
 def is_ambiguous(values: Iterable[float], undeclared: bool, guess: float = PERCENT_GUESS) -> bool:
-    """Whether a utilization series (its ``values`` as read; ``undeclared``: every point's unit is
-    :data:`UNDECLARED_UNIT`) cannot be told ratio from percent: undeclared, and every value a whole
-    number not above ``guess`` (module docstring). One fractional value makes it a ratio, one
-    value above the guess percent."""
-    return undeclared and all(v <= guess and float(v).is_integer() for v in values)
+    """Whether one sender's guessed utilization points (their ``values`` as read, every ``hw.id``;
+    ``undeclared``: every one's unit is :data:`UNDECLARED_UNIT`) cannot be told ratio from percent:
+    undeclared, every value a whole number not above ``guess`` and at least one above 0 (module
+    docstring). One fractional value makes them a ratio, one value above the guess percent; only
+    zeros are idle under either reading."""
+    above_zero = False
+    for v in values:
+        if v > guess or not float(v).is_integer():
+            return False
+        above_zero = above_zero or v > 0
+    return undeclared and above_zero
+
+
+def is_guessed(unit: str | None) -> bool:
+    """Whether a utilization point's unit leaves percent to the guess: every unit but ``%``
+    (:data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`, scaled when read)."""
+    return unit != PERCENT_UNIT
+
+
+def sender_divisors(points: Sequence[MetricPoint], guess: float = PERCENT_GUESS
+                    ) -> dict[SenderUnit, float | None]:
+    """``(sending process, unit)`` -> what that sender's ``hw.gpu.utilization`` points of that
+    unit (every ``hw.id``; :func:`is_guessed` units only) are divided by: 100 where one exceeds
+    ``guess`` (percent), 1 otherwise, ``None`` where they are undeclared and :func:`is_ambiguous`
+    (left out). One producer writes one unit for a metric, so the guess is made per sender, not
+    per GPU, and per unit, so a unit fixed partway is not guessed from the points before
+    (module docstring). The sender is its :func:`~otel_stages.analysis.requests.process_key`."""
+    chosen = [p for p in points if p.name == semconv.HW_GPU_UTILIZATION]
+    return _divisors(chosen, point_processes(chosen), guess)
+
+
+def _divisors(chosen: Sequence[MetricPoint], procs: Sequence[str], guess: float
+              ) -> dict[SenderUnit, float | None]:
+    """:func:`sender_divisors` of utilization points ``chosen`` sent by ``procs``."""
+    values: dict[SenderUnit, list[float]] = defaultdict(list)
+    for p, proc in zip(chosen, procs):
+        if is_guessed(p.unit):
+            values[proc, p.unit].append(p.value)
+    return {key: None if is_ambiguous(vs, key[1] == UNDECLARED_UNIT, guess)
+            else 100.0 if max(vs) > guess else 1.0
+            for key, vs in values.items()}
 
 
 def ambiguous_series(points: Sequence[MetricPoint]) -> list[SeriesKey]:
-    """The ``hw.gpu.utilization`` series, as ``(sending process, hw.id)`` sorted, that
-    :func:`is_ambiguous` finds and :func:`owned_series` leaves out (the sender is its
+    """The ``hw.gpu.utilization`` series, as ``(sending process, hw.id)`` sorted, whose undeclared
+    points are left out (:func:`owned_series`): every ``hw.id`` with undeclared points of a sender
+    whose undeclared points :func:`sender_divisors` finds ambiguous (the sender is its
     :func:`~otel_stages.analysis.requests.process_key`, whether or not it ran requests)."""
-    values: dict[SeriesKey, list[float]] = defaultdict(list)
-    declared: set[SeriesKey] = set()
     chosen = [p for p in points if p.name == semconv.HW_GPU_UTILIZATION]
-    for p, proc in zip(chosen, point_processes(chosen)):
-        key = proc, str(p.attributes.get(semconv.HW_ID, ""))
-        values[key].append(p.value)
-        if p.unit != UNDECLARED_UNIT:
-            declared.add(key)
-    return sorted(k for k, vs in values.items() if is_ambiguous(vs, k not in declared))
+    procs = point_processes(chosen)
+    divisors = _divisors(chosen, procs, PERCENT_GUESS)
+    return sorted({(proc, str(p.attributes.get(semconv.HW_ID, "")))
+                   for p, proc in zip(chosen, procs)
+                   if p.unit == UNDECLARED_UNIT and divisors[proc, p.unit] is None})
 
 
 def ambiguous_unit_lines(series: Sequence[SeriesKey]) -> list[str]:
@@ -131,13 +175,16 @@ def ambiguous_unit_lines(series: Sequence[SeriesKey]) -> list[str]:
     if not series:
         return []
     proc, hw_id = series[0]
+    senders = len({s for s, _ in series})
     return [
         f"hw.gpu.utilization without a declared unit reads only whole numbers not above"
-        f" {PERCENT_GUESS:g} in {len(series)} series (e.g. {proc or '(no service)'}"
-        f" hw.id {hw_id or '(none)'}): a ratio (an idle or saturated GPU) and integer percent"
-        " (a near-idle GPU, as dcgm-exporter's DCGM_FI_DEV_GPU_UTIL) cannot be told apart, so"
-        " they are left out of the GPU evidence. Declare the unit: '1' for a ratio, '%' for"
-        " percent (e.g. the Collector's transform processor: set(metric.unit, \"%\") where"
+        f" {PERCENT_GUESS:g}, some 1, in all the undeclared points of {senders} sending"
+        f" process{'es' if senders > 1 else ''} ({len(series)} series, e.g."
+        f" {proc or '(no service)'} hw.id {hw_id or '(none)'}): a ratio (an idle or saturated"
+        " GPU) and integer percent (a near-idle GPU, as dcgm-exporter's DCGM_FI_DEV_GPU_UTIL)"
+        " cannot be told apart (one producer writes one unit, so each sender is judged on all"
+        " its GPUs), so they are left out of the GPU evidence. Declare the unit: '1' for a"
+        " ratio, '%' for percent (e.g. the Collector's transform processor: set(metric.unit, \"%\") where"
         " metric.name == \"hw.gpu.utilization\")"]
 
 
@@ -151,9 +198,10 @@ def owned_series(points: Sequence[MetricPoint], name: str, request_processes: Co
     processes only (a per-node GPU exporter describes its node's GPUs), joining their series of
     the same ``hw.id``; a sender on a host none of them names, to those that name no host; the
     others to every request process; those two kinds as a series per sender (:func:`series_hw`).
-    ``scale``: a series (per sending process and ``hw.id``) whose largest value exceeds it is
-    divided by 100 (utilization given in percent), and pass :data:`PERCENT_GUESS` to leave out the
-    series :func:`is_ambiguous` finds (undeclared unit, whole numbers not above it)."""
+    ``scale``: guess the unit (utilization; pass :data:`PERCENT_GUESS`): a sender's points of one
+    unit (not ``%``, scaled when read: :func:`is_guessed`) with one above it are divided by 100
+    (percent), its ambiguous undeclared points left out (:func:`sender_divisors`, per sender and
+    unit over every ``hw.id``)."""
     return {key: [(t, v) for t, v, _ in samples]
             for key, samples in owned_points(points, name, request_processes, scale, hosts).items()}
 
@@ -176,14 +224,19 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
     rules that must not read two senders' readings of one GPU as one sequence (a GPU exporter's
     memory reading 1 GiB below the service's own is not memory released)."""
     sent: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
-    declared: set[SeriesKey] = set()
     sender_host: dict[str, str] = {}
     chosen = [p for p in points if p.name == name]
-    for p, proc in zip(chosen, point_processes(chosen)):
-        key = proc, str(p.attributes.get(semconv.HW_ID, ""))
-        sent[key].append((p.time_ns, p.value))
-        if scale is not None and p.unit != UNDECLARED_UNIT:  # only utilization is guessed
-            declared.add(key)
+    procs = point_processes(chosen)
+    # only utilization is guessed; said once per report: ambiguous_unit_lines
+    divisors = {} if scale is None else _divisors(chosen, procs, scale)
+    for p, proc in zip(chosen, procs):
+        value = p.value
+        if scale is not None and is_guessed(p.unit):
+            divide = divisors[proc, p.unit]
+            if divide is None:
+                continue
+            value /= divide
+        sent[proc, str(p.attributes.get(semconv.HW_ID, ""))].append((p.time_ns, value))
         if proc not in sender_host:
             host = p.resource.get(semconv.HOST_NAME)
             sender_host[proc] = host if isinstance(host, str) else ""
@@ -196,19 +249,15 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
             hostless.append(proc)
     out: dict[SeriesKey, list[tuple[int, float, str]]] = defaultdict(list)
     for (proc, hw_id), samples in sent.items():
-        if scale is not None and is_ambiguous((v for _, v in samples), (proc, hw_id) not in declared,
-                                             scale):
-            continue  # said once per report: ambiguous_unit_lines
-        divide = 100.0 if scale is not None and max(v for _, v in samples) > scale else 1.0
         if proc in request_processes:
-            out[proc, hw_id].extend((t, v / divide, proc) for t, v in samples)
+            out[proc, hw_id].extend((t, v, proc) for t, v in samples)
             continue
         host = sender_host[proc]
         for owner in _foreign_owners(host, on_host, hostless, request_processes):
             # the request process's host: its own GPU; else the sender's GPU as its own series
             own_host = bool(host) and hosts is not None and hosts.get(owner) == host
             part = hw_id if own_host else series_hw(hw_id, proc)
-            out[owner, part].extend((t, v / divide, proc) for t, v in samples)
+            out[owner, part].extend((t, v, proc) for t, v in samples)
     for found in out.values():
         found.sort()
     return dict(out)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import PERCENT_GUESS, ambiguous_series, point_processes
+from otel_stages.analysis.gpu_owners import is_guessed, point_processes, sender_divisors
 from otel_stages.analysis.model import MetricPoint
 
 
@@ -33,17 +33,24 @@ def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns:
                ) -> tuple[GpuSeries, ...]:
     """One :class:`GpuSeries` per process and ``hw.id`` from the points taken in ``[lo_ns, hi_ns]`` (Unix
     ns), times in seconds from ``origin_ns``; utilization given in percent is scaled to 0..1, and
-    an ambiguous one (:func:`~otel_stages.analysis.gpu_owners.is_ambiguous`: undeclared unit, only
-    0 and 1) is not drawn, as the verdict leaves it out (a near-idle GPU would show 100 %)."""
+    the undeclared points of an ambiguous sender
+    (:func:`~otel_stages.analysis.gpu_owners.is_ambiguous`: undeclared unit, only 0 and 1) are not
+    drawn, as the verdict leaves them out (a near-idle GPU would show 100 %); the unit is guessed
+    per sender and unit on all its points (:func:`~otel_stages.analysis.gpu_owners.sender_divisors`), as
+    the verdict guesses it."""
     util: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     used: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     limit: dict[tuple[str, str], float] = {}
     model: dict[tuple[str, str], str] = {}
+    divisors = sender_divisors(points)  # judged on all its points, as the verdict
     near = [p for p in points if lo_ns <= p.time_ns <= hi_ns]
     for p, proc in zip(near, point_processes(near)):
         hw_id = proc, str(p.attributes.get(semconv.HW_ID, ""))
         if p.name == semconv.HW_GPU_UTILIZATION:
-            util[hw_id].append((p.time_ns, p.value))
+            divide = divisors[proc, p.unit] if is_guessed(p.unit) else 1.0
+            if divide is None:
+                continue
+            util[hw_id].append((p.time_ns, p.value / divide))
         elif p.name == semconv.HW_GPU_MEMORY_USAGE:
             used[hw_id].append((p.time_ns, p.value))
         elif p.name == semconv.HW_GPU_MEMORY_LIMIT:
@@ -53,16 +60,13 @@ def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns:
         name = p.attributes.get(semconv.HW_MODEL)
         if isinstance(name, str) and name:
             model[hw_id] = name
-    for hw_id in ambiguous_series(points):  # judged on all its points, as the verdict
-        util.pop(hw_id, None)
     out = []
     for hw_id in sorted(set(util) | set(used)):
         samples = sorted(util.get(hw_id, []))
-        scale = 100.0 if samples and max(v for _, v in samples) > PERCENT_GUESS else 1.0
         out.append(GpuSeries(
             hw_id=hw_id[1],
             model=model.get(hw_id),
-            utilization=tuple(((t - origin_ns) / 1e9, v / scale) for t, v in samples),
+            utilization=tuple(((t - origin_ns) / 1e9, v) for t, v in samples),
             memory_used_bytes=tuple(((t - origin_ns) / 1e9, v) for t, v in sorted(used.get(hw_id, []))),
             memory_limit_bytes=limit.get(hw_id),
             process=hw_id[0],
