@@ -78,7 +78,7 @@ def test_a_shared_hw_id_is_a_problem_line_in_the_file_report() -> None:
     report = diagnose(_two_hosts())
     (line,) = [p for p in report.problems if "hw.id" in p]
     assert line.startswith("GPU hw.id reported by more than one process: 0 by 2 processes"
-                           " (service.instance.id=a, service.instance.id=b)")
+                           " (service.name=vlm-server,service.instance.id=a, service.name=vlm-server,service.instance.id=b)")
     assert "not merged" in line
 
 
@@ -101,31 +101,31 @@ def test_an_exporter_that_ran_no_request_joins_every_process_and_is_not_a_shared
                for p in _gpu("a", 0.9)]
         points = own + exporter
         hosts = request_hosts([own[0].resource])
-        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, hosts=hosts)
+        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.name=vlm-server,service.instance.id=a"}, hosts=hosts)
         apart = series_hw("0", f"service.name=dcgm-exporter{'' if host is None else ',host.name=' + host}")
         if host is None:
-            assert sorted(series) == [("service.instance.id=a", "0"), ("service.instance.id=a", apart)]
+            assert sorted(series) == [("service.name=vlm-server,service.instance.id=a", "0"), ("service.name=vlm-server,service.instance.id=a", apart)]
             assert [len(v) for _, v in sorted(series.items())] == [200, 200]
             assert hw_of(apart) == "0"
         else:
-            assert list(series) == [("service.instance.id=a", "0")]
-            assert len(series["service.instance.id=a", "0"]) == 2 * 200
-        assert shared_hw_ids(points, {"service.instance.id=a"}) == {}
+            assert list(series) == [("service.name=vlm-server,service.instance.id=a", "0")]
+            assert len(series["service.name=vlm-server,service.instance.id=a", "0"]) == 2 * 200
+        assert shared_hw_ids(points, {"service.name=vlm-server,service.instance.id=a"}) == {}
 
 
 def test_percent_is_scaled_per_sending_series() -> None:
     """A producer in percent (0..100) beside one in 0..1: each series is scaled on its own."""
     points = _gpu("a", 90.0) + [MetricPoint(p.name, p.time_ns, p.value, p.attributes,
                                             {semconv.SERVICE_NAME: "exp"}) for p in _gpu("x", 0.5)]
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, 1.5)
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.name=vlm-server,service.instance.id=a"}, 1.5)
     assert {k[1]: sorted({v for _, v in pts}) for k, pts in series.items()} == {
         "0": [0.9], series_hw("0", "service.name=exp"): [0.5]}
 
 
 def test_the_line_names_a_handful() -> None:
-    shared = {f"GPU-{i}": [f"service.instance.id=h{k}" for k in range(7)] for i in range(7)}
+    shared = {f"GPU-{i}": [f"service.name=vlm-server,service.instance.id=h{k}" for k in range(7)] for i in range(7)}
     (line,) = shared_hw_id_lines(shared)
-    assert "GPU-4 by 7 processes (service.instance.id=h0" in line and "GPU-5 by" not in line
+    assert "GPU-4 by 7 processes (service.name=vlm-server,service.instance.id=h0" in line and "GPU-5 by" not in line
     assert "h4, ...)" in line and "; 2 more." in line
     assert shared_hw_id_lines({}) == []
 
@@ -134,8 +134,8 @@ def test_the_html_charts_draw_one_line_per_host() -> None:
     """The HTML report's GPU series (analysis.gpu_series): one per process and hw.id, so host a's
     90 % and host b's 2 % are two lines, not one zigzag."""
     series = gpu_series(_two_hosts().metrics, T0, T0, T0 + 20 * 1000 * MS)
-    assert [(g.process, g.hw_id) for g in series] == [("service.instance.id=a", "0"),
-                                                      ("service.instance.id=b", "0")]
+    assert [(g.process, g.hw_id) for g in series] == [("service.name=vlm-server,service.instance.id=a", "0"),
+                                                      ("service.name=vlm-server,service.instance.id=b", "0")]
     assert [{v for _, v in g.utilization} for g in series] == [{0.9}, {0.02}]
 
 
@@ -149,7 +149,7 @@ def test_an_nvml_uuid_is_one_gpu_whoever_sends_it() -> None:
         points = [MetricPoint(p.name, p.time_ns + k, p.value, {semconv.HW_ID: hw},
                               {semconv.SERVICE_NAME: f"exporter-{k}"})
                   for k in range(2) for p in _gpu("x", 0.5)]
-        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"})
+        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.name=vlm-server,service.instance.id=a"})
         assert len(series) == series_count, hw
         assert {hw_of(k[1]) for k in series} == {hw}
 
@@ -173,7 +173,7 @@ def test_only_whole_numbers_up_to_the_guess_without_a_unit_are_ambiguous() -> No
 
 def test_ambiguous_series_need_every_point_undeclared() -> None:
     a = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
-    assert ambiguous_series(a) == [("service.instance.id=a", "0")]
+    assert ambiguous_series(a) == [("service.name=vlm-server,service.instance.id=a", "0")]
     assert ambiguous_series(_unit(_gpu("a", 1.0), "1")) == []          # our sampler, saturated
     assert ambiguous_series(_unit(_gpu("a", 1.0), None)) == []         # no unit in the source (PromQL)
     assert ambiguous_series(a + _unit(_gpu("a", 0.0), "1")) == []     # one point declares it
@@ -188,26 +188,26 @@ def test_an_ambiguous_series_is_left_out_of_the_utilization_only() -> None:
     """owned_series with the guess drops it (the verdict); without a scale (memory) nothing is
     dropped; a declared series of the same values stays."""
     amb = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
-    owners = {"service.instance.id=a"}
+    owners = {"service.name=vlm-server,service.instance.id=a"}
     assert owned_series(amb, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS) == {}
-    assert len(owned_series(amb, semconv.HW_GPU_UTILIZATION, owners)["service.instance.id=a", "0"]) == 200
+    assert len(owned_series(amb, semconv.HW_GPU_UTILIZATION, owners)["service.name=vlm-server,service.instance.id=a", "0"]) == 200
     kept = owned_series(_unit(_gpu("a", 1.0), "1"), semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
-    assert {v for _, v in kept["service.instance.id=a", "0"]} == {1.0}
+    assert {v for _, v in kept["service.name=vlm-server,service.instance.id=a", "0"]} == {1.0}
     # beside it, another process's fractional series is judged as before
     both = amb + _unit(_gpu("b", 0.9), UNDECLARED_UNIT)
-    assert list(owned_series(both, semconv.HW_GPU_UTILIZATION, owners | {"service.instance.id=b"},
-                             PERCENT_GUESS)) == [("service.instance.id=b", "0")]
+    assert list(owned_series(both, semconv.HW_GPU_UTILIZATION, owners | {"service.name=vlm-server,service.instance.id=b"},
+                             PERCENT_GUESS)) == [("service.name=vlm-server,service.instance.id=b", "0")]
 
 
 def test_the_ambiguous_line_counts_names_one_and_says_the_fix() -> None:
-    (line,) = ambiguous_unit_lines([("service.instance.id=a", "0"), ("service.instance.id=b", "0")])
-    assert "in 2 series (e.g. service.instance.id=a hw.id 0)" in line
+    (line,) = ambiguous_unit_lines([("service.name=vlm-server,service.instance.id=a", "0"), ("service.name=vlm-server,service.instance.id=b", "0")])
+    assert "in 2 series (e.g. service.name=vlm-server,service.instance.id=a hw.id 0)" in line
     assert "'1' for a ratio, '%' for percent" in line and "transform processor" in line
     assert ambiguous_unit_lines([]) == []
     (said,) = [p for p in diagnose(Recording(spans=_requests("a", 10),
                                              metrics=_unit(_gpu("a", 1.0), ""))).problems
                if "without a declared unit" in p]
-    assert "in 1 series (e.g. service.instance.id=a hw.id 0)" in said
+    assert "in 1 series (e.g. service.name=vlm-server,service.instance.id=a hw.id 0)" in said
 
 
 def test_the_charts_do_not_draw_an_ambiguous_series_as_100_percent() -> None:

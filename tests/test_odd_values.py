@@ -181,7 +181,7 @@ def test_an_idle_gpu_in_undeclared_integer_percent_is_not_called_busy(tmp_path, 
     assert report["gpu"]["level"] == "none"
     lines = [p for p in report["problems"] if p.startswith(AMBIGUOUS)]
     assert lines == [
-        f"{AMBIGUOUS} in 1 series (e.g. service.instance.id=i1 hw.id GPU-0): a ratio (an idle or"
+        f"{AMBIGUOUS} in 1 series (e.g. service.name=svc,service.instance.id=i1 hw.id GPU-0): a ratio (an idle or"
         " saturated GPU) and integer percent (a near-idle GPU, as dcgm-exporter's"
         " DCGM_FI_DEV_GPU_UTIL) cannot be told apart, so they are left out of the GPU evidence."
         " Declare the unit: '1' for a ratio, '%' for percent (e.g. the Collector's transform"
