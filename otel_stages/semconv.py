@@ -95,6 +95,7 @@ STAGE_MAP_SOURCE = "otel_stages.stage_map.source"
 
 # --- Standard OpenTelemetry keys we read -----------------------------------------------------
 SERVICE_NAME = "service.name"  #: resource attribute
+SERVICE_NAMESPACE = "service.namespace"  #: resource attribute
 SERVICE_INSTANCE_ID = "service.instance.id"  #: resource attribute
 HOST_NAME = "host.name"  #: resource attribute (OpenTelemetry host conventions)
 URL_FULL = "url.full"  #: str, semconv HTTP client attribute (download), secrets redacted

@@ -770,7 +770,9 @@ PARITY = Path(__file__).parent / "data" / "traces" / "parity"  # README.md there
 
 @pytest.mark.parametrize("name, cause", [
     ("format_on_some_requests", "gpu_busy"),
-    ("service_renamed_same_instance", "gpu_busy"),
+    # two processes now (service.instance.id is unique only within one service.name): requests
+    # 9-30 (vlm-server-v2) have no GPU points of their own, so no GPU verdict, in either report
+    ("service_renamed_same_instance", "forward"),
     ("own_gpu_plus_exporter", "gpu_busy"),
     ("two_hosts_one_hw_id", "gpu_busy"),
 ])
@@ -1568,4 +1570,64 @@ def test_service_keeps_the_gpu_points_of_metrics_only_processes(engine, tmp_path
     got = json.loads(json.dumps(report_dict(fetch_aggregates(engine, tables, AggregateQuery(service="svc")))))
     want = json.loads(json.dumps(diagnose(pick_service(load_paths([path]), "svc")).to_dict()))
     assert want["verdict"]["cause"] == "gpu_busy"
+    assert got["verdict"] == want["verdict"]
+
+
+# --- two services sharing one service.instance.id: two processes ------------------------------
+
+
+def _two_services_one_instance(source: Path, target: Path, apart: str) -> Path:
+    """``source`` as ``svc-x`` and a copy as ``svc-y`` (trace ids reversed, 40 ms later; span lines
+    only), both with ``service.instance.id`` ``pod-7`` (a pod name used as the id by both
+    containers of a pod) and without ``request.seq``, so the earliest request of each process is
+    its cold one; each service's first request is 10x as slow in its forward (a model load). With
+    ``apart`` ``service.namespace``: both ``svc-x``, in namespaces ``shop`` and ``lab``."""
+    docs = [json.loads(line) for line in source.read_text().splitlines()]
+    out = []
+    for doc in docs:
+        if "resourceSpans" not in doc:  # (its metric lines are left out)
+            continue
+        for rs in doc["resourceSpans"]:
+            kept = [a for a in rs["resource"]["attributes"] if a["key"] != "service.name"]
+            rs["resource"]["attributes"] = [*kept, {"key": "service.name", "value": {"stringValue": "svc-x"}},
+                                            {"key": "service.instance.id", "value": {"stringValue": "pod-7"}}]
+            if apart == "service.namespace":
+                rs["resource"]["attributes"].append({"key": apart, "value": {"stringValue": "shop"}})
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    s["attributes"] = [a for a in s.get("attributes", []) if a["key"] != "request.seq"]
+        other = copy.deepcopy(doc)
+        for rs in other["resourceSpans"]:
+            for a in rs["resource"]["attributes"]:
+                if a["key"] == apart:
+                    a["value"] = {"stringValue": "svc-y" if apart == "service.name" else "lab"}
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    s["traceId"] = s["traceId"][::-1]
+                    shift(s, 40 * MS)
+        out += [doc, other]
+    traces: dict[tuple[int, str], Spans] = {}
+    for i, doc in enumerate(out):
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    traces.setdefault((i % 2, s["traceId"]), []).append(s)
+    for service in (0, 1):  # each service's first request (its first trace)
+        _slower(traces[next(k for k in traces if k[0] == service)], 10.0)
+    target.write_text("".join(json.dumps(doc) + "\n" for doc in out))
+    return target
+
+
+@pytest.mark.parametrize("apart", ["service.name", "service.namespace"])
+def test_two_services_sharing_an_instance_id_are_two_processes(engine, tmp_path: Path, apart: str) -> None:
+    """svc-x and svc-y both set ``service.instance.id`` pod-7: the id is unique only within one
+    service, so both reports read two runs and two cold starts (svc-y's slow first request is not
+    read as a slow warm one). So do two namespaces' services of one name."""
+    got, want = reports(engine, _two_services_one_instance(STABLE, tmp_path / "pod.jsonl", apart))
+    other = "svc-y" if apart == "service.name" else "svc-x"
+    assert [(r["service_name"], r["service_instance_id"], r["requests"]) for r in want["runs"]] == [
+        ("svc-x", "pod-7", 30), (other, "pod-7", 30)]
+    assert want["cold_start"]["count"] == 2 and want["counts"]["cold"] == 2
+    assert got["runs"] == want["runs"]
+    assert got["cold_start"] == want["cold_start"] and got["counts"] == want["counts"]
     assert got["verdict"] == want["verdict"]

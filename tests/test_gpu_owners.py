@@ -81,7 +81,7 @@ def test_a_shared_hw_id_is_a_problem_line_in_the_file_report() -> None:
     report = diagnose(_two_hosts())
     (line,) = [p for p in report.problems if "hw.id" in p]
     assert line.startswith("GPU hw.id reported by more than one process: 0 by 2 processes"
-                           " (service.instance.id=a, service.instance.id=b)")
+                           " (service.name=vlm-server,service.instance.id=a, service.name=vlm-server,service.instance.id=b)")
     assert "not merged" in line
 
 
@@ -104,31 +104,31 @@ def test_an_exporter_that_ran_no_request_joins_every_process_and_is_not_a_shared
                for p in _gpu("a", 0.9)]
         points = own + exporter
         hosts = request_hosts([own[0].resource])
-        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, hosts=hosts)
+        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.name=vlm-server,service.instance.id=a"}, hosts=hosts)
         apart = series_hw("0", f"service.name=dcgm-exporter{'' if host is None else ',host.name=' + host}")
         if host is None:
-            assert sorted(series) == [("service.instance.id=a", "0"), ("service.instance.id=a", apart)]
+            assert sorted(series) == [("service.name=vlm-server,service.instance.id=a", "0"), ("service.name=vlm-server,service.instance.id=a", apart)]
             assert [len(v) for _, v in sorted(series.items())] == [200, 200]
             assert hw_of(apart) == "0"
         else:
-            assert list(series) == [("service.instance.id=a", "0")]
-            assert len(series["service.instance.id=a", "0"]) == 2 * 200
-        assert shared_hw_ids(points, {"service.instance.id=a"}) == {}
+            assert list(series) == [("service.name=vlm-server,service.instance.id=a", "0")]
+            assert len(series["service.name=vlm-server,service.instance.id=a", "0"]) == 2 * 200
+        assert shared_hw_ids(points, {"service.name=vlm-server,service.instance.id=a"}) == {}
 
 
 def test_percent_is_scaled_per_sending_series() -> None:
     """A producer in percent (0..100) beside one in 0..1: each series is scaled on its own."""
     points = _gpu("a", 90.0) + [MetricPoint(p.name, p.time_ns, p.value, p.attributes,
                                             {semconv.SERVICE_NAME: "exp"}) for p in _gpu("x", 0.5)]
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"}, 1.5)
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.name=vlm-server,service.instance.id=a"}, 1.5)
     assert {k[1]: sorted({v for _, v in pts}) for k, pts in series.items()} == {
         "0": [0.9], series_hw("0", "service.name=exp"): [0.5]}
 
 
 def test_the_line_names_a_handful() -> None:
-    shared = {f"GPU-{i}": [f"service.instance.id=h{k}" for k in range(7)] for i in range(7)}
+    shared = {f"GPU-{i}": [f"service.name=vlm-server,service.instance.id=h{k}" for k in range(7)] for i in range(7)}
     (line,) = shared_hw_id_lines(shared)
-    assert "GPU-4 by 7 processes (service.instance.id=h0" in line and "GPU-5 by" not in line
+    assert "GPU-4 by 7 processes (service.name=vlm-server,service.instance.id=h0" in line and "GPU-5 by" not in line
     assert "h4, ...)" in line and "; 2 more." in line
     assert shared_hw_id_lines({}) == []
 
@@ -137,8 +137,8 @@ def test_the_html_charts_draw_one_line_per_host() -> None:
     """The HTML report's GPU series (analysis.gpu_series): one per process and hw.id, so host a's
     90 % and host b's 2 % are two lines, not one zigzag."""
     series = gpu_series(_two_hosts().metrics, T0, T0, T0 + 20 * 1000 * MS)
-    assert [(g.process, g.hw_id) for g in series] == [("service.instance.id=a", "0"),
-                                                      ("service.instance.id=b", "0")]
+    assert [(g.process, g.hw_id) for g in series] == [("service.name=vlm-server,service.instance.id=a", "0"),
+                                                      ("service.name=vlm-server,service.instance.id=b", "0")]
     assert [{v for _, v in g.utilization} for g in series] == [{0.9}, {0.02}]
 
 
@@ -152,7 +152,7 @@ def test_an_nvml_uuid_is_one_gpu_whoever_sends_it() -> None:
         points = [MetricPoint(p.name, p.time_ns + k, p.value, {semconv.HW_ID: hw},
                               {semconv.SERVICE_NAME: f"exporter-{k}"})
                   for k in range(2) for p in _gpu("x", 0.5)]
-        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.instance.id=a"})
+        series = owned_series(points, semconv.HW_GPU_UTILIZATION, {"service.name=vlm-server,service.instance.id=a"})
         assert len(series) == series_count, hw
         assert {hw_of(k[1]) for k in series} == {hw}
 
@@ -177,11 +177,11 @@ def test_only_whole_numbers_up_to_the_guess_without_a_unit_are_ambiguous() -> No
 
 def test_ambiguous_series_are_judged_on_the_undeclared_points() -> None:
     a = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
-    assert ambiguous_series(a) == [("service.instance.id=a", "0")]
+    assert ambiguous_series(a) == [("service.name=vlm-server,service.instance.id=a", "0")]
     assert ambiguous_series(_unit(_gpu("a", 1.0), "1")) == []          # our sampler, saturated
     assert ambiguous_series(_unit(_gpu("a", 1.0), None)) == []         # no unit in the source (PromQL)
     # declared points are not guessed, so they neither settle nor join the undeclared ones' guess
-    assert ambiguous_series(a + _unit(_gpu("a", 0.0), "1")) == [("service.instance.id=a", "0")]
+    assert ambiguous_series(a + _unit(_gpu("a", 0.0), "1")) == [("service.name=vlm-server,service.instance.id=a", "0")]
     assert ambiguous_series(_unit(_gpu("a", 0.37), UNDECLARED_UNIT)) == []
     # memory points are never utilization series
     mem = [MetricPoint(semconv.HW_GPU_MEMORY_USAGE, p.time_ns, 0.0, p.attributes, p.resource, "")
@@ -193,28 +193,28 @@ def test_an_ambiguous_series_is_left_out_of_the_utilization_only() -> None:
     """owned_series with the guess drops it (the verdict); without a scale (memory) nothing is
     dropped; a declared series of the same values stays."""
     amb = _unit(_gpu("a", 1.0), UNDECLARED_UNIT)
-    owners = {"service.instance.id=a"}
+    owners = {"service.name=vlm-server,service.instance.id=a"}
     assert owned_series(amb, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS) == {}
-    assert len(owned_series(amb, semconv.HW_GPU_UTILIZATION, owners)["service.instance.id=a", "0"]) == 200
+    assert len(owned_series(amb, semconv.HW_GPU_UTILIZATION, owners)["service.name=vlm-server,service.instance.id=a", "0"]) == 200
     kept = owned_series(_unit(_gpu("a", 1.0), "1"), semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)
-    assert {v for _, v in kept["service.instance.id=a", "0"]} == {1.0}
+    assert {v for _, v in kept["service.name=vlm-server,service.instance.id=a", "0"]} == {1.0}
     # beside it, another process's fractional series is judged as before
     both = amb + _unit(_gpu("b", 0.9), UNDECLARED_UNIT)
-    assert list(owned_series(both, semconv.HW_GPU_UTILIZATION, owners | {"service.instance.id=b"},
-                             PERCENT_GUESS)) == [("service.instance.id=b", "0")]
+    assert list(owned_series(both, semconv.HW_GPU_UTILIZATION, owners | {"service.name=vlm-server,service.instance.id=b"},
+                             PERCENT_GUESS)) == [("service.name=vlm-server,service.instance.id=b", "0")]
 
 
 def test_the_ambiguous_line_counts_names_one_and_says_the_fix() -> None:
-    (line,) = ambiguous_unit_lines([("service.instance.id=a", "0"), ("service.instance.id=b", "0")])
-    assert "of 2 sending processes (2 series, e.g. service.instance.id=a hw.id 0)" in line
-    (one,) = ambiguous_unit_lines([("service.instance.id=a", "0"), ("service.instance.id=a", "1")])
-    assert "of 1 sending process (2 series, e.g. service.instance.id=a hw.id 0)" in one
+    (line,) = ambiguous_unit_lines([("service.name=vlm-server,service.instance.id=a", "0"), ("service.name=vlm-server,service.instance.id=b", "0")])
+    assert "of 2 sending processes (2 series, e.g. service.name=vlm-server,service.instance.id=a hw.id 0)" in line
+    (one,) = ambiguous_unit_lines([("service.name=vlm-server,service.instance.id=a", "0"), ("service.name=vlm-server,service.instance.id=a", "1")])
+    assert "of 1 sending process (2 series, e.g. service.name=vlm-server,service.instance.id=a hw.id 0)" in one
     assert "'1' for a ratio, '%' for percent" in line and "transform processor" in line
     assert ambiguous_unit_lines([]) == []
     (said,) = [p for p in diagnose(Recording(spans=_requests("a", 10),
                                              metrics=_unit(_gpu("a", 1.0), ""))).problems
                if "without a declared unit" in p]
-    assert "of 1 sending process (1 series, e.g. service.instance.id=a hw.id 0)" in said
+    assert "of 1 sending process (1 series, e.g. service.name=vlm-server,service.instance.id=a hw.id 0)" in said
 
 
 def test_the_charts_do_not_draw_an_ambiguous_series_as_100_percent() -> None:
@@ -234,12 +234,12 @@ def test_an_exporter_is_unplaced_only_when_no_request_process_can_take_its_point
         where = {} if host is None else {semconv.HOST_NAME: host}
         return [MetricPoint(p.name, p.time_ns, p.value, p.attributes,
                             {semconv.SERVICE_NAME: "dcgm", **where}) for p in _gpu("x", 0.5)]
-    hosted = {"service.instance.id=a": "node-a"}
-    assert unplaced_senders(exporter("node-x"), {"service.instance.id=a"}, hosted) == [
+    hosted = {"service.name=vlm-server,service.instance.id=a": "node-a"}
+    assert unplaced_senders(exporter("node-x"), {"service.name=vlm-server,service.instance.id=a"}, hosted) == [
         ("node-x", "service.name=dcgm,host.name=node-x")]
-    assert unplaced_senders(exporter("node-a"), {"service.instance.id=a"}, hosted) == []
-    assert unplaced_senders(exporter(None), {"service.instance.id=a"}, hosted) == []
-    assert unplaced_senders(exporter("node-x"), {"service.instance.id=a", "service.instance.id=b"},
+    assert unplaced_senders(exporter("node-a"), {"service.name=vlm-server,service.instance.id=a"}, hosted) == []
+    assert unplaced_senders(exporter(None), {"service.name=vlm-server,service.instance.id=a"}, hosted) == []
+    assert unplaced_senders(exporter("node-x"), {"service.name=vlm-server,service.instance.id=a", "service.name=vlm-server,service.instance.id=b"},
                             hosted) == []
     (line,) = unplaced_lines(2, "node-x")
     assert line.startswith("GPU points of 2 processes that ran no request") and "node-x" in line
@@ -263,7 +263,7 @@ def _values(series: dict[tuple[str, str], list[tuple[int, float]]]) -> dict[str,
     return {hw_of(k[1]): sorted({v for _, v in pts}) for k, pts in series.items()}
 
 
-EXP = "service.instance.id=exp"
+EXP = "service.name=dcgm-exporter,service.instance.id=exp"
 UNDECLARED = EXP, UNDECLARED_UNIT
 
 
@@ -271,7 +271,7 @@ def test_one_sender_is_judged_on_all_its_gpus() -> None:
     """A DCGM exporter's GPU 0 of 0 and 1 beside its GPU 1 at 2 (just above the guess): the
     exporter writes percent, so GPU 0 reads 0 % and 1 %, not ambiguous. With GPU 1 at 1 (not
     above) every one of its points is 0 or 1: ambiguous, both series left out and named."""
-    owners = {"service.instance.id=a"}
+    owners = {"service.name=vlm-server,service.instance.id=a"}
     util = semconv.HW_GPU_UTILIZATION
     percent = _exporter({"0": 0.0}) + _exporter({"0": 1.0, "1": 2.0}, shift_s=10)
     assert sender_divisors(percent) == {UNDECLARED: 100.0}
@@ -289,7 +289,7 @@ def test_one_sender_is_judged_on_all_its_gpus() -> None:
 
 
 def test_only_zeros_are_idle_and_one_1_makes_them_ambiguous() -> None:
-    owners = {"service.instance.id=a"}
+    owners = {"service.name=vlm-server,service.instance.id=a"}
     zeros = _exporter({"0": 0.0, "1": 0.0})
     assert sender_divisors(zeros) == {UNDECLARED: 1.0} and ambiguous_series(zeros) == []
     assert _values(owned_series(zeros, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS)) == {
@@ -304,7 +304,7 @@ def test_declared_points_are_never_divided() -> None:
     '1'. Only the undeclared points are guessed (95 -> 0.95); the declared 0.95 stays 0.95, not
     0.0095. An ambiguous sender loses its undeclared points only. (A '1' above 1 is still read as
     percent: test_odd_values.test_the_gpu_verdict_reads_the_declared_unit.)"""
-    owners = {"service.instance.id=a"}
+    owners = {"service.name=vlm-server,service.instance.id=a"}
     util = semconv.HW_GPU_UTILIZATION
     for declared in ("%", "1"):
         fixed = _exporter({"0": 95.0}) + _exporter({"0": 0.95}, declared, shift_s=10)

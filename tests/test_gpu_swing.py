@@ -317,7 +317,7 @@ def test_a_forward_takes_the_highest_of_its_gpus():
 
 
 #: The process key of :func:`_two_gpu_points`' process.
-P = "service.instance.id=proc-1"
+P = "service.name=svc,service.instance.id=proc-1"
 
 
 def _utilization_points(rec, hws: str) -> list[MetricPoint]:

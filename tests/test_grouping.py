@@ -73,16 +73,24 @@ def test_process_keys_are_worked_out_once_per_resource():
     other = {semconv.SERVICE_NAME: "svc"}
     alone = find_requests([Span("t3", "c", "r", "decode", T0, T0 + MS, {}, other),
                            Span("t3", "r", None, "request", T0, T0 + 2 * MS, {}, other)])
-    assert process_keys([*requests, *alone]) == ["service.instance.id=p1"] * 2 + ["service.name=svc"]
+    assert process_keys([*requests, *alone]) == ["service.name=svc,service.instance.id=p1"] * 2 + ["service.name=svc"]
 
 
 @pytest.mark.parametrize("resource, key", [
-    ({"service.instance.id": "i1", "service.name": "svc", "host.name": "node-a"}, "service.instance.id=i1"),
+    ({"service.instance.id": "i1", "service.name": "svc", "host.name": "node-a"},
+     "service.name=svc,service.instance.id=i1"),
+    # two services sharing an instance id (a pod name used by both its containers) are two processes
+    ({"service.instance.id": "pod-7", "service.name": "svc-y"}, "service.name=svc-y,service.instance.id=pod-7"),
+    ({"service.namespace": "shop", "service.instance.id": "pod-7", "service.name": "svc-x", "host.name": "n"},
+     "service.namespace=shop,service.name=svc-x,service.instance.id=pod-7"),
+    ({"service.namespace": "shop", "service.name": "svc", "host.name": "node-a"},
+     "service.namespace=shop,service.name=svc,host.name=node-a"),
+    ({"service.instance.id": "i1"}, "service.instance.id=i1"),
     ({"service.name": "svc", "host.name": "node-a"}, "service.name=svc,host.name=node-a"),
     ({"service.name": "svc", "host.name": ""}, "service.name=svc"),
     ({"service.instance.id": "", "host.name": "node-a"}, "host.name=node-a"),
     ({}, ""),
 ])
-def test_a_process_is_its_instance_else_its_service_on_its_host(resource: dict, key: str) -> None:
+def test_a_process_is_its_service_and_instance_else_its_service_on_its_host(resource: dict, key: str) -> None:
     # two hosts running one service without instance ids (one process per host) are two processes
     assert process_key(resource) == key

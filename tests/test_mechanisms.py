@@ -216,13 +216,13 @@ def test_slow_and_fast_groups_are_the_slowest_quarter_and_the_faster_half():
 def test_throttled_time_is_interpolated_between_points():
     from otel_stages.analysis.stage_signals import ThrottleSeries
 
-    key = "service.instance.id=i-1"
+    key = "service.name=svc,service.instance.id=i-1"
     series = ThrottleSeries([MetricPoint(semconv.CONTAINER_CPU_THROTTLED_TIME, t, v, resource=RESOURCE)
                              for t, v in ((0, 0.0), (100 * MS, 100.0 * MS), (200 * MS, 100.0 * MS))])
     assert series.throttled_ms(key, 25 * MS, 75 * MS) == pytest.approx(50.0)
     assert series.throttled_ms(key, 50 * MS, 150 * MS) == pytest.approx(50.0)
     assert series.throttled_ms(key, 150 * MS, 250 * MS) is None  # past the last point: unknown
-    assert series.throttled_ms("service.instance.id=other", 0, 50 * MS) is None
+    assert series.throttled_ms("service.name=svc,service.instance.id=other", 0, 50 * MS) is None
     reset = ThrottleSeries([MetricPoint(semconv.CONTAINER_CPU_THROTTLED_TIME, t, v, resource=RESOURCE)
                             for t, v in ((0, 5.0 * MS), (100 * MS, 9.0 * MS), (200 * MS, 1.0 * MS))])
     assert reset.throttled_ms(key, 0, 100 * MS) == pytest.approx(4.0)

@@ -182,7 +182,7 @@ def test_an_idle_gpu_in_undeclared_integer_percent_is_not_called_busy(tmp_path, 
     lines = [p for p in report["problems"] if p.startswith(AMBIGUOUS)]
     assert lines == [
         f"{AMBIGUOUS}, some 1, in all the undeclared points of 1 sending process (1 series, e.g."
-        " service.instance.id=i1 hw.id GPU-0): a ratio (an idle or saturated GPU) and integer"
+        " service.name=svc,service.instance.id=i1 hw.id GPU-0): a ratio (an idle or saturated GPU) and integer"
         " percent (a near-idle GPU, as dcgm-exporter's DCGM_FI_DEV_GPU_UTIL) cannot be told"
         " apart (one producer writes one unit, so each sender is judged on all its GPUs), so"
         " they are left out of the GPU evidence."

@@ -177,7 +177,7 @@ def test_pressure_is_exported_as_the_proposed_convention_says(tmp_path, monkeypa
 
 
 def test_pressure_is_interpolated_and_only_the_some_series_counts():
-    key = "service.instance.id=i-1"
+    key = "service.name=svc,service.instance.id=i-1"
     points = [MetricPoint(semconv.SYSTEM_CPU_PRESSURE_TOTAL, t, v, SOME, RESOURCE)
               for t, v in ((0, 10.0), (100 * MS, 10.1), (200 * MS, 10.1))]
     # a full series and one without the attribute are other series: not read

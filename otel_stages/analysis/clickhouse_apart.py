@@ -64,7 +64,7 @@ def apart_statements() -> list[str]:
               " '')")
     key = f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt), '')"
     # a request's process: proc_key (clickhouse_sql.process_hash of the request span's service
-    # name and instance) names the same processes as ``proc``
+    # namespace, name and instance, else host) names the same processes as ``proc``
     firsts = f"""SELECT proc_key, width, height, fmt, first.1, first.2 FROM (
             SELECT proc_key, width, height, fmt, min((start_ns, trace_key)) AS first
             FROM {cohort_requests()} WHERE is_request AND {_KNOWN} GROUP BY proc_key, width, height, fmt)"""

@@ -350,9 +350,9 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     """``(statement, params)`` filling :data:`GPU_POINTS_TABLE`: every point of the three GPU
     gauges in the window (:func:`~otel_stages.analysis.clickhouse_sql.metric_filter`) with
     ``point_key`` (its process, :func:`~otel_stages.analysis.clickhouse_sql.process_hash` of
-    ``service.name`` and ``service.instance.id``), ``host`` (``host.name``), ``hw`` (``hw.id``),
-    ``t`` (ns), ``v`` (a
-    metric whose ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
+    ``service.namespace``, ``service.name`` and ``service.instance.id`` or ``host.name``),
+    ``host`` (``host.name``), ``hw`` (``hw.id``), ``t`` (ns), ``v`` (a metric whose
+    ``MetricUnit`` is ``%`` as a ratio, as the file reader reads it:
     :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`), ``undeclared`` (1 where ``MetricUnit``
     is :data:`~otel_stages.analysis.gpu_owners.UNDECLARED_UNIT`), ``unit`` (``MetricUnit``: the
     unit is guessed per sender and unit, :func:`otel_stages.analysis.gpu_owners.sender_divisors`) and
@@ -370,7 +370,7 @@ FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
 
 
 def gpu_series_sql() -> str:
-    """``SELECT k``: the processes (hashed ``service.name``, ``service.instance.id``) with GPU
+    """``SELECT k``: the processes (:func:`~otel_stages.analysis.clickhouse_sql.process_hash`) with GPU
     points in the window (from :data:`GPU_POINTS_TABLE`)."""
     return f"SELECT DISTINCT point_key AS k FROM {GPU_POINTS_TABLE}"
 

@@ -158,6 +158,7 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     err = "CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8)"
     codes = ", ".join(str(i) for i in range(1, 6))
     a = "SpanAttributes"
+    ns = f"ResourceAttributes['{semconv.SERVICE_NAMESPACE}']"
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     host = f"ResourceAttributes['{semconv.HOST_NAME}']"
     cold = f"{a}['{semconv.REQUEST_COLD_START}']"
@@ -168,7 +169,7 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     return f"""INSERT INTO {GROUPS_TABLE}
 SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
-    self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, d.svc, d.inst,
+    self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
     d.w, d.h, d.s, d.fmt,
     k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
@@ -189,7 +190,7 @@ ANY LEFT JOIN (
     SELECT {trace}, {sid} AS sid, {pid} AS pid, {start} AS start, toInt64(Duration) AS dur, {err} AS err,
         CAST(SpanName = {_REQUEST} AS UInt8) AS isreq, toInt64OrZero({a}['{semconv.REQUEST_SEQ}']) AS seq,
         toUInt8(multiIf({cold} = 'true', 2, {cold} = 'false', 1, 0)) AS cold, {image},
-        CAST(ServiceName AS String) AS svc, {inst} AS inst, {host} AS host
+        CAST(ServiceName AS String) AS svc, {inst} AS inst, {host} AS host, {ns} AS ns
     FROM {traces} WHERE SpanName NOT IN {_STD} AND {base} AND {self_time}
 ) AS self ON k.trace_key = self.trace_key AND k.key = self.sid
 ANY LEFT JOIN (
@@ -221,8 +222,9 @@ def custom_only_insert(traces: str, query: AggregateQuery) -> str:
     a = "SpanAttributes"
     cold = f"{a}['{semconv.REQUEST_COLD_START}']"
     return f"""INSERT INTO {GROUPS_TABLE} (trace_key, key, present, self_start, self_dur, self_pid, self_err,
-    self_isreq, self_seq, self_cold, self_w, self_h, self_s, self_fmt, self_svc, self_inst, self_host)
-SELECT trace_key, sid, 1, start, dur, pid, err, 1, seq, cold, w, h, s, fmt, svc, inst, host
+    self_isreq, self_seq, self_cold, self_w, self_h, self_s, self_fmt, self_svc, self_inst, self_host,
+    self_ns)
+SELECT trace_key, sid, 1, start, dur, pid, err, 1, seq, cold, w, h, s, fmt, svc, inst, host, ns
 FROM (
     SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
         reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
@@ -232,7 +234,8 @@ FROM (
         toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h,
         toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt,
         CAST(ServiceName AS String) AS svc, ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'] AS inst,
-        ResourceAttributes['{semconv.HOST_NAME}'] AS host
+        ResourceAttributes['{semconv.HOST_NAME}'] AS host,
+        ResourceAttributes['{semconv.SERVICE_NAMESPACE}'] AS ns
     FROM {traces} WHERE SpanName = {_REQUEST} AND {span_filter(query, odd=False)}
     LIMIT 1 BY trace_key, sid
 )
@@ -244,7 +247,8 @@ _GROUPS_SCHEMA = (
     "trace_key UInt128, key UInt64, present UInt8, "
     "self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8, "
     "self_seq Int64, self_cold UInt8, self_w Int64, self_h Int64, self_s Int64, self_fmt String, "
-    "self_svc String, self_inst String, self_host String, kid_svc String, kid_inst String, n_kids UInt64, "
+    "self_svc String, self_inst String, self_host String, self_ns String, "
+    "kid_svc String, kid_inst String, n_kids UInt64, "
     + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
     + "kid_min Int64, kid_max Int64, kid_err UInt8, "
     "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, "
@@ -407,7 +411,8 @@ def _window(query: AggregateQuery, column: str) -> str:
 
 #: Over GROUPS_TABLE rows: the process key of a group (as analysis.requests.process_key; a group
 #: whose parent span never arrived, by the ``service.name`` of its decode spans).
-_PROC_PARTS = ("if(present, self_svc, kid_svc)", "if(present, self_inst, '')", "if(present, self_host, '')")
+_PROC_PARTS = ("if(present, self_ns, '')", "if(present, self_svc, kid_svc)", "if(present, self_inst, '')",
+               "if(present, self_host, '')")
 _PROC = process_label(*_PROC_PARTS)
 #: Over GROUPS_TABLE rows: the hash of the group's process (clickhouse_sql.process_hash).
 _PROC_HASH = process_hash(*_PROC_PARTS)
@@ -502,7 +507,7 @@ def _requests_select(query: AggregateQuery) -> str:
     if(present, self_inst, '') AS inst,
     if(present, self_host, '') AS host,
     {_PROC} AS proc,
-    {process_hash("svc", "inst", "host")} AS proc_key,
+    {_PROC_HASH} AS proc_key,
     {fwd.format("starts")} AS fwd_start,
     {fwd.format("ends")} AS fwd_end,
     arrayConcat(p.g_id, x.g_id) AS gids,

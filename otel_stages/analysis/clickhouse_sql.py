@@ -5,7 +5,8 @@ Statements: :mod:`otel_stages.analysis.clickhouse_requests` fills a temporary pe
 (:data:`REQUESTS_TABLE`) from the spans; :mod:`otel_stages.analysis.clickhouse_queries` aggregates
 it (and lines GPU samples up with forward spans); only their small results leave the engine.
 :func:`requests` is the per-request table with the cold and warm flags: cold where any request
-of a process (``service.instance.id``, else ``service.name``) carries ``request.cold_start`` and
+of a process (:func:`process_label`: its service and ``service.instance.id``, else its service
+and ``host.name``) carries ``request.cold_start`` and
 it is true; else where the process's requests carry ``request.seq`` and it is 1; else the
 earliest request of the process (the rules of :func:`otel_stages.analysis.requests.find_requests`).
 
@@ -19,11 +20,12 @@ each), affordable up to :data:`EXACT_QUANTILE_MAX_ROWS` warm requests; above tha
 bounded in the documentation and its result depends on the order rows arrive in.
 
 GPU: ``hw.gpu.utilization`` samples are lined up with the warm forward spans of the same process
-(``service.name`` and ``service.instance.id``, hashed) by an equi-join on (process, 1-second
-bucket) with each forward window spread over the buckets it touches, then ``start <= t <= end``:
-every sample inside every forward, as :mod:`otel_stages.analysis.gpu` counts them, without a
-cross join. Per process the GPU whose utilization rises most inside forwards (vs. outside them)
-is taken as the model's GPU (ties: more samples), as the Python path does for one process.
+(:func:`process_hash`: its service and ``service.instance.id``, else its service and host) by an
+equi-join on (process, 1-second bucket) with each forward window spread over the buckets it
+touches, then ``start <= t <= end``: every sample inside every forward, as
+:mod:`otel_stages.analysis.gpu` counts them, without a cross join. Per process the GPU whose
+utilization rises most inside forwards (vs. outside them) is taken as the model's GPU (ties: more
+samples), as the Python path does for one process.
 """
 
 from __future__ import annotations
@@ -140,29 +142,34 @@ def query_params(query: AggregateQuery) -> dict[str, Any]:
     }
 
 
-def process_hash(service: str, instance: str, host: str) -> str:
+def process_hash(namespace: str, service: str, instance: str, host: str) -> str:
     """SQL: a UInt64 naming a process as :func:`otel_stages.analysis.requests.process_key` does,
-    by its ``service.instance.id`` (``instance``), else its ``service.name`` (``service``) and
-    ``host.name`` (``host``): the key that lines metric points up with requests (a service
-    renamed in a rolling deploy keeps its instance, and its GPU points; two hosts' processes of
-    one service without instance ids stay apart)."""
-    return (f"cityHash64(if({instance} != '', concat('i:', {instance}),"
-            f" concat('s:', {service}, '\\0', {host})))")
+    by its ``service.namespace`` (``namespace``), ``service.name`` (``service``) and
+    ``service.instance.id`` (``instance``), else its namespace, ``service.name`` and ``host.name``
+    (``host``): the key that lines metric points up with requests (two services sharing an
+    instance id, the containers of one pod, stay apart; so do two hosts' processes of one
+    service without instance ids)."""
+    return (f"cityHash64(if({instance} != '', 'i', 's'), {namespace}, {service},"
+            f" if({instance} != '', {instance}, {host}))")
 
 
-def process_label(service: str, instance: str, host: str) -> str:
+def process_label(namespace: str, service: str, instance: str, host: str) -> str:
     """SQL: the text :func:`otel_stages.analysis.requests.process_key` writes, from the
-    ``service.name`` (``service``), ``service.instance.id`` (``instance``) and ``host.name``
-    (``host``) expressions (``''`` for not set)."""
-    return (f"if({instance} != '', concat('{semconv.SERVICE_INSTANCE_ID}=', {instance}),"
-            f" arrayStringConcat(arrayFilter(x -> x != '', [if({service} != '',"
-            f" concat('{semconv.SERVICE_NAME}=', {service}), ''), if({host} != '',"
-            f" concat('{semconv.HOST_NAME}=', {host}), '')]), ','))")
+    ``service.namespace`` (``namespace``), ``service.name`` (``service``),
+    ``service.instance.id`` (``instance``) and ``host.name`` (``host``) expressions (``''`` for
+    not set)."""
+    return (f"arrayStringConcat(arrayFilter(x -> x != '', ["
+            f"if({namespace} != '', concat('{semconv.SERVICE_NAMESPACE}=', {namespace}), ''),"
+            f" if({service} != '', concat('{semconv.SERVICE_NAME}=', {service}), ''),"
+            f" if({instance} != '', concat('{semconv.SERVICE_INSTANCE_ID}=', {instance}),"
+            f" if({host} != '', concat('{semconv.HOST_NAME}=', {host}), ''))]), ',')")
 
 
 #: Over a row of the Collector exporter's tables (``ServiceName``, ``ResourceAttributes``): the
-#: ``service.name``, ``service.instance.id`` and ``host.name`` expressions of its process.
-RESOURCE_PROCESS = ("CAST(ServiceName AS String)",
+#: ``service.namespace``, ``service.name``, ``service.instance.id`` and ``host.name`` expressions
+#: of its process.
+RESOURCE_PROCESS = (f"ResourceAttributes['{semconv.SERVICE_NAMESPACE}']",
+                    "CAST(ServiceName AS String)",
                     f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']",
                     f"ResourceAttributes['{semconv.HOST_NAME}']")
 

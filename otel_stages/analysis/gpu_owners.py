@@ -2,9 +2,9 @@
 and those of processes that ran no request (a DCGM exporter, a GPU worker). Pure.
 
 GPU series are keyed by process (:func:`~otel_stages.analysis.requests.process_key`:
-``service.instance.id``, else ``service.name``), then ``hw.id``, never by ``hw.id`` alone:
-``hw.id`` is "an identifier for the hardware component, unique within the monitored host"
-(OpenTelemetry hardware semantic conventions, ``hw.gpu.*``:
+service and ``service.instance.id``, else service and ``host.name``), then ``hw.id``, never by
+``hw.id`` alone: ``hw.id`` is "an identifier for the hardware component, unique within the
+monitored host" (OpenTelemetry hardware semantic conventions, ``hw.gpu.*``:
 https://opentelemetry.io/docs/specs/semconv/hardware/gpu/). Producers differ: otel-stages' own
 NVML sampler writes the NVML UUID (``GPU-…`` / ``MIG-…``, unique everywhere;
 :func:`otel_stages.gpu.metrics.device_attributes`), OpenLIT's GPU collector writes the UUID when

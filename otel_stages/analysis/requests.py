@@ -148,18 +148,23 @@ class Grouping:
 
 
 def process_key(resource: dict[str, AttributeValue]) -> str:
-    """The process a resource belongs to: ``service.instance.id=…``; without one,
-    ``service.name=…`` and ``host.name=…`` (those set, comma separated; ``""`` with neither).
+    """The process a resource belongs to, as ``key=value`` parts joined by commas (those set;
+    ``""`` with none): ``service.namespace``, ``service.name``, then ``service.instance.id``, or
+    without one ``host.name``. So ``service.name=svc-x,service.instance.id=pod-7``,
+    ``service.namespace=shop,service.name=svc-x,service.instance.id=pod-7``, or
+    ``service.name=svc-x,host.name=gpu-1``.
 
-    ``service.instance.id`` is unique per instance of a service (OpenTelemetry resource
-    semantic conventions); servers that do not set it (one process per host) are told apart by
-    their host, so two hosts' processes of one service keep their own cold starts and GPUs. The
-    ClickHouse SQL writes the same key (:func:`otel_stages.analysis.clickhouse_sql.process_label`).
+    OpenTelemetry's resource conventions make ``service.instance.id`` unique per instance of one
+    ``(service.namespace, service.name)`` pair: the triplet is the process, and two services may
+    share an instance id (a pod name or ``$HOSTNAME`` used by both containers of a pod), so the
+    id alone would fold them into one run with one cold start. Servers that do not set it (one
+    process per host) are told apart by their host, so two hosts' processes of one service keep
+    their own cold starts and GPUs. The ClickHouse SQL writes the same key
+    (:func:`otel_stages.analysis.clickhouse_sql.process_label`).
     """
     instance = resource.get(semconv.SERVICE_INSTANCE_ID)
-    if instance not in (None, ""):
-        return f"{semconv.SERVICE_INSTANCE_ID}={instance}"
-    return ",".join(f"{key}={value}" for key in (semconv.SERVICE_NAME, semconv.HOST_NAME)
+    last = semconv.HOST_NAME if instance in (None, "") else semconv.SERVICE_INSTANCE_ID
+    return ",".join(f"{key}={value}" for key in (semconv.SERVICE_NAMESPACE, semconv.SERVICE_NAME, last)
                     if (value := resource.get(key)) not in (None, ""))
 
 
@@ -189,8 +194,9 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
 
     Cold requests: where any request of a process carries ``request.cold_start``, that attribute
     decides; else where requests carry ``request.seq``, seq 1 is cold; else the earliest request
-    of each process (keyed by ``service.instance.id``, else ``service.name``) is cold. So a file
-    that starts mid-process (no seq 1) has no cold request. Never raises.
+    of each process (:func:`process_key`: its service and ``service.instance.id``, else its
+    service and ``host.name``) is cold. So a file that starts mid-process (no seq 1) has no cold
+    request. Never raises.
 
     Linear: spans are bucketed by trace (a request and its stages share a trace, so in whatever
     order lines and files hold them they meet there), and each trace is grouped with small dicts
