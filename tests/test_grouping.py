@@ -94,3 +94,10 @@ def test_process_keys_are_worked_out_once_per_resource():
 def test_a_process_is_its_service_and_instance_else_its_service_on_its_host(resource: dict, key: str) -> None:
     # two hosts running one service without instance ids (one process per host) are two processes
     assert process_key(resource) == key
+
+
+def test_a_boolean_resource_value_is_named_as_the_collector_stores_it() -> None:
+    # the ClickHouse exporter stores attribute values as pcommon.Value.AsString: a boolean
+    # instance id is "true" there, and the file report named it "True": two names for one process
+    assert process_key({"service.name": "svc", "service.instance.id": True}) == (
+        "service.name=svc,service.instance.id=true")

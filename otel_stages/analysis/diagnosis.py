@@ -52,7 +52,7 @@ from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
-from otel_stages.analysis.requests import Request, group_spans, process_keys
+from otel_stages.analysis.requests import Request, attribute_text, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_map_checks import said_by_a_map
@@ -250,12 +250,12 @@ def runs_of(requests: Sequence[Request]) -> list[Run]:
         host = resource.get(semconv.HOST_NAME)
         runs.append(Run(
             key=key,
-            service_name=None if name is None else str(name),
-            service_instance_id=None if instance is None else str(instance),
+            service_name=None if name in (None, "") else attribute_text(name),
+            service_instance_id=None if instance in (None, "") else attribute_text(instance),
             first_unix_ns=min(r.start_ns for r in reqs),
             last_unix_ns=max(r.end_ns for r in reqs),
             requests=len(reqs),
-            host_name=None if host in (None, "") else str(host),
+            host_name=None if host in (None, "") else attribute_text(host),
         ))
     return sorted(runs, key=lambda r: (r.first_unix_ns, r.key))
 

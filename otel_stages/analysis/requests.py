@@ -164,8 +164,18 @@ def process_key(resource: dict[str, AttributeValue]) -> str:
     """
     instance = resource.get(semconv.SERVICE_INSTANCE_ID)
     last = semconv.HOST_NAME if instance in (None, "") else semconv.SERVICE_INSTANCE_ID
-    return ",".join(f"{key}={value}" for key in (semconv.SERVICE_NAMESPACE, semconv.SERVICE_NAME, last)
+    return ",".join(f"{key}={attribute_text(value)}"
+                    for key in (semconv.SERVICE_NAMESPACE, semconv.SERVICE_NAME, last)
                     if (value := resource.get(key)) not in (None, ""))
+
+
+def attribute_text(value: AttributeValue) -> str:
+    """A resource attribute as text, as the Collector's ClickHouse exporter stores it
+    (``pcommon.Value.AsString``: ``true`` / ``false`` for booleans), so that the file report and
+    the ClickHouse report name a process alike."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def process_keys(requests: Iterable[Request]) -> list[str]:
