@@ -1156,12 +1156,15 @@ def _two_gpus_memory(tmp_path: Path, pressured: str, denser: str | None, utiliza
     reporting memory usage and limit every 50 ms (``denser``: that one every 25 ms); every
     seventh forward slow (400 ms). The ``pressured`` GPU sits at 94 % of its limit in the slow
     forwards and half of it otherwise, the other at a flat 40 %. ``utilization``: that GPU (or
-    ``both``, alike) also reports hw.gpu.utilization (30 %) every 50 ms."""
+    ``both``, alike) also reports hw.gpu.utilization every 50 ms, 30 % in the forwards and 5 %
+    between them (it rises with them: the model's)."""
     from tests import odd_inputs
 
     rows = _slow_every(7)
     slow = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
             if s["name"] == "forward" and int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS]
+    forwards = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) for spans in rows for s in spans
+                if s["name"] == "forward"]
     path = odd_inputs.write(tmp_path / f"two_gpus_{pressured}_{denser}_{utilization}.jsonl", rows)
     first, last = _span_range(rows)
     gib, metrics = 2**30, []
@@ -1179,8 +1182,8 @@ def _two_gpus_memory(tmp_path: Path, pressured: str, denser: str | None, utiliza
                 {"timeUnixNano": str(t), "asDouble": limit, "attributes": attrs} for t in times]}}]
         if utilization in (hw, "both"):
             metrics.append({"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
-                {"timeUnixNano": str(t), "asDouble": 0.3, "attributes": attrs}
-                for t in range(first, last, 50 * MS)]}})
+                {"timeUnixNano": str(t), "asDouble": 0.3 if any(s <= t <= e for s, e in forwards) else 0.05,
+                 "attributes": attrs} for t in range(first, last, 50 * MS)]}})
     with path.open("a") as f:
         f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
             odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
@@ -1191,8 +1194,8 @@ def _two_gpus_memory(tmp_path: Path, pressured: str, denser: str | None, utiliza
 @pytest.mark.parametrize("pressured, denser, utilization, cause, read", [
     # no utilization: every GPU is read (before f2305f1 the first hw.id was, a tie on points)
     ("1", None, None, "gpu_memory_pressure", "of each GPU's limit (2 GPUs, up to 80 GiB)"),
-    # the utilization alike on both (a tie): nothing names the model's GPU, every one is read
-    # (before f2305f1 the GPU with most points inside the forwards was: the idle one)
+    # the utilization rising alike on both: a model on both GPUs, both read (before f2305f1 the
+    # GPU with most points inside the forwards was: the idle one)
     ("0", "1", "both", "gpu_memory_pressure", "of each GPU's limit (2 GPUs, up to 80 GiB)"),
     # the utilization names GPU 0 (80 GiB) the model's: its memory is read, clear of its limit,
     # and GPU 1's pressure is a neighbour's (f2305f1 read both and called gpu_memory_pressure)

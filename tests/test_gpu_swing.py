@@ -320,26 +320,28 @@ def test_a_forward_takes_the_highest_of_its_gpus():
 P = "service.name=svc,service.instance.id=proc-1"
 
 
-def _utilization_points(rec, hws: str) -> list[MetricPoint]:
+def _utilization_points(rec, hws: str, inside: dict[str, float] | None = None) -> list[MetricPoint]:
     """``hw.gpu.utilization`` of each GPU in ``hws`` (the process of :func:`_two_gpu_points`):
-    60 % at 3 times inside each forward, 5 % 20 ms after it (it rises in the forwards)."""
+    60 % (or ``inside[hw]``) at 3 times inside each forward, 5 % 20 ms after it (it rises in the
+    forwards)."""
     res = {semconv.SERVICE_NAME: "svc", semconv.SERVICE_INSTANCE_ID: "proc-1"}
     points = []
     for a, b in sorted((s.start_ns, s.end_ns) for s in rec.spans if s.name == FORWARD):
         for hw in hws:
             attrs = {semconv.HW_ID: hw}
-            points += [MetricPoint(semconv.HW_GPU_UTILIZATION, a + (b - a) * k // 4, 0.6, attrs, res)
+            level = (inside or {}).get(hw, 0.6)
+            points += [MetricPoint(semconv.HW_GPU_UTILIZATION, a + (b - a) * k // 4, level, attrs, res)
                        for k in (1, 2, 3)]
             points.append(MetricPoint(semconv.HW_GPU_UTILIZATION, b + 20_000_000, 0.05, attrs, res))
     return points
 
 
 @pytest.mark.parametrize("utilization, model, read, pressure", [
-    ("0", {P: "0"}, "0", False),  # the model's GPU is read: the neighbour's churn is not
-    ("1", {P: "1"}, "1", True),   # the churning GPU is the model's
-    ("", {}, None, True),                # no utilization: every GPU (f2305f1's rule)
-    ("01", {}, None, True),              # alike on both: a tie names none, every GPU
-    ("2", {P: "2"}, None, True),  # the model's GPU has no memory: every GPU
+    ("0", {P: {"0"}}, "0", False),  # the model's GPU is read: the neighbour's churn is not
+    ("1", {P: {"1"}}, "1", True),   # the churning GPU is the model's
+    ("", {}, None, True),           # no utilization: every GPU (f2305f1's rule)
+    ("01", {P: {"0", "1"}}, None, True),  # both rise alike: a model on both GPUs, both read
+    ("2", {P: {"2"}}, None, True),  # the model's GPU has no memory: every GPU
 ])
 def test_the_memory_rule_reads_the_models_gpu(utilization, model, read, pressure):
     """A process whose points hold two GPUs of 80 GiB: GPU 0 at a flat 50 %, GPU 1 (a
@@ -418,3 +420,18 @@ def test_metric_points_win_only_where_the_spans_cannot_judge_the_slow_forwards(s
                                                                              expected):
     assert g.prefer_metrics(10, span, metric) is expected
     assert g.prefer_metrics(0, g.JUDGED_ALL, g.JUDGED_SLOW) is False  # no slow forward to judge
+
+
+@pytest.mark.parametrize("gpu1_inside, model", [
+    (0.32, {"0"}),       # GPU 1 rises 0.27, under half GPU 0's 0.55: a neighbour
+    (0.33, {"0", "1"}),  # 0.28, over half: it works with GPU 0 (tensor parallel)
+])
+def test_a_gpu_rising_half_as_much_as_the_models_is_the_models_too(gpu1_inside, model):
+    """MODEL_GPU_RISE_SHARE: GPU 0 rises from 5 % to 60 % in the forwards; GPU 1 to
+    ``gpu1_inside``. Without the share (the top GPU alone) a model split over two GPUs had its
+    memory read on one, and pressure on the other went unseen."""
+    assert g.MODEL_GPU_RISE_SHARE == 0.5
+    rec = _run(_every(10), None, None)
+    rec.metrics = _utilization_points(rec, "01", {"1": gpu1_inside})
+    warm = [r for r in find_requests(rec.spans) if not r.cold]
+    assert g.model_gpus(warm, rec.metrics) == {P: model}

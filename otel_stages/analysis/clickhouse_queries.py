@@ -46,7 +46,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
-from otel_stages.analysis.gpu import LEVEL_DECIMALS
+from otel_stages.analysis.gpu import LEVEL_DECIMALS, MODEL_GPU_RISE_SHARE
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
@@ -567,15 +567,16 @@ _CHOICE = f"(round(rise, {LEVEL_DECIMALS}), n_in, hw)"
 
 
 def model_gpus_sql() -> str:
-    """Per process (``proc_key``) the ``hw`` of its model's GPU, the one :func:`gpu_metrics_sql`
-    sums (utilization rising most inside its warm forwards, ties: more samples), over the whole
-    window; a process whose best series ties another on both is left out (nothing tells its
-    model's GPU), as :func:`otel_stages.analysis.gpu.model_gpus` does. The GPU memory rule reads
-    this GPU's memory (:func:`otel_stages.analysis.clickhouse_signals.memory_statements`)."""
-    return f"""SELECT proc_key, any(hw) AS hw FROM (
-    SELECT proc_key, hw, {_RANK} = max({_RANK}) OVER (PARTITION BY proc_key) AS best
+    """Rows (``proc_key``, ``hw``): per process the series of the GPUs its model runs on, those
+    whose utilization rises inside its warm forwards by at least
+    :data:`~otel_stages.analysis.gpu.MODEL_GPU_RISE_SHARE` of the greatest rise, when that is above
+    0, over the whole window, as :func:`otel_stages.analysis.gpu.model_gpus` finds them; a process
+    without a rising series has none. The GPU memory rule reads these GPUs' memory
+    (:func:`otel_stages.analysis.clickhouse_signals.memory_statements`)."""
+    return f"""SELECT proc_key, hw FROM (
+    SELECT proc_key, hw, round(rise, {LEVEL_DECIMALS}) AS r, max(r) OVER (PARTITION BY proc_key) AS top
     FROM ({_per_gpu()})
-) WHERE best GROUP BY proc_key HAVING count() = 1"""
+) WHERE top > 0 AND r >= {MODEL_GPU_RISE_SHARE} * top"""
 
 
 _SPLIT_ROW = """,

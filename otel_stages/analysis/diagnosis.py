@@ -134,7 +134,7 @@ def _warm(
     table: SignalTable | None = None,
     verdict_only: bool = False,
     processes: frozenset[str] | None = None,
-    models: Mapping[str, str] | None = None,
+    models: Mapping[str, frozenset[str]] | None = None,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
     is a subset of all warm requests' table: each request's spans are read once).
@@ -206,7 +206,7 @@ def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:
 def _cohorts(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     table: SignalTable, processes: frozenset[str] | None = None,
-    models: Mapping[str, str] | None = None,
+    models: Mapping[str, frozenset[str]] | None = None,
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
     of the total's variance. ``table``: the signal table of ``warm``."""

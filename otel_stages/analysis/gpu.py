@@ -294,21 +294,28 @@ def _choice(a: _Aligned) -> tuple[float, int, str]:
     return *_rank(a), a.hw_id
 
 
+#: A GPU whose utilization rises inside a process's forwards by at least this share of the most
+#: any of its GPUs rises works with that one (a model split over GPUs, tensor parallel: each
+#: rises with the forwards); the others (a node's other tenants, flat or idle) are not the model's.
+MODEL_GPU_RISE_SHARE = 0.5
+
+
 def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],
-               processes: Collection[str] | None = None) -> dict[str, str]:
-    """Per process key, the ``hw.id`` of the GPU the utilization evidence takes as its model's:
-    the series whose ``hw.gpu.utilization`` rises most inside the process's forwards (ties: more
-    samples inside them; module docstring, source 2), over the forwards of ``requests`` (pass the
-    whole window's warm ones: one choice for every cohort). A process left out has no
-    utilization series, or several tied on both (nothing tells its model's GPU). ``processes``:
-    as for :func:`gpu_evidence`. The GPU memory rule reads this GPU's memory
-    (:mod:`otel_stages.analysis.gpu_memory`); the ClickHouse SQL chooses the same
-    (:func:`otel_stages.analysis.clickhouse_queries.model_gpus_sql`)."""
+               processes: Collection[str] | None = None) -> dict[str, frozenset[str]]:
+    """Per process key, the series (``hw.id`` parts of :data:`~otel_stages.analysis.gpu_owners.
+    SeriesKey`) of the GPUs its model runs on: those whose ``hw.gpu.utilization`` rises inside the
+    process's forwards (over outside them, at :data:`LEVEL_DECIMALS`) by at least
+    :data:`MODEL_GPU_RISE_SHARE` of the greatest rise, when that is above 0 (module docstring,
+    source 2), over the forwards of ``requests`` (pass the whole window's warm ones: one choice
+    for every cohort). A process left out has no utilization series or none that rises (nothing
+    tells its model's GPUs). ``processes``: as for :func:`gpu_evidence`. The GPU memory rule reads
+    these GPUs' memory (:mod:`otel_stages.analysis.gpu_memory`); the ClickHouse SQL chooses the
+    same (:func:`otel_stages.analysis.clickhouse_queries.model_gpus_sql`)."""
     out = {}
     for proc, found in _aligned(requests, points, processes, None).items():
-        best = max(found, key=_rank)
-        if sum(1 for a in found if _rank(a) == _rank(best)) == 1:
-            out[proc] = best.hw_id
+        top = max(_rank(a)[0] for a in found)
+        if top > 0:
+            out[proc] = frozenset(a.hw_id for a in found if _rank(a)[0] >= MODEL_GPU_RISE_SHARE * top)
     return out
 
 

@@ -10,17 +10,17 @@ the utilization's, :mod:`otel_stages.analysis.gpu_owners`: a forward sees the po
 process and of processes that ran no request, as the ClickHouse SQL does) that have
 ``hw.gpu.memory.usage`` points and a positive ``hw.gpu.memory.limit`` (*readable*), and of those:
 
-- the *model's GPU* alone, when the utilization evidence chose one for the process and it is
-  readable: the series whose ``hw.gpu.utilization`` rises most inside the process's forwards
-  (ties: more samples; :func:`otel_stages.analysis.gpu.model_gpus`), chosen once over the whole
-  window's warm forwards, so every cohort reads the same GPU per process. A sampler (NVML, a
-  DCGM exporter) reports every GPU of the node: on a node of single-GPU model servers each
-  process's points hold its neighbours' GPUs too, and their memory (a preallocating server holds
-  90 % of its GPU; a neighbour's churn) says nothing of this model's forwards;
+- the *model's GPUs* that are readable: the series whose ``hw.gpu.utilization`` rises inside the
+  process's forwards by at least :data:`~otel_stages.analysis.gpu.MODEL_GPU_RISE_SHARE` of the
+  greatest rise (:func:`otel_stages.analysis.gpu.model_gpus`: one GPU, or each GPU of a model
+  split over several, tensor parallel), chosen once over the whole window's warm forwards, so
+  every cohort reads the same GPUs per process. A sampler (NVML, a DCGM exporter) reports every
+  GPU of the node: on a node of single-GPU model servers each process's points hold its
+  neighbours' GPUs too, and their memory (a preallocating server holds 90 % of its GPU; a
+  neighbour's churn) says nothing of this model's forwards;
 - *every* readable series, when there is no such choice (no utilization series for the process,
-  two tied on rise and samples, or the chosen GPU without readable memory): which GPU the model
-  uses cannot be told, and a model may span several (tensor parallel, or the model on GPU 1
-  while GPU 0 idles).
+  none rising, or none of the rising ones with readable memory): which GPU the model uses cannot
+  be told.
 
 Each series is read over its own largest limit (each host's GPU its own limit: an 80 GiB card and
 a 24 GiB card that both report ``hw.id`` 0 are not judged against 80 GiB). From the usage points
@@ -156,7 +156,7 @@ def released_by_sender(points: Sequence[tuple[int, float, str]]) -> float:
 
 def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
                     processes: Collection[str] | None = None, *,
-                    band_ms: float = 0.0, model_gpus: Mapping[str, str] | None = None
+                    band_ms: float = 0.0, model_gpus: Mapping[str, frozenset[str]] | None = None
                     ) -> MemoryEvidence | None:
     """Line GPU memory up with the warm forwards, each on the GPU series read for its process
     (module docstring); ``None`` without a readable series for a process whose forwards are read.
@@ -189,8 +189,8 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
         model_gpus = gpu.model_gpus(warm, points, processes)
     series: dict[str, list[SeriesKey]] = {}  # process -> the GPU series its forwards are judged on
     for proc, keys in readable.items():
-        hw = model_gpus.get(proc)
-        series[proc] = [(proc, hw)] if hw is not None and (proc, hw) in keys else keys
+        models = [key for key in keys if key[1] in model_gpus.get(proc, ())]
+        series[proc] = models or keys
     covered = []
     for dur_ns, s, e, proc in windows:
         found = []  # (peak, range, released, points) of each series with points inside

@@ -244,7 +244,7 @@ def _summary(sig: StageSignals) -> tuple[str, ...]:
 def stage_signals(warm: Sequence[Request], stages: Sequence[str], metrics: Sequence[MetricPoint],
                   gpu: GpuEvidence, *, table: SignalTable | None = None,
                   processes: Collection[str] | None = None, band_ms: float = 0.0,
-                  model_gpus: Mapping[str, str] | None = None) -> dict[str, StageSignals]:
+                  model_gpus: Mapping[str, frozenset[str]] | None = None) -> dict[str, StageSignals]:
     """Signals per stage over the ``warm`` requests (module docstring); stages without any
     recorded signal are left out. ``table``: the requests' :func:`signal_table
     <otel_stages.analysis.stage_signals.signal_table>` when the caller has it already (it must
