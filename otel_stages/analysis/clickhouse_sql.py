@@ -88,6 +88,11 @@ DEFAULT_SETTINGS: Mapping[str, Any] = {
     # (hundreds of MB with arrays) per insert thread before writing a part
     "min_insert_block_size_rows": 65_536,
     "min_insert_block_size_bytes": 16 * 2**20,
+    # no JIT: each statement runs once or a few times (the slices), and compiling its
+    # expressions with LLVM cost more than it saved (BENCHMARKS.md, ClickHouse)
+    "compile_expressions": 0,
+    "compile_aggregate_expressions": 0,
+    "compile_sort_description": 0,
 }
 
 
