@@ -558,11 +558,9 @@ def _per_gpu(columns: str = "", join: str = "") -> str:
 """
 
 
-#: How a process's GPU is chosen (:func:`_per_gpu` columns): the highest rise, then the most
-#: samples inside forwards (:func:`otel_stages.analysis.gpu.model_gpus`).
-_RANK = f"(round(rise, {LEVEL_DECIMALS}), n_in)"
-#: :data:`_RANK`, then the greater series id: ties broken as the file report breaks them
-#: (``otel_stages.analysis.gpu._choice``).
+#: How a process's GPU is chosen (:func:`_per_gpu` columns): the highest rise (at
+#: LEVEL_DECIMALS), then the most samples inside forwards, then the greater series id: ties broken
+#: as the file report breaks them (``otel_stages.analysis.gpu._choice``).
 _CHOICE = f"(round(rise, {LEVEL_DECIMALS}), n_in, hw)"
 
 
