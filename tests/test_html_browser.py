@@ -256,7 +256,12 @@ def test_cohorts_set_apart_and_unaccounted_are_drawn_as_the_report_counts_them(
     # cohorts keyed as the report keys them (format joins the key when formats vary), side by
     # side, with the PNG cohort's tentative verdict
     assert "1600x1200 JPEG" in sections["cohorts"] and "640x480 PNG" in sections["cohorts"]
-    assert re.search(r"<td class='text'>640x480 PNG</td>.*? - tentative</td>", sections["cohorts"])
+    # its few warm requests make any verdict within it tentative; whether it has one (or "-": no
+    # swing to name) depends on this machine's timing
+    row = re.search(r"<td class='text'>640x480 PNG</td>(.*?)</tr>", sections["cohorts"])
+    assert row is not None
+    verdict = re.findall(r"<td[^>]*>([^<]*)</td>", row.group(1))[-1]
+    assert verdict == "-" or verdict.endswith(" - tentative"), verdict
     # the new-input request set apart as cold: a waterfall row, and orange triangles in the plots
     assert "set apart (new input)" in sections["waterfall"]
     assert "orange triangle: a request set apart as cold" in sections["stages"]
