@@ -89,6 +89,15 @@ _FORWARD_BY_GPU_LEVEL = {
 }
 
 
+#: cause ``forward`` with thin GPU evidence because no process's model GPU could be told among
+#: the GPUs read during its forwards (``GpuEvidence.unidentified_processes``).
+GPU_UNIDENTIFIED = (
+    "tell which GPU runs the model: with otel-stages' sampler call"
+    " otel_stages.gpu.set_model_device(...) (or run one GPU per process) so each forward span"
+    " carries gpu.utilization.mean, or send only the model's GPU (drop the node's other hw.id"
+    " series in the Collector)")
+
+
 #: preprocess, the stage's cost follows input size: the large inputs are its slow runs.
 CAP_SIZE = (
     "preprocessing cost follows image size: the large inputs take longest to decode and resize"
@@ -131,19 +140,21 @@ _GPU_ALL_FORWARDS = {
 
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
               gpu_level: str | None = None, preprocess: PreprocessFacts | None = None,
-              gpu_slow: bool = True) -> list[str]:
+              gpu_slow: bool = True, gpu_unidentified: bool = False) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
     (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``);
     the concrete fixes after it follow the decode / resize facts (:func:`preprocess_fixes`).
     For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
     ``GpuEvidence.level``) could not decide. ``gpu_slow``: ``gpu_busy`` / ``gpu_starved`` was
-    judged on the slow forwards (else on all: the first line says so)."""
+    judged on the slow forwards (else on all: the first line says so). ``gpu_unidentified``:
+    the GPU evidence is thin because no model GPU could be told (:data:`GPU_UNIDENTIFIED`)."""
     lines = list(_ADVICE.get(cause, []))
     if cause == "preprocess":
         lines = preprocess_fixes(preprocess)
     if cause == "forward":
-        lines.insert(0, _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
+        lines.insert(0, GPU_UNIDENTIFIED if gpu_unidentified else
+                     _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
     if cause in _GPU_ALL_FORWARDS and not gpu_slow:
         lines[0] = _GPU_ALL_FORWARDS[cause]
     if cause == "preprocess":

@@ -126,7 +126,9 @@ def gpu_evidence(g: GpuAggregate) -> GpuEvidence:
         return GpuEvidence(level=LEVEL_NONE, forwards=g.forwards if g.forwards else 0)
     return evidence_of(source=g.source, forwards=g.forwards, covered=g.forwards_covered,
                        samples=g.samples, total=g.sum_utilization, split=g.split,
-                       slow_min_ms=g.slow_min_ms, hw_id=g.hw_id)
+                       slow_min_ms=g.slow_min_ms, hw_id=g.hw_id,
+                       unidentified_processes=g.unidentified_processes,
+                       unidentified_gpus=g.unidentified_gpus)
 
 
 def band_ms(stages: Mapping[str, StageAggregate], total: Summary | None) -> float | None:
@@ -244,11 +246,16 @@ def stage_signals(agg: FleetAggregates, cohort: CohortAggregate | None = None
 
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
     cold = agg.cold_start
-    if cold is None or agg.total is None:
+    if cold is None:
         return None
     inputs = cold.by_input
     known = all(i.width is not None and i.height is not None for i in inputs)
     first = agg.counts.cold_not_first == 0
+    if agg.total is None:  # only cold requests: said, with nothing to compare them with
+        return ColdFigures(
+            count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
+            comparable_median_total_ms=None, comparable_stages_ms={}, compared_with=ALL_WARM,
+            comparable_requests=0, warm_median_total_ms=None, input_known=known, first_of_process=first)
     same = bool(inputs) and all(i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
                                 for i in inputs)
     if same and len(inputs) == 1:
@@ -260,8 +267,16 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
             cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
         )
-    # several inputs of cold requests: the union's median is not among the aggregates, so the
-    # comparison is with all warm requests (the trace report compares with their union)
+    if same and cold.union is not None:  # several inputs: their warm requests together
+        return ColdFigures(
+            count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
+            comparable_median_total_ms=cold.union.median_total_ms,
+            comparable_stages_ms=cold.union.stages_median_ms, compared_with=SAME_INPUT,
+            comparable_requests=cold.union.requests, warm_median_total_ms=agg.total.median_ms,
+            cohort=None, first_of_process=first,
+        )
+    # several inputs of cold requests, some with too few warm requests of their own: compared
+    # with all warm requests (as the trace report)
     return ColdFigures(
         count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
         comparable_median_total_ms=agg.total.median_ms,
@@ -380,11 +395,19 @@ def _distribution(s: Summary) -> Distribution:
                         p95_ms=s.p95_ms, max_ms=s.max_ms, mean_ms=s.mean_ms)
 
 
-def _stage_stats(s: StageAggregate) -> StageStats:
+def shown_explains(agg: FleetAggregates, explains: float | None) -> float | None:
+    """``explains`` as the report shows it: ``None`` under
+    :data:`~otel_stages.analysis.decision.MIN_WARM_RUNS` warm requests (a covariance of a handful
+    of points is noise), as the file report (:func:`otel_stages.analysis.diagnosis.diagnose`)."""
+    return explains if agg.total is not None and agg.total.count >= MIN_WARM_RUNS else None
+
+
+def _stage_stats(agg: FleetAggregates, s: StageAggregate) -> StageStats:
     r = s.ran
     return StageStats(name=s.name, count=r.count, min_ms=r.min_ms, p5_ms=r.p5_ms,
                       median_ms=r.median_ms, p95_ms=r.p95_ms, max_ms=r.max_ms, mean_ms=r.mean_ms,
-                      share=s.share_of_time, swing_ms=r.swing_ms, explains=s.explained)
+                      share=s.share_of_time, swing_ms=r.swing_ms,
+                      explains=shown_explains(agg, s.explained))
 
 
 def report_dict(agg: FleetAggregates) -> dict[str, object]:
@@ -408,11 +431,11 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed + c.set_apart, "failed": c.failed,
                    "incomplete": c.incomplete},
         "total": None if total is None else total.to_dict(),
-        "stages": {n: _stage_stats(s).to_dict() for n, s in agg.stages.items()},
+        "stages": {n: _stage_stats(agg, s).to_dict() for n, s in agg.stages.items()},
         "overlap": None if agg.overlap is None else agg.overlap.to_dict(),
         "unaccounted": None if unaccounted is None else Unaccounted(
             unaccounted.median_ms, unaccounted.swing_ms, unaccounted.share,
-            unaccounted.explains or 0.0).to_dict(),
+            shown_explains(agg, unaccounted.explains or 0.0)).to_dict(),
         "cohorts": [cohort_to_dict(k) for k in share_tentative(cohort_list, top.tentative)],
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
@@ -437,6 +460,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "gpu": fig.gpu.to_dict(),
         "slowest": [{"trace_id": s.trace_id, "seq": s.seq, "total_ms": round(s.total_ms, 3),
                      "stages": {k: round(v, 3) for k, v in s.stages_ms.items()},
+                     "unaccounted_ms": round(s.unaccounted_ms, 3),
                      "image_width": s.image_width, "image_height": s.image_height,
                      "image_bytes": s.image_bytes, "error": s.error} for s in agg.slowest],
         "signals": {name: sig.to_dict() for name, sig in stage_signals(agg).items()},

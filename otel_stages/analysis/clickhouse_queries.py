@@ -46,7 +46,13 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
-from otel_stages.analysis.gpu import LEVEL_DECIMALS, MODEL_GPU_RISE_SHARE
+from otel_stages.analysis.gpu import (
+    GPU_BUSY_MIN_UTILIZATION,
+    GPU_STARVED_MAX_UTILIZATION,
+    LEVEL_DECIMALS,
+    MIN_MODEL_GPU_RISE,
+    MODEL_GPU_RISE_SHARE,
+)
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
@@ -192,6 +198,22 @@ ORDER BY cold_n DESC, width, height, fmt
 LIMIT {{top_cohorts:UInt32}}"""
 
 
+def cold_union_sql(method: str) -> str:
+    """The warm requests whose input is that of some cold request (known inputs), for cold
+    requests of several inputs (each with enough warm requests of its own): a row with ``stage``
+    ``''``, their count and median total, then one per stage with its median, as the trace report
+    compares several processes' cold requests (:func:`otel_stages.analysis.cohorts.cold_figures`:
+    with the union of their inputs' warm requests)."""
+    inputs = f"SELECT width, height, fmt FROM {R} WHERE {_COLD} AND {_KNOWN} GROUP BY width, height, fmt"
+    return f"""SELECT '' AS stage, count() AS n, {median(_TOTAL_MS, "1", method)} AS median_ms
+FROM {R} WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({inputs})
+UNION ALL
+SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({inputs})
+GROUP BY stage"""
+
+
 def cold_cohort_stages_sql(method: str) -> str:
     """Per input of cold requests (the largest ``{top_cohorts:UInt32}``, known inputs only): each
     stage's median over the warm requests with that input (what the cold request is compared
@@ -225,7 +247,8 @@ ORDER BY first_unix_ns, proc LIMIT {{top_runs:UInt32}}"""
 def slowest_sql() -> str:
     """The ``{top_slowest:UInt32}`` slowest warm requests."""
     return f"""SELECT lower(hex(reinterpretAsFixedString(trace_key))) AS trace_id, seq,
-    total_ns, stage_names, stage_ns, width, height, bytes, error
+    total_ns, stage_names, stage_ns, width, height, bytes, error,
+    greatest(toInt64(0), total_ns - covered_ns) AS unaccounted_ns
 FROM {R} WHERE warm ORDER BY total_ns DESC, start_ns LIMIT {{top_slowest:UInt32}}"""
 
 
@@ -545,8 +568,8 @@ def _per_gpu(columns: str = "", join: str = "") -> str:
     return f"""
     SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
         ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
-        if(n_in > 0, sum_in / n_in, 0)
-            - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise{columns}
+        if(n_all > n_in, if(n_in > 0, sum_in / n_in, 0) - (sum_all - sum_in) / (n_all - n_in), 0)
+            AS rise{columns}
     FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
           FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
     LEFT JOIN (
@@ -564,17 +587,40 @@ def _per_gpu(columns: str = "", join: str = "") -> str:
 _CHOICE = f"(round(rise, {LEVEL_DECIMALS}), n_in, hw)"
 
 
+def _level_sql(mean: str) -> str:
+    """``otel_stages.analysis.gpu._level_of`` of ``mean`` (0..1) in SQL."""
+    return (f"multiIf(round({mean}, {LEVEL_DECIMALS}) >= {GPU_BUSY_MIN_UTILIZATION}, 'high',"
+            f" round({mean}, {LEVEL_DECIMALS}) <= {GPU_STARVED_MAX_UTILIZATION}, 'low', 'medium')")
+
+
+def _chosen(by: str, slow_sum: str, slow_n: str) -> str:
+    """Per process (and ``by``) of ``per_gpu``: the GPU taken (``g``, by :data:`_CHOICE`) and
+    ``told``: whether it is the model's GPU as :func:`otel_stages.analysis.gpu.pick_gpu` decides
+    (one series with samples inside the forwards, or one rising by
+    :data:`~otel_stages.analysis.gpu.MIN_MODEL_GPU_RISE`, or all at the same levels), with
+    ``seen``: the ``(hw, mean inside)`` of its series with samples, by ``hw``. ``slow_sum`` /
+    ``slow_n``: the slow forwards' sums in ``sp_row``."""
+    levels = (f"({_level_sql('sum_in / n_in')}, if(ifNull({slow_n}, 0) > 0,"
+              f" {_level_sql(f'{slow_sum} / {slow_n}')}, ''))")
+    return f"""SELECT {by}argMax((hw, n_in, sum_in, sp_row), {_CHOICE}) AS g,
+        arraySort(groupArrayIf((hw, sum_in / n_in), n_in > 0)) AS seen,
+        length(seen) <= 1 OR maxIf(round(rise, {LEVEL_DECIMALS}), n_in > 0) >= {MIN_MODEL_GPU_RISE}
+            OR uniqExactIf({levels}, n_in > 0) = 1 AS told
+    FROM per_gpu GROUP BY {by}proc_key"""
+
+
 def model_gpus_sql() -> str:
     """Rows (``proc_key``, ``hw``): per process the series of the GPUs its model runs on, those
     whose utilization rises inside its warm forwards by at least
     :data:`~otel_stages.analysis.gpu.MODEL_GPU_RISE_SHARE` of the greatest rise, when that is above
-    0, over the whole window, as :func:`otel_stages.analysis.gpu.model_gpus` finds them; a process
+    :data:`~otel_stages.analysis.gpu.MIN_MODEL_GPU_RISE` or more, over the whole window, as
+    :func:`otel_stages.analysis.gpu.model_gpus` finds them; a process
     without a rising series has none. The GPU memory rule reads these GPUs' memory
     (:func:`otel_stages.analysis.clickhouse_signals.memory_statements`)."""
     return f"""SELECT proc_key, hw FROM (
     SELECT proc_key, hw, round(rise, {LEVEL_DECIMALS}) AS r, max(r) OVER (PARTITION BY proc_key) AS top
     FROM ({_per_gpu()})
-) WHERE top > 0 AND r >= {MODEL_GPU_RISE_SHARE} * top"""
+) WHERE top >= {MIN_MODEL_GPU_RISE} AND r >= {MODEL_GPU_RISE_SHARE} * top"""
 
 
 _SPLIT_ROW = """,
@@ -588,7 +634,9 @@ def gpu_metrics_sql() -> str:
     (vs. outside them; ties: more samples), and one row of sums over those GPUs: samples inside
     forwards and their sum, forwards covered, and the sums and counts inside slow and fast
     forwards (longer than the slow-forward threshold ``{slow_min_ns:Float64}`` of
-    :func:`slow_forwards_sql`, and the others; ``slow_covered``: slow forwards with a sample)."""
+    :func:`slow_forwards_sql`, and the others; ``slow_covered``: slow forwards with a sample).
+    A process whose model GPU cannot be told (:func:`_chosen`) is left out of the sums and counted
+    (``unidentified``; ``unidentified_gpus``: one such process's ``(hw, mean inside)``)."""
     slow = "f.e - f.s > {slow_min_ns:Float64}"
     fast = "f.e - f.s <= {slow_min_ns:Float64}"
     return f"""WITH
@@ -606,15 +654,14 @@ split AS (
     GROUP BY proc_key, hw
 ),
 per_gpu AS ({_per_gpu(_SPLIT_ROW, _SPLIT_JOIN)}),
-chosen AS (
-    SELECT argMax((hw, n_in, sum_in, sp_row), {_CHOICE}) AS g FROM per_gpu GROUP BY proc_key
-)
-SELECT count() AS gpus, any(g.1) AS hw_id,
-    sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,
-    countIf(g.4.2) AS split_gpus,
-    sumIf(g.4.3, g.4.2) AS slow_sum, sumIf(g.4.4, g.4.2) AS slow_n,
-    sumIf(g.4.5, g.4.2) AS fast_sum, sumIf(g.4.6, g.4.2) AS fast_n,
-    sumIf(g.4.7, g.4.2) AS slow_covered
+chosen AS ({_chosen("", "sp_row.3", "sp_row.4")})
+SELECT countIf(told) AS gpus, anyIf(g.1, told) AS hw_id,
+    sumIf(g.2, told) AS samples, sumIf(g.3, told) AS sum_in, sumIf(g.4.1, told) AS covered,
+    countIf(g.4.2 AND told) AS split_gpus,
+    sumIf(g.4.3, g.4.2 AND told) AS slow_sum, sumIf(g.4.4, g.4.2 AND told) AS slow_n,
+    sumIf(g.4.5, g.4.2 AND told) AS fast_sum, sumIf(g.4.6, g.4.2 AND told) AS fast_n,
+    sumIf(g.4.7, g.4.2 AND told) AS slow_covered,
+    countIf(NOT told) AS unidentified, anyIf(seen, NOT told) AS unidentified_gpus
 FROM chosen"""
 
 
@@ -713,8 +760,8 @@ per_gpu AS (
     SELECT c.width AS width, c.height AS height, c.fmt AS fmt, a.proc_key AS proc_key,
         a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
         ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
-        if(n_in > 0, sum_in / n_in, 0)
-            - if(n_all > n_in, (sum_all - sum_in) / (n_all - n_in), 0) AS rise,
+        if(n_all > n_in, if(n_in > 0, sum_in / n_in, 0) - (sum_all - sum_in) / (n_all - n_in), 0)
+            AS rise,
         (ifNull(sp.covered, 0), sp.slow_sum, sp.slow_n, sp.fast_sum, sp.fast_n,
          ifNull(sp.slow_covered, 0)) AS sp_row
     FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
@@ -726,16 +773,14 @@ per_gpu AS (
         AND sp.proc_key = a.proc_key AND sp.hw = a.hw
     SETTINGS join_use_nulls = 1
 ),
-chosen AS (
-    SELECT width, height, fmt, argMax((hw, n_in, sum_in, sp_row), {_CHOICE}) AS g
-    FROM per_gpu GROUP BY width, height, fmt, proc_key
-)
-SELECT width, height, fmt, count() AS gpus, any(g.1) AS hw_id,
-    sum(g.2) AS samples, sum(g.3) AS sum_in, sum(g.4.1) AS covered,
-    countIf(g.4.1 >= 1) AS split_gpus,
-    sumIf(g.4.2, g.4.1 >= 1) AS slow_sum, sumIf(g.4.3, g.4.1 >= 1) AS slow_n,
-    sumIf(g.4.4, g.4.1 >= 1) AS fast_sum, sumIf(g.4.5, g.4.1 >= 1) AS fast_n,
-    sumIf(g.4.6, g.4.1 >= 1) AS slow_covered
+chosen AS ({_chosen("width, height, fmt, ", "sp_row.2", "sp_row.3")})
+SELECT width, height, fmt, countIf(told) AS gpus, anyIf(g.1, told) AS hw_id,
+    sumIf(g.2, told) AS samples, sumIf(g.3, told) AS sum_in, sumIf(g.4.1, told) AS covered,
+    countIf(g.4.1 >= 1 AND told) AS split_gpus,
+    sumIf(g.4.2, g.4.1 >= 1 AND told) AS slow_sum, sumIf(g.4.3, g.4.1 >= 1 AND told) AS slow_n,
+    sumIf(g.4.4, g.4.1 >= 1 AND told) AS fast_sum, sumIf(g.4.5, g.4.1 >= 1 AND told) AS fast_n,
+    sumIf(g.4.6, g.4.1 >= 1 AND told) AS slow_covered,
+    countIf(NOT told) AS unidentified, anyIf(seen, NOT told) AS unidentified_gpus
 FROM chosen GROUP BY width, height, fmt ORDER BY width, height, fmt"""
 
 

@@ -160,6 +160,15 @@ def _correlation(value: Any, count: int) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _union(rows: Rows) -> WarmUnion | None:
+    """The ``cold_union`` answer (:func:`otel_stages.analysis.clickhouse_queries.cold_union_sql`)."""
+    head = next((r for r in rows if r["stage"] == ""), None)
+    if head is None or not int(head["n"] or 0):
+        return None
+    return WarmUnion(int(head["n"]), float(head["median_ms"]),
+                     _ordered({str(r["stage"]): float(r["median_ms"]) for r in rows if r["stage"] != ""}))
+
+
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {name: values[name] for name in ordered_stages(values)}
 
@@ -207,14 +216,27 @@ class ColdInput:
 
 
 @dataclass(frozen=True)
+class WarmUnion:
+    """The warm requests whose input is that of some cold request, when the cold requests had
+    several inputs: count, median total and per-stage medians (ms)."""
+
+    requests: int
+    median_total_ms: float
+    stages_median_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
 class ColdStartAggregate:
     """Cold requests (first of each process; failed ones left out): their ``total``
     distribution, per-stage medians over the cold requests where the stage ran, and per input
-    (largest first) the comparison with warm requests of the same input."""
+    (largest first) the comparison with warm requests of the same input; ``union``: the warm
+    requests of all their inputs (:class:`WarmUnion`; read only for several inputs, each with
+    enough warm requests)."""
 
     total: Summary
     stages_median_ms: dict[str, float]
     by_input: list[ColdInput]
+    union: WarmUnion | None = None
 
 
 @dataclass(frozen=True)
@@ -229,7 +251,9 @@ class GpuAggregate:
     sum. ``split``: the slow forwards' and the others' sums
     (:class:`otel_stages.analysis.gpu.SplitFigures`) at ``slow_min_ms`` (the warm forward median
     plus the run's noise band); ``slow_*`` / ``fast_*`` their means. ``gpus``: GPUs taken (one per
-    process with samples).
+    process with samples). ``unidentified_processes``: processes whose model GPU could not be told
+    (:func:`otel_stages.analysis.gpu.pick_gpu`), left out; ``unidentified_gpus``: when one, its
+    GPUs' ``(hw.id, mean utilization inside its forwards)``.
     """
 
     source: str | None
@@ -244,6 +268,8 @@ class GpuAggregate:
     sum_utilization: float = 0.0
     split: SplitFigures | None = None
     slow_min_ms: float | None = None
+    unidentified_processes: int = 0
+    unidentified_gpus: tuple[tuple[str, float], ...] = ()
 
 
 def _ratio(num: Any, den: Any) -> float | None:
@@ -268,6 +294,8 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
     """The forward spans' own attributes when they have data, unless they leave the slow forwards
     unsampled where the metric points do not (:func:`otel_stages.analysis.gpu.prefer_metrics`),
     else the metric points; as the file report chooses."""
+    if forwards == 0:  # no warm forward to line anything up with (as analysis.gpu.gpu_evidence)
+        return GpuAggregate(source=None, forwards=0)
     span_split, _ = _split(spans, slow)
     metric_split, _ = _split(metrics, slow)
     use_metrics = False
@@ -289,7 +317,14 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
             fast_mean_utilization=_ratio(spans["fast_sum"], spans["fast_n"]),
             sum_utilization=float(spans["weighted"] or 0.0), split=split, slow_min_ms=slow_min,
         )
+    unidentified = int(metrics.get("unidentified") or 0)
+    seen = tuple((hw_of(str(hw)), float(mean)) for hw, mean in metrics.get("unidentified_gpus") or ()
+                 ) if unidentified == 1 else ()
     if int(metrics.get("gpus") or 0) == 0:
+        if unidentified:
+            split_row, slow_min = _split(metrics, slow)
+            return GpuAggregate(source="metrics", forwards=forwards, split=split_row, slow_min_ms=slow_min,
+                                unidentified_processes=unidentified, unidentified_gpus=seen)
         return GpuAggregate(source=None, forwards=forwards)
     split_row, slow_min = _split(metrics, slow)
     has_split = int(metrics.get("split_gpus") or 0) > 0
@@ -302,7 +337,7 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
         fast_mean_utilization=_ratio(metrics["fast_sum"], metrics["fast_n"]) if has_split else None,
         hw_id=(hw_of(str(metrics["hw_id"] or "")) or None) if gpus == 1 else None, gpus=gpus,
         sum_utilization=float(metrics["sum_in"] or 0.0), split=split_row if has_split else None,
-        slow_min_ms=slow_min,
+        slow_min_ms=slow_min, unidentified_processes=unidentified, unidentified_gpus=seen,
     )
 
 
@@ -335,7 +370,7 @@ class RunAggregate:
 @dataclass(frozen=True)
 class SlowRequest:
     """One of the slowest warm requests: trace id (hex), ``request.seq``, total and per-stage
-    ms, input size."""
+    ms, input size, and its time outside every stage span (``unaccounted_ms``)."""
 
     trace_id: str
     seq: int | None
@@ -345,6 +380,7 @@ class SlowRequest:
     image_height: int | None
     image_bytes: int | None
     error: bool
+    unaccounted_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -582,6 +618,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                     str(x["stage"]): float(x["median_ms"]) for x in results["cold_input_stages"]
                     if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}))
                 for r in results["cold_cohorts"]],
+            union=_union(results.get("cold_union") or ()),
         )
     runs = [RunAggregate(**{k: r[k] for k in ("service_name", "service_instance_id",
                                               "first_unix_ns", "last_unix_ns", "requests",
@@ -592,7 +629,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         stages_ms={n: r["stage_ns"][r["stage_names"].index(n)] / 1e6
                    for n in ordered_stages(r["stage_names"])},
         image_width=r["width"], image_height=r["height"], image_bytes=r["bytes"],
-        error=bool(r["error"])) for r in results["slowest"]]
+        error=bool(r["error"]), unaccounted_ms=float(r.get("unaccounted_ns") or 0) / 1e6)
+        for r in results["slowest"]]
     gpu = _gpu(results["gpu_spans"][0] if results.get("gpu_spans") else {},  # (not run yet: {})
                results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
                results["slow_forwards"][0] if results.get("slow_forwards") else {})

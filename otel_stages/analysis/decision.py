@@ -61,7 +61,7 @@ from otel_stages.analysis.figures import (
     Figures,
     TotalFigures,
 )
-from otel_stages.analysis.gpu import JUDGED_SLOW
+from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_THIN
 from otel_stages.analysis.noise import (
     MIN_SWING_MS,
     SPIKE_MIN_FRACTION,
@@ -288,6 +288,8 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         gpu_level=fig.gpu.level,
         preprocess=evidence.preprocess if evidence else None,
         gpu_slow=fig.gpu.judged_on == JUDGED_SLOW,
+        gpu_unidentified=fig.gpu.level == LEVEL_THIN and not fig.gpu.samples
+        and fig.gpu.unidentified_processes > 0,
     )
     # first, what an unconfirmed mechanism's evidence points at (a blocked stage): no sentence in
     # the evidence is left without its advice
@@ -391,7 +393,8 @@ def _cold_sentence(cold: ColdFigures) -> str:
         return f"{who} took {duration(cold.total_ms)}; no warm request to compare it with"
     if cold.compared_with == SAME_INPUT:
         against = (f"the median of the {cold.comparable_requests} warm requests with the same input"
-                   f" ({cold.cohort}, {duration(cold.comparable_median_total_ms)})")
+                   + (f" ({cold.cohort}, " if cold.cohort else "s as theirs (")
+                   + f"{duration(cold.comparable_median_total_ms)})")
     elif not cold.input_known:
         against = (f"the median of all {cold.comparable_requests} warm requests"
                    f" ({duration(cold.comparable_median_total_ms)}; its input is unknown: no image"

@@ -13,7 +13,13 @@ attributes on few of the long forwards must not hide the metric points inside th
    rises most during its forwards (vs. outside them) is taken as the model's; the sums over
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
-   process's GPU was taken. The GPU memory rule reads the memory of the GPU so chosen over the
+   process's GPU was taken. A process that reads several GPUs inside its forwards, none rising by
+   :data:`MIN_MODEL_GPU_RISE` (a node exporter's other GPUs, flat; or a saturated service, whose
+   forwards leave no sample outside them to compare with: rise 0), at levels that differ, gives
+   no GPU: which one runs its model cannot be told, and taking one would decide busy or starved
+   by a neighbour's load (:func:`pick_gpu`). It is left out and counted
+   (``unidentified_processes``); when no process is left the level is ``thin``. The GPU memory
+   rule reads the memory of the GPU so chosen over the
    whole window (:func:`model_gpus`). A series whose unit cannot be told (undeclared, only 0 and
    1: :func:`otel_stages.analysis.gpu_owners.is_ambiguous`) is left out, and the problems say so.
 
@@ -42,7 +48,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.gpu_owners import PERCENT_GUESS, hw_of, owned_series, request_hosts
 from otel_stages.analysis.model import MetricPoint, Span
-from otel_stages.analysis.requests import Request, process_keys
+from otel_stages.analysis.requests import Request, process_keys, usable_float
 from otel_stages.analysis.units import duration
 
 #: Fewer samples than this inside forward spans is too thin to call the GPU busy or starved:
@@ -60,6 +66,13 @@ MIN_SLOW_FORWARDS_COVERED = 2
 GPU_BUSY_MIN_UTILIZATION = 0.7
 #: At or below this the GPU mostly waits during forward (data, locks, allocation, host syncs).
 GPU_STARVED_MAX_UTILIZATION = 0.4
+#: A GPU is seen to work with a process's forwards when its mean utilization inside them exceeds
+#: its mean outside them by at least this: half a point. NVML's ``utilization.gpu`` moves in whole
+#: percent, so a GPU stepping from 0 to 1 % with the forwards rises by about 1 point, somewhat
+#: less where the cold request's forward counts as outside (only warm forwards are windows); a
+#: flat series (another tenant's GPU on the node) rises by 0 give or take its noise. Without
+#: samples outside the forwards there is nothing to compare (rise 0).
+MIN_MODEL_GPU_RISE = 0.005
 
 LEVEL_HIGH = "high"
 LEVEL_LOW = "low"
@@ -91,7 +104,9 @@ class GpuEvidence:
     threshold (ms, exclusive; ``None`` when the run's noise band was not given), ``slow_forwards``
     warm forwards above it, ``slow_covered`` of them with samples, ``slow_samples`` samples in
     them; ``slow_`` / ``fast_mean_utilization``: mean over the slow forwards' / the others'
-    samples (``None`` without samples there).
+    samples (``None`` without samples there). ``unidentified_processes``: processes left out
+    because their model's GPU cannot be told (:func:`pick_gpu`); ``unidentified_gpus``: when that
+    is one process, its GPUs' ``(hw.id, mean utilization inside its forwards)``, by ``hw.id``.
     """
 
     level: str
@@ -108,6 +123,8 @@ class GpuEvidence:
     slow_covered: int = 0
     slow_samples: int = 0
     judged_on: str = JUDGED_ALL
+    unidentified_processes: int = 0
+    unidentified_gpus: tuple[tuple[str, float], ...] = ()
 
     @property
     def coverage(self) -> float:
@@ -155,9 +172,23 @@ class GpuEvidence:
                 text += (f"; the {self.slow_covered} sampled of the {self.slow_forwards} slow"
                          f" forwards (> {duration(self.slow_min_ms)}) show"
                          f" {self.slow_mean_utilization:.0%}{fast}")
+        if self.level == LEVEL_THIN and not self.samples and self.unidentified_processes:
+            return self._unidentified_words() + "; too thin to call busy or starved"
         if self.level == LEVEL_THIN:
             text += self._why_thin()
+        if self.unidentified_processes:
+            text += "; left out: " + self._unidentified_words()
         return text
+
+    def _unidentified_words(self) -> str:
+        n = self.unidentified_processes
+        gpus = ", ".join(f"hw.id {hw or '(none)'} {mean:.0%}" for hw, mean in self.unidentified_gpus)
+        which = (f"{n} processes each read several GPUs" if n > 1 else
+                 f"1 process reads {len(self.unidentified_gpus)} GPUs ({gpus})")
+        return (f"{which} during the forwards at different levels, none rising by"
+                f" {MIN_MODEL_GPU_RISE * 100:g} point or more over its level outside them (a"
+                " node's other GPUs, or no sample outside the forwards to compare): which one"
+                " runs the model cannot be told")
 
     def _why_all(self) -> str:
         if self.slow_forwards == 0:
@@ -196,6 +227,7 @@ class GpuEvidence:
             "slow_forward_samples": self.slow_samples,
             "slow_forward_mean_utilization": _round(self.slow_mean_utilization),
             "fast_forward_mean_utilization": _round(self.fast_mean_utilization),
+            "unidentified_processes": self.unidentified_processes,
         }
 
 
@@ -250,7 +282,12 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
     by_process = _aligned(requests, points, processes, slow_min_ns)
     if not by_process:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
-    chosen = [max(found, key=_choice) for found in by_process.values()]
+    picked = {proc: pick_gpu(found) for proc, found in by_process.items()}
+    chosen = [a for a in picked.values() if a is not None]
+    untold = sorted(proc for proc, a in picked.items() if a is None)
+    gpus = () if len(untold) != 1 else tuple(
+        (hw_of(a.hw_id), a.sum_in / a.samples) for a in sorted(by_process[untold[0]], key=lambda a: a.hw_id)
+        if a.samples)
     split = None if slow_min_ns is None else SplitFigures(
         slow_forwards=sum(1 for s, e in every if e - s > slow_min_ns),
         slow_covered=sum(a.slow_covered for a in chosen),
@@ -260,7 +297,8 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
         source="metrics", forwards=len(every), covered=sum(a.covered for a in chosen),
         samples=sum(a.samples for a in chosen), total=math.fsum(a.sum_in for a in chosen),
         split=split, slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6,
-        hw_id=(hw_of(chosen[0].hw_id) or None) if len(chosen) == 1 else None)
+        hw_id=(hw_of(chosen[0].hw_id) or None) if len(chosen) == 1 else None,
+        unidentified_processes=len(untold), unidentified_gpus=gpus)
 
 
 def _aligned(requests: Sequence[Request], points: Sequence[MetricPoint],
@@ -294,6 +332,26 @@ def _choice(a: _Aligned) -> tuple[float, int, str]:
     return *_rank(a), a.hw_id
 
 
+def _levels(a: _Aligned) -> tuple[str, str | None]:
+    """The levels a series would give: over its samples inside the forwards, and inside the slow
+    ones (``None`` without)."""
+    return (_level_of(a.sum_in / a.samples),
+            _level_of(a.slow_sum / a.slow_n) if a.slow_n else None)
+
+
+def pick_gpu(found: Sequence[_Aligned]) -> _Aligned | None:
+    """The series taken as a process's model GPU among ``found`` (its series against its
+    forwards): the greatest :func:`_choice`, unless several have samples inside the forwards, none
+    rises by :data:`MIN_MODEL_GPU_RISE` and their levels (:func:`_levels`) differ: then ``None``,
+    the model's GPU cannot be told (module docstring). The ClickHouse SQL decides alike
+    (:func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`)."""
+    best = max(found, key=_choice)
+    seen = [a for a in found if a.samples]
+    if len(seen) <= 1 or max(_rank(a)[0] for a in seen) >= MIN_MODEL_GPU_RISE:
+        return best
+    return best if len({_levels(a) for a in seen}) == 1 else None
+
+
 #: A GPU whose utilization rises inside a process's forwards by at least this share of the most
 #: any of its GPUs rises works with that one (a model split over GPUs, tensor parallel: each
 #: rises with the forwards); the others (a node's other tenants, flat or idle) are not the model's.
@@ -305,7 +363,8 @@ def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],
     """Per process key, the series (``hw.id`` parts of :data:`~otel_stages.analysis.gpu_owners.
     SeriesKey`) of the GPUs its model runs on: those whose ``hw.gpu.utilization`` rises inside the
     process's forwards (over outside them, at :data:`LEVEL_DECIMALS`) by at least
-    :data:`MODEL_GPU_RISE_SHARE` of the greatest rise, when that is above 0 (module docstring,
+    :data:`MODEL_GPU_RISE_SHARE` of the greatest rise, when that is :data:`MIN_MODEL_GPU_RISE`
+    or more (module docstring,
     source 2), over the forwards of ``requests`` (pass the whole window's warm ones: one choice
     for every cohort). A process left out has no utilization series or none that rises (nothing
     tells its model's GPUs). ``processes``: as for :func:`gpu_evidence`. The GPU memory rule reads
@@ -314,7 +373,7 @@ def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],
     out = {}
     for proc, found in _aligned(requests, points, processes, None).items():
         top = max(_rank(a)[0] for a in found)
-        if top > 0:
+        if top >= MIN_MODEL_GPU_RISE:
             out[proc] = frozenset(a.hw_id for a in found if _rank(a)[0] >= MODEL_GPU_RISE_SHARE * top)
     return out
 
@@ -375,9 +434,11 @@ def judge_level(mean: float | None, samples: int, covered: int, forwards: int,
 
 def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total: float,
                 split: SplitFigures | None, slow_min_ms: float | None,
-                hw_id: str | None = None) -> GpuEvidence:
+                hw_id: str | None = None, unidentified_processes: int = 0,
+                unidentified_gpus: tuple[tuple[str, float], ...] = ()) -> GpuEvidence:
     """:class:`GpuEvidence` from sums (``total``: the sum of the ``samples`` values, 0..1),
-    judged by :func:`judge_level`: the file report and the ClickHouse aggregates alike."""
+    judged by :func:`judge_level`: the file report and the ClickHouse aggregates alike.
+    ``unidentified_*``: the processes left out by :func:`pick_gpu` (:class:`GpuEvidence`)."""
     mean = total / samples if samples else None
     level, judged = judge_level(mean, samples, covered, forwards, split)
     return GpuEvidence(
@@ -392,6 +453,8 @@ def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total
         slow_covered=split.slow_covered if split is not None else 0,
         slow_samples=split.slow_samples if split is not None else 0,
         judged_on=judged,
+        unidentified_processes=unidentified_processes,
+        unidentified_gpus=unidentified_gpus if unidentified_processes == 1 else (),
     )
 
 
@@ -447,7 +510,8 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
     outside = [v for i, (_, v) in enumerate(samples) if i not in inside_idx]
     split = _split(per_forward, windows, slow_min_ns) or SplitFigures()
     mean = statistics.fmean(inside) if inside else 0.0
-    rise = mean - (statistics.fmean(outside) if outside else 0.0)
+    # no sample outside the forwards (a saturated service): nothing to compare, no rise
+    rise = mean - statistics.fmean(outside) if outside else 0.0
     return _Aligned(hw_id, len(inside), math.fsum(inside), len(per_forward), split.slow_covered,
                     split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise)
 
@@ -462,14 +526,14 @@ def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
     top: dict[str, float] = {}
     owner: list[str] = []
     for span, proc in zip(forwards, procs):
-        mean = span.attributes.get(semconv.GPU_UTILIZATION_MEAN)
-        if not isinstance(mean, (int, float)) or isinstance(mean, bool) or not math.isfinite(mean):
+        mean = usable_float(span.attributes.get(semconv.GPU_UTILIZATION_MEAN))
+        if mean is None:
             continue
-        count = span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1)
-        count = int(count) if isinstance(count, (int, float)) and math.isfinite(count) else 1
+        count = usable_float(span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
+        count = 1 if count is None else int(count)
         if count <= 0:
             continue
-        found.append((span.end_ns - span.start_ns, float(mean), count))
+        found.append((span.end_ns - span.start_ns, mean, count))
         owner.append(proc)
         top[proc] = max(top.get(proc, float("-inf")), float(mean))
     if not found:
