@@ -25,7 +25,8 @@ from tests.test_decision import figures, stage
 @pytest.mark.parametrize("value, expected", [
     (1920, 1920), (INT64_MAX, INT64_MAX), (INT64_MAX + 1, None), (INT64_MIN, INT64_MIN),
     (INT64_MIN - 1, None), (1920.0, 1920), (1920.5, None), (math.nan, None), (math.inf, None),
-    (-math.inf, None), (1e300, None), (2.0**63, None), (True, None), ("1920", None), (None, None),
+    (-math.inf, None), (1e300, None), (2.0**63, None), (True, None), ("1920", 1920), (" 1920", None),
+    ("1920.0", None), (None, None),
 ])
 def test_usable_int_takes_int64_whole_numbers_only(value, expected):
     assert usable_int(value) == expected

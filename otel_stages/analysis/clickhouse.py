@@ -40,6 +40,7 @@ from otel_stages.analysis.clickhouse_engine import connect as connect
 from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
+from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.services import MAX_SERVICES_NAMED
 
@@ -260,6 +261,11 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     head = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
                             end_ns=query.end_ns, service=query.service)
     band = clickhouse_figures.band_ms(head.stages, head.total)
+    cold = head.cold_start
+    if cold is not None and len(cold.by_input) > 1 and all(
+            i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS for i in cold.by_input):
+        # cold requests of several inputs, each comparable: with their inputs' warm requests
+        results["cold_union"] = engine.rows(queries.cold_union_sql(method), None, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None

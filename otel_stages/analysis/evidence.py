@@ -13,7 +13,7 @@ from otel_stages import semconv
 from otel_stages.analysis.figures import StageEvidence
 from otel_stages.analysis.preprocessing import PreprocessRows, preprocess_facts
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
-from otel_stages.analysis.requests import Request
+from otel_stages.analysis.requests import Request, usable_float
 from otel_stages.analysis.stats import correlation
 from otel_stages.analysis.units import duration
 
@@ -121,11 +121,10 @@ def follow_evidence(warm: Sequence[Request], stage: str, what: str, key: _Key) -
 def attribute_evidence(warm: Sequence[Request], stage: str, key: str) -> list[str]:
     """``["queue time vs queue.depth: r = 0.81"]`` from a numeric attribute of the stage span."""
     pairs = [
-        (r.stages_ms[stage], float(v))
+        (r.stages_ms[stage], v)
         for r in warm
         if stage in r.stages_ms
-        and isinstance(v := r.stage_attribute(stage, key), (int, float))
-        and not isinstance(v, bool)
+        and (v := usable_float(r.stage_attribute(stage, key))) is not None  # text too, as the SQL
     ]
     r = correlation([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
     return [] if r is None else [f"{stage} time vs {key}: r = {r:.2f}"]

@@ -91,7 +91,7 @@ def estimated_speedup(pixels: int, size_bytes: int, scale: int) -> float:
 
 
 def _int(value: object) -> int | None:
-    number = usable_int(value) if type(value) is int else None
+    number = usable_int(value)
     return number if number is not None and number > 0 else None
 
 

@@ -32,6 +32,8 @@ Everything here is linear in the number of spans (plus a sort of each request's 
 
 from __future__ import annotations
 
+import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -398,14 +400,44 @@ def _owner(span_id: str, by_id: dict[str, Span], parents: dict[str, list[Span]])
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+#: A number written as text, as ClickHouse's ``toInt64OrNull`` / ``toFloat64OrNull`` read it: the
+#: Collector's ``clickhouse`` exporter stores every attribute as text (``Map(String, String)``),
+#: so the SQL reads ``"1280"`` as 1280 whatever its OTLP type; the file report reads such text
+#: alike (:func:`usable_int`, :func:`usable_float`), so both give one answer. ASCII digits only,
+#: no spaces, no ``_`` (which Python's ``int()`` would take).
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def usable_int(value: object) -> int | None:
-    """``value`` as an int: an int in the int64 range, or a finite whole float in it; ``None``
-    for anything else (bools, NaN, infinities, fractions, huge numbers, strings)."""
+    """``value`` as an int: an int in the int64 range, a finite whole float in it, or text of an
+    int in it (:data:`_INT_TEXT`: ``"1280"``, ``"+5"``); ``None`` for anything else (bools, NaN,
+    infinities, fractions, huge numbers, other text)."""
+    if isinstance(value, str) and _INT_TEXT.fullmatch(value):
+        value = int(value)
     if type(value) is int:
         return value if INT64_MIN <= value <= INT64_MAX else None
     if isinstance(value, float) and value.is_integer() and INT64_MIN <= value < 2.0**63:
         return int(value)
     return None
+
+
+def usable_float(value: object) -> float | None:
+    """``value`` as a finite float: an int or float (not a bool), or text of a number
+    (:data:`_FLOAT_TEXT`: ``"0.93"``, ``"1e3"``); ``None`` for anything else."""
+    if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value):
+        value = float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def usable_bool(value: object) -> bool | None:
+    """``value`` as a bool: a bool, or the text ``"true"`` / ``"false"`` (how the ``clickhouse``
+    exporter stores a bool, and how the SQL reads it); ``None`` for anything else."""
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "false": False}.get(value) if isinstance(value, str) else None
 
 
 def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str) -> int | None:
@@ -547,7 +579,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
         image_format,
         tokens,
         error,
-        int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None,
+        usable_int(seq),
         False,
         request_span.resource,
         request_span.attributes,
@@ -590,8 +622,8 @@ def _mark_cold(requests: list[Request]) -> list[Request]:
     out = list(requests)
     for indices in by_process.values():
         group = [requests[i] for i in indices]
-        flags = [r.attributes.get(semconv.REQUEST_COLD_START) for r in group]
-        if any(isinstance(f, bool) for f in flags):
+        flags = [usable_bool(r.attributes.get(semconv.REQUEST_COLD_START)) for r in group]
+        if any(f is not None for f in flags):
             cold = [f is True for f in flags]
         elif any(r.seq is not None for r in group):
             cold = [r.seq == 1 for r in group]  # no seq 1 here: the run started before the file

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from otel_stages import semconv
 from otel_stages.analysis.columns import Flags, Floats
 from otel_stages.analysis.model import MetricPoint, Span
-from otel_stages.analysis.requests import Request, process_key
+from otel_stages.analysis.requests import Request, process_key, usable_float
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,9 @@ class Sample:
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
+    # numbers written as text too, as the ClickHouse SQL reads the exporter's text
+    # (requests.usable_float)
+    return usable_float(value)
 
 
 class CounterSeries:

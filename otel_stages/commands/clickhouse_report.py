@@ -86,7 +86,8 @@ def text(agg: FleetAggregates) -> str:
     for s in agg.stages.values():
         r = s.ran
         lines.append(f"{s.name:<10}{_ms(r.min_ms):>10}{_ms(r.median_ms):>11}{_ms(r.p95_ms):>10}"
-                     f"{_ms(r.max_ms):>10}{_ms(r.swing_ms):>10}{_pct(s.explained):>10}")
+                     f"{_ms(r.max_ms):>10}{_ms(r.swing_ms):>10}"
+                     f"{_pct(clickhouse_figures.shown_explains(agg, s.explained)):>10}")
     g = agg.gpu
     if g.source:
         lines += ["", f"GPU utilization during forward: {g.mean_utilization or 0:.0%} mean over"

@@ -1,0 +1,138 @@
+"""Numbers and bools written as text: the Collector's ``clickhouse`` exporter stores every
+attribute as text (``Map(String, String)``), so the SQL reads ``"1280"`` as 1280 and ``"true"`` as
+true whatever the OTLP type; the file report reads such text alike
+(``otel_stages.analysis.requests.usable_int`` / ``usable_float`` / ``usable_bool``), or the two
+reports gave opposite verdicts on one recording (a tester's fleet: ``request.cold_start`` as
+``"true"``, ``gpu.*`` and image sizes as text)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import chdb
+import pytest
+
+from otel_stages.analysis.clickhouse import connect, parse_url
+from otel_stages.analysis.requests import usable_bool, usable_float, usable_int
+from tests import odd_inputs
+from tests.test_clickhouse_issues import reports
+
+TEXTS = ["1280", "+1280", "-5", "01280", " 1280", "1280 ", "1_280", "1e3", "1280.0", "1280.5",
+         ".5", "1.", "-.5e2", "0x10", "", "9223372036854775807", "9223372036854775808", "true",
+         "１２", "1,5"]
+
+
+def _engine_reads(function: str) -> list[str]:
+    """What ClickHouse's ``function`` (``toInt64OrNull`` ...) makes of each of :data:`TEXTS`, as
+    text (``\\N`` for NULL), from the real engine."""
+    query = "SELECT " + ", ".join(f"{function}('{t}')" for t in TEXTS) + " FORMAT TSV"
+    return str(chdb.query(query)).strip("\n").split("\t")
+
+
+def test_int_text_is_read_as_the_engine_reads_it() -> None:
+    for text, engine in zip(TEXTS, _engine_reads("toInt64OrNull")):
+        assert usable_int(text) == (None if engine == "\\N" else int(engine)), text
+
+
+def test_float_text_is_read_as_the_engine_reads_it() -> None:
+    for text, engine in zip(TEXTS, _engine_reads("toFloat64OrNull")):
+        want = None if engine == "\\N" else float(engine)
+        assert usable_float(text) == pytest.approx(want), text
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, True), (False, False), ("true", True), ("false", False), ("True", None), ("1", None),
+    (1, None), (None, None),
+])
+def test_bool_text(value: object, expected: bool | None) -> None:
+    # the SQL compares the exporter's text with 'true' / 'false' (a bool is stored so)
+    assert usable_bool(value) == expected
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory):
+    with connect(parse_url(f"chdb:{tmp_path_factory.mktemp('chdb')}")) as eng:
+        yield eng
+
+
+def _typed(value: object, as_text: bool) -> dict[str, Any]:
+    """An OTLP attribute value: typed, or the same written as text."""
+    if as_text:
+        return {"stringValue": json.dumps(value)}
+    return odd_inputs._attr("k", value)["value"]
+
+
+def _run(tmp_path: Path, name: str, edit: Callable[[int, list[dict[str, Any]], bool], None],
+         as_text: bool, n: int = 40) -> Path:
+    rows = odd_inputs.run(n)
+    for i, spans in enumerate(rows):
+        edit(i, spans, as_text)
+    return odd_inputs.write(tmp_path / f"{name}_{'text' if as_text else 'typed'}.jsonl", rows)
+
+
+def _sizes(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+    """Two inputs, alternating."""
+    w, h = (4000, 3000) if i % 2 else (640, 480)
+    for s in spans:
+        if s["name"] == "decode":
+            s["attributes"] += [{"key": "image.width", "value": _typed(w, as_text)},
+                                {"key": "image.height", "value": _typed(h, as_text)}]
+
+
+def _cold_mark(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+    """Request 20 marked cold (a model reload mid-run) and 2 s slower in forward."""
+    if i != 20:
+        return
+    for s in spans:
+        if s["name"] == "request":
+            s["attributes"].append({"key": "request.cold_start", "value": _typed(True, as_text)})
+        if s["name"] in ("request", "forward"):
+            s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 2_000_000_000)
+
+
+def _gpu_attributes(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+    """Every fourth forward 300 ms slower, the GPU at 10 % in every forward (12 samples)."""
+    for s in spans:
+        if s["name"] == "forward":
+            if i % 4 == 3:
+                s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 300_000_000)
+            s["attributes"] += [{"key": "gpu.utilization.mean", "value": _typed(0.1, as_text)},
+                                {"key": "gpu.sample_count", "value": _typed(12, as_text)}]
+        if s["name"] == "request" and i % 4 == 3:
+            s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 300_000_000)
+
+
+def _same(engine: Any, tmp_path: Path, name: str,
+          edit: Callable[[int, list[dict[str, Any]], bool], None]) -> dict[str, Any]:
+    """The file report of the text run, after checking that it equals the typed run's and that
+    the ClickHouse report of the text run gives the same verdict."""
+    got, want = reports(engine, _run(tmp_path, name, edit, True))
+    typed = json.loads(json.dumps(reports(engine, _run(tmp_path, name, edit, False))[1]))
+    assert got["verdict"] == want["verdict"]
+    assert want["verdict"] == typed["verdict"]
+    assert want["cohorts"] == typed["cohorts"] and got["cold_start"] == want["cold_start"]
+    assert got["slowest"] == want["slowest"]  # unaccounted_ms too (the SQL had none)
+    return want
+
+
+def test_image_sizes_as_text_make_cohorts(engine, tmp_path: Path) -> None:
+    # the file report had no cohorts and advised recording image.width / image.height
+    want = _same(engine, tmp_path, "sizes", _sizes)
+    assert [c["key"] for c in want["cohorts"]] == ["4000x3000", "640x480"]
+    assert not [a for a in want["verdict"]["advice"] if "record image.width" in a]
+
+
+def test_a_cold_start_marked_as_text_is_set_apart(engine, tmp_path: Path) -> None:
+    # the file report read the 2 s request as a forward spike, the SQL as a cold start
+    want = _same(engine, tmp_path, "cold", _cold_mark)
+    assert want["cold_start"]["count"] == 1 and want["verdict"]["cause"] != "forward"
+
+
+def test_gpu_attributes_as_text_judge_the_gpu(engine, tmp_path: Path) -> None:
+    # the file report said "no GPU data: enable the GPU sampler", the SQL gpu_starved
+    want = _same(engine, tmp_path, "gpu", _gpu_attributes)
+    assert want["verdict"]["cause"] == "gpu_starved"
+    assert want["gpu"]["source"] == "span_attributes"
