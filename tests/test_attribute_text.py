@@ -136,3 +136,47 @@ def test_gpu_attributes_as_text_judge_the_gpu(engine, tmp_path: Path) -> None:
     want = _same(engine, tmp_path, "gpu", _gpu_attributes)
     assert want["verdict"]["cause"] == "gpu_starved"
     assert want["gpu"]["source"] == "span_attributes"
+
+
+def _gpu_values(mean: dict[str, Any], count: dict[str, Any] | None = None
+                ) -> Callable[[int, list[dict[str, Any]], bool], None]:
+    """:func:`_gpu_attributes` with the OTLP values ``mean`` / ``count`` on every forward."""
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        _gpu_attributes(i, spans, as_text)
+        for s in spans:
+            if s["name"] == "forward":
+                s["attributes"] = [a for a in s["attributes"] if not a["key"].startswith("gpu.")]
+                s["attributes"] += [{"key": "gpu.utilization.mean", "value": mean},
+                                    *([{"key": "gpu.sample_count", "value": count}] if count else [])]
+    return edit
+
+
+@pytest.mark.parametrize("name, mean, cause", [
+    ("sentinel", {"stringValue": "-1"}, "forward"),      # NVML's "not available": no reading
+    ("sentinel_typed", {"doubleValue": -1.0}, "forward"),
+    ("past_percent", {"stringValue": "1e3"}, "forward"),  # not 1000 %
+    ("percent", {"stringValue": "10"}, "gpu_starved"),    # 10 %
+])
+def test_utilization_outside_a_reading_is_left_out(engine, tmp_path: Path, name: str,
+                                                   mean: dict[str, Any], cause: str) -> None:
+    # a tester's: "-1" read as gpu_starved at -100 %, "1e3" as gpu_busy at 1000 %
+    got, want = reports(engine, _run(tmp_path, name, _gpu_values(mean, {"intValue": "12"}), True))
+    assert want["verdict"]["cause"] == cause and got["verdict"] == want["verdict"]
+
+
+def test_a_sample_count_written_as_a_fraction_counts_once_in_both(engine, tmp_path: Path) -> None:
+    # "3.0" is no int to ClickHouse (toInt64OrNull): the file report read 3 samples, the SQL 1
+    got, want = reports(engine, _run(tmp_path, "count", _gpu_values(
+        {"doubleValue": 0.1}, {"stringValue": "3.0"}), True))
+    assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
+
+
+def test_signals_written_as_nan_text_do_not_stop_the_sql(engine, tmp_path: Path) -> None:
+    # "NaN" / "inf" in thread.cpu_time_ms made the ClickHouse report exit with a Python error
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        for s in spans:
+            if s["name"] == "decode":
+                s["attributes"].append({"key": "thread.cpu_time_ms",
+                                        "value": {"stringValue": "NaN" if i % 2 else "inf"}})
+    got, want = reports(engine, _run(tmp_path, "nan_signal", edit, True))
+    assert got["verdict"] == want["verdict"] and got["signals"] == want["signals"]

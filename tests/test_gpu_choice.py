@@ -7,16 +7,18 @@ forwards) and their levels differ, no GPU is taken and the evidence is thin, not
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from otel_stages.analysis import gpu
 from otel_stages.analysis.advice import GPU_UNIDENTIFIED
 from otel_stages.analysis.clickhouse import connect, parse_url
-from otel_stages.analysis.gpu import MIN_MODEL_GPU_RISE
-from tests.test_clickhouse_issues import MS, _gpu_sender, _host_run, reports
+from otel_stages.analysis.gpu import MIN_MODEL_GPU_RISE, MIN_RISE_STANDARD_ERRORS
+from tests.test_clickhouse_issues import MS, _gpu_sender, _host_run, _slow_every, _span_range, reports
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +122,61 @@ def test_a_process_left_out_is_said_beside_the_evidence_of_the_others(engine, tm
     want = _both(engine, path)
     assert want["gpu"]["unidentified_processes"] == 1 and want["gpu"]["samples"] > 0
     assert any("left out: 1 process reads 2 GPUs" in e for e in want["verdict"]["evidence"])
+
+
+def test_a_noisy_neighbour_does_not_rise_by_chance(engine, tmp_path: Path) -> None:
+    # a tester's node: the model's GPU busy all the time (94 % inside and outside the forwards,
+    # rise 0), another tenant's wandering between 0 and 30 % and a point higher inside the
+    # forwards: above MIN_MODEL_GPU_RISE, so it was taken (gpu_starved at 16 %)
+    noise = random.Random(3)
+    path = tmp_path / "noisy.jsonl"
+    _node(path, {"0": _flat(0.94),
+                 "3": lambda t, inside: noise.uniform(0.0, 0.3) + (0.01 if inside else 0.0)},
+          saturated=False)
+    want = _both(engine, path)
+    assert want["verdict"]["cause"] == "forward" and want["gpu"]["unidentified_processes"] == 1
+
+
+def test_two_gpus_rising_at_different_levels_give_no_gpu(engine, tmp_path: Path) -> None:
+    # a tester's node: a shadow replica fed the same traffic rises with the forwards too (4 % ->
+    # 94 %) beside the model's own GPU (1 % -> 14 %): the greater rise was taken (gpu_busy)
+    path = tmp_path / "shadow.jsonl"
+    _node(path, {"0": lambda t, inside: 0.14 if inside else 0.01,
+                 "1": lambda t, inside: 0.94 if inside else 0.04}, saturated=False)
+    want = _both(engine, path)
+    assert want["verdict"]["cause"] == "forward" and want["gpu"]["unidentified_processes"] == 1
+
+
+@pytest.mark.parametrize("low, rises", [(0.1, True), (0.0999, False)])
+def test_a_rise_of_three_standard_errors(low: float, rises: bool) -> None:
+    # inside the forwards 0.5 and ``low`` alternating, outside 0: the rise is the inside mean,
+    # its standard error half the inside spread; at low 0.1 exactly MIN_RISE_STANDARD_ERRORS (3)
+    assert MIN_RISE_STANDARD_ERRORS == 3.0
+    samples = [(10, 0.5), (20, low), (30, 0.5), (40, low), (110, 0.0), (120, 0.0), (130, 0.0), (140, 0.0)]
+    aligned = gpu._align("0", samples, [(0, 50)], None)
+    assert gpu.rises(aligned) is rises
+
+
+def test_the_slow_forwards_of_a_process_left_out_are_not_judged_by_the_others(
+        engine, tmp_path: Path) -> None:
+    # a tester's 8-GPU node: the process whose GPU cannot be told holds the slow forwards; the
+    # others' fast forwards (busy) decided gpu_busy, "judged on all forwards"
+    path = tmp_path / "left_out_slow.jsonl"
+    _node(path, {"0": _flat(0.15), "3": _flat(0.95)}, saturated=True)  # node-a: slow forwards
+    rows = _slow_every(0, seed=5)  # node-b: no slow forward, its one GPU busy in every forward
+    from tests import odd_inputs
+
+    resource = {"attributes": [odd_inputs._attr("service.name", "svc"),
+                               odd_inputs._attr("service.instance.id", "i2"),
+                               odd_inputs._attr("host.name", "node-b")]}
+    with path.open("a") as f:
+        for spans in rows:
+            f.write(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [
+                {"scope": {"name": "otel_stages"}, "spans": spans}]}]}) + "\n")
+    first, last = _span_range(rows)
+    _gpu_sender(path, [("service.name", "dcgm"), ("host.name", "node-b")], "0",
+                range(first, last, 20 * MS), lambda t: 0.95)
+    want = _both(engine, path)
+    assert want["gpu"]["samples"] > 0 and want["gpu"]["unidentified_processes"] == 1
+    assert want["gpu"]["level"] == "thin" and want["verdict"]["cause"] == "forward"
+    assert want["verdict"]["advice"][0] == GPU_UNIDENTIFIED

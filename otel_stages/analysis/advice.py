@@ -89,7 +89,7 @@ _FORWARD_BY_GPU_LEVEL = {
 }
 
 
-#: cause ``forward`` with thin GPU evidence because no process's model GPU could be told among
+#: cause ``forward`` with thin GPU evidence while some process's model GPU could not be told among
 #: the GPUs read during its forwards (``GpuEvidence.unidentified_processes``).
 GPU_UNIDENTIFIED = (
     "tell which GPU runs the model: with otel-stages' sampler call"

@@ -38,6 +38,7 @@ from otel_stages.analysis.clickhouse_sql import (
     RESOURCE_PROCESS,
     AggregateQuery,
     distribution,
+    finite_number,
     median,
     metric_filter,
     process_hash,
@@ -50,7 +51,9 @@ from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
     GPU_STARVED_MAX_UTILIZATION,
     LEVEL_DECIMALS,
+    MAX_UTILIZATION_READING,
     MIN_MODEL_GPU_RISE,
+    MIN_RISE_STANDARD_ERRORS,
     MODEL_GPU_RISE_SHARE,
 )
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
@@ -282,7 +285,7 @@ def queue_depth_sql(traces: str, query: AggregateQuery) -> str:
     (10 M spans: 2.6-3.0 s CPU and 600 MB peak against 3.3-4.7 s and 690 MB for a join of the
     requests with the queue spans grouped first)."""
     queue = semconv.STAGE_QUEUE
-    depth = f"toFloat64OrNull(SpanAttributes['{semconv.QUEUE_DEPTH}'])"
+    depth = finite_number(f"SpanAttributes['{semconv.QUEUE_DEPTH}']")
     return f"""SELECT corrStable(ms, depth) AS depth_corr, count() AS n
 FROM (
     SELECT anyIf(ms, side = 0) AS ms, argMinIf(depth, ts, side = 1) AS depth,
@@ -319,7 +322,8 @@ CROSS JOIN (
 
 def gpu_spans_sql() -> str:
     """GPU utilization from the forward spans' own ``gpu.utilization.mean`` (weighted by
-    ``gpu.sample_count``, default 1; counts <= 0 and values not finite skipped; values over
+    ``gpu.sample_count``, default 1; counts <= 0 and values not finite or outside 0 ..
+    :data:`~otel_stages.analysis.gpu.MAX_UTILIZATION_READING` skipped; values over
     :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` mean percent), split at the slow-forward threshold
     ``{slow_min_ns:Float64}`` (:func:`slow_forwards_sql`; ``slow_covered``: slow forwards with a
     value)."""
@@ -328,7 +332,8 @@ def gpu_spans_sql() -> str:
 FROM (
     SELECT proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
     FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
-    WHERE warm AND w.3 IS NOT NULL AND isFinite(w.3) AND ifNull(w.4, 1) > 0)"""
+    WHERE warm AND w.3 IS NOT NULL AND isFinite(w.3) AND w.3 >= 0 AND w.3 <= {MAX_UTILIZATION_READING}
+        AND ifNull(w.4, 1) > 0)"""
     th = "{slow_min_ns:Float64}"
     return f"""SELECT count() AS covered, sum(c) AS samples, sum(u * c) AS weighted,
     countIf(d > {th}) AS slow_covered,
@@ -561,19 +566,32 @@ def _points_inside(by: str = "", where: str = "") -> str:
 _POINTS_INSIDE = _points_inside()
 
 
+#: Over ``n_all`` / ``sum_all`` / ``sq_all`` (all of a series' samples: count, sum, sum of
+#: squares) and ``n_in`` / ``sum_in`` / ``sq_in`` (those inside the forwards): the ``rise`` of the
+#: mean inside over the mean outside (0 without samples outside) and its standard error ``rise_se``
+#: (population variances from the sums, as ``otel_stages.analysis.gpu._align``).
+_RISE = """if(n_all > n_in, if(n_in > 0, sum_in / n_in, 0) - (sum_all - sum_in) / (n_all - n_in), 0)
+            AS rise,
+        if(n_in > 0 AND n_all > n_in,
+           sqrt(greatest(0, sq_in / n_in - pow(sum_in / n_in, 2)) / n_in
+                + greatest(0, (sq_all - sq_in) / (n_all - n_in) - pow((sum_all - sum_in) / (n_all - n_in), 2))
+                  / (n_all - n_in)), 0) AS rise_se"""
+
+
 def _per_gpu(columns: str = "", join: str = "") -> str:
     """Per GPU series (``proc_key``, ``hw``) of the utilization: all its samples (``n_all``,
-    ``sum_all``), those inside warm forwards (``n_in``, ``sum_in``) and the ``rise`` of the mean
-    inside over the mean outside, then ``columns`` of ``join``."""
+    ``sum_all``, ``sq_all``), those inside warm forwards (``n_in``, ``sum_in``, ``sq_in``), the
+    ``rise`` of the mean inside over the mean outside and its standard error ``rise_se``
+    (:data:`_RISE`), then ``columns`` of ``join``."""
     return f"""
     SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
-        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
-        if(n_all > n_in, if(n_in > 0, sum_in / n_in, 0) - (sum_all - sum_in) / (n_all - n_in), 0)
-            AS rise{columns}
-    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
+        a.sq_all AS sq_all, ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
+        ifNull(i.sq_in, 0) AS sq_in,
+        {_RISE}{columns}
+    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all, sum(util * util) AS sq_all
           FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
     LEFT JOIN (
-        SELECT proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in
+        SELECT proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in, sum(u * u * c) AS sq_in
         FROM ({_POINTS_INSIDE}) GROUP BY proc_key, hw
     ) AS i ON a.proc_key = i.proc_key AND a.hw = i.hw
     {join}
@@ -593,34 +611,46 @@ def _level_sql(mean: str) -> str:
             f" round({mean}, {LEVEL_DECIMALS}) <= {GPU_STARVED_MAX_UTILIZATION}, 'low', 'medium')")
 
 
+#: Over :func:`_per_gpu` columns: the series rises with the forwards
+#: (``otel_stages.analysis.gpu.rises``).
+_RISES = (f"(n_in > 0 AND round(rise, {LEVEL_DECIMALS}) >= {MIN_MODEL_GPU_RISE}"
+          f" AND round(rise, {LEVEL_DECIMALS}) >= round({MIN_RISE_STANDARD_ERRORS} * rise_se,"
+          f" {LEVEL_DECIMALS}))")
+
+
 def _chosen(by: str, slow_sum: str, slow_n: str) -> str:
-    """Per process (and ``by``) of ``per_gpu``: the GPU taken (``g``, by :data:`_CHOICE`) and
-    ``told``: whether it is the model's GPU as :func:`otel_stages.analysis.gpu.pick_gpu` decides
-    (one series with samples inside the forwards, or one rising by
-    :data:`~otel_stages.analysis.gpu.MIN_MODEL_GPU_RISE`, or all at the same levels), with
-    ``seen``: the ``(hw, mean inside)`` of its series with samples, by ``hw``. ``slow_sum`` /
-    ``slow_n``: the slow forwards' sums in ``sp_row``."""
+    """Per process (and ``by``) of ``per_gpu``: the GPU taken (``g``, by :data:`_CHOICE` among
+    those that rise, else among all with samples inside the forwards) and ``told``: whether it is
+    the model's GPU as :func:`otel_stages.analysis.gpu.pick_gpu` decides (one series with samples
+    inside the forwards, or the candidates all at one level), with ``seen``: the
+    ``(hw, mean inside)`` of its series with samples, by ``hw``. ``slow_sum`` / ``slow_n``: the
+    slow forwards' sums in ``sp_row``."""
     levels = (f"({_level_sql('sum_in / n_in')}, if(ifNull({slow_n}, 0) > 0,"
               f" {_level_sql(f'{slow_sum} / {slow_n}')}, ''))")
-    return f"""SELECT {by}argMax((hw, n_in, sum_in, sp_row), {_CHOICE}) AS g,
-        arraySort(groupArrayIf((hw, sum_in / n_in), n_in > 0)) AS seen,
-        length(seen) <= 1 OR maxIf(round(rise, {LEVEL_DECIMALS}), n_in > 0) >= {MIN_MODEL_GPU_RISE}
-            OR uniqExactIf({levels}, n_in > 0) = 1 AS told
-    FROM per_gpu GROUP BY {by}proc_key"""
+    row = "(hw, n_in, sum_in, sp_row)"
+    return f"""SELECT {by}arraySort(groupArrayIf((hw, sum_in / n_in), n_in > 0)) AS seen,
+        countIf(rising) AS n_rising,
+        multiIf(length(seen) <= 1, argMax({row}, {_CHOICE}),
+                n_rising > 0, argMaxIf({row}, {_CHOICE}, rising),
+                argMaxIf({row}, {_CHOICE}, n_in > 0)) AS g,
+        length(seen) <= 1 OR if(n_rising > 0, uniqExactIf({levels}, rising),
+                                uniqExactIf({levels}, n_in > 0)) = 1 AS told
+    FROM (SELECT *, {_RISES} AS rising FROM per_gpu) GROUP BY {by}proc_key"""
 
 
 def model_gpus_sql() -> str:
     """Rows (``proc_key``, ``hw``): per process the series of the GPUs its model runs on, those
     whose utilization rises inside its warm forwards by at least
     :data:`~otel_stages.analysis.gpu.MODEL_GPU_RISE_SHARE` of the greatest rise, when that is above
-    :data:`~otel_stages.analysis.gpu.MIN_MODEL_GPU_RISE` or more, over the whole window, as
+    among those that rise (:data:`_RISES`), over the whole window, as
     :func:`otel_stages.analysis.gpu.model_gpus` finds them; a process
     without a rising series has none. The GPU memory rule reads these GPUs' memory
     (:func:`otel_stages.analysis.clickhouse_signals.memory_statements`)."""
     return f"""SELECT proc_key, hw FROM (
-    SELECT proc_key, hw, round(rise, {LEVEL_DECIMALS}) AS r, max(r) OVER (PARTITION BY proc_key) AS top
-    FROM ({_per_gpu()})
-) WHERE top >= {MIN_MODEL_GPU_RISE} AND r >= {MODEL_GPU_RISE_SHARE} * top"""
+    SELECT proc_key, hw, rising, round(rise, {LEVEL_DECIMALS}) AS r,
+        maxIf(r, rising) OVER (PARTITION BY proc_key) AS top
+    FROM (SELECT *, {_RISES} AS rising FROM ({_per_gpu()}))
+) WHERE rising AND r >= {MODEL_GPU_RISE_SHARE} * top"""
 
 
 _SPLIT_ROW = """,
@@ -752,19 +782,19 @@ split AS (
     GROUP BY width, height, fmt, proc_key, hw
 ),
 inside AS (
-    SELECT width, height, fmt, proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in
+    SELECT width, height, fmt, proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in,
+        sum(u * u * c) AS sq_in
     FROM ({_points_inside("width, height, fmt, ", f"WHERE {_KNOWN}")})
     GROUP BY width, height, fmt, proc_key, hw
 ),
 per_gpu AS (
     SELECT c.width AS width, c.height AS height, c.fmt AS fmt, a.proc_key AS proc_key,
-        a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
-        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
-        if(n_all > n_in, if(n_in > 0, sum_in / n_in, 0) - (sum_all - sum_in) / (n_all - n_in), 0)
-            AS rise,
+        a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all, a.sq_all AS sq_all,
+        ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in, ifNull(i.sq_in, 0) AS sq_in,
+        {_RISE},
         (ifNull(sp.covered, 0), sp.slow_sum, sp.slow_n, sp.fast_sum, sp.fast_n,
          ifNull(sp.slow_covered, 0)) AS sp_row
-    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all
+    FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all, sum(util * util) AS sq_all
           FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
     CROSS JOIN ({th}) AS c
     LEFT JOIN inside AS i ON i.width = c.width AND i.height = c.height AND i.fmt = c.fmt

@@ -54,6 +54,7 @@ from otel_stages.analysis.clickhouse_sql import (
     REQUESTS_TABLE,
     WINDOW_SLACK_NS,
     AggregateQuery,
+    finite_number,
     process_hash,
     process_label,
     query_params,
@@ -204,7 +205,7 @@ ANY LEFT JOIN (
 ) AS d ON k.trace_key = d.trace_key AND k.key = d.key
 ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, groupArray({sid}) AS g_id,
-        groupArray(ifNull(toFloat64OrNull({a}['{semconv.GPU_UTILIZATION_MEAN}']), nan)) AS g_u,
+        groupArray(ifNull({finite_number(f"{a}['{semconv.GPU_UTILIZATION_MEAN}']")}, nan)) AS g_u,
         groupArray(ifNull(toInt64OrNull({a}['{semconv.GPU_SAMPLE_COUNT}']), -1)) AS g_c
     FROM {traces}
     WHERE SpanName = '{semconv.STAGE_FORWARD}' AND mapContains({a}, '{semconv.GPU_UTILIZATION_MEAN}')

@@ -89,6 +89,7 @@ from otel_stages.analysis.clickhouse_sql import (
     PROCESS_TABLE,
     RESOURCE_PROCESS,
     AggregateQuery,
+    finite_number,
     metric_filter,
     process_hash,
     requests,
@@ -131,7 +132,7 @@ def _q(level: float, expr: str, cond: str, method: str) -> str:
 
 
 def _num(key: str) -> str:
-    return f"toFloat64OrNull(SpanAttributes['{key}'])"
+    return finite_number(f"SpanAttributes['{key}']")
 
 
 _PROC_KEY = process_hash(*RESOURCE_PROCESS)
@@ -211,7 +212,7 @@ def signal_spans_statement(traces: str, query: AggregateQuery, throttle: bool = 
     read the same way (seconds to ms)."""
     has = " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in _SIGNAL_KEYS)
     gc_event = f"'{semconv.EVENT_GC_PAUSE}'"
-    dur = f"toFloat64OrNull(a['{semconv.GC_DURATION_MS}'])"
+    dur = finite_number(f"a['{semconv.GC_DURATION_MS}']")
     start = "toInt64(toUnixTimestamp64Nano(Timestamp))"
     t = "toInt64(toUnixTimestamp64Nano(t))"
     # stage_signals._gc_from_events: overlap of each GC event (time .. time + duration) with the span

@@ -213,6 +213,12 @@ WHERE TraceId IN {SERVICE_TRACES_TABLE} {" ".join(f"AND {p}" for p in _span_wind
     ]
 
 
+def finite_number(text: str) -> str:
+    """SQL: the attribute text ``text`` read as a finite Float64, else NULL (``"NaN"`` and
+    ``"inf"`` too), as :func:`otel_stages.analysis.requests.usable_float` reads it."""
+    return f"if(isFinite(toFloat64OrNull({text})), toFloat64OrNull({text}), NULL)"
+
+
 def span_filter(query: AggregateQuery, *, odd: bool) -> str:
     """WHERE clause over the traces table: window (with slack), service (the spans of the
     traces :func:`service_statements` picked), and odd spans left out (``odd=False``) or

@@ -288,8 +288,7 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         gpu_level=fig.gpu.level,
         preprocess=evidence.preprocess if evidence else None,
         gpu_slow=fig.gpu.judged_on == JUDGED_SLOW,
-        gpu_unidentified=fig.gpu.level == LEVEL_THIN and not fig.gpu.samples
-        and fig.gpu.unidentified_processes > 0,
+        gpu_unidentified=fig.gpu.level == LEVEL_THIN and fig.gpu.unidentified_processes > 0,
     )
     # first, what an unconfirmed mechanism's evidence points at (a blocked stage): no sentence in
     # the evidence is left without its advice

@@ -13,12 +13,15 @@ attributes on few of the long forwards must not hide the metric points inside th
    rises most during its forwards (vs. outside them) is taken as the model's; the sums over
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
-   process's GPU was taken. A process that reads several GPUs inside its forwards, none rising by
-   :data:`MIN_MODEL_GPU_RISE` (a node exporter's other GPUs, flat; or a saturated service, whose
-   forwards leave no sample outside them to compare with: rise 0), at levels that differ, gives
-   no GPU: which one runs its model cannot be told, and taking one would decide busy or starved
-   by a neighbour's load (:func:`pick_gpu`). It is left out and counted
-   (``unidentified_processes``); when no process is left the level is ``thin``. The GPU memory
+   process's GPU was taken. A GPU *rises* with the forwards by :data:`MIN_MODEL_GPU_RISE` and
+   :data:`MIN_RISE_STANDARD_ERRORS` standard errors or more. A process that reads several GPUs
+   inside its forwards gives no GPU when those that rise, or all when none rises (a node
+   exporter's other GPUs, flat or noisy; a saturated service, whose forwards leave no sample
+   outside them to compare with: rise 0), are at levels that differ (a shadow replica fed the same
+   traffic rises too): which one runs its model cannot be told, and taking one would decide busy
+   or starved by a neighbour's load (:func:`pick_gpu`). It is left out and counted
+   (``unidentified_processes``); when no process is left, or the slow forwards cannot be judged
+   apart (a process left out may hold them), the level is ``thin``. The GPU memory
    rule reads the memory of the GPU so chosen over the
    whole window (:func:`model_gpus`). A series whose unit cannot be told (undeclared, only 0 and
    1: :func:`otel_stages.analysis.gpu_owners.is_ambiguous`) is left out, and the problems say so.
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.gpu_owners import PERCENT_GUESS, hw_of, owned_series, request_hosts
 from otel_stages.analysis.model import MetricPoint, Span
-from otel_stages.analysis.requests import Request, process_keys, usable_float
+from otel_stages.analysis.requests import Request, process_keys, usable_float, usable_int
 from otel_stages.analysis.units import duration
 
 #: Fewer samples than this inside forward spans is too thin to call the GPU busy or starved:
@@ -73,6 +76,14 @@ GPU_STARVED_MAX_UTILIZATION = 0.4
 #: flat series (another tenant's GPU on the node) rises by 0 give or take its noise. Without
 #: samples outside the forwards there is nothing to compare (rise 0).
 MIN_MODEL_GPU_RISE = 0.005
+#: ... and by at least this many standard errors of that difference (the spread of its samples
+#: inside and outside the forwards): another tenant's GPU wandering between 0 and 30 % rises by a
+#: point or two inside the forwards by chance, a GPU that works with the forwards by many times
+#: its noise.
+MIN_RISE_STANDARD_ERRORS = 3.0
+#: A forward span's ``gpu.utilization.mean`` outside 0 .. this is no reading (a ratio or a percent
+#: never is): a ``-1`` "not available" sentinel read as starved, a 1000 as busy.
+MAX_UTILIZATION_READING = 100.0
 
 LEVEL_HIGH = "high"
 LEVEL_LOW = "low"
@@ -174,6 +185,9 @@ class GpuEvidence:
                          f" {self.slow_mean_utilization:.0%}{fast}")
         if self.level == LEVEL_THIN and not self.samples and self.unidentified_processes:
             return self._unidentified_words() + "; too thin to call busy or starved"
+        if self.level == LEVEL_THIN and self.unidentified_processes:
+            return (text + "; left out: " + self._unidentified_words() + "; the slow forwards"
+                    " cannot be judged apart without them: too thin to call busy or starved")
         if self.level == LEVEL_THIN:
             text += self._why_thin()
         if self.unidentified_processes:
@@ -185,10 +199,11 @@ class GpuEvidence:
         gpus = ", ".join(f"hw.id {hw or '(none)'} {mean:.0%}" for hw, mean in self.unidentified_gpus)
         which = (f"{n} processes each read several GPUs" if n > 1 else
                  f"1 process reads {len(self.unidentified_gpus)} GPUs ({gpus})")
-        return (f"{which} during the forwards at different levels, none rising by"
-                f" {MIN_MODEL_GPU_RISE * 100:g} point or more over its level outside them (a"
-                " node's other GPUs, or no sample outside the forwards to compare): which one"
-                " runs the model cannot be told")
+        return (f"{which} during the forwards at different levels, and either none rises with"
+                f" the forwards (by {MIN_MODEL_GPU_RISE * 100:g} point and"
+                f" {MIN_RISE_STANDARD_ERRORS:g} standard errors over its level outside them: a"
+                " node's other GPUs, or no sample outside the forwards to compare) or several do"
+                " (a replica fed the same traffic): which one runs the model cannot be told")
 
     def _why_all(self) -> str:
         if self.slow_forwards == 0:
@@ -339,17 +354,27 @@ def _levels(a: _Aligned) -> tuple[str, str | None]:
             _level_of(a.slow_sum / a.slow_n) if a.slow_n else None)
 
 
+def rises(a: _Aligned) -> bool:
+    """Whether a series rises with the forwards: samples inside them, a rise of
+    :data:`MIN_MODEL_GPU_RISE` or more and of :data:`MIN_RISE_STANDARD_ERRORS` standard errors or
+    more (both at :data:`LEVEL_DECIMALS`, as the SQL compares them)."""
+    rise = round(a.rise, LEVEL_DECIMALS)
+    return (a.samples > 0 and rise >= MIN_MODEL_GPU_RISE
+            and rise >= round(MIN_RISE_STANDARD_ERRORS * a.rise_se, LEVEL_DECIMALS))
+
+
 def pick_gpu(found: Sequence[_Aligned]) -> _Aligned | None:
     """The series taken as a process's model GPU among ``found`` (its series against its
-    forwards): the greatest :func:`_choice`, unless several have samples inside the forwards, none
-    rises by :data:`MIN_MODEL_GPU_RISE` and their levels (:func:`_levels`) differ: then ``None``,
-    the model's GPU cannot be told (module docstring). The ClickHouse SQL decides alike
+    forwards): with one series with samples inside the forwards, the greatest :func:`_choice`;
+    with several, the greatest among those that :func:`rises` (all of them when none does),
+    unless their levels (:func:`_levels`) differ: then ``None``, the model's GPU cannot be told
+    (module docstring). The ClickHouse SQL decides alike
     (:func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`)."""
-    best = max(found, key=_choice)
     seen = [a for a in found if a.samples]
-    if len(seen) <= 1 or max(_rank(a)[0] for a in seen) >= MIN_MODEL_GPU_RISE:
-        return best
-    return best if len({_levels(a) for a in seen}) == 1 else None
+    if len(seen) <= 1:
+        return max(found, key=_choice)
+    pool = [a for a in seen if rises(a)] or seen
+    return max(pool, key=_choice) if len({_levels(a) for a in pool}) == 1 else None
 
 
 #: A GPU whose utilization rises inside a process's forwards by at least this share of the most
@@ -363,8 +388,8 @@ def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],
     """Per process key, the series (``hw.id`` parts of :data:`~otel_stages.analysis.gpu_owners.
     SeriesKey`) of the GPUs its model runs on: those whose ``hw.gpu.utilization`` rises inside the
     process's forwards (over outside them, at :data:`LEVEL_DECIMALS`) by at least
-    :data:`MODEL_GPU_RISE_SHARE` of the greatest rise, when that is :data:`MIN_MODEL_GPU_RISE`
-    or more (module docstring,
+    :data:`MODEL_GPU_RISE_SHARE` of the greatest rise, among those that :func:`rises` (module
+    docstring,
     source 2), over the forwards of ``requests`` (pass the whole window's warm ones: one choice
     for every cohort). A process left out has no utilization series or none that rises (nothing
     tells its model's GPUs). ``processes``: as for :func:`gpu_evidence`. The GPU memory rule reads
@@ -372,9 +397,10 @@ def model_gpus(requests: Sequence[Request], points: Sequence[MetricPoint],
     same (:func:`otel_stages.analysis.clickhouse_queries.model_gpus_sql`)."""
     out = {}
     for proc, found in _aligned(requests, points, processes, None).items():
-        top = max(_rank(a)[0] for a in found)
-        if top >= MIN_MODEL_GPU_RISE:
-            out[proc] = frozenset(a.hw_id for a in found if _rank(a)[0] >= MODEL_GPU_RISE_SHARE * top)
+        rising = [a for a in found if rises(a)]
+        if rising:
+            top = max(_rank(a)[0] for a in rising)
+            out[proc] = frozenset(a.hw_id for a in rising if _rank(a)[0] >= MODEL_GPU_RISE_SHARE * top)
     return out
 
 
@@ -441,6 +467,10 @@ def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total
     ``unidentified_*``: the processes left out by :func:`pick_gpu` (:class:`GpuEvidence`)."""
     mean = total / samples if samples else None
     level, judged = judge_level(mean, samples, covered, forwards, split)
+    if unidentified_processes and judged == JUDGED_ALL and split is not None and split.slow_forwards:
+        # the slow forwards could not be judged apart, and a process left out may hold them: the
+        # other processes' forwards say nothing about them
+        level = LEVEL_THIN
     return GpuEvidence(
         level=level, mean_utilization=mean, samples=samples, forwards=forwards,
         forwards_covered=covered, source=source, hw_id=hw_id,
@@ -478,8 +508,8 @@ def _split(per_forward: list[tuple[int, list[float]]], windows: Sequence[tuple[i
 class _Aligned:
     """One GPU series against one process's forwards: ``samples`` inside them and their
     ``sum_in``, forwards ``covered``, the slow forwards (longer than the threshold) covered, the
-    sums and counts inside slow and other forwards, and the ``rise`` of the mean inside over the
-    mean outside."""
+    sums and counts inside slow and other forwards, the ``rise`` of the mean inside over the
+    mean outside and its standard error ``rise_se`` (0 without samples on either side)."""
 
     hw_id: str
     samples: int
@@ -491,6 +521,7 @@ class _Aligned:
     fast_sum: float
     fast_n: int
     rise: float
+    rise_se: float = 0.0
 
 
 def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]],
@@ -512,8 +543,17 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
     mean = statistics.fmean(inside) if inside else 0.0
     # no sample outside the forwards (a saturated service): nothing to compare, no rise
     rise = mean - statistics.fmean(outside) if outside else 0.0
+    se = math.sqrt(_variance(inside) / len(inside) + _variance(outside) / len(outside)) \
+        if inside and outside else 0.0
     return _Aligned(hw_id, len(inside), math.fsum(inside), len(per_forward), split.slow_covered,
-                    split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise)
+                    split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise, se)
+
+
+def _variance(values: Sequence[float]) -> float:
+    """Population variance from the sums, as the SQL computes it (never below 0)."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    return max(0.0, math.fsum(v * v for v in values) / n - mean * mean)
 
 
 def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
@@ -527,10 +567,10 @@ def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
     owner: list[str] = []
     for span, proc in zip(forwards, procs):
         mean = usable_float(span.attributes.get(semconv.GPU_UTILIZATION_MEAN))
-        if mean is None:
-            continue
-        count = usable_float(span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
-        count = 1 if count is None else int(count)
+        if mean is None or not 0.0 <= mean <= MAX_UTILIZATION_READING:
+            continue  # not a reading: NVML's -1 "not available", or past 100 %
+        count = usable_int(span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
+        count = 1 if count is None else count
         if count <= 0:
             continue
         found.append((span.end_ns - span.start_ns, mean, count))
