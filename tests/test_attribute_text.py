@@ -180,3 +180,23 @@ def test_signals_written_as_nan_text_do_not_stop_the_sql(engine, tmp_path: Path)
                                         "value": {"stringValue": "NaN" if i % 2 else "inf"}})
     got, want = reports(engine, _run(tmp_path, "nan_signal", edit, True))
     assert got["verdict"] == want["verdict"] and got["signals"] == want["signals"]
+
+
+def test_unreadable_sizes_are_not_read_as_one_size(engine, tmp_path: Path) -> None:
+    # a tester's: the slow half's widths were " 4000" (unreadable); both reports said "every
+    # request had the same 640x480 image" and advised that the swing is not the input
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        for s in spans:
+            if s["name"] == "decode":
+                s["attributes"] += [
+                    {"key": "image.width", "value": {"stringValue": " 4000" if i % 2 else "640"}},
+                    {"key": "image.height", "value": {"stringValue": "3000" if i % 2 else "480"}}]
+                if i % 2:
+                    s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 40_000_000)
+            if s["name"] == "request" and i % 2:
+                s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 40_000_000)
+    got, want = reports(engine, _run(tmp_path, "unreadable", edit, True))
+    assert got["verdict"] == want["verdict"]
+    line = next(e for e in want["verdict"]["evidence"] if "640x480" in e)
+    assert line.startswith("every request with a readable size had the same 640x480 image, but 20 of")
+    assert not [a for a in want["verdict"]["advice"] if "same image size" in a]

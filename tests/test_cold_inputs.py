@@ -22,15 +22,17 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
         yield eng
 
 
-def _processes(path: Path, sizes: list[tuple[int, int]], per_process: int) -> Path:
+def _processes(path: Path, sizes: list[tuple[int, int]], per_process: int,
+               warm: list[tuple[int, int]] | None = None) -> Path:
     """One process per entry of ``sizes``, ``per_process`` requests each; process ``k``'s first
     (cold, 500 ms slower in forward) request has input ``sizes[k]``, the others alternate
-    through ``sizes``."""
+    through ``warm`` (default ``sizes``)."""
     lines = []
+    warm = warm or sizes
     for k, first in enumerate(sizes):
         rows = odd_inputs.run(per_process, seed=k + 1)
         for i, spans in enumerate(rows):
-            w, h = first if i == 0 else sizes[i % len(sizes)]
+            w, h = first if i == 0 else warm[i % len(warm)]
             for s in spans:
                 if s["name"] == "decode":
                     s["attributes"] += [odd_inputs._attr("image.width", w),
@@ -60,6 +62,18 @@ def test_cold_requests_of_two_inputs_meet_the_warm_requests_of_both(engine, tmp_
     assert cold["compared_with"] == "same_input" and cold["cohort"] is None
     line = next(e for e in want["verdict"]["evidence"] if "cold requests (median)" in e)
     assert "with the same inputs as theirs (" in line and "None" not in line
+
+
+def test_a_rare_input_of_one_cold_request_leaves_it_out_not_the_others(engine, tmp_path: Path) -> None:
+    # a tester's fleet of 8 replicas: one's first request had an input no warm request shares,
+    # so no cold request was compared like with like and the 5x cold start was "not called"
+    path = _processes(tmp_path / "rare.jsonl", [(640, 480)] * 7 + [(4000, 3000)], 15, [(640, 480)])
+    want = _same(engine, path)
+    cold = want["cold_start"]
+    assert (cold["count"], cold["left_out"], cold["cohort"]) == (7, 1, "640x480")
+    assert want["verdict"]["cause"] == "cold_start"
+    assert any("(1 more, whose input is unknown or shared by fewer than 5 warm requests, left out"
+               in e for e in want["verdict"]["evidence"])
 
 
 def test_only_cold_requests_are_said_with_nothing_to_compare(engine, tmp_path: Path) -> None:

@@ -262,9 +262,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                             end_ns=query.end_ns, service=query.service)
     band = clickhouse_figures.band_ms(head.stages, head.total)
     cold = head.cold_start
-    if cold is not None and len(cold.by_input) > 1 and all(
+    if cold is not None and len(cold.by_input) > 1 and any(
             i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS for i in cold.by_input):
-        # cold requests of several inputs, each comparable: with their inputs' warm requests
+        # cold requests of several inputs, some comparable: those with their inputs' warm requests
         results["cold_union"] = engine.rows(queries.cold_union_sql(method), None, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)

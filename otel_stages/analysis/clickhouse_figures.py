@@ -65,7 +65,7 @@ from otel_stages.analysis.clickhouse_result import (
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
-from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, size_sentence
+from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, one_size_sentence, size_sentence
 from otel_stages.analysis.figures import (
     ALL_WARM,
     SAME_INPUT,
@@ -155,11 +155,11 @@ def _size_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, f
         parts = [f"{w}x{h}: {n} requests, median {duration(m)}"
                  for w, h, n, m in sorted(sizes, key=lambda x: x[0] * x[1])[:MAX_SIZE_LINES]]
         lines.append(f"{len(sizes)} input sizes ({stage.name}): " + "; ".join(parts))
-    elif len(sizes) == 1:
+    unknown = max(0, stage.ran.count - sum(n for _, _, n, _ in sizes))
+    if len(sizes) == 1:
         w, h, _, _ = sizes[0]
-        lines.append(f"every request had the same {w}x{h} image, so {stage.name} cost cannot"
-                     " follow size")
-    one_size = len(sizes) == 1 and follows is not True
+        lines.append(one_size_sentence(stage.name, w, h, unknown, stage.ran.count))
+    one_size = len(sizes) == 1 and not unknown and follows is not True
     return StageEvidence(tuple(lines), None if one_size else follows, one_size)
 
 
@@ -267,13 +267,17 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
             cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
         )
-    if same and cold.union is not None:  # several inputs: their warm requests together
+    u = cold.union
+    if u is not None:  # several inputs, or some not comparable: the comparable ones, together
+        keys = {agg.cohort_key(i.width, i.height, i.format) for i in inputs
+                if i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS}
         return ColdFigures(
-            count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
-            comparable_median_total_ms=cold.union.median_total_ms,
-            comparable_stages_ms=cold.union.stages_median_ms, compared_with=SAME_INPUT,
-            comparable_requests=cold.union.requests, warm_median_total_ms=agg.total.median_ms,
-            cohort=None, first_of_process=first,
+            count=u.cold_requests, total_ms=u.cold_median_total_ms, stages_ms=u.cold_stages_median_ms,
+            comparable_median_total_ms=u.median_total_ms,
+            comparable_stages_ms=u.stages_median_ms, compared_with=SAME_INPUT,
+            comparable_requests=u.requests, warm_median_total_ms=agg.total.median_ms,
+            cohort=next(iter(keys)) if len(keys) == 1 else None, first_of_process=first,
+            left_out=cold.total.count - u.cold_requests,
         )
     # several inputs of cold requests, some with too few warm requests of their own: compared
     # with all warm requests (as the trace report)

@@ -47,6 +47,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
+from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
     GPU_STARVED_MAX_UTILIZATION,
@@ -202,19 +203,28 @@ LIMIT {{top_cohorts:UInt32}}"""
 
 
 def cold_union_sql(method: str) -> str:
-    """The warm requests whose input is that of some cold request (known inputs), for cold
-    requests of several inputs (each with enough warm requests of its own): a row with ``stage``
-    ``''``, their count and median total, then one per stage with its median, as the trace report
-    compares several processes' cold requests (:func:`otel_stages.analysis.cohorts.cold_figures`:
-    with the union of their inputs' warm requests)."""
-    inputs = f"SELECT width, height, fmt FROM {R} WHERE {_COLD} AND {_KNOWN} GROUP BY width, height, fmt"
-    return f"""SELECT '' AS stage, count() AS n, {median(_TOTAL_MS, "1", method)} AS median_ms
-FROM {R} WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({inputs})
+    """The cold requests whose input has at least
+    :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` warm requests, and the warm
+    requests of those inputs, for cold requests of several inputs or of inputs not all comparable:
+    per ``side`` (``cold`` / ``warm``) a row with ``stage`` ``''``, their count and median total,
+    then one per stage with its median, as the trace report compares them
+    (:func:`otel_stages.analysis.cohorts.cold_figures`: the comparable cold requests with the
+    union of their inputs' warm requests, the others left out)."""
+    inputs = (f"SELECT width, height, fmt FROM {R} WHERE is_request AND {_KNOWN}"
+              f" GROUP BY width, height, fmt"
+              f" HAVING countIf({_COLD}) > 0 AND countIf(warm) >= {COMPARABLE_MIN_REQUESTS}")
+    parts = []
+    for side, rows in (("warm", "warm"), ("cold", _COLD)):
+        where = f"{rows} AND {_KNOWN} AND (width, height, fmt) IN ({inputs})"
+        parts.append(f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
+    {median(_TOTAL_MS, "1", method)} AS median_ms
+FROM {R} WHERE {where}
 UNION ALL
-SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
+SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms
 FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
-WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({inputs})
-GROUP BY stage"""
+WHERE {where}
+GROUP BY stage""")
+    return "\nUNION ALL\n".join(parts)
 
 
 def cold_cohort_stages_sql(method: str) -> str:

@@ -162,11 +162,14 @@ def _correlation(value: Any, count: int) -> float | None:
 
 def _union(rows: Rows) -> WarmUnion | None:
     """The ``cold_union`` answer (:func:`otel_stages.analysis.clickhouse_queries.cold_union_sql`)."""
-    head = next((r for r in rows if r["stage"] == ""), None)
-    if head is None or not int(head["n"] or 0):
-        return None
-    return WarmUnion(int(head["n"]), float(head["median_ms"]),
-                     _ordered({str(r["stage"]): float(r["median_ms"]) for r in rows if r["stage"] != ""}))
+    def side(name: str) -> tuple[int, float, dict[str, float]] | None:
+        head = next((r for r in rows if r["side"] == name and r["stage"] == ""), None)
+        if head is None or not int(head["n"] or 0):
+            return None
+        return int(head["n"]), float(head["median_ms"]), _ordered(
+            {str(r["stage"]): float(r["median_ms"]) for r in rows if r["side"] == name and r["stage"] != ""})
+    warm, cold = side("warm"), side("cold")
+    return None if warm is None or cold is None else WarmUnion(*warm, *cold)
 
 
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
@@ -217,12 +220,16 @@ class ColdInput:
 
 @dataclass(frozen=True)
 class WarmUnion:
-    """The warm requests whose input is that of some cold request, when the cold requests had
-    several inputs: count, median total and per-stage medians (ms)."""
+    """The cold requests whose input enough warm requests share, when the cold requests had
+    several inputs or some not comparable (``cold_*``: count, median total, per-stage medians,
+    ms), and the warm requests of those inputs (the same, unprefixed)."""
 
     requests: int
     median_total_ms: float
     stages_median_ms: dict[str, float]
+    cold_requests: int
+    cold_median_total_ms: float
+    cold_stages_median_ms: dict[str, float]
 
 
 @dataclass(frozen=True)

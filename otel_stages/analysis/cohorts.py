@@ -144,13 +144,23 @@ def cold_figures(
 ) -> ColdFigures | None:
     """The cold request(s) and what they are compared with (module docstring); ``None`` without
     cold requests. With several cold requests (several processes) times are medians; they are
-    compared with the same input only when every one of them has 5+ warm requests of its input.
+    compared with the same input only when every one of them has 5+ warm requests of its input;
+    when only some have, those are compared and the others left out (``left_out``).
     ``first_of_process``: false when ``request.cold_start`` marked a request that is not the first
     of its process (passed on to the figures' wording)."""
     if not cold:
         return None
     cohorts = group(warm, keys)
     cold_keys = [keys.key(r) for r in cold]
+    comparable_cold = [(r, k) for r, k in zip(cold, cold_keys)
+                       if k is not None and len(cohorts.get(k, ())) >= COMPARABLE_MIN_REQUESTS]
+    left_out = 0
+    if comparable_cold and len(comparable_cold) < len(cold):
+        # some inputs have their warm peers: compare those, leave the others out (not all with
+        # all warm requests, where one rare input would make no cold request comparable)
+        left_out = len(cold) - len(comparable_cold)
+        cold = [r for r, _ in comparable_cold]
+        cold_keys = [k for _, k in comparable_cold]
     same = all(k is not None and len(cohorts.get(k, ())) >= COMPARABLE_MIN_REQUESTS for k in cold_keys)
     if same:
         comparable = [r for k in dict.fromkeys(cold_keys) if k is not None for r in cohorts[k]]
@@ -170,6 +180,7 @@ def cold_figures(
         cohort=cold_keys[0] if same and len(distinct) == 1 else None,
         input_known=all(k is not None for k in cold_keys),
         first_of_process=first_of_process,
+        left_out=left_out,
     )
 
 

@@ -402,7 +402,11 @@ def _cold_sentence(cold: ColdFigures) -> str:
         against = (f"the median of all {cold.comparable_requests} warm requests"
                    f" ({duration(cold.comparable_median_total_ms)}; fewer than"
                    f" {COMPARABLE_MIN_REQUESTS} share its input)")
-    return f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}; reported apart from warm runs"
+    left_out = (f" ({cold.left_out} more, whose input is unknown or shared by fewer than"
+                f" {COMPARABLE_MIN_REQUESTS} warm requests, left out of the comparison)"
+                if cold.left_out else "")
+    return (f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}{left_out}; reported apart"
+            " from warm runs")
 
 
 def _cold_claim(cold: ColdFigures) -> bool:

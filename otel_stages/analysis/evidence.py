@@ -65,11 +65,23 @@ def size_evidence(warm: Sequence[Request], stage: str) -> StageEvidence:
             for (w, h), v in sorted(groups.items(), key=lambda kv: kv[0][0] * kv[0][1])[:6]
         ]
         lines.append(f"{len(groups)} input sizes ({stage}): " + "; ".join(parts))
-    elif len(groups) == 1:
-        (w, h), _ = next(iter(groups.items()))
-        lines.append(f"every request had the same {w}x{h} image, so {stage} cost cannot follow size")
-    one_size = len(groups) == 1 and follows is not True  # same pixels, and bytes do not explain it
+    ran = sum(1 for req in warm if stage in req.stages_ms)
+    unknown = ran - len(pixel_ms)
+    if len(groups) == 1:
+        lines.append(one_size_sentence(stage, *next(iter(groups)), unknown, ran))
+    # same pixels, and bytes do not explain it; not when some sizes are unknown (they may differ)
+    one_size = len(groups) == 1 and not unknown and follows is not True
     return StageEvidence(tuple(lines), None if one_size else follows, one_size)
+
+
+def one_size_sentence(stage: str, width: int, height: int, unknown: int, ran: int) -> str:
+    """The evidence line when every request with a known size had one ``width`` x ``height``:
+    ``unknown`` of the ``ran`` requests where ``stage`` ran had no readable size."""
+    if not unknown:
+        return f"every request had the same {width}x{height} image, so {stage} cost cannot follow size"
+    return (f"every request with a readable size had the same {width}x{height} image, but {unknown}"
+            f" of {ran} had none (image.width / image.height missing or unreadable), so whether"
+            f" {stage} cost follows size cannot be told")
 
 
 def size_sentence(stage: str, known: Sequence[tuple[str, float]]) -> str:

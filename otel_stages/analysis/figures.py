@@ -96,7 +96,10 @@ class ColdFigures:
     requests they are compared with: the same input (``compared_with == SAME_INPUT``, ``cohort``
     its key) when at least 5 such warm requests exist, else all warm requests (``ALL_WARM``).
     ``comparable_requests``: how many warm requests that is. ``warm_median_total_ms``: median of
-    all warm requests (shown for reference).
+    all warm requests (shown for reference). ``left_out``: cold requests not in ``count``, whose
+    input fewer than 5 warm requests share, when others' inputs are comparable (those are
+    compared with their inputs' warm requests, the rest left out rather than compare all with all
+    warm requests).
     """
 
     count: int
@@ -112,6 +115,7 @@ class ColdFigures:
     input_known: bool = True
     #: every cold request is the first of its process (else ``request.cold_start`` marked it later)
     first_of_process: bool = True
+    left_out: int = 0
 
     @property
     def ratio(self) -> float | None:

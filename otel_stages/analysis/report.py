@@ -164,6 +164,7 @@ def cold_to_dict(cold: ColdFigures) -> dict[str, object]:
         "comparable_requests": cold.comparable_requests,
         "comparable_stages": {k: round(v, 3) for k, v in cold.comparable_stages_ms.items()},
         "count": cold.count,
+        "left_out": cold.left_out,
     }
 
 
