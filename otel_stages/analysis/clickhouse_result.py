@@ -160,7 +160,7 @@ def _correlation(value: Any, count: int) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _union(rows: Rows) -> WarmUnion | None:
+def _union(rows: Rows) -> ColdComparison | None:
     """The ``cold_union`` answer (:func:`otel_stages.analysis.clickhouse_queries.cold_union_sql`)."""
     def side(name: str) -> tuple[int, float, dict[str, float]] | None:
         head = next((r for r in rows if r["side"] == name and r["stage"] == ""), None)
@@ -169,7 +169,7 @@ def _union(rows: Rows) -> WarmUnion | None:
         return int(head["n"]), float(head["median_ms"]), _ordered(
             {str(r["stage"]): float(r["median_ms"]) for r in rows if r["side"] == name and r["stage"] != ""})
     warm, cold = side("warm"), side("cold")
-    return None if warm is None or cold is None else WarmUnion(*warm, *cold)
+    return None if warm is None or cold is None else ColdComparison(*warm, *cold)
 
 
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
@@ -219,7 +219,7 @@ class ColdInput:
 
 
 @dataclass(frozen=True)
-class WarmUnion:
+class ColdComparison:
     """The cold requests whose input enough warm requests share, when the cold requests had
     several inputs or some not comparable (``cold_*``: count, median total, per-stage medians,
     ms), and the warm requests of those inputs (the same, unprefixed)."""
@@ -236,14 +236,14 @@ class WarmUnion:
 class ColdStartAggregate:
     """Cold requests (first of each process; failed ones left out): their ``total``
     distribution, per-stage medians over the cold requests where the stage ran, and per input
-    (largest first) the comparison with warm requests of the same input; ``union``: the warm
-    requests of all their inputs (:class:`WarmUnion`; read only for several inputs, each with
-    enough warm requests)."""
+    (largest first) the comparison with warm requests of the same input; ``union``: the cold
+    requests whose input enough warm requests share and those inputs' warm requests
+    (:class:`ColdComparison`; read only for cold requests of several inputs, some comparable)."""
 
     total: Summary
     stages_median_ms: dict[str, float]
     by_input: list[ColdInput]
-    union: WarmUnion | None = None
+    union: ColdComparison | None = None
 
 
 @dataclass(frozen=True)

@@ -97,9 +97,9 @@ class ColdFigures:
     its key) when at least 5 such warm requests exist, else all warm requests (``ALL_WARM``).
     ``comparable_requests``: how many warm requests that is. ``warm_median_total_ms``: median of
     all warm requests (shown for reference). ``left_out``: cold requests not in ``count``, whose
-    input fewer than 5 warm requests share, when others' inputs are comparable (those are
-    compared with their inputs' warm requests, the rest left out rather than compare all with all
-    warm requests).
+    input is unknown or shared by fewer than 5 warm requests, when others' inputs are comparable
+    (those are compared with their inputs' warm requests, the rest left out rather than compare
+    all with all warm requests).
     """
 
     count: int
