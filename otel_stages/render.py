@@ -182,8 +182,8 @@ def _cold_table(report: Report, width: int) -> RenderableType:
                      f" requests ({_ms(cold.comparable_median_total_ms)} ms; {why})")
     if cold.count == 1:
         who = ("First request of the process (cold, reported apart)" if cold.first_of_process
-               else f"Request marked cold by {semconv.REQUEST_COLD_START}, not the first of its"
-                    " process (reported apart)")
+               else f"Request marked cold by {semconv.REQUEST_COLD_START} or {semconv.REQUEST_SEQ} 1,"
+                    " not the first of its process (reported apart)")
     else:
         who = f"{cold.count} first requests (median) (cold, reported apart)"
     rows = [[name, _ms(ms), _ms(cold.comparable_stages_ms.get(name))]

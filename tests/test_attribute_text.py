@@ -200,3 +200,87 @@ def test_unreadable_sizes_are_not_read_as_one_size(engine, tmp_path: Path) -> No
     line = next(e for e in want["verdict"]["evidence"] if "640x480" in e)
     assert line.startswith("every request with a readable size had the same 640x480 image, but 20 of")
     assert not [a for a in want["verdict"]["advice"] if "same image size" in a]
+
+
+@pytest.mark.parametrize("width", [0, -640])
+def test_a_size_of_zero_or_less_is_unknown_in_both(engine, tmp_path: Path, width: int) -> None:
+    # a tester's: width 0 made a "0x3000" cohort in the file report, an unknown input in the SQL
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        for s in spans:
+            if s["name"] == "decode":
+                w, h = (width, 3000) if i % 2 else (640, 480)
+                s["attributes"] += [odd_inputs._attr("image.width", w),
+                                    odd_inputs._attr("image.height", h)]
+    got, want = reports(engine, _run(tmp_path, f"zero{width}", edit, False))
+    assert got["verdict"] == want["verdict"] and got["cohorts"] == want["cohorts"]
+    assert [c["key"] for c in want["cohorts"]] == ["640x480"]
+
+
+def test_a_seq_of_zero_is_no_seq_in_both(engine, tmp_path: Path) -> None:
+    # request.seq counts from 1: a process whose requests carry 0 (a 0-based counter that never
+    # moved) has no seq, so its earliest request is the cold one, in both reports (the file report
+    # had read "seq present, none is 1": no cold request; the SQL the earliest)
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        for s in spans:
+            if s["name"] == "request":
+                s["attributes"].append(odd_inputs._attr("request.seq", 0))
+            if i == 0 and s["name"] in ("request", "forward"):
+                s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 2_000_000_000)
+    got, want = reports(engine, _run(tmp_path, "seq0", edit, False))
+    assert got["cold_start"] == want["cold_start"] and got["verdict"] == want["verdict"]
+    assert want["cold_start"]["count"] == 1 and want["verdict"]["cause"] == "cold_start"
+
+
+def _unread(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+    """Every third request span has request.cold_start "True" (Python's str(True)) and
+    request.seq "0"; every fourth forward a gpu.utilization.mean of " 0.93" (unreadable), every
+    fifth NVML's -1; the rest 0.9 with 10 samples."""
+    for s in spans:
+        if s["name"] == "request" and i % 3 == 0:
+            s["attributes"] += [{"key": "request.cold_start", "value": {"stringValue": "True"}},
+                                {"key": "request.seq", "value": {"stringValue": "0"}}]
+        if s["name"] == "forward":
+            mean: dict[str, Any] = ({"stringValue": " 0.93"} if i % 4 == 0 else
+                                    {"doubleValue": -1.0} if i % 5 == 0 else {"doubleValue": 0.9})
+            s["attributes"] += [{"key": "gpu.utilization.mean", "value": mean},
+                                {"key": "gpu.sample_count", "value": {"intValue": "10"}}]
+
+
+def test_values_that_cannot_be_read_are_counted_not_dropped(engine, tmp_path: Path) -> None:
+    # a tester's: "True" marked nothing and " 0.93" read as "no GPU data", with no word of either
+    got, want = reports(engine, _run(tmp_path, "unread", _unread, True, n=60))
+    assert got["verdict"] == want["verdict"]
+    mine = [p for p in got["problems"] if p.startswith(("request.", "gpu."))]
+    theirs = [p for p in want["problems"] if p.startswith(("request.", "gpu."))]
+    assert mine == theirs
+    assert [p.split(" a value")[0] for p in theirs] == [
+        "request.cold_start: 20 request spans carry", "request.seq: 20 request spans carry",
+        "gpu.utilization.mean: 24 forward spans carry"]  # 15 unreadable, 9 more at -1
+
+
+def test_readable_values_say_nothing(engine, tmp_path: Path) -> None:
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        _cold_mark(i, spans, as_text)
+        _gpu_attributes(i, spans, as_text)
+        for s in spans:
+            if s["name"] == "request":
+                s["attributes"].append({"key": "request.seq", "value": _typed(i + 1, as_text)})
+    for as_text in (True, False):
+        got, want = reports(engine, _run(tmp_path, "readable", edit, as_text))
+        assert not [p for p in got["problems"] + want["problems"] if p.startswith(("request.", "gpu."))]
+
+
+def test_utilization_outside_a_reading_is_left_out_of_each_cohort_too(engine, tmp_path: Path) -> None:
+    # the SQL's per-cohort GPU figures kept NVML's -1 (only the overall ones left it out): the
+    # 4000x3000 cohort's GPU read as starved in the SQL and as busy in the file report
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        _sizes(i, spans, as_text)
+        _gpu_attributes(i, spans, as_text)
+        for s in spans:
+            if s["name"] == "forward" and i % 2:
+                mean = next(a for a in s["attributes"] if a["key"] == "gpu.utilization.mean")
+                mean["value"] = {"doubleValue": -1.0 if i % 8 == 3 else 0.95}  # half the slow
+    got, want = reports(engine, _run(tmp_path, "cohort_minus_one", edit, False, n=80))
+    assert got["cohorts"] == want["cohorts"]
+    big = next(c for c in want["cohorts"] if c["key"] == "4000x3000")
+    assert big["verdict"]["cause"] == "gpu_busy", big

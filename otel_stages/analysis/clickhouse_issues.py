@@ -43,15 +43,18 @@ from otel_stages.analysis import screen
 from otel_stages.analysis.clickhouse_requests import NESTED_TABLE
 from otel_stages.analysis.clickhouse_sql import (
     MIN_SPAN_START_NS,
+    PROCESS_TABLE,
     REQUESTS_TABLE,
     AggregateQuery,
     query_params,
     span_filter,
+    utilization_reading,
 )
 from otel_stages.analysis.model import Span
 from otel_stages.analysis.naming import WHY_PATTERN, problem_lines
 from otel_stages.analysis.requests import Incomplete, group_spans, orphans_line, roots_line
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS, IdClashes, StageIssues
+from otel_stages.analysis.value_issues import UnreadValues
 
 #: How each problem line starts that names a check the file report makes and the SQL does not.
 NOT_CHECKED = "not checked in ClickHouse: "
@@ -96,7 +99,10 @@ def issues_sql() -> str:
     most, requests whose stage spans overlap by more than it, incomplete units (a parent that
     never arrived: ``n_orphan``; a stage span at the root of its trace: ``n_root``, as
     :class:`otel_stages.analysis.requests.Incomplete` counts them); an example trace id (hex)
-    each."""
+    each; and the spans whose attribute values cannot be used
+    (:class:`otel_stages.analysis.value_issues.UnreadValues`): ``n_gpu_unread`` forwards whose
+    ``gpu.utilization.mean`` is no reading, ``n_cold_unread`` / ``n_seq_unread`` request spans
+    (counted per process while the cold rule is worked out)."""
     cond = {"detached": "detached_spans > 0", "outside": f"outside_ns > {TOLERANCE_NS}",
             "overlap": f"overlap_ns > {TOLERANCE_NS}", "orphan": "incomplete_groups > 0",
             "root": "by_trace AND incomplete_spans > 0"}
@@ -111,6 +117,10 @@ def issues_sql() -> str:
     maxIf(outside_ns, {cond["outside"]}) AS outside_max_ns,
     countIf({cond["overlap"]}) AS n_overlap,
     sum(incomplete_groups) AS n_orphan, sumIf(incomplete_spans, by_trace) AS n_root,
+    sumIf(arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading("u", "c")}, fwd_util, fwd_count),
+          is_request) AS n_gpu_unread,
+    (SELECT sum(unread_cold) FROM {PROCESS_TABLE}) AS n_cold_unread,
+    (SELECT sum(unread_seq) FROM {PROCESS_TABLE}) AS n_seq_unread,
     {examples}
 FROM {REQUESTS_TABLE}"""
 
@@ -280,11 +290,14 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
                      if (u.missing_parent_id is None) == (kind == "root")]
             unit = units[0] if units else Incomplete(str(issues.get(f"trace_{kind}")), None, ("?",), 0.0)
             incomplete.append(line(n, unit))
+    unread = UnreadValues(cold_start=int(issues.get("n_cold_unread") or 0),
+                          seq=int(issues.get("n_seq_unread") or 0),
+                          gpu_utilization=int(issues.get("n_gpu_unread") or 0))
     return SpanIssues(
         left_out=left_out, detached_requests=stage.detached_requests, detached_spans=stage.detached,
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,
         overlap_requests=stage.overlap, clash_spans=clash.count,
-        problems=(*lines, *clash.problems(), *incomplete, *stage.problems()))
+        problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems()))
 
 
 # --- what the SQL does not check ---------------------------------------------------------------

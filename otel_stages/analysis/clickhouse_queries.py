@@ -45,6 +45,7 @@ from otel_stages.analysis.clickhouse_sql import (
     query_params,
     requests,
     span_filter,
+    utilization_reading,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
@@ -52,7 +53,6 @@ from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
     GPU_STARVED_MAX_UTILIZATION,
     LEVEL_DECIMALS,
-    MAX_UTILIZATION_READING,
     MIN_MODEL_GPU_RISE,
     MIN_RISE_STANDARD_ERRORS,
     MODEL_GPU_RISE_SHARE,
@@ -342,8 +342,7 @@ def gpu_spans_sql() -> str:
 FROM (
     SELECT proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
     FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
-    WHERE warm AND w.3 IS NOT NULL AND isFinite(w.3) AND w.3 >= 0 AND w.3 <= {MAX_UTILIZATION_READING}
-        AND ifNull(w.4, 1) > 0)"""
+    WHERE warm AND {utilization_reading("w.3", "w.4")})"""
     th = "{slow_min_ns:Float64}"
     return f"""SELECT count() AS covered, sum(c) AS samples, sum(u * c) AS weighted,
     countIf(d > {th}) AS slow_covered,
@@ -748,7 +747,7 @@ FROM (
                100, 1) AS u
     FROM (
         SELECT width, height, fmt, proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c,
-            w.3 IS NOT NULL AND isFinite(w.3) AND ifNull(w.4, 1) > 0 AS ok
+            {utilization_reading("w.3", "w.4")} AS ok
         FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
         WHERE warm AND {_KNOWN}
     )

@@ -134,6 +134,19 @@ def slices(plan: dict[str, Any], query: AggregateQuery) -> list[tuple[int, int]]
     return list(itertools.pairwise(bounds))
 
 
+#: Over a span's row: ``request.seq`` when it is an int above 0 (as
+#: :func:`otel_stages.analysis.requests.positive_int` reads it); -1 when present but not that
+#: (counted: :func:`otel_stages.analysis.value_issues.unread_lines`); 0 when absent.
+_SEQ = (f"multiIf(toInt64OrZero(SpanAttributes['{semconv.REQUEST_SEQ}']) > 0,"
+        f" toInt64OrZero(SpanAttributes['{semconv.REQUEST_SEQ}']),"
+        f" mapContains(SpanAttributes, '{semconv.REQUEST_SEQ}'), -1, 0)")
+#: Over a span's row: ``request.cold_start`` 2 true, 1 false (as
+#: :func:`otel_stages.analysis.requests.usable_bool` reads it), 3 present but neither, 0 absent.
+_COLD = (f"toUInt8(multiIf(SpanAttributes['{semconv.REQUEST_COLD_START}'] = 'true', 2,"
+         f" SpanAttributes['{semconv.REQUEST_COLD_START}'] = 'false', 1,"
+         f" mapContains(SpanAttributes, '{semconv.REQUEST_COLD_START}'), 3, 0))")
+
+
 def groups_insert(traces: str, query: AggregateQuery) -> str:
     """``INSERT`` of one time slice (params ``slice_lo`` / ``slice_hi``) into :data:`GROUPS_TABLE`.
 
@@ -162,7 +175,6 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     ns = f"ResourceAttributes['{semconv.SERVICE_NAMESPACE}']"
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     host = f"ResourceAttributes['{semconv.HOST_NAME}']"
-    cold = f"{a}['{semconv.REQUEST_COLD_START}']"
     image = (f"toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, "
              f"toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h, "
              f"toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt")
@@ -189,8 +201,7 @@ FROM (
 ) AS k
 ANY LEFT JOIN (
     SELECT {trace}, {sid} AS sid, {pid} AS pid, {start} AS start, toInt64(Duration) AS dur, {err} AS err,
-        CAST(SpanName = {_REQUEST} AS UInt8) AS isreq, toInt64OrZero({a}['{semconv.REQUEST_SEQ}']) AS seq,
-        toUInt8(multiIf({cold} = 'true', 2, {cold} = 'false', 1, 0)) AS cold, {image},
+        CAST(SpanName = {_REQUEST} AS UInt8) AS isreq, {_SEQ} AS seq, {_COLD} AS cold, {image},
         CAST(ServiceName AS String) AS svc, {inst} AS inst, {host} AS host, {ns} AS ns
     FROM {traces} WHERE SpanName NOT IN {_STD} AND {base} AND {self_time}
 ) AS self ON k.trace_key = self.trace_key AND k.key = self.sid
@@ -221,7 +232,6 @@ def custom_only_insert(traces: str, query: AggregateQuery) -> str:
     stages (no standard stage child, so the slices did not see them), after
     :data:`CUSTOM_TABLE` is filled."""
     a = "SpanAttributes"
-    cold = f"{a}['{semconv.REQUEST_COLD_START}']"
     return f"""INSERT INTO {GROUPS_TABLE} (trace_key, key, present, self_start, self_dur, self_pid, self_err,
     self_isreq, self_seq, self_cold, self_w, self_h, self_s, self_fmt, self_svc, self_inst, self_host,
     self_ns)
@@ -230,8 +240,7 @@ FROM (
     SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
         reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
         toInt64(Duration) AS dur, CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err,
-        toInt64OrZero({a}['{semconv.REQUEST_SEQ}']) AS seq,
-        toUInt8(multiIf({cold} = 'true', 2, {cold} = 'false', 1, 0)) AS cold,
+        {_SEQ} AS seq, {_COLD} AS cold,
         toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h,
         toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt,
         CAST(ServiceName AS String) AS svc, ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'] AS inst,
@@ -391,7 +400,8 @@ GROUP BY trace_key, owner"""), {}
 SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(present, self_inst, '')) AS inst,
     any(if(present, self_host, '')) AS host,
     groupUniqArray({_PROC_HASH}) AS proc_keys,
-    max(self_cold > 0) AS has_cold_attr, max(self_seq > 0) AS has_seq,
+    max(self_cold IN (1, 2)) AS has_cold_attr, max(self_seq > 0) AS has_seq,
+    countIf(self_cold = 3) AS unread_cold, countIf(self_seq = -1) AS unread_seq,
     argMin((start, trace_key), (start, reinterpretAsFixedString(trace_key))) AS first
 FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE})
 WHERE {_IS_REQUEST} {_window(query, "start")}
@@ -497,12 +507,15 @@ def _requests_select(query: AggregateQuery) -> str:
     toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, i, f) -> if(f, 0, v.2 - v.1 - i),
                                                          intervals, inside, off)))) AS outside_ns,
     arraySum(inside) - covered_ns AS overlap_ns,
-    coalesce(nullIf(p.dec_w, 0), nullIf(x.dec_w, 0), nullIf(self_w, 0)) AS width,
-    coalesce(nullIf(p.dec_h, 0), nullIf(x.dec_h, 0), nullIf(self_h, 0)) AS height,
-    coalesce(nullIf(p.dec_s, 0), nullIf(x.dec_s, 0), nullIf(self_s, 0)) AS bytes,
+    coalesce(if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL),
+             if(self_w > 0, self_w, NULL)) AS width,
+    coalesce(if(p.dec_h > 0, p.dec_h, NULL), if(x.dec_h > 0, x.dec_h, NULL),
+             if(self_h > 0, self_h, NULL)) AS height,
+    coalesce(if(p.dec_s > 0, p.dec_s, NULL), if(x.dec_s > 0, x.dec_s, NULL),
+             if(self_s > 0, self_s, NULL)) AS bytes,
     if(p.dec_f != '', p.dec_f, if(x.dec_f != '', x.dec_f, self_fmt)) AS fmt,
-    if(present, nullIf(self_seq, 0), NULL) AS seq,
-    if(present AND self_cold > 0, toUInt8(self_cold - 1), NULL) AS cold_attr,
+    if(present AND self_seq > 0, self_seq, NULL) AS seq,  -- sizes and seq: 0 or less is unknown
+    if(present AND self_cold IN (1, 2), toUInt8(self_cold - 1), NULL) AS cold_attr,
     toUInt8(if(present, self_err, kid_err OR x.err)) AS error,  -- the request span's status
     if(present, self_svc, kid_svc) AS svc,
     if(present, self_inst, '') AS inst,
@@ -513,7 +526,7 @@ def _requests_select(query: AggregateQuery) -> str:
     {fwd.format("ends")} AS fwd_end,
     arrayConcat(p.g_id, x.g_id) AS gids,
     if(empty(gids), arrayMap(v -> CAST(NULL AS Nullable(Float64)), fwd_start),
-       arrayMap(f -> if(indexOf(gids, f) = 0 OR isNaN(arrayConcat(p.g_u, x.g_u)[indexOf(gids, f)]), NULL,
+       arrayMap(f -> if(indexOf(gids, f) = 0, NULL,  -- NaN: a value that is no number (counted)
                         arrayConcat(p.g_u, x.g_u)[indexOf(gids, f)]), {fwd.format("ids")})) AS fwd_util,
     if(empty(gids), arrayMap(v -> CAST(NULL AS Nullable(Int64)), fwd_start),
        arrayMap(f -> if(indexOf(gids, f) = 0 OR arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)] = -1, NULL,

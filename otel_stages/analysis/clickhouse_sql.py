@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.gpu import MAX_UTILIZATION_READING
 
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
@@ -217,6 +218,14 @@ def finite_number(text: str) -> str:
     """SQL: the attribute text ``text`` read as a finite Float64, else NULL (``"NaN"`` and
     ``"inf"`` too), as :func:`otel_stages.analysis.requests.usable_float` reads it."""
     return f"if(isFinite(toFloat64OrNull({text})), toFloat64OrNull({text}), NULL)"
+
+
+def utilization_reading(mean: str, count: str) -> str:
+    """SQL: whether a forward's ``gpu.utilization.mean`` (``mean``: NULL when absent, NaN when
+    no number) and ``gpu.sample_count`` (``count``: NULL when absent or unreadable, read as 1)
+    make a reading, as :func:`otel_stages.analysis.gpu.utilization_reading` reads them."""
+    return (f"({mean} IS NOT NULL AND isFinite({mean}) AND {mean} >= 0"
+            f" AND {mean} <= {MAX_UTILIZATION_READING} AND ifNull({count}, 1) > 0)")
 
 
 def span_filter(query: AggregateQuery, *, odd: bool) -> str:

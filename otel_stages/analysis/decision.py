@@ -378,15 +378,19 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
 # --- lines every verdict gets ---------------------------------------------------------------------
 
 
+#: What marks a later request of a process cold (:func:`otel_stages.analysis.requests.group_spans`:
+#: the attribute where the process's requests carry it, else seq 1 of nested worker spans).
+_MARKS = f"{semconv.REQUEST_COLD_START} or {semconv.REQUEST_SEQ} 1"
+
+
 def _cold_sentence(cold: ColdFigures) -> str:
     if cold.count == 1:
         who = ("first request of the process" if cold.first_of_process
-               else f"the request marked cold by {semconv.REQUEST_COLD_START} (not the first of its"
-                    " process)")
+               else f"the request marked cold by {_MARKS} (not the first of its process)")
     else:
         who = f"{cold.count} cold requests (median)"
         if not cold.first_of_process:
-            who += f", some marked cold by {semconv.REQUEST_COLD_START} later in their process,"
+            who += f", some marked cold by {_MARKS} later in their process,"
     ratio = cold.ratio
     if ratio is None:
         return f"{who} took {duration(cold.total_ms)}; no warm request to compare it with"

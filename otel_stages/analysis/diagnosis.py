@@ -74,6 +74,7 @@ from otel_stages.analysis.stats import (
     unaccounted_stats,
     variance_explained_by_groups,
 )
+from otel_stages.analysis.value_issues import unread_values
 
 #: Verdicts are worked out for at most this many cohorts (the largest); the rest are listed only.
 MAX_COHORT_VERDICTS = 10
@@ -319,7 +320,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
-    problems = [*recording.problems, *screened.problems, *grouping.problems]
+    problems = [*recording.problems, *screened.problems, *grouping.problems,
+                *unread_values(requests).problems()]
     if (screened.spans and not requests and not incomplete  # (all left out: said above)
             and not said_by_a_map(recording.problems)):  # the map's lines say which entry failed
         problems.append(

@@ -45,12 +45,12 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis.gpu_owners import PERCENT_GUESS, hw_of, owned_series, request_hosts
-from otel_stages.analysis.model import MetricPoint, Span
+from otel_stages.analysis.model import AttributeValue, MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_keys, usable_float, usable_int
 from otel_stages.analysis.units import duration
 
@@ -556,6 +556,20 @@ def _variance(values: Sequence[float]) -> float:
     return max(0.0, math.fsum(v * v for v in values) / n - mean * mean)
 
 
+def utilization_reading(attributes: Mapping[str, AttributeValue]) -> tuple[float, int] | None:
+    """``(mean, samples)`` from a forward span's ``gpu.utilization.mean`` (a number in 0 ..
+    :data:`MAX_UTILIZATION_READING`: NVML's -1 "not available" or a value past 100 % is no
+    reading) and ``gpu.sample_count`` (default 1, also when unreadable; a reading needs more than
+    0); ``None`` when the span has no such reading (the attribute absent or not one:
+    :mod:`otel_stages.analysis.value_issues` counts the latter)."""
+    mean = usable_float(attributes.get(semconv.GPU_UTILIZATION_MEAN))
+    if mean is None or not 0.0 <= mean <= MAX_UTILIZATION_READING:
+        return None
+    count = usable_int(attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
+    count = 1 if count is None else count
+    return (mean, count) if count > 0 else None
+
+
 def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
                           windows: Sequence[tuple[int, int]],
                           slow_min_ns: float | None) -> GpuEvidence | None:
@@ -566,13 +580,10 @@ def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
     top: dict[str, float] = {}
     owner: list[str] = []
     for span, proc in zip(forwards, procs):
-        mean = usable_float(span.attributes.get(semconv.GPU_UTILIZATION_MEAN))
-        if mean is None or not 0.0 <= mean <= MAX_UTILIZATION_READING:
-            continue  # not a reading: NVML's -1 "not available", or past 100 %
-        count = usable_int(span.attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
-        count = 1 if count is None else count
-        if count <= 0:
+        reading = utilization_reading(span.attributes)
+        if reading is None:
             continue
+        mean, count = reading
         found.append((span.end_ns - span.start_ns, mean, count))
         owner.append(proc)
         top[proc] = max(top.get(proc, float("-inf")), float(mean))

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -64,8 +64,9 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     children counted). ``unaccounted_ms`` is request time covered by no stage span.
     ``image_width``/``image_height`` are pixels and ``image_bytes`` encoded bytes,
     ``image_format`` the Pillow format and ``prompt_tokens`` the prompt length in tokens, read from
-    stage spans (decode first), then groups, then the request span; ``None`` when absent. ``seq``
-    is ``request.seq`` from the request span, ``None`` without one (never invented). ``cold``
+    stage spans (decode first), then groups, then the request span; ``None`` when absent (or 0
+    or less). ``seq`` is ``request.seq`` from the request span, ``None`` without one (or 0 or
+    less; never invented). ``cold``
     marks the first request of a process (see :func:`find_requests`). ``spans`` are the leaf stage
     spans (renamed where their names were per-request), ``groups`` the custom stage spans that
     hold other stage spans.
@@ -440,10 +441,20 @@ def usable_bool(value: object) -> bool | None:
     return {"true": True, "false": False}.get(value) if isinstance(value, str) else None
 
 
-def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str) -> int | None:
-    """The first usable int (:func:`usable_int`) under ``key`` in ``attributes``."""
+def positive_int(value: object) -> int | None:
+    """``value`` as an int above 0 (:func:`usable_int`), else ``None``: image sizes in pixels and
+    bytes, and ``request.seq`` (1-based), where 0 or less cannot be real and the SQL reads it as
+    unknown too."""
+    number = usable_int(value)
+    return number if number is not None and number > 0 else None
+
+
+def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
+               read: Callable[[object], int | None] = usable_int) -> int | None:
+    """The first int under ``key`` in ``attributes`` that ``read`` (:func:`usable_int`,
+    :func:`positive_int`) accepts."""
     for attrs in attributes:
-        value = usable_int(attrs.get(key))
+        value = read(attrs.get(key))
         if value is not None:
             return value
     return None
@@ -466,24 +477,25 @@ _WIDTH, _HEIGHT, _SIZE, _FORMAT, _TOKENS = (semconv.IMAGE_WIDTH, semconv.IMAGE_H
 def _inputs(attributes: list[dict[str, AttributeValue]]
             ) -> tuple[int | None, int | None, int | None, str | None, int | None]:
     """Image width, height, bytes, format and prompt tokens: each the first usable value in
-    ``attributes`` (:func:`_first_int`, :func:`_first_str`). The dicts merged, the first one's
-    value winning, answer the usual case at once; an odd value (a float, a bool, an explicit
-    None, an empty format, an int past int64) sends that key through the walk over the dicts."""
+    ``attributes`` (:func:`_first_int`, :func:`_first_str`; sizes above 0, :func:`positive_int`).
+    The dicts merged, the first one's value winning, answer the usual case at once; an odd value
+    (a float, a bool, an explicit None, an empty format, an int past int64 or not above 0) sends
+    that key through the walk over the dicts."""
     merged: dict[str, AttributeValue] = {}
     for attrs in reversed(attributes):
         merged.update(attrs)
     get = merged.get
     width, height, size, image_format, tokens = (get(_WIDTH), get(_HEIGHT), get(_SIZE),
                                                  get(_FORMAT), get(_TOKENS))
-    if (type(width) is not int or not INT64_MIN <= width <= INT64_MAX) and (width is not None
+    if (type(width) is not int or not 0 < width <= INT64_MAX) and (width is not None
                                                                             or _WIDTH in merged):
-        width = _first_int(attributes, _WIDTH)
-    if (type(height) is not int or not INT64_MIN <= height <= INT64_MAX) and (height is not None
+        width = _first_int(attributes, _WIDTH, positive_int)
+    if (type(height) is not int or not 0 < height <= INT64_MAX) and (height is not None
                                                                               or _HEIGHT in merged):
-        height = _first_int(attributes, _HEIGHT)
-    if (type(size) is not int or not INT64_MIN <= size <= INT64_MAX) and (size is not None
+        height = _first_int(attributes, _HEIGHT, positive_int)
+    if (type(size) is not int or not 0 < size <= INT64_MAX) and (size is not None
                                                                           or _SIZE in merged):
-        size = _first_int(attributes, _SIZE)
+        size = _first_int(attributes, _SIZE, positive_int)
     if not (type(image_format) is str and image_format) and (image_format is not None
                                                              or _FORMAT in merged):
         image_format = _first_str(attributes, _FORMAT)
@@ -579,7 +591,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
         image_format,
         tokens,
         error,
-        usable_int(seq),
+        positive_int(seq),
         False,
         request_span.resource,
         request_span.attributes,

@@ -86,7 +86,8 @@ class StageIssues:
                 f"stage spans reach outside their request span in {self.outside} request"
                 f"{'s' if self.outside != 1 else ''} (up to {duration(self.outside_max_ms)} outside,"
                 f" e.g. {self.outside_example}): only the part inside the request counts; work that"
-                " outlives its request (fire-and-forget) is not request latency"
+                " outlives its request (fire-and-forget) is not request latency, and a stage"
+                " recorded on another host reaches out by that host's clock skew"
             )
         if self.overlap:
             out.append(
