@@ -284,3 +284,24 @@ def test_utilization_outside_a_reading_is_left_out_of_each_cohort_too(engine, tm
     assert got["cohorts"] == want["cohorts"]
     big = next(c for c in want["cohorts"] if c["key"] == "4000x3000")
     assert big["verdict"]["cause"] == "gpu_busy", big
+
+
+def test_no_gpu_data_from_unusable_values_says_so_and_advises_fixing_them(engine, tmp_path: Path) -> None:
+    # every forward's gpu.utilization.mean unreadable: "enable the GPU sampler" was the advice,
+    # while the sampler ran and only its values could not be read
+    from otel_stages.analysis import advice
+
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        _gpu_attributes(i, spans, as_text)
+        for s in spans:
+            for a in s["attributes"] if s["name"] == "forward" else ():
+                if a["key"] == "gpu.utilization.mean":
+                    a["value"] = {"stringValue": " 0.1"}
+    got, want = reports(engine, _run(tmp_path, "all_unread", edit, False))
+    assert got["verdict"] == want["verdict"] and got["gpu"] == want["gpu"]
+    assert (want["verdict"]["cause"], want["gpu"]["level"], want["gpu"]["unread_forwards"]) == (
+        "forward", "none", 40)
+    assert "no GPU data: the gpu.utilization.mean of 40 forward spans is no reading" in " ".join(
+        want["verdict"]["evidence"])
+    assert want["verdict"]["advice"][0] == advice.GPU_UNREAD
+    assert not [a for a in want["verdict"]["advice"] if "enable the GPU sampler" in a]

@@ -89,6 +89,14 @@ _FORWARD_BY_GPU_LEVEL = {
 }
 
 
+#: cause ``forward`` with no GPU data while forward spans carry ``gpu.utilization.mean`` values that
+#: are no reading (``GpuEvidence.unread_forwards``): the sampler runs, its values are unusable.
+GPU_UNREAD = (
+    "the model call swings but its GPU readings cannot be used: write gpu.utilization.mean on each"
+    " forward span as a number from 0 to 1 (or percent), with gpu.sample_count above 0 (see the"
+    " problems), to tell a busy GPU from a starved one")
+
+
 #: cause ``forward`` with thin GPU evidence while some process's model GPU could not be told among
 #: the GPUs read during its forwards (``GpuEvidence.unidentified_processes``).
 GPU_UNIDENTIFIED = (
@@ -140,7 +148,8 @@ _GPU_ALL_FORWARDS = {
 
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
               gpu_level: str | None = None, preprocess: PreprocessFacts | None = None,
-              gpu_slow: bool = True, gpu_unidentified: bool = False) -> list[str]:
+              gpu_slow: bool = True, gpu_unidentified: bool = False,
+              gpu_unread: bool = False) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
     (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``);
@@ -148,12 +157,14 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
     ``GpuEvidence.level``) could not decide. ``gpu_slow``: ``gpu_busy`` / ``gpu_starved`` was
     judged on the slow forwards (else on all: the first line says so). ``gpu_unidentified``:
-    the GPU evidence is thin because no model GPU could be told (:data:`GPU_UNIDENTIFIED`)."""
+    the GPU evidence is thin because no model GPU could be told (:data:`GPU_UNIDENTIFIED`).
+    ``gpu_unread``: there is no GPU data but forward spans carry unusable values
+    (:data:`GPU_UNREAD`)."""
     lines = list(_ADVICE.get(cause, []))
     if cause == "preprocess":
         lines = preprocess_fixes(preprocess)
     if cause == "forward":
-        lines.insert(0, GPU_UNIDENTIFIED if gpu_unidentified else
+        lines.insert(0, GPU_UNIDENTIFIED if gpu_unidentified else GPU_UNREAD if gpu_unread else
                      _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
     if cause in _GPU_ALL_FORWARDS and not gpu_slow:
         lines[0] = _GPU_ALL_FORWARDS[cause]

@@ -123,7 +123,8 @@ def gpu_evidence(g: GpuAggregate) -> GpuEvidence:
     """The engine's GPU aggregate judged as the trace report judges it
     (:func:`otel_stages.analysis.gpu.evidence_of`: the slow forwards' level, else all forwards')."""
     if g.source is None:
-        return GpuEvidence(level=LEVEL_NONE, forwards=g.forwards if g.forwards else 0)
+        return GpuEvidence(level=LEVEL_NONE, forwards=g.forwards if g.forwards else 0,
+                           unread_forwards=g.unread_forwards)
     return evidence_of(source=g.source, forwards=g.forwards, covered=g.forwards_covered,
                        samples=g.samples, total=g.sum_utilization, split=g.split,
                        slow_min_ms=g.slow_min_ms, hw_id=g.hw_id,

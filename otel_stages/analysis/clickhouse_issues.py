@@ -236,7 +236,8 @@ class SpanIssues:
     ``detached_spans``: requests with stage spans wholly outside their request span, and those
     spans; ``outside_requests`` and ``outside_max_ms``: stage spans reaching outside their request;
     ``overlap_requests``; ``clash_spans``: spans that share an id with a different span. ``problems``:
-    the file report's sentences for them, with examples."""
+    the file report's sentences for them, with examples. ``unread``: attribute values present but
+    unusable (:class:`~otel_stages.analysis.value_issues.UnreadValues`)."""
 
     left_out: dict[str, int] = field(default_factory=dict)
     detached_requests: int = 0
@@ -246,6 +247,7 @@ class SpanIssues:
     overlap_requests: int = 0
     clash_spans: int = 0
     problems: tuple[str, ...] = ()
+    unread: UnreadValues = field(default_factory=UnreadValues)
 
 
 def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
@@ -296,7 +298,7 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
     return SpanIssues(
         left_out=left_out, detached_requests=stage.detached_requests, detached_spans=stage.detached,
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,
-        overlap_requests=stage.overlap, clash_spans=clash.count,
+        overlap_requests=stage.overlap, clash_spans=clash.count, unread=unread,
         problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems()))
 
 

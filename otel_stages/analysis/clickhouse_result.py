@@ -260,7 +260,9 @@ class GpuAggregate:
     plus the run's noise band); ``slow_*`` / ``fast_*`` their means. ``gpus``: GPUs taken (one per
     process with samples). ``unidentified_processes``: processes whose model GPU could not be told
     (:func:`otel_stages.analysis.gpu.pick_gpu`), left out; ``unidentified_gpus``: when one, its
-    GPUs' ``(hw.id, mean utilization inside its forwards)``.
+    GPUs' ``(hw.id, mean utilization inside its forwards)``. ``unread_forwards``: without GPU
+    data, the forward spans whose ``gpu.utilization.mean`` is no reading (all requests' ones, as
+    :class:`otel_stages.analysis.value_issues.UnreadValues` counts them; 0 for a cohort).
     """
 
     source: str | None
@@ -277,6 +279,7 @@ class GpuAggregate:
     slow_min_ms: float | None = None
     unidentified_processes: int = 0
     unidentified_gpus: tuple[tuple[str, float], ...] = ()
+    unread_forwards: int = 0
 
 
 def _ratio(num: Any, den: Any) -> float | None:
@@ -641,6 +644,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     gpu = _gpu(results["gpu_spans"][0] if results.get("gpu_spans") else {},  # (not run yet: {})
                results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
                results["slow_forwards"][0] if results.get("slow_forwards") else {})
+    if gpu.source is None and span_issues.unread.gpu_utilization:
+        gpu = replace(gpu, unread_forwards=span_issues.unread.gpu_utilization)
     memory = results.get("memory_forwards")
     foreign = next(iter(results.get("foreign_gpu") or ()), {})
     kinds, where = failure_kinds(results.get("failures") or [])

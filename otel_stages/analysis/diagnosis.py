@@ -38,7 +38,7 @@ from otel_stages.analysis.figures import (
     reference_ms,
     share_tentative,
 )
-from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence, model_gpus
+from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, gpu_evidence, model_gpus
 from otel_stages.analysis.gpu_owners import (
     ambiguous_series,
     ambiguous_unit_lines,
@@ -134,6 +134,7 @@ def _warm(
     cold_first: bool = True, detached_requests: int = 0, clash_spans: int = 0,
     table: SignalTable | None = None,
     verdict_only: bool = False,
+    unread_forwards: int = 0,
     processes: frozenset[str] | None = None,
     models: Mapping[str, frozenset[str]] | None = None,
 ) -> _Warm:
@@ -149,7 +150,8 @@ def _warm(
     ``processes``: the process keys of every request read (the GPU points of other processes are
     lined up with every process's forwards; :mod:`otel_stages.analysis.gpu_owners`). ``models``:
     each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
-    a cohort's memory rule reads the GPU the window's utilization chose)."""
+    a cohort's memory rule reads the GPU the window's utilization chose). ``unread_forwards``:
+    forward spans whose ``gpu.utilization.mean`` is no reading, said when there is no GPU data."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -162,6 +164,8 @@ def _warm(
     # the slow forwards the GPU rules judge are those beyond the band the verdict uses
     band = noise_band(figs.values(), reference_ms(figs, total_fig)).band_ms if figs else None
     gpu = gpu_evidence(warm, metrics, processes, band_ms=band)
+    if gpu.level == LEVEL_NONE and unread_forwards:
+        gpu = replace(gpu, unread_forwards=unread_forwards)
     # CPU, GC, loop, throttling, memory
     signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
                             band_ms=band or 0.0, model_gpus=models)
@@ -311,17 +315,17 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     models = (model_gpus(warm, recording.metrics, processes)
               if any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in recording.metrics) else {})
     cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models)
+    unread = unread_values(requests)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
-                   models=models)
+                   models=models, unread_forwards=unread.gpu_utilization)
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
-    problems = [*recording.problems, *screened.problems, *grouping.problems,
-                *unread_values(requests).problems()]
+    problems = [*recording.problems, *screened.problems, *grouping.problems, *unread.problems()]
     if (screened.spans and not requests and not incomplete  # (all left out: said above)
             and not said_by_a_map(recording.problems)):  # the map's lines say which entry failed
         problems.append(

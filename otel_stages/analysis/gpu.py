@@ -118,6 +118,9 @@ class GpuEvidence:
     samples (``None`` without samples there). ``unidentified_processes``: processes left out
     because their model's GPU cannot be told (:func:`pick_gpu`); ``unidentified_gpus``: when that
     is one process, its GPUs' ``(hw.id, mean utilization inside its forwards)``, by ``hw.id``.
+    ``unread_forwards``: with no GPU data, the forward spans whose ``gpu.utilization.mean`` is no
+    reading (:func:`utilization_reading`; :mod:`otel_stages.analysis.value_issues` counts them
+    over every request), so the evidence and advice say the values are unusable, not missing.
     """
 
     level: str
@@ -136,6 +139,7 @@ class GpuEvidence:
     judged_on: str = JUDGED_ALL
     unidentified_processes: int = 0
     unidentified_gpus: tuple[tuple[str, float], ...] = ()
+    unread_forwards: int = 0
 
     @property
     def coverage(self) -> float:
@@ -159,6 +163,11 @@ class GpuEvidence:
 
     def describe(self) -> str:
         """One sentence with the numbers, for evidence lists and the text report."""
+        if self.level == LEVEL_NONE and self.unread_forwards:
+            n = self.unread_forwards
+            return (f"no GPU data: the {semconv.GPU_UTILIZATION_MEAN} of {n} forward"
+                    f" span{'s is' if n != 1 else ' is'} no reading (see the problems), and no usable"
+                    " hw.gpu.utilization points")
         if self.level == LEVEL_NONE:
             # "usable": an ambiguous-unit series is left out (gpu_owners.is_ambiguous), said in problems
             return ("no GPU data (no usable hw.gpu.utilization points or gpu.* forward"
@@ -243,6 +252,7 @@ class GpuEvidence:
             "slow_forward_mean_utilization": _round(self.slow_mean_utilization),
             "fast_forward_mean_utilization": _round(self.fast_mean_utilization),
             "unidentified_processes": self.unidentified_processes,
+            "unread_forwards": self.unread_forwards,
         }
 
 
