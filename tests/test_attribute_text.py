@@ -300,8 +300,110 @@ def test_no_gpu_data_from_unusable_values_says_so_and_advises_fixing_them(engine
     got, want = reports(engine, _run(tmp_path, "all_unread", edit, False))
     assert got["verdict"] == want["verdict"] and got["gpu"] == want["gpu"]
     assert (want["verdict"]["cause"], want["gpu"]["level"], want["gpu"]["unread_forwards"]) == (
-        "forward", "none", 40)
-    assert "no GPU data: the gpu.utilization.mean of 40 forward spans is no reading" in " ".join(
+        "forward", "none", 39)  # the warm ones (the problem line counts the cold one's too)
+    assert "no GPU data: the gpu.utilization.mean of 39 forward spans is no reading" in " ".join(
         want["verdict"]["evidence"])
+    assert any(p.startswith("gpu.utilization.mean: 40 forward spans") for p in want["problems"])
     assert want["verdict"]["advice"][0] == advice.GPU_UNREAD
     assert not [a for a in want["verdict"]["advice"] if "enable the GPU sampler" in a]
+
+
+# --- a tester's second round (/tmp/t26 of that session) -----------------------------------------
+
+
+def _set(span: dict[str, Any], key: str, value: dict[str, Any]) -> None:
+    span["attributes"] = [a for a in span["attributes"] if a["key"] != key] + [{"key": key, "value": value}]
+
+
+@pytest.mark.parametrize("count", [{"intValue": "-1"}, {"doubleValue": -1.0},
+                                   {"intValue": "9223372036854775807"}, {"intValue": "1000001"}])
+def test_a_sample_count_outside_a_count_is_no_reading_in_both(engine, tmp_path: Path,
+                                                              count: dict[str, Any]) -> None:
+    # -1 was the SQL's own "unreadable" marker (read as 1: gpu_starved against "no GPU data");
+    # 2^63 - 1 built a list that long in the file report (MemoryError) and overflowed the SQL's sum
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        _gpu_attributes(i, spans, as_text)
+        for s in spans:
+            if s["name"] == "forward":
+                _set(s, "gpu.sample_count", count)
+    got, want = reports(engine, _run(tmp_path, f"count{len(json.dumps(count))}", edit, False))
+    assert got["verdict"] == want["verdict"] and got["gpu"] == want["gpu"]
+    assert (want["gpu"]["level"], want["gpu"]["unread_forwards"]) == ("none", 39)
+
+
+@pytest.mark.parametrize("apart_ns", [0, 1_000])
+def test_two_decode_spans_give_the_first_ones_size_in_both(engine, tmp_path: Path, apart_ns: int) -> None:
+    # a two-image prompt: the SQL took the largest width and the largest height apart (4000x4000,
+    # no image's size), the file report the first decode's (4000x300); starting together, the
+    # smaller span id is the first in both
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        first = next(s for s in spans if s["name"] == "decode")
+        second = json.loads(json.dumps(first))
+        second["spanId"] = "0" * 15 + "1" if i % 3 else "f" * 16
+        second["startTimeUnixNano"] = str(int(first["startTimeUnixNano"]) + apart_ns)
+        sizes = [(4000, 300), (300, 4000)] if i % 2 else [(640, 480), (640, 480)]
+        for span, (w, h) in zip((first, second), sizes):
+            _set(span, "image.width", {"intValue": str(w)})
+            _set(span, "image.height", {"intValue": str(h)})
+        spans.append(second)
+    got, want = reports(engine, _run(tmp_path, f"two_decodes{apart_ns}", edit, False))
+    assert got["cohorts"] == want["cohorts"] and got["verdict"] == want["verdict"]
+    keys = {c["key"] for c in want["cohorts"]}
+    assert "4000x4000" not in keys and keys <= {"640x480", "4000x300", "300x4000"}
+
+
+@pytest.mark.parametrize("height", [None, 0])
+def test_a_cold_input_without_a_height_is_unknown_in_both(engine, tmp_path: Path, height: int | None) -> None:
+    # two requests marked cold, one 640x640 and one of width 640 and no (or a 0) height: the SQL
+    # took the second for a second input (cohort null), the file report for an unknown one
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        decode = next(s for s in spans if s["name"] == "decode")
+        _set(spans[0], "request.cold_start", {"boolValue": i < 2})
+        _set(decode, "image.width", {"intValue": "640"})
+        if i % 2 == 0:
+            _set(decode, "image.height", {"intValue": "640"})
+        elif height is not None:
+            _set(decode, "image.height", {"intValue": str(height)})
+    got, want = reports(engine, _run(tmp_path, f"cold_height{height}", edit, False))
+    assert got["cold_start"] == want["cold_start"] and got["verdict"] == want["verdict"]
+    assert want["cold_start"]["cohort"] == "640x640" and want["cold_start"]["left_out"] == 1
+
+
+def test_unusable_values_only_outside_the_warm_forwards_leave_the_sampler_advice(engine,
+                                                                                tmp_path: Path) -> None:
+    # warm forwards without any GPU attribute, three failed requests' forwards with NVML's -1:
+    # both reports advised fixing the values of 3 forwards, not judged, instead of sampling
+    from otel_stages.analysis import advice
+
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        if i % 4 == 3:
+            for s in spans:
+                if s["name"] in ("request", "forward"):
+                    s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 300_000_000)
+        if i in (5, 9, 13):
+            spans[0]["status"] = {"code": 2, "message": "x"}
+            _set(next(s for s in spans if s["name"] == "forward"), "gpu.utilization.mean",
+                 {"doubleValue": -1.0})
+    got, want = reports(engine, _run(tmp_path, "unread_failed", edit, False))
+    assert got["verdict"] == want["verdict"] and got["gpu"] == want["gpu"]
+    assert want["gpu"]["unread_forwards"] == 0 and advice.GPU_UNREAD not in want["verdict"]["advice"]
+    assert any("gpu.utilization.mean: 3 forward spans" in p for p in want["problems"])
+
+
+def test_a_lone_surrogate_is_stored_as_the_collector_stores_it(engine, tmp_path: Path) -> None:
+    # one attribute held "\ud800" (valid JSON, no UTF-8): the import stopped with nothing loaded;
+    # the Collector's Go decoder reads it as U+FFFD, and so does the import now
+    from otel_stages.analysis.clickhouse import Tables, import_files
+
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        if i == 6:
+            _set(spans[1], "note", {"stringValue": "a\ud800b"})
+    path = _run(tmp_path, "surrogate", edit, False)
+    tables = Tables(database="surrogate")
+    summary = import_files(engine, tables, [path])
+    assert summary.problems == [] and summary.spans == 240
+    rows = engine.rows(f"SELECT SpanAttributes['note'] AS note FROM {tables.traces_ref}"
+                       " WHERE mapContains(SpanAttributes, 'note')")
+    assert [r["note"] for r in rows] == ["a\ufffdb"]
+    got, want = reports(engine, path)
+    assert got["requests"] == want["requests"] == 40

@@ -40,7 +40,6 @@ from otel_stages.analysis.clickhouse_engine import connect as connect
 from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
-from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.services import MAX_SERVICES_NAMED
 
@@ -263,7 +262,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     band = clickhouse_figures.band_ms(head.stages, head.total)
     cold = head.cold_start
     if cold is not None and len(cold.by_input) > 1 and any(
-            i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS for i in cold.by_input):
+            clickhouse_figures.comparable_cold_input(i) for i in cold.by_input):
         # cold requests of several inputs, some comparable: those with their inputs' warm requests
         results["cold_union"] = engine.rows(queries.cold_union_sql(method), None, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),

@@ -57,6 +57,7 @@ from otel_stages.analysis.clickhouse_gaps import gaps_caveat
 from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
 from otel_stages.analysis.clickhouse_result import (
     CohortAggregate,
+    ColdInput,
     FleetAggregates,
     GpuAggregate,
     StageAggregate,
@@ -245,6 +246,12 @@ def stage_signals(agg: FleetAggregates, cohort: CohortAggregate | None = None
     return out
 
 
+def comparable_cold_input(i: ColdInput) -> bool:
+    """A cold input known (width and height: the file report's cohort key) and shared by
+    enough warm requests to compare with."""
+    return i.width is not None and i.height is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
+
+
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
     cold = agg.cold_start
     if cold is None:
@@ -257,8 +264,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
             comparable_median_total_ms=None, comparable_stages_ms={}, compared_with=ALL_WARM,
             comparable_requests=0, warm_median_total_ms=None, input_known=known, first_of_process=first)
-    same = bool(inputs) and all(i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
-                                for i in inputs)
+    same = bool(inputs) and all(comparable_cold_input(i) for i in inputs)
     if same and len(inputs) == 1:
         only = inputs[0]
         return ColdFigures(
@@ -270,8 +276,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         )
     u = cold.union
     if u is not None:  # several inputs, or some not comparable: the comparable ones, together
-        keys = {agg.cohort_key(i.width, i.height, i.format) for i in inputs
-                if i.width is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS}
+        keys = {agg.cohort_key(i.width, i.height, i.format) for i in inputs if comparable_cold_input(i)}
         return ColdFigures(
             count=u.cold_requests, total_ms=u.cold_median_total_ms, stages_ms=u.cold_stages_median_ms,
             comparable_median_total_ms=u.median_total_ms,

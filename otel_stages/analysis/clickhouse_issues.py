@@ -47,6 +47,7 @@ from otel_stages.analysis.clickhouse_sql import (
     REQUESTS_TABLE,
     AggregateQuery,
     query_params,
+    requests,
     span_filter,
     utilization_reading,
 )
@@ -101,7 +102,8 @@ def issues_sql() -> str:
     :class:`otel_stages.analysis.requests.Incomplete` counts them); an example trace id (hex)
     each; and the spans whose attribute values cannot be used
     (:class:`otel_stages.analysis.value_issues.UnreadValues`): ``n_gpu_unread`` forwards whose
-    ``gpu.utilization.mean`` is no reading, ``n_cold_unread`` / ``n_seq_unread`` request spans
+    ``gpu.utilization.mean`` is no reading (``n_gpu_unread_warm``: of warm requests),
+    ``n_cold_unread`` / ``n_seq_unread`` request spans
     (counted per process while the cold rule is worked out)."""
     cond = {"detached": "detached_spans > 0", "outside": f"outside_ns > {TOLERANCE_NS}",
             "overlap": f"overlap_ns > {TOLERANCE_NS}", "orphan": "incomplete_groups > 0",
@@ -119,6 +121,8 @@ def issues_sql() -> str:
     sum(incomplete_groups) AS n_orphan, sumIf(incomplete_spans, by_trace) AS n_root,
     sumIf(arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading("u", "c")}, fwd_util, fwd_count),
           is_request) AS n_gpu_unread,
+    (SELECT sum(arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading("u", "c")},
+                           fwd_util, fwd_count)) FROM {requests()} WHERE warm) AS n_gpu_unread_warm,
     (SELECT sum(unread_cold) FROM {PROCESS_TABLE}) AS n_cold_unread,
     (SELECT sum(unread_seq) FROM {PROCESS_TABLE}) AS n_seq_unread,
     {examples}
@@ -237,7 +241,8 @@ class SpanIssues:
     spans; ``outside_requests`` and ``outside_max_ms``: stage spans reaching outside their request;
     ``overlap_requests``; ``clash_spans``: spans that share an id with a different span. ``problems``:
     the file report's sentences for them, with examples. ``unread``: attribute values present but
-    unusable (:class:`~otel_stages.analysis.value_issues.UnreadValues`)."""
+    unusable (:class:`~otel_stages.analysis.value_issues.UnreadValues`); ``unread_warm_forwards``:
+    of those, the forwards of warm requests whose ``gpu.utilization.mean`` is no reading."""
 
     left_out: dict[str, int] = field(default_factory=dict)
     detached_requests: int = 0
@@ -248,6 +253,7 @@ class SpanIssues:
     clash_spans: int = 0
     problems: tuple[str, ...] = ()
     unread: UnreadValues = field(default_factory=UnreadValues)
+    unread_warm_forwards: int = 0
 
 
 def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
@@ -299,6 +305,7 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
         left_out=left_out, detached_requests=stage.detached_requests, detached_spans=stage.detached,
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,
         overlap_requests=stage.overlap, clash_spans=clash.count, unread=unread,
+        unread_warm_forwards=int(issues.get("n_gpu_unread_warm") or 0),
         problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems()))
 
 

@@ -153,7 +153,8 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     One small aggregation of the standard stage spans by (trace, parent span id): count, extent,
     errors, and their ids, stage codes (pipeline order, 1..5) and intervals; with the parent's own
     row (``self_*``: times, status, ``request.seq``, ``request.cold_start``, image attributes,
-    process), the decode children's image attributes and process, and forward children's GPU
+    process), the decode children's image attributes (each the first above 0 or
+    non-empty by start, then span id, as the file report reads them) and process, and forward children's GPU
     attributes joined in (``ANY LEFT JOIN``, one match per key; the slice keeps each side small).
     Each part reads only its spans' granules (the sort key starts with the span name) and the
     attribute maps only where they are needed. Key 0 collects a trace's standard stage spans
@@ -206,10 +207,11 @@ ANY LEFT JOIN (
     FROM {traces} WHERE SpanName NOT IN {_STD} AND {base} AND {self_time}
 ) AS self ON k.trace_key = self.trace_key AND k.key = self.sid
 ANY LEFT JOIN (
-    SELECT {trace}, {pid} AS key, max(w) AS w, max(h) AS h, max(s) AS s, max(fmt) AS fmt,
+    SELECT {trace}, {pid} AS key, argMinIf(w, at, w > 0) AS w, argMinIf(h, at, h > 0) AS h,
+        argMinIf(s, at, s > 0) AS s, argMinIf(fmt, at, fmt != '') AS fmt,
         any(svc) AS svc, '' AS inst
     FROM (
-        SELECT TraceId, ParentSpanId, {image}, CAST(ServiceName AS String) AS svc
+        SELECT TraceId, ParentSpanId, ({start}, SpanId) AS at, {image}, CAST(ServiceName AS String) AS svc
         FROM {traces} WHERE SpanName = '{semconv.STAGE_DECODE}' AND {base} AND {kids_time}
     )
     GROUP BY trace_key, key
@@ -217,7 +219,7 @@ ANY LEFT JOIN (
 ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, groupArray({sid}) AS g_id,
         groupArray(ifNull({finite_number(f"{a}['{semconv.GPU_UTILIZATION_MEAN}']")}, nan)) AS g_u,
-        groupArray(ifNull(toInt64OrNull({a}['{semconv.GPU_SAMPLE_COUNT}']), -1)) AS g_c
+        groupArray(ifNull(toInt64OrNull({a}['{semconv.GPU_SAMPLE_COUNT}']), 1)) AS g_c  -- unreadable: 1
     FROM {traces}
     WHERE SpanName = '{semconv.STAGE_FORWARD}' AND mapContains({a}, '{semconv.GPU_UTILIZATION_MEAN}')
         AND {base} AND {kids_time}
@@ -529,7 +531,7 @@ def _requests_select(query: AggregateQuery) -> str:
        arrayMap(f -> if(indexOf(gids, f) = 0, NULL,  -- NaN: a value that is no number (counted)
                         arrayConcat(p.g_u, x.g_u)[indexOf(gids, f)]), {fwd.format("ids")})) AS fwd_util,
     if(empty(gids), arrayMap(v -> CAST(NULL AS Nullable(Int64)), fwd_start),
-       arrayMap(f -> if(indexOf(gids, f) = 0 OR arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)] = -1, NULL,
+       arrayMap(f -> if(indexOf(gids, f) = 0, NULL,
                         arrayConcat(p.g_c, x.g_c)[indexOf(gids, f)]), {fwd.format("ids")})) AS fwd_count,
     toUInt64(key != 0 AND NOT present AND n_kids > 0) AS incomplete_groups,
     if(NOT present, toUInt64(arrayCount(m -> m, keep)), 0) AS incomplete_spans,

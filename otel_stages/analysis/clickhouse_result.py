@@ -261,8 +261,8 @@ class GpuAggregate:
     process with samples). ``unidentified_processes``: processes whose model GPU could not be told
     (:func:`otel_stages.analysis.gpu.pick_gpu`), left out; ``unidentified_gpus``: when one, its
     GPUs' ``(hw.id, mean utilization inside its forwards)``. ``unread_forwards``: without GPU
-    data, the forward spans whose ``gpu.utilization.mean`` is no reading (all requests' ones, as
-    :class:`otel_stages.analysis.value_issues.UnreadValues` counts them; 0 for a cohort).
+    data, the warm forward spans whose ``gpu.utilization.mean`` is no reading (as
+    :func:`otel_stages.analysis.gpu.utilization_reading` reads it; 0 for a cohort).
     """
 
     source: str | None
@@ -644,8 +644,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     gpu = _gpu(results["gpu_spans"][0] if results.get("gpu_spans") else {},  # (not run yet: {})
                results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
                results["slow_forwards"][0] if results.get("slow_forwards") else {})
-    if gpu.source is None and span_issues.unread.gpu_utilization:
-        gpu = replace(gpu, unread_forwards=span_issues.unread.gpu_utilization)
+    if gpu.source is None and span_issues.unread_warm_forwards:
+        gpu = replace(gpu, unread_forwards=span_issues.unread_warm_forwards)
     memory = results.get("memory_forwards")
     foreign = next(iter(results.get("foreign_gpu") or ()), {})
     kinds, where = failure_kinds(results.get("failures") or [])

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -376,9 +377,21 @@ def _json_value(key: str, value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+#: A UTF-16 surrogate left alone in a decoded string (JSON allows ``"\\ud800"``; a pair is one
+#: code point once decoded): the Collector's Go ``encoding/json`` decodes it as U+FFFD
+#: (``decode.go`` ``unquoteBytes``: "Invalid surrogate; fall back to replacement rune"), and UTF-8
+#: cannot hold it.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def json_each_row(rows: list[dict[str, Any]]) -> Iterator[bytes]:
     """Rows as ``JSONEachRow`` lines (UTF-8, one object per line, ``\\n``-terminated);
-    :data:`DATETIME64_COLUMNS` (int ns in the rows) are written with :func:`datetime64_text`."""
+    :data:`DATETIME64_COLUMNS` (int ns in the rows) are written with :func:`datetime64_text`.
+    A lone surrogate in a string becomes U+FFFD, as the Collector stores it."""
     for row in rows:
-        body = ",".join(f"{json.dumps(k)}:{_json_value(k, v)}" for k, v in row.items())
-        yield ("{" + body + "}\n").encode("utf-8")
+        line = "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_json_value(k, v)}"
+                              for k, v in row.items()) + "}\n"
+        try:
+            yield line.encode("utf-8")
+        except UnicodeEncodeError:
+            yield _LONE_SURROGATE.sub("\ufffd", line).encode("utf-8")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu import MAX_UTILIZATION_READING
+from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT, MAX_UTILIZATION_READING
 
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
@@ -222,10 +222,12 @@ def finite_number(text: str) -> str:
 
 def utilization_reading(mean: str, count: str) -> str:
     """SQL: whether a forward's ``gpu.utilization.mean`` (``mean``: NULL when absent, NaN when
-    no number) and ``gpu.sample_count`` (``count``: NULL when absent or unreadable, read as 1)
-    make a reading, as :func:`otel_stages.analysis.gpu.utilization_reading` reads them."""
+    no number) and ``gpu.sample_count`` (``count``: 1 when absent or unreadable; NULL, read as 1,
+    for a forward without the mean) make a reading, as
+    :func:`otel_stages.analysis.gpu.utilization_reading` reads them."""
     return (f"({mean} IS NOT NULL AND isFinite({mean}) AND {mean} >= 0"
-            f" AND {mean} <= {MAX_UTILIZATION_READING} AND ifNull({count}, 1) > 0)")
+            f" AND {mean} <= {MAX_UTILIZATION_READING} AND ifNull({count}, 1) > 0"
+            f" AND ifNull({count}, 1) <= {MAX_SAMPLE_COUNT})")
 
 
 def span_filter(query: AggregateQuery, *, odd: bool) -> str:

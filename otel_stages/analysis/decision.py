@@ -401,8 +401,8 @@ def _cold_sentence(cold: ColdFigures) -> str:
                    + f"{duration(cold.comparable_median_total_ms)})")
     elif not cold.input_known:
         against = (f"the median of all {cold.comparable_requests} warm requests"
-                   f" ({duration(cold.comparable_median_total_ms)}; its input is unknown: no image"
-                   " size or prompt length recorded)")
+                   f" ({duration(cold.comparable_median_total_ms)}; its input is unknown: no usable"
+                   " image size (image.width and image.height above 0) or prompt length recorded)")
     else:
         against = (f"the median of all {cold.comparable_requests} warm requests"
                    f" ({duration(cold.comparable_median_total_ms)}; fewer than"

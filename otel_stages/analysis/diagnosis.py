@@ -151,7 +151,8 @@ def _warm(
     lined up with every process's forwards; :mod:`otel_stages.analysis.gpu_owners`). ``models``:
     each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
     a cohort's memory rule reads the GPU the window's utilization chose). ``unread_forwards``:
-    forward spans whose ``gpu.utilization.mean`` is no reading, said when there is no GPU data."""
+    warm forward spans whose ``gpu.utilization.mean`` is no reading, said when there is no GPU
+    data."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -321,7 +322,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
-                   models=models, unread_forwards=unread.gpu_utilization)
+                   models=models, unread_forwards=unread_values(warm).gpu_utilization)
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)

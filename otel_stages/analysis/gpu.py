@@ -118,9 +118,9 @@ class GpuEvidence:
     samples (``None`` without samples there). ``unidentified_processes``: processes left out
     because their model's GPU cannot be told (:func:`pick_gpu`); ``unidentified_gpus``: when that
     is one process, its GPUs' ``(hw.id, mean utilization inside its forwards)``, by ``hw.id``.
-    ``unread_forwards``: with no GPU data, the forward spans whose ``gpu.utilization.mean`` is no
-    reading (:func:`utilization_reading`; :mod:`otel_stages.analysis.value_issues` counts them
-    over every request), so the evidence and advice say the values are unusable, not missing.
+    ``unread_forwards``: with no GPU data, the warm forward spans whose ``gpu.utilization.mean``
+    is no reading (:func:`utilization_reading`; the problems count them over every request), so
+    the evidence and advice say the values are unusable, not missing.
     """
 
     level: str
@@ -498,19 +498,19 @@ def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total
     )
 
 
-def _split(per_forward: list[tuple[int, list[float]]], windows: Sequence[tuple[int, int]],
+def _split(per_forward: list[tuple[int, int, float]], windows: Sequence[tuple[int, int]],
            slow_min_ns: float | None) -> SplitFigures | None:
     """Sums over the slow forwards (longer than ``slow_min_ns``) and the others; ``per_forward``:
-    (duration ns, samples) of the covered forwards."""
+    (duration ns, samples, their sum) of the covered forwards."""
     if slow_min_ns is None:
         return None
-    slow = [vs for d, vs in per_forward if d > slow_min_ns]
-    fast = [vs for d, vs in per_forward if d <= slow_min_ns]
+    slow = [(n, total) for d, n, total in per_forward if d > slow_min_ns]
+    fast = [(n, total) for d, n, total in per_forward if d <= slow_min_ns]
     return SplitFigures(
         slow_forwards=sum(1 for s, e in windows if e - s > slow_min_ns),
         slow_covered=len(slow),
-        slow_samples=sum(map(len, slow)), slow_sum=sum(map(sum, slow)),
-        fast_samples=sum(map(len, fast)), fast_sum=sum(map(sum, fast)),
+        slow_samples=sum(n for n, _ in slow), slow_sum=sum(total for _, total in slow),
+        fast_samples=sum(n for n, _ in fast), fast_sum=sum(total for _, total in fast),
     )
 
 
@@ -540,13 +540,13 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
     longer than ``slow_min_ns`` (``None``: no split)."""
     times = [t for t, _ in samples]
     inside_idx: set[int] = set()
-    per_forward: list[tuple[int, list[float]]] = []
+    per_forward: list[tuple[int, int, float]] = []
     for start_ns, end_ns in windows:
         lo = bisect.bisect_left(times, start_ns)
         hi = bisect.bisect_right(times, end_ns)
         if hi > lo:
             inside_idx.update(range(lo, hi))
-            per_forward.append((end_ns - start_ns, [samples[i][1] for i in range(lo, hi)]))
+            per_forward.append((end_ns - start_ns, hi - lo, sum(samples[i][1] for i in range(lo, hi))))
     inside = [samples[i][1] for i in sorted(inside_idx)]
     outside = [v for i, (_, v) in enumerate(samples) if i not in inside_idx]
     split = _split(per_forward, windows, slow_min_ns) or SplitFigures()
@@ -566,18 +566,23 @@ def _variance(values: Sequence[float]) -> float:
     return max(0.0, math.fsum(v * v for v in values) / n - mean * mean)
 
 
+#: The most samples one forward span's ``gpu.sample_count`` may claim (a 1 kHz sampler over a
+#: forward of 1000 s): more is no count a sampler wrote, and would outweigh every other forward.
+MAX_SAMPLE_COUNT = 1_000_000
+
+
 def utilization_reading(attributes: Mapping[str, AttributeValue]) -> tuple[float, int] | None:
     """``(mean, samples)`` from a forward span's ``gpu.utilization.mean`` (a number in 0 ..
     :data:`MAX_UTILIZATION_READING`: NVML's -1 "not available" or a value past 100 % is no
     reading) and ``gpu.sample_count`` (default 1, also when unreadable; a reading needs more than
-    0); ``None`` when the span has no such reading (the attribute absent or not one:
-    :mod:`otel_stages.analysis.value_issues` counts the latter)."""
+    0 and at most :data:`MAX_SAMPLE_COUNT`); ``None`` when the span has no such reading (the
+    attribute absent or not one: :mod:`otel_stages.analysis.value_issues` counts the latter)."""
     mean = usable_float(attributes.get(semconv.GPU_UTILIZATION_MEAN))
     if mean is None or not 0.0 <= mean <= MAX_UTILIZATION_READING:
         return None
     count = usable_int(attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
     count = 1 if count is None else count
-    return (mean, count) if count > 0 else None
+    return (mean, count) if 0 < count <= MAX_SAMPLE_COUNT else None
 
 
 def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
@@ -600,7 +605,7 @@ def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
     if not found:
         return None
     scale = [100.0 if top[p] > PERCENT_GUESS else 1.0 for p in owner]
-    per_forward = [(d, [mean / k] * count) for (d, mean, count), k in zip(found, scale)]
+    per_forward = [(d, count, mean / k * count) for (d, mean, count), k in zip(found, scale)]
     weighted = math.fsum(mean / k * count for (_, mean, count), k in zip(found, scale))
     samples = sum(count for _, _, count in found)
     return evidence_of(

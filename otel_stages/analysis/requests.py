@@ -505,7 +505,8 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
     return width, height, size, image_format, tokens
 
 
-_by_start_name = attrgetter("start_ns", "name")
+# ties by span id: two decode spans starting together give the same image size here and in the SQL
+_by_start_name = attrgetter("start_ns", "name", "span_id")
 
 
 def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: StageIssues) -> Request:

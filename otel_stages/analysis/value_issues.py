@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu import MAX_UTILIZATION_READING, utilization_reading
+from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT, MAX_UTILIZATION_READING, utilization_reading
 from otel_stages.analysis.requests import Request, positive_int, usable_bool
 
 
@@ -39,8 +39,8 @@ class UnreadValues:
             out.append(
                 f"{semconv.REQUEST_COLD_START}: {_spans(self.cold_start, 'request')} a value that is"
                 " neither a bool nor the text 'true' / 'false' (Python's str(True) writes 'True');"
-                " read as unmarked, so which requests are cold follows request.seq or the order of"
-                " requests instead")
+                " read as absent: such a request is not marked cold, and a process with no readable"
+                " mark takes its cold request from request.seq or the order of requests")
         if self.seq:
             out.append(
                 f"{semconv.REQUEST_SEQ}: {_spans(self.seq, 'request')} a value that is not an int"
@@ -49,7 +49,8 @@ class UnreadValues:
             out.append(
                 f"{semconv.GPU_UTILIZATION_MEAN}: {_spans(self.gpu_utilization, 'forward')} a value"
                 f" that is no reading (not a number, outside 0..{MAX_UTILIZATION_READING:g}, or"
-                f" {semconv.GPU_SAMPLE_COUNT} below 1); left out of the GPU evidence")
+                f" {semconv.GPU_SAMPLE_COUNT} outside 1..{MAX_SAMPLE_COUNT:,}); left out of the GPU"
+                " evidence")
         return out
 
 
