@@ -259,7 +259,8 @@ def _images(c: ReportCharts) -> Section:
                                    ("request", "@kind"), ("trace id", "@trace")])
         panel.xaxis.axis_label = label
         panel.yaxis.axis_label = "ms"
-        panel.legend.location = "top_left"
+        if panel.legend:  # none without a glyph (sizes but no image.size: the kB panel is empty)
+            panel.legend.location = "top_left"
         figs.append(panel)
     intro = ("One mark per successful request; a red outline marks the first request of a process,"
              " an orange one a request set apart as cold.")

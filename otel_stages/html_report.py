@@ -189,7 +189,8 @@ def write_html(charts: ReportCharts, path: str | os.PathLike[str], *,
     text = render_html(charts, tick=tick)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
+        # a lone surrogate in a span name or attribute (valid JSON, no UTF-8) is written as "?"
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as out:
             out.write(text)
         os.replace(tmp, target)
     except BaseException:

@@ -16,7 +16,7 @@ import chdb
 import pytest
 
 from otel_stages.analysis.clickhouse import connect, parse_url
-from otel_stages.analysis.requests import usable_bool, usable_float, usable_int
+from otel_stages.analysis.requests import format_sql, usable_bool, usable_float, usable_format, usable_int
 from tests import odd_inputs
 from tests.test_clickhouse_issues import reports
 
@@ -35,6 +35,19 @@ def _engine_reads(function: str) -> list[str]:
 def test_int_text_is_read_as_the_engine_reads_it() -> None:
     for text, engine in zip(TEXTS, _engine_reads("toInt64OrNull")):
         assert usable_int(text) == (None if engine == "\\N" else int(engine)), text
+
+
+FORMATS = ["JPEG", "png", "image/webp", "jpeg2000", "3", "1.5", '["png"]', '{"a":1}', "true",
+           "false", "NaN", "+Inf", "", " png", "png ", "a b", "é", "x-y+z.1_2"]
+
+
+def test_format_text_is_read_as_the_sql_reads_it() -> None:
+    # the SQL sees every image.format as the exporter's text (an int 3 as "3", an array as JSON);
+    # both take a name only, so a non-string format splits no cohort in one report alone
+    query = "SELECT " + ", ".join(format_sql(f"'{t}'") for t in FORMATS) + " FORMAT TSV"
+    engine = str(chdb.query(query)).strip("\n").split("\t")
+    assert engine == [usable_format(t) or "" for t in FORMATS]
+    assert engine[:4] == FORMATS[:4] and not any(engine[4:-1]) and engine[-1] == "x-y+z.1_2"
 
 
 def test_float_text_is_read_as_the_engine_reads_it() -> None:
@@ -407,3 +420,37 @@ def test_a_lone_surrogate_is_stored_as_the_collector_stores_it(engine, tmp_path:
     assert [r["note"] for r in rows] == ["a\ufffdb"]
     got, want = reports(engine, path)
     assert got["requests"] == want["requests"] == 40
+
+
+def test_sizes_that_cannot_be_read_are_counted_in_both(engine, tmp_path: Path) -> None:
+    # a tester's: every decode span recorded 0x0, and neither report said a word of it
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        decode = next(s for s in spans if s["name"] == "decode")
+        w, h = ((0, 0) if i % 3 == 0 else ({"stringValue": " 640"}, 480) if i % 3 == 1 else (640, 480))
+        decode["attributes"] += [{"key": "image.width", "value": w if isinstance(w, dict) else
+                                  odd_inputs._attr("k", w)["value"]},
+                                 odd_inputs._attr("image.height", h)]
+    got, want = reports(engine, _run(tmp_path, "bad_sizes", edit, False, n=30))
+    mine = [p for p in got["problems"] if p.startswith("image.")]
+    assert mine == [p for p in want["problems"] if p.startswith("image.")]
+    assert [p.split(" a value")[0] for p in mine] == ["image.width / image.height: 20 decode spans carry"]
+
+
+@pytest.mark.parametrize("value", [{"intValue": "3"}, {"arrayValue": {"values": [{"stringValue": "png"}]}},
+                                   {"boolValue": True}])
+def test_a_format_that_is_no_name_splits_no_cohort_in_either(engine, tmp_path: Path,
+                                                             value: dict[str, Any]) -> None:
+    # a tester's: format 3 on half the requests (200 ms slower) made cohorts "640x480 png" and
+    # "640x480 3" in the SQL ("the input mix explains 100 %", no cold start), one in the file report
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        decode = next(s for s in spans if s["name"] == "decode")
+        _set(decode, "image.width", {"intValue": "640"})
+        _set(decode, "image.height", {"intValue": "480"})
+        _set(decode, "image.format", value if i % 2 == 0 else {"stringValue": "png"})
+        if i % 2 == 0 and i:
+            for s in spans:
+                if s["name"] in ("request", "forward"):
+                    s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 200_000_000)
+    got, want = reports(engine, _run(tmp_path, f"fmt{sorted(value)[0]}", edit, False))
+    assert got["cohorts"] == want["cohorts"] and got["verdict"] == want["verdict"]
+    assert got["cold_start"] == want["cold_start"]

@@ -385,3 +385,20 @@ def test_the_total_carries_the_comparison_s_significance() -> None:
     assert re.search(r"<td class='text'>total</td>.*?yes: significant \(95%\)", baseline_html)
     assert re.search(r"<td class='text'>decode</td>(?:(?!</tr>).)*<td class='text'>no</td>",
                      baseline_html)
+
+
+def test_a_lone_surrogate_in_the_data_is_written_not_a_traceback(tmp_path) -> None:
+    # a tester's: image.format "\udc00png" (valid JSON, no UTF-8) stopped --html with a
+    # UnicodeEncodeError and no file; text and --json were fine
+    from tests import odd_inputs
+
+    rows = odd_inputs.run(30)
+    for i, spans in enumerate(rows):
+        decode = next(s for s in spans if s["name"] == "decode")
+        decode["attributes"] += [odd_inputs._attr("image.width", 640), odd_inputs._attr("image.height", 480),
+                                 odd_inputs._attr("image.format", "\udc00png" if i % 2 else "jpeg")]
+        spans.append({**decode, "name": "tok\ud800enize", "spanId": f"{i + 1:016x}", "attributes": []})
+    path = odd_inputs.write(tmp_path / "surrogate.jsonl", rows)
+    target = tmp_path / "r.html"
+    assert main(["report", str(path), "--html", str(target)]) == 0
+    assert "tok?enize" in target.read_text(encoding="utf-8")

@@ -4,6 +4,7 @@ picking lines (and filling in the numbers of the facts that picked them)."""
 from __future__ import annotations
 
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts
+from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT
 from otel_stages.analysis.units import duration, pct
 
 MORE_RUNS = (
@@ -93,8 +94,8 @@ _FORWARD_BY_GPU_LEVEL = {
 #: are no reading (``GpuEvidence.unread_forwards``): the sampler runs, its values are unusable.
 GPU_UNREAD = (
     "the model call swings but its GPU readings cannot be used: write gpu.utilization.mean on each"
-    " forward span as a number from 0 to 1 (or percent), with gpu.sample_count above 0 (see the"
-    " problems), to tell a busy GPU from a starved one")
+    " forward span as a number from 0 to 1 (or percent), with gpu.sample_count from 1 to"
+    f" {MAX_SAMPLE_COUNT:,} (see the problems), to tell a busy GPU from a starved one")
 
 
 #: cause ``forward`` with thin GPU evidence while some process's model GPU could not be told among

@@ -123,6 +123,7 @@ def issues_sql() -> str:
           is_request) AS n_gpu_unread,
     (SELECT sum(arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading("u", "c")},
                            fwd_util, fwd_count)) FROM {requests()} WHERE warm) AS n_gpu_unread_warm,
+    sumIf(decode_bad_sizes, is_request) AS n_size_unread,
     (SELECT sum(unread_cold) FROM {PROCESS_TABLE}) AS n_cold_unread,
     (SELECT sum(unread_seq) FROM {PROCESS_TABLE}) AS n_seq_unread,
     {examples}
@@ -300,7 +301,8 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
             incomplete.append(line(n, unit))
     unread = UnreadValues(cold_start=int(issues.get("n_cold_unread") or 0),
                           seq=int(issues.get("n_seq_unread") or 0),
-                          gpu_utilization=int(issues.get("n_gpu_unread") or 0))
+                          gpu_utilization=int(issues.get("n_gpu_unread") or 0),
+                          image_size=int(issues.get("n_size_unread") or 0))
     return SpanIssues(
         left_out=left_out, detached_requests=stage.detached_requests, detached_spans=stage.detached,
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,

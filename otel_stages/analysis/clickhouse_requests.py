@@ -62,6 +62,7 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.naming import RECURRING_NAME_MIN_SHARE
+from otel_stages.analysis.requests import format_sql
 
 GROUPS_TABLE = "otel_stages_groups"
 CUSTOM_TABLE = "otel_stages_custom"
@@ -81,7 +82,7 @@ REQUEST_SCHEMA: tuple[tuple[str, str], ...] = (
     ("fwd_util", "Array(Nullable(Float64))"), ("fwd_count", "Array(Nullable(Int64))"),
     ("incomplete_groups", "UInt64"), ("incomplete_spans", "UInt64"), ("cold", "UInt8"),
     ("warm", "UInt8"), ("detached_spans", "UInt32"), ("outside_ns", "Int64"),
-    ("overlap_ns", "Int64"), ("first_of_proc", "UInt8"))
+    ("overlap_ns", "Int64"), ("first_of_proc", "UInt8"), ("decode_bad_sizes", "UInt64"))
 REQUEST_COLUMNS = tuple(name for name, _ in REQUEST_SCHEMA)
 #: The temporary tables written once and read many times (the groups by every later pass, the
 #: requests by some thirty statements) are stored uncompressed: at 10 M spans LZ4 cost about
@@ -134,6 +135,11 @@ def slices(plan: dict[str, Any], query: AggregateQuery) -> list[tuple[int, int]]
     return list(itertools.pairwise(bounds))
 
 
+#: Over a decode span's row (after ``w`` / ``h`` are read): its ``image.width`` or ``image.height``
+#: is present but not an int above 0 (counted:
+#: :class:`otel_stages.analysis.value_issues.UnreadValues`).
+_BAD_SIZE = (f"((mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND NOT w > 0)"
+             f" OR (mapContains(SpanAttributes, '{semconv.IMAGE_HEIGHT}') AND NOT h > 0))")
 #: Over a span's row: ``request.seq`` when it is an int above 0 (as
 #: :func:`otel_stages.analysis.requests.positive_int` reads it); -1 when present but not that
 #: (counted: :func:`otel_stages.analysis.value_issues.unread_lines`); 0 when absent.
@@ -178,14 +184,15 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     host = f"ResourceAttributes['{semconv.HOST_NAME}']"
     image = (f"toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, "
              f"toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h, "
-             f"toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt")
+             f"toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s,"
+             f" {format_sql(f'{a}[{semconv.IMAGE_FORMAT!r}]')} AS fmt")
     anchor = "if(self.trace_key != 0, self.start, k.kid_min)"
     return f"""INSERT INTO {GROUPS_TABLE}
 SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
     self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
-    d.w, d.h, d.s, d.fmt,
+    d.w, d.h, d.s, d.fmt, d.bad,
     k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
 FROM (
     SELECT {trace}, {pid} AS key, count() AS n_kids,
@@ -209,9 +216,10 @@ ANY LEFT JOIN (
 ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, argMinIf(w, at, w > 0) AS w, argMinIf(h, at, h > 0) AS h,
         argMinIf(s, at, s > 0) AS s, argMinIf(fmt, at, fmt != '') AS fmt,
-        any(svc) AS svc, '' AS inst
+        any(svc) AS svc, '' AS inst, countIf(bad) AS bad
     FROM (
-        SELECT TraceId, ParentSpanId, ({start}, SpanId) AS at, {image}, CAST(ServiceName AS String) AS svc
+        SELECT TraceId, ParentSpanId, {image}, CAST(ServiceName AS String) AS svc, {_BAD_SIZE} AS bad,
+            ({start}, reinterpretAsUInt64(reverse(unhex(SpanId)))) AS at  -- span id order: as hex text
         FROM {traces} WHERE SpanName = '{semconv.STAGE_DECODE}' AND {base} AND {kids_time}
     )
     GROUP BY trace_key, key
@@ -244,7 +252,8 @@ FROM (
         toInt64(Duration) AS dur, CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err,
         {_SEQ} AS seq, {_COLD} AS cold,
         toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h,
-        toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s, {a}['{semconv.IMAGE_FORMAT}'] AS fmt,
+        toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s,
+        {format_sql(f"{a}[{semconv.IMAGE_FORMAT!r}]")} AS fmt,
         CAST(ServiceName AS String) AS svc, ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'] AS inst,
         ResourceAttributes['{semconv.HOST_NAME}'] AS host,
         ResourceAttributes['{semconv.SERVICE_NAMESPACE}'] AS ns
@@ -263,7 +272,7 @@ _GROUPS_SCHEMA = (
     "kid_svc String, kid_inst String, n_kids UInt64, "
     + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
     + "kid_min Int64, kid_max Int64, kid_err UInt8, "
-    "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, "
+    "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, dec_bad UInt64, "
     "k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64), "
     "g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)")
 _GROUPS_COLUMNS = ", ".join(f"{column} {UNCOMPRESSED}" for column in _GROUPS_SCHEMA.split(", "))
@@ -373,7 +382,7 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
         f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")})"""
     kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
     groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
-    g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f,
+    g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f, g.dec_bad AS dec_bad,
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
 FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
@@ -381,16 +390,17 @@ SETTINGS {_SMALL_RIGHT}"""
     yield (f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
 SELECT trace_key, owner, max(err) AS err,
     max(dec_w) AS dec_w, max(dec_h) AS dec_h, max(dec_s) AS dec_s, max(dec_f) AS dec_f,
+    sum(dec_bad) AS dec_bad,
     {", ".join(f"groupArrayArray({k}) AS {k}" for k in kids.split(", "))},
     groupArrayArray(c_id) AS c_id, groupArrayArray(c_name) AS c_name,
     groupArrayArray(c_s) AS c_s, groupArrayArray(c_e) AS c_e
 FROM (
-    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, {kids},
+    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, {kids},
         emptyArrayUInt64() AS c_id, emptyArrayString() AS c_name,
         emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
     FROM ({groups})
     UNION ALL
-    SELECT trace_key, owner, err, 0, 0, 0, '', emptyArrayUInt64(), CAST([] AS Array(UInt8)),
+    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), emptyArrayUInt64(), CAST([] AS Array(UInt8)),
         emptyArrayInt64(), emptyArrayInt64(), emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
         [sid], [name], [start], [start + dur]
     FROM ({leaves})
@@ -540,6 +550,7 @@ def _requests_select(query: AggregateQuery) -> str:
         pr.has_seq, ifNull(seq, 0) = 1,
         first_of_proc)) AS cold,
     toUInt8((start_ns, p.trace_key) = pr.first) AS first_of_proc,
+    p.dec_bad + x.dec_bad AS decode_bad_sizes,
     toUInt8(is_request AND NOT cold AND NOT error) AS warm
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner

@@ -460,11 +460,34 @@ def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
     return None
 
 
-def _first_str(attributes: Sequence[dict[str, AttributeValue]], key: str) -> str | None:
-    """The first non-empty str under ``key`` in ``attributes``."""
+#: An ``image.format``: a name (Pillow's ``JPEG``, ``png``, a MIME type ``image/webp``); a number,
+#: an array, a bool or NaN written as text (the ClickHouse exporter's text of a non-string value:
+#: ``3``, ``["png"]``, ``true``) is none, in both reports (:func:`format_sql` in the SQL).
+_FORMAT_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*")
+#: Text of non-string values that :data:`_FORMAT_TEXT` would take.
+NOT_FORMATS = ("true", "false", "NaN")
+
+
+def usable_format(value: object) -> str | None:
+    """``value`` as an image format (:data:`_FORMAT_TEXT`, not :data:`NOT_FORMATS`), else
+    ``None``."""
+    if isinstance(value, str) and _FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS:
+        return value
+    return None
+
+
+def format_sql(text: str) -> str:
+    """SQL: the attribute text ``text`` as :func:`usable_format` reads it (``''`` when none)."""
+    not_formats = ", ".join(f"'{v}'" for v in NOT_FORMATS)
+    return (f"if(match({text}, '^{_FORMAT_TEXT.pattern}$') AND {text} NOT IN ({not_formats}),"
+            f" {text}, '')")
+
+
+def _first_format(attributes: Sequence[dict[str, AttributeValue]], key: str) -> str | None:
+    """The first usable format (:func:`usable_format`) under ``key`` in ``attributes``."""
     for attrs in attributes:
-        value = attrs.get(key)
-        if isinstance(value, str) and value:
+        value = usable_format(attrs.get(key))
+        if value is not None:
             return value
     return None
 
@@ -477,7 +500,7 @@ _WIDTH, _HEIGHT, _SIZE, _FORMAT, _TOKENS = (semconv.IMAGE_WIDTH, semconv.IMAGE_H
 def _inputs(attributes: list[dict[str, AttributeValue]]
             ) -> tuple[int | None, int | None, int | None, str | None, int | None]:
     """Image width, height, bytes, format and prompt tokens: each the first usable value in
-    ``attributes`` (:func:`_first_int`, :func:`_first_str`; sizes above 0, :func:`positive_int`).
+    ``attributes`` (:func:`_first_int`, :func:`_first_format`; sizes above 0, :func:`positive_int`).
     The dicts merged, the first one's value winning, answer the usual case at once; an odd value
     (a float, a bool, an explicit None, an empty format, an int past int64 or not above 0) sends
     that key through the walk over the dicts."""
@@ -496,9 +519,8 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
     if (type(size) is not int or not 0 < size <= INT64_MAX) and (size is not None
                                                                           or _SIZE in merged):
         size = _first_int(attributes, _SIZE, positive_int)
-    if not (type(image_format) is str and image_format) and (image_format is not None
-                                                             or _FORMAT in merged):
-        image_format = _first_str(attributes, _FORMAT)
+    if usable_format(image_format) is None and (image_format is not None or _FORMAT in merged):
+        image_format = _first_format(attributes, _FORMAT)
     if (type(tokens) is not int or not INT64_MIN <= tokens <= INT64_MAX) and (tokens is not None
                                                                               or _TOKENS in merged):
         tokens = _first_int(attributes, _TOKENS)
