@@ -16,7 +16,8 @@ import chdb
 import pytest
 
 from otel_stages.analysis.clickhouse import connect, parse_url
-from otel_stages.analysis.requests import format_sql, usable_bool, usable_float, usable_format, usable_int
+from otel_stages.analysis.clickhouse_sql import format_text
+from otel_stages.analysis.requests import usable_bool, usable_float, usable_format, usable_int
 from tests import odd_inputs
 from tests.test_clickhouse_issues import reports
 
@@ -44,7 +45,7 @@ FORMATS = ["JPEG", "png", "image/webp", "jpeg2000", "3", "1.5", '["png"]', '{"a"
 def test_format_text_is_read_as_the_sql_reads_it() -> None:
     # the SQL sees every image.format as the exporter's text (an int 3 as "3", an array as JSON);
     # both take a name only, so a non-string format splits no cohort in one report alone
-    query = "SELECT " + ", ".join(format_sql(f"'{t}'") for t in FORMATS) + " FORMAT TSV"
+    query = "SELECT " + ", ".join(format_text(f"'{t}'") for t in FORMATS) + " FORMAT TSV"
     engine = str(chdb.query(query)).strip("\n").split("\t")
     assert engine == [usable_format(t) or "" for t in FORMATS]
     assert engine[:4] == FORMATS[:4] and not any(engine[4:-1]) and engine[-1] == "x-y+z.1_2"

@@ -111,6 +111,8 @@ def issues_sql() -> str:
     for k in ("detached", "outside", "overlap"):  # of requests; the others are no request
         cond[k] = f"is_request AND {cond[k]}"
     first = "argMinIf(trace_key, (start_ns, trace_key), {})"
+    unread = (f"arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading('u', 'c')},"
+              " fwd_util, fwd_count)")
     examples = ", ".join(f"if(n_{k} > 0, {_HEX.replace('trace_key', first.format(c))}, '') AS trace_{k}"
                          for k, c in cond.items())
     return f"""SELECT countIf({cond["detached"]}) AS n_detached,
@@ -119,10 +121,8 @@ def issues_sql() -> str:
     maxIf(outside_ns, {cond["outside"]}) AS outside_max_ns,
     countIf({cond["overlap"]}) AS n_overlap,
     sum(incomplete_groups) AS n_orphan, sumIf(incomplete_spans, by_trace) AS n_root,
-    sumIf(arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading("u", "c")}, fwd_util, fwd_count),
-          is_request) AS n_gpu_unread,
-    (SELECT sum(arrayCount((u, c) -> u IS NOT NULL AND NOT {utilization_reading("u", "c")},
-                           fwd_util, fwd_count)) FROM {requests()} WHERE warm) AS n_gpu_unread_warm,
+    sumIf({unread}, is_request) AS n_gpu_unread,
+    (SELECT sum({unread}) FROM {requests()} WHERE warm) AS n_gpu_unread_warm,
     sumIf(decode_bad_sizes, is_request) AS n_size_unread,
     (SELECT sum(unread_cold) FROM {PROCESS_TABLE}) AS n_cold_unread,
     (SELECT sum(unread_seq) FROM {PROCESS_TABLE}) AS n_seq_unread,

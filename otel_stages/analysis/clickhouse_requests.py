@@ -55,6 +55,7 @@ from otel_stages.analysis.clickhouse_sql import (
     WINDOW_SLACK_NS,
     AggregateQuery,
     finite_number,
+    format_text,
     process_hash,
     process_label,
     query_params,
@@ -62,7 +63,6 @@ from otel_stages.analysis.clickhouse_sql import (
     span_filter,
 )
 from otel_stages.analysis.naming import RECURRING_NAME_MIN_SHARE
-from otel_stages.analysis.requests import format_sql
 
 GROUPS_TABLE = "otel_stages_groups"
 CUSTOM_TABLE = "otel_stages_custom"
@@ -142,7 +142,7 @@ _BAD_SIZE = (f"((mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND NOT w 
              f" OR (mapContains(SpanAttributes, '{semconv.IMAGE_HEIGHT}') AND NOT h > 0))")
 #: Over a span's row: ``request.seq`` when it is an int above 0 (as
 #: :func:`otel_stages.analysis.requests.positive_int` reads it); -1 when present but not that
-#: (counted: :func:`otel_stages.analysis.value_issues.unread_lines`); 0 when absent.
+#: (counted: :class:`otel_stages.analysis.value_issues.UnreadValues`); 0 when absent.
 _SEQ = (f"multiIf(toInt64OrZero(SpanAttributes['{semconv.REQUEST_SEQ}']) > 0,"
         f" toInt64OrZero(SpanAttributes['{semconv.REQUEST_SEQ}']),"
         f" mapContains(SpanAttributes, '{semconv.REQUEST_SEQ}'), -1, 0)")
@@ -159,8 +159,8 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     One small aggregation of the standard stage spans by (trace, parent span id): count, extent,
     errors, and their ids, stage codes (pipeline order, 1..5) and intervals; with the parent's own
     row (``self_*``: times, status, ``request.seq``, ``request.cold_start``, image attributes,
-    process), the decode children's image attributes (each the first above 0 or
-    non-empty by start, then span id, as the file report reads them) and process, and forward children's GPU
+    process), the decode children's image attributes (each the first above 0 or non-empty by start,
+    then span id, as the file report reads them) and process, and forward children's GPU
     attributes joined in (``ANY LEFT JOIN``, one match per key; the slice keeps each side small).
     Each part reads only its spans' granules (the sort key starts with the span name) and the
     attribute maps only where they are needed. Key 0 collects a trace's standard stage spans
@@ -185,7 +185,7 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     image = (f"toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, "
              f"toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h, "
              f"toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s,"
-             f" {format_sql(f'{a}[{semconv.IMAGE_FORMAT!r}]')} AS fmt")
+             f" {format_text(f'{a}[{semconv.IMAGE_FORMAT!r}]')} AS fmt")
     anchor = "if(self.trace_key != 0, self.start, k.kid_min)"
     return f"""INSERT INTO {GROUPS_TABLE}
 SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
@@ -253,7 +253,7 @@ FROM (
         {_SEQ} AS seq, {_COLD} AS cold,
         toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h,
         toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s,
-        {format_sql(f"{a}[{semconv.IMAGE_FORMAT!r}]")} AS fmt,
+        {format_text(f"{a}[{semconv.IMAGE_FORMAT!r}]")} AS fmt,
         CAST(ServiceName AS String) AS svc, ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'] AS inst,
         ResourceAttributes['{semconv.HOST_NAME}'] AS host,
         ResourceAttributes['{semconv.SERVICE_NAMESPACE}'] AS ns

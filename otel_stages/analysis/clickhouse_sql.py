@@ -36,6 +36,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT, MAX_UTILIZATION_READING
+from otel_stages.analysis.requests import FORMAT_TEXT, NOT_FORMATS
 
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
@@ -218,6 +219,14 @@ def finite_number(text: str) -> str:
     """SQL: the attribute text ``text`` read as a finite Float64, else NULL (``"NaN"`` and
     ``"inf"`` too), as :func:`otel_stages.analysis.requests.usable_float` reads it."""
     return f"if(isFinite(toFloat64OrNull({text})), toFloat64OrNull({text}), NULL)"
+
+
+def format_text(text: str) -> str:
+    """SQL: the attribute text ``text`` as :func:`otel_stages.analysis.requests.usable_format`
+    reads it (``''`` when it is no format name)."""
+    not_formats = ", ".join(f"'{v}'" for v in NOT_FORMATS)
+    return (f"if(match({text}, '^{FORMAT_TEXT.pattern}$') AND {text} NOT IN ({not_formats}),"
+            f" {text}, '')")
 
 
 def utilization_reading(mean: str, count: str) -> str:

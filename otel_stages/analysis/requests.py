@@ -462,25 +462,19 @@ def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
 
 #: An ``image.format``: a name (Pillow's ``JPEG``, ``png``, a MIME type ``image/webp``); a number,
 #: an array, a bool or NaN written as text (the ClickHouse exporter's text of a non-string value:
-#: ``3``, ``["png"]``, ``true``) is none, in both reports (:func:`format_sql` in the SQL).
-_FORMAT_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*")
-#: Text of non-string values that :data:`_FORMAT_TEXT` would take.
+#: ``3``, ``["png"]``, ``true``) is none, in both reports
+#: (:func:`otel_stages.analysis.clickhouse_sql.format_text` in the SQL).
+FORMAT_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*")
+#: Text of non-string values that :data:`FORMAT_TEXT` would take.
 NOT_FORMATS = ("true", "false", "NaN")
 
 
 def usable_format(value: object) -> str | None:
-    """``value`` as an image format (:data:`_FORMAT_TEXT`, not :data:`NOT_FORMATS`), else
+    """``value`` as an image format (:data:`FORMAT_TEXT`, not :data:`NOT_FORMATS`), else
     ``None``."""
-    if isinstance(value, str) and _FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS:
+    if isinstance(value, str) and FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS:
         return value
     return None
-
-
-def format_sql(text: str) -> str:
-    """SQL: the attribute text ``text`` as :func:`usable_format` reads it (``''`` when none)."""
-    not_formats = ", ".join(f"'{v}'" for v in NOT_FORMATS)
-    return (f"if(match({text}, '^{_FORMAT_TEXT.pattern}$') AND {text} NOT IN ({not_formats}),"
-            f" {text}, '')")
 
 
 def _first_format(attributes: Sequence[dict[str, AttributeValue]], key: str) -> str | None:
@@ -511,13 +505,13 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
     width, height, size, image_format, tokens = (get(_WIDTH), get(_HEIGHT), get(_SIZE),
                                                  get(_FORMAT), get(_TOKENS))
     if (type(width) is not int or not 0 < width <= INT64_MAX) and (width is not None
-                                                                            or _WIDTH in merged):
+                                                                   or _WIDTH in merged):
         width = _first_int(attributes, _WIDTH, positive_int)
     if (type(height) is not int or not 0 < height <= INT64_MAX) and (height is not None
-                                                                              or _HEIGHT in merged):
+                                                                     or _HEIGHT in merged):
         height = _first_int(attributes, _HEIGHT, positive_int)
     if (type(size) is not int or not 0 < size <= INT64_MAX) and (size is not None
-                                                                          or _SIZE in merged):
+                                                                 or _SIZE in merged):
         size = _first_int(attributes, _SIZE, positive_int)
     if usable_format(image_format) is None and (image_format is not None or _FORMAT in merged):
         image_format = _first_format(attributes, _FORMAT)
