@@ -455,3 +455,25 @@ def test_a_format_that_is_no_name_splits_no_cohort_in_either(engine, tmp_path: P
     got, want = reports(engine, _run(tmp_path, f"fmt{sorted(value)[0]}", edit, False))
     assert got["cohorts"] == want["cohorts"] and got["verdict"] == want["verdict"]
     assert got["cold_start"] == want["cold_start"]
+
+
+def test_decode_spans_in_two_groups_give_the_first_groups_size_in_both(engine, tmp_path: Path) -> None:
+    # a tester's: each of two custom groups held one decode (4000x300, then 300x4000); the SQL
+    # took the largest width and the largest height over the groups apart (4000x4000)
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        request, decode = spans[0], next(s for s in spans if s["name"] == "decode")
+        start, end = int(decode["startTimeUnixNano"]), int(decode["endTimeUnixNano"])
+        mid = (start + end) // 2
+        spans.remove(decode)
+        for k, (lo, hi, (w, h)) in enumerate([(start, mid, (4000, 300)), (mid, end, (300, 4000))]):
+            group = {**decode, "name": f"prep{k}", "spanId": f"{i:08x}{k:08x}",
+                     "parentSpanId": request["spanId"], "attributes": [],
+                     "startTimeUnixNano": str(lo), "endTimeUnixNano": str(hi)}
+            child = {**decode, "spanId": f"{i:08x}{k + 8:08x}", "parentSpanId": group["spanId"],
+                     "startTimeUnixNano": str(lo), "endTimeUnixNano": str(hi),
+                     "attributes": [odd_inputs._attr("image.width", w if i % 2 else 640),
+                                    odd_inputs._attr("image.height", h if i % 2 else 480)]}
+            spans += [group, child]
+    got, want = reports(engine, _run(tmp_path, "two_groups", edit, False))
+    assert got["cohorts"] == want["cohorts"] and got["cold_start"] == want["cold_start"]
+    assert {c["key"] for c in want["cohorts"]} == {"640x480", "4000x300"}

@@ -383,25 +383,30 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
     groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
     g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f, g.dec_bad AS dec_bad,
+    g.kid_min AS kid_min,
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
 FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
 SETTINGS {_SMALL_RIGHT}"""
     yield (f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
 SELECT trace_key, owner, max(err) AS err,
-    max(dec_w) AS dec_w, max(dec_h) AS dec_h, max(dec_s) AS dec_s, max(dec_f) AS dec_f,
+    -- each size from the group whose stages start first that has one (the largest of each apart
+    -- made sizes no image had)
+    argMinIf(dec_w, kid_min, dec_w > 0) AS dec_w, argMinIf(dec_h, kid_min, dec_h > 0) AS dec_h,
+    argMinIf(dec_s, kid_min, dec_s > 0) AS dec_s, argMinIf(dec_f, kid_min, dec_f != '') AS dec_f,
     sum(dec_bad) AS dec_bad,
     {", ".join(f"groupArrayArray({k}) AS {k}" for k in kids.split(", "))},
     groupArrayArray(c_id) AS c_id, groupArrayArray(c_name) AS c_name,
     groupArrayArray(c_s) AS c_s, groupArrayArray(c_e) AS c_e
 FROM (
-    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, {kids},
+    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, kid_min, {kids},
         emptyArrayUInt64() AS c_id, emptyArrayString() AS c_name,
         emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
     FROM ({groups})
     UNION ALL
-    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), emptyArrayUInt64(), CAST([] AS Array(UInt8)),
-        emptyArrayInt64(), emptyArrayInt64(), emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
+    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), start,
+        emptyArrayUInt64(), CAST([] AS Array(UInt8)), emptyArrayInt64(), emptyArrayInt64(),
+        emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
         [sid], [name], [start], [start + dur]
     FROM ({leaves})
 )
