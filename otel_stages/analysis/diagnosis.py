@@ -322,7 +322,9 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
-                   models=models, unread_forwards=unread_values(warm).gpu_utilization)
+                   models=models,
+                   # (the warm ones walked again only when some forward's value is unusable)
+                   unread_forwards=unread.gpu_utilization and unread_values(warm).gpu_utilization)
     verdict = decide(result.figures)
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
