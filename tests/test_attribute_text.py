@@ -477,3 +477,36 @@ def test_decode_spans_in_two_groups_give_the_first_groups_size_in_both(engine, t
     got, want = reports(engine, _run(tmp_path, "two_groups", edit, False))
     assert got["cohorts"] == want["cohorts"] and got["cold_start"] == want["cold_start"]
     assert {c["key"] for c in want["cohorts"]} == {"640x480", "4000x300"}
+
+
+# --- a tester's third round (/tmp/t27 of that session) -------------------------------------------
+
+
+def test_slow_forwards_without_readings_are_no_call_in_both(engine, tmp_path: Path) -> None:
+    # two forwards per request: the first sampled at 20 %, the second (300 ms slower in every
+    # fourth request) with a sample count of 0, no reading. Both reports judged the fast ones
+    # alone: a confident gpu_starved about forwards no sample saw
+    from otel_stages.analysis import advice
+
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        forward = next(s for s in spans if s["name"] == "forward")
+        start, end = int(forward["startTimeUnixNano"]), int(forward["endTimeUnixNano"])
+        middle = (start + end) // 2
+        second = json.loads(json.dumps(forward))
+        second["spanId"] = forward["spanId"][:-4] + "ffff"
+        second["startTimeUnixNano"] = str(middle)
+        if i % 4 == 3:
+            for s in (spans[0], second):
+                s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + 300_000_000)
+        forward["endTimeUnixNano"] = str(middle)
+        _set(forward, "gpu.utilization.mean", {"doubleValue": 0.2})
+        _set(forward, "gpu.sample_count", {"intValue": "10"})
+        _set(second, "gpu.utilization.mean", {"doubleValue": 0.95})
+        _set(second, "gpu.sample_count", {"intValue": "0"})
+        spans.append(second)
+    got, want = reports(engine, _run(tmp_path, "two_forwards", edit, False, n=60))
+    assert got["verdict"] == want["verdict"] and got["gpu"] == want["gpu"]
+    assert (want["verdict"]["cause"], want["gpu"]["level"]) == ("forward", "thin")
+    assert (want["gpu"]["slow_forwards"], want["gpu"]["slow_forwards_covered"]) == (15, 0)
+    assert want["gpu"]["unread_forwards"] == 59 and want["verdict"]["advice"][0] == advice.GPU_UNREAD
+    assert "the samples miss the forwards that make the swing" in " ".join(want["verdict"]["evidence"])

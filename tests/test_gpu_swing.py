@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from otel_stages import semconv
-from otel_stages.analysis import MetricPoint, diagnose, load_paths
+from otel_stages.analysis import MetricPoint, Recording, diagnose, load_paths
 from otel_stages.analysis import gpu as g
 from otel_stages.analysis import gpu_memory as gm
 from otel_stages.analysis.requests import find_requests
@@ -148,6 +149,62 @@ def test_too_few_sampled_slow_forwards_fall_back_to_all_and_say_so():
         g.JUDGED_ALL, "high", "gpu_busy")
     assert "judged on all forwards: only 1 of the 3 slow forwards" in report.gpu.describe()
     assert report.verdict.advice[0].startswith("the GPU is saturated during forward:")
+
+
+@pytest.mark.parametrize("slow_forwards, covered, level", [
+    (1, 0, "high"),    # one slow forward: never judged apart, the others' level stands
+    (2, 0, "thin"),    # two, none sampled: the samples miss what makes the swing
+    (10, 2, "thin"),   # 20 % of them sampled
+    (10, 3, "high"),   # 30 %: sampled as often as any forward must be; too few samples to judge
+])                     # them apart (3 < MIN_GPU_SAMPLES), and they agree: the overall level
+def test_slow_forwards_the_samples_miss_are_not_judged_by_the_others(slow_forwards, covered, level):
+    """Busy fast forwards (90 %, 40 covered of 50) and slow forwards that the samples miss: the
+    fast forwards' level says nothing about the slow ones (a sampler that stalled with them, or
+    their readings unusable), so with two or more slow forwards and under MIN_FORWARD_COVERAGE of
+    them sampled no call is made."""
+    assert (g.MIN_SLOW_FORWARDS_COVERED, g.MIN_FORWARD_COVERAGE) == (2, 0.3)
+    split = g.SplitFigures(slow_forwards=slow_forwards, slow_covered=covered,
+                           slow_samples=covered, slow_sum=0.9 * covered,
+                           fast_samples=200, fast_sum=180.0)
+    ev = g.evidence_of(source="span_attributes", forwards=50, covered=40 + covered,
+                       samples=200 + covered, total=180.0 + 0.9 * covered, split=split,
+                       slow_min_ms=150.0)
+    assert (ev.level, ev.judged_on) == (level, g.JUDGED_ALL)
+    assert g.slow_unsampled(slow_forwards, covered) is (level == "thin")
+    if level == "thin":
+        assert (f"only {covered} of the {slow_forwards} slow forwards (> 150.0 ms) have GPU samples:"
+                " the samples miss the forwards that make the swing") in ev.describe()
+        assert "point different ways" not in ev.describe()
+
+
+def test_slow_forwards_without_readings_are_no_call_and_the_advice_says_fix_them():
+    """Two forwards per request (a tester's input): the first always sampled at 20 %, the second,
+    slow in every fourth request, with an unusable reading (sample count 0). The fast ones said
+    gpu_starved with no word of doubt; now no call, and the advice is to fix the values."""
+    from otel_stages.analysis import advice
+
+    def attrs(i: int) -> dict:
+        return {semconv.GPU_UTILIZATION_MEAN: 0.2, semconv.GPU_SAMPLE_COUNT: 10}
+
+    rec = build(steady(40, forward=lambda i, r: 100.0), forward_attrs=attrs)
+    spans = []
+    for i, request in enumerate(s for s in rec.spans if s.name == "request"):
+        mine = [s for s in rec.spans if s.trace_id == request.trace_id and s is not request]
+        first = next(s for s in mine if s.name == FORWARD)
+        extra = 20_000_000 + (300_000_000 if i % 4 == 3 else 0)
+        second = msgspec.structs.replace(
+            first, span_id=first.span_id[:-4] + "ffff", start_ns=first.end_ns,
+            end_ns=first.end_ns + extra,
+            attributes={semconv.GPU_UTILIZATION_MEAN: 0.95, semconv.GPU_SAMPLE_COUNT: 0})
+        # the stages after the forward move by the second one's time, and the request ends later
+        spans += [s if s.start_ns < first.end_ns else msgspec.structs.replace(
+            s, start_ns=s.start_ns + extra, end_ns=s.end_ns + extra) for s in mine]
+        spans += [second, msgspec.structs.replace(request, end_ns=request.end_ns + extra)]
+    report = diagnose(Recording(spans=spans))
+    assert (report.verdict.cause, report.gpu.level, report.gpu.slow_covered) == ("forward", "thin", 0)
+    assert report.gpu.slow_forwards >= 2 and report.gpu.unread_forwards > 0
+    assert report.verdict.advice[0] == advice.GPU_UNREAD
+    assert "no reading (see the problems)" in report.gpu.describe()
 
 
 def test_no_slow_forward_judges_all_and_says_so():

@@ -82,7 +82,7 @@ from otel_stages.analysis.figures import (
     reference_ms,
     share_tentative,
 )
-from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, evidence_of
+from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, evidence_of, with_unread
 from otel_stages.analysis.gpu_memory import memory_mechanism
 from otel_stages.analysis.mechanisms import judge, with_mechanisms
 from otel_stages.analysis.noise import noise_band
@@ -126,11 +126,11 @@ def gpu_evidence(g: GpuAggregate) -> GpuEvidence:
     if g.source is None:
         return GpuEvidence(level=LEVEL_NONE, forwards=g.forwards if g.forwards else 0,
                            unread_forwards=g.unread_forwards)
-    return evidence_of(source=g.source, forwards=g.forwards, covered=g.forwards_covered,
-                       samples=g.samples, total=g.sum_utilization, split=g.split,
-                       slow_min_ms=g.slow_min_ms, hw_id=g.hw_id,
-                       unidentified_processes=g.unidentified_processes,
-                       unidentified_gpus=g.unidentified_gpus)
+    return with_unread(evidence_of(source=g.source, forwards=g.forwards, covered=g.forwards_covered,
+                                   samples=g.samples, total=g.sum_utilization, split=g.split,
+                                   slow_min_ms=g.slow_min_ms, hw_id=g.hw_id,
+                                   unidentified_processes=g.unidentified_processes,
+                                   unidentified_gpus=g.unidentified_gpus), g.unread_forwards)
 
 
 def band_ms(stages: Mapping[str, StageAggregate], total: Summary | None) -> float | None:

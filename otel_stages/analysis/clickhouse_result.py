@@ -260,8 +260,8 @@ class GpuAggregate:
     plus the run's noise band); ``slow_*`` / ``fast_*`` their means. ``gpus``: GPUs taken (one per
     process with samples). ``unidentified_processes``: processes whose model GPU could not be told
     (:func:`otel_stages.analysis.gpu.pick_gpu`), left out; ``unidentified_gpus``: when one, its
-    GPUs' ``(hw.id, mean utilization inside its forwards)``. ``unread_forwards``: without GPU
-    data, the warm forward spans whose ``gpu.utilization.mean`` is no reading (as
+    GPUs' ``(hw.id, mean utilization inside its forwards)``. ``unread_forwards``: the warm
+    forward spans whose ``gpu.utilization.mean`` is no reading (as
     :func:`otel_stages.analysis.gpu.utilization_reading` reads it; 0 for a cohort).
     """
 
@@ -644,7 +644,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     gpu = _gpu(results["gpu_spans"][0] if results.get("gpu_spans") else {},  # (not run yet: {})
                results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
                results["slow_forwards"][0] if results.get("slow_forwards") else {})
-    if gpu.source is None and span_issues.unread_warm_forwards:
+    if span_issues.unread_warm_forwards:  # said where the evidence makes no call (gpu.with_unread)
         gpu = replace(gpu, unread_forwards=span_issues.unread_warm_forwards)
     memory = results.get("memory_forwards")
     foreign = next(iter(results.get("foreign_gpu") or ()), {})

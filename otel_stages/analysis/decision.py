@@ -61,7 +61,7 @@ from otel_stages.analysis.figures import (
     Figures,
     TotalFigures,
 )
-from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_NONE, LEVEL_THIN
+from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_THIN
 from otel_stages.analysis.noise import (
     MIN_SWING_MS,
     SPIKE_MIN_FRACTION,
@@ -289,7 +289,7 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         preprocess=evidence.preprocess if evidence else None,
         gpu_slow=fig.gpu.judged_on == JUDGED_SLOW,
         gpu_unidentified=fig.gpu.level == LEVEL_THIN and fig.gpu.unidentified_processes > 0,
-        gpu_unread=fig.gpu.level == LEVEL_NONE and fig.gpu.unread_forwards > 0,
+        gpu_unread=fig.gpu.unread_forwards > 0,  # set only when the GPU evidence makes no call
     )
     # first, what an unconfirmed mechanism's evidence points at (a blocked stage): no sentence in
     # the evidence is left without its advice

@@ -38,7 +38,7 @@ from otel_stages.analysis.figures import (
     reference_ms,
     share_tentative,
 )
-from otel_stages.analysis.gpu import LEVEL_NONE, GpuEvidence, gpu_evidence, model_gpus
+from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence, model_gpus, with_unread
 from otel_stages.analysis.gpu_owners import (
     ambiguous_series,
     ambiguous_unit_lines,
@@ -151,8 +151,8 @@ def _warm(
     lined up with every process's forwards; :mod:`otel_stages.analysis.gpu_owners`). ``models``:
     each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
     a cohort's memory rule reads the GPU the window's utilization chose). ``unread_forwards``:
-    warm forward spans whose ``gpu.utilization.mean`` is no reading, said when there is no GPU
-    data."""
+    warm forward spans whose ``gpu.utilization.mean`` is no reading, said when the GPU evidence
+    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`)."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -165,8 +165,7 @@ def _warm(
     # the slow forwards the GPU rules judge are those beyond the band the verdict uses
     band = noise_band(figs.values(), reference_ms(figs, total_fig)).band_ms if figs else None
     gpu = gpu_evidence(warm, metrics, processes, band_ms=band)
-    if gpu.level == LEVEL_NONE and unread_forwards:
-        gpu = replace(gpu, unread_forwards=unread_forwards)
+    gpu = with_unread(gpu, unread_forwards)
     # CPU, GC, loop, throttling, memory
     signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
                             band_ms=band or 0.0, model_gpus=models)

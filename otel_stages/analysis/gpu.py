@@ -36,7 +36,9 @@ among them, the level is their mean utilization's (``judged_on`` = :data:`JUDGED
 (no slow forward: the forward's spread stays inside the band; or too few of them sampled) the level
 is the mean over all covered forwards' (:data:`JUDGED_ALL`), and the description says so; when the
 few sampled slow forwards point to another level than that mean, the evidence contradicts itself
-and the level is ``thin`` (not enough data). ``fast`` means every other warm forward.
+and the level is ``thin`` (not enough data), as it is when the samples miss the slow forwards
+(:func:`slow_unsampled`: two or more of them, under :data:`MIN_FORWARD_COVERAGE` sampled; the
+fast forwards' level says nothing about them). ``fast`` means every other warm forward.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.gpu_owners import PERCENT_GUESS, hw_of, owned_series, request_hosts
@@ -118,9 +120,10 @@ class GpuEvidence:
     samples (``None`` without samples there). ``unidentified_processes``: processes left out
     because their model's GPU cannot be told (:func:`pick_gpu`); ``unidentified_gpus``: when that
     is one process, its GPUs' ``(hw.id, mean utilization inside its forwards)``, by ``hw.id``.
-    ``unread_forwards``: with no GPU data, the warm forward spans whose ``gpu.utilization.mean``
-    is no reading (:func:`utilization_reading`; the problems count them over every request), so
-    the evidence and advice say the values are unusable, not missing.
+    ``unread_forwards``: with no GPU data or too little (``none`` / ``thin``), the warm forward
+    spans whose ``gpu.utilization.mean`` is no reading (:func:`utilization_reading`; the problems
+    count them over every request; set by :func:`with_unread`), so the evidence and advice say
+    the values are unusable, not missing.
     """
 
     level: str
@@ -201,6 +204,10 @@ class GpuEvidence:
             text += self._why_thin()
         if self.unidentified_processes:
             text += "; left out: " + self._unidentified_words()
+        if self.level == LEVEL_THIN and self.unread_forwards:
+            n = self.unread_forwards
+            text += (f"; the {semconv.GPU_UTILIZATION_MEAN} of {n} warm forward"
+                     f" span{'s is' if n != 1 else ' is'} no reading (see the problems)")
         return text
 
     def _unidentified_words(self) -> str:
@@ -224,13 +231,19 @@ class GpuEvidence:
                 " samples), too few to judge them apart")
 
     def _why_thin(self) -> str:
-        if (self.slow_forwards and self.slow_mean_utilization is not None
-                and utilization_level(self.mean_utilization, self.samples, self.forwards_covered,
-                                      self.forwards) != LEVEL_THIN):
+        overall = utilization_level(self.mean_utilization, self.samples, self.forwards_covered,
+                                    self.forwards)
+        need = (f"need >= {MIN_SLOW_FORWARDS_COVERED} sampled slow forwards,"
+                f" >= {MIN_FORWARD_COVERAGE:.0%} of them, and >= {MIN_GPU_SAMPLES} samples in them")
+        if (self.slow_forwards and self.slow_mean_utilization is not None and overall != LEVEL_THIN
+                and _level_of(self.slow_mean_utilization) != overall):
             return ("; the few sampled slow forwards and the mean over all forwards point different"
-                    f" ways: too thin to call busy or starved (need >= {MIN_SLOW_FORWARDS_COVERED}"
-                    f" sampled slow forwards, >= {MIN_FORWARD_COVERAGE:.0%} of them, and"
-                    f" >= {MIN_GPU_SAMPLES} samples in them)")
+                    f" ways: too thin to call busy or starved ({need})")
+        if overall != LEVEL_THIN and slow_unsampled(self.slow_forwards, self.slow_covered):
+            return (f"; only {self.slow_covered} of the {self.slow_forwards} slow forwards"
+                    f" (> {duration(self.slow_min_ms or 0.0)}) have GPU samples: the samples miss"
+                    " the forwards that make the swing, and the other forwards' level says nothing"
+                    f" about them: too thin to call busy or starved ({need})")
         return (f"; too thin to call busy or starved (need >= {MIN_GPU_SAMPLES} samples and"
                 f" >= {MIN_FORWARD_COVERAGE:.0%} of forwards covered)")
 
@@ -254,6 +267,15 @@ class GpuEvidence:
             "unidentified_processes": self.unidentified_processes,
             "unread_forwards": self.unread_forwards,
         }
+
+
+def with_unread(gpu: GpuEvidence, unread_forwards: int) -> GpuEvidence:
+    """``gpu`` with ``unread_forwards`` (warm forward spans whose ``gpu.utilization.mean`` is no
+    reading) when they may be why it makes no call (level ``none`` or ``thin``), else as it is:
+    both reports' one rule for :attr:`GpuEvidence.unread_forwards`."""
+    if gpu.level in (LEVEL_NONE, LEVEL_THIN) and unread_forwards:
+        return replace(gpu, unread_forwards=unread_forwards)
+    return gpu
 
 
 def _round(value: float | None) -> float | None:
@@ -465,7 +487,19 @@ def judge_level(mean: float | None, samples: int, covered: int, forwards: int,
         return slow, JUDGED_SLOW
     if slow_mean is not None and overall != LEVEL_THIN and _level_of(slow_mean) != overall:
         return LEVEL_THIN, JUDGED_ALL  # the few slow samples contradict the overall mean
+    if slow_unsampled(split.slow_forwards, split.slow_covered):
+        return LEVEL_THIN, JUDGED_ALL  # the samples miss the slow forwards: the others cannot speak
     return overall, JUDGED_ALL
+
+
+def slow_unsampled(slow_forwards: int, slow_covered: int) -> bool:
+    """Whether the samples miss the slow forwards: at least :data:`MIN_SLOW_FORWARDS_COVERED` of
+    them, under :data:`MIN_FORWARD_COVERAGE` of them sampled. A slow forward is longer than the
+    others, so a sampler that ticks on a clock covers it at least as often; missing most of them
+    is no chance but a sampler that stalled with them, or readings left unusable on them, and the
+    other forwards' level says nothing about the ones that make the swing (module docstring)."""
+    return (slow_forwards >= MIN_SLOW_FORWARDS_COVERED
+            and slow_covered < MIN_FORWARD_COVERAGE * slow_forwards)
 
 
 def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total: float,
