@@ -178,11 +178,15 @@ def test_utilization_outside_a_reading_is_left_out(engine, tmp_path: Path, name:
     assert want["verdict"]["cause"] == cause and got["verdict"] == want["verdict"]
 
 
-def test_a_sample_count_written_as_a_fraction_counts_once_in_both(engine, tmp_path: Path) -> None:
-    # "3.0" is no int to ClickHouse (toInt64OrNull): the file report read 3 samples, the SQL 1
-    got, want = reports(engine, _run(tmp_path, "count", _gpu_values(
-        {"doubleValue": 0.1}, {"stringValue": "3.0"}), True))
+@pytest.mark.parametrize("count", ["3.0", "abc", "2.5"])
+def test_a_sample_count_that_is_no_int_is_no_reading_in_both(engine, tmp_path: Path, count: str) -> None:
+    # "3.0" is no int to ClickHouse (toInt64OrNull): the file report read 3 samples, the SQL 1;
+    # then both read such a count as 1 sample, a guess weighed as a reading with no problem line
+    got, want = reports(engine, _run(tmp_path, f"count_{count}", _gpu_values(
+        {"doubleValue": 0.1}, {"stringValue": count}), True))
     assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
+    assert (want["gpu"]["level"], want["gpu"]["unread_forwards"]) == ("none", 39)
+    assert any(p.startswith("gpu.utilization.mean: 40 forward spans") for p in want["problems"])
 
 
 def test_signals_written_as_nan_text_do_not_stop_the_sql(engine, tmp_path: Path) -> None:

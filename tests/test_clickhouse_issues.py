@@ -596,6 +596,25 @@ def _size_on_resize(i: int, spans: Spans) -> None:
     resize["attributes"].extend(moved)
 
 
+def _size_on_custom(i: int, spans: Spans) -> None:
+    """:func:`_size_on_resize`, the resize span named ``crop`` (a custom stage)."""
+    _size_on_resize(i, spans)
+    named(spans, "resize")["name"] = "crop"
+
+
+def _size_on_group(i: int, spans: Spans) -> None:
+    """The image size on a ``preprocess`` group span around decode and resize instead of on
+    decode; the first request's image is unique and slow."""
+    _size_on_resize(i, spans)
+    decode, resize = named(spans, "decode"), named(spans, "resize")
+    group = {**decode, "spanId": f"{i:08x}0000beef", "name": "preprocess",
+             "startTimeUnixNano": decode["startTimeUnixNano"], "endTimeUnixNano": resize["endTimeUnixNano"],
+             "attributes": resize["attributes"]}
+    resize["attributes"] = []
+    decode["parentSpanId"] = resize["parentSpanId"] = group["spanId"]
+    spans.append(group)
+
+
 _WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
           "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec"]
 
@@ -612,6 +631,7 @@ def _named_downloads(n: int) -> Callable[[int, Spans], None]:
 @pytest.mark.parametrize("edit, unread", [
     (_output_tokens, "prompt and output token counts (30 spans"),
     (_size_on_resize, "image sizes on stage spans other than decode (30 spans)"),
+    (_size_on_custom, "image sizes on stage spans other than decode (30 spans)"),
     (_named_downloads(17), "21 distinct span names under requests (more than 20)"),
 ])
 def test_what_the_sql_does_not_read_is_said_and_hedges_the_verdict(
@@ -624,6 +644,35 @@ def test_what_the_sql_does_not_read_is_said_and_hedges_the_verdict(
     assert line.startswith(NOT_CHECKED + unread)
     assert got["verdict"]["tentative"] and not want["verdict"]["tentative"]
     assert got["verdict"]["evidence"][0].startswith("the ClickHouse SQL does not read everything")
+
+
+def test_an_image_size_on_a_group_span_is_read_as_the_file_report_reads_it(engine, tmp_path: Path) -> None:
+    """A ``preprocess`` group span holds the image size (its decode none): the SQL read decode
+    spans and the request span only, so every request was one unknown input where the file report
+    told the slow first request's unique image apart."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "group_size.jsonl", _size_on_group))
+    assert not [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert got["verdict"] == want["verdict"] and got["cold_start"] == want["cold_start"]
+    assert got["cohorts"] == want["cohorts"]
+    assert [(c["key"], c["requests"]) for c in want["cohorts"]] == [("1280x960", 29)]
+
+
+def _sizes_on_two_groups(i: int, spans: Spans) -> None:
+    """:func:`_size_on_group`, and a ``fetch`` group span around download (earlier) holding
+    another size: the first group span by start gives it."""
+    _size_on_group(i, spans)
+    download = named(spans, "download")
+    fetch = {**download, "spanId": f"{i:08x}0000f00d", "name": "fetch",
+             "attributes": [{"key": "image.width", "value": {"intValue": "800"}},
+                            {"key": "image.height", "value": {"intValue": "600"}}]}
+    download["parentSpanId"] = fetch["spanId"]
+    spans.append(fetch)
+
+
+def test_image_sizes_on_two_group_spans_come_from_the_first(engine, tmp_path: Path) -> None:
+    got, want = reports(engine, edited(STABLE, tmp_path / "two_groups.jsonl", _sizes_on_two_groups))
+    assert got["verdict"] == want["verdict"] and got["cohorts"] == want["cohorts"]
+    assert [(c["key"], c["requests"]) for c in want["cohorts"]] == [("800x600", 29)]
 
 
 def test_twenty_distinct_names_are_read_as_the_file_report_does(engine, tmp_path: Path) -> None:

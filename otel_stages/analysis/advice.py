@@ -94,7 +94,7 @@ _FORWARD_BY_GPU_LEVEL = {
 #: are no reading (``GpuEvidence.unread_forwards``): the sampler runs, its values are unusable.
 GPU_UNREAD = (
     "the model call swings but its GPU readings cannot be used: write gpu.utilization.mean on each"
-    " forward span as a number from 0 to 1 (or percent), with gpu.sample_count from 1 to"
+    " forward span as a number from 0 to 1 (or percent), with gpu.sample_count an int from 1 to"
     f" {MAX_SAMPLE_COUNT:,} (see the problems), to tell a busy GPU from a starved one")
 
 

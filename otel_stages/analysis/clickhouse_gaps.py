@@ -9,9 +9,9 @@ granules without the key):
 - prompt and output token counts (``semconv.PROMPT_TOKENS_NAMES`` / ``OUTPUT_TOKENS_NAMES``, on
   any span): the file report's inputs include the prompt size, the SQL's only the image size and
   format (cohorts, requests set apart, the cold-start comparison);
-- ``image.width`` on standard stage spans other than ``decode``: the file report takes a
-  request's image size from any of its stage spans, the SQL from its decode span (else a group
-  or the request span);
+- ``image.width`` on stage spans other than ``decode`` (standard or custom names): the file
+  report takes a request's image size from any of its stage spans, the SQL from its decode spans
+  (else a group span or the request span);
 - GPU points from more than
   :data:`~otel_stages.analysis.clickhouse_queries.MAX_FOREIGN_GPU_PROCESSES` processes that ran
   no request: the file report lines every series up with the forwards by time, the SQL only that
@@ -30,7 +30,7 @@ from typing import Any
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
 from otel_stages.analysis.clickhouse_queries import MAX_FOREIGN_GPU_PROCESSES
-from otel_stages.analysis.clickhouse_requests import custom_names_sql
+from otel_stages.analysis.clickhouse_requests import custom_names_sql, sized_custom_sql
 from otel_stages.analysis.clickhouse_sql import AggregateQuery, span_filter
 from otel_stages.analysis.naming import MAX_STAGE_NAMES
 from otel_stages.analysis.verdict import Verdict
@@ -45,7 +45,7 @@ def _has_any(keys: tuple[str, ...] | list[str]) -> str:
 
 def gaps_sql(traces: str, query: AggregateQuery) -> str:
     """One row: ``token_spans`` (spans with a prompt or output token count),
-    ``image_elsewhere`` (standard stage spans other than decode with ``image.width``),
+    ``image_elsewhere`` (stage spans other than decode with ``image.width``),
     ``custom_names`` / ``plain_names`` (distinct custom stage span names, and of those the ones
     not read as per-request here; after the request grouping)."""
     base = span_filter(query, odd=False)
@@ -53,7 +53,8 @@ def gaps_sql(traces: str, query: AggregateQuery) -> str:
     return f"""SELECT
     (SELECT count() FROM {traces} WHERE ({_has_any(_TOKENS)}) AND {base}) AS token_spans,
     (SELECT count() FROM {traces} WHERE SpanName IN {not_decode}
-        AND mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND {base}) AS image_elsewhere,
+        AND mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND {base})
+        + (SELECT n FROM ({sized_custom_sql()})) AS image_elsewhere,
     (SELECT distinct_names FROM ({custom_names_sql()})) AS custom_names,
     (SELECT plain_names FROM ({custom_names_sql()})) AS plain_names"""
 
@@ -74,7 +75,7 @@ def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:
         out.append(
             f"{NOT_CHECKED}image sizes on stage spans other than decode ({elsewhere}"
             f" span{'s' if elsewhere != 1 else ''}): a request's image size is read here from its"
-            " decode span (else a group or the request span), so a request whose size is recorded"
+            " decode spans (else a group span or the request span), so a request whose size is recorded"
             " only on another stage counts as an unknown input; report the exported files (PATH)")
     foreign = int(row.get("foreign_gpu_processes") or 0)
     if foreign > MAX_FOREIGN_GPU_PROCESSES:

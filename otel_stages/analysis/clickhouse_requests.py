@@ -33,7 +33,8 @@ How, at scale (10 million spans in seconds, memory bounded):
    request (and one per missing parent, for the incomplete counts) with its total, per-stage
    sums, the time covered by the union of its stage spans, its input (``image.width``,
    ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, else from a
-   group's, else from the request span: the telemetry contract puts them on decode), and its
+   group's decode spans, else from the earliest group span's own, else from the request span:
+   the telemetry contract puts them on decode), and its
    forward windows. A stage counts only its time inside the request span (as in
    :mod:`otel_stages.analysis.requests`); the same pass keeps, per request, the stage spans wholly
    outside it (``detached_spans``), the most one reaches outside (``outside_ns``) and the time
@@ -227,7 +228,8 @@ ANY LEFT JOIN (
 ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, groupArray({sid}) AS g_id,
         groupArray(ifNull({finite_number(f"{a}['{semconv.GPU_UTILIZATION_MEAN}']")}, nan)) AS g_u,
-        groupArray(ifNull(toInt64OrNull({a}['{semconv.GPU_SAMPLE_COUNT}']), 1)) AS g_c  -- unreadable: 1
+        groupArray(if(mapContains({a}, '{semconv.GPU_SAMPLE_COUNT}'),  -- absent: 1, no int: 0 (no reading)
+                      ifNull(toInt64OrNull({a}['{semconv.GPU_SAMPLE_COUNT}']), 0), 1)) AS g_c
     FROM {traces}
     WHERE SpanName = '{semconv.STAGE_FORWARD}' AND mapContains({a}, '{semconv.GPU_UTILIZATION_MEAN}')
         AND {base} AND {kids_time}
@@ -305,6 +307,16 @@ WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
         f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE} WHERE per_request")})"""
 
 
+def sized_custom_sql() -> str:
+    """``SELECT n``: custom stage spans (children of stage parents that hold no stage spans) with
+    ``image.width``, which the file report reads as a request's image size where its decode spans
+    have none and the SQL does not (:mod:`otel_stages.analysis.clickhouse_gaps`)."""
+    sized = f"SELECT DISTINCT trace_key, {{}} AS key FROM {CUSTOM_TABLE} WHERE has_width"
+    return f"""SELECT count() AS n FROM {CUSTOM_TABLE}
+WHERE has_width AND (trace_key, pid) IN ({_stage_parents_among(sized.format("pid"))})
+    AND (trace_key, sid) NOT IN ({_stage_parents_among(sized.format("sid"))})"""
+
+
 def custom_names_sql() -> str:
     """``SELECT distinct_names, plain_names``: distinct names of the custom stage spans (children
     of stage parents that hold no stage spans), and of those the names the file report would read
@@ -360,7 +372,8 @@ SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(un
     match(span_name, {_PER_REQUEST_SQL}) AS per_request,
     if(per_request, trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), span_name) AS name,
     toInt64(toUnixTimestamp64Nano(Timestamp)) AS start, toInt64(Duration) AS dur,
-    CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err
+    CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err,
+    mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AS has_width
 FROM {traces}
 WHERE SpanName NOT IN ({_STD[1:-1]}, {_REQUEST}) AND ParentSpanId != '' AND {span_filter(query, odd=False)}
 LIMIT 1 BY trace_key, sid"""), params
@@ -383,7 +396,8 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
     groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
     g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f, g.dec_bad AS dec_bad,
-    g.kid_min AS kid_min,
+    g.kid_min AS kid_min, g.self_w AS grp_w, g.self_h AS grp_h, g.self_s AS grp_s, g.self_fmt AS grp_f,
+    (g.self_start, byteSwap(g.key)) AS grp_at,  -- span id order: as hex text
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
 FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
@@ -395,16 +409,21 @@ SELECT trace_key, owner, max(err) AS err,
     argMinIf(dec_w, kid_min, dec_w > 0) AS dec_w, argMinIf(dec_h, kid_min, dec_h > 0) AS dec_h,
     argMinIf(dec_s, kid_min, dec_s > 0) AS dec_s, argMinIf(dec_f, kid_min, dec_f != '') AS dec_f,
     sum(dec_bad) AS dec_bad,
+    -- the group spans' own sizes, each from the first group span by start that has one (after
+    -- the decode spans', before the request span's, as analysis.requests reads them)
+    argMinIf(grp_w, grp_at, grp_w > 0) AS grp_w, argMinIf(grp_h, grp_at, grp_h > 0) AS grp_h,
+    argMinIf(grp_s, grp_at, grp_s > 0) AS grp_s, argMinIf(grp_f, grp_at, grp_f != '') AS grp_f,
     {", ".join(f"groupArrayArray({k}) AS {k}" for k in kids.split(", "))},
     groupArrayArray(c_id) AS c_id, groupArrayArray(c_name) AS c_name,
     groupArrayArray(c_s) AS c_s, groupArrayArray(c_e) AS c_e
 FROM (
-    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, kid_min, {kids},
+    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, kid_min,
+        grp_w, grp_h, grp_s, grp_f, grp_at, {kids},
         emptyArrayUInt64() AS c_id, emptyArrayString() AS c_name,
         emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
     FROM ({groups})
     UNION ALL
-    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), start,
+    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), start, 0, 0, 0, '', (start, toUInt64(0)),
         emptyArrayUInt64(), CAST([] AS Array(UInt8)), emptyArrayInt64(), emptyArrayInt64(),
         emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
         [sid], [name], [start], [start + dur]
@@ -525,12 +544,15 @@ def _requests_select(query: AggregateQuery) -> str:
                                                          intervals, inside, off)))) AS outside_ns,
     arraySum(inside) - covered_ns AS overlap_ns,
     coalesce(if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL),
+             if(x.grp_w > 0, x.grp_w, NULL),
              if(self_w > 0, self_w, NULL)) AS width,
     coalesce(if(p.dec_h > 0, p.dec_h, NULL), if(x.dec_h > 0, x.dec_h, NULL),
+             if(x.grp_h > 0, x.grp_h, NULL),
              if(self_h > 0, self_h, NULL)) AS height,
     coalesce(if(p.dec_s > 0, p.dec_s, NULL), if(x.dec_s > 0, x.dec_s, NULL),
+             if(x.grp_s > 0, x.grp_s, NULL),
              if(self_s > 0, self_s, NULL)) AS bytes,
-    if(p.dec_f != '', p.dec_f, if(x.dec_f != '', x.dec_f, self_fmt)) AS fmt,
+    if(p.dec_f != '', p.dec_f, if(x.dec_f != '', x.dec_f, if(x.grp_f != '', x.grp_f, self_fmt))) AS fmt,
     if(present AND self_seq > 0, self_seq, NULL) AS seq,  -- sizes and seq: 0 or less is unknown
     if(present AND self_cold IN (1, 2), toUInt8(self_cold - 1), NULL) AS cold_attr,
     toUInt8(if(present, self_err, kid_err OR x.err)) AS error,  -- the request span's status

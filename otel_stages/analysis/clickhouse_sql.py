@@ -231,8 +231,8 @@ def format_text(text: str) -> str:
 
 def utilization_reading(mean: str, count: str) -> str:
     """SQL: whether a forward's ``gpu.utilization.mean`` (``mean``: NULL when absent, NaN when
-    no number) and ``gpu.sample_count`` (``count``: 1 when absent or unreadable; NULL, read as 1,
-    for a forward without the mean) make a reading, as
+    no number) and ``gpu.sample_count`` (``count``: 1 when absent, 0 when no int; NULL, read
+    as 1, for a forward without the mean) make a reading, as
     :func:`otel_stages.analysis.gpu.utilization_reading` reads them."""
     return (f"({mean} IS NOT NULL AND isFinite({mean}) AND {mean} >= 0"
             f" AND {mean} <= {MAX_UTILIZATION_READING} AND ifNull({count}, 1) > 0"

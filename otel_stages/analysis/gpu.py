@@ -608,15 +608,16 @@ MAX_SAMPLE_COUNT = 1_000_000
 def utilization_reading(attributes: Mapping[str, AttributeValue]) -> tuple[float, int] | None:
     """``(mean, samples)`` from a forward span's ``gpu.utilization.mean`` (a number in 0 ..
     :data:`MAX_UTILIZATION_READING`: NVML's -1 "not available" or a value past 100 % is no
-    reading) and ``gpu.sample_count`` (default 1, also when unreadable; a reading needs more than
-    0 and at most :data:`MAX_SAMPLE_COUNT`); ``None`` when the span has no such reading (the
-    attribute absent or not one: :mod:`otel_stages.analysis.value_issues` counts the latter)."""
+    reading) and ``gpu.sample_count`` (1 when absent; a reading needs an int above 0 and at most
+    :data:`MAX_SAMPLE_COUNT`: a count that is no int, ``"abc"`` or ``"3.0"``, is no count a
+    sampler wrote, and reading it as 1 would weigh a guess); ``None`` when the span has no such
+    reading (the attribute absent or not one: :mod:`otel_stages.analysis.value_issues` counts
+    the latter)."""
     mean = usable_float(attributes.get(semconv.GPU_UTILIZATION_MEAN))
     if mean is None or not 0.0 <= mean <= MAX_UTILIZATION_READING:
         return None
     count = usable_int(attributes.get(semconv.GPU_SAMPLE_COUNT, 1))
-    count = 1 if count is None else count
-    return (mean, count) if 0 < count <= MAX_SAMPLE_COUNT else None
+    return (mean, count) if count is not None and 0 < count <= MAX_SAMPLE_COUNT else None
 
 
 def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],

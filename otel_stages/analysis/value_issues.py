@@ -52,7 +52,7 @@ class UnreadValues:
             out.append(
                 f"{semconv.GPU_UTILIZATION_MEAN}: {_spans(self.gpu_utilization, 'forward')} a value"
                 f" that is no reading (not a number, outside 0..{MAX_UTILIZATION_READING:g}, or"
-                f" {semconv.GPU_SAMPLE_COUNT} outside 1..{MAX_SAMPLE_COUNT:,}); left out of the GPU"
+                f" {semconv.GPU_SAMPLE_COUNT} not an int in 1..{MAX_SAMPLE_COUNT:,}); left out of the GPU"
                 " evidence")
         if self.image_size:
             out.append(
