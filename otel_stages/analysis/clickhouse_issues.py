@@ -39,8 +39,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_stages import semconv
 from otel_stages.analysis import screen
-from otel_stages.analysis.clickhouse_requests import NESTED_TABLE
+from otel_stages.analysis.clickhouse_requests import BEFORE_WINDOW_S, NESTED_TABLE
 from otel_stages.analysis.clickhouse_sql import (
     MIN_SPAN_START_NS,
     PROCESS_TABLE,
@@ -104,7 +105,8 @@ def issues_sql() -> str:
     (:class:`otel_stages.analysis.value_issues.UnreadValues`): ``n_gpu_unread`` forwards whose
     ``gpu.utilization.mean`` is no reading (``n_gpu_unread_warm``: of warm requests),
     ``n_cold_unread`` / ``n_seq_unread`` request spans
-    (counted per process while the cold rule is worked out)."""
+    (counted per process while the cold rule is worked out); ``n_started_before``: processes that
+    ran before the window and mark no cold request (:func:`started_before_lines`)."""
     cond = {"detached": "detached_spans > 0", "outside": f"outside_ns > {TOLERANCE_NS}",
             "overlap": f"overlap_ns > {TOLERANCE_NS}", "orphan": "incomplete_groups > 0",
             "root": "by_trace AND incomplete_spans > 0"}
@@ -126,6 +128,7 @@ def issues_sql() -> str:
     sumIf(decode_bad_sizes, is_request) AS n_size_unread,
     (SELECT sum(unread_cold) FROM {PROCESS_TABLE}) AS n_cold_unread,
     (SELECT sum(unread_seq) FROM {PROCESS_TABLE}) AS n_seq_unread,
+    (SELECT countIf(started_before) FROM {PROCESS_TABLE}) AS n_started_before,
     {examples}
 FROM {REQUESTS_TABLE}"""
 
@@ -308,7 +311,21 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,
         overlap_requests=stage.overlap, clash_spans=clash.count, unread=unread,
         unread_warm_forwards=int(issues.get("n_gpu_unread_warm") or 0),
-        problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems()))
+        problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems(),
+                  *started_before_lines(int(issues.get("n_started_before") or 0))))
+
+
+def started_before_lines(processes: int) -> list[str]:
+    """The problem line for ``processes`` that ran before the window and mark no cold request
+    (:data:`otel_stages.analysis.clickhouse_requests.BEFORE_WINDOW_S`)."""
+    if not processes:
+        return []
+    many = processes != 1
+    return [f"{processes} process{'es' if many else ''} without {semconv.REQUEST_COLD_START} or"
+            f" {semconv.REQUEST_SEQ} ran in the {BEFORE_WINDOW_S // 60} min before the window:"
+            f" {'they' if many else 'it'} started before it, so {'their' if many else 'its'} first"
+            " request in the window is not taken as cold (without those attributes a process's"
+            " earliest request is)"]
 
 
 # --- what the SQL does not check ---------------------------------------------------------------

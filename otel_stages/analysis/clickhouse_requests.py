@@ -53,6 +53,7 @@ from otel_stages.analysis.clickhouse_sql import (
     MAX_GROUP_DEPTH,
     PROCESS_TABLE,
     REQUESTS_TABLE,
+    RESOURCE_PROCESS,
     WINDOW_SLACK_NS,
     AggregateQuery,
     finite_number,
@@ -69,8 +70,10 @@ GROUPS_TABLE = "otel_stages_groups"
 CUSTOM_TABLE = "otel_stages_custom"
 NESTED_TABLE = "otel_stages_nested"
 EXTRAS_TABLE = "otel_stages_extras"
+BEFORE_TABLE = "otel_stages_before_window"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (GROUPS_TABLE, CUSTOM_TABLE, NESTED_TABLE, EXTRAS_TABLE, PROCESS_TABLE, REQUESTS_TABLE)
+TABLES = (GROUPS_TABLE, CUSTOM_TABLE, NESTED_TABLE, EXTRAS_TABLE, BEFORE_TABLE, PROCESS_TABLE,
+          REQUESTS_TABLE)
 #: The per-request table's columns and types (see clickhouse_queries for how they are read).
 REQUEST_SCHEMA: tuple[tuple[str, str], ...] = (
     ("trace_key", "UInt128"), ("is_request", "UInt8"), ("by_trace", "UInt8"), ("span_key", "UInt64"),
@@ -431,8 +434,14 @@ FROM (
 )
 GROUP BY trace_key, owner"""), {}
     # the cold rule per process: whether its requests carry request.cold_start / request.seq,
-    # and its earliest request
+    # its earliest request, and (with a window start) whether it ran before the window
+    in_window = f"WHERE {_IS_REQUEST} {_window(query, 'start')}"
+    before = "0"
+    if query.start_ns is not None:
+        yield _before_insert(traces, query), params
+        before = f"proc IN (SELECT proc FROM {BEFORE_TABLE}) AND NOT has_cold_attr AND NOT has_seq"
     yield (f"""CREATE TEMPORARY TABLE {PROCESS_TABLE} ENGINE = Memory AS
+SELECT *, toUInt8({before}) AS started_before FROM (
 SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(present, self_inst, '')) AS inst,
     any(if(present, self_host, '')) AS host,
     groupUniqArray({_PROC_HASH}) AS proc_keys,
@@ -440,11 +449,36 @@ SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(prese
     countIf(self_cold = 3) AS unread_cold, countIf(self_seq = -1) AS unread_seq,
     argMin((start, trace_key), (start, reinterpretAsFixedString(trace_key))) AS first
 FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE})
-WHERE {_IS_REQUEST} {_window(query, "start")}
-GROUP BY proc"""), params
+{in_window}
+GROUP BY proc)"""), params
     columns = ", ".join(f"{name} {kind} {UNCOMPRESSED}" for name, kind in REQUEST_SCHEMA)
     yield f"CREATE TEMPORARY TABLE {REQUESTS_TABLE} ({columns}) ENGINE = Log", {}
     yield f"INSERT INTO {REQUESTS_TABLE}\n{_requests_select(query)}", params
+
+
+#: With a window start (``--since``), a process that carries neither ``request.cold_start`` nor
+#: ``request.seq`` and has stage spans this long before the window started before it: its first
+#: request in the window is not its cold one (the fallback takes each process's earliest
+#: request), and it has none. An hour: a process idle longer than that before the window is
+#: taken as starting in it (its first request pays what a restart would).
+BEFORE_WINDOW_S = 3600
+
+
+def _before_insert(traces: str, query: AggregateQuery) -> str:
+    """``CREATE`` :data:`BEFORE_TABLE`: the processes (labels) of the stage spans in the
+    :data:`BEFORE_WINDOW_S` before the window start, of the services whose requests in the window
+    carry neither ``request.cold_start`` nor ``request.seq`` (the sort key's service and span
+    name skip the rest)."""
+    fallback = (f"SELECT any(if(present, self_svc, kid_svc)) AS svc"
+                f" FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE}) {{where}}"
+                f" GROUP BY {_PROC} HAVING max(self_cold IN (1, 2)) = 0 AND max(self_seq > 0) = 0")
+    where = f"WHERE {_IS_REQUEST} {_window(query, 'start')}"
+    return f"""CREATE TEMPORARY TABLE {BEFORE_TABLE} ENGINE = Memory AS
+SELECT DISTINCT {process_label(*RESOURCE_PROCESS)} AS proc FROM {traces}
+WHERE SpanName IN {_STD}
+    AND ServiceName IN ({fallback.format(where=where)})
+    AND Timestamp >= fromUnixTimestamp64Nano({{lo:Int64}} - {BEFORE_WINDOW_S * 10**9})
+    AND Timestamp < fromUnixTimestamp64Nano({{lo:Int64}})"""
 
 
 def _window(query: AggregateQuery, column: str) -> str:
@@ -575,7 +609,7 @@ def _requests_select(query: AggregateQuery) -> str:
     toUInt8(is_request AND multiIf(
         pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
         pr.has_seq, ifNull(seq, 0) = 1,
-        first_of_proc)) AS cold,
+        first_of_proc AND NOT pr.started_before)) AS cold,
     toUInt8((start_ns, p.trace_key) = pr.first) AS first_of_proc,
     p.dec_bad + x.dec_bad AS decode_bad_sizes,
     toUInt8(is_request AND NOT cold AND NOT error) AS warm
