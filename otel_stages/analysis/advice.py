@@ -29,6 +29,47 @@ WARM_UP = (
     " no user pays for weight loading, allocation and kernel compilation"
 )
 
+#: the last queue advice line, whatever the batches and the GPU say
+QUEUE_DEPTH = "watch queue.depth: a deep queue means arrival rate exceeds throughput, so add replicas"
+#: Requests wait for batches to fill when the median fill (first enqueue, or the previous batch's
+#: end, to pickup: :mod:`otel_stages.analysis.batching`) is at least this part of their median
+#: wait; under it they mostly wait for the executor to finish the batch before theirs, which a
+#: shorter fill timeout or a smaller batch does not shorten.
+BATCH_FILL_MIN_SHARE = 0.25
+
+
+def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: float | None
+              ) -> list[str]:
+    """Advice lines for ``queue``, by what the requests wait for and whether the GPU has headroom:
+    ``fill_ms`` / ``wait_ms``, the batches' median fill and the requests' median wait (``None``:
+    no ``batch`` spans read, as from ClickHouse); ``gpu_level`` a ``GpuEvidence.level``,
+    ``gpu_words`` its judged mean (``GpuEvidence.judged_words``). A busy GPU (``high``) has no
+    headroom: more concurrency or smaller batches add no throughput, so neither is advised."""
+    busy = gpu_level == "high"
+    smaller = "" if busy else " or the max batch size"
+    if fill_ms is not None and wait_ms and fill_ms < BATCH_FILL_MIN_SHARE * wait_ms:
+        first = (f"requests wait for the executor, not for batches to fill (batches filled in"
+                 f" {duration(fill_ms)} median of the {duration(wait_ms)} median wait): the"
+                 " executor is still running the batch before theirs")
+    elif fill_ms is not None and wait_ms:
+        first = (f"requests wait for batches to fill ({duration(fill_ms)} median of the"
+                 f" {duration(wait_ms)} median wait): lower the batch fill timeout (max wait){smaller}")
+    else:
+        first = ("requests wait for the batch/executor: if batches wait to fill, lower the batch"
+                 f" fill timeout (max wait){smaller}")
+    if busy:
+        capacity = (f"the GPU is busy during forward ({gpu_words}): more executor concurrency or"
+                    " smaller batches add no throughput; add replicas or GPUs, or cut the work per"
+                    " call (lower precision, fewer image tiles or tokens)")
+    elif gpu_level in ("low", "medium"):
+        capacity = (f"the GPU has headroom during forward ({gpu_words}): raise executor concurrency"
+                    " / worker count")
+    else:
+        capacity = ("raise executor concurrency / worker count if the GPU has headroom (the GPU"
+                    " evidence here cannot tell)")
+    return [first, capacity, QUEUE_DEPTH]
+
+
 _ADVICE: dict[str, list[str]] = {
     "transfer": [
         "the time is in fetching the image, not in preprocessing: look at network / remote storage",
@@ -41,7 +82,7 @@ _ADVICE: dict[str, list[str]] = {
         "requests wait for the batch/executor: lower the batch fill timeout (max wait) or the max"
         " batch size",
         "raise executor concurrency / worker count if the GPU has headroom",
-        "watch queue.depth: a deep queue means arrival rate exceeds throughput, so add replicas",
+        QUEUE_DEPTH,
     ],
     "gpu_busy": [
         "the GPU is saturated during slow forwards: reduce work per call (smaller batch, fewer"

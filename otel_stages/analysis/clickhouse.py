@@ -265,6 +265,14 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             clickhouse_figures.comparable_cold_input(i) for i in cold.by_input):
         # cold requests of several inputs, some comparable: those with their inputs' warm requests
         results["cold_union"] = engine.rows(queries.cold_union_sql(method), None, settings)
+        head = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
+                                end_ns=query.end_ns, service=query.service)
+    paid = clickhouse_figures.cold_paid_params(head)
+    if paid is not None:  # only some cold requests may have paid a cold start: their figures
+        results["cold_paid"] = engine.rows(queries.cold_paid_sql(method, union=paid[1]),
+                                           {"paid_min_ms": paid[0]}, settings)
+    if cold is not None and any(clickhouse_figures.input_paid_needed(i) for i in cold.by_input):
+        results["cold_input_paid"] = engine.rows(queries.cold_input_paid_sql(method), None, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None

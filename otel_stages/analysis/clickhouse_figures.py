@@ -65,7 +65,7 @@ from otel_stages.analysis.clickhouse_result import (
     ordered_stages,
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
-from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO, MIN_WARM_RUNS, decide
 from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, one_size_sentence, size_sentence
 from otel_stages.analysis.figures import (
     ALL_WARM,
@@ -252,7 +252,39 @@ def comparable_cold_input(i: ColdInput) -> bool:
     return i.width is not None and i.height is not None and i.warm_requests >= COMPARABLE_MIN_REQUESTS
 
 
+def cold_paid_params(agg: FleetAggregates) -> tuple[float, bool] | None:
+    """``(paid_min_ms, union)`` for :func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`
+    when the cold requests compared are several and their median stays under
+    ``COLD_START_MIN_RATIO`` times the comparable median (some of them may have paid a cold start
+    all the same: :func:`otel_stages.analysis.cohorts.cold_figures`); ``union``: they are those of
+    the comparable inputs. ``None``: nothing to read."""
+    base = _cold_base(agg)
+    if base is None:
+        return None
+    fig, union = base
+    if fig.count < 2 or fig.ratio is None or fig.ratio >= COLD_START_MIN_RATIO:
+        return None
+    assert fig.comparable_median_total_ms is not None  # a ratio has one
+    return COLD_START_MIN_RATIO * fig.comparable_median_total_ms, union
+
+
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
+    """The cold figures, those of the requests that paid a cold start when only some did (as
+    :func:`otel_stages.analysis.cohorts.cold_figures` splits them)."""
+    base = _cold_base(agg)
+    if base is None:
+        return None
+    fig, _ = base
+    paid = agg.cold_start.paid if agg.cold_start is not None else None
+    if paid is None or cold_paid_params(agg) is None or paid.count >= fig.count:
+        return fig
+    return replace(fig, count=paid.count, total_ms=paid.median_total_ms,
+                   stages_ms=paid.stages_median_ms, without_penalty=fig.count - paid.count)
+
+
+def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
+    """The cold figures over every cold request compared, and whether those are the comparable
+    inputs' (the union)."""
     cold = agg.cold_start
     if cold is None:
         return None
@@ -263,7 +295,8 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         return ColdFigures(
             count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
             comparable_median_total_ms=None, comparable_stages_ms={}, compared_with=ALL_WARM,
-            comparable_requests=0, warm_median_total_ms=None, input_known=known, first_of_process=first)
+            comparable_requests=0, warm_median_total_ms=None, input_known=known,
+            first_of_process=first), False
     same = bool(inputs) and all(comparable_cold_input(i) for i in inputs)
     if same and len(inputs) == 1:
         only = inputs[0]
@@ -273,7 +306,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
             cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
-        )
+        ), False
     u = cold.union
     if u is not None:  # several inputs, or some not comparable: the comparable ones, together
         keys = {agg.cohort_key(i.width, i.height, i.format) for i in inputs if comparable_cold_input(i)}
@@ -284,7 +317,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
             comparable_requests=u.requests, warm_median_total_ms=agg.total.median_ms,
             cohort=next(iter(keys)) if len(keys) == 1 else None, first_of_process=first,
             left_out=cold.total.count - u.cold_requests,
-        )
+        ), True
     # several inputs of cold requests, some with too few warm requests of their own: compared
     # with all warm requests (as the trace report)
     return ColdFigures(
@@ -293,7 +326,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         comparable_stages_ms={n: s.ran.median_ms for n, s in agg.stages.items()},
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
         warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
-    )
+    ), False
 
 
 def _unaccounted(agg: FleetAggregates) -> UnaccountedFigures | None:
@@ -316,6 +349,24 @@ def _cohort_gpu(agg: FleetAggregates, cohort: CohortAggregate) -> GpuEvidence | 
     return gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else None
 
 
+def input_paid_needed(i: ColdInput) -> bool:
+    """Whether a cold input's figures may split (as :func:`cold_paid_params` for the whole run):
+    known, two or more cold requests, their median under ``COLD_START_MIN_RATIO`` times the warm
+    median of the input."""
+    return (i.width is not None and i.height is not None and i.cold_requests >= 2
+            and bool(i.warm_median_total_ms)
+            and i.cold_median_total_ms < COLD_START_MIN_RATIO * (i.warm_median_total_ms or 0.0))
+
+
+def _paid_only(i: ColdInput, fig: ColdFigures) -> ColdFigures:
+    """A cohort's own cold figures, those of its cold requests that paid a cold start when only
+    some did (:func:`otel_stages.analysis.cohorts.cold_figures`)."""
+    if i.paid is None or not input_paid_needed(i) or i.paid.count >= fig.count:
+        return fig
+    return replace(fig, count=i.paid.count, total_ms=i.paid.median_total_ms,
+                   stages_ms=i.paid.stages_median_ms, without_penalty=fig.count - i.paid.count)
+
+
 def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
     """The rules' input within one cohort (its own stages, total, cold requests of its input)."""
     own_cold = None
@@ -323,7 +374,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         for i in agg.cold_start.by_input:
             if (i.width, i.height, i.format) == (cohort.width, cohort.height, cohort.format):
                 same = i.warm_requests >= COMPARABLE_MIN_REQUESTS
-                own_cold = ColdFigures(
+                own_cold = _paid_only(i, ColdFigures(
                     count=i.cold_requests, total_ms=i.cold_median_total_ms,
                     stages_ms=i.cold_stages_median_ms,
                     comparable_median_total_ms=i.warm_median_total_ms,
@@ -331,7 +382,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
                     compared_with=SAME_INPUT if same else ALL_WARM,
                     comparable_requests=i.warm_requests,
                     warm_median_total_ms=cohort.total.median_ms,
-                    cohort=cohort.key if same else None)
+                    cohort=cohort.key if same else None))
     gpu = _cohort_gpu(agg, cohort) or GpuEvidence(level=LEVEL_NONE)
     return Figures(
         warm_requests=cohort.total.count,

@@ -16,6 +16,10 @@ granules without the key):
   :data:`~otel_stages.analysis.clickhouse_queries.MAX_FOREIGN_GPU_PROCESSES` processes that ran
   no request: the file report lines every series up with the forwards by time, the SQL only that
   many (per host, every forward would meet every host's GPUs);
+- ``batch`` spans (:data:`otel_stages.semconv.SPAN_BATCH`): the file report reads how long
+  batches took to fill against how long requests waited (its Batches section), and a ``queue``
+  verdict's advice follows it; the SQL does not, so only a ``queue`` verdict is hedged for them
+  (:data:`BATCHES_UNREAD`);
 - more than :data:`~otel_stages.analysis.naming.MAX_STAGE_NAMES` distinct span names under
   requests, some of them custom names without a path or an id: the file report then reads every
   custom name as per-request (counted under its ``stage`` attribute); the SQL only names holding
@@ -46,8 +50,8 @@ def _has_any(keys: tuple[str, ...] | list[str]) -> str:
 def gaps_sql(traces: str, query: AggregateQuery) -> str:
     """One row: ``token_spans`` (spans with a prompt or output token count),
     ``image_elsewhere`` (stage spans other than decode with ``image.width``),
-    ``custom_names`` / ``plain_names`` (distinct custom stage span names, and of those the ones
-    not read as per-request here; after the request grouping)."""
+    ``batch_spans``, ``custom_names`` / ``plain_names`` (distinct custom stage span names, and of
+    those the ones not read as per-request here; after the request grouping)."""
     base = span_filter(query, odd=False)
     not_decode = "(" + ", ".join(f"'{s}'" for s in _NOT_DECODE) + ")"
     return f"""SELECT
@@ -55,6 +59,7 @@ def gaps_sql(traces: str, query: AggregateQuery) -> str:
     (SELECT count() FROM {traces} WHERE SpanName IN {not_decode}
         AND mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND {base})
         + (SELECT n FROM ({sized_custom_sql()})) AS image_elsewhere,
+    (SELECT count() FROM {traces} WHERE SpanName = '{semconv.SPAN_BATCH}' AND {base}) AS batch_spans,
     (SELECT distinct_names FROM ({custom_names_sql()})) AS custom_names,
     (SELECT plain_names FROM ({custom_names_sql()})) AS plain_names"""
 
@@ -77,6 +82,13 @@ def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:
             f" span{'s' if elsewhere != 1 else ''}): a request's image size is read here from its"
             " decode spans (else a group span or the request span), so a request whose size is recorded"
             " only on another stage counts as an unknown input; report the exported files (PATH)")
+    batches = int(row.get("batch_spans") or 0)
+    if batches:
+        out.append(
+            f"{NOT_CHECKED}{BATCHES_UNREAD} ({batches} span{'s' if batches != 1 else ''}): how long"
+            " batches took to fill against how long requests waited is read from the files only,"
+            " so a queue verdict's advice here cannot tell waiting for a batch to fill from waiting"
+            " for a busy executor; report the exported files (PATH) for the Batches section")
     foreign = int(row.get("foreign_gpu_processes") or 0)
     if foreign > MAX_FOREIGN_GPU_PROCESSES:
         out.append(
@@ -95,9 +107,16 @@ def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:
     return out
 
 
+#: what the batch spans' ``not checked`` line names (it hedges a ``queue`` verdict only)
+BATCHES_UNREAD = "batch spans"
+
+
 def gaps_caveat(verdict: Verdict, unchecked: list[str]) -> None:
     """Tentative, with the reason first in the evidence, when the SQL left out something that
-    could change the verdict (``unchecked``: the report's ``not checked`` lines)."""
+    could change the verdict (``unchecked``: the report's ``not checked`` lines; the batch spans'
+    only for a ``queue`` verdict, whose advice they choose)."""
+    if verdict.cause != "queue":
+        unchecked = [u for u in unchecked if not u.startswith(NOT_CHECKED + BATCHES_UNREAD)]
     if not unchecked:
         return
     verdict.tentative = True

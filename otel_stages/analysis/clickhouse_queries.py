@@ -49,6 +49,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
     GPU_STARVED_MAX_UTILIZATION,
@@ -202,6 +203,56 @@ ORDER BY cold_n DESC, width, height, fmt
 LIMIT {{top_cohorts:UInt32}}"""
 
 
+def _comparable_cold_inputs() -> str:
+    """The known inputs of cold requests with at least
+    :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` warm requests."""
+    return (f"SELECT width, height, fmt FROM {R} WHERE is_request AND {_KNOWN}"
+            f" GROUP BY width, height, fmt"
+            f" HAVING countIf({_COLD}) > 0 AND countIf(warm) >= {COMPARABLE_MIN_REQUESTS}")
+
+
+def cold_paid_sql(method: str, union: bool) -> str:
+    """The cold requests compared (``union``: only those of comparable inputs, as
+    :func:`cold_union_sql` compares them) whose total reaches ``{paid_min_ms:Float64}``: a row
+    with ``stage`` ``''``, their count and median total, then one per stage with its median. Read
+    when the median of all of them stays under the cold-start ratio, for the figures of those that
+    paid one (:func:`otel_stages.analysis.cohorts.cold_figures`, ``without_penalty``)."""
+    where = f"{_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}"
+    if union:
+        where += f" AND {_KNOWN} AND (width, height, fmt) IN ({_comparable_cold_inputs()})"
+    return f"""SELECT '' AS stage, count() AS n, {median(_TOTAL_MS, "1", method)} AS median_ms
+FROM {R} WHERE {where}
+UNION ALL
+SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+WHERE {where}
+GROUP BY stage"""
+
+
+def cold_input_paid_sql(method: str) -> str:
+    """Per known input with two or more cold requests: those whose total reaches
+    :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times the median of the warm
+    requests of that input (``stage`` ``''``: their count and median total; then one row per
+    stage with its median), for a cohort's own cold figures as :func:`cold_paid_sql` gives the
+    whole run's."""
+    warm = (f"SELECT width, height, fmt, {median(_TOTAL_MS, 'warm', method)} AS warm_median_ms"
+            f" FROM {R} WHERE is_request AND {_KNOWN} GROUP BY width, height, fmt"
+            f" HAVING countIf({_COLD}) >= 2 AND countIf(warm) > 0")
+    rows = (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.total_ns AS total_ns,"
+            f" r.stage_names AS stage_names, r.stage_ns AS stage_ns"
+            f" FROM {R} AS r INNER JOIN ({warm}) AS t"
+            f" ON r.width = t.width AND r.height = t.height AND r.fmt = t.fmt"
+            f" WHERE r.is_request AND r.cold AND NOT r.error"
+            f" AND r.total_ns / 1e6 >= {COLD_START_MIN_RATIO} * t.warm_median_ms")
+    return f"""SELECT width, height, fmt, '' AS stage, count() AS n,
+    {median(_TOTAL_MS, "1", method)} AS median_ms
+FROM ({rows}) GROUP BY width, height, fmt
+UNION ALL
+SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+FROM ({rows}) ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+GROUP BY width, height, fmt, stage"""
+
+
 def cold_union_sql(method: str) -> str:
     """The cold requests whose input has at least
     :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` warm requests, and the warm
@@ -210,9 +261,7 @@ def cold_union_sql(method: str) -> str:
     then one per stage with its median, as the trace report compares them
     (:func:`otel_stages.analysis.cohorts.cold_figures`: the comparable cold requests with the
     union of their inputs' warm requests, the others left out)."""
-    inputs = (f"SELECT width, height, fmt FROM {R} WHERE is_request AND {_KNOWN}"
-              f" GROUP BY width, height, fmt"
-              f" HAVING countIf({_COLD}) > 0 AND countIf(warm) >= {COMPARABLE_MIN_REQUESTS}")
+    inputs = _comparable_cold_inputs()
     parts = []
     for side, rows in (("warm", "warm"), ("cold", _COLD)):
         where = f"{rows} AND {_KNOWN} AND (width, height, fmt) IN ({inputs})"

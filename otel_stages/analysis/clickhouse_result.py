@@ -172,6 +172,15 @@ def _union(rows: Rows) -> ColdComparison | None:
     return None if warm is None or cold is None else ColdComparison(*warm, *cold)
 
 
+def _paid(rows: Rows) -> ColdPaid | None:
+    """The ``cold_paid`` answer (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`)."""
+    head = next((r for r in rows if r["stage"] == ""), None)
+    if head is None or not int(head["n"] or 0):
+        return None
+    return ColdPaid(int(head["n"]), float(head["median_ms"]), _ordered(
+        {str(r["stage"]): float(r["median_ms"]) for r in rows if r["stage"] != ""}))
+
+
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {name: values[name] for name in ordered_stages(values)}
 
@@ -202,6 +211,17 @@ class CohortAggregate:
 
 
 @dataclass(frozen=True)
+class ColdPaid:
+    """The cold requests compared whose total reached the cold-start ratio, when the median of
+    all of them did not (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`): count,
+    median total and per-stage medians, ms."""
+
+    count: int
+    median_total_ms: float
+    stages_median_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
 class ColdInput:
     """Cold requests with one input (``width`` ``None`` = unknown) against warm requests with the
     same input: counts and median totals (``warm_median_total_ms`` ``None`` without any)."""
@@ -216,6 +236,10 @@ class ColdInput:
     warm_median_total_ms: float | None
     warm_stages_median_ms: dict[str, float] = field(default_factory=dict)
     cold_stages_median_ms: dict[str, float] = field(default_factory=dict)
+    #: those of its cold requests (two or more) that reached the cold-start ratio against the warm
+    #: median of the input (:func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`;
+    #: read only when their median did not)
+    paid: ColdPaid | None = None
 
 
 @dataclass(frozen=True)
@@ -238,12 +262,15 @@ class ColdStartAggregate:
     distribution, per-stage medians over the cold requests where the stage ran, and per input
     (largest first) the comparison with warm requests of the same input; ``union``: the cold
     requests whose input enough warm requests share and those inputs' warm requests
-    (:class:`ColdComparison`; read only for cold requests of several inputs, some comparable)."""
+    (:class:`ColdComparison`; read only for cold requests of several inputs, some comparable);
+    ``paid``: those compared that reached the cold-start ratio (:class:`ColdPaid`; read only when
+    their median did not)."""
 
     total: Summary
     stages_median_ms: dict[str, float]
     by_input: list[ColdInput]
     union: ColdComparison | None = None
+    paid: ColdPaid | None = None
 
 
 @dataclass(frozen=True)
@@ -626,9 +653,12 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                     if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}),
                 cold_stages_median_ms=_ordered({
                     str(x["stage"]): float(x["median_ms"]) for x in results["cold_input_stages"]
-                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}))
+                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}),
+                paid=_paid([x for x in results.get("cold_input_paid") or ()
+                            if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])]))
                 for r in results["cold_cohorts"]],
             union=_union(results.get("cold_union") or ()),
+            paid=_paid(results.get("cold_paid") or ()),
         )
     runs = [RunAggregate(**{k: r[k] for k in ("service_name", "service_instance_id",
                                               "first_unix_ns", "last_unix_ns", "requests",

@@ -61,7 +61,7 @@ from otel_stages.analysis.figures import (
     Figures,
     TotalFigures,
 )
-from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_THIN
+from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_NONE, LEVEL_THIN, utilization_level
 from otel_stages.analysis.noise import (
     MIN_SWING_MS,
     SPIKE_MIN_FRACTION,
@@ -89,6 +89,10 @@ STAGE_MIN_PART_OF_SWING = 0.25
 #: The cold request is a cold start when its total is at least this multiple of its comparable warm
 #: requests' median: model load / kernel compilation is typically 10x+, ordinary noise < 1.5x.
 COLD_START_MIN_RATIO = 2.0
+#: A cold start paid by fewer than this share of the cold requests compared (the others took under
+#: COLD_START_MIN_RATIO: ``ColdFigures.without_penalty``) is tentative: it may be those processes'
+#: own (a host's cold disk cache, a one-off stall at start) rather than what every start pays.
+COLD_PAID_MIN_SHARE = 0.5
 #: The cold request is compared with warm requests of its own input when at least this many exist;
 #: a median of fewer is one or two runs. The same floor applies to setting requests apart.
 COMPARABLE_MIN_REQUESTS = 5
@@ -269,6 +273,18 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     return Verdict(cause, suspect.name, lines, advice)
 
 
+def _queue_lines(fig: Figures) -> list[str]:
+    """The evidence the queue advice (:func:`otel_stages.analysis.advice.for_queue`) rests on:
+    the batches' fill against the requests' wait, and the GPU during forward."""
+    lines = []
+    if fig.batch_fill_ms is not None and fig.batch_wait_ms is not None:
+        lines.append(f"batches filled in {duration(fig.batch_fill_ms)} median (from the first"
+                     " enqueue, or from when the executor was free), requests waited"
+                     f" {duration(fig.batch_wait_ms)} median from enqueue to pickup")
+    lines.append(fig.gpu.describe())
+    return lines
+
+
 def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[str]]:
     """Stage ``name``'s cause, advice and evidence lines (GPU, stage evidence, mechanism)."""
     evidence = fig.stage_evidence.get(name)
@@ -281,6 +297,14 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
     if mechanism is not None:
         lines.extend(mechanism.evidence)
         return cause, list(mechanism.advice), lines
+    if cause == "queue":  # what the requests wait for, and the GPU's headroom, choose the advice
+        lines.extend(_queue_lines(fig))
+        gpu = fig.gpu  # headroom is the GPU's over all forwards, not the slow ones'
+        overall = (gpu.level if gpu.level == LEVEL_NONE else
+                   utilization_level(gpu.mean_utilization, gpu.samples, gpu.forwards_covered, gpu.forwards))
+        words = ("" if gpu.mean_utilization is None else
+                 f"{gpu.mean_utilization:.0%} mean over all {gpu.forwards} warm forwards")
+        return cause, advice_text.for_queue(overall, words, fig.batch_fill_ms, fig.batch_wait_ms), lines
     advice = advice_text.for_cause(
         cause,
         follows_size=evidence.follows_size if evidence else None,
@@ -385,11 +409,14 @@ _MARKS = f"{semconv.REQUEST_COLD_START} or {semconv.REQUEST_SEQ} 1"
 
 
 def _cold_sentence(cold: ColdFigures) -> str:
-    if cold.count == 1:
+    of = f" of the {cold.count + cold.without_penalty}" if cold.without_penalty else ""
+    if cold.count == 1 and not of:
         who = ("first request of the process" if cold.first_of_process
                else f"the request marked cold by {_MARKS} (not the first of its process)")
+    elif cold.count == 1:
+        who = f"1{of} cold requests"
     else:
-        who = f"{cold.count} cold requests (median)"
+        who = f"{cold.count}{of} cold requests (median)"
         if not cold.first_of_process:
             who += f", some marked cold by {_MARKS} later in their process,"
     ratio = cold.ratio
@@ -410,8 +437,26 @@ def _cold_sentence(cold: ColdFigures) -> str:
     left_out = (f" ({cold.left_out} more, whose input is unknown or shared by fewer than"
                 f" {COMPARABLE_MIN_REQUESTS} warm requests, left out of the comparison)"
                 if cold.left_out else "")
+    others = cold.without_penalty
+    unpaid = (f"; the other {others} cold request{'s' if others != 1 else ''} took under"
+              f" {COLD_START_MIN_RATIO:g}x that median: no cold-start penalty there" if others else "")
     return (f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}{left_out}; reported apart"
-            " from warm runs")
+            f" from warm runs{unpaid}")
+
+
+def few_paid(cold: ColdFigures) -> bool:
+    """Whether fewer than :data:`COLD_PAID_MIN_SHARE` of the cold requests compared paid the cold
+    start the figures show (``ColdFigures.without_penalty``): then it is claimed tentatively."""
+    return bool(cold.without_penalty) and (
+        cold.count < COLD_PAID_MIN_SHARE * (cold.count + cold.without_penalty))
+
+
+def _few_paid_line(cold: ColdFigures) -> str:
+    n = cold.count + cold.without_penalty
+    whose = "its process's" if cold.count == 1 else "their processes'"
+    return (f"only {cold.count} of the {n} cold requests paid a cold start: it may be {whose} own"
+            " (a host's cold disk cache, a stall at start) rather than what every start pays, so"
+            " this is tentative")
 
 
 def _cold_claim(cold: ColdFigures) -> bool:
@@ -431,11 +476,16 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
     line = _cold_sentence(cold)
     if verdict.cause == CAUSE_COLD_START:
         verdict.evidence.insert(0, line)
+        if few_paid(cold):
+            verdict.tentative = True
+            verdict.evidence.insert(1, _few_paid_line(cold))
     elif cold.ratio is not None and cold.ratio >= COLD_START_MIN_RATIO and not _cold_claim(cold):
         verdict.evidence.append(line + "; not comparable (its input differs), so not called a"
                                 " cold start")
     elif _cold_claim(cold):
-        verdict.evidence.append(line + ", and a cold start too")
+        verdict.evidence.append(line + (", and a cold start too" if not few_paid(cold) else
+                                         f", and a cold start too in {cold.count} of the"
+                                         f" {cold.count + cold.without_penalty}"))
         verdict.advice.append("also: " + advice_text.for_cold_start(_cold_excess(cold)[0])[0])
     elif verdict.cause == CAUSE_STABLE:
         on = " on that request (others are set apart below)" if others_apart else ""

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from otel_stages import semconv
-from otel_stages.analysis.batching import summarize_batches
+from otel_stages.analysis.batching import BatchSummary, summarize_batches
 from otel_stages.analysis.caveats import KIND_UNKNOWN
 from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, find_set_apart, group
 from otel_stages.analysis.compact import paused_gc
@@ -125,6 +125,15 @@ def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, 
         elif r.spans:
             where[f"last stage {max(r.spans, key=lambda s: s.end_ns).name}"] += 1
     return dict(kinds), dict(where)
+
+
+def _with_batches(figures: Figures, batches: BatchSummary | None) -> Figures:
+    """``figures`` with ``batch_fill_ms`` / ``batch_wait_ms``, the medians of ``batches`` (left
+    ``None`` without batch spans or their members' queue spans)."""
+    if batches is None or not batches.fill_ms or not batches.wait_ms:
+        return figures
+    return replace(figures, batch_fill_ms=percentile(batches.fill_ms, 50),
+                   batch_wait_ms=percentile(batches.wait_ms, 50))
 
 
 def _warm(
@@ -324,7 +333,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    models=models,
                    # (the warm ones walked again only when some forward's value is unusable)
                    unread_forwards=unread.gpu_utilization and unread_values(warm).gpu_utilization)
-    verdict = decide(result.figures)
+    batches = summarize_batches(screened.spans)
+    verdict = decide(_with_batches(result.figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
     problems = [*recording.problems, *screened.problems, *grouping.problems, *unread.problems()]
@@ -365,7 +375,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         total_samples=[r.total_ms for r in warm],
         stage_samples={n: [r.stages_ms[n] for r in warm if n in r.stages_ms] for n in result.stages},
         cohort_counts=dict(counts),
-        batches=summarize_batches(screened.spans),
+        batches=batches,
         request_sets=RequestSets(tuple(warm), tuple(cold), tuple(a.request for a in apart),
                                  tuple(failed), keys),
         signals=result.signals,

@@ -99,7 +99,9 @@ class ColdFigures:
     all warm requests (shown for reference). ``left_out``: cold requests not in ``count``, whose
     input is unknown or shared by fewer than 5 warm requests, when others' inputs are comparable
     (those are compared with their inputs' warm requests, the rest left out rather than compare
-    all with all warm requests).
+    all with all warm requests). ``without_penalty``: cold requests compared that took under
+    ``COLD_START_MIN_RATIO`` times the comparable median, not in ``count``, when their median
+    did too but the others (``count``) did not: the figures are those that paid a cold start.
     """
 
     count: int
@@ -116,6 +118,7 @@ class ColdFigures:
     #: every cold request is the first of its process (else ``request.cold_start`` marked it later)
     first_of_process: bool = True
     left_out: int = 0
+    without_penalty: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -344,6 +347,10 @@ class Figures:
     detached_requests: int = 0
     clash_spans: int = 0
     services: Sequence[tuple[str, int]] = ()
+    #: the ``batch`` spans' median fill and their members' median wait, ms
+    #: (:class:`otel_stages.analysis.batching.BatchSummary`; ``None`` without batch spans read)
+    batch_fill_ms: float | None = None
+    batch_wait_ms: float | None = None
 
     @property
     def reference_ms(self) -> float:

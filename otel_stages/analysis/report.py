@@ -165,6 +165,7 @@ def cold_to_dict(cold: ColdFigures) -> dict[str, object]:
         "comparable_stages": {k: round(v, 3) for k, v in cold.comparable_stages_ms.items()},
         "count": cold.count,
         "left_out": cold.left_out,
+        "without_penalty": cold.without_penalty,
     }
 
 
