@@ -1685,3 +1685,53 @@ def test_two_services_sharing_an_instance_id_are_two_processes(engine, tmp_path:
     assert got["runs"] == want["runs"]
     assert got["cold_start"] == want["cold_start"] and got["counts"] == want["counts"]
     assert got["verdict"] == want["verdict"]
+
+
+def test_past_twenty_cohorts_both_reports_say_how_many_there_are(engine, tmp_path: Path) -> None:
+    """60 requests in 25 input sizes: the file report lists every cohort, the ClickHouse report the
+    largest 20 (AggregateQuery.top_cohorts); both say how many there are (a tester read 59 against
+    20 as a disagreement)."""
+    def sizes(i: int, spans: Spans) -> None:
+        named(spans, "decode")["attributes"] += [
+            {"key": "image.width", "value": {"intValue": str(640 + 16 * (i % 25))}},
+            {"key": "image.height", "value": {"intValue": "480"}}]
+    got, want = reports(engine, edited(STABLE, tmp_path / "sizes.jsonl", sizes))
+    assert (len(want["cohorts"]), want["cohorts_total"]) == (25, 25)
+    assert (len(got["cohorts"]), got["cohorts_total"]) == (AggregateQuery().top_cohorts, 25)
+    assert {c["key"] for c in got["cohorts"]} <= {c["key"] for c in want["cohorts"]}
+
+
+def _staleness_markers(source: Path, target: Path) -> Path:
+    """``source`` with a point flagged "no recorded value" (OTLP flags 1, no value: a staleness
+    marker) 1 ms after each hw.gpu.utilization point."""
+    out = []
+    for line in source.read_text().splitlines():
+        doc = json.loads(line)
+        for rm in doc.get("resourceMetrics", ()):
+            for sm in rm["scopeMetrics"]:
+                for metric in sm["metrics"]:
+                    if metric["name"] == "hw.gpu.utilization":
+                        points = metric["gauge"]["dataPoints"]
+                        metric["gauge"]["dataPoints"] = [q for p in points for q in (p, {
+                            "timeUnixNano": str(int(p["timeUnixNano"]) + 1_000_000),
+                            "attributes": p["attributes"], "flags": 1})]
+        out.append(doc)
+    target.write_text("".join(json.dumps(doc) + "\n" for doc in out))
+    return target
+
+
+def test_points_with_no_recorded_value_are_neither_readings_nor_problems(engine, tmp_path: Path) -> None:
+    """A tester's gauge point with ``flags: 1`` and no value was a problem line in the file report
+    ("no asDouble/asInt value") and none from ClickHouse; the Collector's exporter stores it with
+    Value 0, which the SQL would read as an idle GPU. Both leave it out, and say nothing."""
+    source = TRACES / "gpu_busy.otlp.jsonl"
+    plain, _ = reports(engine, source)
+    stale = _staleness_markers(source, tmp_path / "stale.jsonl")
+    got, want = reports(engine, stale)
+    assert want["verdict"] == plain["verdict"] and want["gpu"] == plain["gpu"]
+    assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
+    assert want["problems"] == plain["problems"]
+    tables = Tables(database="stale")
+    assert import_files(engine, tables, [stale]).problems == []
+    stored = engine.rows(f"SELECT countIf(Flags = 1 AND Value = 0) AS n FROM {tables.gauge_ref}")
+    assert stored[0]["n"] > 0  # stored as the exporter stores it

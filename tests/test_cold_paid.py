@@ -109,6 +109,18 @@ def test_a_first_request_pays_from_twice_the_warm_median(engine, tmp_path: Path,
     assert ("no cold-start penalty:" in _text(want)) is not split
 
 
+@pytest.mark.parametrize("cold_ms", [[1500, 100], [1500, 1500, 100]])
+def test_cold_requests_that_did_not_pay_are_left_out_of_the_figures(engine, tmp_path: Path,
+                                                                    cold_ms: list[float]) -> None:
+    """The median of two was their mean (about 820 ms for 1.5 s and 0.12 s: a time no request
+    took); with two of three slow, the one that did not pay still counted in the figures."""
+    want = _both(engine, _fleet(tmp_path / f"mixed_{len(cold_ms)}.jsonl", cold_ms))
+    cold = want["cold_start"]
+    assert (cold["count"], cold["without_penalty"]) == (len(cold_ms) - 1, 1)
+    assert cold["total_ms"] > 1500 and want["verdict"]["cause"] == "cold_start"
+    assert not want["verdict"]["tentative"]  # half of them or more paid it
+
+
 def test_a_cold_start_in_some_processes_beside_a_warm_swing_is_said_with_its_share(engine,
                                                                                   tmp_path: Path) -> None:
     want = _both(engine, _fleet(tmp_path / "swing.jsonl", [1500, 100, 100], swing=True))

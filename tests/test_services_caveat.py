@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 
 from otel_stages.analysis import load_paths
-from otel_stages.analysis.caveats import POOLED_SERVICE_MIN_REQUESTS, services_caveat
+from otel_stages.analysis.caveats import (
+    POOLED_SERVICE_MIN_REQUESTS,
+    POOLED_SERVICE_MIN_SHARE,
+    services_caveat,
+)
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
 from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
@@ -26,11 +30,17 @@ from tests import odd_inputs
 from tests.test_decision import figures, stage
 
 
-@pytest.mark.parametrize("second, pooled", [
-    (POOLED_SERVICE_MIN_REQUESTS - 1, False), (POOLED_SERVICE_MIN_REQUESTS, True)])
-def test_a_second_service_with_enough_warm_requests_makes_the_verdict_tentative(second, pooled):
-    fig = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0)
-    v = decide(replace_services(fig, (("caption", 30), ("embed", second))))
+@pytest.mark.parametrize("first, second, pooled", [
+    (100, POOLED_SERVICE_MIN_REQUESTS - 1, False),  # 4 of 104 warm requests: under 5 %
+    (76, POOLED_SERVICE_MIN_REQUESTS - 1, True),    # 4 of 80: 5 %, the top of the swing
+    (30, 1, False),                                 # one request (a traced health check)
+    (30, 2, True),                                  # two of 32
+    (200, POOLED_SERVICE_MIN_REQUESTS, True)])      # five: enough whatever the share
+def test_a_second_service_with_enough_warm_requests_makes_the_verdict_tentative(first, second, pooled):
+    assert (POOLED_SERVICE_MIN_REQUESTS, POOLED_SERVICE_MIN_SHARE) == (5, 0.05)
+    fig = replace(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0),
+                  warm_requests=first + second)
+    v = decide(replace_services(fig, (("caption", first), ("embed", second))))
     assert v.tentative is pooled
     assert ("services are pooled" in v.evidence[0]) is pooled
     assert (v.advice[0] == "report each service alone (otel-stages report ... --service caption)") is pooled
@@ -75,7 +85,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
         yield eng
 
 
-@pytest.mark.parametrize("second, pooled", [(POOLED_SERVICE_MIN_REQUESTS, True), (30, True)])
+@pytest.mark.parametrize("second, pooled", [(2, True), (POOLED_SERVICE_MIN_REQUESTS, True), (30, True)])
 def test_file_and_clickhouse_reports_both_say_the_services_are_pooled(engine, tmp_path, second, pooled):
     path = two_services(tmp_path / f"two_{second}.jsonl", second + 1)  # + its cold first request
     want = diagnose(load_paths([path])).to_dict()

@@ -21,8 +21,9 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   requests or more (two recordings with the same ids merged, a badly seeded id generator): only
   the first span of each id is kept, so which requests the statistics describe depends on the
   order the spans were read. The verdict is tentative, with the reason first.
-- :func:`services_caveat`: warm requests of more than one ``service.name``, at least
-  :data:`POOLED_SERVICE_MIN_REQUESTS` each, are pooled: two services (another model, another
+- :func:`services_caveat`: warm requests of more than one ``service.name``, each at least
+  :data:`POOLED_SERVICE_MIN_REQUESTS`, or at least two and :data:`POOLED_SERVICE_MIN_SHARE` of
+  the warm requests, are pooled: two services (another model, another
   pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
   The verdict is tentative, with the reason first, and the advice says to report each service
   alone (``--service``).
@@ -65,6 +66,9 @@ CLASH_MIN_FRACTION = 0.05
 #: (:func:`services_caveat`): as many as a verdict needs (``decision.MIN_WARM_RUNS``); a stray
 #: request of another service (a health check traced like a request) does not make one.
 POOLED_SERVICE_MIN_REQUESTS = 5
+#: ... or with at least two and this share of all warm requests (:func:`services_caveat`): 4
+#: requests of another model among 30 are the top of the swing (its p95) by themselves.
+POOLED_SERVICE_MIN_SHARE = 0.05
 #: Error kinds named in the failure line; the rest are counted as "other".
 MAX_ERROR_KINDS = 3
 #: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
@@ -253,8 +257,11 @@ def clash_caveat(verdict: Verdict, fig: Figures) -> None:
 def services_caveat(verdict: Verdict, fig: Figures) -> None:
     """Tentative, with the reason first in the evidence and a per-service report first in the
     advice, when :attr:`Figures.services` holds two services or more with at least
-    :data:`POOLED_SERVICE_MIN_REQUESTS` warm requests each (module docstring)."""
-    pooled = [(name, n) for name, n in fig.services if n >= POOLED_SERVICE_MIN_REQUESTS]
+    :data:`POOLED_SERVICE_MIN_REQUESTS` warm requests each, or at least two and
+    :data:`POOLED_SERVICE_MIN_SHARE` of all (module docstring)."""
+    share = POOLED_SERVICE_MIN_SHARE * fig.warm_requests
+    pooled = [(name, n) for name, n in fig.services
+              if n >= POOLED_SERVICE_MIN_REQUESTS or (n >= 2 and n >= share)]
     if len(pooled) < 2:
         return
     verdict.tentative = True

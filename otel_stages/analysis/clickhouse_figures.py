@@ -254,15 +254,14 @@ def comparable_cold_input(i: ColdInput) -> bool:
 
 def cold_paid_params(agg: FleetAggregates) -> tuple[float, bool] | None:
     """``(paid_min_ms, union)`` for :func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`
-    when the cold requests compared are several and their median stays under
-    ``COLD_START_MIN_RATIO`` times the comparable median (some of them may have paid a cold start
-    all the same: :func:`otel_stages.analysis.cohorts.cold_figures`); ``union``: they are those of
-    the comparable inputs. ``None``: nothing to read."""
+    when the cold requests compared are several (some may have paid a cold start and others not:
+    :func:`otel_stages.analysis.cohorts.cold_figures`); ``union``: they are those of the
+    comparable inputs. ``None``: nothing to read."""
     base = _cold_base(agg)
     if base is None:
         return None
     fig, union = base
-    if fig.count < 2 or fig.ratio is None or fig.ratio >= COLD_START_MIN_RATIO:
+    if fig.count < 2 or fig.ratio is None:
         return None
     assert fig.comparable_median_total_ms is not None  # a ratio has one
     return COLD_START_MIN_RATIO * fig.comparable_median_total_ms, union
@@ -276,7 +275,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         return None
     fig, _ = base
     paid = agg.cold_start.paid if agg.cold_start is not None else None
-    if paid is None or cold_paid_params(agg) is None or paid.count >= fig.count:
+    if paid is None or cold_paid_params(agg) is None or not 0 < paid.count < fig.count:
         return fig
     return replace(fig, count=paid.count, total_ms=paid.median_total_ms,
                    stages_ms=paid.stages_median_ms, without_penalty=fig.count - paid.count)
@@ -351,17 +350,15 @@ def _cohort_gpu(agg: FleetAggregates, cohort: CohortAggregate) -> GpuEvidence | 
 
 def input_paid_needed(i: ColdInput) -> bool:
     """Whether a cold input's figures may split (as :func:`cold_paid_params` for the whole run):
-    known, two or more cold requests, their median under ``COLD_START_MIN_RATIO`` times the warm
-    median of the input."""
+    known, with warm requests, and two or more cold requests."""
     return (i.width is not None and i.height is not None and i.cold_requests >= 2
-            and bool(i.warm_median_total_ms)
-            and i.cold_median_total_ms < COLD_START_MIN_RATIO * (i.warm_median_total_ms or 0.0))
+            and bool(i.warm_median_total_ms))
 
 
 def _paid_only(i: ColdInput, fig: ColdFigures) -> ColdFigures:
     """A cohort's own cold figures, those of its cold requests that paid a cold start when only
     some did (:func:`otel_stages.analysis.cohorts.cold_figures`)."""
-    if i.paid is None or not input_paid_needed(i) or i.paid.count >= fig.count:
+    if i.paid is None or not input_paid_needed(i) or not 0 < i.paid.count < fig.count:
         return fig
     return replace(fig, count=i.paid.count, total_ms=i.paid.median_total_ms,
                    stages_ms=i.paid.stages_median_ms, without_penalty=fig.count - i.paid.count)
@@ -498,6 +495,8 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
             unaccounted.median_ms, unaccounted.swing_ms, unaccounted.share,
             shown_explains(agg, unaccounted.explains or 0.0)).to_dict(),
         "cohorts": [cohort_to_dict(k) for k in share_tentative(cohort_list, top.tentative)],
+        # the engine returns the largest AggregateQuery.top_cohorts: how many there are in all
+        "cohorts_total": agg.cohorts_total,
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),

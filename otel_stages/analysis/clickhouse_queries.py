@@ -215,8 +215,8 @@ def cold_paid_sql(method: str, union: bool) -> str:
     """The cold requests compared (``union``: only those of comparable inputs, as
     :func:`cold_union_sql` compares them) whose total reaches ``{paid_min_ms:Float64}``: a row
     with ``stage`` ``''``, their count and median total, then one per stage with its median. Read
-    when the median of all of them stays under the cold-start ratio, for the figures of those that
-    paid one (:func:`otel_stages.analysis.cohorts.cold_figures`, ``without_penalty``)."""
+    when they are several, for the figures of those that paid a cold start when others did not
+    (:func:`otel_stages.analysis.cohorts.cold_figures`, ``without_penalty``)."""
     where = f"{_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}"
     if union:
         where += f" AND {_KNOWN} AND (width, height, fmt) IN ({_comparable_cold_inputs()})"

@@ -212,9 +212,9 @@ class CohortAggregate:
 
 @dataclass(frozen=True)
 class ColdPaid:
-    """The cold requests compared whose total reached the cold-start ratio, when the median of
-    all of them did not (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`): count,
-    median total and per-stage medians, ms."""
+    """The cold requests compared whose total reached the cold-start ratio, read when they are
+    several (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`): count, median total
+    and per-stage medians, ms."""
 
     count: int
     median_total_ms: float
@@ -237,8 +237,7 @@ class ColdInput:
     warm_stages_median_ms: dict[str, float] = field(default_factory=dict)
     cold_stages_median_ms: dict[str, float] = field(default_factory=dict)
     #: those of its cold requests (two or more) that reached the cold-start ratio against the warm
-    #: median of the input (:func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`;
-    #: read only when their median did not)
+    #: median of the input (:func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`)
     paid: ColdPaid | None = None
 
 
@@ -263,8 +262,8 @@ class ColdStartAggregate:
     (largest first) the comparison with warm requests of the same input; ``union``: the cold
     requests whose input enough warm requests share and those inputs' warm requests
     (:class:`ColdComparison`; read only for cold requests of several inputs, some comparable);
-    ``paid``: those compared that reached the cold-start ratio (:class:`ColdPaid`; read only when
-    their median did not)."""
+    ``paid``: those compared that reached the cold-start ratio (:class:`ColdPaid`; read when they
+    are several)."""
 
     total: Summary
     stages_median_ms: dict[str, float]

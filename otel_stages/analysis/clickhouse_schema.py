@@ -244,6 +244,7 @@ _METRICS_READ = (
     ("Attributes", "Map(LowCardinality(String), String)"),
     ("TimeUnix", "DateTime64(9)"),
     ("Value", "Float64"),
+    ("Flags", "UInt32"),
 )
 METRICS_READ_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _METRICS_READ)
 #: ... and an empty table with them (the ``null`` table function), read in place of a metrics

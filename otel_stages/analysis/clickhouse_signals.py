@@ -86,6 +86,7 @@ from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
     GPU_BUCKET_NS,
     GPU_OWNERS_TABLE,
+    NO_RECORDED_VALUE_SQL,
     PROCESS_TABLE,
     RESOURCE_PROCESS,
     AggregateQuery,
@@ -190,6 +191,7 @@ def limit_sql(gauge: str) -> str:
     return f"""SELECT maxOrNull(l) AS limit_cpus FROM (
     SELECT {_PROC_KEY} AS proc_key, argMax(Value, TimeUnix) AS l
     FROM {gauge} WHERE MetricName = '{semconv.CONTAINER_CPU_LIMIT}' AND isFinite(Value)
+        AND {NO_RECORDED_VALUE_SQL}
     GROUP BY proc_key HAVING proc_key IN (SELECT arrayJoin(proc_keys) FROM {PROCESS_TABLE}))"""
 
 

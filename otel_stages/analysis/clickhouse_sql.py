@@ -342,14 +342,22 @@ def median(expr: str, cond: str, method: str) -> str:
     return f"quantileDDIf({DD_RELATIVE_ACCURACY}, 0.5)({expr}, {cond})"
 
 
+#: Over a metrics row: not a point flagged "no recorded value" (OTLP ``DataPointFlags``
+#: ``DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK`` = 1, opentelemetry-proto
+#: ``opentelemetry/proto/metrics/v1/metrics.proto``: explicitly missing data, as a Prometheus
+#: staleness marker), which the exporter stores with its ``Flags`` and a ``Value`` of 0.
+NO_RECORDED_VALUE_SQL = "bitAnd(Flags, 1) = 0"
+
+
 def metric_filter(query: AggregateQuery, names: str) -> str:
     """WHERE over a metrics table (the exporter's gauge or sum schema): ``MetricName IN names``
-    (``names`` a SQL tuple, e.g. ``('hw.gpu.utilization')``), finite values, the window with
+    (``names`` a SQL tuple, e.g. ``('hw.gpu.utilization')``), finite recorded values
+    (:data:`NO_RECORDED_VALUE_SQL`), the window with
     :data:`WINDOW_SLACK_NS` (params ``scan_lo`` / ``hi``) and, with a service, the services of
     the traces it picked (:data:`SERVICE_NAMES_TABLE`) and the services with no span in the
     window (:data:`SPAN_SERVICES_TABLE`: metrics-only processes, GPU exporters, as
     :func:`otel_stages.analysis.services.pick_service` keeps them)."""
-    parts = [f"MetricName IN {names}", "isFinite(Value)"]
+    parts = [f"MetricName IN {names}", "isFinite(Value)", NO_RECORDED_VALUE_SQL]
     if query.start_ns is not None:
         parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
     if query.end_ns is not None:

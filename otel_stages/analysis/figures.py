@@ -100,8 +100,8 @@ class ColdFigures:
     input is unknown or shared by fewer than 5 warm requests, when others' inputs are comparable
     (those are compared with their inputs' warm requests, the rest left out rather than compare
     all with all warm requests). ``without_penalty``: cold requests compared that took under
-    ``COLD_START_MIN_RATIO`` times the comparable median, not in ``count``, when their median
-    did too but the others (``count``) did not: the figures are those that paid a cold start.
+    ``COLD_START_MIN_RATIO`` times the comparable median, not in ``count``, when others
+    (``count``) reached it: the figures are those that paid a cold start.
     """
 
     count: int

@@ -307,6 +307,8 @@ def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
             unit = str(metric.get("unit") or "")
             scale = PERCENT_SCALE if unit == PERCENT_UNIT else 1.0
             for k, point in enumerate(_list(data.get("dataPoints"), out, prefix, "dataPoints")):
+                if isinstance(point, Mapping) and _no_recorded_value(point):
+                    continue  # explicitly missing data (a staleness marker): no reading, no fault
                 try:
                     out.metrics.append(_parse_point(name, point, resource, scale, unit))
                 except (_Malformed, ValueError, TypeError, AttributeError) as exc:
@@ -318,6 +320,17 @@ def _parse_resource_metrics(rm: Any, out: Recording, prefix: str) -> None:
 #: ratios are in the semantic conventions' unit ``1`` whatever the producer declared.
 PERCENT_UNIT = "%"
 PERCENT_SCALE = 0.01
+
+
+#: OTLP ``DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK`` (opentelemetry-proto
+#: ``opentelemetry/proto/metrics/v1/metrics.proto``): the point is valid but has no recorded
+#: value, "an equivalent to the Prometheus staleness marker".
+FLAG_NO_RECORDED_VALUE = 1
+
+
+def _no_recorded_value(point: Mapping[str, Any]) -> bool:
+    flags = point.get("flags")
+    return isinstance(flags, int) and not isinstance(flags, bool) and bool(flags & FLAG_NO_RECORDED_VALUE)
 
 
 def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue],

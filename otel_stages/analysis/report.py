@@ -254,6 +254,7 @@ class Report:
             "unaccounted": None if self.unaccounted is None else self.unaccounted.to_dict(),
             "overlap": None if self.overlap is None else self.overlap.to_dict(),
             "cohorts": [cohort_to_dict(c) for c in self.cohorts],
+            "cohorts_total": len(self.cohorts),  # all listed here; from ClickHouse the largest 20
             "input_mix_explains": _r(self.input_mix_explains, 4),
             "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),
             "set_apart": [a.to_dict() for a in self.set_apart],

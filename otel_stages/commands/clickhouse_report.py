@@ -96,7 +96,8 @@ def text(agg: FleetAggregates) -> str:
     if agg.cohorts:
         lines += ["", "inputs: " + ", ".join(
             f"{k.key} ({k.total.count} requests, median {_ms(k.total.median_ms)} ms)"
-            for k in agg.cohorts[:5])]
+            for k in agg.cohorts[:5])
+            + (f" (the largest 5 of {agg.cohorts_total})" if agg.cohorts_total > 5 else "")]
     if agg.overlap is not None:
         o = agg.overlap
         lines.append(f"{'(overlap)':<10}{'':>10}{_ms(o.median_ms):>11}{'':>10}{'':>10}"
