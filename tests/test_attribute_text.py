@@ -483,6 +483,30 @@ def test_decode_spans_in_two_groups_give_the_first_groups_size_in_both(engine, t
     assert {c["key"] for c in want["cohorts"]} == {"640x480", "4000x300"}
 
 
+@pytest.mark.parametrize("grouped_first", [True, False])
+def test_a_grouped_decode_and_a_direct_one_give_the_earlier_ones_size_in_both(
+        engine, tmp_path: Path, grouped_first: bool) -> None:
+    # a tester's (gen_nest.py A): a decode in a custom group 'prep' started first (1024x768), one
+    # directly under the request later (640x480); the SQL took the direct one's whatever the times
+    def edit(i: int, spans: list[dict[str, Any]], as_text: bool) -> None:
+        request, decode = spans[0], next(s for s in spans if s["name"] == "decode")
+        start, end = int(decode["startTimeUnixNano"]), int(decode["endTimeUnixNano"])
+        mid = (start + end) // 2
+        early, late = (start, mid), (mid, end)
+        grouped, direct = (early, late) if grouped_first else (late, early)
+        group = {**decode, "name": "prep", "spanId": f"{i:08x}0000beef", "parentSpanId": request["spanId"],
+                 "attributes": [], "startTimeUnixNano": str(grouped[0]), "endTimeUnixNano": str(grouped[1])}
+        inner = {**group, "name": "decode", "spanId": f"{i:08x}0000cafe", "parentSpanId": group["spanId"],
+                 "attributes": [odd_inputs._attr("image.width", 1024), odd_inputs._attr("image.height", 768)]}
+        decode["startTimeUnixNano"], decode["endTimeUnixNano"] = str(direct[0]), str(direct[1])
+        decode["attributes"] = [odd_inputs._attr("image.width", 640), odd_inputs._attr("image.height", 480)]
+        if i % 2:
+            spans += [group, inner]
+    got, want = reports(engine, _run(tmp_path, f"grouped_first_{grouped_first}", edit, False))
+    assert got["cohorts"] == want["cohorts"] and got["cold_start"] == want["cold_start"]
+    assert {c["key"] for c in want["cohorts"]} == ({"640x480", "1024x768"} if grouped_first else {"640x480"})
+
+
 # --- a tester's third round (/tmp/t27 of that session) -------------------------------------------
 
 

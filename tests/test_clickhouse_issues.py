@@ -1701,7 +1701,7 @@ def test_past_twenty_cohorts_both_reports_say_how_many_there_are(engine, tmp_pat
     assert {c["key"] for c in got["cohorts"]} <= {c["key"] for c in want["cohorts"]}
 
 
-def _staleness_markers(source: Path, target: Path) -> Path:
+def _staleness_markers(source: Path, target: Path, flags: int | str = 1) -> Path:
     """``source`` with a point flagged "no recorded value" (OTLP flags 1, no value: a staleness
     marker) 1 ms after each hw.gpu.utilization point."""
     out = []
@@ -1714,24 +1714,26 @@ def _staleness_markers(source: Path, target: Path) -> Path:
                         points = metric["gauge"]["dataPoints"]
                         metric["gauge"]["dataPoints"] = [q for p in points for q in (p, {
                             "timeUnixNano": str(int(p["timeUnixNano"]) + 1_000_000),
-                            "attributes": p["attributes"], "flags": 1})]
+                            "attributes": p["attributes"], "flags": flags})]
         out.append(doc)
     target.write_text("".join(json.dumps(doc) + "\n" for doc in out))
     return target
 
 
-def test_points_with_no_recorded_value_are_neither_readings_nor_problems(engine, tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [1, "1"])  # proto3 JSON writes a uint32 as a number or a string
+def test_points_with_no_recorded_value_are_neither_readings_nor_problems(engine, tmp_path: Path,
+                                                                         flags: int | str) -> None:
     """A tester's gauge point with ``flags: 1`` and no value was a problem line in the file report
     ("no asDouble/asInt value") and none from ClickHouse; the Collector's exporter stores it with
     Value 0, which the SQL would read as an idle GPU. Both leave it out, and say nothing."""
     source = TRACES / "gpu_busy.otlp.jsonl"
     plain, _ = reports(engine, source)
-    stale = _staleness_markers(source, tmp_path / "stale.jsonl")
+    stale = _staleness_markers(source, tmp_path / "stale.jsonl", flags)
     got, want = reports(engine, stale)
     assert want["verdict"] == plain["verdict"] and want["gpu"] == plain["gpu"]
     assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
     assert want["problems"] == plain["problems"]
-    tables = Tables(database="stale")
+    tables = Tables(database=f"stale{len(str(flags))}{type(flags).__name__}")
     assert import_files(engine, tables, [stale]).problems == []
     stored = engine.rows(f"SELECT countIf(Flags = 1 AND Value = 0) AS n FROM {tables.gauge_ref}")
     assert stored[0]["n"] > 0  # stored as the exporter stores it

@@ -30,11 +30,11 @@ MS = 1_000_000
 
 
 def _fleet(path: Path, cold_ms: Sequence[float], *, inputs: Sequence[tuple[int, int]] | None = None,
-           swing: bool = False) -> Path:
+           swing: bool = False, warm_ms: Sequence[float] | None = None, bimodal: bool = False) -> Path:
     """One process per entry of ``cold_ms`` (instance ``p0``, ``p1``...), 15 requests each, 10 s
     apart: its first request marked cold with a forward of that many ms, the others steady
-    (about 100 ms; 300 ms more in every fourth when ``swing``). ``inputs[p]``: the image size on
-    process ``p``'s decode spans."""
+    (about 100 ms, or ``warm_ms[p]``; 300 ms more in every fourth when ``swing``; 300 ms in two of
+    every five when ``bimodal``). ``inputs[p]``: the image size on process ``p``'s decode spans."""
     r = random.Random(7)
     with path.open("w") as f:
         for p, first_ms in enumerate(cold_ms):
@@ -42,7 +42,10 @@ def _fleet(path: Path, cold_ms: Sequence[float], *, inputs: Sequence[tuple[int, 
             resource = {"attributes": [odd_inputs._attr("service.name", "vlm"),
                                        odd_inputs._attr("service.instance.id", f"p{p}")]}
             for i in range(15):
-                forward = first_ms if i == 0 else 100 + r.random() * 3 + (300 if swing and i % 4 == 3 else 0)
+                base = warm_ms[p] if warm_ms is not None else 100.0
+                if bimodal and i % 5 in (1, 3):
+                    base = 300.0
+                forward = first_ms if i == 0 else base + r.random() * 3 + (300 if swing and i % 4 == 3 else 0)
                 stages = [("download", 5 + r.random()), ("decode", 10 + r.random()),
                           ("resize", 4 + r.random() * 0.5), ("queue", 2 + r.random() * 0.3),
                           ("forward", forward)]
@@ -136,3 +139,30 @@ def test_cold_requests_of_several_inputs_split_alike(engine, tmp_path: Path) -> 
     cold = want["cold_start"]
     assert (cold["compared_with"], cold["count"], cold["without_penalty"]) == ("same_input", 1, 2)
     assert want["verdict"]["cause"] == "cold_start"
+
+
+@pytest.mark.parametrize("ratio, paid", [(1.5, False), (3.0, True)])
+def test_each_cold_request_is_judged_against_its_own_input(engine, tmp_path: Path, ratio: float,
+                                                          paid: bool) -> None:
+    """Two small inputs (about 120 ms) and two large ones (about 920 ms), each first request
+    ``ratio`` times its own input's: judged against the warm median of both inputs together, the
+    large ones "paid" at 1.5x and the small ones "did not" at 3x (a tester's)."""
+    small, large = 100.0, 900.0
+    cold = [ratio * (w + 22) - 22 for w in (small, small, large, large)]
+    want = _both(engine, _fleet(tmp_path / f"inputs_{ratio:g}.jsonl", cold,
+                                inputs=[(320, 240), (320, 240), (1920, 1080), (1920, 1080)],
+                                warm_ms=[small, small, large, large]))
+    assert want["cold_start"]["without_penalty"] == 0  # all or none paid: no split
+    assert ("a cold start too" in _text(want) or want["verdict"]["cause"] == "cold_start") is paid
+
+
+@pytest.mark.parametrize("known", [False, True])  # against all warm requests / its input's
+def test_a_first_request_in_the_slow_mode_of_bimodal_warm_runs_is_no_cold_start(engine, tmp_path: Path,
+                                                                                known: bool) -> None:
+    """Warm forwards take 100 or 300 ms (two in five), and so do the first requests: those in the
+    slow mode (2.5x the warm median) are warm runs, not cold starts (a tester's)."""
+    want = _both(engine, _fleet(tmp_path / f"bimodal_{known}.jsonl", [300, 300, 300, 100, 100, 100],
+                                bimodal=True, inputs=[(640, 480)] * 6 if known else None))
+    assert want["cold_start"]["compared_with"] == ("same_input" if known else "all_warm")
+    assert want["cold_start"]["without_penalty"] == 0
+    assert "cold start too" not in _text(want) and want["verdict"]["cause"] != "cold_start"

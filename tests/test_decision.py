@@ -296,9 +296,10 @@ def test_cold_start_min_ratio():
     above = decide(figures(total_swing=5.0, cold=cold(2.01)))
     assert (below.cause, below.stage) == ("stable", None)
     assert any(e.startswith("no cold-start penalty") for e in below.evidence)
+    assert "1.99x the median" in " ".join(below.evidence)  # not 2.0x beside "no penalty"
     assert (above.cause, above.stage) == ("cold_start", "forward")
     assert above.evidence[0] == (
-        "first request of the process took 201.0 ms, 2.0x the median of the 24 warm requests"
+        "first request of the process took 201.0 ms, 2.01x the median of the 24 warm requests"
         " with the same input (1024x768, 100.0 ms); reported apart from warm runs")
 
 

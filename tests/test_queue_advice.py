@@ -159,3 +159,30 @@ def test_batch_spans_do_not_hedge_another_verdict(engine, tmp_path: Path) -> Non
     got, want = reports(engine, edited(STABLE, tmp_path / "stable_batches.jsonl", batch))
     assert got["verdict"] == want["verdict"] and want["verdict"]["cause"] == "stable"
     assert any(p.startswith(NOT_CHECKED + "batch spans (30 spans)") for p in got["problems"])
+
+
+def test_overlapping_executors_leave_the_fill_unread(tmp_path: Path) -> None:
+    """Two executors in one process: a batch's fill then runs from its first enqueue (the
+    Batches section says so), which cannot tell a batch filling from a busy executor; the advice
+    was "lower the batch fill timeout" for a service without one (a tester's)."""
+    from otel_stages.analysis.batching import BatchSummary
+    from otel_stages.analysis.diagnosis import _with_batches
+    from tests.test_decision import figures, stage
+
+    fig = figures(stage("queue", 40.0, explains=0.9), total_swing=40.0)
+    summary = BatchSummary(batches=2, sizes={2: 2}, wait_ms=[12.0, 13.0], fill_ms=[11.0, 12.0],
+                           call_ms=[50.0, 50.0], unmatched_members=0, overlapping_executors=False)
+    assert _with_batches(fig, summary).batch_fill_ms == 11.5
+    overlapping = BatchSummary(**{**summary.__dict__, "overlapping_executors": True})
+    assert _with_batches(fig, overlapping).batch_fill_ms is None
+
+
+def test_queue_as_co_suspect_is_hedged_in_clickhouse_too() -> None:
+    from otel_stages.analysis.clickhouse_gaps import BATCHES_UNREAD, gaps_caveat
+    from otel_stages.analysis.verdict import Verdict
+
+    line = NOT_CHECKED + BATCHES_UNREAD + " (3 spans): ..."
+    for advice_lines, hedged in ((["forward: x", "queue: requests wait ..."], True), (["forward: x"], False)):
+        verdict = Verdict("gpu_busy", "forward", ["e"], list(advice_lines))
+        gaps_caveat(verdict, [line])
+        assert verdict.tentative is hedged

@@ -98,3 +98,44 @@ def test_file_and_clickhouse_reports_both_say_the_services_are_pooled(engine, tm
         assert report["verdict"]["advice"][0].startswith("report each service alone")
     assert got["verdict"]["evidence"][0] == want["verdict"]["evidence"][0]
     assert got["verdict"]["cause"] == want["verdict"]["cause"]
+
+
+def _one_shots(path: Path, processes: int, requests_each: int) -> Path:
+    """Service ``vlm`` (one process, 40 steady requests), and ``processes`` processes of another
+    service ``batch-cli`` with ``requests_each`` requests of 2 s each (its normal cost: its
+    first requests are all cold)."""
+    r = random.Random(5)
+    lines = []
+
+    def write(svc: str, instance: str, forwards: list[float], t: int) -> int:
+        resource = {"attributes": [odd_inputs._attr("service.name", svc),
+                                   odd_inputs._attr("service.instance.id", instance)]}
+        for i, fwd in enumerate(forwards):
+            spans, end = odd_inputs.request(r, t, [("download", 5.0), ("decode", 10 + r.random()),
+                                                   ("resize", 4.0), ("queue", 2.0), ("forward", fwd)], i + 1)
+            lines.append(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [
+                {"scope": {"name": "otel_stages"}, "spans": spans}]}]}))
+            t = end + 100_000_000
+        return t
+
+    t = write("vlm", "vlm-1", [100 + r.random() * 3 for _ in range(40)], odd_inputs.BASE_NS)
+    for p in range(processes):
+        t = write("batch-cli", f"job-{p}", [2000 + r.random() * 20] * requests_each, t)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("processes, requests_each", [(8, 1), (10, 2)])
+def test_one_shot_processes_of_another_service_pool_too(engine, tmp_path, processes, requests_each):
+    """A tester's: 8 one-shot processes of another service (each request cold, 2 s, its normal
+    cost) made a confident cold_start, 16x, with no word of the pooling (the rule counted warm
+    requests only); 10 processes of 2 requests each made a confident forward swing."""
+    path = _one_shots(tmp_path / f"oneshot_{processes}.jsonl", processes, requests_each)
+    want = diagnose(load_paths([path])).to_dict()
+    tables = Tables(database=f"oneshot{processes}")
+    assert import_files(engine, tables, [path]).problems == []
+    got = json.loads(json.dumps(report_dict(fetch_aggregates(engine, tables, AggregateQuery()))))
+    for report in (want, got):
+        assert report["verdict"]["tentative"]
+        assert "services are pooled here (vlm 40, batch-cli" in report["verdict"]["evidence"][0]
+    assert got["verdict"] == want["verdict"]

@@ -44,7 +44,8 @@ def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: fl
     ``fill_ms`` / ``wait_ms``, the batches' median fill and the requests' median wait (``None``:
     no ``batch`` spans read, as from ClickHouse); ``gpu_level`` a ``GpuEvidence.level``,
     ``gpu_words`` its judged mean (``GpuEvidence.judged_words``). A busy GPU (``high``) has no
-    headroom: more concurrency or smaller batches add no throughput, so neither is advised."""
+    headroom: more concurrency adds no throughput, so it is not advised, nor a smaller max batch
+    (it lowers throughput)."""
     busy = gpu_level == "high"
     smaller = "" if busy else " or the max batch size"
     if fill_ms is not None and wait_ms and fill_ms < BATCH_FILL_MIN_SHARE * wait_ms:
@@ -58,9 +59,9 @@ def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: fl
         first = ("requests wait for the batch/executor: if batches wait to fill, lower the batch"
                  f" fill timeout (max wait){smaller}")
     if busy:
-        capacity = (f"the GPU is busy during forward ({gpu_words}): more executor concurrency or"
-                    " smaller batches add no throughput; add replicas or GPUs, or cut the work per"
-                    " call (lower precision, fewer image tiles or tokens)")
+        capacity = (f"the GPU is busy during forward ({gpu_words}): more executor concurrency adds"
+                    " no throughput; add replicas or GPUs, or cut the work per call (lower"
+                    " precision, fewer image tiles or tokens)")
     elif gpu_level in ("low", "medium"):
         capacity = (f"the GPU has headroom during forward ({gpu_words}): raise executor concurrency"
                     " / worker count")

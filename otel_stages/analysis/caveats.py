@@ -21,9 +21,9 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   requests or more (two recordings with the same ids merged, a badly seeded id generator): only
   the first span of each id is kept, so which requests the statistics describe depends on the
   order the spans were read. The verdict is tentative, with the reason first.
-- :func:`services_caveat`: warm requests of more than one ``service.name``, each at least
-  :data:`POOLED_SERVICE_MIN_REQUESTS`, or at least two and :data:`POOLED_SERVICE_MIN_SHARE` of
-  the warm requests, are pooled: two services (another model, another
+- :func:`services_caveat`: requests (warm and cold) of more than one ``service.name`` are pooled
+  when those of all but the largest number at least :data:`POOLED_SERVICE_MIN_REQUESTS`, or at
+  least two and :data:`POOLED_SERVICE_MIN_SHARE` of them all: two services (another model, another
   pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
   The verdict is tentative, with the reason first, and the advice says to report each service
   alone (``--service``).
@@ -62,13 +62,15 @@ SKEWED_MIN_FRACTION = 0.5
 #: requests changes nothing, but at this rate whole requests are merged or lost depending on the
 #: order the spans were read (the file order, the import order).
 CLASH_MIN_FRACTION = 0.05
-#: A service with at least this many warm requests counts as pooled with another
+#: Requests of other services than the largest pool with it when they number at least this many
 #: (:func:`services_caveat`): as many as a verdict needs (``decision.MIN_WARM_RUNS``); a stray
-#: request of another service (a health check traced like a request) does not make one.
+#: request of another service (a health check traced like a request) does not pool.
 POOLED_SERVICE_MIN_REQUESTS = 5
-#: ... or with at least two and this share of all warm requests (:func:`services_caveat`): 4
-#: requests of another model among 30 are the top of the swing (its p95) by themselves.
+#: ... or at least two and this share of all requests (:func:`services_caveat`): 4 requests of
+#: another model among 30 are the top of the swing (its p95) by themselves.
 POOLED_SERVICE_MIN_SHARE = 0.05
+#: The services :func:`services_caveat` names (the largest; "and more" after them).
+MAX_SERVICES_NAMED = 6
 #: Error kinds named in the failure line; the rest are counted as "other".
 MAX_ERROR_KINDS = 3
 #: ``Figures.failure_kinds`` key for failed requests that recorded no ``error.type`` /
@@ -256,20 +258,26 @@ def clash_caveat(verdict: Verdict, fig: Figures) -> None:
 
 def services_caveat(verdict: Verdict, fig: Figures) -> None:
     """Tentative, with the reason first in the evidence and a per-service report first in the
-    advice, when :attr:`Figures.services` holds two services or more with at least
-    :data:`POOLED_SERVICE_MIN_REQUESTS` warm requests each, or at least two and
-    :data:`POOLED_SERVICE_MIN_SHARE` of all (module docstring)."""
-    share = POOLED_SERVICE_MIN_SHARE * fig.warm_requests
-    pooled = [(name, n) for name, n in fig.services
-              if n >= POOLED_SERVICE_MIN_REQUESTS or (n >= 2 and n >= share)]
-    if len(pooled) < 2:
+    advice, when :attr:`Figures.services` holds two services or more and the requests (warm and
+    cold) of all but the largest number at least :data:`POOLED_SERVICE_MIN_REQUESTS`, or at least
+    two and :data:`POOLED_SERVICE_MIN_SHARE` of them all (module docstring): one other service's
+    or many small ones' (one-shot processes are all cold requests)."""
+    if len(fig.services) < 2:
+        return
+    total = max(fig.service_requests, sum(n for _, n in fig.services))
+    others = total - fig.services[0][1]
+    if others < POOLED_SERVICE_MIN_REQUESTS and (others < 2 or others < POOLED_SERVICE_MIN_SHARE * total):
         return
     verdict.tentative = True
-    named = ", ".join(f"{name or '(no service.name)'} {n}" for name, n in pooled)
+    listed = fig.services[:MAX_SERVICES_NAMED]
+    named = ", ".join(f"{name or '(no service.name)'} {n}" for name, n in listed)
+    if len(fig.services) > len(listed) or total > sum(n for _, n in listed):
+        named += ", and more"
     verdict.evidence.insert(0, (
-        f"warm requests of {len(pooled)} services are pooled here ({named}): another model or"
+        f"requests of {len(fig.services)}{'+' if total > sum(n for _, n in fig.services) else ''}"
+        f" services are pooled here ({named}; warm and cold requests): another model or"
         " pipeline per service makes requests differ for reasons no stage shows, so a swing"
         " across services reads as a stage's swing; the verdict is tentative"))
-    first = next((name for name, _ in pooled if name), None)
+    first = next((name for name, _ in fig.services if name), None)
     example = f" --service {first}" if first else " --service NAME"
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")

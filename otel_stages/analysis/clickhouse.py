@@ -269,7 +269,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                                 end_ns=query.end_ns, service=query.service)
     paid = clickhouse_figures.cold_paid_params(head)
     if paid is not None:  # only some cold requests may have paid a cold start: their figures
-        results["cold_paid"] = engine.rows(queries.cold_paid_sql(method, union=paid[1]),
+        results["cold_paid"] = engine.rows(queries.cold_paid_sql(method, by_input=paid[1]),
                                            {"paid_min_ms": paid[0]}, settings)
     if cold is not None and any(clickhouse_figures.input_paid_needed(i) for i in cold.by_input):
         results["cold_input_paid"] = engine.rows(queries.cold_input_paid_sql(method), None, settings)

@@ -253,18 +253,21 @@ def comparable_cold_input(i: ColdInput) -> bool:
 
 
 def cold_paid_params(agg: FleetAggregates) -> tuple[float, bool] | None:
-    """``(paid_min_ms, union)`` for :func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`
+    """``(paid_min_ms, by_input)`` for :func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`
     when the cold requests compared are several (some may have paid a cold start and others not:
-    :func:`otel_stages.analysis.cohorts.cold_figures`); ``union``: they are those of the
-    comparable inputs. ``None``: nothing to read."""
+    :func:`otel_stages.analysis.cohorts.cold_figures`): ``by_input`` when they are compared with
+    the warm requests of their inputs (each against its own input's), else ``paid_min_ms``
+    against all warm requests (:func:`otel_stages.analysis.cohorts.paid_min_ms`). ``None``:
+    nothing to read (one cold request)."""
     base = _cold_base(agg)
-    if base is None:
+    if base is None or agg.total is None:
         return None
-    fig, union = base
+    fig, _ = base
     if fig.count < 2 or fig.ratio is None:
         return None
-    assert fig.comparable_median_total_ms is not None  # a ratio has one
-    return COLD_START_MIN_RATIO * fig.comparable_median_total_ms, union
+    if fig.compared_with == SAME_INPUT:
+        return 0.0, True
+    return agg.total.p95_ms + (COLD_START_MIN_RATIO - 1) * agg.total.median_ms, False
 
 
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
@@ -277,8 +280,13 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
     paid = agg.cold_start.paid if agg.cold_start is not None else None
     if paid is None or cold_paid_params(agg) is None or not 0 < paid.count < fig.count:
         return fig
-    return replace(fig, count=paid.count, total_ms=paid.median_total_ms,
-                   stages_ms=paid.stages_median_ms, without_penalty=fig.count - paid.count)
+    fig = replace(fig, count=paid.count, total_ms=paid.median_total_ms,
+                  stages_ms=paid.stages_median_ms, without_penalty=fig.count - paid.count)
+    if fig.compared_with == SAME_INPUT and paid.warm is not None:  # the inputs that paid
+        fig = replace(fig, comparable_requests=paid.warm[0], comparable_median_total_ms=paid.warm[1],
+                      comparable_stages_ms=paid.warm[2],
+                      cohort=agg.cohort_key(*paid.input) if paid.inputs == 1 else None)
+    return fig
 
 
 def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
@@ -429,7 +437,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart),
-        services=agg.services,
+        services=agg.services, service_requests=agg.service_requests,
     )
 
 

@@ -111,11 +111,17 @@ def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:
 BATCHES_UNREAD = "batch spans"
 
 
+def queue_advised(verdict: Verdict) -> bool:
+    """Whether ``verdict`` gives the queue advice the batch spans would choose: a ``queue`` verdict,
+    or ``queue`` as the co-suspect of another (its advice lines start ``queue: ``)."""
+    return verdict.cause == "queue" or any(a.startswith("queue: ") for a in verdict.advice)
+
+
 def gaps_caveat(verdict: Verdict, unchecked: list[str]) -> None:
     """Tentative, with the reason first in the evidence, when the SQL left out something that
     could change the verdict (``unchecked``: the report's ``not checked`` lines; the batch spans'
-    only for a ``queue`` verdict, whose advice they choose)."""
-    if verdict.cause != "queue":
+    only where the queue advice is given, which they choose: :func:`queue_advised`)."""
+    if not queue_advised(verdict):
         unchecked = [u for u in unchecked if not u.startswith(NOT_CHECKED + BATCHES_UNREAD)]
     if not unchecked:
         return

@@ -40,6 +40,7 @@ from otel_stages.analysis.clickhouse_sql import (
     distribution,
     finite_number,
     median,
+    median_and_p95,
     metric_filter,
     process_hash,
     query_params,
@@ -211,39 +212,68 @@ def _comparable_cold_inputs() -> str:
             f" HAVING countIf({_COLD}) > 0 AND countIf(warm) >= {COMPARABLE_MIN_REQUESTS}")
 
 
-def cold_paid_sql(method: str, union: bool) -> str:
-    """The cold requests compared (``union``: only those of comparable inputs, as
-    :func:`cold_union_sql` compares them) whose total reaches ``{paid_min_ms:Float64}``: a row
-    with ``stage`` ``''``, their count and median total, then one per stage with its median. Read
-    when they are several, for the figures of those that paid a cold start when others did not
-    (:func:`otel_stages.analysis.cohorts.cold_figures`, ``without_penalty``)."""
-    where = f"{_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}"
-    if union:
-        where += f" AND {_KNOWN} AND (width, height, fmt) IN ({_comparable_cold_inputs()})"
-    return f"""SELECT '' AS stage, count() AS n, {median(_TOTAL_MS, "1", method)} AS median_ms
-FROM {R} WHERE {where}
+def _paid_bars(method: str, inputs: str) -> str:
+    """Per input of ``inputs`` (a query of ``width, height, fmt``): the least total (ms) of a cold
+    request that paid a cold start against the warm requests of that input, ``bar_ms``
+    (:func:`otel_stages.analysis.cohorts.paid_min_ms`: their p95 plus the ratio less one times
+    their median)."""
+    return f"""SELECT width, height, fmt, q[2] + {COLD_START_MIN_RATIO - 1} * q[1] AS bar_ms
+FROM (SELECT width, height, fmt, {median_and_p95(_TOTAL_MS, "warm", method)} AS q
+      FROM {R} WHERE is_request AND {_KNOWN} AND (width, height, fmt) IN ({inputs})
+      GROUP BY width, height, fmt HAVING countIf(warm) > 0)"""
+
+
+def _paid_rows(method: str, inputs: str) -> str:
+    """The cold requests of ``inputs`` that paid a cold start against their own input's warm
+    requests (:func:`_paid_bars`)."""
+    return (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.total_ns AS total_ns,"
+            f" r.stage_names AS stage_names, r.stage_ns AS stage_ns"
+            f" FROM {R} AS r INNER JOIN ({_paid_bars(method, inputs)}) AS t"
+            f" ON r.width = t.width AND r.height = t.height AND r.fmt = t.fmt"
+            f" WHERE r.is_request AND r.cold AND NOT r.error AND r.total_ns / 1e6 >= t.bar_ms")
+
+
+def _summary_rows(side: str, rows: str, method: str) -> str:
+    """``side``, then a row with ``stage`` ``''`` (count and median total of ``rows``), then one
+    per stage with its median."""
+    return f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
+    {median(_TOTAL_MS, "1", method)} AS median_ms,
+    uniqExact(width, height, fmt) AS inputs, any(width) AS w, any(height) AS h, any(fmt) AS f
+FROM ({rows})
 UNION ALL
-SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
-FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
-WHERE {where}
+SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
+    0 AS inputs, NULL AS w, NULL AS h, '' AS f
+FROM ({rows}) ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
 GROUP BY stage"""
 
 
+def cold_paid_sql(method: str, by_input: bool) -> str:
+    """The cold requests compared that paid a cold start, read when they are several, for the
+    figures of those when others did not (:func:`otel_stages.analysis.cohorts.cold_figures`,
+    ``without_penalty``): ``side`` ``cold``, a row with ``stage`` ``''`` (their count, median
+    total, how many inputs and one of them), then one per stage with its median. ``by_input``
+    (compared with the same input): each against the warm requests of its own input, of the
+    comparable inputs (:func:`_paid_bars`), and ``side`` ``warm`` the same rows for the warm
+    requests of the inputs that paid; else each against ``{paid_min_ms:Float64}`` (all warm
+    requests')."""
+    if not by_input:
+        rows = (f"SELECT width, height, fmt, total_ns, stage_names, stage_ns FROM {R}"
+                f" WHERE {_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}")
+        return _summary_rows("cold", rows, method)
+    paid = _paid_rows(method, _comparable_cold_inputs())
+    warm = (f"SELECT width, height, fmt, total_ns, stage_names, stage_ns FROM {R}"
+            f" WHERE warm AND {_KNOWN} AND (width, height, fmt) IN (SELECT width, height, fmt FROM ({paid}))")
+    return _summary_rows("cold", paid, method) + "\nUNION ALL\n" + _summary_rows("warm", warm, method)
+
+
 def cold_input_paid_sql(method: str) -> str:
-    """Per known input with two or more cold requests: those whose total reaches
-    :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times the median of the warm
-    requests of that input (``stage`` ``''``: their count and median total; then one row per
-    stage with its median), for a cohort's own cold figures as :func:`cold_paid_sql` gives the
-    whole run's."""
-    warm = (f"SELECT width, height, fmt, {median(_TOTAL_MS, 'warm', method)} AS warm_median_ms"
-            f" FROM {R} WHERE is_request AND {_KNOWN} GROUP BY width, height, fmt"
-            f" HAVING countIf({_COLD}) >= 2 AND countIf(warm) > 0")
-    rows = (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.total_ns AS total_ns,"
-            f" r.stage_names AS stage_names, r.stage_ns AS stage_ns"
-            f" FROM {R} AS r INNER JOIN ({warm}) AS t"
-            f" ON r.width = t.width AND r.height = t.height AND r.fmt = t.fmt"
-            f" WHERE r.is_request AND r.cold AND NOT r.error"
-            f" AND r.total_ns / 1e6 >= {COLD_START_MIN_RATIO} * t.warm_median_ms")
+    """Per known input with two or more cold requests: those that paid a cold start against the
+    warm requests of that input (:func:`_paid_bars`; ``stage`` ``''``: their count and median
+    total; then one row per stage with its median), for a cohort's own cold figures as
+    :func:`cold_paid_sql` gives the whole run's."""
+    inputs = (f"SELECT width, height, fmt FROM {R} WHERE is_request AND {_KNOWN}"
+              f" GROUP BY width, height, fmt HAVING countIf({_COLD}) >= 2 AND countIf(warm) > 0")
+    rows = _paid_rows(method, inputs)
     return f"""SELECT width, height, fmt, '' AS stage, count() AS n,
     {median(_TOTAL_MS, "1", method)} AS median_ms
 FROM ({rows}) GROUP BY width, height, fmt

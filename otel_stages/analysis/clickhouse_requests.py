@@ -32,8 +32,9 @@ How, at scale (10 million spans in seconds, memory bounded):
 3. **Requests** (:data:`~otel_stages.analysis.clickhouse_sql.REQUESTS_TABLE`): one row per
    request (and one per missing parent, for the incomplete counts) with its total, per-stage
    sums, the time covered by the union of its stage spans, its input (``image.width``,
-   ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, else from a
-   group's decode spans, else from the earliest group span's own, else from the request span:
+   ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, directly
+   under the request or in a custom group (by the start of each parent's first decode span that
+   has one, then span id), else from the earliest group span's own, else from the request span:
    the telemetry contract puts them on decode), and its
    forward windows. A stage counts only its time inside the request span (as in
    :mod:`otel_stages.analysis.requests`); the same pass keeps, per request, the stage spans wholly
@@ -164,13 +165,14 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     errors, and their ids, stage codes (pipeline order, 1..5) and intervals; with the parent's own
     row (``self_*``: times, status, ``request.seq``, ``request.cold_start``, image attributes,
     process), the decode children's image attributes (each the first above 0 or non-empty by start,
-    then span id, as the file report reads them) and process, and forward children's GPU
-    attributes joined in (``ANY LEFT JOIN``, one match per key; the slice keeps each side small).
-    Each part reads only its spans' granules (the sort key starts with the span name) and the
-    attribute maps only where they are needed. Key 0 collects a trace's standard stage spans
-    without a parent (the trace fallback). Children are read from the slice start to its end plus
-    the slack, parents from the slack before the slice start to its end; a group is kept by the
-    slice its parent (else its first child) starts in."""
+    then span id, as the file report reads them), process, and the start and id of the first that
+    has any (``first_at``: which of a request's decode spans, direct or grouped, come first), and
+    forward children's GPU attributes joined in (``ANY LEFT JOIN``, one match per key; the slice
+    keeps each side small). Each part reads only its spans' granules (the sort key starts with the
+    span name) and the attribute maps only where they are needed. Key 0 collects a trace's
+    standard stage spans without a parent (the trace fallback). Children are read from the slice
+    start to its end plus the slack, parents from the slack before the slice start to its end; a
+    group is kept by the slice its parent (else its first child) starts in."""
     base = span_filter(query, odd=False)
     kids_time = ("Timestamp >= fromUnixTimestamp64Nano({slice_lo:Int64})"
                  " AND Timestamp < fromUnixTimestamp64Nano({slice_hi:Int64} + {slack:Int64})")
@@ -196,7 +198,7 @@ SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
     self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
-    d.w, d.h, d.s, d.fmt, d.bad,
+    d.w, d.h, d.s, d.fmt, d.bad, d.first_at.1, d.first_at.2,
     k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
 FROM (
     SELECT {trace}, {pid} AS key, count() AS n_kids,
@@ -220,9 +222,11 @@ ANY LEFT JOIN (
 ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, argMinIf(w, at, w > 0) AS w, argMinIf(h, at, h > 0) AS h,
         argMinIf(s, at, s > 0) AS s, argMinIf(fmt, at, fmt != '') AS fmt,
-        any(svc) AS svc, '' AS inst, countIf(bad) AS bad
+        any(svc) AS svc, '' AS inst, countIf(bad) AS bad,
+        minIf(at, sized) AS first_at  -- (0, 0): none
     FROM (
         SELECT TraceId, ParentSpanId, {image}, CAST(ServiceName AS String) AS svc, {_BAD_SIZE} AS bad,
+            w > 0 OR h > 0 OR s > 0 OR fmt != '' AS sized,
             ({start}, reinterpretAsUInt64(reverse(unhex(SpanId)))) AS at  -- span id order: as hex text
         FROM {traces} WHERE SpanName = '{semconv.STAGE_DECODE}' AND {base} AND {kids_time}
     )
@@ -278,6 +282,7 @@ _GROUPS_SCHEMA = (
     + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
     + "kid_min Int64, kid_max Int64, kid_err UInt8, "
     "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, dec_bad UInt64, "
+    "dec_at_ns Int64, dec_at_id UInt64, "
     "k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64), "
     "g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)")
 _GROUPS_COLUMNS = ", ".join(f"{column} {UNCOMPRESSED}" for column in _GROUPS_SCHEMA.split(", "))
@@ -399,7 +404,8 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
     groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
     g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f, g.dec_bad AS dec_bad,
-    g.kid_min AS kid_min, g.self_w AS grp_w, g.self_h AS grp_h, g.self_s AS grp_s, g.self_fmt AS grp_f,
+    (g.dec_at_ns, g.dec_at_id) AS dec_at, g.kid_min AS kid_min,
+    g.self_w AS grp_w, g.self_h AS grp_h, g.self_s AS grp_s, g.self_fmt AS grp_f,
     (g.self_start, byteSwap(g.key)) AS grp_at,  -- span id order: as hex text
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
@@ -407,11 +413,11 @@ FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key
 SETTINGS {_SMALL_RIGHT}"""
     yield (f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
 SELECT trace_key, owner, max(err) AS err,
-    -- each size from the group whose stages start first that has one (the largest of each apart
-    -- made sizes no image had)
-    argMinIf(dec_w, kid_min, dec_w > 0) AS dec_w, argMinIf(dec_h, kid_min, dec_h > 0) AS dec_h,
-    argMinIf(dec_s, kid_min, dec_s > 0) AS dec_s, argMinIf(dec_f, kid_min, dec_f != '') AS dec_f,
-    sum(dec_bad) AS dec_bad,
+    -- each size from the group whose first sized decode span starts first (the largest of each
+    -- apart made sizes no image had)
+    argMinIf(dec_w, dec_at, dec_w > 0) AS dec_w, argMinIf(dec_h, dec_at, dec_h > 0) AS dec_h,
+    argMinIf(dec_s, dec_at, dec_s > 0) AS dec_s, argMinIf(dec_f, dec_at, dec_f != '') AS dec_f,
+    sum(dec_bad) AS dec_bad, minIf(dec_at, dec_at.1 != 0) AS first_at,
     -- the group spans' own sizes, each from the first group span by start that has one (after
     -- the decode spans', before the request span's, as analysis.requests reads them)
     argMinIf(grp_w, grp_at, grp_w > 0) AS grp_w, argMinIf(grp_h, grp_at, grp_h > 0) AS grp_h,
@@ -420,13 +426,14 @@ SELECT trace_key, owner, max(err) AS err,
     groupArrayArray(c_id) AS c_id, groupArrayArray(c_name) AS c_name,
     groupArrayArray(c_s) AS c_s, groupArrayArray(c_e) AS c_e
 FROM (
-    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, kid_min,
+    SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, dec_at, kid_min,
         grp_w, grp_h, grp_s, grp_f, grp_at, {kids},
         emptyArrayUInt64() AS c_id, emptyArrayString() AS c_name,
         emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
     FROM ({groups})
     UNION ALL
-    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), start, 0, 0, 0, '', (start, toUInt64(0)),
+    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), (toInt64(0), toUInt64(0)), start,
+        0, 0, 0, '', (start, toUInt64(0)),
         emptyArrayUInt64(), CAST([] AS Array(UInt8)), emptyArrayInt64(), emptyArrayInt64(),
         emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
         [sid], [name], [start], [start + dur]
@@ -577,16 +584,23 @@ def _requests_select(query: AggregateQuery) -> str:
     toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, i, f) -> if(f, 0, v.2 - v.1 - i),
                                                          intervals, inside, off)))) AS outside_ns,
     arraySum(inside) - covered_ns AS overlap_ns,
-    coalesce(if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL),
+    coalesce(if(direct_first, if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL)),
+             if(direct_first, if(x.dec_w > 0, x.dec_w, NULL), if(p.dec_w > 0, p.dec_w, NULL)),
              if(x.grp_w > 0, x.grp_w, NULL),
              if(self_w > 0, self_w, NULL)) AS width,
-    coalesce(if(p.dec_h > 0, p.dec_h, NULL), if(x.dec_h > 0, x.dec_h, NULL),
+    coalesce(if(direct_first, if(p.dec_h > 0, p.dec_h, NULL), if(x.dec_h > 0, x.dec_h, NULL)),
+             if(direct_first, if(x.dec_h > 0, x.dec_h, NULL), if(p.dec_h > 0, p.dec_h, NULL)),
              if(x.grp_h > 0, x.grp_h, NULL),
              if(self_h > 0, self_h, NULL)) AS height,
-    coalesce(if(p.dec_s > 0, p.dec_s, NULL), if(x.dec_s > 0, x.dec_s, NULL),
+    coalesce(if(direct_first, if(p.dec_s > 0, p.dec_s, NULL), if(x.dec_s > 0, x.dec_s, NULL)),
+             if(direct_first, if(x.dec_s > 0, x.dec_s, NULL), if(p.dec_s > 0, p.dec_s, NULL)),
              if(x.grp_s > 0, x.grp_s, NULL),
              if(self_s > 0, self_s, NULL)) AS bytes,
-    if(p.dec_f != '', p.dec_f, if(x.dec_f != '', x.dec_f, if(x.grp_f != '', x.grp_f, self_fmt))) AS fmt,
+    -- the decode spans' sizes: those directly under the request first when its first sized
+    -- decode span starts before a group's (by start, then span id, as analysis.requests reads)
+    p.dec_at_ns != 0 AND (x.first_at.1 = 0 OR (p.dec_at_ns, p.dec_at_id) <= x.first_at) AS direct_first,
+    multiIf(direct_first AND p.dec_f != '', p.dec_f, x.dec_f != '', x.dec_f, p.dec_f != '', p.dec_f,
+            x.grp_f != '', x.grp_f, self_fmt) AS fmt,
     if(present AND self_seq > 0, self_seq, NULL) AS seq,  -- sizes and seq: 0 or less is unknown
     if(present AND self_cold IN (1, 2), toUInt8(self_cold - 1), NULL) AS cold_attr,
     toUInt8(if(present, self_err, kid_err OR x.err)) AS error,  -- the request span's status
@@ -626,8 +640,11 @@ MAX_SERVICES_LISTED = 20
 
 
 def services_sql() -> str:
-    """``service_name, n``: warm requests per ``service.name`` of the request span, most first
-    (as :func:`otel_stages.analysis.diagnosis` counts them for
+    """``service_name, n, all_n``: warm and cold requests (not failed) per ``service.name`` of the
+    request span, most first, and their sum over every service (as
+    :func:`otel_stages.analysis.diagnosis` counts them for
     :func:`~otel_stages.analysis.caveats.services_caveat`)."""
-    return f"""SELECT svc AS service_name, countIf(warm) AS n FROM {requests()}
+    return f"""SELECT svc AS service_name, countIf(warm OR (cold AND NOT error)) AS n,
+    sum(n) OVER () AS all_n
+FROM {requests()}
 WHERE is_request GROUP BY svc HAVING n > 0 ORDER BY n DESC, svc LIMIT {MAX_SERVICES_LISTED}"""

@@ -173,12 +173,22 @@ def _union(rows: Rows) -> ColdComparison | None:
 
 
 def _paid(rows: Rows) -> ColdPaid | None:
-    """The ``cold_paid`` answer (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`)."""
-    head = next((r for r in rows if r["stage"] == ""), None)
-    if head is None or not int(head["n"] or 0):
+    """The ``cold_paid`` answer (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`),
+    or one input's rows of ``cold_input_paid`` (no ``side``: all cold)."""
+    def side(name: str) -> tuple[int, float, dict[str, float], Mapping[str, Any]] | None:
+        mine = [r for r in rows if r.get("side", "cold") == name]
+        head = next((r for r in mine if r["stage"] == ""), None)
+        if head is None or not int(head["n"] or 0):
+            return None
+        return int(head["n"]), float(head["median_ms"]), _ordered(
+            {str(r["stage"]): float(r["median_ms"]) for r in mine if r["stage"] != ""}), head
+    cold, warm = side("cold"), side("warm")
+    if cold is None:
         return None
-    return ColdPaid(int(head["n"]), float(head["median_ms"]), _ordered(
-        {str(r["stage"]): float(r["median_ms"]) for r in rows if r["stage"] != ""}))
+    head = cold[3]
+    return ColdPaid(cold[0], cold[1], cold[2], inputs=int(head.get("inputs") or 0),
+                    input=(head.get("w"), head.get("h"), head.get("f") or None),
+                    warm=None if warm is None else warm[:3])
 
 
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
@@ -212,13 +222,18 @@ class CohortAggregate:
 
 @dataclass(frozen=True)
 class ColdPaid:
-    """The cold requests compared whose total reached the cold-start ratio, read when they are
-    several (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`): count, median total
-    and per-stage medians, ms."""
+    """The cold requests compared that paid a cold start, read when they are several
+    (:func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`): count, median total and
+    per-stage medians, ms; ``inputs`` how many inputs they had and ``input`` one of them
+    (``(width, height, format)``); ``warm``: the warm requests of those inputs (compared by input;
+    :class:`ColdComparison` unprefixed figures: count, median total, per-stage medians)."""
 
     count: int
     median_total_ms: float
     stages_median_ms: dict[str, float]
+    inputs: int = 0
+    input: tuple[int | None, int | None, str | None] = (None, None, None)
+    warm: tuple[int, float, dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -464,8 +479,8 @@ class FleetAggregates:
     (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures). ``overlap``: time
     counted in two stages at once over the warm requests, as the file report's
     (:class:`~otel_stages.analysis.stage_overlap.Overlap`; ``None`` when no request has any).
-    ``services``: warm requests per ``service.name`` (:func:`~otel_stages.analysis
-    .clickhouse_requests.services_sql`), most first."""
+    ``services``: warm and cold requests per ``service.name`` (:func:`~otel_stages.analysis
+    .clickhouse_requests.services_sql`), most first; ``service_requests`` their sum over all."""
 
     url: str
     start_ns: int | None
@@ -497,6 +512,7 @@ class FleetAggregates:
     overlap: Overlap | None = None
     set_apart: tuple[ApartRequest, ...] = ()
     services: tuple[tuple[str, int], ...] = ()
+    service_requests: int = 0
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -718,5 +734,6 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
+        service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
     )
 

@@ -47,7 +47,7 @@ from decimal import Decimal
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.otlp_json import FLAG_NO_RECORDED_VALUE, decode_any_value, normalize_id
+from otel_stages.analysis.otlp_json import FLAG_NO_RECORDED_VALUE, decode_any_value, normalize_id, point_flags
 
 _SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
 _STATUS_CODES = ("Unset", "Ok", "Error")
@@ -345,11 +345,6 @@ def _number(raw: Mapping[str, Any]) -> float:
     return value
 
 
-def _flags(point: Mapping[str, Any]) -> int:
-    flags = point.get("flags")
-    return flags if isinstance(flags, int) and not isinstance(flags, bool) and flags >= 0 else 0
-
-
 def _point_row(metric: Mapping[str, Any], name: str, point: Any) -> dict[str, Any]:
     if not isinstance(point, Mapping):
         raise ValueError("not an object")
@@ -363,8 +358,8 @@ def _point_row(metric: Mapping[str, Any], name: str, point: Any) -> dict[str, An
         "TimeUnix": _ns(point.get("timeUnixNano"), "timeUnixNano"),
         # a point flagged "no recorded value" is stored as the exporter stores it: Value 0, its
         # Flags (the report's SQL leaves it out: clickhouse_sql.NO_RECORDED_VALUE_SQL)
-        "Value": 0.0 if _flags(point) & FLAG_NO_RECORDED_VALUE else _number(point),
-        "Flags": _flags(point),
+        "Value": 0.0 if point_flags(point) & FLAG_NO_RECORDED_VALUE else _number(point),
+        "Flags": point_flags(point),
         "Exemplars.FilteredAttributes": [attributes_map(e.get("filteredAttributes"))
                                          for e in exemplars],
         "Exemplars.TimeUnix": [_ns(e.get("timeUnixNano"), "exemplar time", default=0)

@@ -331,6 +331,15 @@ def distribution(prefix: str, expr: str, cond: str, method: str) -> str:
             f"sumIf({expr}, {cond}) AS {prefix}_sum")
 
 
+def median_and_p95(expr: str, cond: str, method: str) -> str:
+    """``[median, p95]`` of ``expr`` over rows where ``cond`` (an array), with the chosen quantile
+    function, as :func:`otel_stages.analysis.cohorts.paid_min_ms` reads a cold request's warm
+    peers."""
+    if method == "exact":
+        return f"quantilesExactInclusiveIf(0.5, 0.95)({expr}, {cond})"
+    return f"quantilesDDIf({DD_RELATIVE_ACCURACY}, 0.5, 0.95)({expr}, {cond})"
+
+
 def median(expr: str, cond: str, method: str) -> str:
     """The median of ``expr`` over rows where ``cond``, with the chosen quantile function
     (``cond`` ``"1"``: the plain function)."""

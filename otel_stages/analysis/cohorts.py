@@ -40,7 +40,7 @@ from otel_stages.analysis.figures import (
     ColdFigures,
 )
 from otel_stages.analysis.requests import Request, process_keys
-from otel_stages.analysis.stats import order_stages
+from otel_stages.analysis.stats import order_stages, percentile
 
 #: A gap this long (seconds) between a request and the previous one of its process can make a warm
 #: process cold again (caches evicted, GPU clocks lowered, connections closed).
@@ -149,11 +149,11 @@ def cold_figures(
     ``first_of_process``: false when ``request.cold_start`` marked a request that is not the first
     of its process (passed on to the figures' wording).
 
-    When some of them reach ``COLD_START_MIN_RATIO`` times the comparable median and others do
-    not (one process of three loaded its model from a cold disk), the figures are those that
-    reached it and the others are counted in ``without_penalty``: the median of all hid a 12x
-    first request behind "no cold-start penalty", and the median of two was their mean, a time
-    no request took."""
+    When some of them paid a cold start and others did not (:func:`paid_min_ms`, each against the
+    warm requests of its own input: one process of three loaded its model from a cold disk), the
+    figures are those that paid it, compared with the warm requests of their inputs, and the
+    others are counted in ``without_penalty``: the median of all hid a 12x first request behind
+    "no cold-start penalty", and the median of two was their mean, a time no request took."""
     if not cold:
         return None
     cohorts = group(warm, keys)
@@ -172,15 +172,19 @@ def cold_figures(
         comparable = [r for k in dict.fromkeys(cold_keys) if k is not None for r in cohorts[k]]
     else:
         comparable = list(warm)
-    distinct = set(cold_keys)
-    comparable_median = statistics.median(r.total_ms for r in comparable) if comparable else None
     without_penalty = 0
-    if comparable_median:
-        paid_min_ms = COLD_START_MIN_RATIO * comparable_median
-        paid = [r for r in cold if r.total_ms >= paid_min_ms]
+    if comparable:
+        # each against the warm requests of its own input (all warm ones when not compared so)
+        bar = {k: paid_min_ms([r.total_ms for r in (cohorts[k] if same and k is not None else comparable)])
+               for k in dict.fromkeys(cold_keys)}
+        paid = [i for i, (r, k) in enumerate(zip(cold, cold_keys)) if r.total_ms >= bar[k]]
         if paid and len(paid) < len(cold):
             without_penalty = len(cold) - len(paid)
-            cold = paid
+            cold, cold_keys = [cold[i] for i in paid], [cold_keys[i] for i in paid]
+            if same:
+                comparable = [r for k in dict.fromkeys(cold_keys) if k is not None for r in cohorts[k]]
+    distinct = set(cold_keys)
+    comparable_median = statistics.median(r.total_ms for r in comparable) if comparable else None
     return ColdFigures(
         count=len(cold),
         total_ms=statistics.median(r.total_ms for r in cold),
@@ -196,6 +200,17 @@ def cold_figures(
         left_out=left_out,
         without_penalty=without_penalty,
     )
+
+
+def paid_min_ms(warm_ms: Sequence[float]) -> float:
+    """The least total (ms) of a cold request that paid a cold start against ``warm_ms`` (its
+    comparable warm requests' totals): their p95 plus ``COLD_START_MIN_RATIO - 1`` times their
+    median, about twice the median for steady warm runs, and above the slow ones where warm runs
+    reach twice their median themselves (a bimodal forward: a first request in the slow mode is
+    one of them, not a cold start). Infinite without warm requests."""
+    if not warm_ms:
+        return math.inf
+    return percentile(warm_ms, 95) + (COLD_START_MIN_RATIO - 1) * statistics.median(warm_ms)
 
 
 @dataclass(frozen=True)

@@ -440,8 +440,14 @@ def _cold_sentence(cold: ColdFigures) -> str:
     others = cold.without_penalty
     unpaid = (f"; the other {others} cold request{'s' if others != 1 else ''} took under"
               f" {COLD_START_MIN_RATIO:g}x that median: no cold-start penalty there" if others else "")
-    return (f"{who} took {duration(cold.total_ms)}, {ratio:.1f}x {against}{left_out}; reported apart"
+    return (f"{who} took {duration(cold.total_ms)}, {_times(ratio)} {against}{left_out}; reported apart"
             f" from warm runs{unpaid}")
+
+
+def _times(ratio: float) -> str:
+    """``12.3x``; two decimals near :data:`COLD_START_MIN_RATIO`, so 1.99x, no cold start, does not
+    print as 2.0x."""
+    return f"{ratio:.2f}x" if abs(ratio - COLD_START_MIN_RATIO) < 0.05 else f"{ratio:.1f}x"
 
 
 def few_paid(cold: ColdFigures) -> bool:
@@ -455,8 +461,8 @@ def _few_paid_line(cold: ColdFigures) -> str:
     n = cold.count + cold.without_penalty
     whose = "its process's" if cold.count == 1 else "their processes'"
     return (f"only {cold.count} of the {n} cold requests paid a cold start: it may be {whose} own"
-            " (a host's cold disk cache, a stall at start) rather than what every start pays, so"
-            " this is tentative")
+            " (a host's cold disk cache, a stall at start or at a reload) rather than what every"
+            " start pays, so this is tentative")
 
 
 def _cold_claim(cold: ColdFigures) -> bool:

@@ -129,8 +129,10 @@ def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, 
 
 def _with_batches(figures: Figures, batches: BatchSummary | None) -> Figures:
     """``figures`` with ``batch_fill_ms`` / ``batch_wait_ms``, the medians of ``batches`` (left
-    ``None`` without batch spans or their members' queue spans)."""
-    if batches is None or not batches.fill_ms or not batches.wait_ms:
+    ``None`` without batch spans or their members' queue spans, and when executors overlap: fill
+    then runs from the first enqueue, so it cannot tell waiting for a batch to fill from waiting
+    for a free executor)."""
+    if batches is None or not batches.fill_ms or not batches.wait_ms or batches.overlapping_executors:
         return figures
     return replace(figures, batch_fill_ms=percentile(batches.fill_ms, 50),
                    batch_wait_ms=percentile(batches.wait_ms, 50))
@@ -200,7 +202,8 @@ def _warm(
         per_request=True,
         detached_requests=detached_requests,
         clash_spans=clash_spans,
-        services=() if verdict_only else services_of(warm),
+        services=() if verdict_only else services_of([*warm, *cold]),
+        service_requests=0 if verdict_only else len(warm) + len(cold),
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 

@@ -325,8 +325,9 @@ class Figures:
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
-    the first of each id is kept). ``services``: warm requests per ``service.name`` of the
-    request span, ``(name, requests)`` most first (a name ``""`` when unset).
+    the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
+    the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest
+    ones, ``service_requests`` counting all).
     """
 
     warm_requests: int
@@ -347,6 +348,7 @@ class Figures:
     detached_requests: int = 0
     clash_spans: int = 0
     services: Sequence[tuple[str, int]] = ()
+    service_requests: int = 0
     #: the ``batch`` spans' median fill and their members' median wait, ms
     #: (:class:`otel_stages.analysis.batching.BatchSummary`; ``None`` without batch spans read)
     batch_fill_ms: float | None = None

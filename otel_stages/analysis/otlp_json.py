@@ -328,9 +328,17 @@ PERCENT_SCALE = 0.01
 FLAG_NO_RECORDED_VALUE = 1
 
 
-def _no_recorded_value(point: Mapping[str, Any]) -> bool:
+def point_flags(point: Mapping[str, Any]) -> int:
+    """A data point's ``flags`` (a uint32: the proto3 JSON mapping writes it as a number or a
+    decimal string); 0 when absent or not one."""
     flags = point.get("flags")
-    return isinstance(flags, int) and not isinstance(flags, bool) and bool(flags & FLAG_NO_RECORDED_VALUE)
+    if isinstance(flags, str) and flags.isdigit():
+        flags = int(flags)
+    return flags if isinstance(flags, int) and not isinstance(flags, bool) and 0 <= flags < 2**32 else 0
+
+
+def _no_recorded_value(point: Mapping[str, Any]) -> bool:
+    return bool(point_flags(point) & FLAG_NO_RECORDED_VALUE)
 
 
 def _parse_point(name: str, raw: Any, resource: dict[str, AttributeValue],
