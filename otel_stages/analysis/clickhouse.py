@@ -271,6 +271,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if paid is not None:  # only some cold requests may have paid a cold start: their figures
         results["cold_paid"] = engine.rows(queries.cold_paid_sql(method, by_input=paid[1]),
                                            {"paid_min_ms": paid[0]}, settings)
+        if paid[1] and clickhouse_figures.cold_split(head, results["cold_paid"]):
+            results["cold_paid"] += engine.rows(queries.cold_paid_warm_sql(method), None, settings)
     if cold is not None and any(clickhouse_figures.input_paid_needed(i) for i in cold.by_input):
         results["cold_input_paid"] = engine.rows(queries.cold_input_paid_sql(method), None, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),

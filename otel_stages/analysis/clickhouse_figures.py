@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_gaps import gaps_caveat
@@ -268,6 +269,15 @@ def cold_paid_params(agg: FleetAggregates) -> tuple[float, bool] | None:
     if fig.compared_with == SAME_INPUT:
         return 0.0, True
     return agg.total.p95_ms + (COLD_START_MIN_RATIO - 1) * agg.total.median_ms, False
+
+
+def cold_split(agg: FleetAggregates, rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the cold requests that paid (``rows``: the ``cold`` side of
+    :func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`) are some but not all of those
+    compared: then the figures are theirs (:func:`_cold`)."""
+    base = _cold_base(agg)
+    head = next((r for r in rows if r.get("stage") == "" and r.get("side", "cold") == "cold"), None)
+    return base is not None and head is not None and 0 < int(head["n"] or 0) < base[0].count
 
 
 def _cold(agg: FleetAggregates) -> ColdFigures | None:

@@ -253,17 +253,23 @@ def cold_paid_sql(method: str, by_input: bool) -> str:
     ``without_penalty``): ``side`` ``cold``, a row with ``stage`` ``''`` (their count, median
     total, how many inputs and one of them), then one per stage with its median. ``by_input``
     (compared with the same input): each against the warm requests of its own input, of the
-    comparable inputs (:func:`_paid_bars`), and ``side`` ``warm`` the same rows for the warm
-    requests of the inputs that paid; else each against ``{paid_min_ms:Float64}`` (all warm
-    requests')."""
+    comparable inputs (:func:`_paid_bars`); else each against ``{paid_min_ms:Float64}`` (all warm
+    requests'). The warm requests of the inputs that paid: :func:`cold_paid_warm_sql`."""
     if not by_input:
         rows = (f"SELECT width, height, fmt, total_ns, stage_names, stage_ns FROM {R}"
                 f" WHERE {_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}")
         return _summary_rows("cold", rows, method)
+    return _summary_rows("cold", _paid_rows(method, _comparable_cold_inputs()), method)
+
+
+def cold_paid_warm_sql(method: str) -> str:
+    """``side`` ``warm``: the warm requests of the inputs whose cold requests paid a cold start
+    (:func:`cold_paid_sql` by input), as its rows; read only when some cold requests did not pay
+    (every warm request's stages are read)."""
     paid = _paid_rows(method, _comparable_cold_inputs())
     warm = (f"SELECT width, height, fmt, total_ns, stage_names, stage_ns FROM {R}"
             f" WHERE warm AND {_KNOWN} AND (width, height, fmt) IN (SELECT width, height, fmt FROM ({paid}))")
-    return _summary_rows("cold", paid, method) + "\nUNION ALL\n" + _summary_rows("warm", warm, method)
+    return _summary_rows("warm", warm, method)
 
 
 def cold_input_paid_sql(method: str) -> str:

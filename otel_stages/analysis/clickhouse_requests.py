@@ -34,7 +34,7 @@ How, at scale (10 million spans in seconds, memory bounded):
    sums, the time covered by the union of its stage spans, its input (``image.width``,
    ``image.height``, ``image.size``, ``image.format`` from the earliest decode span, directly
    under the request or in a custom group (by the start of each parent's first decode span that
-   has one, then span id), else from the earliest group span's own, else from the request span:
+   has one; a direct one wins a tie), else from the earliest group span's own, else from the request span:
    the telemetry contract puts them on decode), and its
    forward windows. A stage counts only its time inside the request span (as in
    :mod:`otel_stages.analysis.requests`); the same pass keeps, per request, the stage spans wholly
@@ -166,7 +166,7 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     row (``self_*``: times, status, ``request.seq``, ``request.cold_start``, image attributes,
     process), the decode children's image attributes (each the first above 0 or non-empty by start,
     then span id, as the file report reads them), process, and the start and id of the first that
-    has any (``first_at``: which of a request's decode spans, direct or grouped, come first), and
+    has any (``first_ns``: which of a request's decode spans, direct or grouped, come first), and
     forward children's GPU attributes joined in (``ANY LEFT JOIN``, one match per key; the slice
     keeps each side small). Each part reads only its spans' granules (the sort key starts with the
     span name) and the attribute maps only where they are needed. Key 0 collects a trace's
@@ -198,7 +198,7 @@ SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
     self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
-    d.w, d.h, d.s, d.fmt, d.bad, d.first_at.1, d.first_at.2,
+    d.w, d.h, d.s, d.fmt, d.bad, d.first_ns,
     k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
 FROM (
     SELECT {trace}, {pid} AS key, count() AS n_kids,
@@ -223,7 +223,7 @@ ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, argMinIf(w, at, w > 0) AS w, argMinIf(h, at, h > 0) AS h,
         argMinIf(s, at, s > 0) AS s, argMinIf(fmt, at, fmt != '') AS fmt,
         any(svc) AS svc, '' AS inst, countIf(bad) AS bad,
-        minIf(at, sized) AS first_at  -- (0, 0): none
+        minIf(at.1, sized) AS first_ns  -- 0: none (a start, numeric: a tuple's min costs ~10 s at 10 M)
     FROM (
         SELECT TraceId, ParentSpanId, {image}, CAST(ServiceName AS String) AS svc, {_BAD_SIZE} AS bad,
             w > 0 OR h > 0 OR s > 0 OR fmt != '' AS sized,
@@ -281,8 +281,7 @@ _GROUPS_SCHEMA = (
     "kid_svc String, kid_inst String, n_kids UInt64, "
     + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
     + "kid_min Int64, kid_max Int64, kid_err UInt8, "
-    "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, dec_bad UInt64, "
-    "dec_at_ns Int64, dec_at_id UInt64, "
+    "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, dec_bad UInt64, dec_at_ns Int64, "
     "k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64), "
     "g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)")
 _GROUPS_COLUMNS = ", ".join(f"{column} {UNCOMPRESSED}" for column in _GROUPS_SCHEMA.split(", "))
@@ -404,7 +403,7 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
     groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
     g.dec_w AS dec_w, g.dec_h AS dec_h, g.dec_s AS dec_s, g.dec_f AS dec_f, g.dec_bad AS dec_bad,
-    (g.dec_at_ns, g.dec_at_id) AS dec_at, g.kid_min AS kid_min,
+    g.dec_at_ns AS dec_at, g.kid_min AS kid_min,
     g.self_w AS grp_w, g.self_h AS grp_h, g.self_s AS grp_s, g.self_fmt AS grp_f,
     (g.self_start, byteSwap(g.key)) AS grp_at,  -- span id order: as hex text
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
@@ -417,7 +416,7 @@ SELECT trace_key, owner, max(err) AS err,
     -- apart made sizes no image had)
     argMinIf(dec_w, dec_at, dec_w > 0) AS dec_w, argMinIf(dec_h, dec_at, dec_h > 0) AS dec_h,
     argMinIf(dec_s, dec_at, dec_s > 0) AS dec_s, argMinIf(dec_f, dec_at, dec_f != '') AS dec_f,
-    sum(dec_bad) AS dec_bad, minIf(dec_at, dec_at.1 != 0) AS first_at,
+    sum(dec_bad) AS dec_bad, minIf(dec_at, dec_at != 0) AS first_ns,
     -- the group spans' own sizes, each from the first group span by start that has one (after
     -- the decode spans', before the request span's, as analysis.requests reads them)
     argMinIf(grp_w, grp_at, grp_w > 0) AS grp_w, argMinIf(grp_h, grp_at, grp_h > 0) AS grp_h,
@@ -432,7 +431,7 @@ FROM (
         emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
     FROM ({groups})
     UNION ALL
-    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), (toInt64(0), toUInt64(0)), start,
+    SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), toInt64(0), start,
         0, 0, 0, '', (start, toUInt64(0)),
         emptyArrayUInt64(), CAST([] AS Array(UInt8)), emptyArrayInt64(), emptyArrayInt64(),
         emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
@@ -598,7 +597,7 @@ def _requests_select(query: AggregateQuery) -> str:
              if(self_s > 0, self_s, NULL)) AS bytes,
     -- the decode spans' sizes: those directly under the request first when its first sized
     -- decode span starts before a group's (by start, then span id, as analysis.requests reads)
-    p.dec_at_ns != 0 AND (x.first_at.1 = 0 OR (p.dec_at_ns, p.dec_at_id) <= x.first_at) AS direct_first,
+    p.dec_at_ns != 0 AND (x.first_ns = 0 OR p.dec_at_ns <= x.first_ns) AS direct_first,
     multiIf(direct_first AND p.dec_f != '', p.dec_f, x.dec_f != '', x.dec_f, p.dec_f != '', p.dec_f,
             x.grp_f != '', x.grp_f, self_fmt) AS fmt,
     if(present AND self_seq > 0, self_seq, NULL) AS seq,  -- sizes and seq: 0 or less is unknown
