@@ -25,7 +25,7 @@ from otel_stages import semconv
 from otel_stages.analysis import units
 from otel_stages.analysis.caveats import OFFSET_MIN_EXPLAINS
 from otel_stages.analysis.change import Change
-from otel_stages.analysis.decision import COLD_START_MIN_RATIO, COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
+from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
 from otel_stages.analysis.figures import REASON_AFTER_FAILED_START, REASON_NEW_INPUT, SAME_INPUT
 from otel_stages.analysis.report import Report, Run
 from otel_stages.terminal import Column, env_columns, fit_table, left_out_note, text_console
@@ -183,8 +183,8 @@ def _cold_table(report: Report, width: int) -> RenderableType:
     if cold.without_penalty:  # the figures are those that paid a cold start (cohorts.cold_figures)
         n = cold.count + cold.without_penalty
         who = (f"{cold.count} of the {n} cold requests{' (median)' if cold.count > 1 else ''},"
-               f" those that took {COLD_START_MIN_RATIO:g}x or more (reported apart; the other"
-               f" {cold.without_penalty} under it)")
+               f" those that paid a cold start (reported apart; the other {cold.without_penalty}"
+               " within their warm runs)")
     elif cold.count == 1:
         who = ("First request of the process (cold, reported apart)" if cold.first_of_process
                else f"Request marked cold by {semconv.REQUEST_COLD_START} or {semconv.REQUEST_SEQ} 1,"

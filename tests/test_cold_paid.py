@@ -86,6 +86,15 @@ def test_one_process_of_three_paying_a_cold_start_is_not_hidden_by_the_median(en
     assert want["cohorts"][0]["verdict"]["cause"] == "cold_start"  # the cohort's own, split alike
 
 
+def test_the_text_report_names_the_cold_requests_that_paid(tmp_path: Path) -> None:
+    from otel_stages.analysis import diagnose, load_paths
+    from otel_stages.render import render_text
+
+    text = render_text(diagnose(load_paths([_fleet(tmp_path / "text.jsonl", [1500, 100, 100])])))
+    assert "1 of the 3 cold requests, those that paid a cold start (reported apart; the other 2" in " ".join(
+        text.split())
+
+
 @pytest.mark.parametrize("cold_ms, tentative", [
     ([300, 300, 100, 100, 100], True),   # 2 of 5 paid it: 40 %, under COLD_PAID_MIN_SHARE
     ([300, 300, 100, 100], False),       # 2 of 4: 50 %; their median (1.7x) stayed under 2x

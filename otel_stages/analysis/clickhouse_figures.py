@@ -260,10 +260,9 @@ def cold_paid_params(agg: FleetAggregates) -> tuple[float, bool] | None:
     the warm requests of their inputs (each against its own input's), else ``paid_min_ms``
     against all warm requests (:func:`otel_stages.analysis.cohorts.paid_min_ms`). ``None``:
     nothing to read (one cold request)."""
-    base = _cold_base(agg)
-    if base is None or agg.total is None:
+    fig = _cold_base(agg)
+    if fig is None or agg.total is None:
         return None
-    fig, _ = base
     if fig.count < 2 or fig.ratio is None:
         return None
     if fig.compared_with == SAME_INPUT:
@@ -275,18 +274,17 @@ def cold_split(agg: FleetAggregates, rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the cold requests that paid (``rows``: the ``cold`` side of
     :func:`otel_stages.analysis.clickhouse_queries.cold_paid_sql`) are some but not all of those
     compared: then the figures are theirs (:func:`_cold`)."""
-    base = _cold_base(agg)
+    fig = _cold_base(agg)
     head = next((r for r in rows if r.get("stage") == "" and r.get("side", "cold") == "cold"), None)
-    return base is not None and head is not None and 0 < int(head["n"] or 0) < base[0].count
+    return fig is not None and head is not None and 0 < int(head["n"] or 0) < fig.count
 
 
 def _cold(agg: FleetAggregates) -> ColdFigures | None:
     """The cold figures, those of the requests that paid a cold start when only some did (as
     :func:`otel_stages.analysis.cohorts.cold_figures` splits them)."""
-    base = _cold_base(agg)
-    if base is None:
+    fig = _cold_base(agg)
+    if fig is None:
         return None
-    fig, _ = base
     paid = agg.cold_start.paid if agg.cold_start is not None else None
     if paid is None or cold_paid_params(agg) is None or not 0 < paid.count < fig.count:
         return fig
@@ -299,9 +297,8 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
     return fig
 
 
-def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
-    """The cold figures over every cold request compared, and whether those are the comparable
-    inputs' (the union)."""
+def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
+    """The cold figures over every cold request compared."""
     cold = agg.cold_start
     if cold is None:
         return None
@@ -313,7 +310,7 @@ def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
             count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
             comparable_median_total_ms=None, comparable_stages_ms={}, compared_with=ALL_WARM,
             comparable_requests=0, warm_median_total_ms=None, input_known=known,
-            first_of_process=first), False
+            first_of_process=first)
     same = bool(inputs) and all(comparable_cold_input(i) for i in inputs)
     if same and len(inputs) == 1:
         only = inputs[0]
@@ -323,7 +320,7 @@ def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
             comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
             cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
-        ), False
+        )
     u = cold.union
     if u is not None:  # several inputs, or some not comparable: the comparable ones, together
         keys = {agg.cohort_key(i.width, i.height, i.format) for i in inputs if comparable_cold_input(i)}
@@ -334,7 +331,7 @@ def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
             comparable_requests=u.requests, warm_median_total_ms=agg.total.median_ms,
             cohort=next(iter(keys)) if len(keys) == 1 else None, first_of_process=first,
             left_out=cold.total.count - u.cold_requests,
-        ), True
+        )
     # several inputs of cold requests, some with too few warm requests of their own: compared
     # with all warm requests (as the trace report)
     return ColdFigures(
@@ -343,7 +340,7 @@ def _cold_base(agg: FleetAggregates) -> tuple[ColdFigures, bool] | None:
         comparable_stages_ms={n: s.ran.median_ms for n, s in agg.stages.items()},
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
         warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
-    ), False
+    )
 
 
 def _unaccounted(agg: FleetAggregates) -> UnaccountedFigures | None:

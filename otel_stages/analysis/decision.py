@@ -89,9 +89,10 @@ STAGE_MIN_PART_OF_SWING = 0.25
 #: The cold request is a cold start when its total is at least this multiple of its comparable warm
 #: requests' median: model load / kernel compilation is typically 10x+, ordinary noise < 1.5x.
 COLD_START_MIN_RATIO = 2.0
-#: A cold start paid by fewer than this share of the cold requests compared (the others took under
-#: COLD_START_MIN_RATIO: ``ColdFigures.without_penalty``) is tentative: it may be those processes'
-#: own (a host's cold disk cache, a one-off stall at start) rather than what every start pays.
+#: A cold start paid by fewer than this share of the cold requests compared (the others did not
+#: stand out from their inputs' warm runs: ``cohorts.paid_min_ms``, ``ColdFigures.without_penalty``)
+#: is tentative: it may be those processes' own (a host's cold disk cache, a one-off stall at
+#: start) rather than what every start pays.
 COLD_PAID_MIN_SHARE = 0.5
 #: The cold request is compared with warm requests of its own input when at least this many exist;
 #: a median of fewer is one or two runs. The same floor applies to setting requests apart.
@@ -438,8 +439,9 @@ def _cold_sentence(cold: ColdFigures) -> str:
                 f" {COMPARABLE_MIN_REQUESTS} warm requests, left out of the comparison)"
                 if cold.left_out else "")
     others = cold.without_penalty
-    unpaid = (f"; the other {others} cold request{'s' if others != 1 else ''} took under"
-              f" {COLD_START_MIN_RATIO:g}x that median: no cold-start penalty there" if others else "")
+    unpaid = (f"; the other {others} cold request{'s' if others != 1 else ''} stood within the warm"
+              " runs of their input (under their p95 plus their median): no cold-start penalty there"
+              if others else "")
     return (f"{who} took {duration(cold.total_ms)}, {_times(ratio)} {against}{left_out}; reported apart"
             f" from warm runs{unpaid}")
 

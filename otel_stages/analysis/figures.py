@@ -99,9 +99,9 @@ class ColdFigures:
     all warm requests (shown for reference). ``left_out``: cold requests not in ``count``, whose
     input is unknown or shared by fewer than 5 warm requests, when others' inputs are comparable
     (those are compared with their inputs' warm requests, the rest left out rather than compare
-    all with all warm requests). ``without_penalty``: cold requests compared that took under
-    ``COLD_START_MIN_RATIO`` times the comparable median, not in ``count``, when others
-    (``count``) reached it: the figures are those that paid a cold start.
+    all with all warm requests). ``without_penalty``: cold requests compared that did not pay a cold
+    start (:func:`otel_stages.analysis.cohorts.paid_min_ms`), not in ``count``, when others
+    (``count``) did: the figures are those that paid it.
     """
 
     count: int
