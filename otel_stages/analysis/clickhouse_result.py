@@ -251,8 +251,9 @@ class ColdInput:
     warm_median_total_ms: float | None
     warm_stages_median_ms: dict[str, float] = field(default_factory=dict)
     cold_stages_median_ms: dict[str, float] = field(default_factory=dict)
-    #: those of its cold requests (two or more) that reached the cold-start ratio against the warm
-    #: median of the input (:func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`)
+    #: those of its cold requests (two or more) that paid a cold start against the warm requests
+    #: of the input (:func:`otel_stages.analysis.cohorts.paid_min_ms`;
+    #: :func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`)
     paid: ColdPaid | None = None
 
 
@@ -277,8 +278,8 @@ class ColdStartAggregate:
     (largest first) the comparison with warm requests of the same input; ``union``: the cold
     requests whose input enough warm requests share and those inputs' warm requests
     (:class:`ColdComparison`; read only for cold requests of several inputs, some comparable);
-    ``paid``: those compared that reached the cold-start ratio (:class:`ColdPaid`; read when they
-    are several)."""
+    ``paid``: those compared that paid a cold start (:class:`ColdPaid`; read when they are
+    several)."""
 
     total: Summary
     stages_median_ms: dict[str, float]
