@@ -1402,6 +1402,78 @@ def test_each_process_span_attributes_have_their_own_unit(engine, tmp_path: Path
     assert got["gpu"]["mean_utilization"] == pytest.approx(want["gpu"]["mean_utilization"])
 
 
+def _span_gpu(rows: list[Spans], value: Callable[[int, bool], float | None]) -> None:
+    """Sets ``gpu.utilization.mean`` = ``value(i, slow)`` (``None``: not set) and 4 samples on
+    the forward span of each request ``i`` of ``rows`` (slow: longer than 300 ms)."""
+    from tests import odd_inputs
+
+    for i, spans in enumerate(rows):
+        for s in spans:
+            if s["name"] == "forward":
+                slow = int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"]) > 300 * MS
+                v = value(i, slow)
+                if v is not None:
+                    s["attributes"] += [odd_inputs._attr("gpu.utilization.mean", v),
+                                        odd_inputs._attr("gpu.sample_count", 4)]
+
+
+@pytest.mark.parametrize("strays", [1, 14, 15])
+def test_a_process_that_mixes_ratios_and_percent_is_left_out(engine, tmp_path: Path,
+                                                             strays: int) -> None:
+    # a tester's: a ratio sampler (0.95 on the slow forwards, 0.9 on the others) with one stray
+    # percent value (95.0) was read as percent: every 0.95 became 1 %, a confident gpu_starved
+    # for a busy GPU. 28 warm readings (request 1 has none): 1 or 14 above 1 is mixed (fractions
+    # at least half), 15 percent (the 13 fractions then read as a GPU near idle in those forwards)
+    from tests import odd_inputs
+
+    rows = _slow_every(7)
+    _span_gpu(rows, lambda i, slow: None if i == 1 else 95.0 if i >= 30 - strays
+              else 0.95 if slow else 0.9)
+    path = odd_inputs.write(tmp_path / "mixed.jsonl", rows)
+    got, want = reports(engine, path)
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"] == want["gpu"]
+    mixed = [p for p in want["problems"] if "mix ratios and percent" in p]
+    assert sorted(map(_examples_out, got["problems"])) == sorted(map(_examples_out, want["problems"]))
+    if strays < 15:
+        assert want["verdict"]["cause"] != "gpu_starved"
+        assert want["gpu"]["level"] == "none" and want["gpu"]["unread_forwards"] == 28
+        assert mixed == [mixed[0]] and f"{28 - strays} values between 0 and 1, {strays} above 1" in mixed[0]
+        assert "service.name=svc,service.instance.id=i1" in mixed[0]
+        assert advice.GPU_UNREAD in want["verdict"]["advice"]
+    else:
+        assert mixed == [] and want["gpu"]["source"] == "span_attributes"
+        assert want["gpu"]["mean_utilization"] < 0.6
+
+
+def test_a_process_unit_is_read_over_all_its_forwards_not_per_cohort(engine, tmp_path: Path) -> None:
+    # one percent sampler, two inputs: 40 1280x960 requests at 60-90 %, 20 640x480 requests whose
+    # GPU idles (0.4 and 0.5 %, means of 0 % and 1 % samples). Guessed per cohort, the 640x480
+    # readings (none above 1) were ratios: 50 % in their slow forwards, no GPU cause for them
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        slow = i % 6 in (0, 1) and i > 0
+        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                ("forward", (400.0 if slow else 100.0) + r.random())]
+    rows = odd_inputs.run(60, stages)
+    small = {i for i in range(60) if i % 3 == 0}
+    for i, spans in enumerate(rows):
+        for s in spans:
+            if s["name"] == "decode":
+                s["attributes"] += [odd_inputs._attr("image.width", 640 if i in small else 1280),
+                                    odd_inputs._attr("image.height", 480 if i in small else 960)]
+    _span_gpu(rows, lambda i, slow: (0.5 if slow else 0.4) if i in small else 90.0 if slow else 60.0)
+    got, want = reports(engine, odd_inputs.write(tmp_path / "one_unit.jsonl", rows))
+    causes = {c["key"]: c["verdict"]["cause"] for c in want["cohorts"]}
+    assert causes == {"640x480": "gpu_starved", "1280x960": "gpu_busy"}
+    assert {c["key"]: c["verdict"] for c in got["cohorts"]} == {
+        c["key"]: c["verdict"] for c in want["cohorts"]}
+    assert got["verdict"] == want["verdict"]
+    assert not [p for p in want["problems"] if "mix ratios and percent" in p]
+
+
 def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) -> None:
     # a tester's fleet: requests on node-a and node-b (host.name), no GPU points of their own, one
     # dcgm exporter per node, both naming their GPU "0": node-a's reads 5 % in node-a's slow

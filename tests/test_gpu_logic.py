@@ -435,3 +435,15 @@ def test_cuda_stage_sync_mode_and_without_cuda() -> None:
 def test_fake_backend_unavailable_raises() -> None:
     with pytest.raises(GpuUnavailable, match="nope"):
         FakeBackend([], unavailable="nope").open()
+
+
+def test_a_process_unit_is_percent_until_fractions_reach_the_mixed_share() -> None:
+    from otel_stages.analysis.gpu import MIXED_UNIT_MIN_SHARE, unit_divisor
+
+    assert MIXED_UNIT_MIN_SHARE == 0.5
+    assert unit_divisor(0, 40) == 1.0            # ratios only
+    assert unit_divisor(40, 0) == 100.0          # percent only
+    assert unit_divisor(11, 9) == 100.0          # fractions 45 %: percent of a GPU near idle
+    assert unit_divisor(10, 10) is None          # at the share: mixed
+    assert unit_divisor(9, 11) is None           # above it
+    assert unit_divisor(1, 28) is None           # a ratio sampler's stray percent value

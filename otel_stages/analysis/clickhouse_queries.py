@@ -57,6 +57,7 @@ from otel_stages.analysis.gpu import (
     LEVEL_DECIMALS,
     MIN_MODEL_GPU_RISE,
     MIN_RISE_STANDARD_ERRORS,
+    MIXED_UNIT_MIN_SHARE,
     MODEL_GPU_RISE_SHARE,
 )
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
@@ -415,24 +416,45 @@ CROSS JOIN (
 ) AS t"""
 
 
+def span_units_sql(above: str, fractions: str) -> str:
+    """SQL: :func:`otel_stages.analysis.gpu.unit_divisor` of a process's forward-span readings
+    above :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` (``above``) and strictly between 0
+    and 1 (``fractions``), with 0 for ``None`` (mixed units: left out)."""
+    return (f"multiIf({above} = 0, 1, {fractions} >= {MIXED_UNIT_MIN_SHARE} * ({above} + {fractions}),"
+            " 0, 100)")
+
+
+def _span_units(ok: str = "1") -> str:
+    """SQL window columns over rows ``proc_key``, ``u`` (a reading where ``ok``): ``k``, the
+    unit divisor of the row's process over all the rows (:func:`span_units_sql`), and ``r``, the
+    reading as a ratio (``u`` when ``k`` is 0)."""
+    w = "OVER (PARTITION BY proc_key)"
+    k = span_units_sql(f"countIf({ok} AND u > {PERCENT_GUESS}) {w}",
+                       f"countIf({ok} AND u > 0 AND u < 1) {w}")
+    return f"{k} AS k, u / if(k = 0, 1, k) AS r"
+
+
 def gpu_spans_sql() -> str:
     """GPU utilization from the forward spans' own ``gpu.utilization.mean`` (weighted by
     ``gpu.sample_count``, default 1; counts <= 0 and values not finite or outside 0 ..
-    :data:`~otel_stages.analysis.gpu.MAX_UTILIZATION_READING` skipped; values over
-    :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` mean percent), split at the slow-forward threshold
-    ``{slow_min_ns:Float64}`` (:func:`slow_forwards_sql`; ``slow_covered``: slow forwards with a
-    value)."""
-    # a process whose values exceed 1 wrote percent: read as such, as the file report does
-    forwards = f"""SELECT d, u / if(max(u) OVER (PARTITION BY proc_key) > {PERCENT_GUESS}, 100, 1) AS u, c
+    :data:`~otel_stages.analysis.gpu.MAX_UTILIZATION_READING` skipped; each process's unit guessed
+    over its warm forwards, :func:`span_units_sql`, those that mix units left out and counted:
+    ``mixed_processes``, ``mixed_forwards``, ``mixed_fractions``, ``mixed_above``, ``mixed_example``
+    the first such process), split at the slow-forward threshold ``{slow_min_ns:Float64}``
+    (:func:`slow_forwards_sql`; ``slow_covered``: slow forwards with a value)."""
+    forwards = f"""SELECT proc, d, c, u, {_span_units()}
 FROM (
-    SELECT proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
+    SELECT proc_key, proc, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c
     FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
     WHERE warm AND {utilization_reading("w.3", "w.4")})"""
     th = "{slow_min_ns:Float64}"
-    return f"""SELECT count() AS covered, sum(c) AS samples, sum(u * c) AS weighted,
-    countIf(d > {th}) AS slow_covered,
-    sumIf(u * c, d > {th}) AS slow_sum, sumIf(c, d > {th}) AS slow_n,
-    sumIf(u * c, d <= {th}) AS fast_sum, sumIf(c, d <= {th}) AS fast_n
+    return f"""SELECT countIf(k > 0) AS covered, sumIf(c, k > 0) AS samples, sumIf(r * c, k > 0) AS weighted,
+    countIf(k > 0 AND d > {th}) AS slow_covered,
+    sumIf(r * c, k > 0 AND d > {th}) AS slow_sum, sumIf(c, k > 0 AND d > {th}) AS slow_n,
+    sumIf(r * c, k > 0 AND d <= {th}) AS fast_sum, sumIf(c, k > 0 AND d <= {th}) AS fast_n,
+    uniqExactIf(proc, k = 0) AS mixed_processes, countIf(k = 0) AS mixed_forwards,
+    countIf(k = 0 AND u > 0 AND u < 1) AS mixed_fractions,
+    countIf(k = 0 AND u > {PERCENT_GUESS}) AS mixed_above, minIf(proc, k = 0) AS mixed_example
 FROM ({forwards}) AS f"""
 
 
@@ -819,23 +841,24 @@ GROUP BY width, height, fmt ORDER BY width, height, fmt"""
 def cohort_gpu_spans_sql(count: int) -> str:
     """:func:`gpu_spans_sql` per cohort, each split at its own threshold (:func:`_thresholds`,
     returned as ``slow_min_ns``), with ``forwards``, the cohort's warm forwards, and
-    ``slow_forwards``, those beyond it."""
+    ``slow_forwards``, those beyond it. Each process's unit is that of all its warm forwards
+    (:class:`otel_stages.analysis.gpu.SpanUnits`), not of the cohort's alone."""
     return f"""SELECT f.width AS width, f.height AS height, f.fmt AS fmt,
-    countIf(f.ok) AS covered, sumIf(f.c, f.ok) AS samples, sumIf(f.u * f.c, f.ok) AS weighted,
+    countIf(f.usable) AS covered, sumIf(f.c, f.usable) AS samples, sumIf(f.u * f.c, f.usable) AS weighted,
     any(t.th) AS slow_min_ns, count() AS forwards,
-    countIf(f.d > t.th) AS slow_forwards, countIf(f.ok AND f.d > t.th) AS slow_covered,
-    sumIf(f.u * f.c, f.ok AND f.d > t.th) AS slow_sum, sumIf(f.c, f.ok AND f.d > t.th) AS slow_n,
-    sumIf(f.u * f.c, f.ok AND f.d <= t.th) AS fast_sum, sumIf(f.c, f.ok AND f.d <= t.th) AS fast_n
+    countIf(f.d > t.th) AS slow_forwards, countIf(f.usable AND f.d > t.th) AS slow_covered,
+    sumIf(f.u * f.c, f.usable AND f.d > t.th) AS slow_sum, sumIf(f.c, f.usable AND f.d > t.th) AS slow_n,
+    sumIf(f.u * f.c, f.usable AND f.d <= t.th) AS fast_sum, sumIf(f.c, f.usable AND f.d <= t.th) AS fast_n
 FROM (
-    SELECT width, height, fmt, d, c, ok,
-        u / if(maxIf(u, ok) OVER (PARTITION BY width, height, fmt, proc_key) > {PERCENT_GUESS},
-               100, 1) AS u
-    FROM (
-        SELECT width, height, fmt, proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c,
-            {utilization_reading("w.3", "w.4")} AS ok
-        FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
-        WHERE warm AND {_KNOWN}
-    )
+    SELECT width, height, fmt, d, c, ok AND k > 0 AS usable, r AS u FROM (
+        SELECT width, height, fmt, d, c, ok, known, {_span_units("ok")}
+        FROM (
+            SELECT width, height, fmt, proc_key, (w.2 - w.1) AS d, w.3 AS u, ifNull(w.4, 1) AS c,
+                {utilization_reading("w.3", "w.4")} AS ok, {_KNOWN} AS known
+            FROM {R} ARRAY JOIN arrayZip(fwd_start, fwd_end, fwd_util, fwd_count) AS w
+            WHERE warm
+        )
+    ) WHERE known
 ) AS f
 {_by_cohort_threshold(count)}"""
 

@@ -31,7 +31,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
-from otel_stages.analysis.gpu import SplitFigures, judge_level, prefer_metrics
+from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
 from otel_stages.analysis.stage_overlap import Overlap
 
@@ -687,11 +687,13 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         image_width=r["width"], image_height=r["height"], image_bytes=r["bytes"],
         error=bool(r["error"]), unaccounted_ms=float(r.get("unaccounted_ns") or 0) / 1e6)
         for r in results["slowest"]]
-    gpu = _gpu(results["gpu_spans"][0] if results.get("gpu_spans") else {},  # (not run yet: {})
-               results["gpu_metrics"][0] if results.get("gpu_metrics") else {}, counts.warm_forwards,
-               results["slow_forwards"][0] if results.get("slow_forwards") else {})
-    if span_issues.unread_warm_forwards:  # said where the evidence makes no call (gpu.with_unread)
-        gpu = replace(gpu, unread_forwards=span_issues.unread_warm_forwards)
+    span_gpu = results["gpu_spans"][0] if results.get("gpu_spans") else {}  # (not run yet: {})
+    gpu = _gpu(span_gpu, results["gpu_metrics"][0] if results.get("gpu_metrics") else {},
+               counts.warm_forwards, results["slow_forwards"][0] if results.get("slow_forwards") else {})
+    # said where the evidence makes no call (gpu.with_unread); a mixed-unit process's readings too
+    unread = span_issues.unread_warm_forwards + int(span_gpu.get("mixed_forwards") or 0)
+    if unread:
+        gpu = replace(gpu, unread_forwards=unread)
     memory = results.get("memory_forwards")
     foreign = next(iter(results.get("foreign_gpu") or ()), {})
     kinds, where = failure_kinds(results.get("failures") or [])
@@ -726,6 +728,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                            sum_table=_unreadable(results.get("sum_table")),
                            gauge_table=_unreadable(results.get("gauge_table")),
                            memory_forwards=(int(memory[0]["total"]), len(memory)) if memory else (0, 0))
+        + mixed_unit_lines(int(span_gpu.get("mixed_processes") or 0),
+                           str(span_gpu.get("mixed_example") or ""), int(span_gpu.get("mixed_forwards") or 0),
+                           int(span_gpu.get("mixed_fractions") or 0), int(span_gpu.get("mixed_above") or 0))
         + unlisted_line(counts.set_apart, len(set_apart))
         + shared_hw_id_lines(shared_gpu_ids(results.get("shared_gpu_ids") or []))
         + ambiguous_unit_lines(ambiguous_units(results.get("ambiguous_units") or []))

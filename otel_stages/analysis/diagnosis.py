@@ -38,7 +38,14 @@ from otel_stages.analysis.figures import (
     reference_ms,
     share_tentative,
 )
-from otel_stages.analysis.gpu import GpuEvidence, gpu_evidence, model_gpus, with_unread
+from otel_stages.analysis.gpu import (
+    GpuEvidence,
+    SpanUnits,
+    gpu_evidence,
+    model_gpus,
+    span_units,
+    with_unread,
+)
 from otel_stages.analysis.gpu_owners import (
     ambiguous_series,
     ambiguous_unit_lines,
@@ -148,6 +155,7 @@ def _warm(
     unread_forwards: int = 0,
     processes: frozenset[str] | None = None,
     models: Mapping[str, frozenset[str]] | None = None,
+    units: SpanUnits | None = None,
 ) -> _Warm:
     """The figures of ``warm``; ``table``: their signal table when the caller has it (a cohort's
     is a subset of all warm requests' table: each request's spans are read once).
@@ -163,7 +171,9 @@ def _warm(
     each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
     a cohort's memory rule reads the GPU the window's utilization chose). ``unread_forwards``:
     warm forward spans whose ``gpu.utilization.mean`` is no reading, said when the GPU evidence
-    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`)."""
+    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``units``: the unit of each
+    process's forward-span readings over all warm requests
+    (:func:`~otel_stages.analysis.gpu.span_units`; default: over ``warm``)."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -175,7 +185,7 @@ def _warm(
     total_fig = None if total is None else total_figures(total)
     # the slow forwards the GPU rules judge are those beyond the band the verdict uses
     band = noise_band(figs.values(), reference_ms(figs, total_fig)).band_ms if figs else None
-    gpu = gpu_evidence(warm, metrics, processes, band_ms=band)
+    gpu = gpu_evidence(warm, metrics, processes, band_ms=band, units=units)
     gpu = with_unread(gpu, unread_forwards)
     # CPU, GC, loop, throttling, memory
     signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
@@ -223,7 +233,7 @@ def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:
 def _cohorts(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     table: SignalTable, processes: frozenset[str] | None = None,
-    models: Mapping[str, frozenset[str]] | None = None,
+    models: Mapping[str, frozenset[str]] | None = None, units: SpanUnits | None = None,
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
     of the total's variance. ``table``: the signal table of ``warm``."""
@@ -237,7 +247,8 @@ def _cohorts(
             own_cold = [c for c in cold if keys.key(c) == key]
             positions = [position[id(r)] for r in reqs]  # in order: a cohort keeps warm's
             v = decide(_warm(reqs, own_cold, metrics, keys, table=table.subset(positions),
-                             verdict_only=True, processes=processes, models=models).figures)
+                             verdict_only=True, processes=processes, models=models,
+                             units=units).figures)
             verdict = CohortVerdict(v.cause, v.stage, v.tentative)
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])
@@ -326,21 +337,26 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     # (only with memory limits: without, the memory rule reads nothing)
     models = (model_gpus(warm, recording.metrics, processes)
               if any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in recording.metrics) else {})
-    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models)
+    # each process's unit of its forward spans' GPU readings, over all its warm forwards
+    units = span_units(warm)
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models, units)
     unread = unread_values(requests)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
-                   models=models,
-                   # (the warm ones walked again only when some forward's value is unusable)
-                   unread_forwards=unread.gpu_utilization and unread_values(warm).gpu_utilization)
+                   models=models, units=units,
+                   # (the warm ones walked again only when some forward's value is unusable);
+                   # readings of a process that mixes units are unusable too
+                   unread_forwards=units.mixed_forwards + (
+                       unread.gpu_utilization and unread_values(warm).gpu_utilization))
     batches = summarize_batches(screened.spans)
     verdict = decide(_with_batches(result.figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
-    problems = [*recording.problems, *screened.problems, *grouping.problems, *unread.problems()]
+    problems = [*recording.problems, *screened.problems, *grouping.problems, *unread.problems(),
+                *units.problems()]
     if (screened.spans and not requests and not incomplete  # (all left out: said above)
             and not said_by_a_map(recording.problems)):  # the map's lines say which entry failed
         problems.append(

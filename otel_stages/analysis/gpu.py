@@ -5,7 +5,9 @@ them sampled: below) where the second can (:func:`prefer_metrics`: a sampler tha
 attributes on few of the long forwards must not hide the metric points inside them):
 
 1. ``gpu.utilization.mean`` / ``gpu.sample_count`` set on forward spans by the sampler
-   (``semconv.GPU_*``): exact per forward, weighted by sample count.
+   (``semconv.GPU_*``): exact per forward, weighted by sample count. Their unit is guessed per
+   process over its warm forwards; a process that mixes ratios and percent is left out
+   (:data:`MIXED_UNIT_MIN_SHARE`).
 2. ``hw.gpu.utilization`` metric points, one series per process and ``hw.id``
    (:mod:`otel_stages.analysis.gpu_owners`: a request process's own points and those of
    processes that ran no request): a sample counts for a forward of that process when its time
@@ -284,7 +286,7 @@ def _round(value: float | None) -> float | None:
 
 def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
                  processes: Collection[str] | None = None, *,
-                 band_ms: float | None = None) -> GpuEvidence:
+                 band_ms: float | None = None, units: SpanUnits | None = None) -> GpuEvidence:
     """Line GPU utilization up with the forward spans of ``requests`` (pass the warm ones).
 
     ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. ``processes``: the
@@ -292,7 +294,9 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     cold and failed ones too (default: those of ``requests``); GPU points of other processes are
     lined up with every process's forwards. ``band_ms``: the run's noise band
     (:func:`otel_stages.analysis.noise.noise_band`), which sets the slow forwards (module
-    docstring); without it the level is judged on all forwards. Never raises.
+    docstring); without it the level is judged on all forwards. ``units``: each process's unit
+    of its forward spans' readings (:func:`span_units` of all warm requests; default: of
+    ``requests``). Never raises.
     """
     name = semconv.STAGE_FORWARD  # one pass over the spans of a fleet's requests, not one per use
     forwards = [s for r in requests for s in r.spans if s.name == name]
@@ -304,7 +308,8 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
         median_ms = statistics.median(e - s for s, e in every) / 1e6
         slow_min_ns = slow_forward_min_ms(median_ms, band_ms) * 1e6
     procs = [p for r, p in zip(requests, process_keys(requests)) for s in r.spans if s.name == name]
-    from_spans = _from_span_attributes(forwards, procs, every, slow_min_ns)
+    from_spans = _from_span_attributes(forwards, procs, every, slow_min_ns,
+                                       span_units(requests) if units is None else units)
     if from_spans is not None and (from_spans.slow_forwards == 0
                                    or from_spans.judged_on == JUDGED_SLOW):
         return from_spans
@@ -620,28 +625,117 @@ def utilization_reading(attributes: Mapping[str, AttributeValue]) -> tuple[float
     return (mean, count) if count is not None and 0 < count <= MAX_SAMPLE_COUNT else None
 
 
+#: A forward span's ``gpu.utilization.mean`` carries no unit, so each process's unit is guessed
+#: over all its warm forwards' readings (one sampler writes one unit): with a value above
+#: :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` it wrote percent, else ratios. But when
+#: fractions (strictly between 0 and 1) are this share or more of its readings that are fractions
+#: or above the guess, the process mixes the two (a ratio sampler with a stray percent value, or
+#: a unit changed partway): read as percent, a busy GPU's 0.95 would be 1 % and the verdict a
+#: confident ``gpu_starved``; read as ratios, percent values are no reading. Neither can be told,
+#: so its readings are left out of the GPU evidence and the problems say so
+#: (:func:`mixed_unit_lines`). Below the share, the fractions are percent of a GPU near idle in
+#: those forwards (a mean of 0 % and 1 % samples is 0.5). 0 and a whole 1 (a saturated GPU's ratio,
+#: or 1 %) count for neither.
+MIXED_UNIT_MIN_SHARE = 0.5
+
+
+def unit_divisor(above: int, fractions: int) -> float | None:
+    """What one process's forward-span utilization readings are divided by, from how many are
+    above :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` (``above``) and strictly between
+    0 and 1 (``fractions``): 1 (ratios) with none above, ``None`` (mixed units: left out) when
+    the fractions are :data:`MIXED_UNIT_MIN_SHARE` or more of both, else 100 (percent). The
+    ClickHouse SQL writes the same rule
+    (:func:`otel_stages.analysis.clickhouse_queries.span_units_sql`)."""
+    if above == 0:
+        return 1.0
+    return None if fractions >= MIXED_UNIT_MIN_SHARE * (above + fractions) else 100.0
+
+
+@dataclass(frozen=True)
+class SpanUnits:
+    """The unit of each process's forward-span readings (:data:`MIXED_UNIT_MIN_SHARE`), guessed
+    once over all warm forwards and kept for every cohort (a cohort whose forwards all read
+    0.5 % is not ratios because its own readings stay below 1). ``divisors``: process key ->
+    100 (percent), 1 (ratios) or ``None`` (mixed: left out); ``mixed_forwards``: the readings
+    left out, of which ``mixed_fractions`` are fractions and ``mixed_above`` above the guess."""
+
+    divisors: Mapping[str, float | None]
+    mixed_forwards: int = 0
+    mixed_fractions: int = 0
+    mixed_above: int = 0
+
+    @property
+    def mixed_processes(self) -> list[str]:
+        """The processes left out, sorted."""
+        return sorted(p for p, d in self.divisors.items() if d is None)
+
+    def problems(self) -> list[str]:
+        """:func:`mixed_unit_lines` of these units."""
+        mixed = self.mixed_processes
+        return mixed_unit_lines(len(mixed), mixed[0] if mixed else "", self.mixed_forwards,
+                                self.mixed_fractions, self.mixed_above)
+
+
+def mixed_unit_lines(processes: int, example: str, forwards: int, fractions: int, above: int
+                     ) -> list[str]:
+    """The problem line for ``processes`` whose warm forward spans mix ratios and percent (none
+    when 0; ``example``: the first by process key; ``forwards``: their readings, ``fractions``
+    and ``above`` as :func:`unit_divisor` counts them): the same text from the file report and
+    the ClickHouse report."""
+    if not processes:
+        return []
+    n = processes
+    return [
+        f"{semconv.GPU_UTILIZATION_MEAN}: the warm forward spans of {n} process{'es' if n > 1 else ''}"
+        f" (e.g. {example or '(no service)'}) mix ratios and percent ({fractions} values"
+        f" between 0 and 1, {above} above {PERCENT_GUESS:g}): one sampler writes one unit, and which"
+        f" is which cannot be told (read as percent, a busy GPU's 0.95 is 1 %), so their {forwards}"
+        " readings are left out of the GPU evidence. Write ratios (0..1), as otel-stages' sampler"
+        " does"]
+
+
+def span_units(requests: Sequence[Request]) -> SpanUnits:
+    """The :class:`SpanUnits` of the forward spans of ``requests`` (pass the warm ones)."""
+    name = semconv.STAGE_FORWARD
+    above: dict[str, int] = defaultdict(int)
+    fractions: dict[str, int] = defaultdict(int)
+    readings: dict[str, int] = defaultdict(int)
+    for r, proc in zip(requests, process_keys(requests)):
+        for span in r.spans:
+            if span.name != name:
+                continue
+            reading = utilization_reading(span.attributes)
+            if reading is None:
+                continue
+            readings[proc] += 1
+            if reading[0] > PERCENT_GUESS:
+                above[proc] += 1
+            elif 0.0 < reading[0] < 1.0:
+                fractions[proc] += 1
+    divisors = {p: unit_divisor(above[p], fractions[p]) for p in readings}
+    mixed = [p for p, d in divisors.items() if d is None]
+    return SpanUnits(divisors, mixed_forwards=sum(readings[p] for p in mixed),
+                     mixed_fractions=sum(fractions[p] for p in mixed),
+                     mixed_above=sum(above[p] for p in mixed))
+
+
 def _from_span_attributes(forwards: Sequence[Span], procs: Sequence[str],
                           windows: Sequence[tuple[int, int]],
-                          slow_min_ns: float | None) -> GpuEvidence | None:
-    """Source 1 (module docstring); ``procs``: each forward's process key. A process whose values
-    exceed :data:`~otel_stages.analysis.gpu_owners.PERCENT_GUESS` wrote percent (each process's
-    sampler its own unit, as each metric series)."""
+                          slow_min_ns: float | None, units: SpanUnits) -> GpuEvidence | None:
+    """Source 1 (module docstring); ``procs``: each forward's process key; ``units``: each
+    process's unit (:class:`SpanUnits`; a process it does not know reads as ratios)."""
     found: list[tuple[int, float, int]] = []
-    top: dict[str, float] = {}
-    owner: list[str] = []
     for span, proc in zip(forwards, procs):
         reading = utilization_reading(span.attributes)
-        if reading is None:
+        divisor = units.divisors.get(proc, 1.0)
+        if reading is None or divisor is None:
             continue
         mean, count = reading
-        found.append((span.end_ns - span.start_ns, mean, count))
-        owner.append(proc)
-        top[proc] = max(top.get(proc, float("-inf")), float(mean))
+        found.append((span.end_ns - span.start_ns, mean / divisor, count))
     if not found:
         return None
-    scale = [100.0 if top[p] > PERCENT_GUESS else 1.0 for p in owner]
-    per_forward = [(d, count, mean / k * count) for (d, mean, count), k in zip(found, scale)]
-    weighted = math.fsum(mean / k * count for (_, mean, count), k in zip(found, scale))
+    per_forward = [(d, count, mean * count) for d, mean, count in found]
+    weighted = math.fsum(mean * count for _, mean, count in found)
     samples = sum(count for _, _, count in found)
     return evidence_of(
         source="span_attributes", forwards=len(windows), covered=len(per_forward),
