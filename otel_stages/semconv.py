@@ -145,6 +145,10 @@ UNIT_CELSIUS = "Cel"
 # GPU metric attributes (hardware semantic conventions)
 HW_ID = "hw.id"  #: str, GPU UUID as NVML reports it ("GPU-..." or "MIG-...")
 HW_TYPE = "hw.type"  #: str, always "gpu" here
+#: str on ``hw.gpu.utilization``: the engine a point describes, ``decoder`` / ``encoder`` /
+#: ``general`` (OpenTelemetry hardware GPU conventions); the model runs on ``general``.
+HW_GPU_TASK = "hw.gpu.task"
+HW_GPU_TASK_GENERAL = "general"
 HW_TYPE_GPU = "gpu"
 HW_VENDOR = "hw.vendor"  #: str, "NVIDIA"
 HW_MODEL = "hw.model"  #: str, NVML device name, e.g. "NVIDIA H200"

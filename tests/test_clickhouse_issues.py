@@ -1474,6 +1474,85 @@ def test_a_process_unit_is_read_over_all_its_forwards_not_per_cohort(engine, tmp
     assert not [p for p in want["problems"] if "mix ratios and percent" in p]
 
 
+@pytest.mark.parametrize("unit", ["1", ""])
+def test_only_the_compute_engine_utilization_is_read(engine, tmp_path: Path, unit: str) -> None:
+    # a tester's: hw.gpu.utilization split by hw.gpu.task (the hardware conventions' decoder /
+    # encoder / general) on one hw.id: the general engine at 95 % in every forward, the video
+    # engines idle. Averaged together the GPU read 32 %: a confident gpu_starved for a saturated GPU
+    from tests import odd_inputs
+
+    rows = _slow_every(7)
+    path = odd_inputs.write(tmp_path / "tasks.jsonl", rows)
+    windows = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
+               for spans in rows for s in spans if s["name"] == "forward"]
+    first, last = _span_range(rows)
+    points = []
+    for t in range(first, last, 20 * MS):
+        inside = any(s <= t <= e for s, e in windows)
+        for task, value in (("general", 0.95 if inside else 0.03), ("decoder", 0.0), ("encoder", 0.0)):
+            points.append({"timeUnixNano": str(t), "asDouble": value * (100 if unit == "" else 1),
+                           "attributes": [odd_inputs._attr("hw.id", "GPU-0"),
+                                          odd_inputs._attr("hw.gpu.task", task)]})
+    doc = {"resourceMetrics": [{"resource": {"attributes": [
+        odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
+        "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": unit,
+                                       "gauge": {"dataPoints": points}}]}]}]}
+    with path.open("a") as f:
+        f.write(json.dumps(doc) + "\n")
+    got, want = reports(engine, path)
+    assert want["verdict"]["cause"] == "gpu_busy"
+    assert want["gpu"]["slow_forward_mean_utilization"] == pytest.approx(0.95)
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"]["samples"] == want["gpu"]["samples"]
+    assert sorted(map(_examples_out, got["problems"])) == sorted(map(_examples_out, want["problems"]))
+
+
+def _replicas(tmp_path: Path, slow_ms: float) -> Path:
+    """Two instances of one service, 30 requests each, steady (forward 70 ms +- 2 on node-b,
+    ``slow_ms`` +- 2 on node-a), the GPU busy (0.93 on every forward)."""
+    from tests import odd_inputs
+
+    lines: list[str] = []
+    for node, forward_ms in (("node-a", slow_ms), ("node-b", 70.0)):
+        def stages(i: int, r: Any, forward_ms: float = forward_ms) -> list[tuple[str, float]]:
+            return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                    ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                    ("forward", forward_ms + 4 * r.random() - 2)]
+        rows = odd_inputs.run(30, stages, seed=len(lines) + 1)
+        _span_gpu(rows, lambda i, slow: 0.93)
+        path = odd_inputs.write(tmp_path / f"{node}.jsonl", rows)
+        lines += path.read_text().replace('"i1"', f'"{node}"').splitlines()
+    merged = tmp_path / "replicas.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    return merged
+
+
+def test_a_swing_between_replicas_is_said_and_tentative(engine, tmp_path: Path) -> None:
+    # a tester's: one service on an A100 (forward 160 ms) and an H100 (70 ms) node, each steady,
+    # the GPU busy on both: a confident gpu_busy "forward swings 98 ms" for what is a difference
+    # between replicas
+    got, want = reports(engine, _replicas(tmp_path, 160.0))
+    assert want["verdict"]["tentative"] is True
+    assert want["verdict"]["evidence"][0].startswith("the process explains 100%")
+    assert "service.name=svc,service.instance.id=node-b, 29 warm requests" in want["verdict"]["evidence"][0]
+    assert want["verdict"]["advice"][0].startswith(
+        "compare service.name=svc,service.instance.id=node-a with service.name=svc,service.instance.id=node-b")
+    assert want["process_mix"]["processes"] == 2 and want["process_mix"]["explains"] > 0.9
+    assert got["verdict"] == want["verdict"]
+    assert {k: v for k, v in got["process_mix"].items() if k != "explains"} == {
+        k: v for k, v in want["process_mix"].items() if k != "explains"}
+    assert got["process_mix"]["explains"] == pytest.approx(want["process_mix"]["explains"], abs=1e-4)
+
+
+def test_replicas_within_the_noise_pool_as_one(engine, tmp_path: Path) -> None:
+    # the same two nodes 1 ms apart (within-process noise +-2 ms): the process explains little,
+    # no line, the verdict is not made tentative by it
+    got, want = reports(engine, _replicas(tmp_path, 71.0))
+    assert want["process_mix"]["explains"] < 0.5
+    assert not any(e.startswith("the process explains") for e in want["verdict"]["evidence"])
+    assert got["verdict"] == want["verdict"]
+
+
 def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) -> None:
     # a tester's fleet: requests on node-a and node-b (host.name), no GPU points of their own, one
     # dcgm exporter per node, both naming their GPU "0": node-a's reads 5 % in node-a's slow

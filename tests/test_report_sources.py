@@ -292,7 +292,8 @@ def test_jaeger_tempo_and_file_give_the_same_verdict(scenario, make_server, caps
     if gpu:  # raw samples over the traces' own span window, evaluated at its end
         (_, q), (_, q2) = prometheus.paths("/api/v1/query")
         assert q == q2 and re.fullmatch(
-            r'hw_gpu_utilization_ratio\{job=~"[^"]+"\}\[(\d+)s\]', q["query"][0]
+            r'hw_gpu_utilization_ratio\{job=~"[^"]+", hw_gpu_task=~"\|general"\}\[(\d+)s\]',
+            q["query"][0]
         )
         spans = load_paths([TRACES / f"{scenario}.otlp.jsonl"]).spans
         first, last = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
@@ -708,6 +709,38 @@ def test_every_promql_expression_parses_with_promtool(service, tmp_path):
     assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
 
 
+@pytest.mark.parametrize("service", [None, "vlm-server"])
+def test_the_gpu_queries_read_the_compute_engine_only(service, tmp_path):
+    # hw.gpu.utilization split by hw.gpu.task (OpenTelemetry hardware GPU conventions): the general
+    # engine at 1, the video engines at 0, a series without the label (otel-stages' own sampler)
+    # at 0.5. Evaluated by promtool: averaged over all four the GPU read 0.375
+    queries = build_queries(service, 60)
+    raw = gpu_samples_query(service, 60)
+    series = [('{hw_gpu_task="general"}', "1"), ('{hw_gpu_task="decoder"}', "0"),
+              ('{hw_gpu_task="encoder"}', "0"), ("{}", "0.5")]
+    job = 'job="vlm-server", hw_id="GPU-0"'
+    suite = {
+        "rule_files": ["report.rules.json"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "15s",
+            "input_series": [{"series": "hw_gpu_utilization_ratio{" + (labels[1:-1] + ", " if labels != "{}" else "")
+                              + job + "}", "values": f"{value}x10"} for labels, value in series],
+            "promql_expr_test": [
+                {"expr": queries["gpu_mean"], "eval_time": "2m",
+                 "exp_samples": [{"labels": "{}", "value": 0.75}]},
+                {"expr": f"count(count_over_time({raw}))", "eval_time": "2m",
+                 "exp_samples": [{"labels": "{}", "value": 2}]},
+            ],
+        }],
+    }
+    (tmp_path / "report.rules.json").write_text(json.dumps({"groups": []}))
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    result = subprocess.run([_promtool(), "test", "rules", "suite.json"], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_promtool_check_catches_a_broken_expression(tmp_path):
     exprs = list(build_queries("vlm-server", 3600).values())
     exprs[2] = exprs[2].replace("(", "", 1)
@@ -1072,4 +1105,5 @@ def test_utf8_names_use_the_quoted_selector():
         'sum by (le, "span.name") (increase({"traces.span.metrics.duration_bucket",'
         ' "service.name"="svc", "span.name"=~"request|download|decode|resize|queue|forward"}[60s]))'
     )
-    assert q["gpu_mean"] == 'avg(avg_over_time({"hw.gpu.utilization", job=~"svc|.+/svc"}[60s]))'
+    assert q["gpu_mean"] == ('avg(avg_over_time({"hw.gpu.utilization", job=~"svc|.+/svc",'
+                             ' "hw.gpu.task"=~"|general"}[60s]))')

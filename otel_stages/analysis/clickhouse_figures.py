@@ -434,6 +434,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         cold=_cold(agg),
         cohorts=cohorts(agg) if cohort_list is None else cohort_list,
         input_mix_explains=agg.input_mix_explains,
+        process_mix=agg.process_mix,
         stage_evidence=with_mechanisms(
             _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
         failed_requests=agg.counts.failed,
@@ -514,6 +515,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "cohorts_total": agg.cohorts_total,
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
+        "process_mix": None if agg.process_mix is None else agg.process_mix.to_dict(),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
         "set_apart": [{
             "trace_id": a.figures.trace_id, "seq": a.figures.seq, "reason": a.figures.reason,

@@ -37,6 +37,11 @@ from otel_stages.analysis.gpu_owners import (
 
 #: A point's process as :func:`otel_stages.analysis.requests.process_key` writes it.
 _LABEL = process_label(*RESOURCE_PROCESS)
+#: SQL over a gauge table row: not an ``hw.gpu.utilization`` point of a video engine
+#: (``hw.gpu.task`` ``decoder`` / ``encoder``), as
+#: :func:`otel_stages.analysis.gpu_owners.is_model_utilization` reads them.
+MODEL_ENGINE = (f"(MetricName != '{semconv.HW_GPU_UTILIZATION}'"
+                f" OR Attributes['{semconv.HW_GPU_TASK}'] IN ('', '{semconv.HW_GPU_TASK_GENERAL}'))")
 
 
 def shared_gpu_ids_sql(gauge: str, query: AggregateQuery) -> str:
@@ -76,7 +81,7 @@ def ambiguous_units_sql(gauge: str, query: AggregateQuery) -> str:
     SELECT Attributes['{semconv.HW_ID}'] AS hw, {_LABEL} AS label, {process_hash(*RESOURCE_PROCESS)} AS k,
         toUInt8(1) AS undeclared, Value
     FROM {gauge} WHERE {metric_filter(query, f"('{semconv.HW_GPU_UTILIZATION}')")}
-        AND MetricUnit = '{UNDECLARED_UNIT}'
+        AND MetricUnit = '{UNDECLARED_UNIT}' AND {MODEL_ENGINE}
 )
 SELECT any(label) AS proc, hw FROM undeclared
 WHERE k IN (SELECT k FROM undeclared GROUP BY k HAVING {ambiguous_condition("undeclared", "Value")})

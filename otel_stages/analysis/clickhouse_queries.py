@@ -28,7 +28,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis import clickhouse_issues as issues
-from otel_stages.analysis.clickhouse_gpu_ids import ambiguous_condition
+from otel_stages.analysis.clickhouse_gpu_ids import MODEL_ENGINE, ambiguous_condition
 from otel_stages.analysis.clickhouse_requests import names_sql
 from otel_stages.analysis.clickhouse_sql import (
     FORMATS_TABLE,
@@ -178,6 +178,23 @@ def cohort_mix_sql() -> str:
     (SELECT if(count() > 1, varSampStable({_TOTAL_MS}) * (count() - 1), 0) FROM {R}
      WHERE warm AND {_KNOWN}) AS ss_total
 FROM {COHORTS_TABLE}"""
+
+
+def process_mix_sql() -> str:
+    """One row: the warm requests' processes (``processes``), their count (``n``), the sums of
+    squares of the total within processes and over all (``ss_within``, ``ss_total``, ms^2) for
+    :class:`otel_stages.analysis.process_mix.ProcessMix`, and the fastest and the slowest process
+    by mean total (``fastest`` / ``slowest``: ``(process, requests, mean_total_ms)``; of equal
+    means the first / the last process, as the file report sorts them)."""
+    return f"""SELECT count() AS processes, sum(k) AS n, sum(ss) AS ss_within,
+    (SELECT if(count() > 1, varSampStable({_TOTAL_MS}) * (count() - 1), 0) FROM {R} WHERE warm)
+        AS ss_total,
+    argMin((proc, k, m), (m, proc)) AS fastest, argMax((proc, k, m), (m, proc)) AS slowest
+FROM (
+    SELECT proc, count() AS k, avg({_TOTAL_MS}) AS m,
+        if(k > 1, varSampStable({_TOTAL_MS}) * (k - 1), 0) AS ss
+    FROM {R} WHERE warm GROUP BY proc
+)"""
 
 
 def cold_sql(method: str) -> str:
@@ -500,7 +517,9 @@ def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, 
     :data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`), ``undeclared`` (1 where ``MetricUnit``
     is :data:`~otel_stages.analysis.gpu_owners.UNDECLARED_UNIT`), ``unit`` (``MetricUnit``: the
     unit is guessed per sender and unit, :func:`otel_stages.analysis.gpu_owners.sender_divisors`) and
-    ``metric`` (:func:`gpu_metric_is`). The GPU series, the utilization and the memory statements read it."""
+    ``metric`` (:func:`gpu_metric_is`); utilization points of the compute engine only
+    (:data:`~otel_stages.analysis.clickhouse_gpu_ids.MODEL_ENGINE`). The GPU series, the
+    utilization and the memory statements read it."""
     fill = f"""CREATE TEMPORARY TABLE {GPU_POINTS_TABLE} ENGINE = Log AS
 SELECT {process_hash(*RESOURCE_PROCESS)} AS point_key,
     ResourceAttributes['{semconv.HOST_NAME}'] AS host,
@@ -509,7 +528,7 @@ SELECT {process_hash(*RESOURCE_PROCESS)} AS point_key,
     toUInt8(MetricUnit = '{UNDECLARED_UNIT}') AS undeclared,
     CAST(MetricUnit AS String) AS unit,
     toUInt8(indexOf([{_GPU_METRICS[1:-1]}], CAST(MetricName AS String))) AS metric
-FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)}"""
+FROM {gauge} WHERE {metric_filter(query, _GPU_METRICS)} AND {MODEL_ENGINE}"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_POINTS_TABLE}", {}), (fill, query_params(query))]
 
 
@@ -971,6 +990,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("cohorts", cohorts_sql(method), tops),
         ("cohort_stages", cohort_stages_sql(method), tops),
         ("cohort_mix", cohort_mix_sql(), {}),
+        ("process_mix", process_mix_sql(), {}),
         ("cold", cold_sql(method), {}),
         ("cold_stages", cold_stages_sql(method), {}),
         ("cold_cohorts", cold_cohorts_sql(method), tops),

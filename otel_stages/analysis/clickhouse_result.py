@@ -33,6 +33,7 @@ from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
+from otel_stages.analysis.process_mix import ProcessMean, ProcessMix
 from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
@@ -514,6 +515,7 @@ class FleetAggregates:
     set_apart: tuple[ApartRequest, ...] = ()
     services: tuple[tuple[str, int], ...] = ()
     service_requests: int = 0
+    process_mix: ProcessMix | None = None
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -609,6 +611,21 @@ def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> flo
     ms_within = ss_within / (n - groups)
     omega = (ss_total - ss_within - (groups - 1) * ms_within) / (ss_total + ms_within)
     return min(1.0, max(0.0, omega))
+
+
+def process_mix_of(row: Mapping[str, Any] | None) -> ProcessMix | None:
+    """:func:`otel_stages.analysis.clickhouse_queries.process_mix_sql`'s row as
+    :func:`otel_stages.analysis.process_mix.process_mix` answers (``None`` where it would)."""
+    if not row:
+        return None
+    explains = omega_squared(float(row["ss_total"] or 0.0), float(row["ss_within"] or 0.0),
+                             int(row["processes"] or 0), int(row["n"] or 0))
+    if explains is None:
+        return None
+    (fast, fast_n, fast_ms), (slow, slow_n, slow_ms) = row["fastest"], row["slowest"]
+    return ProcessMix(explains=explains, processes=int(row["processes"]),
+                      fastest=ProcessMean(str(fast), int(fast_n), float(fast_ms)),
+                      slowest=ProcessMean(str(slow), int(slow_n), float(slow_ms)))
 
 
 def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
@@ -741,5 +758,6 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
+        process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None)),
     )
 

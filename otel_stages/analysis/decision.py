@@ -210,10 +210,26 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig)
+    if swings is not False:
+        _process_caveat(verdict, fig)
     failures_first(verdict, fig)
     clash_caveat(verdict, fig)
     services_caveat(verdict, fig)
     return verdict
+
+
+def _process_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, the reason first in the evidence and the advice, when the warm total's swing
+    lies between processes (:mod:`otel_stages.analysis.process_mix`) and the input mix does not
+    explain it (inputs routed per process: the input mix line says so)."""
+    mix = fig.process_mix
+    if mix is None or not mix.dominates or verdict.cause in (None, CAUSE_STABLE):
+        return
+    if fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES:
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, mix.describe())
+    verdict.advice.insert(0, mix.advice())
 
 
 # --- verdicts ------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from otel_stages.analysis.gpu_owners import (
 from otel_stages.analysis.mechanisms import stage_signals, with_mechanisms
 from otel_stages.analysis.model import MetricPoint, Recording
 from otel_stages.analysis.noise import noise_band
+from otel_stages.analysis.process_mix import process_mix
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, attribute_text, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
@@ -202,6 +203,7 @@ def _warm(
         cold=cold_fig,
         cohorts=cohorts,
         input_mix_explains=mix,
+        process_mix=None if verdict_only else process_mix(warm),
         stage_evidence=with_mechanisms({} if verdict_only else stage_evidence(warm, list(stages)),
                                        signals),
         failed_requests=len(failed),
@@ -384,6 +386,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         gpu=result.gpu,
         cohorts=share_tentative(cohorts, verdict.tentative),
         input_mix_explains=mix,
+        process_mix=result.figures.process_mix,
         set_apart=apart,
         runs=runs,
         noise=(noise_band(result.figures.stages.values(), result.figures.reference_ms)

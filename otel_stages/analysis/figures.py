@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.process_mix import ProcessMix
 
 #: ``ColdFigures.compared_with``: warm requests with the cold request's input (cohort).
 SAME_INPUT = "same_input"
@@ -327,7 +328,8 @@ class Figures:
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
     the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
     the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest
-    ones, ``service_requests`` counting all).
+    ones, ``service_requests`` counting all). ``process_mix``: the part of the warm total's
+    variance between processes (:mod:`otel_stages.analysis.process_mix`).
     """
 
     warm_requests: int
@@ -338,6 +340,7 @@ class Figures:
     cold: ColdFigures | None = None
     cohorts: Sequence[CohortFigures] = ()
     input_mix_explains: float | None = None
+    process_mix: ProcessMix | None = None
     stage_evidence: Mapping[str, StageEvidence] = field(default_factory=dict)
     failed_requests: int = 0
     requests: int = 0

@@ -126,6 +126,16 @@ def is_ambiguous(values: Iterable[float], undeclared: bool, guess: float = PERCE
     return undeclared and above_zero
 
 
+def is_model_utilization(point: MetricPoint) -> bool:
+    """Whether ``point`` is an ``hw.gpu.utilization`` reading of the GPU's compute engine, the one
+    a model runs on: without ``hw.gpu.task`` or with ``general``. The hardware conventions split
+    utilization by engine (``decoder`` / ``encoder`` / ``general``:
+    https://opentelemetry.io/docs/specs/semconv/hardware/gpu/), and the video engines idle while
+    the model saturates the GPU: averaged with them, a 95 % GPU read 32 %."""
+    return (point.name == semconv.HW_GPU_UTILIZATION
+            and point.attributes.get(semconv.HW_GPU_TASK) in (None, "", semconv.HW_GPU_TASK_GENERAL))
+
+
 def is_guessed(unit: str | None) -> bool:
     """Whether a utilization point's unit leaves percent to the guess: every unit but ``%``
     (:data:`~otel_stages.analysis.otlp_json.PERCENT_UNIT`, scaled when read)."""
@@ -140,7 +150,7 @@ def sender_divisors(points: Sequence[MetricPoint], guess: float = PERCENT_GUESS
     (left out). One producer writes one unit for a metric, so the guess is made per sender, not
     per GPU, and per unit, so a unit fixed partway is not guessed from the points before
     (module docstring). The sender is its :func:`~otel_stages.analysis.requests.process_key`."""
-    chosen = [p for p in points if p.name == semconv.HW_GPU_UTILIZATION]
+    chosen = [p for p in points if is_model_utilization(p)]
     return _divisors(chosen, point_processes(chosen), guess)
 
 
@@ -161,7 +171,7 @@ def ambiguous_series(points: Sequence[MetricPoint]) -> list[SeriesKey]:
     points are left out (:func:`owned_series`): every ``hw.id`` with undeclared points of a sender
     whose undeclared points :func:`sender_divisors` finds ambiguous (the sender is its
     :func:`~otel_stages.analysis.requests.process_key`, whether or not it ran requests)."""
-    chosen = [p for p in points if p.name == semconv.HW_GPU_UTILIZATION]
+    chosen = [p for p in points if is_model_utilization(p)]
     procs = point_processes(chosen)
     divisors = _divisors(chosen, procs, PERCENT_GUESS)
     return sorted({(proc, str(p.attributes.get(semconv.HW_ID, "")))
@@ -225,7 +235,8 @@ def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Co
     memory reading 1 GiB below the service's own is not memory released)."""
     sent: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
     sender_host: dict[str, str] = {}
-    chosen = [p for p in points if p.name == name]
+    chosen = [p for p in points if p.name == name
+              and (name != semconv.HW_GPU_UTILIZATION or is_model_utilization(p))]
     procs = point_processes(chosen)
     # only utilization is guessed; said once per report: ambiguous_unit_lines
     divisors = {} if scale is None else _divisors(chosen, procs, scale)

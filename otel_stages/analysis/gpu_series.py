@@ -9,7 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import is_guessed, point_processes, sender_divisors
+from otel_stages.analysis.gpu_owners import (
+    is_guessed,
+    is_model_utilization,
+    point_processes,
+    sender_divisors,
+)
 from otel_stages.analysis.model import MetricPoint
 
 
@@ -46,7 +51,7 @@ def gpu_series(points: Sequence[MetricPoint], origin_ns: int, lo_ns: int, hi_ns:
     near = [p for p in points if lo_ns <= p.time_ns <= hi_ns]
     for p, proc in zip(near, point_processes(near)):
         hw_id = proc, str(p.attributes.get(semconv.HW_ID, ""))
-        if p.name == semconv.HW_GPU_UTILIZATION:
+        if is_model_utilization(p):
             divide = divisors[proc, p.unit] if is_guessed(p.unit) else 1.0
             if divide is None:
                 continue

@@ -262,7 +262,7 @@ def fetch_prometheus_report(
 
 def gpu_samples_query(service: str | None, range_s: int, metric: str = GPU_UTILIZATION) -> str:
     """Raw GPU utilization samples of the last ``range_s`` seconds (a range vector)."""
-    return f"{metric_selector(metric, gpu_matchers(service))}[{range_s}s]"
+    return f"{metric_selector(metric, gpu_matchers(service, metric))}[{range_s}s]"
 
 
 def fetch_gpu_samples(

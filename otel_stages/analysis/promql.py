@@ -34,6 +34,9 @@ from otel_stages.analysis.model import MetricPoint
 SPAN_DURATION = "traces_span_metrics_duration_milliseconds"
 #: hw.gpu.utilization (unit "1") as Prometheus names it.
 GPU_UTILIZATION = "hw_gpu_utilization_ratio"
+#: Prometheus labels of the GPU metrics whose attribute name has more than one dot (the
+#: Collector's translation turns every dot into ``_``): the others are ``hw_x`` -> ``hw.x``.
+_LABEL_ATTRIBUTES = {"hw_gpu_task": semconv.HW_GPU_TASK}
 #: Quantiles asked of histogram_quantile, by result key.
 QUANTILES: dict[str, float] = {"p5": 0.05, "p50": 0.5, "p95": 0.95, "p99": 0.99}
 #: Span names queried: the request span (for the request count and total) and the stages.
@@ -264,10 +267,14 @@ def gpu_selector(service: str | None) -> str:
     return "{job=~" + promql_string(f"{_re2(service)}|.+/{_re2(service)}") + "}"
 
 
-def gpu_matchers(service: str | None) -> list[str]:
-    """:func:`gpu_selector` as a matcher list."""
+def gpu_matchers(service: str | None, metric: str = GPU_UTILIZATION) -> list[str]:
+    """:func:`gpu_selector` as a matcher list, and the compute engine's series only: no
+    ``hw.gpu.task`` or ``general`` (:func:`otel_stages.analysis.gpu_owners.is_model_utilization`;
+    the label as ``metric`` is named: ``hw_gpu_task`` translated, ``hw.gpu.task`` not)."""
     sel = gpu_selector(service)
-    return [sel[1:-1]] if sel else []
+    task = semconv.HW_GPU_TASK if "." in metric else semconv.HW_GPU_TASK.replace(".", "_")
+    engine = f"{label_name(task)}=~{promql_string('|' + semconv.HW_GPU_TASK_GENERAL)}"
+    return [*([sel[1:-1]] if sel else []), engine]
 
 
 def build_queries(
@@ -290,7 +297,7 @@ def build_queries(
     }
     for key, q in QUANTILES.items():
         queries[key] = f"histogram_quantile({q}, sum by (le, {span}) (rate({sel('bucket')})))"
-    gpu = metric_selector(gpu_metric, gpu_matchers(service)) + w
+    gpu = metric_selector(gpu_metric, gpu_matchers(service, gpu_metric)) + w
     queries["gpu_mean"] = f"avg(avg_over_time({gpu}))"
     queries["gpu_samples"] = f"sum(count_over_time({gpu}))"
     return queries
@@ -387,7 +394,8 @@ def parse_gpu_matrix(doc: Any) -> list[MetricPoint]:
     for series in data.get("result") or []:
         labels = dict(series.get("metric") or {})
         attributes = {
-            k.replace("_", ".", 1): v for k, v in labels.items() if k.startswith(("hw_", "hw."))
+            _LABEL_ATTRIBUTES.get(k, k.replace("_", ".", 1)): v
+            for k, v in labels.items() if k.startswith(("hw_", "hw."))
         }
         resource = {semconv.SERVICE_NAME: labels["job"]} if "job" in labels else {}
         for t, v in series.get("values") or []:

@@ -6,7 +6,8 @@
 (time counted in two stages at once, :class:`~otel_stages.analysis.stage_overlap.Overlap`, or
 null), ``cohorts`` (each verdict tentative on its own, fewer than 20 warm requests in it, or
 whenever the report's ``verdict`` is: :func:`~otel_stages.analysis.figures.share_tentative`),
-``input_mix_explains``, ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``),
+``input_mix_explains``, ``process_mix`` (:class:`~otel_stages.analysis.process_mix.ProcessMix`
+or null), ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``),
 ``comparison`` (:meth:`.comparison.Comparison.to_dict`); plus ``set_apart``, ``noise``, ``gpu``, ``slowest``,
 ``groups`` and ``signals`` (per stage: thread CPU time against waiting, GC, event-loop lag,
 throttling; :mod:`otel_stages.analysis.mechanisms`).
@@ -22,6 +23,7 @@ from otel_stages.analysis.comparison import Comparison
 from otel_stages.analysis.figures import CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.noise import NoiseBand
+from otel_stages.analysis.process_mix import ProcessMix
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_overlap import Overlap
@@ -215,6 +217,7 @@ class Report:
     gpu: GpuEvidence
     cohorts: list[CohortFigures] = field(default_factory=list)
     input_mix_explains: float | None = None
+    process_mix: ProcessMix | None = None
     set_apart: list[SetApart] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
     noise: NoiseBand | None = None
@@ -256,6 +259,7 @@ class Report:
             "cohorts": [cohort_to_dict(c) for c in self.cohorts],
             "cohorts_total": len(self.cohorts),  # all listed here; from ClickHouse the largest 20
             "input_mix_explains": _r(self.input_mix_explains, 4),
+            "process_mix": None if self.process_mix is None else self.process_mix.to_dict(),
             "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),
             "set_apart": [a.to_dict() for a in self.set_apart],
             "runs": [r.to_dict() for r in self.runs],

@@ -65,6 +65,7 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     semconv.EVENT_LOOP_HELD_MS,
     # what the metric-point readers name (kept anyway on points; listed for the source check)
     semconv.HW_ID,
+    semconv.HW_GPU_TASK,
     semconv.HW_MODEL,
     semconv.SYSTEM_LINUX_PRESSURE_STALL_TYPE,
     semconv.PRESSURE_SCOPE,
