@@ -345,6 +345,8 @@ def _run_line(run: Run) -> str:
         who += f" instance {run.service_instance_id}"
     if run.host_name:
         who += f" on {run.host_name}"
+    if run.process_pid:
+        who += f" pid {run.process_pid}"
     return (f"{who}: {_count(run.requests, 'request')}, {_utc(run.first_unix_ns)} .."
             f" {_utc(run.last_unix_ns)[11:]} UTC")
 

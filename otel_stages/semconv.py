@@ -98,6 +98,9 @@ SERVICE_NAME = "service.name"  #: resource attribute
 SERVICE_NAMESPACE = "service.namespace"  #: resource attribute
 SERVICE_INSTANCE_ID = "service.instance.id"  #: resource attribute
 HOST_NAME = "host.name"  #: resource attribute (OpenTelemetry host conventions)
+#: int resource attribute: the process id (OpenTelemetry process conventions; the Java and Node
+#: SDKs set it by default), which tells a server's worker processes apart on one host.
+PROCESS_PID = "process.pid"
 URL_FULL = "url.full"  #: str, semconv HTTP client attribute (download), secrets redacted
 URL_SCHEME = "url.scheme"  #: str, semconv: "http", "https" or "data" (download)
 #: str, semconv: host the body finally came from (after redirects) (download)

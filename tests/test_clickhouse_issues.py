@@ -1551,6 +1551,45 @@ def test_replicas_within_the_noise_pool_as_one(engine, tmp_path: Path) -> None:
     assert want["process_mix"]["explains"] < 0.5
     assert not any(e.startswith("the process explains") for e in want["verdict"]["evidence"])
     assert got["verdict"] == want["verdict"]
+@pytest.mark.parametrize("pids", [True, False])
+def test_worker_processes_without_an_instance_id_are_told_apart_by_pid(engine, tmp_path: Path,
+                                                                      pids: bool) -> None:
+    # a tester's: four gunicorn workers of one service on one host (service.name and host.name
+    # alike, process.pid apart, no service.instance.id, no request.seq / request.cold_start, as
+    # a producer other than otel-stages writes them), each loading its model on its first
+    # request (2.5 s against 170 ms warm). Keyed by service and host, they were one process with
+    # one cold request, the other three cold starts a confident "forward swings"
+    from tests import odd_inputs
+
+    lines: list[str] = []
+    for worker in range(4):
+        def stages(i: int, r: Any) -> list[tuple[str, float]]:
+            return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                    ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+                    ("forward", (2500.0 if i == 0 else 150.0) + r.random())]
+        rows = odd_inputs.run(15, stages, seed=worker + 1)
+        for spans in rows:
+            spans[0]["attributes"] = [a for a in spans[0]["attributes"] if a["key"] != "request.seq"]
+        path = odd_inputs.write(tmp_path / f"w{worker}.jsonl", rows)
+        resource = [odd_inputs._attr("service.name", "svc"), odd_inputs._attr("host.name", "gpu-1")]
+        if pids:
+            resource.append(odd_inputs._attr("process.pid", 4100 + worker))
+        for line in path.read_text().splitlines():
+            doc = json.loads(line)
+            doc["resourceSpans"][0]["resource"]["attributes"] = resource
+            lines.append(json.dumps(doc))
+    merged = tmp_path / "workers.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, merged)
+    assert got["verdict"] == want["verdict"]
+    assert got["counts"]["cold"] == want["counts"]["cold"]
+    if pids:
+        assert want["counts"]["cold"] == 4 and want["verdict"]["cause"] == "cold_start"
+        assert not want["verdict"]["tentative"]
+        assert sorted(r["process_pid"] for r in want["runs"]) == ["4100", "4101", "4102", "4103"]
+        assert sorted(r["process_pid"] for r in got["runs"]) == ["4100", "4101", "4102", "4103"]
+    else:  # one process as far as anything recorded tells: one cold request
+        assert want["counts"]["cold"] == 1 and [r["process_pid"] for r in want["runs"]] == [None]
 
 
 def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) -> None:

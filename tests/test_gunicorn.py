@@ -115,10 +115,16 @@ def test_gunicorn_three_preloaded_workers_each_report_their_own_cold_start(tmp_p
     assert main(["report", str(data_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["requests"] == sent and report["cold_start"] is not None
+    # one cold request per worker; on a loaded machine one may take no longer than the warm
+    # requests of its input (then counted apart: without_penalty), so the text's figure varies
+    cold = report["cold_start"]
+    assert cold["count"] + cold["without_penalty"] == WORKERS
     assert report["batches"]["batches"] >= 1 and report["batches"]["unmatched_members"] == 0
     assert main(["report", str(data_dir)]) == 0
     text = capsys.readouterr().out
-    assert f"{WORKERS} cold" in text and f"{WORKERS} first requests (median)" in text  # one per worker
+    assert f"{WORKERS} cold" in text  # one per worker
+    assert (f"{cold['count']} of the {WORKERS} cold requests" if cold["without_penalty"]
+            else f"{WORKERS} first requests (median)") in text
 
 
 @pytest.mark.slow

@@ -528,6 +528,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "runs": [{"service_name": r.service_name or None,
                   "service_instance_id": r.service_instance_id or None,
                   "host_name": r.host_name or None,
+                  "process_pid": r.process_pid or None,
                   "first_unix_ns": r.first_unix_ns, "last_unix_ns": r.last_unix_ns,
                   "requests": r.requests, "reported": True} for r in agg.runs],
         "problems": list(agg.problems),

@@ -354,7 +354,7 @@ WHERE {_COLD} GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, st
 def runs_sql() -> str:
     """The processes read (``{top_runs:UInt32}`` earliest first)."""
     return f"""SELECT argMin(svc, start_ns) AS service_name, argMin(inst, start_ns) AS service_instance_id,
-    argMin(host, start_ns) AS host_name,
+    argMin(host, start_ns) AS host_name, argMin(pid, start_ns) AS process_pid,
     min(start_ns) AS first_unix_ns, max(start_ns + total_ns) AS last_unix_ns, count() AS requests
 FROM {R} WHERE is_request GROUP BY proc
 ORDER BY first_unix_ns, proc LIMIT {{top_runs:UInt32}}"""

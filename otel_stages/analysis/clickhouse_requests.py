@@ -82,7 +82,8 @@ REQUEST_SCHEMA: tuple[tuple[str, str], ...] = (
     ("stage_ns", "Array(Int64)"), ("stage_counts", "Array(UInt64)"), ("covered_ns", "Int64"),
     ("width", "Nullable(Int64)"), ("height", "Nullable(Int64)"), ("bytes", "Nullable(Int64)"),
     ("fmt", "String"), ("seq", "Nullable(Int64)"), ("cold_attr", "Nullable(UInt8)"),
-    ("error", "UInt8"), ("svc", "String"), ("inst", "String"), ("host", "String"), ("proc", "String"),
+    ("error", "UInt8"), ("svc", "String"), ("inst", "String"), ("host", "String"), ("pid", "String"),
+    ("proc", "String"),
     ("proc_key", "UInt64"), ("fwd_start", "Array(Int64)"), ("fwd_end", "Array(Int64)"),
     ("fwd_util", "Array(Nullable(Float64))"), ("fwd_count", "Array(Nullable(Int64))"),
     ("incomplete_groups", "UInt64"), ("incomplete_spans", "UInt64"), ("cold", "UInt8"),
@@ -188,6 +189,8 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     ns = f"ResourceAttributes['{semconv.SERVICE_NAMESPACE}']"
     inst = f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']"
     host = f"ResourceAttributes['{semconv.HOST_NAME}']"
+    # the process id tells apart a host's workers only without an instance id (process_key)
+    ppid = f"if({inst} = '', ResourceAttributes['{semconv.PROCESS_PID}'], '')"
     image = (f"toInt64OrZero({a}['{semconv.IMAGE_WIDTH}']) AS w, "
              f"toInt64OrZero({a}['{semconv.IMAGE_HEIGHT}']) AS h, "
              f"toInt64OrZero({a}['{semconv.IMAGE_SIZE}']) AS s,"
@@ -196,7 +199,7 @@ def groups_insert(traces: str, query: AggregateQuery) -> str:
     return f"""INSERT INTO {GROUPS_TABLE}
 SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
-    self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, d.svc, d.inst,
+    self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, self.ppid, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
     d.w, d.h, d.s, d.fmt, d.bad, d.first_ns,
     k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
@@ -216,7 +219,7 @@ FROM (
 ANY LEFT JOIN (
     SELECT {trace}, {sid} AS sid, {pid} AS pid, {start} AS start, toInt64(Duration) AS dur, {err} AS err,
         CAST(SpanName = {_REQUEST} AS UInt8) AS isreq, {_SEQ} AS seq, {_COLD} AS cold, {image},
-        CAST(ServiceName AS String) AS svc, {inst} AS inst, {host} AS host, {ns} AS ns
+        CAST(ServiceName AS String) AS svc, {inst} AS inst, {host} AS host, {ns} AS ns, {ppid} AS ppid
     FROM {traces} WHERE SpanName NOT IN {_STD} AND {base} AND {self_time}
 ) AS self ON k.trace_key = self.trace_key AND k.key = self.sid
 ANY LEFT JOIN (
@@ -253,8 +256,8 @@ def custom_only_insert(traces: str, query: AggregateQuery) -> str:
     a = "SpanAttributes"
     return f"""INSERT INTO {GROUPS_TABLE} (trace_key, key, present, self_start, self_dur, self_pid, self_err,
     self_isreq, self_seq, self_cold, self_w, self_h, self_s, self_fmt, self_svc, self_inst, self_host,
-    self_ns)
-SELECT trace_key, sid, 1, start, dur, pid, err, 1, seq, cold, w, h, s, fmt, svc, inst, host, ns
+    self_ns, self_ppid)
+SELECT trace_key, sid, 1, start, dur, pid, err, 1, seq, cold, w, h, s, fmt, svc, inst, host, ns, ppid
 FROM (
     SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
         reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
@@ -265,7 +268,8 @@ FROM (
         {format_text(f"{a}[{semconv.IMAGE_FORMAT!r}]")} AS fmt,
         CAST(ServiceName AS String) AS svc, ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}'] AS inst,
         ResourceAttributes['{semconv.HOST_NAME}'] AS host,
-        ResourceAttributes['{semconv.SERVICE_NAMESPACE}'] AS ns
+        ResourceAttributes['{semconv.SERVICE_NAMESPACE}'] AS ns,
+        if(inst = '', ResourceAttributes['{semconv.PROCESS_PID}'], '') AS ppid
     FROM {traces} WHERE SpanName = {_REQUEST} AND {span_filter(query, odd=False)}
     LIMIT 1 BY trace_key, sid
 )
@@ -277,7 +281,7 @@ _GROUPS_SCHEMA = (
     "trace_key UInt128, key UInt64, present UInt8, "
     "self_start Int64, self_dur Int64, self_pid UInt64, self_err UInt8, self_isreq UInt8, "
     "self_seq Int64, self_cold UInt8, self_w Int64, self_h Int64, self_s Int64, self_fmt String, "
-    "self_svc String, self_inst String, self_host String, self_ns String, "
+    "self_svc String, self_inst String, self_host String, self_ns String, self_ppid String, "
     "kid_svc String, kid_inst String, n_kids UInt64, "
     + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
     + "kid_min Int64, kid_max Int64, kid_err UInt8, "
@@ -499,7 +503,7 @@ def _window(query: AggregateQuery, column: str) -> str:
 #: Over GROUPS_TABLE rows: the process key of a group (as analysis.requests.process_key; a group
 #: whose parent span never arrived, by the ``service.name`` of its decode spans).
 _PROC_PARTS = ("if(present, self_ns, '')", "if(present, self_svc, kid_svc)", "if(present, self_inst, '')",
-               "if(present, self_host, '')")
+               "if(present, self_host, '')", "if(present, self_ppid, '')")
 _PROC = process_label(*_PROC_PARTS)
 #: Over GROUPS_TABLE rows: the hash of the group's process (clickhouse_sql.process_hash).
 _PROC_HASH = process_hash(*_PROC_PARTS)
@@ -606,6 +610,7 @@ def _requests_select(query: AggregateQuery) -> str:
     if(present, self_svc, kid_svc) AS svc,
     if(present, self_inst, '') AS inst,
     if(present, self_host, '') AS host,
+    if(present, self_ppid, '') AS pid,
     {_PROC} AS proc,
     {_PROC_HASH} AS proc_key,
     {fwd.format("starts")} AS fwd_start,

@@ -409,8 +409,8 @@ def _cohort_gpus(results: Mapping[str, Sequence[Mapping[str, Any]]]
 @dataclass(frozen=True)
 class RunAggregate:
     """One process read: ``service.name``, ``service.instance.id`` (``""`` when not set), its
-    first request's start and last request's end, its request count and its ``host.name`` (``""``
-    when not set)."""
+    first request's start and last request's end, its request count, its ``host.name`` (``""``
+    when not set) and its ``process.pid`` (``""`` when not set or an instance id is)."""
 
     service_name: str
     service_instance_id: str
@@ -418,6 +418,7 @@ class RunAggregate:
     last_unix_ns: int
     requests: int
     host_name: str = ""
+    process_pid: str = ""
 
 
 @dataclass(frozen=True)
@@ -695,7 +696,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         )
     runs = [RunAggregate(**{k: r[k] for k in ("service_name", "service_instance_id",
                                               "first_unix_ns", "last_unix_ns", "requests",
-                                              "host_name")})
+                                              "host_name", "process_pid")})
             for r in results["runs"]]
     slowest = [SlowRequest(
         trace_id=r["trace_id"], seq=r["seq"], total_ms=r["total_ns"] / 1e6,

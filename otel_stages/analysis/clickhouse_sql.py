@@ -149,36 +149,39 @@ def query_params(query: AggregateQuery) -> dict[str, Any]:
     }
 
 
-def process_hash(namespace: str, service: str, instance: str, host: str) -> str:
+def process_hash(namespace: str, service: str, instance: str, host: str, pid: str) -> str:
     """SQL: a UInt64 naming a process as :func:`otel_stages.analysis.requests.process_key` does,
     by its ``service.namespace`` (``namespace``), ``service.name`` (``service``) and
-    ``service.instance.id`` (``instance``), else its namespace, ``service.name`` and ``host.name``
-    (``host``): the key that lines metric points up with requests (two services sharing an
-    instance id, the containers of one pod, stay apart; so do two hosts' processes of one
-    service without instance ids)."""
+    ``service.instance.id`` (``instance``), else its namespace, ``service.name``, ``host.name``
+    (``host``) and ``process.pid`` (``pid``): the key that lines metric points up with requests
+    (two services sharing an instance id, the containers of one pod, stay apart; so do two
+    hosts' processes of one service without instance ids, and one host's worker processes)."""
     return (f"cityHash64(if({instance} != '', 'i', 's'), {namespace}, {service},"
-            f" if({instance} != '', {instance}, {host}))")
+            f" if({instance} != '', {instance}, {host}), if({instance} != '', '', {pid}))")
 
 
-def process_label(namespace: str, service: str, instance: str, host: str) -> str:
+def process_label(namespace: str, service: str, instance: str, host: str, pid: str) -> str:
     """SQL: the text :func:`otel_stages.analysis.requests.process_key` writes, from the
     ``service.namespace`` (``namespace``), ``service.name`` (``service``),
-    ``service.instance.id`` (``instance``) and ``host.name`` (``host``) expressions (``''`` for
-    not set)."""
+    ``service.instance.id`` (``instance``), ``host.name`` (``host``) and ``process.pid``
+    (``pid``) expressions (``''`` for not set)."""
     return (f"arrayStringConcat(arrayFilter(x -> x != '', ["
             f"if({namespace} != '', concat('{semconv.SERVICE_NAMESPACE}=', {namespace}), ''),"
             f" if({service} != '', concat('{semconv.SERVICE_NAME}=', {service}), ''),"
             f" if({instance} != '', concat('{semconv.SERVICE_INSTANCE_ID}=', {instance}),"
-            f" if({host} != '', concat('{semconv.HOST_NAME}=', {host}), ''))]), ',')")
+            f" if({host} != '', concat('{semconv.HOST_NAME}=', {host}), '')),"
+            f" if({instance} = '' AND {pid} != '', concat('{semconv.PROCESS_PID}=', {pid}), '')]),"
+            " ',')")
 
 
 #: Over a row of the Collector exporter's tables (``ServiceName``, ``ResourceAttributes``): the
-#: ``service.namespace``, ``service.name``, ``service.instance.id`` and ``host.name`` expressions
-#: of its process.
+#: ``service.namespace``, ``service.name``, ``service.instance.id``, ``host.name`` and
+#: ``process.pid`` expressions of its process.
 RESOURCE_PROCESS = (f"ResourceAttributes['{semconv.SERVICE_NAMESPACE}']",
                     "CAST(ServiceName AS String)",
                     f"ResourceAttributes['{semconv.SERVICE_INSTANCE_ID}']",
-                    f"ResourceAttributes['{semconv.HOST_NAME}']")
+                    f"ResourceAttributes['{semconv.HOST_NAME}']",
+                    f"ResourceAttributes['{semconv.PROCESS_PID}']")
 
 
 def _span_window(query: AggregateQuery) -> list[str]:

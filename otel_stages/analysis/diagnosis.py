@@ -278,6 +278,7 @@ def runs_of(requests: Sequence[Request]) -> list[Run]:
         resource = reqs[0].resource
         name, instance = resource.get(semconv.SERVICE_NAME), resource.get(semconv.SERVICE_INSTANCE_ID)
         host = resource.get(semconv.HOST_NAME)
+        pid = resource.get(semconv.PROCESS_PID) if instance in (None, "") else None
         runs.append(Run(
             key=key,
             service_name=None if name in (None, "") else attribute_text(name),
@@ -286,6 +287,7 @@ def runs_of(requests: Sequence[Request]) -> list[Run]:
             last_unix_ns=max(r.end_ns for r in reqs),
             requests=len(reqs),
             host_name=None if host in (None, "") else attribute_text(host),
+            process_pid=None if pid in (None, "") else attribute_text(pid),
         ))
     return sorted(runs, key=lambda r: (r.first_unix_ns, r.key))
 

@@ -127,8 +127,9 @@ class Counts:
 class Run:
     """One process read: ``service_name``, ``service_instance_id``, its first request start and
     last request end (Unix ns), how many ``requests`` (all kinds), whether it is in the
-    statistics (``reported``: false when ``--last-run`` chose another) and its ``host_name``
-    (``host.name``, ``None`` when not set). ``key`` is its
+    statistics (``reported``: false when ``--last-run`` chose another), its ``host_name``
+    (``host.name``, ``None`` when not set) and ``process_pid`` (``process.pid``, read only
+    without an instance id, as the key). ``key`` is its
     :func:`~otel_stages.analysis.requests.process_key`."""
 
     key: str
@@ -139,6 +140,7 @@ class Run:
     requests: int
     reported: bool = True
     host_name: str | None = None
+    process_pid: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON form (DESIGN.md section 3 ``runs`` entry plus ``host_name`` and ``reported``)."""
@@ -146,6 +148,7 @@ class Run:
             "service_name": self.service_name,
             "service_instance_id": self.service_instance_id,
             "host_name": self.host_name,
+            "process_pid": self.process_pid,
             "first_unix_ns": self.first_unix_ns,
             "last_unix_ns": self.last_unix_ns,
             "requests": self.requests,

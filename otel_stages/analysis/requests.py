@@ -153,22 +153,26 @@ class Grouping:
 def process_key(resource: dict[str, AttributeValue]) -> str:
     """The process a resource belongs to, as ``key=value`` parts joined by commas (those set;
     ``""`` with none): ``service.namespace``, ``service.name``, then ``service.instance.id``, or
-    without one ``host.name``. So ``service.name=svc-x,service.instance.id=pod-7``,
-    ``service.namespace=shop,service.name=svc-x,service.instance.id=pod-7``, or
-    ``service.name=svc-x,host.name=gpu-1``.
+    without one ``host.name`` and ``process.pid``. So
+    ``service.name=svc-x,service.instance.id=pod-7``,
+    ``service.namespace=shop,service.name=svc-x,service.instance.id=pod-7``,
+    ``service.name=svc-x,host.name=gpu-1``, or ``service.name=svc-x,host.name=gpu-1,process.pid=41``.
 
     OpenTelemetry's resource conventions make ``service.instance.id`` unique per instance of one
     ``(service.namespace, service.name)`` pair: the triplet is the process, and two services may
     share an instance id (a pod name or ``$HOSTNAME`` used by both containers of a pod), so the
     id alone would fold them into one run with one cold start. Servers that do not set it (one
     process per host) are told apart by their host, so two hosts' processes of one service keep
-    their own cold starts and GPUs. The ClickHouse SQL writes the same key
+    their own cold starts and GPUs, and by their ``process.pid`` where it is set (a server's
+    worker processes on one host, gunicorn's, each load the model and pay their own cold start;
+    OpenTelemetry's Java and Node SDKs set it by default). The ClickHouse SQL writes the same key
     (:func:`otel_stages.analysis.clickhouse_sql.process_label`).
     """
     instance = resource.get(semconv.SERVICE_INSTANCE_ID)
-    last = semconv.HOST_NAME if instance in (None, "") else semconv.SERVICE_INSTANCE_ID
+    last = ((semconv.HOST_NAME, semconv.PROCESS_PID) if instance in (None, "")
+            else (semconv.SERVICE_INSTANCE_ID,))
     return ",".join(f"{key}={attribute_text(value)}"
-                    for key in (semconv.SERVICE_NAMESPACE, semconv.SERVICE_NAME, last)
+                    for key in (semconv.SERVICE_NAMESPACE, semconv.SERVICE_NAME, *last)
                     if (value := resource.get(key)) not in (None, ""))
 
 
