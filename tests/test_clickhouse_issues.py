@@ -1592,6 +1592,24 @@ def test_worker_processes_without_an_instance_id_are_told_apart_by_pid(engine, t
         assert want["counts"]["cold"] == 1 and [r["process_pid"] for r in want["runs"]] == [None]
 
 
+def test_a_few_far_forward_stalls_share_the_verdict_with_the_download_swing(engine, tmp_path: Path) -> None:
+    # a tester's: 100 warm requests, download at 20 ms or (2 in 5) 220 ms, forward steady at
+    # 150 ms but for 3 stalls of 1.5 s: forward (85 % of the variance, from 3 runs) led the verdict
+    # and the advice alone, download (the total's p95 - p5) was only "next"
+    from tests import odd_inputs
+
+    def stages(i: int, r: Any) -> list[tuple[str, float]]:
+        return [("download", (220.0 if i % 5 in (1, 3) else 20.0) + r.random()),
+                ("decode", 12.0 + r.random()), ("resize", 4.0 + r.random()), ("queue", 2.0),
+                ("forward", (1650.0 if i in (17, 55, 83) else 150.0) + r.random())]
+    path = odd_inputs.write(tmp_path / "tail.jsonl", odd_inputs.run(101, stages))
+    got, want = reports(engine, path)
+    assert (want["verdict"]["stage"], want["verdict"]["tentative"]) == ("forward", True)
+    assert any(e.startswith("download makes the body of the swing") for e in want["verdict"]["evidence"])
+    assert any(a.startswith("download: ") for a in want["verdict"]["advice"])
+    assert got["verdict"] == want["verdict"]
+
+
 def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) -> None:
     # a tester's fleet: requests on node-a and node-b (host.name), no GPU points of their own, one
     # dcgm exporter per node, both naming their GPU "0": node-a's reads 5 % in node-a's slow

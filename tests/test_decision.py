@@ -479,3 +479,30 @@ def test_clashing_span_ids_make_the_verdict_tentative(clash_spans: int, tentativ
                                            (2, "the 2 that failed are not in these timings: look at their")])
 def test_steady_but_failed_agrees_in_number(failed, words):
     assert words in advice.steady_but_failed(failed)
+
+
+@pytest.mark.parametrize("forward_swing, both", [(15.0 - 0.1, True), (15.0 + 0.1, False)])
+def test_a_suspect_of_a_few_far_runs_shares_the_verdict_with_the_body_of_the_swing(forward_swing, both):
+    """A tester's: forward steady but for 3 stalls of 1.5 s in 100 requests (its variance share
+    85 % from those runs), download bimodal (40 % at +200 ms: the total's p95 - p5). Forward alone
+    led the verdict and the advice. SWING_MIN_FRACTION 0.15 of the 100 ms request (literal): with
+    forward's own p5 -> p95 at 14.9 ms its share is a few runs', and download, swinging 60 ms, is
+    named with it and the verdict is tentative; at 15.1 ms forward swings itself and leads alone."""
+    fig = figures(stage("download", 60.0, explains=0.15),
+                  stage("forward", forward_swing, spike=1500.0, explains=0.85), total_swing=220.0,
+                  total_spike=1500.0)
+    v = decide(fig)
+    assert (v.cause, v.stage) == ("forward", "forward")
+    assert any(e.startswith("download makes the body of the swing") for e in v.evidence) is both
+    assert any(a.startswith("download: ") for a in v.advice) is both
+    assert v.tentative is both
+
+
+def test_a_body_that_only_spikes_is_no_body():
+    # download material by one far run of its own (its p5 -> p95 10 ms): no body of a swing
+    fig = figures(stage("download", 10.0, spike=400.0, explains=0.15),
+                  stage("forward", 10.0, spike=1500.0, explains=0.85), total_swing=220.0,
+                  total_spike=1500.0)
+    v = decide(fig)
+    assert v.stage == "forward" and not v.tentative
+    assert not any(a.startswith("download: ") for a in v.advice)

@@ -24,7 +24,11 @@ fleet report and any later source call it with the same thresholds. Order of the
    swings: no cause, the swing is spread over several stages. A second material stage explaining
    :data:`CO_SUSPECT_MIN_RATIO` of what the suspect explains (or swinging that much of its swing)
    is a co-suspect: the evidence says so and the advice covers both, each line headed by its
-   stage's name (``cause`` and ``stage`` stay the suspect's).
+   stage's name (``cause`` and ``stage`` stay the suspect's). So is the material stage that swings
+   most when the suspect is material only by a few runs far out (its ``p95 - p5`` under
+   ``SWING_MIN_FRACTION`` of the median request, the variance it explains from those runs) and
+   that stage makes the body of the swing (its ``p95 - p5`` at least that): the two readings of
+   "the swing" name two stages, so the verdict is tentative too (:func:`spike_only`).
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
@@ -59,6 +63,7 @@ from otel_stages.analysis.figures import (
     SAME_INPUT,
     ColdFigures,
     Figures,
+    StageFigures,
     TotalFigures,
 )
 from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_NONE, LEVEL_THIN, utilization_level
@@ -165,6 +170,13 @@ def is_co_suspect(suspect: _Candidate, other: _Candidate) -> bool:
     return suspect.swing_ms > 0 and other.swing_ms >= CO_SUSPECT_MIN_RATIO * suspect.swing_ms
 
 
+def spike_only(suspect: StageFigures, reference_ms: float) -> bool:
+    """Whether ``suspect`` is material only by its spikes: its ``p95 - p5`` under
+    ``SWING_MIN_FRACTION`` of the median request (``reference_ms``), with a spike recorded (the
+    evidence then says it "spikes"). Its share of the variance then comes from a few runs."""
+    return suspect.swing_ms < SWING_MIN_FRACTION * reference_ms and suspect.spike_ms is not None
+
+
 def decide(fig: Figures) -> Verdict:
     """Apply the rules (module docstring) to ``fig``. Never raises."""
     n = fig.warm_requests
@@ -241,7 +253,7 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     suspect = fig.stages[first.name]
     cause, advice, lines = _stage_cause(fig, suspect.name)
     ref = band.reference_ms
-    if suspect.swing_ms >= SWING_MIN_FRACTION * ref or suspect.spike_ms is None:
+    if not spike_only(suspect, ref):
         head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
     else:
         head = (f"{suspect.name} spikes: one run lies {d(suspect.spike_ms)} from its median"
@@ -257,7 +269,20 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         head_lines.append(band_line(fig, band, True))
     staged = [o for o in others if o.name != UNACCOUNTED]
     co_suspect = staged[0] if staged and is_co_suspect(first, staged[0]) else None
-    if co_suspect is not None:
+    # a suspect of a few far runs, another stage making the body of the swing: both, tentative
+    body = max(staged, key=lambda o: o.swing_ms, default=None)
+    by_body = (co_suspect is None and body is not None and spike_only(suspect, ref)
+               and body.swing_ms >= SWING_MIN_FRACTION * ref)
+    if by_body:
+        assert body is not None
+        co_suspect = body
+        also = f", explaining {pct(body.explains)}" if body.explains is not None else ""
+        head_lines.append(
+            f"{body.name} makes the body of the swing: its p5 -> p95 spans {d(body.swing_ms)}"
+            f"{also}, where {suspect.name}'s spans {d(suspect.swing_ms)} and its part of the"
+            " variance comes from a few runs far out; the two readings name two stages, so the"
+            " advice covers both and the verdict is tentative")
+    elif co_suspect is not None:
         nxt = co_suspect
         also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
         head_lines.append(
@@ -287,7 +312,7 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         lines.extend(f"{co_suspect.name}: {line}" for line in co_lines)
         advice = [f"{suspect.name}: {line}" for line in advice]
         advice.extend(f"{co_suspect.name}: {line}" for line in co_advice)
-    return Verdict(cause, suspect.name, lines, advice)
+    return Verdict(cause, suspect.name, lines, advice, tentative=by_body)
 
 
 def _queue_lines(fig: Figures) -> list[str]:
