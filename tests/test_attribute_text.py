@@ -538,3 +538,13 @@ def test_slow_forwards_without_readings_are_no_call_in_both(engine, tmp_path: Pa
     assert (want["gpu"]["slow_forwards"], want["gpu"]["slow_forwards_covered"]) == (15, 0)
     assert want["gpu"]["unread_forwards"] == 59 and want["verdict"]["advice"][0] == advice.GPU_UNREAD
     assert "the samples miss the forwards that make the swing" in " ".join(want["verdict"]["evidence"])
+
+
+def test_a_double_resource_attribute_reads_as_the_collector_writes_it():
+    # pdata's float64AsString (ES6 form): a process.pid sent as a double is "4100", not "4100.0"
+    from otel_stages.analysis.requests import attribute_text, process_key
+
+    assert [attribute_text(v) for v in (4100.0, 0.5, 1e-7, 2e21, 12, True)] == [
+        "4100", "0.5", "1e-7", "2e+21", "12", "true"]
+    assert process_key({"service.name": "svc", "process.pid": 4100.0}) == process_key(
+        {"service.name": "svc", "process.pid": "4100"}) == "service.name=svc,process.pid=4100"

@@ -1610,6 +1610,75 @@ def test_a_few_far_forward_stalls_share_the_verdict_with_the_download_swing(engi
     assert got["verdict"] == want["verdict"]
 
 
+def test_worker_generations_one_after_another_are_no_slower_replica(engine, tmp_path: Path) -> None:
+    # a tester's: six generations of one recycled worker (pid 200..205, one after another), queue
+    # wait rising from 2 to 120 ms over the recording: "the process explains 96 %... compare
+    # pid=205 with pid=200" for what is a load that rose over time
+    from tests import odd_inputs
+
+    lines: list[str] = []
+    for gen in range(6):
+        def stages(i: int, r: Any, gen: int = gen) -> list[tuple[str, float]]:
+            return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+                    ("resize", 4.0), ("queue", 2.0 + 118.0 * (gen * 40 + i) / 240),
+                    ("forward", 100.0 + r.random())]
+        rows = odd_inputs.run(40, stages, seed=gen + 1)
+        for spans in rows:  # generation g runs from 20 g s on
+            for sp in spans:
+                for k in ("startTimeUnixNano", "endTimeUnixNano"):
+                    sp[k] = str(int(sp[k]) + gen * 20 * 10**9)
+        path = odd_inputs.write(tmp_path / f"g{gen}.jsonl", rows)
+        for line in path.read_text().splitlines():
+            doc = json.loads(line)
+            doc["resourceSpans"][0]["resource"]["attributes"] = [
+                odd_inputs._attr("service.name", "svc"), odd_inputs._attr("host.name", "gpu-1"),
+                odd_inputs._attr("process.pid", 200 + gen)]
+            lines.append(json.dumps(doc))
+    merged = tmp_path / "generations.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, merged)
+    assert want["process_mix"]["explains"] > 0.9 and want["process_mix"]["processes"] == 6
+    assert want["verdict"]["cause"] == "queue" and not want["verdict"]["tentative"]
+    assert not any(e.startswith("the process explains") for e in want["verdict"]["evidence"])
+    assert got["verdict"] == want["verdict"]
+
+
+def test_a_pid_written_as_a_double_on_the_metrics_is_the_same_process(engine, tmp_path: Path) -> None:
+    # a tester's: two workers (pid "4100" / "4101" on the spans, 4100.0 / 4101.0 on their GPU
+    # points, each its own GPU busy in its forwards): the file report keyed the points
+    # "process.pid=4100.0" (Python's str of a double), matched no request process and made no GPU
+    # call, where ClickHouse (pdata's AsString: "4100") said gpu_busy
+    from tests import odd_inputs
+
+    lines: list[str] = []
+    for worker in range(2):
+        rows = _slow_every(7, seed=worker + 1)
+        path = odd_inputs.write(tmp_path / f"w{worker}.jsonl", rows)
+        host = [odd_inputs._attr("service.name", "svc")]  # no host.name: the pid alone tells them
+        for line in path.read_text().splitlines():
+            doc = json.loads(line)
+            doc["resourceSpans"][0]["resource"]["attributes"] = [
+                *host, odd_inputs._attr("process.pid", str(4100 + worker))]
+            lines.append(json.dumps(doc))
+        windows = [(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
+                   for spans in rows for s in spans if s["name"] == "forward"]
+        first, last = _span_range(rows)
+        busy = 0.95 - 0.1 * worker  # two levels: read together, which GPU is whose cannot be told
+        points = [{"timeUnixNano": str(t), "asDouble": busy if any(a <= t <= b for a, b in windows) else 0.03,
+                   "attributes": [odd_inputs._attr("hw.id", f"GPU-{worker}")]}
+                  for t in range(first, last, 20 * MS)]
+        lines.append(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+            *host, odd_inputs._attr("process.pid", 4100.0 + worker)]}, "scopeMetrics": [{"metrics": [
+                {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": points}}]}]}]}))
+    merged = tmp_path / "pids.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    got, want = reports(engine, merged)
+    assert want["verdict"]["cause"] == "gpu_busy" and want["gpu"]["forwards_covered"] > 0
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"]["samples"] == want["gpu"]["samples"]
+    assert sorted(r["process_pid"] for r in want["runs"]) == ["4100", "4101"]
+
+
 def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) -> None:
     # a tester's fleet: requests on node-a and node-b (host.name), no GPU points of their own, one
     # dcgm exporter per node, both naming their GPU "0": node-a's reads 5 % in node-a's slow

@@ -506,3 +506,28 @@ def test_a_body_that_only_spikes_is_no_body():
     v = decide(fig)
     assert v.stage == "forward" and not v.tentative
     assert not any(a.startswith("download: ") for a in v.advice)
+
+
+def test_no_body_of_a_swing_when_the_total_itself_does_not_swing():
+    # a tester's: decode spikes (4 runs of 1.5 s), queue and forward trade 0..40 ms so that the
+    # total's p5..p95 stays within the band: forward "made the body of the swing" (explaining 0 %)
+    fig = figures(stage("decode", 1.0, spike=1500.0, explains=0.9),
+                  stage("forward", 36.0, explains=0.0), stage("queue", 36.0, explains=0.0),
+                  total_swing=1.0, total_spike=1500.0)
+    v = decide(fig)
+    assert v.stage == "decode" and not v.tentative
+    assert not any("makes the body of the swing" in e for e in v.evidence)
+
+
+@pytest.mark.parametrize("gap_swing, both", [(15.0 - 0.1, False), (60.0, True)])
+def test_untraced_time_can_be_the_body_of_the_swing(gap_swing, both):
+    # a tester's: decode spikes, every stage steady, a 0..60 ms gap before forward (untraced)
+    from otel_stages.analysis.figures import UnaccountedFigures
+
+    fig = figures(stage("decode", 1.0, spike=1500.0, explains=0.9), total_swing=60.0,
+                  total_spike=1500.0, unaccounted=UnaccountedFigures(30.0, gap_swing, 0.3, 0.01))
+    v = decide(fig)
+    assert v.stage == "decode" and v.tentative is both
+    assert any(e.startswith("the untraced time (outside every stage span) makes the body")
+               for e in v.evidence) is both
+    assert (f"untraced time: {advice.UNTRACED}" in v.advice) is both

@@ -184,15 +184,17 @@ def process_mix_sql() -> str:
     """One row: the warm requests' processes (``processes``), their count (``n``), the sums of
     squares of the total within processes and over all (``ss_within``, ``ss_total``, ms^2) for
     :class:`otel_stages.analysis.process_mix.ProcessMix`, and the fastest and the slowest process
-    by mean total (``fastest`` / ``slowest``: ``(process, requests, mean_total_ms)``; of equal
-    means the first / the last process, as the file report sorts them)."""
+    by mean total (``fastest`` / ``slowest``: ``(process, requests, mean_total_ms, first_ns,
+    last_ns)``, the last two its first warm request's start and last one's end; of equal means
+    the first / the last process, as the file report sorts them)."""
     return f"""SELECT count() AS processes, sum(k) AS n, sum(ss) AS ss_within,
     (SELECT if(count() > 1, varSampStable({_TOTAL_MS}) * (count() - 1), 0) FROM {R} WHERE warm)
         AS ss_total,
-    argMin((proc, k, m), (m, proc)) AS fastest, argMax((proc, k, m), (m, proc)) AS slowest
+    argMin((proc, k, m, lo, hi), (m, proc)) AS fastest, argMax((proc, k, m, lo, hi), (m, proc)) AS slowest
 FROM (
     SELECT proc, count() AS k, avg({_TOTAL_MS}) AS m,
-        if(k > 1, varSampStable({_TOTAL_MS}) * (k - 1), 0) AS ss
+        if(k > 1, varSampStable({_TOTAL_MS}) * (k - 1), 0) AS ss,
+        min(start_ns) AS lo, max(start_ns + total_ns) AS hi
     FROM {R} WHERE warm GROUP BY proc
 )"""
 

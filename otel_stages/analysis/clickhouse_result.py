@@ -623,10 +623,11 @@ def process_mix_of(row: Mapping[str, Any] | None) -> ProcessMix | None:
                              int(row["processes"] or 0), int(row["n"] or 0))
     if explains is None:
         return None
-    (fast, fast_n, fast_ms), (slow, slow_n, slow_ms) = row["fastest"], row["slowest"]
+    (fast, fast_n, fast_ms, fast_lo, fast_hi) = row["fastest"]
+    (slow, slow_n, slow_ms, slow_lo, slow_hi) = row["slowest"]
     return ProcessMix(explains=explains, processes=int(row["processes"]),
-                      fastest=ProcessMean(str(fast), int(fast_n), float(fast_ms)),
-                      slowest=ProcessMean(str(slow), int(slow_n), float(slow_ms)))
+                      fastest=ProcessMean(str(fast), int(fast_n), float(fast_ms), int(fast_lo), int(fast_hi)),
+                      slowest=ProcessMean(str(slow), int(slow_n), float(slow_ms), int(slow_lo), int(slow_hi)))
 
 
 def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,

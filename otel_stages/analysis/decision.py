@@ -26,9 +26,11 @@ fleet report and any later source call it with the same thresholds. Order of the
    is a co-suspect: the evidence says so and the advice covers both, each line headed by its
    stage's name (``cause`` and ``stage`` stay the suspect's). So is the material stage that swings
    most when the suspect is material only by a few runs far out (its ``p95 - p5`` under
-   ``SWING_MIN_FRACTION`` of the median request, the variance it explains from those runs) and
-   that stage makes the body of the swing (its ``p95 - p5`` at least that): the two readings of
-   "the swing" name two stages, so the verdict is tentative too (:func:`spike_only`).
+   ``SWING_MIN_FRACTION`` of the median request, the variance it explains from those runs), the
+   total's own ``p95 - p5`` is beyond the noise band, and that stage makes this body of the swing
+   (its ``p95 - p5`` at least ``SWING_MIN_FRACTION``; the untraced time too, then named with the
+   advice to trace it): the two readings of "the swing" name two places, so the verdict is
+   tentative too (:func:`spike_only`).
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
@@ -269,18 +271,22 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         head_lines.append(band_line(fig, band, True))
     staged = [o for o in others if o.name != UNACCOUNTED]
     co_suspect = staged[0] if staged and is_co_suspect(first, staged[0]) else None
-    # a suspect of a few far runs, another stage making the body of the swing: both, tentative
-    body = max(staged, key=lambda o: o.swing_ms, default=None)
+    # a suspect of a few far runs, the total's own p5..p95 beyond the band, and another stage (or
+    # the untraced time) making that body of the swing: both, tentative
+    body = max(others, key=lambda o: o.swing_ms, default=None)
     by_body = (co_suspect is None and body is not None and spike_only(suspect, ref)
+               and fig.total is not None and fig.total.swing_ms > band.band_ms
                and body.swing_ms >= SWING_MIN_FRACTION * ref)
+    untraced_body = by_body and body is not None and body.name == UNACCOUNTED
     if by_body:
         assert body is not None
-        co_suspect = body
+        co_suspect = None if untraced_body else body
+        name = "the untraced time (outside every stage span)" if untraced_body else body.name
         also = f", explaining {pct(body.explains)}" if body.explains is not None else ""
         head_lines.append(
-            f"{body.name} makes the body of the swing: its p5 -> p95 spans {d(body.swing_ms)}"
+            f"{name} makes the body of the swing: its p5 -> p95 spans {d(body.swing_ms)}"
             f"{also}, where {suspect.name}'s spans {d(suspect.swing_ms)} and its part of the"
-            " variance comes from a few runs far out; the two readings name two stages, so the"
+            " variance comes from a few runs far out; the two readings name two places, so the"
             " advice covers both and the verdict is tentative")
     elif co_suspect is not None:
         nxt = co_suspect
@@ -312,6 +318,8 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         lines.extend(f"{co_suspect.name}: {line}" for line in co_lines)
         advice = [f"{suspect.name}: {line}" for line in advice]
         advice.extend(f"{co_suspect.name}: {line}" for line in co_advice)
+    if untraced_body:
+        advice = [f"{suspect.name}: {line}" for line in advice] + [f"untraced time: {advice_text.UNTRACED}"]
     return Verdict(cause, suspect.name, lines, advice, tentative=by_body)
 
 

@@ -7,9 +7,12 @@ them. The same for a node with co-tenants, an older version or other batch setti
 requests' totals are grouped by process (:func:`otel_stages.analysis.requests.process_key`) and,
 as for the input mix (:func:`otel_stages.analysis.stats.variance_explained_by_groups`: omega
 squared, which does not reward many small groups), the part of their variance between processes
-is measured. When it is :data:`PROCESS_MIX_DOMINATES` or more (and the input mix does not already
-explain the swing: inputs routed per process), the verdict is tentative, the evidence says so
-first with the fastest and the slowest process by mean total, and the advice is to compare them.
+is measured. When it is :data:`PROCESS_MIX_DOMINATES` or more, the fastest and the slowest process
+by mean total ran at the same time (their warm requests' spans of time overlap: processes that ran
+one after another, a rolling restart or a worker recycled every N requests, differ by when they
+ran, and a load that rose over the recording would read as a slower replica), and the input mix
+does not already explain the swing (inputs routed per process), the verdict is tentative, the
+evidence says so first with those two processes, and the advice is to compare them.
 The ClickHouse report computes the same figures in SQL
 (:func:`otel_stages.analysis.clickhouse_queries.process_mix_sql`). Pure.
 """
@@ -33,11 +36,14 @@ PROCESS_MIX_DOMINATES = 0.5
 
 @dataclass(frozen=True)
 class ProcessMean:
-    """One process's warm requests: its key (``process_key``), how many, their mean total (ms)."""
+    """One process's warm requests: its key (``process_key``), how many, their mean total (ms),
+    the first one's start and the last one's end (Unix ns)."""
 
     key: str
     requests: int
     mean_total_ms: float
+    first_ns: int = 0
+    last_ns: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
@@ -58,8 +64,11 @@ class ProcessMix:
 
     @property
     def dominates(self) -> bool:
-        """Whether the swing lies between processes (:data:`PROCESS_MIX_DOMINATES`)."""
-        return self.explains >= PROCESS_MIX_DOMINATES
+        """Whether the swing lies between processes (:data:`PROCESS_MIX_DOMINATES`) that ran at
+        the same time (module docstring)."""
+        fast, slow = self.fastest, self.slowest
+        together = fast.first_ns < slow.last_ns and slow.first_ns < fast.last_ns
+        return self.explains >= PROCESS_MIX_DOMINATES and together
 
     def describe(self) -> str:
         """The evidence sentence."""
@@ -88,13 +97,17 @@ def process_mix(warm: Sequence[Request]) -> ProcessMix | None:
     """The :class:`ProcessMix` of the warm requests' totals; ``None`` with fewer than 2
     processes, no within-process degrees of freedom, or a constant total."""
     totals: dict[str, list[float]] = defaultdict(list)
+    spans: dict[str, tuple[int, int]] = {}
     for r, key in zip(warm, process_keys(warm)):
         totals[key].append(r.total_ms)
+        first, last = spans.get(key, (r.start_ns, r.end_ns))
+        spans[key] = (min(first, r.start_ns), max(last, r.end_ns))
     explains = variance_explained_by_groups(totals.values())
     if explains is None:
         return None
     means = sorted((math.fsum(v) / len(v), key, len(v)) for key, v in totals.items())
+    fast, slow = means[0], means[-1]
     return ProcessMix(explains=explains, processes=len(totals),
-                      fastest=ProcessMean(means[0][1], means[0][2], means[0][0]),
-                      slowest=ProcessMean(means[-1][1], means[-1][2], means[-1][0]))
+                      fastest=ProcessMean(fast[1], fast[2], fast[0], *spans[fast[1]]),
+                      slowest=ProcessMean(slow[1], slow[2], slow[0], *spans[slow[1]]))
 

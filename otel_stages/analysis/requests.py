@@ -42,6 +42,7 @@ from operator import attrgetter
 import msgspec
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_rows import go_float
 from otel_stages.analysis.model import AttributeValue, Span
 from otel_stages.analysis.naming import Naming, per_request_names
 from otel_stages.analysis.span_issues import (
@@ -178,10 +179,14 @@ def process_key(resource: dict[str, AttributeValue]) -> str:
 
 def attribute_text(value: AttributeValue) -> str:
     """A resource attribute as text, as the Collector's ClickHouse exporter stores it
-    (``pcommon.Value.AsString``: ``true`` / ``false`` for booleans), so that the file report and
-    the ClickHouse report name a process alike."""
+    (``pcommon.Value.AsString``: ``true`` / ``false`` for booleans, a double in ES6 form, so a
+    ``process.pid`` sent as ``4100.0`` is ``4100``), so that the file report and the ClickHouse
+    report name a process alike, and a process's spans and metric points whose resources write
+    one number as an int and a double are one process."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float):
+        return go_float(value)
     return str(value)
 
 
