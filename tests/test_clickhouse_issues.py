@@ -999,6 +999,18 @@ def _span_range(rows: list[Spans]) -> tuple[int, int]:
 # --- GPU evidence within each input cohort ------------------------------------------------------
 
 
+def _utilization_line(points: list[dict[str, Any]], unit: str = "1",
+                      resource: list[dict[str, Any]] | None = None) -> str:
+    """One OTLP/JSON line of ``hw.gpu.utilization`` gauge ``points`` declared in ``unit``, sent by
+    ``resource`` (default: service ``svc``, instance ``i1``, as tests/odd_inputs.py writes)."""
+    from tests import odd_inputs
+
+    attrs = resource if resource is not None else [
+        odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]
+    return json.dumps({"resourceMetrics": [{"resource": {"attributes": attrs}, "scopeMetrics": [
+        {"metrics": [{"name": "hw.gpu.utilization", "unit": unit, "gauge": {"dataPoints": points}}]}]}]})
+
+
 def _cohort_gpu_run(tmp_path: Path) -> Path:
     """Two inputs in one process, each with slow forwards (400 ms against 100 ms): the GPU is busy
     (95 %) during the 640x480 requests' slow forwards and idle (10 %) during the 1280x960 ones',
@@ -1029,12 +1041,8 @@ def _cohort_gpu_run(tmp_path: Path) -> Path:
         value = next((v for s, e, v in windows if s <= t <= e), 0.02)
         points.append({"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
                        "asDouble": value})
-    doc = {"resourceMetrics": [{"resource": {"attributes": [
-        odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
-        "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": "1",
-                                       "gauge": {"dataPoints": points}}]}]}]}
     with path.open("a") as f:
-        f.write(json.dumps(doc) + "\n")
+        f.write(_utilization_line(points) + "\n")
     return path
 
 
@@ -1493,12 +1501,8 @@ def test_only_the_compute_engine_utilization_is_read(engine, tmp_path: Path, uni
             points.append({"timeUnixNano": str(t), "asDouble": value * (100 if unit == "" else 1),
                            "attributes": [odd_inputs._attr("hw.id", "GPU-0"),
                                           odd_inputs._attr("hw.gpu.task", task)]})
-    doc = {"resourceMetrics": [{"resource": {"attributes": [
-        odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1")]},
-        "scopeMetrics": [{"metrics": [{"name": "hw.gpu.utilization", "unit": unit,
-                                       "gauge": {"dataPoints": points}}]}]}]}
     with path.open("a") as f:
-        f.write(json.dumps(doc) + "\n")
+        f.write(_utilization_line(points, unit) + "\n")
     got, want = reports(engine, path)
     assert want["verdict"]["cause"] == "gpu_busy"
     assert want["gpu"]["slow_forward_mean_utilization"] == pytest.approx(0.95)
@@ -1667,9 +1671,8 @@ def test_a_pid_written_as_a_double_on_the_metrics_is_the_same_process(engine, tm
         points = [{"timeUnixNano": str(t), "asDouble": busy if any(a <= t <= b for a, b in windows) else 0.03,
                    "attributes": [odd_inputs._attr("hw.id", f"GPU-{worker}")]}
                   for t in range(first, last, 20 * MS)]
-        lines.append(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
-            *host, odd_inputs._attr("process.pid", 4100.0 + worker)]}, "scopeMetrics": [{"metrics": [
-                {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": points}}]}]}]}))
+        lines.append(_utilization_line(points, resource=[
+            *host, odd_inputs._attr("process.pid", 4100.0 + worker)]))
     merged = tmp_path / "pids.jsonl"
     merged.write_text("\n".join(lines) + "\n")
     got, want = reports(engine, merged)
