@@ -999,6 +999,15 @@ def _span_range(rows: list[Spans]) -> tuple[int, int]:
 # --- GPU evidence within each input cohort ------------------------------------------------------
 
 
+def _two_slow_in_six(i: int, r: Any) -> list[tuple[str, float]]:
+    """Stages of request ``i`` (tests/odd_inputs.run): about 5 / 10 / 4 / 2 ms and a 100 ms
+    forward, 400 ms for requests 6k and 6k + 1 (the first, cold, excepted)."""
+    slow = i % 6 in (0, 1) and i > 0
+    return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
+            ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
+            ("forward", (400.0 if slow else 100.0) + r.random())]
+
+
 def _utilization_line(points: list[dict[str, Any]], unit: str = "1",
                       resource: list[dict[str, Any]] | None = None) -> str:
     """One OTLP/JSON line of ``hw.gpu.utilization`` gauge ``points`` declared in ``unit``, sent by
@@ -1017,12 +1026,7 @@ def _cohort_gpu_run(tmp_path: Path) -> Path:
     50 % in the fast forwards, 2 % between requests; one point every 20 ms."""
     from tests import odd_inputs
 
-    def stages(i: int, r: Any) -> list[tuple[str, float]]:
-        slow = i % 6 in (0, 1) and i > 0
-        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                ("forward", (400.0 if slow else 100.0) + r.random())]
-    rows = odd_inputs.run(60, stages)
+    rows = odd_inputs.run(60, _two_slow_in_six)
     windows = []
     for i, spans in enumerate(rows):
         size = (640, 480) if i % 2 == 0 else (1280, 960)
@@ -1460,12 +1464,7 @@ def test_a_process_unit_is_read_over_all_its_forwards_not_per_cohort(engine, tmp
     # readings (none above 1) were ratios: 50 % in their slow forwards, no GPU cause for them
     from tests import odd_inputs
 
-    def stages(i: int, r: Any) -> list[tuple[str, float]]:
-        slow = i % 6 in (0, 1) and i > 0
-        return [("download", 5.0 + r.random()), ("decode", 10.0 + r.random()),
-                ("resize", 4.0 + r.random()), ("queue", 2.0 + r.random()),
-                ("forward", (400.0 if slow else 100.0) + r.random())]
-    rows = odd_inputs.run(60, stages)
+    rows = odd_inputs.run(60, _two_slow_in_six)
     small = {i for i in range(60) if i % 3 == 0}
     for i, spans in enumerate(rows):
         for s in spans:
