@@ -709,6 +709,52 @@ def test_many_fixed_stage_names_that_recur_are_stages_in_both_reports(engine, tm
     assert {f"safety_{k}" for k in range(16)} <= set(want["stages"]) and not want["verdict"]["tentative"]
 
 
+def _second_decode(kind: str) -> Callable[[int, Spans], None]:
+    """Each request's decode span split in two halves, the second a decode span of its own: of
+    the same image (``same``: its width, height and bytes), of another image (``other``: a
+    different width per request; ``moved``: the request's own image, the first span a small one
+    every request shares), or without sizes (``unsized``)."""
+    def edit(i: int, spans: Spans) -> None:
+        decode = named(spans, "decode")
+        start, end = int(decode["startTimeUnixNano"]), int(decode["endTimeUnixNano"])
+        mid = (start + end) // 2
+        attributes = {"same": decode["attributes"], "unsized": [],
+                      "other": [{"key": "image.width", "value": {"intValue": str(100 + i)}},
+                                {"key": "image.height", "value": {"intValue": "80"}},
+                                {"key": "image.size", "value": {"intValue": "5000"}}],
+                      "moved": decode["attributes"]}[kind]
+        if kind == "moved":
+            decode["attributes"] = [{"key": "image.width", "value": {"intValue": "64"}},
+                                    {"key": "image.height", "value": {"intValue": "64"}},
+                                    {"key": "image.size", "value": {"intValue": "900"}}]
+        decode["endTimeUnixNano"] = str(mid)
+        spans.append({**decode, "spanId": f"{i:08x}0000d2d2", "startTimeUnixNano": str(mid),
+                      "endTimeUnixNano": str(end), "attributes": attributes})
+    return edit
+
+
+@pytest.mark.parametrize(("kind", "says", "fix"), [
+    ("same", "decoded the same image more than once", advice.DECODE_ONCE),
+    ("other", "decoded several images", None),
+    ("unsized", "cannot be told from several images", advice.RECORD_DECODE_SIZES),
+    ("moved", "decoded several images", advice.SEVERAL_IMAGES),  # first images: one size
+])
+def test_a_second_decode_span_is_told_by_its_sizes_in_both_reports(
+        engine, tmp_path: Path, kind: str, says: str, fix: str | None) -> None:
+    """A request's second decode span is a repeat only when it decoded the same image: both
+    reports read each decode span's sizes alike, and say so in the same words."""
+    path = TRACES / "preprocess_mixed_sizes.otlp.jsonl"
+    got, want = reports(engine, edited(path, tmp_path / f"{kind}.jsonl", _second_decode(kind)))
+    assert want["verdict"]["stage"] == "decode"
+    assert got["verdict"] == want["verdict"]
+    evidence, fixes = want["verdict"]["evidence"], want["verdict"]["advice"]
+    assert [e for e in evidence if says in e], evidence
+    assert (advice.DECODE_ONCE in fixes) == (kind == "same")
+    assert fix is None or fix in fixes
+    assert not any("more than once" in e for e in evidence) or kind == "same"
+    assert not any("every request" in e for e in evidence), evidence
+
+
 def test_a_file_imported_twice_reads_as_once(engine) -> None:
     """Importing the same file twice stores every span twice (the exporter's table has no key):
     the report, decode facts included ('decoded more than once' would be false), is the file

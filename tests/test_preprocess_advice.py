@@ -28,6 +28,8 @@ from otel_stages.analysis import Recording, Span, diagnose, load_paths
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.preprocessing import (
+    FORMAT_MISSING,
+    TARGET_MISSING,
     draft_scale,
     estimated_speedup,
     evidence_lines,
@@ -84,7 +86,17 @@ def recording(rows: Sequence[dict[str, object]]) -> Recording:
         ]
         for extra in range(int(row.get("decodes", 1)) - 1):  # type: ignore[call-overload]
             spans.append(Span(trace, f"d{extra}", "r", "decode", t, t + MS, dec, resource))  # type: ignore[arg-type]
+        for k, image in enumerate(row.get("images", ())):  # type: ignore[arg-type]
+            spans.append(Span(trace, f"i{k}", "r", "decode", t + MS, t + 2 * MS,
+                              _image_attributes(image), resource))
     return Recording(spans=spans)
+
+
+def _image_attributes(image: tuple[int | None, ...]) -> dict[str, object]:
+    """A further decode span's ``image.width`` / ``image.height`` / ``image.size`` (``None``:
+    not recorded)."""
+    keys = (semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT, semconv.IMAGE_SIZE)
+    return {k: v for k, v in zip(keys, image, strict=True) if v is not None}
 
 
 def warm(rows: Sequence[dict[str, object]]) -> list[Request]:
@@ -193,10 +205,15 @@ def test_no_draft_advice_when_already_drafted_for_pngs_or_without_a_target() -> 
 
     untargeted = _draft_rows(target=None)
     assert facts(untargeted).draft is None
-    assert advice_text.RECORD_DRAFT_FACTS in fixes(untargeted)
+    # each says only what is missing
+    assert advice_text.record_draft_facts([TARGET_MISSING]) in fixes(untargeted)
+    assert not any("image.format" in a for a in fixes(untargeted))
     unknown_format = _draft_rows(fmt=None)
-    assert advice_text.RECORD_DRAFT_FACTS in fixes(unknown_format)
-    assert advice_text.RECORD_DRAFT_FACTS not in fixes(png)  # a known non-JPEG needs nothing
+    assert advice_text.record_draft_facts([FORMAT_MISSING]) in fixes(unknown_format)
+    assert not any("target_width" in a for a in fixes(unknown_format))
+    both = cold_then([{"fmt": None}, *({"target": None} for _ in range(9))])
+    assert advice_text.record_draft_facts([FORMAT_MISSING, TARGET_MISSING]) in fixes(both)
+    assert not any("record image.format" in a for a in fixes(png))  # a known non-JPEG needs nothing
 
 
 # --- repeated inputs ----------------------------------------------------------------------------
@@ -281,6 +298,54 @@ def test_unknown_threads_ask_for_the_attributes_and_claim_nothing() -> None:
 def test_decode_once_only_when_a_request_decoded_twice() -> None:
     assert advice_text.DECODE_ONCE not in fixes(_draft_rows())
     assert advice_text.DECODE_ONCE in fixes(cold_then([{}, {"decodes": 2}, {}]))
+
+
+FIRST = (4000, 3000, 3_000_000)  # the first decode span's image in recording()
+
+
+@pytest.mark.parametrize(("images", "twice", "several", "untold"), [
+    ([FIRST], 1, 0, 0),                             # the same image decoded again
+    ([(640, 480, 60_000)], 0, 1, 0),                # a second image
+    ([(4000, 3000, 2_999_999)], 0, 1, 0),           # same pixels, other bytes: another image
+    ([FIRST, (640, 480, 60_000)], 1, 1, 0),         # both
+    ([(640, 480, None)], 0, 0, 1),                  # no bytes on the second span: cannot tell
+    ([(None, None, None), (None, None, None)], 0, 0, 1),
+    ([(640, 480, 60_000), (None, None, None)], 0, 1, 0),  # two images known already
+])
+def test_a_second_decode_span_is_a_repeat_or_another_image_by_its_sizes(images, twice, several,
+                                                                         untold) -> None:
+    rows = cold_then([{"images": images} for _ in range(3)])
+    f = facts(rows)
+    assert (f.decoded_twice, f.several_images, f.decodes_untold) == (3 * twice, 3 * several,
+                                                                     3 * untold)
+    lines, advice = evidence_lines(f), fixes(rows)
+    assert (advice_text.DECODE_ONCE in advice) == bool(twice)
+    assert any("decoded the same image more than once" in e for e in lines) == bool(twice)
+    assert any("decoded several images" in e for e in lines) == bool(several)
+    assert (advice_text.RECORD_DECODE_SIZES in advice) == bool(untold)
+    assert any("cannot be told from several images" in e for e in lines) == bool(untold)
+
+
+def test_requests_of_several_images_are_not_one_size_nor_decoded_twice() -> None:
+    """Every request's first image is 4000x3000 (so the size figures see one size); each also
+    decodes two other images, of sizes that differ between requests, and decode swings with
+    them. The evidence must not say every request had the same image, nor that it was decoded
+    twice; the advice neither blames contention for one size nor says to decode once."""
+    rows = cold_then([{"decode_ms": 40.0 + 20.0 * (i % 5) + (300.0 if i % 7 == 0 else 0.0),
+                       "images": [(640 + 64 * (i % 5), 480, 50_000 + i), (320, 240, 9_000 + i)]}
+                      for i in range(24)])
+    evidence, advice = _verdict_lines(rows)
+    assert advice[0] == advice_text.SEVERAL_IMAGES
+    assert advice_text.ONE_SIZE not in advice and advice_text.DECODE_ONCE not in advice
+    assert not any("every request" in e or "more than once" in e for e in evidence), evidence
+    assert any("24 warm requests decoded several images" in e for e in evidence), evidence
+
+
+def test_one_image_per_request_of_one_size_is_still_one_size() -> None:
+    rows = cold_then([{"decode_ms": 40.0 + (300.0 if i % 7 == 0 else 0.0)} for i in range(24)])
+    evidence, advice = _verdict_lines(rows)
+    assert advice[0] == advice_text.ONE_SIZE
+    assert any("every request had the same 4000x3000 image" in e for e in evidence)
 
 
 def test_without_per_request_data_the_advice_says_what_it_cannot_know() -> None:

@@ -3,6 +3,8 @@ picking lines (and filling in the numbers of the facts that picked them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts
 from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT
 from otel_stages.analysis.units import duration, pct
@@ -166,6 +168,13 @@ ONE_SIZE = (
     "every request had the same image size, so the swing is not the input: look for repeated"
     " decodes, lock or GIL contention, CPU contention or throttling"
 )
+#: preprocess, requests decoded several images each and cost does not follow their first image's
+#: size: that size is not the request's input.
+SEVERAL_IMAGES = (
+    "requests decoded several images each, and the size figures read only each request's first"
+    " image: compare the slow requests' decode spans (how many images, how large) with the fast"
+    " ones' before looking for contention"
+)
 #: preprocess, input sizes unknown.
 SIZE_UNKNOWN = (
     "record image.width / image.height on the decode span (otel_stages.imaging.decode does) to"
@@ -195,7 +204,9 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
               gpu_unread: bool = False) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
-    (``one_size``), sizes vary but cost does not follow (``False``), or sizes unknown (``None``);
+    (``one_size``), requests decoded several images and cost does not follow their first one's
+    size (``preprocess.several_images``), sizes vary but cost does not follow (``False``), or
+    sizes unknown (``None``);
     the concrete fixes after it follow the decode / resize facts (:func:`preprocess_fixes`).
     For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
     ``GpuEvidence.level``) could not decide. ``gpu_slow``: ``gpu_busy`` / ``gpu_starved`` was
@@ -214,6 +225,8 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     if cause == "preprocess":
         if one_size:
             first = ONE_SIZE
+        elif preprocess is not None and preprocess.several_images and follows_size is not True:
+            first = SEVERAL_IMAGES
         elif follows_size is True:
             first = CAP_SIZE
         elif follows_size is False:
@@ -331,15 +344,33 @@ RECORD_THREADS = (
     " (otel_stages.imaging does) to tell whether a pool or moving the work off an event loop is the"
     " fix"
 )
-#: preprocess, decodes whose format or resize target is unknown: draft decoding cannot be judged.
-RECORD_DRAFT_FACTS = (
-    "record image.format on the decode span and image.target_width / image.target_height on the"
-    " resize span (otel_stages.imaging does) to estimate what JPEG draft decoding would save"
+
+
+def record_draft_facts(missing: Sequence[str]) -> str:
+    """preprocess, decodes whose format or resize target is unknown: draft decoding cannot be
+    judged. ``missing``: :attr:`PreprocessFacts.draft_missing
+    <otel_stages.analysis.figures.PreprocessFacts.draft_missing>`, not empty."""
+    return (f"record {' and '.join(missing)} (otel_stages.imaging does) to estimate what JPEG"
+            " draft decoding would save")
+
+
+#: most requests' stage spans end after their request span (caveats.outlived_caveat).
+END_REQUEST_SPAN = (
+    "end the request span when the response is complete (for a streamed response, after its last"
+    " chunk is sent), or time the work after the answer in a span of its own outside the request;"
+    " then report again"
 )
 #: preprocess, some requests decoded their image more than once.
 DECODE_ONCE = (
     "decode once per request: pass the decoded image along instead of re-opening or re-converting"
     " the same bytes in several steps"
+)
+#: preprocess: requests with several decode spans whose sizes cannot tell a repeat from several
+#: images.
+RECORD_DECODE_SIZES = (
+    "record image.width, image.height and image.size on every decode span (otel_stages.imaging.decode"
+    " does): they tell a second decode of the same image (decode once per request) from a request"
+    " with several images"
 )
 #: preprocess from a source without per-request data (span-metric histograms).
 NO_REQUEST_FACTS = [
@@ -387,6 +418,8 @@ def preprocess_fixes(facts: PreprocessFacts | None) -> list[str]:
             " bytes (or by URL when URLs are stable)")
     if facts.decoded_twice:
         lines.append(DECODE_ONCE)
+    if facts.decodes_untold:
+        lines.append(RECORD_DECODE_SIZES)
     if t is not None and not t.on_loop and t.several:
         lines.append(
             f"run decode/resize in one thread pool sized to the CPU cores, shared by all requests"
@@ -395,6 +428,6 @@ def preprocess_fixes(facts: PreprocessFacts | None) -> list[str]:
             " slice the same cores between requests")
     if t is None or t.threads is None:
         lines.append(RECORD_THREADS)
-    if facts.draft_unknown:
-        lines.append(RECORD_DRAFT_FACTS)
+    if facts.draft_missing:
+        lines.append(record_draft_facts(facts.draft_missing))
     return lines

@@ -57,6 +57,13 @@ OFFSET_MIN_EXPLAINS = 0.1
 #: untraced time is read as clock skew rather than missing instrumentation: skew between two hosts
 #: moves every span the other host records, so it shows in most requests, not in a few.
 SKEWED_MIN_FRACTION = 0.5
+#: When at least this part of the requests has a stage span that ends after its request span, and
+#: the median time they end after it reaches the noise band (:func:`outlived_caveat`), the request
+#: span closes before the work it times: a streamed response whose span ends when the first bytes
+#: leave while the model goes on generating. Only the part inside counts, so a swing in the rest
+#: is not seen, and the verdict is tentative. Work after the answer in a few requests (a fire-and-
+#: forget write) is not that.
+OUTLIVED_MIN_FRACTION = 0.5
 #: When the spans that share an id with a different span number at least this part of the
 #: requests, the verdict is tentative (:func:`clash_caveat`): a stray duplicate id among many
 #: requests changes nothing, but at this rate whole requests are merged or lost depending on the
@@ -241,6 +248,26 @@ def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
                    f" warm requests ({duration(a.comparable_median_total_ms)}), {why}; reported"
                    " apart from warm runs")
     return out
+
+
+def outlived_caveat(verdict: Verdict, fig: Figures, band_ms: float) -> None:
+    """Tentative, with the reason first in the evidence and the advice, when at least
+    :data:`OUTLIVED_MIN_FRACTION` of the requests have a stage span ending after their request
+    span (:attr:`Figures.outlived_requests`) by a median of ``band_ms`` (the run's noise band) or
+    more: the figures leave that time out."""
+    after = fig.outlived_median_ms
+    if (fig.requests <= 0 or fig.outlived_requests < OUTLIVED_MIN_FRACTION * fig.requests
+            or after is None or after < band_ms):
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, (
+        f"in {fig.outlived_requests} of {fig.requests} requests a stage span ends after the request"
+        f" span (median {duration(after)} after it, beyond this run's noise band"
+        f" {duration(band_ms)}): the request span closes before the work it times (a streamed"
+        " response whose span ends when the first bytes leave, or work handed off after the"
+        " answer), and only the part inside counts, so these figures leave that time out and the"
+        " verdict is tentative (see the problems)"))
+    verdict.advice.insert(0, advice_text.END_REQUEST_SPAN)
 
 
 def clash_caveat(verdict: Verdict, fig: Figures) -> None:

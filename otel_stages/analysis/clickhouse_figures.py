@@ -67,7 +67,7 @@ from otel_stages.analysis.clickhouse_result import (
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO, MIN_WARM_RUNS, decide
-from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, one_size_sentence, size_sentence
+from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, sized_evidence
 from otel_stages.analysis.figures import (
     ALL_WARM,
     SAME_INPUT,
@@ -92,14 +92,10 @@ from otel_stages.analysis.report import cohort_to_dict, cold_to_dict, noise_to_d
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_overlap import overlap_caveat
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
-from otel_stages.analysis.units import duration
 from otel_stages.analysis.verdict import Verdict
 
 #: Verdicts are worked out for at most this many cohorts (as in the trace report).
 MAX_COHORT_VERDICTS = 10
-#: At most this many per-size medians in a stage's evidence (as in the trace report).
-MAX_SIZE_LINES = 6
-
 
 def _spike(s: Summary) -> float:
     return max(s.max_ms - s.median_ms, s.median_ms - s.min_ms)
@@ -145,25 +141,15 @@ def band_ms(stages: Mapping[str, StageAggregate], total: Summary | None) -> floa
                                                   else total_figures(total))).band_ms
 
 
-def _size_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]]
-                   ) -> StageEvidence:
-    """:func:`otel_stages.analysis.evidence.size_evidence` from SQL figures: the Pearson r
+def _size_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]],
+                   several_images: int = 0) -> StageEvidence:
+    """:func:`otel_stages.analysis.evidence.sized_evidence` from SQL figures: the Pearson r
     against pixels / bytes and ``sizes`` = ``(width, height, requests, median ms)`` per input
     size where the stage ran."""
     known = [(what, r) for what, r in (("pixels", stage.pixels_correlation),
                                        ("bytes", stage.bytes_correlation)) if r is not None]
-    lines = [size_sentence(stage.name, known)] if known else []
-    follows = None if not known else max(abs(r) for _, r in known) >= FOLLOWS_SIZE_MIN_R
-    if len(sizes) > 1:
-        parts = [f"{w}x{h}: {n} requests, median {duration(m)}"
-                 for w, h, n, m in sorted(sizes, key=lambda x: x[0] * x[1])[:MAX_SIZE_LINES]]
-        lines.append(f"{len(sizes)} input sizes ({stage.name}): " + "; ".join(parts))
     unknown = max(0, stage.ran.count - sum(n for _, _, n, _ in sizes))
-    if len(sizes) == 1:
-        w, h, _, _ = sizes[0]
-        lines.append(one_size_sentence(stage.name, w, h, unknown, stage.ran.count))
-    one_size = len(sizes) == 1 and not unknown and follows is not True
-    return StageEvidence(tuple(lines), None if one_size else follows, one_size)
+    return sized_evidence(stage.name, known, sizes, unknown, stage.ran.count, several_images)
 
 
 def _follow_line(stage: str, what: str, r: float | None) -> tuple[str, ...]:
@@ -180,7 +166,7 @@ def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, f
     SQL figures: size for decode / resize, image bytes for download, ``queue.depth`` for queue;
     ``None`` for the others (forward's evidence is the GPU's)."""
     if stage.name in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-        size = _size_evidence(stage, sizes)
+        size = _size_evidence(stage, sizes, preprocess.several_images if preprocess else 0)
         if preprocess is None:
             return size
         return replace(size, lines=(*size.lines, *preprocess_lines(preprocess)),
@@ -443,6 +429,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         failure_stages=agg.failure_stages,
         per_request=True,  # a stage's count is requests, as in the file report
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
+        outlived_requests=min(agg.issues.outlived_requests, agg.counts.requests),
+        outlived_median_ms=agg.issues.outlived_median_ms,
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart),
         services=agg.services, service_requests=agg.service_requests,

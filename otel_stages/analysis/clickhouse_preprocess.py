@@ -5,7 +5,8 @@ for what each fact means and its thresholds). Pure: builds SQL and reads its one
 One statement over the warm requests of the per-request table and their ``decode`` / ``resize``
 spans (children of the request span, matched by trace and parent span id; spans inside a custom
 group such as ``preprocess`` are not read here): per request the first span's ``image.draft_scale``
-and resize target, per process the distinct ``thread.name`` values and whether an event loop was
+and resize target, the decode spans and the distinct images they decoded, per process the distinct
+``thread.name`` values and whether an event loop was
 running. Only one row of sums comes back. The draft speed-up model
 (:func:`~otel_stages.analysis.preprocessing.estimated_speedup`) and Pillow's scale rule
 (:func:`~otel_stages.analysis.preprocessing.draft_scale`) are written in SQL with the same
@@ -28,6 +29,7 @@ from otel_stages.analysis.preprocessing import (
     DRAFT_MIN_SHARE,
     DRAFT_MIN_SPEEDUP,
     POOL_MIN_THREADS,
+    draft_missing,
 )
 
 #: The join of warm requests with their decode / resize spans is as large as the requests: a grace
@@ -45,6 +47,16 @@ def _pos_int(key: str) -> str:
     return f"if(ifNull({value}, 0) > 0, {value}, NULL)"
 
 
+def _size(key: str) -> str:
+    return f"toInt64OrZero(SpanAttributes['{key}'])"
+
+
+#: Over a decode span's row: its image (a hash of width, height and bytes, each read as the
+#: request's size is: an int above 0), 0 when one of them is not that.
+_IMAGE = (f"if({_size(semconv.IMAGE_WIDTH)} > 0 AND {_size(semconv.IMAGE_HEIGHT)} > 0"
+          f" AND {_size(semconv.IMAGE_SIZE)} > 0, cityHash64({_size(semconv.IMAGE_WIDTH)},"
+          f" {_size(semconv.IMAGE_HEIGHT)}, {_size(semconv.IMAGE_SIZE)}), 0)")
+
 #: The stages whose evidence carries the facts (the report reads them only when the verdict
 #: names one of these).
 STAGES = (semconv.STAGE_DECODE, semconv.STAGE_RESIZE)
@@ -54,7 +66,8 @@ TABLE = "otel_stages_preprocess"
 
 def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
     """Statements that fill :data:`TABLE` (params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`):
-    per warm request its input, decode ms and count, the first span's draft scale and resize
+    per warm request its input, decode ms, its decode spans and their distinct images (width,
+    height and bytes on the span), the first span's draft scale and resize
     target, and its decode / resize spans' thread names and event-loop flags. Read once; the
     sums of :func:`preprocess_sql` then read this small table. Spans count by span id: one
     stored twice (a file imported twice, a retried export) counts once."""
@@ -66,7 +79,8 @@ def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
         toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
         {_pos_int(semconv.IMAGE_DRAFT_SCALE)} AS draft,
         {_pos_int(semconv.IMAGE_TARGET_WIDTH)} AS tw, {_pos_int(semconv.IMAGE_TARGET_HEIGHT)} AS th,
-        {a}['{semconv.THREAD_NAME}'] AS thread, {a}['{semconv.EVENT_LOOP_RUNNING}'] AS loop
+        {a}['{semconv.THREAD_NAME}'] AS thread, {a}['{semconv.EVENT_LOOP_RUNNING}'] AS loop,
+        {_IMAGE} AS image
     FROM {traces}
     WHERE SpanName IN ('{decode}', '{semconv.STAGE_RESIZE}') AND {span_filter(query, odd=False)}"""
     warm = f"""SELECT trace_key, span_key, proc, start_ns, width, height, bytes, fmt,
@@ -76,6 +90,8 @@ def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
     per_request = f"""SELECT w.trace_key AS trace_key, any(w.proc) AS proc, any(w.start_ns) AS start,
         any(w.width) AS width, any(w.height) AS height, any(w.bytes) AS bytes, any(w.fmt) AS fmt,
         any(w.ms) AS ms, any(w.decoded) AS decoded, uniqExactIf(s.sid, s.name = '{decode}') AS n_decode,
+        uniqExactIf(s.sid, s.name = '{decode}' AND s.image != 0) AS n_sized,
+        uniqExactIf(s.image, s.name = '{decode}' AND s.image != 0) AS n_images,
         argMinIf(s.draft, s.start, s.name = '{decode}' AND s.draft IS NOT NULL) AS draft,
         argMinIf(s.tw, s.start, s.name != '{decode}' AND s.tw IS NOT NULL) AS tw,
         argMinIf(s.th, s.start, s.name != '{decode}' AND s.th IS NOT NULL) AS th,
@@ -132,7 +148,10 @@ SELECT
     (SELECT countIf(decoded AND fmt = '') FROM requests) AS unknown_format,
     (SELECT countIf({jpeg} AND draft IS NULL AND (tw IS NULL OR th IS NULL)) FROM requests)
         AS untargeted,
-    (SELECT countIf(decoded AND n_decode > 1) FROM requests) AS decoded_twice,
+    (SELECT countIf(decoded AND n_sized > n_images) FROM requests) AS decoded_twice,
+    (SELECT countIf(decoded AND n_images > 1) FROM requests) AS several_images,
+    (SELECT countIf(decoded AND n_decode > 1 AND n_sized = n_images AND n_images < 2) FROM requests)
+        AS decodes_untold,
     (SELECT count() FROM draft_rows) AS draft_requests,
     (SELECT sum(ms) FROM draft_rows) AS draft_full_ms,
     (SELECT sum(draft_ms) FROM draft_rows) AS draft_drafted_ms,
@@ -181,8 +200,11 @@ def facts(row: Mapping[str, Any]) -> PreprocessFacts:
     return PreprocessFacts(
         decodes=int(row.get("decodes") or 0), jpeg=int(row.get("jpeg") or 0), drafted=drafted,
         drafted_scale=int(scales[0]) if scales else None,
-        draft_unknown=draft is None and not drafted and (
-            int(row.get("unknown_format") or 0) > 0 or int(row.get("untargeted") or 0) > 0),
+        draft_missing=draft_missing(draft is not None or drafted > 0,
+                                    int(row.get("unknown_format") or 0) > 0,
+                                    int(row.get("untargeted") or 0) > 0),
         draft=draft, repeats=repeats, threads=threads,
         decoded_twice=int(row.get("decoded_twice") or 0),
+        several_images=int(row.get("several_images") or 0),
+        decodes_untold=int(row.get("decodes_untold") or 0),
     )

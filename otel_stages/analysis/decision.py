@@ -53,6 +53,7 @@ from otel_stages.analysis.caveats import (
     failures_first,
     missing_spans_advice,
     offset_line,
+    outlived_caveat,
     partial_stage_lines,
     services_caveat,
     set_apart_lines,
@@ -226,6 +227,7 @@ def decide(fig: Figures) -> Verdict:
     _append_common(verdict, fig)
     if swings is not False:
         _process_caveat(verdict, fig)
+    outlived_caveat(verdict, fig, band.band_ms)
     failures_first(verdict, fig)
     clash_caveat(verdict, fig)
     services_caveat(verdict, fig)

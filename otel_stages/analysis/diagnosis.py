@@ -15,6 +15,7 @@ Steps of :func:`diagnose`:
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -150,7 +151,8 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True, detached_requests: int = 0, clash_spans: int = 0,
+    cold_first: bool = True, detached_requests: int = 0, outlived_ms: Sequence[float] = (),
+    clash_spans: int = 0,
     table: SignalTable | None = None,
     verdict_only: bool = False,
     unread_forwards: int = 0,
@@ -172,7 +174,8 @@ def _warm(
     each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
     a cohort's memory rule reads the GPU the window's utilization chose). ``unread_forwards``:
     warm forward spans whose ``gpu.utilization.mean`` is no reading, said when the GPU evidence
-    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``units``: the unit of each
+    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``outlived_ms``: per request
+    with a stage span ending after it, the most one does (ms). ``units``: the unit of each
     process's forward-span readings over all warm requests
     (:func:`~otel_stages.analysis.gpu.span_units`; default: over ``warm``)."""
     totals = [r.total_ms for r in warm]
@@ -213,6 +216,8 @@ def _warm(
         set_apart=tuple(a.figures() for a in apart),
         per_request=True,
         detached_requests=detached_requests,
+        outlived_requests=min(len(outlived_ms), requests),
+        outlived_median_ms=statistics.median(outlived_ms) if outlived_ms else None,
         clash_spans=clash_spans,
         services=() if verdict_only else services_of([*warm, *cold]),
         service_requests=0 if verdict_only else len(warm) + len(cold),
@@ -349,6 +354,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
+                   outlived_ms=grouping.issues.outlived_ms,
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
                    models=models, units=units,
                    # (the warm ones walked again only when some forward's value is unusable);

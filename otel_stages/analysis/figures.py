@@ -267,22 +267,28 @@ class PreprocessFacts:
     ``decodes``: warm requests with a decode span; ``jpeg``: of them JPEG (or MPO) sources;
     ``drafted``: of them already draft-decoded (``image.draft_scale`` recorded), with
     ``drafted_scale`` the most common scale; ``draft``: the estimate (``None`` when no JPEG could
-    be drafted, or sizes are unknown); ``draft_unknown``: no estimate because decodes lack
-    ``image.format`` or JPEG decodes lack a resize target (``image.target_width`` /
-    ``image.target_height``); ``repeats``: repeated inputs (``None``: none, or sizes unknown);
-    ``threads``: where the work ran; ``decoded_twice``: warm requests with more than one decode
-    span.
+    be drafted, or sizes are unknown); ``draft_missing``: what keeps the estimate from being made
+    (:func:`otel_stages.analysis.preprocessing.draft_missing`: ``image.format`` missing on
+    decodes, a resize target missing on JPEG decodes), empty when nothing does; ``repeats``:
+    repeated inputs (``None``: none, or sizes unknown);
+    ``threads``: where the work ran; ``decoded_twice``: warm requests that decoded one image
+    (the same ``image.width``, ``image.height`` and ``image.size``) on two decode spans;
+    ``several_images``: warm requests whose decode spans decoded two or more different images;
+    ``decodes_untold``: warm requests with more than one decode span in neither count (sizes
+    missing on some span, so a repeat cannot be told from several images).
     """
 
     decodes: int = 0
     jpeg: int = 0
     drafted: int = 0
     drafted_scale: int | None = None
-    draft_unknown: bool = False
+    draft_missing: tuple[str, ...] = ()
     draft: DraftEstimate | None = None
     repeats: RepeatedInputs | None = None
     threads: ThreadUse | None = None
     decoded_twice: int = 0
+    several_images: int = 0
+    decodes_untold: int = 0
 
 
 @dataclass(frozen=True)
@@ -325,6 +331,10 @@ class Figures:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
+    ``outlived_requests``: requests with a stage span that ends after their request span (by more
+    than ``span_issues.OVERLAP_TOLERANCE_MS``; spans wholly outside are the detached ones), and
+    ``outlived_median_ms`` the median over them of the most a stage span ends after the request
+    (a request span that closes before its work: a streamed response).
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
     the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
     the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest
@@ -349,6 +359,8 @@ class Figures:
     set_apart: Sequence[ApartFigures] = ()
     per_request: bool = False
     detached_requests: int = 0
+    outlived_requests: int = 0
+    outlived_median_ms: float | None = None
     clash_spans: int = 0
     services: Sequence[tuple[str, int]] = ()
     service_requests: int = 0

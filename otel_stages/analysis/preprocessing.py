@@ -25,6 +25,11 @@ Each fact comes from the spans' own attributes (DESIGN.md section 2, :mod:`otel_
   already decoded in the same process decoded it again; a cache of decoded images would have
   skipped it. When every warm request has the same image (a fixed-input run, as the method asks),
   repetition is the experiment's, not the traffic's, and nothing is claimed.
+* **Several decode spans in one request.** Each decode span's own ``image.width``,
+  ``image.height`` and ``image.size`` tell its image: two with the same three decoded one image
+  twice (decode once is the fix); two that differ decoded several images (a multi-image prompt:
+  nothing to fix, and each request's size figures are its first image's); without all three on
+  every span the two cannot be told, and the advice asks for them.
 * **Where the work ran.** ``thread.name`` and ``otel_stages.event_loop.running`` on decode / resize
   spans: on an event loop's thread the fix is to move the work off the loop; on several threads,
   one pool sized to the cores; on one thread of sequential requests, neither.
@@ -81,6 +86,23 @@ def draft_scale(width: int, height: int, target_width: int, target_height: int) 
     return next((s for s in _SCALES if ratio >= s), 1)  # upscaling (ratio 0): no reduction
 
 
+#: What :func:`draft_missing` names.
+FORMAT_MISSING = f"{semconv.IMAGE_FORMAT} on the decode span"
+TARGET_MISSING = (f"{semconv.IMAGE_TARGET_WIDTH} / {semconv.IMAGE_TARGET_HEIGHT} on the resize"
+                  " span")
+
+
+def draft_missing(judged: bool, unknown_format: bool, untargeted: bool) -> tuple[str, ...]:
+    """What to record so that draft decoding can be judged: nothing when it was (``judged``: an
+    estimate, or decodes already drafted); else :data:`FORMAT_MISSING` when some decodes had no
+    ``image.format`` (``unknown_format``) and :data:`TARGET_MISSING` when JPEG decodes had no
+    resize target (``untargeted``), in that order."""
+    if judged:
+        return ()
+    return tuple(what for what, missing in ((FORMAT_MISSING, unknown_format),
+                                            (TARGET_MISSING, untargeted)) if missing)
+
+
 def estimated_speedup(pixels: int, size_bytes: int, scale: int) -> float:
     """Estimated full decode time / draft decode time for a JPEG of ``pixels`` pixels and
     ``size_bytes`` encoded bytes decoded at 1/``scale`` per side (module docstring). >= 1."""
@@ -122,9 +144,14 @@ class _Row(NamedTuple):
     #: ``thread.name`` and ``otel_stages.event_loop.running`` of each decode / resize span
     threads: tuple[tuple[AttributeValue, AttributeValue], ...]
     decode_spans: int
+    #: distinct images (width, height and bytes all known) among the decode spans
+    decode_images: int
+    #: a decode span's image (width, height and bytes) also on another decode span
+    decode_repeat: bool
 
 
 _MISSING = object()
+_WIDTH, _HEIGHT, _SIZE = semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT, semconv.IMAGE_SIZE
 
 
 def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
@@ -134,6 +161,7 @@ def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
     from ``shared``: a fleet has few distinct ones and hundreds of thousands of requests."""
     threads = []
     decode_spans = 0
+    images: list[tuple[int, int, int]] = []
     scale_attr: object = _MISSING
     tw_attr: object = _MISSING
     th_attr: object = _MISSING
@@ -142,6 +170,9 @@ def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
         attrs = span.attributes
         if name == semconv.STAGE_DECODE:
             decode_spans += 1
+            image = (_int(attrs.get(_WIDTH)), _int(attrs.get(_HEIGHT)), _int(attrs.get(_SIZE)))
+            if None not in image:
+                images.append(image)  # type: ignore[arg-type]
             if scale_attr is _MISSING and semconv.IMAGE_DRAFT_SCALE in attrs:
                 scale_attr = attrs[semconv.IMAGE_DRAFT_SCALE]
         elif name == semconv.STAGE_RESIZE:
@@ -175,8 +206,10 @@ def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
     spans = tuple(threads)
     # with the types: 1, 1.0 and True are equal keys, and the values must stay as recorded
     key = ("threads", spans, tuple(type(v) for pair in spans for v in pair))
+    distinct = len(set(images)) if len(images) > 1 else len(images)
     return _Row(ms, bool(r.image_format), jpeg, drafted, draft, untargeted, ident, process,
-                r.start_ns, shared.setdefault(key, spans), decode_spans)
+                r.start_ns, shared.setdefault(key, spans), decode_spans, distinct,
+                distinct < len(images))
 
 
 def _draft_row(width: int | None, height: int | None, size: int | None, tw: int | None,
@@ -311,17 +344,23 @@ def preprocess_facts(warm: Sequence[Request], rows: PreprocessRows | None = None
     scales = [row.drafted for row in jpeg if row.drafted]
     draft, untargeted = _draft(read, total)
     unknown_format = any(not row.format_known for row in decodes)
-    twice = sum(1 for row in decodes if row.decode_spans > 1)
+    twice = sum(1 for row in decodes if row.decode_repeat)
+    several = sum(1 for row in decodes if row.decode_images > 1)
+    untold = sum(1 for row in decodes
+                 if row.decode_spans > 1 and not row.decode_repeat and row.decode_images < 2)
     return PreprocessFacts(
         decodes=len(decodes),
         jpeg=len(jpeg),
         drafted=len(scales),
         drafted_scale=_mode(scales) if scales else None,
-        draft_unknown=draft is None and not scales and (unknown_format or untargeted > 0),
+        draft_missing=draft_missing(draft is not None or bool(scales), unknown_format,
+                                    untargeted > 0),
         draft=draft,
         repeats=_repeats(read, total),
         threads=_threads(read),
         decoded_twice=twice,
+        several_images=several,
+        decodes_untold=untold,
     )
 
 
@@ -348,8 +387,16 @@ def evidence_lines(facts: PreprocessFacts) -> list[str]:
             f" same process (same width, height and bytes; {rep.images} distinct"
             f" image{'s' if rep.images != 1 else ''})")
     if facts.decoded_twice:
-        lines.append(f"{facts.decoded_twice} warm request{'s' if facts.decoded_twice != 1 else ''}"
-                     " decoded the image more than once")
+        lines.append(f"{_requests(facts.decoded_twice)} decoded the same image more than once (two"
+                     " decode spans with the same width, height and bytes)")
+    if facts.several_images:
+        lines.append(f"{_requests(facts.several_images)} decoded several images (decode spans of"
+                     " different width, height or bytes): each request's size figures are its"
+                     " first image's")
+    if facts.decodes_untold:
+        lines.append(f"{_requests(facts.decodes_untold)} had more than one decode span without"
+                     f" {_WIDTH}, {_HEIGHT} and {_SIZE} on each: a repeated decode of one image"
+                     " cannot be told from several images")
     t = facts.threads
     if t is not None:
         if t.on_loop:
@@ -365,6 +412,10 @@ def evidence_lines(facts: PreprocessFacts) -> list[str]:
             else:
                 lines.append(f"decode/resize ran on one thread{_named(t)}{where}")
     return lines
+
+
+def _requests(count: int) -> str:
+    return f"{count} warm request{'s' if count != 1 else ''}"
 
 
 def _named(t: ThreadUse) -> str:

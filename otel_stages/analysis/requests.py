@@ -545,6 +545,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     inside_sum = 0
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
+    worst_after = 0
     detached = 0
     # Failed when the request span says so (the exception escaped request(), or record_error):
     # a stage error the service caught and answered anyway (a retried download, a cancelled
@@ -572,6 +573,8 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
                                            f" {'starts' if span_start >= hi else 'ends'}"
                                            f" {off / 1e6:.1f} ms {where}")
             outside = 0
+        elif span_end - hi > worst_after:
+            worst_after = span_end - hi
         if outside > worst_outside:
             worst_outside = outside
             example = f"{name} in trace {span.trace_id}"
@@ -588,6 +591,8 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     if detached:
         issues.detached += detached
         issues.detached_requests += 1
+    if worst_after / 1e6 > OVERLAP_TOLERANCE_MS:
+        issues.outlived_ms.append(worst_after / 1e6)
     if worst_outside / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.outside += 1
         if worst_outside / 1e6 > issues.outside_max_ms:
