@@ -97,6 +97,7 @@ from otel_stages.analysis.verdict import Verdict
 #: Verdicts are worked out for at most this many cohorts (as in the trace report).
 MAX_COHORT_VERDICTS = 10
 
+
 def _spike(s: Summary) -> float:
     return max(s.max_ms - s.median_ms, s.median_ms - s.min_ms)
 

@@ -6,11 +6,10 @@ One statement over the warm requests of the per-request table and their ``decode
 spans (children of the request span, matched by trace and parent span id; spans inside a custom
 group such as ``preprocess`` are not read here): per request the first span's ``image.draft_scale``
 and resize target, the decode spans and the distinct images they decoded, per process the distinct
-``thread.name`` values and whether an event loop was
-running. Only one row of sums comes back. The draft speed-up model
-(:func:`~otel_stages.analysis.preprocessing.estimated_speedup`) and Pillow's scale rule
-(:func:`~otel_stages.analysis.preprocessing.draft_scale`) are written in SQL with the same
-constants; the parity tests hold them to the Python results.
+``thread.name`` values and whether an event loop was running. Only one row of sums comes back. The
+draft speed-up model (:func:`~otel_stages.analysis.preprocessing.estimated_speedup`) and Pillow's
+scale rule (:func:`~otel_stages.analysis.preprocessing.draft_scale`) are written in SQL with the
+same constants; the parity tests hold them to the Python results.
 """
 
 from __future__ import annotations
@@ -67,9 +66,9 @@ TABLE = "otel_stages_preprocess"
 def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
     """Statements that fill :data:`TABLE` (params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`):
     per warm request its input, decode ms, its decode spans and their distinct images (width,
-    height and bytes on the span), the first span's draft scale and resize
-    target, and its decode / resize spans' thread names and event-loop flags. Read once; the
-    sums of :func:`preprocess_sql` then read this small table. Spans count by span id: one
+    height and bytes on the span), the first span's draft scale and resize target, and its decode
+    / resize spans' thread names and event-loop flags. Read once; the sums of
+    :func:`preprocess_sql` then read this small table. Spans count by span id: one
     stored twice (a file imported twice, a retried export) counts once."""
     a = "SpanAttributes"
     decode = semconv.STAGE_DECODE

@@ -270,12 +270,12 @@ class PreprocessFacts:
     be drafted, or sizes are unknown); ``draft_missing``: what keeps the estimate from being made
     (:func:`otel_stages.analysis.preprocessing.draft_missing`: ``image.format`` missing on
     decodes, a resize target missing on JPEG decodes), empty when nothing does; ``repeats``:
-    repeated inputs (``None``: none, or sizes unknown);
-    ``threads``: where the work ran; ``decoded_twice``: warm requests that decoded one image
-    (the same ``image.width``, ``image.height`` and ``image.size``) on two decode spans;
-    ``several_images``: warm requests whose decode spans decoded two or more different images;
-    ``decodes_untold``: warm requests with more than one decode span in neither count (sizes
-    missing on some span, so a repeat cannot be told from several images).
+    repeated inputs (``None``: none, or sizes unknown); ``threads``: where the work ran;
+    ``decoded_twice``: warm requests that decoded one image (the same ``image.width``,
+    ``image.height`` and ``image.size``) on two decode spans; ``several_images``: warm requests
+    whose decode spans decoded two or more different images; ``decodes_untold``: warm requests
+    with more than one decode span in neither count (sizes missing on some span, so a repeat
+    cannot be told from several images).
     """
 
     decodes: int = 0
