@@ -755,6 +755,59 @@ def test_a_second_decode_span_is_told_by_its_sizes_in_both_reports(
     assert not any("every request" in e for e in evidence), evidence
 
 
+def _jpeg_then_other(i: int, spans: Spans) -> None:
+    """:func:`_second_decode` ``other``, the first image a JPEG and the resize target 224x224:
+    draft decoding could be judged for the first image alone."""
+    _second_decode("other")(i, spans)
+    named(spans, "decode")["attributes"].append({"key": "image.format", "value": {"stringValue": "JPEG"}})
+    named(spans, "resize")["attributes"] += [
+        {"key": "image.target_width", "value": {"intValue": "224"}},
+        {"key": "image.target_height", "value": {"intValue": "224"}}]
+
+
+def test_no_draft_estimate_from_the_first_of_several_images_in_both_reports(engine, tmp_path: Path) -> None:
+    """The request's decode time is both images': no draft estimate is read from the first's
+    size and format, in either report (a tester's input: the second image a large PNG)."""
+    path = TRACES / "preprocess_mixed_sizes.otlp.jsonl"
+    got, want = reports(engine, edited(path, tmp_path / "jpeg.jsonl", _jpeg_then_other))
+    assert got["verdict"] == want["verdict"]
+    assert not any("draft" in a for a in want["verdict"]["advice"]), want["verdict"]["advice"]
+    one = edited(path, tmp_path / "jpeg1.jsonl",
+                 lambda i, spans: (named(spans, "decode")["attributes"].append(
+                     {"key": "image.format", "value": {"stringValue": "JPEG"}}),
+                     named(spans, "resize")["attributes"].extend(
+                     [{"key": "image.target_width", "value": {"intValue": "224"}},
+                      {"key": "image.target_height", "value": {"intValue": "224"}}])))
+    _, alone = reports(engine, one)
+    assert any("draft mode" in a for a in alone["verdict"]["advice"])  # one image: estimated
+
+
+def _grouped_images(i: int, spans: Spans) -> None:
+    """:func:`_second_decode` ``other``, the two decode spans inside a custom group span."""
+    _second_decode("other")(i, spans)
+    decodes = [s for s in spans if s["name"] == "decode"]
+    group = {**decodes[0], "spanId": f"{i:08x}0000abcd", "name": "preprocess_image",
+             "endTimeUnixNano": decodes[1]["endTimeUnixNano"], "attributes": []}
+    for decode in decodes:
+        decode["parentSpanId"] = group["spanId"]
+    spans.append(group)
+
+
+def test_decode_spans_inside_custom_groups_are_said_to_be_unread_by_the_sql(engine, tmp_path: Path) -> None:
+    """A tester's input: two images per request, decoded inside a custom group span. The file
+    report reads both decode spans (several images); the SQL's decode facts read the spans
+    directly under the request only, and said "every request had the same image" as a confident
+    verdict: now it names what it did not read, and the verdict is tentative."""
+    path = TRACES / "preprocess_mixed_sizes.otlp.jsonl"
+    got, want = reports(engine, edited(path, tmp_path / "grouped.jsonl", _grouped_images))
+    assert any("decoded several images" in e for e in want["verdict"]["evidence"])
+    (line,) = [p for p in got["problems"] if p.startswith(NOT_CHECKED)]
+    assert "decode / resize facts" in line and "(60 spans)" in line, line
+    assert got["verdict"]["tentative"] and got["verdict"]["stage"] == want["verdict"]["stage"]
+    plain, _ = reports(engine, edited(path, tmp_path / "direct.jsonl", _second_decode("other")))
+    assert not [p for p in plain["problems"] if p.startswith(NOT_CHECKED)]
+
+
 def test_a_file_imported_twice_reads_as_once(engine) -> None:
     """Importing the same file twice stores every span twice (the exporter's table has no key):
     the report, decode facts included ('decoded more than once' would be false), is the file

@@ -25,15 +25,15 @@ __all__ = ["engine"]  # the module's chDB fixture
 
 
 @pytest.mark.parametrize(("outlived", "after_ms", "caveat"), [
-    (15, 3.0, True),     # half the requests, the median after them at the band
-    (14, 3.0, False),    # under half
-    (15, 2.999, False),  # under the band: work after the answer too short to hide a swing
-    (30, 400.0, True),
+    (5, 3.0, True),      # 5 % of the requests, the median after them at the band
+    (4, 3.0, False),     # under 5 %
+    (5, 2.999, False),   # under the band: work after the answer too short to hide a swing
+    (100, 400.0, True),
 ])
 def test_a_request_span_closing_before_its_work_makes_the_verdict_tentative(
         outlived: int, after_ms: float, caveat: bool) -> None:
-    assert OUTLIVED_MIN_FRACTION == 0.5
-    fig = replace(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0), requests=30,
+    assert OUTLIVED_MIN_FRACTION == 0.05
+    fig = replace(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0), requests=100,
                   outlived_requests=outlived, outlived_median_ms=after_ms)
     v = Verdict("forward", "forward", ["forward swings"], ["fix forward"])
     outlived_caveat(v, fig, band_ms=3.0)
@@ -41,7 +41,7 @@ def test_a_request_span_closing_before_its_work_makes_the_verdict_tentative(
     assert (v.advice[0] == advice.END_REQUEST_SPAN) is caveat
     assert ("ends after the request span" in v.evidence[0]) is caveat
     if caveat:
-        assert v.evidence[0].startswith(f"in {outlived} of 30 requests a stage span ends after")
+        assert v.evidence[0].startswith(f"in {outlived} of 100 requests a stage span ends after")
 
 
 def test_the_rules_apply_the_caveat_to_a_steady_verdict() -> None:
@@ -68,7 +68,7 @@ def _streamed(count: int, after_ms: Callable[[int], float] | None = None) -> Cal
     return edit
 
 
-@pytest.mark.parametrize(("count", "caveat"), [(30, True), (15, True), (14, False)])
+@pytest.mark.parametrize(("count", "caveat"), [(30, True), (2, True), (1, False)])
 def test_streamed_responses_read_alike_in_both_reports(engine, tmp_path: Path, count: int,
                                                        caveat: bool) -> None:
     got, want = reports(engine, edited(STABLE, tmp_path / f"stream{count}.jsonl", _streamed(count)))
@@ -92,11 +92,30 @@ def test_work_after_the_answer_under_the_band_is_no_caveat(engine, tmp_path: Pat
     assert want["noise"]["band_ms"] > 1.0
 
 
-def test_a_span_wholly_after_its_request_is_skew_not_a_late_close(engine, tmp_path: Path) -> None:
-    """Forward starting 5 s after its request (another host's clock) is detached, not outlived."""
+def test_a_stage_starting_after_its_request_ended_is_streamed_or_skewed(engine, tmp_path: Path) -> None:
+    """A tester's input: one process, the request span closes when the handler returns the
+    streamed response and forward starts just after it, running 95-391 ms (read as "stable"
+    with the untraced time as clock skew, confidently). Within one process there is no skew to
+    blame, but the spans cannot say so (another host's forward 5 s ahead looks the same): the
+    verdict is tentative and names both."""
     def edit(i: int, spans: Spans) -> None:
-        shift(named(spans, "forward"), 5_000 * MS)
+        request, forward = named(spans, "request"), named(spans, "forward")
+        start = int(forward["startTimeUnixNano"])
+        request["endTimeUnixNano"] = str(start - MS // 2)
+        forward["endTimeUnixNano"] = str(start + (95 + 37 * (i % 9)) * MS)
 
-    got, want = reports(engine, edited(STABLE, tmp_path / "skew.jsonl", edit))
+    got, want = reports(engine, edited(STABLE, tmp_path / "after.jsonl", edit))
     assert got["verdict"] == want["verdict"]
-    assert advice.END_REQUEST_SPAN not in want["verdict"]["advice"]
+    v = want["verdict"]
+    assert v["tentative"] and v["advice"][0] == advice.END_REQUEST_SPAN
+    assert "or the stage ran on a host whose clock is ahead" in v["evidence"][0]
+
+
+def test_only_the_long_generations_streamed(engine, tmp_path: Path) -> None:
+    """A tester's input: 40 % of the requests stream 400 ms on after the request span closes, the
+    others take their 20 ms inside: the hidden time is the top of the swing, so the verdict is
+    tentative though most requests are whole."""
+    got, want = reports(engine, edited(STABLE, tmp_path / "long.jsonl",
+                                       _streamed(12, lambda i: 400.0)))
+    assert got["verdict"] == want["verdict"]
+    assert want["verdict"]["tentative"] and want["verdict"]["advice"][0] == advice.END_REQUEST_SPAN

@@ -29,6 +29,7 @@ from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.preprocessing import (
     FORMAT_MISSING,
+    SEVERAL_IMAGES_MIN_SHARE,
     TARGET_MISSING,
     draft_scale,
     estimated_speedup,
@@ -339,6 +340,47 @@ def test_requests_of_several_images_are_not_one_size_nor_decoded_twice() -> None
     assert advice_text.ONE_SIZE not in advice and advice_text.DECODE_ONCE not in advice
     assert not any("every request" in e or "more than once" in e for e in evidence), evidence
     assert any("24 warm requests decoded several images" in e for e in evidence), evidence
+
+
+def test_sizes_missing_on_a_second_decode_span_is_not_one_size() -> None:
+    """A tester's input: the second decode span of each request has no sizes. Its image may be
+    any size, so "every request had the same image" (and "the swing is not the input") cannot be
+    claimed; the advice asks for the sizes."""
+    rows = cold_then([{"decode_ms": 40.0 + (300.0 if i % 7 == 0 else 0.0),
+                       "images": [(None, None, None)]} for i in range(24)])
+    evidence, advice = _verdict_lines(rows)
+    assert advice_text.ONE_SIZE not in advice and advice_text.RECORD_DECODE_SIZES in advice
+    assert not any("every request" in e for e in evidence), evidence
+
+
+@pytest.mark.parametrize(("several", "follows", "lead"), [
+    (2, False, True),    # 2 of 40 warm decodes: SEVERAL_IMAGES_MIN_SHARE
+    (1, False, False),   # 1 of 40: the others' sizes say what to do
+    (1, None, True),     # first images of one size: the other images are all that varies
+    (40, True, False),   # cost follows the (first) image size: cap the inputs
+    (0, None, False),
+])
+def test_the_several_images_advice_leads_from_a_share_or_one_first_size(several, follows,
+                                                                         lead) -> None:
+    assert SEVERAL_IMAGES_MIN_SHARE == 0.05
+    facts_ = PreprocessFacts(decodes=40, several_images=several)
+    assert advice_text.several_images_lead(facts_, follows) is lead
+    first = advice_text.for_cause("preprocess", follows_size=follows, preprocess=facts_)[0]
+    assert (first == advice_text.SEVERAL_IMAGES) is lead
+
+
+def test_a_request_of_several_images_gives_no_draft_estimate_and_no_repeat() -> None:
+    """A tester's input: a small JPEG first (the same two sizes again and again), then a large
+    unique PNG: the request's decode time is mostly the PNG's, so neither "draft the JPEGs" nor
+    "cache the repeated images" may be read from the first image's size and format."""
+    rows = cold_then([{"w": 4000 + i % 2, "h": 3000, "bytes": 3_000_000, "decode_ms": 250.0,
+                       "images": [(4000, 3000, 9_000_000 + i)]} for i in range(24)])
+    f = facts(rows)
+    assert f.several_images == 24 and f.jpeg == 24
+    assert f.draft is None and f.repeats is None and not f.draft_missing
+    one = facts(cold_then([{"w": 4000 + i % 2, "h": 3000, "bytes": 3_000_000, "decode_ms": 250.0}
+                           for i in range(24)]))
+    assert one.draft is not None and one.repeats is not None  # the same requests with one image
 
 
 def test_one_image_per_request_of_one_size_is_still_one_size() -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts
 from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT
+from otel_stages.analysis.preprocessing import SEVERAL_IMAGES_MIN_SHARE
 from otel_stages.analysis.units import duration, pct
 
 MORE_RUNS = (
@@ -171,10 +172,20 @@ ONE_SIZE = (
 #: preprocess, requests decoded several images each and cost does not follow their first image's
 #: size: that size is not the request's input.
 SEVERAL_IMAGES = (
-    "requests decoded several images each, and the size figures read only each request's first"
-    " image: compare the slow requests' decode spans (how many images, how large) with the fast"
-    " ones' before looking for contention"
+    "requests decoded several images, and the size figures read only each request's first image:"
+    " compare the slow requests' decode spans (how many images, how large) with the fast ones'"
+    " before looking for contention"
 )
+
+
+def several_images_lead(facts: PreprocessFacts, follows_size: bool | None) -> bool:
+    """Whether the size advice is :data:`SEVERAL_IMAGES`: some warm requests decoded several
+    images, cost does not follow the first images' size, and either the first images are one size
+    (``follows_size`` is ``None``: only the other images vary) or at least
+    ``preprocessing.SEVERAL_IMAGES_MIN_SHARE`` of the warm decodes had several images."""
+    if not facts.several_images or follows_size is True:
+        return False
+    return follows_size is None or facts.several_images >= SEVERAL_IMAGES_MIN_SHARE * facts.decodes
 #: preprocess, input sizes unknown.
 SIZE_UNKNOWN = (
     "record image.width / image.height on the decode span (otel_stages.imaging.decode does) to"
@@ -225,7 +236,7 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     if cause == "preprocess":
         if one_size:
             first = ONE_SIZE
-        elif preprocess is not None and preprocess.several_images and follows_size is not True:
+        elif preprocess is not None and several_images_lead(preprocess, follows_size):
             first = SEVERAL_IMAGES
         elif follows_size is True:
             first = CAP_SIZE
@@ -358,7 +369,7 @@ def record_draft_facts(missing: Sequence[str]) -> str:
 END_REQUEST_SPAN = (
     "end the request span when the response is complete (for a streamed response, after its last"
     " chunk is sent), or time the work after the answer in a span of its own outside the request;"
-    " then report again"
+    " if the stage ran on another host, sync the hosts' clocks instead; then report again"
 )
 #: preprocess, some requests decoded their image more than once.
 DECODE_ONCE = (

@@ -305,6 +305,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         for statement in preprocess.prepare_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)
+        if results.get("groups") and int(results["groups"][0]["n"]):
+            results["preprocess_grouped"] = engine.rows(
+                preprocess.grouped_sql(tables.traces_ref, query), sql.query_params(query), settings)
     for table in (*requests.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
                   issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
                   sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.SPAN_SERVICES_TABLE,

@@ -67,7 +67,7 @@ from otel_stages.analysis.clickhouse_result import (
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO, MIN_WARM_RUNS, decide
-from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, sized_evidence
+from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, other_images, sized_evidence
 from otel_stages.analysis.figures import (
     ALL_WARM,
     SAME_INPUT,
@@ -143,14 +143,14 @@ def band_ms(stages: Mapping[str, StageAggregate], total: Summary | None) -> floa
 
 
 def _size_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]],
-                   several_images: int = 0) -> StageEvidence:
+                   other_images: int = 0) -> StageEvidence:
     """:func:`otel_stages.analysis.evidence.sized_evidence` from SQL figures: the Pearson r
     against pixels / bytes and ``sizes`` = ``(width, height, requests, median ms)`` per input
     size where the stage ran."""
     known = [(what, r) for what, r in (("pixels", stage.pixels_correlation),
                                        ("bytes", stage.bytes_correlation)) if r is not None]
     unknown = max(0, stage.ran.count - sum(n for _, _, n, _ in sizes))
-    return sized_evidence(stage.name, known, sizes, unknown, stage.ran.count, several_images)
+    return sized_evidence(stage.name, known, sizes, unknown, stage.ran.count, other_images)
 
 
 def _follow_line(stage: str, what: str, r: float | None) -> tuple[str, ...]:
@@ -167,7 +167,7 @@ def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, f
     SQL figures: size for decode / resize, image bytes for download, ``queue.depth`` for queue;
     ``None`` for the others (forward's evidence is the GPU's)."""
     if stage.name in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
-        size = _size_evidence(stage, sizes, preprocess.several_images if preprocess else 0)
+        size = _size_evidence(stage, sizes, other_images(preprocess) if preprocess else 0)
         if preprocess is None:
             return size
         return replace(size, lines=(*size.lines, *preprocess_lines(preprocess)),

@@ -346,11 +346,20 @@ def groups_sql() -> str:
     return f"SELECT count() AS n FROM {NESTED_TABLE}"
 
 
-def not_checked(*, groups: int, signals: bool) -> list[str]:
+def not_checked(*, groups: int, signals: bool, grouped_preprocess: int = 0) -> list[str]:
     """Lines (each starting :data:`NOT_CHECKED`) for checks the file report makes that the SQL
     does not, where they could change the answer: signals on stage spans inside ``groups`` custom
-    group spans (when stage spans carry ``signals``)."""
+    group spans (when stage spans carry ``signals``); the decode / resize facts of
+    ``grouped_preprocess`` decode / resize spans inside custom group spans (counted only when the
+    facts were read: a decode / resize verdict)."""
     out = []
+    if grouped_preprocess:
+        out.append(
+            f"{NOT_CHECKED}decode / resize facts (several images, repeated decodes, draft decoding,"
+            f" threads) of decode / resize spans inside custom group spans ({grouped_preprocess}"
+            f" span{'s' if grouped_preprocess != 1 else ''}): the SQL reads those facts from the"
+            " spans directly under the request only, so its size evidence and decode advice may"
+            " miss them; report the exported files (PATH) to read them")
     if groups and signals:
         out.append(
             f"{NOT_CHECKED}mechanism signals (thread CPU time, GC, event-loop lag, throttling) on"

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.clickhouse_requests import NESTED_TABLE
 from otel_stages.analysis.clickhouse_sql import AggregateQuery, requests, span_filter
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts, RepeatedInputs, ThreadUse
 from otel_stages.analysis.preprocessing import (
@@ -105,6 +106,16 @@ def prepare_statements(traces: str, query: AggregateQuery) -> list[str]:
             f"CREATE TEMPORARY TABLE {TABLE} ENGINE = Memory AS {per_request}"]
 
 
+def grouped_sql(traces: str, query: AggregateQuery) -> str:
+    """One row: ``n``, the decode / resize spans inside custom group spans (their parent one of
+    the nested groups of :mod:`otel_stages.analysis.clickhouse_requests`), which
+    :func:`prepare_statements` does not read (params: ``query_params``)."""
+    return f"""SELECT count() AS n FROM {traces}
+WHERE SpanName IN ('{semconv.STAGE_DECODE}', '{semconv.STAGE_RESIZE}') AND {span_filter(query, odd=False)}
+    AND (reinterpretAsUInt128(unhex(TraceId)), reinterpretAsUInt64(unhex(ParentSpanId)))
+        IN (SELECT trace_key, key FROM {NESTED_TABLE})"""
+
+
 def preprocess_sql() -> str:
     """One row of sums over :data:`TABLE` (see :func:`facts` for the columns read)."""
     sized = "width IS NOT NULL AND height IS NOT NULL AND bytes IS NOT NULL"
@@ -124,11 +135,14 @@ def preprocess_sql() -> str:
             groupUniqArrayArray(loop_threads) AS proc_loop_names
         FROM {TABLE} GROUP BY proc
     )"""
-    return f"""WITH requests AS (SELECT * FROM {TABLE}),
+    # several images, or sizes missing on a decode span: no draft estimate, no repeat (as in
+    # analysis.preprocessing)
+    one_image = "(n_decode <= 1 OR (n_images = 1 AND n_sized = n_decode))"
+    return f"""WITH requests AS (SELECT *, {one_image} AS one_image FROM {TABLE}),
 draft_rows AS (
     SELECT {scale} AS scale, width, height, tw, th, ms,
         ms / (({cost} + {px}) / ({cost} + {px} / pow({scale}, 2))) AS draft_ms
-    FROM requests WHERE {candidate}
+    FROM requests WHERE {candidate} AND one_image
 ),
 draft_sizes AS (
     SELECT scale, width, height, tw, th, sum(ms) AS weight FROM draft_rows
@@ -136,7 +150,7 @@ draft_sizes AS (
 ),
 repeats AS (
     SELECT proc, width, height, bytes, count() AS n, sum(ms) AS total, argMin(ms, start) AS first
-    FROM requests WHERE decoded AND {sized} GROUP BY proc, width, height, bytes
+    FROM requests WHERE decoded AND one_image AND {sized} GROUP BY proc, width, height, bytes
 )
 SELECT
     (SELECT countIf(decoded) FROM requests) AS decodes,
@@ -145,8 +159,8 @@ SELECT
     (SELECT countIf({jpeg} AND draft IS NOT NULL) FROM requests) AS drafted,
     (SELECT topKIf(1)(draft, {jpeg} AND draft IS NOT NULL) FROM requests) AS drafted_scale,
     (SELECT countIf(decoded AND fmt = '') FROM requests) AS unknown_format,
-    (SELECT countIf({jpeg} AND draft IS NULL AND (tw IS NULL OR th IS NULL)) FROM requests)
-        AS untargeted,
+    (SELECT countIf({jpeg} AND one_image AND draft IS NULL AND (tw IS NULL OR th IS NULL))
+        FROM requests) AS untargeted,
     (SELECT countIf(decoded AND n_sized > n_images) FROM requests) AS decoded_twice,
     (SELECT countIf(decoded AND n_images > 1) FROM requests) AS several_images,
     (SELECT countIf(decoded AND n_decode > 1 AND n_sized = n_images AND n_images < 2) FROM requests)

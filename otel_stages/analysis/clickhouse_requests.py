@@ -588,10 +588,10 @@ def _requests_select(query: AggregateQuery) -> str:
     toUInt32(arrayCount(f -> f, off)) AS detached_spans,
     toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, i, f) -> if(f, 0, v.2 - v.1 - i),
                                                          intervals, inside, off)))) AS outside_ns,
-    -- the most a stage span (not wholly outside) ends after the request: a request span that
-    -- closes before its work
-    toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, f) -> if(f, 0, v.2 - start_ns - total_ns),
-                                                         intervals, off)))) AS after_ns,
+    -- the most a stage span ends after the request: a request span that closes before its
+    -- work (or a stage on a clock ahead)
+    toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap(v -> v.2 - start_ns - total_ns, intervals))))
+        AS after_ns,
     arraySum(inside) - covered_ns AS overlap_ns,
     coalesce(if(direct_first, if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL)),
              if(direct_first, if(x.dec_w > 0, x.dec_w, NULL), if(p.dec_w > 0, p.dec_w, NULL)),

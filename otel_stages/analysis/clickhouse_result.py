@@ -718,7 +718,9 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     kinds, where = failure_kinds(results.get("failures") or [])
     unchecked = not_checked(
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
-        signals=bool(results.get("signals") and results["signals"][0]["signals"]))
+        signals=bool(results.get("signals") and results["signals"][0]["signals"]),
+        grouped_preprocess=int(results["preprocess_grouped"][0]["n"])
+        if results.get("preprocess_grouped") else 0)
     if results.get("gaps"):
         unchecked += gap_lines({**results["gaps"][0], **next(iter(results.get("foreign_gpu") or ()), {})},
                                standard_names=sum(1 for r in results["stages"]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from otel_stages import semconv
-from otel_stages.analysis.figures import StageEvidence
+from otel_stages.analysis.figures import PreprocessFacts, StageEvidence
 from otel_stages.analysis.preprocessing import PreprocessRows, preprocess_facts
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.requests import Request, usable_float
@@ -25,9 +25,9 @@ CLOSE_R = 0.05
 _Key = Callable[[Request], "int | None"]
 
 
-def size_evidence(warm: Sequence[Request], stage: str, several_images: int = 0) -> StageEvidence:
+def size_evidence(warm: Sequence[Request], stage: str, other_images: int = 0) -> StageEvidence:
     """Whether ``stage`` ms follows image pixels / bytes across ``warm`` requests
-    (:func:`sized_evidence`; ``several_images``: the warm requests that decoded several images).
+    (:func:`sized_evidence`; ``other_images``: the warm requests that decoded several images).
 
     ``lines``: one sentence for both measures (e.g. ``decode time follows image pixels (r = 0.95)
     and bytes (r = 0.91)``, the closer one first), then the per-size medians or the one size.
@@ -60,7 +60,7 @@ def size_evidence(warm: Sequence[Request], stage: str, several_images: int = 0) 
     known = [(w, r) for w, r in rs.items() if r is not None]
     ran = sum(1 for req in warm if stage in req.stages_ms)
     sized = [(w, h, len(v), statistics.median(v)) for (w, h), v in groups.items()]
-    return sized_evidence(stage, known, sized, ran - len(pixel_ms), ran, several_images)
+    return sized_evidence(stage, known, sized, ran - len(pixel_ms), ran, other_images)
 
 
 #: Input sizes listed in the evidence (the smallest first).
@@ -69,12 +69,13 @@ MAX_SIZE_LINES = 6
 
 def sized_evidence(stage: str, known: Sequence[tuple[str, float]],
                    sizes: Sequence[tuple[int, int, int, float]], unknown: int, ran: int,
-                   several_images: int = 0) -> StageEvidence:
+                   other_images: int = 0) -> StageEvidence:
     """The size evidence of ``stage`` from its figures, for the file report and the SQL alike:
     ``known`` the Pearson r per measure (``[("pixels", r), ("bytes", r)]``), ``sizes`` =
     ``(width, height, requests, median ms)`` per input size, ``unknown`` of the ``ran`` requests
-    without a readable size, ``several_images`` requests that decoded several images (their size
-    is their first image's, so one size among them is not one input)."""
+    without a readable size, ``other_images`` requests whose decode spans held other images than
+    the first or may have (:func:`other_images`: their size is their first image's, so one size
+    among them is not one input)."""
     lines = [size_sentence(stage, known)] if known else []
     follows = None if not known else max(abs(r) for _, r in known) >= FOLLOWS_SIZE_MIN_R
     if len(sizes) > 1:
@@ -82,12 +83,19 @@ def sized_evidence(stage: str, known: Sequence[tuple[str, float]],
                  for w, h, n, m in sorted(sizes, key=lambda x: (x[0] * x[1], x[0], x[1]))
                  [:MAX_SIZE_LINES]]
         lines.append(f"{len(sizes)} input sizes ({stage}): " + "; ".join(parts))
-    if len(sizes) == 1 and not several_images:
+    if len(sizes) == 1 and not other_images:
         w, h, _, _ = sizes[0]
         lines.append(one_size_sentence(stage, w, h, unknown, ran))
     # same pixels, and bytes do not explain it; not when some sizes are unknown (they may differ)
-    one_size = len(sizes) == 1 and not unknown and follows is not True and not several_images
+    one_size = len(sizes) == 1 and not unknown and follows is not True and not other_images
     return StageEvidence(tuple(lines), None if one_size else follows, one_size)
+
+
+def other_images(facts: PreprocessFacts) -> int:
+    """Warm requests whose decode spans decoded several images, or more than one decode span
+    without the sizes to tell (``PreprocessFacts.several_images`` + ``decodes_untold``): for them
+    the request's size (its first image's) may not be its input."""
+    return facts.several_images + facts.decodes_untold
 
 
 def one_size_sentence(stage: str, width: int, height: int, unknown: int, ran: int) -> str:
@@ -169,7 +177,7 @@ def stage_evidence(warm: Sequence[Request], stages: Sequence[str],
     for stage in stages:
         if stage in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
             facts = facts or preprocess_facts(warm, rows)
-            size = size_evidence(warm, stage, facts.several_images)
+            size = size_evidence(warm, stage, other_images(facts))
             out[stage] = replace(size, lines=(*size.lines, *preprocess_lines(facts)), preprocess=facts)
         elif stage == semconv.STAGE_DOWNLOAD:
             lines = follow_evidence(warm, stage, "image bytes", lambda r: r.image_bytes)

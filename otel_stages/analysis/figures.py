@@ -332,9 +332,9 @@ class Figures:
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
     ``outlived_requests``: requests with a stage span that ends after their request span (by more
-    than ``span_issues.OVERLAP_TOLERANCE_MS``; spans wholly outside are the detached ones), and
-    ``outlived_median_ms`` the median over them of the most a stage span ends after the request
-    (a request span that closes before its work: a streamed response).
+    than ``span_issues.OVERLAP_TOLERANCE_MS``; starting after it too), and ``outlived_median_ms``
+    the median over them of the most a stage span ends after the request (a request span that
+    closes before its work: a streamed response; or a stage on a clock ahead).
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
     the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
     the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest

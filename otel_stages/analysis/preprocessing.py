@@ -29,7 +29,9 @@ Each fact comes from the spans' own attributes (DESIGN.md section 2, :mod:`otel_
   ``image.height`` and ``image.size`` tell its image: two with the same three decoded one image
   twice (decode once is the fix); two that differ decoded several images (a multi-image prompt:
   nothing to fix, and each request's size figures are its first image's); without all three on
-  every span the two cannot be told, and the advice asks for them.
+  every span the two cannot be told, and the advice asks for them. Such requests (several images,
+  or sizes missing) give no draft estimate and no repeated input: their decode time is not their
+  first image's.
 * **Where the work ran.** ``thread.name`` and ``otel_stages.event_loop.running`` on decode / resize
   spans: on an event loop's thread the fix is to move the work off the loop; on several threads,
   one pool sized to the cores; on one thread of sequential requests, neither.
@@ -73,6 +75,11 @@ CACHE_MIN_SHARE = 0.2
 #: Decode / resize on at least this many threads of one process: a pool sized to the cores is the
 #: advice (on one thread of sequential requests a pool would not change a request's latency).
 POOL_MIN_THREADS = 2
+#: The size advice says requests decoded several images (:data:`~otel_stages.analysis.advice.SEVERAL_IMAGES`)
+#: when at least this part of the warm decodes did, or when their first images are one size (then
+#: the other images are the only sizes that vary); a stray multi-image request among many does not
+#: displace what the others' sizes say.
+SEVERAL_IMAGES_MIN_SHARE = 0.05
 #: Thread names quoted in the evidence.
 _NAMES_SHOWN = 3
 
@@ -188,7 +195,11 @@ def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
     drafted = draft = None
     untargeted = False
     ident = None
-    if ms is not None:
+    distinct = len(set(images)) if len(images) > 1 else len(images)
+    # several images (or sizes missing on some decode span): the request's size is its first
+    # image's, its decode time all of them, so no draft estimate or repeat is read from it
+    one_image = decode_spans <= 1 or (distinct == 1 and len(images) == decode_spans)
+    if ms is not None and one_image:
         width, height, size = r.image_width, r.image_height, r.image_bytes
         if width is not None and height is not None and size is not None:
             ident = (width, height, size)
@@ -206,7 +217,6 @@ def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
     spans = tuple(threads)
     # with the types: 1, 1.0 and True are equal keys, and the values must stay as recorded
     key = ("threads", spans, tuple(type(v) for pair in spans for v in pair))
-    distinct = len(set(images)) if len(images) > 1 else len(images)
     return _Row(ms, bool(r.image_format), jpeg, drafted, draft, untargeted, ident, process,
                 r.start_ns, shared.setdefault(key, spans), decode_spans, distinct,
                 distinct < len(images))

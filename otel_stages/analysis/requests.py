@@ -573,7 +573,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
                                            f" {'starts' if span_start >= hi else 'ends'}"
                                            f" {off / 1e6:.1f} ms {where}")
             outside = 0
-        elif span_end - hi > worst_after:
+        if span_end - hi > worst_after:  # wholly after too: streamed on, or a clock ahead
             worst_after = span_end - hi
         if outside > worst_outside:
             worst_outside = outside

@@ -63,8 +63,8 @@ class StageIssues:
         self.detached = 0  # stage spans with time that lie wholly outside their request span
         self.detached_requests = 0
         self.detached_example = ""
-        #: per request with a stage span ending after it (beyond the tolerance; not wholly
-        #: outside), the most one ends after it, ms
+        #: per request with a stage span ending after it (beyond the tolerance; wholly after it
+        #: too), the most one ends after it, ms
         self.outlived_ms: list[float] = []
 
     def add_detached(self, other: StageIssues) -> None:
