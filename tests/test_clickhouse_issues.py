@@ -759,10 +759,7 @@ def _jpeg_then_other(i: int, spans: Spans) -> None:
     """:func:`_second_decode` ``other``, the first image a JPEG and the resize target 224x224:
     draft decoding could be judged for the first image alone."""
     _second_decode("other")(i, spans)
-    named(spans, "decode")["attributes"].append({"key": "image.format", "value": {"stringValue": "JPEG"}})
-    named(spans, "resize")["attributes"] += [
-        {"key": "image.target_width", "value": {"intValue": "224"}},
-        {"key": "image.target_height", "value": {"intValue": "224"}}]
+    _jpeg("JPEG")(i, spans)
 
 
 def test_no_draft_estimate_from_the_first_of_several_images_in_both_reports(engine, tmp_path: Path) -> None:
@@ -772,14 +769,27 @@ def test_no_draft_estimate_from_the_first_of_several_images_in_both_reports(engi
     got, want = reports(engine, edited(path, tmp_path / "jpeg.jsonl", _jpeg_then_other))
     assert got["verdict"] == want["verdict"]
     assert not any("draft" in a for a in want["verdict"]["advice"]), want["verdict"]["advice"]
-    one = edited(path, tmp_path / "jpeg1.jsonl",
-                 lambda i, spans: (named(spans, "decode")["attributes"].append(
-                     {"key": "image.format", "value": {"stringValue": "JPEG"}}),
-                     named(spans, "resize")["attributes"].extend(
-                     [{"key": "image.target_width", "value": {"intValue": "224"}},
-                      {"key": "image.target_height", "value": {"intValue": "224"}}])))
-    _, alone = reports(engine, one)
+    _, alone = reports(engine, edited(path, tmp_path / "jpeg1.jsonl", _jpeg("JPEG")))
     assert any("draft mode" in a for a in alone["verdict"]["advice"])  # one image: estimated
+
+
+def _jpeg(fmt: str) -> Callable[[int, Spans], None]:
+    """The decode span's ``image.format`` ``fmt`` and a 224x224 resize target."""
+    def edit(i: int, spans: Spans) -> None:
+        named(spans, "decode")["attributes"].append({"key": "image.format", "value": {"stringValue": fmt}})
+        named(spans, "resize")["attributes"] += [
+            {"key": "image.target_width", "value": {"intValue": "224"}},
+            {"key": "image.target_height", "value": {"intValue": "224"}}]
+    return edit
+
+
+@pytest.mark.parametrize(("fmt", "drafts"), [("image/jpeg", True), ("jpg", True), ("image/png", False)])
+def test_a_jpeg_by_its_mime_type_is_drafted_in_both_reports(engine, tmp_path: Path, fmt: str,
+                                                             drafts: bool) -> None:
+    path = TRACES / "preprocess_mixed_sizes.otlp.jsonl"
+    got, want = reports(engine, edited(path, tmp_path / "mime.jsonl", _jpeg(fmt)))
+    assert got["verdict"] == want["verdict"]
+    assert any("draft mode" in a for a in want["verdict"]["advice"]) is drafts
 
 
 def _grouped_images(i: int, spans: Spans) -> None:

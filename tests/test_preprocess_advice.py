@@ -31,6 +31,7 @@ from otel_stages.analysis.preprocessing import (
     FORMAT_MISSING,
     SEVERAL_IMAGES_MIN_SHARE,
     TARGET_MISSING,
+    draft_format,
     draft_scale,
     estimated_speedup,
     evidence_lines,
@@ -153,6 +154,18 @@ def test_estimated_speedup_model() -> None:
 
 def _draft_rows(**row: object) -> list[dict[str, object]]:
     return cold_then([dict(row) for _ in range(10)])
+
+
+@pytest.mark.parametrize(("fmt", "drafts"), [
+    ("JPEG", True), ("jpeg", True), ("image/jpeg", True), ("JPG", True), ("image/JPG", True),
+    ("MPO", True), ("PNG", False), ("image/png", False), ("JPEG2000", False), ("xjpeg", False),
+])
+def test_a_jpeg_is_told_by_pillows_name_or_its_mime_type(fmt: str, drafts: bool) -> None:
+    """A tester's input: ``image/jpeg`` or ``jpeg`` on 4032x3024 decodes gave no draft advice and
+    asked for nothing."""
+    assert draft_format(fmt) is drafts
+    f = facts(_draft_rows(fmt=fmt))
+    assert (f.draft is not None) is drafts and f.jpeg == (10 if drafts else 0)
 
 
 def test_draft_min_scale_2() -> None:

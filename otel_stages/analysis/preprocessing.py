@@ -50,8 +50,19 @@ from otel_stages.analysis.model import AttributeValue
 from otel_stages.analysis.requests import Request, process_key, usable_int
 from otel_stages.analysis.units import duration, pct
 
-#: Pillow formats whose loader has a draft mode (MPO is a JPEG container: JpegImageFile).
-DRAFT_FORMATS = frozenset({"JPEG", "MPO"})
+#: Pillow formats whose loader has a draft mode (MPO is a JPEG container: JpegImageFile), and
+#: ``JPG``; matched without case and without a MIME ``image/`` prefix (:func:`draft_format`).
+DRAFT_FORMATS = frozenset({"JPEG", "JPG", "MPO"})
+#: The MIME type prefix some producers write (``image/jpeg``).
+MIME_PREFIX = "IMAGE/"
+
+
+def draft_format(image_format: str | None) -> bool:
+    """Whether ``image_format`` (``image.format``: Pillow's name, or a MIME type, any case: ASCII
+    by :data:`~otel_stages.analysis.requests.FORMAT_TEXT`) is one of :data:`DRAFT_FORMATS`."""
+    if not image_format:
+        return False
+    return image_format.upper().removeprefix(MIME_PREFIX) in DRAFT_FORMATS
 #: Pillow's draft scales, largest first (``JpegImageFile.draft``).
 _SCALES = (8, 4, 2, 1)
 #: Draft decoding reduces a JPEG only when it is at least this many times the target in both
@@ -191,7 +202,7 @@ def _row(r: Request, process: str, shared: dict[Any, Any]) -> _Row:
             continue
         threads.append((attrs.get(semconv.THREAD_NAME), attrs.get(semconv.EVENT_LOOP_RUNNING)))
     ms = r.stages_ms.get(semconv.STAGE_DECODE)
-    jpeg = r.image_format in DRAFT_FORMATS
+    jpeg = draft_format(r.image_format)
     drafted = draft = None
     untargeted = False
     ident = None
