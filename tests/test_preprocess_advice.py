@@ -362,7 +362,9 @@ def test_sizes_missing_on_a_second_decode_span_is_not_one_size() -> None:
     rows = cold_then([{"decode_ms": 40.0 + (300.0 if i % 7 == 0 else 0.0),
                        "images": [(None, None, None)]} for i in range(24)])
     evidence, advice = _verdict_lines(rows)
-    assert advice_text.ONE_SIZE not in advice and advice_text.RECORD_DECODE_SIZES in advice
+    assert advice_text.ONE_SIZE not in advice and advice[0] == advice_text.RECORD_DECODE_SIZES
+    assert advice_text.SIZE_UNKNOWN not in advice  # width and height are there: not asked for
+    assert advice.count(advice_text.RECORD_DECODE_SIZES) == 1
     assert not any("every request" in e for e in evidence), evidence
 
 
@@ -394,6 +396,23 @@ def test_a_request_of_several_images_gives_no_draft_estimate_and_no_repeat() -> 
     one = facts(cold_then([{"w": 4000 + i % 2, "h": 3000, "bytes": 3_000_000, "decode_ms": 250.0}
                            for i in range(24)]))
     assert one.draft is not None and one.repeats is not None  # the same requests with one image
+
+
+@pytest.mark.parametrize(("several", "size_lines"), [(2, False), (1, True)])  # of ~21 warm
+def test_size_figures_of_first_images_are_left_out_when_requests_decode_several(
+        several: int, size_lines: bool) -> None:
+    """The second tester's input: cost follows the sum of a request's images, and "decode time
+    does not follow image pixels" came from the first images alone. From
+    SEVERAL_IMAGES_MIN_SHARE of the warm decodes with several images the size figures are left
+    out; a stray one among many leaves them."""
+    chosen = (8, 12)[:several]  # not the first of their input (those are set apart)
+    rows = cold_then([{"w": 640 + 64 * (i % 4), "h": 480, "bytes": 50_000 + i,
+                       "decode_ms": 40.0 + (600.0 if i in chosen else 0.0) + 5.0 * (i % 3),
+                       "images": [(4000, 3000, 9_000_000 + i)] if i in chosen else []}
+                      for i in range(24)])
+    evidence, _ = _verdict_lines(rows)
+    assert any("input sizes (decode)" in e for e in evidence) is size_lines, evidence
+    assert any("follow image" in e for e in evidence) is size_lines
 
 
 def test_one_image_per_request_of_one_size_is_still_one_size() -> None:

@@ -238,12 +238,16 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
             first = ONE_SIZE
         elif preprocess is not None and several_images_lead(preprocess, follows_size):
             first = SEVERAL_IMAGES
+        elif preprocess is not None and preprocess.decodes_untold and follows_size is None:
+            first = RECORD_DECODE_SIZES  # the sizes on every decode span, not width / height
         elif follows_size is True:
             first = CAP_SIZE
         elif follows_size is False:
             first = NOT_SIZE
         else:
             first = SIZE_UNKNOWN
+        if first in lines:
+            lines.remove(first)
         lines.insert(0, first)
     return lines
 

@@ -430,8 +430,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         failure_stages=agg.failure_stages,
         per_request=True,  # a stage's count is requests, as in the file report
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
-        outlived_requests=min(agg.issues.outlived_requests, agg.counts.requests),
-        outlived_median_ms=agg.issues.outlived_median_ms,
+        outlived_requests=agg.issues.outlived_requests,
+        outlived_p95_ms=agg.issues.outlived_p95_ms,
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart),
         services=agg.services, service_requests=agg.service_requests,

@@ -41,6 +41,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis import screen
+from otel_stages.analysis.caveats import OUTLIVED_PERCENTILE
 from otel_stages.analysis.clickhouse_requests import BEFORE_WINDOW_S, NESTED_TABLE
 from otel_stages.analysis.clickhouse_sql import (
     MIN_SPAN_START_NS,
@@ -121,9 +122,9 @@ def issues_sql() -> str:
     sumIf(detached_spans, is_request) AS n_detached_spans,
     countIf({cond["outside"]}) AS n_outside,
     maxIf(outside_ns, {cond["outside"]}) AS outside_max_ns,
-    countIf(is_request AND after_ns > {TOLERANCE_NS}) AS n_outlived,
-    quantileExactInclusiveIf(0.5)(after_ns, is_request AND after_ns > {TOLERANCE_NS})
-        AS outlived_median_ns,
+    (SELECT countIf(after_ns > {TOLERANCE_NS}) FROM {requests()} WHERE warm) AS n_outlived,
+    (SELECT quantileExactInclusive({OUTLIVED_PERCENTILE / 100})(after_ns) FROM {requests()} WHERE warm)
+        AS outlived_p95_ns,
     countIf({cond["overlap"]}) AS n_overlap,
     sum(incomplete_groups) AS n_orphan, sumIf(incomplete_spans, by_trace) AS n_root,
     sumIf({unread}, is_request) AS n_gpu_unread,
@@ -246,8 +247,9 @@ class SpanIssues:
     ``left_out`` spans per reason of :mod:`otel_stages.analysis.screen`; ``detached_requests`` /
     ``detached_spans``: requests with stage spans wholly outside their request span, and those
     spans; ``outside_requests`` and ``outside_max_ms``: stage spans reaching outside their request;
-    ``outlived_requests`` and ``outlived_median_ms``: requests with a stage span ending after them
-    and the median of the most one does (:attr:`~otel_stages.analysis.figures.Figures.outlived_requests`);
+    ``outlived_requests`` and ``outlived_p95_ms``: warm requests with a standard stage span ending
+    after them and the p95 over the warm requests of the most one does
+    (:attr:`~otel_stages.analysis.figures.Figures.outlived_requests`);
     ``overlap_requests``; ``clash_spans``: spans that share an id with a different span. ``problems``:
     the file report's sentences for them, with examples. ``unread``: attribute values present but
     unusable (:class:`~otel_stages.analysis.value_issues.UnreadValues`); ``unread_warm_forwards``:
@@ -259,7 +261,7 @@ class SpanIssues:
     outside_requests: int = 0
     outside_max_ms: float = 0.0
     outlived_requests: int = 0
-    outlived_median_ms: float | None = None
+    outlived_p95_ms: float | None = None
     overlap_requests: int = 0
     clash_spans: int = 0
     problems: tuple[str, ...] = ()
@@ -317,8 +319,8 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
         left_out=left_out, detached_requests=stage.detached_requests, detached_spans=stage.detached,
         outside_requests=stage.outside, outside_max_ms=stage.outside_max_ms,
         outlived_requests=int(issues.get("n_outlived") or 0),
-        outlived_median_ms=(float(issues["outlived_median_ns"]) / 1e6
-                            if int(issues.get("n_outlived") or 0) else None),
+        outlived_p95_ms=(float(issues["outlived_p95_ns"]) / 1e6
+                         if int(issues.get("n_outlived") or 0) else None),
         overlap_requests=stage.overlap, clash_spans=clash.count, unread=unread,
         unread_warm_forwards=int(issues.get("n_gpu_unread_warm") or 0),
         problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems(),

@@ -588,9 +588,9 @@ def _requests_select(query: AggregateQuery) -> str:
     toUInt32(arrayCount(f -> f, off)) AS detached_spans,
     toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap((v, i, f) -> if(f, 0, v.2 - v.1 - i),
                                                          intervals, inside, off)))) AS outside_ns,
-    -- the most a stage span ends after the request: a request span that closes before its
-    -- work (or a stage on a clock ahead)
-    toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap(v -> v.2 - start_ns - total_ns, intervals))))
+    -- the most a standard stage span ends after the request: a request span that closes before
+    -- its work (or a stage on a clock ahead); custom stages after the answer are work after it
+    toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap(e -> e - start_ns - total_ns, ends))))
         AS after_ns,
     arraySum(inside) - covered_ns AS overlap_ns,
     coalesce(if(direct_first, if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL)),

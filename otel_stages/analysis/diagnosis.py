@@ -15,7 +15,6 @@ Steps of :func:`diagnose`:
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -64,6 +63,7 @@ from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets
 from otel_stages.analysis.requests import Request, attribute_text, group_spans, process_keys
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.signal_figures import StageSignals
+from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 from otel_stages.analysis.stage_map_checks import said_by_a_map
 from otel_stages.analysis.stage_overlap import overlap_caveat, overlap_stats
 from otel_stages.analysis.stage_signals import (
@@ -151,8 +151,7 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
-    cold_first: bool = True, detached_requests: int = 0, outlived_ms: Sequence[float] = (),
-    clash_spans: int = 0,
+    cold_first: bool = True, detached_requests: int = 0, clash_spans: int = 0,
     table: SignalTable | None = None,
     verdict_only: bool = False,
     unread_forwards: int = 0,
@@ -174,8 +173,7 @@ def _warm(
     each process's model GPU over the whole window (:func:`~otel_stages.analysis.gpu.model_gpus`:
     a cohort's memory rule reads the GPU the window's utilization chose). ``unread_forwards``:
     warm forward spans whose ``gpu.utilization.mean`` is no reading, said when the GPU evidence
-    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``outlived_ms``: per request
-    with a stage span ending after it, the most one does (ms). ``units``: the unit of each
+    makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``units``: the unit of each
     process's forward-span readings over all warm requests
     (:func:`~otel_stages.analysis.gpu.span_units`; default: over ``warm``)."""
     totals = [r.total_ms for r in warm]
@@ -216,8 +214,11 @@ def _warm(
         set_apart=tuple(a.figures() for a in apart),
         per_request=True,
         detached_requests=detached_requests,
-        outlived_requests=min(len(outlived_ms), requests),
-        outlived_median_ms=statistics.median(outlived_ms) if outlived_ms else None,
+        # (a cohort's verdict keeps only cause, stage and tentative: the caveat is the whole run's)
+        outlived_requests=0 if verdict_only else sum(
+            1 for r in warm if r.after_ms > OVERLAP_TOLERANCE_MS),
+        outlived_p95_ms=None if verdict_only or not warm else percentile(
+            [r.after_ms for r in warm], 95),
         clash_spans=clash_spans,
         services=() if verdict_only else services_of([*warm, *cold]),
         service_requests=0 if verdict_only else len(warm) + len(cold),
@@ -354,7 +355,6 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    failed=failed, requests=len(requests), apart=apart,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
-                   outlived_ms=grouping.issues.outlived_ms,
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
                    models=models, units=units,
                    # (the warm ones walked again only when some forward's value is unusable);

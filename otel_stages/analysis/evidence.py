@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import PreprocessFacts, StageEvidence
-from otel_stages.analysis.preprocessing import PreprocessRows, preprocess_facts
+from otel_stages.analysis.preprocessing import SEVERAL_IMAGES_MIN_SHARE, PreprocessRows, preprocess_facts
 from otel_stages.analysis.preprocessing import evidence_lines as preprocess_lines
 from otel_stages.analysis.requests import Request, usable_float
 from otel_stages.analysis.stats import correlation
@@ -27,7 +27,7 @@ _Key = Callable[[Request], "int | None"]
 
 def size_evidence(warm: Sequence[Request], stage: str, other_images: int = 0) -> StageEvidence:
     """Whether ``stage`` ms follows image pixels / bytes across ``warm`` requests
-    (:func:`sized_evidence`; ``other_images``: the warm requests that decoded several images).
+    (:func:`sized_evidence`; ``other_images``: the warm requests of several images, or untold).
 
     ``lines``: one sentence for both measures (e.g. ``decode time follows image pixels (r = 0.95)
     and bytes (r = 0.91)``, the closer one first), then the per-size medians or the one size.
@@ -75,7 +75,11 @@ def sized_evidence(stage: str, known: Sequence[tuple[str, float]],
     ``(width, height, requests, median ms)`` per input size, ``unknown`` of the ``ran`` requests
     without a readable size, ``other_images`` requests whose decode spans held other images than
     the first or may have (:func:`other_images`: their size is their first image's, so one size
-    among them is not one input)."""
+    among them is not one input; from ``preprocessing.SEVERAL_IMAGES_MIN_SHARE`` of the ``ran``
+    requests, no size figures at all: empty evidence)."""
+    if other_images and other_images >= SEVERAL_IMAGES_MIN_SHARE * ran:
+        # a request's size is its first image's, its time all of its images': no size figures
+        return StageEvidence()
     lines = [size_sentence(stage, known)] if known else []
     follows = None if not known else max(abs(r) for _, r in known) >= FOLLOWS_SIZE_MIN_R
     if len(sizes) > 1:

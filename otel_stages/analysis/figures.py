@@ -331,10 +331,11 @@ class Figures:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
-    ``outlived_requests``: requests with a stage span that ends after their request span (by more
-    than ``span_issues.OVERLAP_TOLERANCE_MS``; starting after it too), and ``outlived_median_ms``
-    the median over them of the most a stage span ends after the request (a request span that
-    closes before its work: a streamed response; or a stage on a clock ahead).
+    ``outlived_requests``: warm requests with a standard stage span that ends after their request
+    span (by more than ``span_issues.OVERLAP_TOLERANCE_MS``; starting after it too), and
+    ``outlived_p95_ms`` the p95 over all warm requests of the most one ends after it
+    (``Request.after_ms``, 0 for the others): a request span that closes before its work (a
+    streamed response), or a stage on a clock ahead.
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
     the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
     the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest
@@ -360,7 +361,7 @@ class Figures:
     per_request: bool = False
     detached_requests: int = 0
     outlived_requests: int = 0
-    outlived_median_ms: float | None = None
+    outlived_p95_ms: float | None = None
     clash_spans: int = 0
     services: Sequence[tuple[str, int]] = ()
     service_requests: int = 0

@@ -412,8 +412,8 @@ def evidence_lines(facts: PreprocessFacts) -> list[str]:
                      " decode spans with the same width, height and bytes)")
     if facts.several_images:
         lines.append(f"{_requests(facts.several_images)} decoded several images (decode spans of"
-                     " different width, height or bytes): each request's size figures are its"
-                     " first image's")
+                     " different width, height or bytes): a request's size is its first image's,"
+                     " not its input's")
     if facts.decodes_untold:
         lines.append(f"{_requests(facts.decodes_untold)} had more than one decode span without"
                      f" {_WIDTH}, {_HEIGHT} and {_SIZE} on each: a repeated decode of one image"

@@ -98,6 +98,9 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     #: tokens generated (``semconv.OUTPUT_TOKENS_NAMES``: vLLM's completion tokens), ``None``
     #: when absent; a language model's work grows with it as with the prompt
     output_tokens: int | None = None
+    #: the most a standard stage span ends after the request span, ms (0 when none does): a request
+    #: span that closes before its work (a streamed response), or a stage on a clock ahead
+    after_ms: float = 0.0
 
     @property
     def end_ns(self) -> int:
@@ -573,8 +576,8 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
                                            f" {'starts' if span_start >= hi else 'ends'}"
                                            f" {off / 1e6:.1f} ms {where}")
             outside = 0
-        if span_end - hi > worst_after:  # wholly after too: streamed on, or a clock ahead
-            worst_after = span_end - hi
+        if span_end - hi > worst_after and name in _STANDARD:  # wholly after too: streamed on
+            worst_after = span_end - hi  # (custom stages after the answer are work after it)
         if outside > worst_outside:
             worst_outside = outside
             example = f"{name} in trace {span.trace_id}"
@@ -591,8 +594,6 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     if detached:
         issues.detached += detached
         issues.detached_requests += 1
-    if worst_after / 1e6 > OVERLAP_TOLERANCE_MS:
-        issues.outlived_ms.append(worst_after / 1e6)
     if worst_outside / 1e6 > OVERLAP_TOLERANCE_MS:
         issues.outside += 1
         if worst_outside / 1e6 > issues.outside_max_ms:
@@ -630,6 +631,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
         tuple(groups),
         _error_type(request_span, leaves) if error else None,
         _first_of(attributes, semconv.OUTPUT_TOKENS_NAMES),
+        worst_after / 1e6,
     )
 
 

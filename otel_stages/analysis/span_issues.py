@@ -63,17 +63,12 @@ class StageIssues:
         self.detached = 0  # stage spans with time that lie wholly outside their request span
         self.detached_requests = 0
         self.detached_example = ""
-        #: per request with a stage span ending after it (beyond the tolerance; wholly after it
-        #: too), the most one ends after it, ms
-        self.outlived_ms: list[float] = []
 
     def add_detached(self, other: StageIssues) -> None:
-        """Take ``other``'s stage spans wholly outside their request and its requests outlived by
-        a stage span (only those) into this one."""
+        """Take ``other``'s stage spans wholly outside their request (only those) into this one."""
         self.detached += other.detached
         self.detached_requests += other.detached_requests
         self.detached_example = self.detached_example or other.detached_example
-        self.outlived_ms += other.outlived_ms
 
     def problems(self) -> list[str]:
         out = []
