@@ -169,8 +169,8 @@ ONE_SIZE = (
     "every request had the same image size, so the swing is not the input: look for repeated"
     " decodes, lock or GIL contention, CPU contention or throttling"
 )
-#: preprocess, requests decoded several images each and cost does not follow their first image's
-#: size: that size is not the request's input.
+#: preprocess, requests decoded several images and cost does not follow their first image's size
+#: (:func:`several_images_lead`): that size is not the request's input.
 SEVERAL_IMAGES = (
     "requests decoded several images, and the size figures read only each request's first image:"
     " compare the slow requests' decode spans (how many images, how large) with the fast ones'"
@@ -216,8 +216,9 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
     (``one_size``), requests decoded several images and cost does not follow their first one's
-    size (``preprocess.several_images``), sizes vary but cost does not follow (``False``), or
-    sizes unknown (``None``);
+    size (:func:`several_images_lead`), decode spans without the sizes to tell a repeat from several
+    images (``preprocess.decodes_untold``: :data:`RECORD_DECODE_SIZES`), sizes vary but cost does
+    not follow (``False``), or sizes unknown (``None``);
     the concrete fixes after it follow the decode / resize facts (:func:`preprocess_fixes`).
     For ``forward`` the first line says why the GPU evidence (``gpu_level``, a
     ``GpuEvidence.level``) could not decide. ``gpu_slow``: ``gpu_busy`` / ``gpu_starved`` was
@@ -369,7 +370,7 @@ def record_draft_facts(missing: Sequence[str]) -> str:
             " draft decoding would save")
 
 
-#: most requests' stage spans end after their request span (caveats.outlived_caveat).
+#: standard stage spans end after their request span (caveats.outlived_caveat).
 END_REQUEST_SPAN = (
     "end the request span when the response is complete (for a streamed response, after its last"
     " chunk is sent), or time the work after the answer in a span of its own outside the request;"

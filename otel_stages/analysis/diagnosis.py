@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.batching import BatchSummary, summarize_batches
-from otel_stages.analysis.caveats import KIND_UNKNOWN
+from otel_stages.analysis.caveats import KIND_UNKNOWN, OUTLIVED_PERCENTILE
 from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, find_set_apart, group
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
@@ -218,7 +218,7 @@ def _warm(
         outlived_requests=0 if verdict_only else sum(
             1 for r in warm if r.after_ms > OVERLAP_TOLERANCE_MS),
         outlived_p95_ms=None if verdict_only or not warm else percentile(
-            [r.after_ms for r in warm], 95),
+            [r.after_ms for r in warm], OUTLIVED_PERCENTILE),
         clash_spans=clash_spans,
         services=() if verdict_only else services_of([*warm, *cold]),
         service_requests=0 if verdict_only else len(warm) + len(cold),

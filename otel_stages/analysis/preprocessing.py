@@ -28,8 +28,9 @@ Each fact comes from the spans' own attributes (DESIGN.md section 2, :mod:`otel_
 * **Several decode spans in one request.** Each decode span's own ``image.width``,
   ``image.height`` and ``image.size`` tell its image: two with the same three decoded one image
   twice (decode once is the fix); two that differ decoded several images (a multi-image prompt:
-  nothing to fix, and each request's size figures are its first image's); without all three on
-  every span the two cannot be told, and the advice asks for them. Such requests (several images,
+  nothing to fix; a request's size is its first image's, so from :data:`SEVERAL_IMAGES_MIN_SHARE`
+  of the warm decodes no size figures are given); without all three on every span the two cannot
+  be told, and the advice asks for them. Such requests (several images,
   or sizes missing) give no draft estimate and no repeated input: their decode time is not their
   first image's.
 * **Where the work ran.** ``thread.name`` and ``otel_stages.event_loop.running`` on decode / resize
@@ -55,14 +56,6 @@ from otel_stages.analysis.units import duration, pct
 DRAFT_FORMATS = frozenset({"JPEG", "JPG", "MPO"})
 #: The MIME type prefix some producers write (``image/jpeg``).
 MIME_PREFIX = "IMAGE/"
-
-
-def draft_format(image_format: str | None) -> bool:
-    """Whether ``image_format`` (``image.format``: Pillow's name, or a MIME type, any case: ASCII
-    by :data:`~otel_stages.analysis.requests.FORMAT_TEXT`) is one of :data:`DRAFT_FORMATS`."""
-    if not image_format:
-        return False
-    return image_format.upper().removeprefix(MIME_PREFIX) in DRAFT_FORMATS
 #: Pillow's draft scales, largest first (``JpegImageFile.draft``).
 _SCALES = (8, 4, 2, 1)
 #: Draft decoding reduces a JPEG only when it is at least this many times the target in both
@@ -93,6 +86,14 @@ POOL_MIN_THREADS = 2
 SEVERAL_IMAGES_MIN_SHARE = 0.05
 #: Thread names quoted in the evidence.
 _NAMES_SHOWN = 3
+
+
+def draft_format(image_format: str | None) -> bool:
+    """Whether ``image_format`` (``image.format``: Pillow's name, or a MIME type, any case: ASCII
+    by :data:`~otel_stages.analysis.requests.FORMAT_TEXT`) is one of :data:`DRAFT_FORMATS`."""
+    if not image_format:
+        return False
+    return image_format.upper().removeprefix(MIME_PREFIX) in DRAFT_FORMATS
 
 
 def draft_scale(width: int, height: int, target_width: int, target_height: int) -> int:
