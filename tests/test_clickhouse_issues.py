@@ -307,6 +307,15 @@ def _new_input(slow: float, last: int = 29) -> Callable[[int, Spans], None]:
     return edit
 
 
+def _new_input_of_several_images(i: int, spans: Spans) -> None:
+    """:func:`_new_input` 3x, the slow request decoding a second image (a second tester's input:
+    a request slowed by its four images was "the first request of a new input shape", with
+    warm-up advice): its input is only its first image's, so it is not set apart."""
+    _new_input(3.0)(i, spans)
+    if i == 20:
+        _second_decode("other")(i, spans)
+
+
 def _after_failed_start(slow: float) -> Callable[[int, Spans], None]:
     def edit(i: int, spans: Spans) -> None:
         if i == 0:  # the cold first request fails (model load)
@@ -327,6 +336,7 @@ APART_CASES = {
     "first of a new input, 5 comparable": (_new_input(3.0, last=25), ["new_input"]),
     "first of a new input, 4 comparable: under COMPARABLE_MIN_REQUESTS": (_new_input(3.0, last=24), []),
     "first success after a failed start": (_after_failed_start(3.0), ["after_failed_start"]),
+    "first of a new input, 3x, of several images": (_new_input_of_several_images, []),
 }
 
 

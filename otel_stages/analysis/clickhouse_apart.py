@@ -7,7 +7,8 @@ Per process, in start order, a warm request (not cold, not failed) is *flagged* 
 :data:`~otel_stages.analysis.cohorts.IDLE_GAP_MIN_S` seconds without a request (``after_idle``),
 else when it is the first success after a failed first (cold) request (``after_failed_start``),
 else when the process started in the window (it has a cold request) and it is the first request
-with its input there (``new_input``). A flagged request is *set apart* when at least
+with its input there and has at most one decode span (``new_input``: the input of a request of
+several images is its first image's). A flagged request is *set apart* when at least
 :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` comparable requests (unflagged
 warm, same input; for an unknown input all of them) have a median total above 0 and it took
 :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more.
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from otel_stages import semconv
 from otel_stages.analysis.clickhouse_sql import APART_TABLE, cohort_requests
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, IDLE_GAP_MIN_S
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
@@ -87,7 +89,9 @@ INNER JOIN (
             sum(warm) OVER ({prev}) AS warm_before
         FROM (
             SELECT trace_key, span_key, start_ns, total_ns, warm, proc_key,
-                (proc_key, width, height, fmt, start_ns, trace_key) IN ({firsts}) AS first_input
+                (proc_key, width, height, fmt, start_ns, trace_key) IN ({firsts})
+                    AND arrayElement(stage_counts, indexOf(stage_names, '{semconv.STAGE_DECODE}')) <= 1
+                    AS first_input
             FROM {cohort_requests()} WHERE is_request
         )
     )  -- what can be flagged (the reasons below, without the per-process facts)

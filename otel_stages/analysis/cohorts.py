@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from otel_stages import semconv
 from otel_stages.analysis import decision
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
@@ -247,6 +248,12 @@ class SetApart:
         }
 
 
+def _one_decode(r: Request) -> bool:
+    """At most one decode span: a request of several (several images, or one decoded twice) is
+    not the first of its input, which is only its first image's."""
+    return sum(1 for s in r.spans if s.name == semconv.STAGE_DECODE) <= 1
+
+
 def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApart]:
     """Warm requests to report apart (module docstring), in start order. ``requests`` are all
     requests (cold and failed included, any order); failed requests are never set apart."""
@@ -268,7 +275,7 @@ def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApa
                     flagged[id(r)] = (REASON_AFTER_IDLE, (r.start_ns - last_end) / 1e9)
                 elif failed_start:
                     flagged[id(r)] = (REASON_AFTER_FAILED_START, None)
-                elif started and k is not None and k not in seen:
+                elif started and k is not None and k not in seen and _one_decode(r):
                     flagged[id(r)] = (REASON_NEW_INPUT, None)
                 failed_start = False
             seen.add(k)
