@@ -12,7 +12,8 @@ these have no key.
 - :func:`find_set_apart`: models that tune kernels per input shape (cuDNN autotuning,
   ``torch.compile`` with dynamic shapes, TensorRT profiles) pay again on the first request of each
   new shape, and a warm process can go cold after a long idle period. The first request of each
-  cohort in a process (when the process's start is in the recording) and requests after an idle
+  cohort in a process (when the process's start is in the recording; not one of several decode
+  spans, whose cohort is only its first image's) and requests after an idle
   gap of :data:`IDLE_GAP_MIN_S` are set apart from the warm runs when they stand out:
   ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort or more.
   So is the first successful request after a failed first request (a crash during model load):
