@@ -34,6 +34,15 @@ WARM_UP = (
 
 #: the last queue advice line, whatever the batches and the GPU say
 QUEUE_DEPTH = "watch queue.depth: a deep queue means arrival rate exceeds throughput, so add replicas"
+#: Leads the advice when the input mix explains the swing and every input is steady
+#: (:func:`otel_stages.analysis.decision.decide`, ``STEADY_INPUTS_MIN_SHARE``).
+STEADY_INPUTS = (
+    "latency follows the input and each input is steady: compare like with like (latency per image"
+    " size, prompt or output length); to narrow the spread, cap the costliest inputs (smaller images,"
+    " shorter max output length) or serve them on replicas of their own"
+)
+#: The ``forward`` advice that asks whether inputs vary (dropped once the input mix says they do).
+INPUTS_VARY = "check whether input shapes (image tiles, prompt or output length) vary between calls"
 #: Requests wait for batches to fill when the median fill (first enqueue, or the previous batch's
 #: end, to pickup: :mod:`otel_stages.analysis.batching`) is at least this part of their median
 #: wait; under it they mostly wait for the executor to finish the batch before theirs, which a
@@ -104,7 +113,7 @@ _ADVICE: dict[str, list[str]] = {
         " keep tokenization/preprocessing out of the timed forward",
     ],
     "forward": [
-        "check whether input shapes (image tiles, prompt or output length) vary between calls",
+        INPUTS_VARY,
     ],
     "cold_start": [
         WARM_UP,

@@ -107,6 +107,13 @@ COLD_PAID_MIN_SHARE = 0.5
 COMPARABLE_MIN_REQUESTS = 5
 #: The input mix dominates when cohorts explain at least this part of the total's variance.
 INPUT_MIX_DOMINATES = 0.5
+#: When the input mix dominates and the cohorts with a verdict of their own are all steady (stable,
+#: or a cold start over steady warm runs), the swing over all inputs is the difference in work
+#: between inputs, not instability: the verdict over all inputs only says where that work lands,
+#: so it is tentative and the advice leads with comparing like with like. The steady cohorts must
+#: hold at least this share of the listed cohorts' warm requests: a steady largest cohort among
+#: many unjudged small ones says little about the rest.
+STEADY_INPUTS_MIN_SHARE = 0.5
 #: A steady run's largest stage whose median is at least this part event-loop lag is mostly
 #: waiting for a loop held by other work: the place to cut latency is what holds the loop.
 LAG_DOMINATES_FRACTION = 0.5
@@ -226,12 +233,55 @@ def decide(fig: Figures) -> Verdict:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig)
     if swings is not False:
+        _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
     failures_first(verdict, fig)
     clash_caveat(verdict, fig)
     services_caveat(verdict, fig)
     return verdict
+
+
+def steady_inputs(fig: Figures) -> tuple[int, int] | None:
+    """``(steady, listed)`` warm requests when the input mix dominates (``INPUT_MIX_DOMINATES``)
+    and every listed cohort with a verdict of its own is steady (``stable``, or ``cold_start``:
+    its warm runs are), those holding at least ``STEADY_INPUTS_MIN_SHARE`` of the listed cohorts'
+    ``listed`` warm requests; else ``None``."""
+    mix = fig.input_mix_explains
+    if mix is None or mix < INPUT_MIX_DOMINATES or len(fig.cohorts) < 2:
+        return None
+    judged = [c for c in fig.cohorts if c.verdict is not None]
+    if not judged or any(c.verdict is not None and c.verdict.cause not in (CAUSE_STABLE, CAUSE_COLD_START)
+                         for c in judged):
+        return None
+    steady = sum(c.requests for c in judged)
+    listed = sum(c.requests for c in fig.cohorts)
+    return (steady, listed) if steady >= STEADY_INPUTS_MIN_SHARE * listed else None
+
+
+def _steady_inputs_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, the reason after the input mix line and the advice first, when the input mix
+    explains the swing and each input is steady (:func:`steady_inputs`); the advice that asks
+    whether inputs vary is dropped (the mix line says they do)."""
+    found = steady_inputs(fig)
+    if found is None or verdict.cause in (None, CAUSE_STABLE, CAUSE_COLD_START):
+        return
+    evidence = fig.stage_evidence.get(verdict.stage or "")
+    if evidence is not None and evidence.follows_size:
+        return  # the stage's own advice already says its cost follows the input's size
+    steady, listed = found
+    judged = sum(1 for c in fig.cohorts if c.verdict is not None)
+    verdict.tentative = True
+    at = 1 if verdict.evidence and verdict.evidence[0].startswith("the input mix explains") else 0
+    verdict.evidence.insert(at, (
+        f"each input is steady: the {judged} input cohort{'s' if judged != 1 else ''} with enough"
+        f" requests for a verdict of {'their' if judged != 1 else 'its'} own ({steady} of the"
+        f" {listed} warm requests with a known input) {'have' if judged != 1 else 'has'} steady warm"
+        f" runs, so"
+        f" the swing over all inputs is the difference in work between inputs, not instability;"
+        f" the verdict below only says where that work lands, so it is tentative"))
+    verdict.advice[:] = [advice_text.STEADY_INPUTS,
+                         *(a for a in verdict.advice if a != advice_text.INPUTS_VARY)]
 
 
 def _process_caveat(verdict: Verdict, fig: Figures) -> None:
