@@ -168,6 +168,13 @@ CAP_SIZE = (
     " downscale, or reject/resize images above the model's input resolution before decoding in"
     " full)"
 )
+#: preprocess, one pixel size and the cost follows the encoded bytes (``StageEvidence.bytes_only``).
+BYTES_NOT_PIXELS = (
+    "preprocessing cost follows the encoded bytes, not the pixels (every image had one pixel size):"
+    " the images' format or compression differs (a PNG decodes several times slower than a JPEG of"
+    " the same pixels), so ask clients for JPEG or WebP, or convert large PNGs once when they are"
+    " uploaded rather than on every request"
+)
 #: preprocess, sizes vary but cost does not follow them.
 NOT_SIZE = (
     "cost does not follow image size: look for repeated decodes, lock or GIL contention, CPU"
@@ -221,7 +228,7 @@ _GPU_ALL_FORWARDS = {
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
               gpu_level: str | None = None, preprocess: PreprocessFacts | None = None,
               gpu_slow: bool = True, gpu_unidentified: bool = False,
-              gpu_unread: bool = False) -> list[str]:
+              gpu_unread: bool = False, bytes_only: bool = False) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
     (``one_size``), requests decoded several images and cost does not follow their first one's
@@ -234,7 +241,8 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     judged on the slow forwards (else on all: the first line says so). ``gpu_unidentified``:
     the GPU evidence is thin because no model GPU could be told (:data:`GPU_UNIDENTIFIED`).
     ``gpu_unread``: there is no GPU data but forward spans carry unusable values
-    (:data:`GPU_UNREAD`)."""
+    (:data:`GPU_UNREAD`). ``bytes_only``: one pixel size, the cost following the encoded bytes
+    (:data:`BYTES_NOT_PIXELS` in place of capping the sizes)."""
     lines = list(_ADVICE.get(cause, []))
     if cause == "preprocess":
         lines = preprocess_fixes(preprocess)
@@ -251,7 +259,7 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
         elif preprocess is not None and preprocess.decodes_untold and follows_size is None:
             first = RECORD_DECODE_SIZES  # the sizes on every decode span, not width / height
         elif follows_size is True:
-            first = CAP_SIZE
+            first = BYTES_NOT_PIXELS if bytes_only else CAP_SIZE
         elif follows_size is False:
             first = NOT_SIZE
         else:

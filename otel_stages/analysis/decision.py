@@ -411,6 +411,7 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         cause,
         follows_size=evidence.follows_size if evidence else None,
         one_size=evidence.one_size if evidence else False,
+        bytes_only=evidence.bytes_only if evidence else False,
         gpu_level=fig.gpu.level,
         preprocess=evidence.preprocess if evidence else None,
         gpu_slow=fig.gpu.judged_on == JUDGED_SLOW,

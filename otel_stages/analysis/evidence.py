@@ -87,12 +87,17 @@ def sized_evidence(stage: str, known: Sequence[tuple[str, float]],
                  for w, h, n, m in sorted(sizes, key=lambda x: (x[0] * x[1], x[0], x[1]))
                  [:MAX_SIZE_LINES]]
         lines.append(f"{len(sizes)} input sizes ({stage}): " + "; ".join(parts))
+    # one pixel size, the time following the encoded bytes: the format or compression differs
+    # (a PNG beside JPEGs of the same pixels), which capping the pixels would not change
+    bytes_only = len(sizes) == 1 and follows is True and not other_images
     if len(sizes) == 1 and not other_images:
         w, h, _, _ = sizes[0]
-        lines.append(one_size_sentence(stage, w, h, unknown, ran))
+        lines.append(bytes_only_sentence(stage, w, h, unknown, ran) if bytes_only
+                     else one_size_sentence(stage, w, h, unknown, ran))
     # same pixels, and bytes do not explain it; not when some sizes are unknown (they may differ)
     one_size = len(sizes) == 1 and not unknown and follows is not True and not other_images
-    return StageEvidence(tuple(lines), None if one_size else follows, one_size)
+    return StageEvidence(tuple(lines), None if one_size else follows, one_size,
+                         bytes_only=bytes_only)
 
 
 def other_images(facts: PreprocessFacts) -> int:
@@ -110,6 +115,16 @@ def one_size_sentence(stage: str, width: int, height: int, unknown: int, ran: in
     return (f"every request with a readable size had the same {width}x{height} image, but {unknown}"
             f" of {ran} had none (image.width / image.height missing or unreadable), so whether"
             f" {stage} cost follows size cannot be told")
+
+
+def bytes_only_sentence(stage: str, width: int, height: int, unknown: int, ran: int) -> str:
+    """The evidence line when every request with a known size had one ``width`` x ``height`` and
+    ``stage``'s time follows the encoded bytes (``unknown`` of the ``ran`` requests had no readable
+    size)."""
+    who = ("every request" if not unknown else
+           f"every request with a readable size ({ran - unknown} of {ran})")
+    return (f"{who} had the same {width}x{height} pixels, so {stage} time follows what the encoded"
+            " bytes carry (the image format or its compression), not the pixels")
 
 
 def size_sentence(stage: str, known: Sequence[tuple[str, float]]) -> str:

@@ -303,6 +303,8 @@ class StageEvidence:
     behind the concrete preprocessing advice (draft decoding, caching, pool, event loop).
     ``lag_median_ms``: the stage's median event-loop lag (time it waited for a loop busy with other
     work; ``None`` when none was recorded) and ``loop_holder`` the stage that held the loop most.
+    ``bytes_only``: every input had one pixel size and the time follows the encoded bytes (the
+    format or compression differs: capping the pixels would not change it).
     """
 
     lines: tuple[str, ...] = ()
@@ -312,6 +314,7 @@ class StageEvidence:
     preprocess: PreprocessFacts | None = None
     lag_median_ms: float | None = None
     loop_holder: str | None = None
+    bytes_only: bool = False
 
 
 @dataclass(frozen=True)
