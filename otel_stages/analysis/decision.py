@@ -66,10 +66,12 @@ from otel_stages.analysis.figures import (
     SAME_INPUT,
     ColdFigures,
     Figures,
+    Mechanism,
     StageFigures,
     TotalFigures,
 )
 from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_NONE, LEVEL_THIN, utilization_level
+from otel_stages.analysis.mechanisms import CAUSE_EVENT_LOOP_BLOCKED
 from otel_stages.analysis.noise import (
     MIN_SWING_MS,
     SPIKE_MIN_FRACTION,
@@ -440,7 +442,31 @@ def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
         lines.append(untraced_share_line(fig))
         return Verdict(None, None, lines, [advice_text.SYNC_CLOCKS])
     missing = missing_spans_advice(fig)
+    blocked = loop_blocked(fig)
+    if blocked is not None:
+        # asyncio: a coroutine resumes after each await only when the loop is free, so the time
+        # between stages waits for a blocked loop as the stages do
+        holder, mechanism = blocked
+        lines.append(
+            f"the event loop was blocked: {mechanism.evidence[0]}; in an asyncio service the time"
+            " between stages (after each await) waits for that loop too, so the untraced swing is"
+            " most likely the same wait; tentative: the untraced time carries no lag of its own")
+        lines.extend(mechanism.evidence[1:])
+        return Verdict(CAUSE_EVENT_LOOP_BLOCKED, holder, lines,
+                       [*mechanism.advice, "also: " + (missing or advice_text.UNTRACED)],
+                       tentative=True)
     return Verdict(None, None, lines, [missing] if missing else [advice_text.UNTRACED])
+
+
+def loop_blocked(fig: Figures) -> tuple[str, Mechanism] | None:
+    """``(stage, mechanism)`` when a stage's confirmed ``event_loop_blocked`` mechanism shows the
+    loop was held by other work: the stage that held it most (``StageEvidence.loop_holder``, else
+    the lagging stage itself) and that mechanism; ``None`` otherwise."""
+    for name, evidence in fig.stage_evidence.items():
+        for mechanism in evidence.mechanisms:
+            if mechanism.confirmed and mechanism.cause == CAUSE_EVENT_LOOP_BLOCKED:
+                return evidence.loop_holder or name, mechanism
+    return None
 
 
 def _spread_verdict(fig: Figures, band: NoiseBand) -> Verdict:

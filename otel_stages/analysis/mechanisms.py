@@ -308,6 +308,10 @@ def with_mechanisms(evidence: Mapping[str, StageEvidence],
         also = [m for m in sig.mechanisms if m.confirmed][1:]
         extra = tuple(f"also {m.cause}: {m.evidence[0]}" for m in also if m.evidence)
         lag = sig.lag.median_ms if sig.lag is not None and sig.lag.median_ms > 0 else None
+        # the holder is named where this stage lagged, or a blocked loop is confirmed on it (its
+        # median lag can be 0 when only the slow runs waited)
+        blocked = any(m.confirmed and m.cause == CAUSE_EVENT_LOOP_BLOCKED for m in sig.mechanisms)
         out[stage] = replace(base, lines=(*base.lines, *sig.lines, *extra), mechanisms=sig.mechanisms,
-                             lag_median_ms=lag, loop_holder=sig.loop_holder if lag else None)
+                             lag_median_ms=lag,
+                             loop_holder=sig.loop_holder if lag or blocked else None)
     return out
