@@ -325,10 +325,12 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         head_lines.append(band_line(fig, band, True))
     staged = [o for o in others if o.name != UNACCOUNTED]
     co_suspect = staged[0] if staged and is_co_suspect(first, staged[0]) else None
-    # a suspect of a few far runs, the total's own p5..p95 beyond the band, and another stage (or
-    # the untraced time) making that body of the swing: both, tentative
+    # a suspect that leads by a few far runs, another stage (or the untraced time) swinging more
+    # (p5..p95: DESIGN "the one that swings more comes first"; a suspect material only by its
+    # spikes always is), the total's own p5..p95 beyond the band: the two readings name two
+    # places, both named, tentative
     body = max(others, key=lambda o: o.swing_ms, default=None)
-    by_body = (co_suspect is None and body is not None and spike_only(suspect, ref)
+    by_body = (co_suspect is None and body is not None and body.swing_ms > suspect.swing_ms
                and fig.total is not None and fig.total.swing_ms > band.band_ms
                and body.swing_ms >= SWING_MIN_FRACTION * ref)
     untraced_body = by_body and body is not None and body.name == UNACCOUNTED
