@@ -97,6 +97,9 @@ STAGE_MAP_SOURCE = "otel_stages.stage_map.source"
 SERVICE_NAME = "service.name"  #: resource attribute
 SERVICE_NAMESPACE = "service.namespace"  #: resource attribute
 SERVICE_INSTANCE_ID = "service.instance.id"  #: resource attribute
+#: str resource attribute: the version of the service (OpenTelemetry service conventions), which
+#: tells a deploy during the recording from a slower replica (the process mix)
+SERVICE_VERSION = "service.version"
 HOST_NAME = "host.name"  #: resource attribute (OpenTelemetry host conventions)
 #: int resource attribute: the process id (OpenTelemetry process conventions; the Java and Node
 #: SDKs set it by default), which tells a server's worker processes apart on one host.

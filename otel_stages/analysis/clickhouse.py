@@ -41,6 +41,7 @@ from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
 from otel_stages.analysis.http_source import SourceError
+from otel_stages.analysis.process_mix import PROCESS_MIX_DOMINATES
 from otel_stages.analysis.services import MAX_SERVICES_NAMED
 
 #: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
@@ -260,6 +261,13 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     head = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
                             end_ns=query.end_ns, service=query.service)
     band = clickhouse_figures.band_ms(head.stages, head.total)
+    mix = head.process_mix
+    if mix is not None and mix.explains >= PROCESS_MIX_DOMINATES:
+        # the two processes' versions decide the process caveat only then (a deploy: process_mix)
+        results["process_versions"] = engine.rows(
+            queries.process_versions_sql(tables.traces_ref, query),
+            {**sql.query_params(query), "fastest": mix.fastest.key, "slowest": mix.slowest.key},
+            settings)
     cold = head.cold_start
     if cold is not None and len(cold.by_input) > 1 and any(
             clickhouse_figures.comparable_cold_input(i) for i in cold.by_input):

@@ -43,6 +43,7 @@ from otel_stages.analysis.clickhouse_sql import (
     median_and_p95,
     metric_filter,
     process_hash,
+    process_label,
     query_params,
     requests,
     span_filter,
@@ -197,6 +198,25 @@ FROM (
         min(start_ns) AS lo, max(start_ns + total_ns) AS hi
     FROM {R} WHERE warm GROUP BY proc
 )"""
+
+
+def process_versions_sql(traces: str, query: AggregateQuery) -> str:
+    """Per process named by the ``fastest`` / ``slowest`` parameters (labels, as
+    :func:`process_mix_sql` names them): ``proc`` and ``versions``, up to 2 distinct
+    ``service.version``s (``''``: not set) of its spans in the window, as
+    :func:`otel_stages.analysis.process_mix.one_version` reads them (one, else no version). Run
+    only when the process mix explains
+    :data:`~otel_stages.analysis.process_mix.PROCESS_MIX_DOMINATES` or more, so a run whose
+    processes do not dominate pays nothing; the sort key's service name keeps the read to the
+    two processes' services."""
+    named = "({fastest:String}, {slowest:String})"
+    return f"""SELECT proc, groupUniqArray(2)(v) AS versions FROM (
+    SELECT {process_label(*RESOURCE_PROCESS)} AS proc,
+        ResourceAttributes['{semconv.SERVICE_VERSION}'] AS v
+    FROM {traces}
+    WHERE {span_filter(query, odd=False)}
+        AND CAST(ServiceName AS String) IN (SELECT svc FROM {R} WHERE warm AND proc IN {named})
+) WHERE proc IN {named} GROUP BY proc"""
 
 
 def cold_sql(method: str) -> str:

@@ -33,7 +33,7 @@ from otel_stages.analysis.decision import MIN_WARM_RUNS
 from otel_stages.analysis.figures import PreprocessFacts
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
-from otel_stages.analysis.process_mix import ProcessMean, ProcessMix
+from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
 from otel_stages.analysis.stage_overlap import Overlap
 
 Rows = Sequence[Mapping[str, Any]]
@@ -614,20 +614,26 @@ def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> flo
     return min(1.0, max(0.0, omega))
 
 
-def process_mix_of(row: Mapping[str, Any] | None) -> ProcessMix | None:
+def process_mix_of(row: Mapping[str, Any] | None, versions: Rows | None = None) -> ProcessMix | None:
     """:func:`otel_stages.analysis.clickhouse_queries.process_mix_sql`'s row as
-    :func:`otel_stages.analysis.process_mix.process_mix` answers (``None`` where it would)."""
+    :func:`otel_stages.analysis.process_mix.process_mix` answers (``None`` where it would), with
+    the two processes' versions from
+    :func:`~otel_stages.analysis.clickhouse_queries.process_versions_sql`'s rows (``versions``;
+    none: not read, no version)."""
     if not row:
         return None
     explains = omega_squared(float(row["ss_total"] or 0.0), float(row["ss_within"] or 0.0),
                              int(row["processes"] or 0), int(row["n"] or 0))
     if explains is None:
         return None
+    read = {str(r["proc"]): one_version([str(v) for v in r["versions"]]) for r in versions or ()}
     (fast, fast_n, fast_ms, fast_lo, fast_hi) = row["fastest"]
     (slow, slow_n, slow_ms, slow_lo, slow_hi) = row["slowest"]
     return ProcessMix(explains=explains, processes=int(row["processes"]),
-                      fastest=ProcessMean(str(fast), int(fast_n), float(fast_ms), int(fast_lo), int(fast_hi)),
-                      slowest=ProcessMean(str(slow), int(slow_n), float(slow_ms), int(slow_lo), int(slow_hi)))
+                      fastest=ProcessMean(str(fast), int(fast_n), float(fast_ms), int(fast_lo), int(fast_hi),
+                                          version=read.get(str(fast), "")),
+                      slowest=ProcessMean(str(slow), int(slow_n), float(slow_ms), int(slow_lo), int(slow_hi),
+                                          version=read.get(str(slow), "")))
 
 
 def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
@@ -762,6 +768,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
-        process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None)),
+        process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
+                                   results.get("process_versions")),
     )
 

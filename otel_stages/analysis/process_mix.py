@@ -13,8 +13,19 @@ one after another, a rolling restart or a worker recycled every N requests, diff
 ran, and a load that rose over the recording would read as a slower replica), and the input mix
 does not already explain the swing (inputs routed per process), the verdict is tentative, the
 evidence says so first with those two processes, and the advice is to compare them.
+
+Processes that ran one after another do count when the fastest and the slowest ran different
+``service.version``s (each one's single version; none, or several in one process, is no version):
+a deploy during the recording (pod ``1.4.0`` served, then pod ``1.5.0`` with a forward twice as
+long) reads as a swing of the forward, and "add GPU capacity" for a regression of the new
+version. Then, whether they overlapped or not, the verdict is tentative, the evidence says first
+that the latency changed with the version, and the advice leads with comparing the versions. Two
+processes of one version (or none) that ran one after the other keep the rule above: the
+recycled worker under a rising load is still no slower replica.
 The ClickHouse report computes the same figures in SQL
-(:func:`otel_stages.analysis.clickhouse_queries.process_mix_sql`). Pure.
+(:func:`otel_stages.analysis.clickhouse_queries.process_mix_sql`; the two processes' versions by
+:func:`otel_stages.analysis.clickhouse_queries.process_versions_sql`, read only when the mix
+explains :data:`PROCESS_MIX_DOMINATES` or more). Pure.
 """
 
 from __future__ import annotations
@@ -24,7 +35,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otel_stages.analysis.requests import Request, process_keys
+from otel_stages import semconv
+from otel_stages.analysis.requests import Request, attribute_text, process_keys
 from otel_stages.analysis.stats import variance_explained_by_groups
 from otel_stages.analysis.units import duration, pct
 
@@ -37,18 +49,27 @@ PROCESS_MIX_DOMINATES = 0.5
 @dataclass(frozen=True)
 class ProcessMean:
     """One process's warm requests: its key (``process_key``), how many, their mean total (ms),
-    the first one's start and the last one's end (Unix ns)."""
+    the first one's start and the last one's end (Unix ns), and its ``service.version`` (``""``:
+    not set, not one (its requests carry several), or not read: the mix explains less than
+    :data:`PROCESS_MIX_DOMINATES`)."""
 
     key: str
     requests: int
     mean_total_ms: float
     first_ns: int = 0
     last_ns: int = 0
+    version: str = ""
+
+    @property
+    def name(self) -> str:
+        """The key as the evidence names it."""
+        return self.key or "(no service)"
 
     def to_dict(self) -> dict[str, object]:
-        """JSON form."""
+        """JSON form (``service_version``: ``None`` where :attr:`version` is ``""``)."""
         return {"process": self.key, "requests": self.requests,
-                "mean_total_ms": round(self.mean_total_ms, 3)}
+                "mean_total_ms": round(self.mean_total_ms, 3),
+                "service_version": self.version or None}
 
 
 @dataclass(frozen=True)
@@ -63,27 +84,67 @@ class ProcessMix:
     slowest: ProcessMean
 
     @property
+    def together(self) -> bool:
+        """Whether the fastest and the slowest process ran at the same time (their warm requests'
+        spans of time overlap)."""
+        fast, slow = self.fastest, self.slowest
+        return fast.first_ns < slow.last_ns and slow.first_ns < fast.last_ns
+
+    @property
+    def versions_differ(self) -> bool:
+        """Whether the fastest and the slowest process each ran one ``service.version`` and the
+        two differ."""
+        fast, slow = self.fastest.version, self.slowest.version
+        return bool(fast and slow and fast != slow)
+
+    @property
     def dominates(self) -> bool:
         """Whether the swing lies between processes (:data:`PROCESS_MIX_DOMINATES`) that ran at
-        the same time (module docstring)."""
-        fast, slow = self.fastest, self.slowest
-        together = fast.first_ns < slow.last_ns and slow.first_ns < fast.last_ns
-        return self.explains >= PROCESS_MIX_DOMINATES and together
+        the same time, or ran different versions at any time (module docstring)."""
+        return self.explains >= PROCESS_MIX_DOMINATES and (self.together or self.versions_differ)
 
     def describe(self) -> str:
-        """The evidence sentence."""
+        """The evidence sentence: the version change first where the versions differ."""
         fast, slow = self.fastest, self.slowest
-        return (f"the process explains {pct(self.explains)} of the variance of the request total"
+        share = f"the process explains {pct(self.explains)} of the variance of the request total"
+        if self.versions_differ:
+            return f"{self._version_text()}; {share} ({self.processes} processes)"
+        return (f"{share}"
                 f" ({self.processes} processes; mean total from {duration(fast.mean_total_ms)}"
-                f" ({fast.key or '(no service)'}, {fast.requests} warm requests) to"
-                f" {duration(slow.mean_total_ms)} ({slow.key or '(no service)'}, {slow.requests}):"
+                f" ({fast.name}, {fast.requests} warm requests) to"
+                f" {duration(slow.mean_total_ms)} ({slow.name}, {slow.requests}):"
                 " requests differ by where they ran (a slower replica: another GPU model,"
                 " co-tenants, another version or batch setting), not by a swing within one process;"
                 " the verdict below pools the processes and is tentative")
 
+    def _version_text(self) -> str:
+        """The latency's change with the version: the earlier process first when they ran one
+        after the other (a deploy), else the faster."""
+        first, then = self.fastest, self.slowest
+        if not self.together and then.first_ns < first.first_ns:
+            first, then = then, first
+        change = then.mean_total_ms / first.mean_total_ms - 1 if first.mean_total_ms > 0 else None
+        how = f", {change:+.0%}" if change is not None else ""
+        when = ("one after the other (a deploy during the recording)" if not self.together
+                else "side by side (a canary or a partial rollout)")
+        return (f"the request total changed with the version (service.version): mean total"
+                f" {duration(first.mean_total_ms)} on {first.version} ({first.name},"
+                f" {first.requests} warm requests), {duration(then.mean_total_ms)} on {then.version}"
+                f" ({then.name}, {then.requests}{how}); they ran {when}: requests differ by the"
+                " version they ran, not by a swing within one process; the verdict below pools the"
+                " versions and is tentative")
+
     def advice(self) -> str:
         """The advice line, first when the mix dominates."""
-        return (f"compare {self.slowest.key or '(no service)'} with {self.fastest.key or '(no service)'}"
+        fast, slow = self.fastest, self.slowest
+        if self.versions_differ:
+            return (f"compare service.version {slow.version} ({slow.name}) with {fast.version}"
+                    f" ({fast.name}) before adding GPU capacity or tuning a stage: write each"
+                    " version's spans to its own file and run"
+                    f" `otel-stages report {slow.version}.jsonl --baseline {fast.version}.jsonl`;"
+                    f" the stages that moved are what {slow.version} changed (a regression to fix"
+                    " in the code or its settings, not load)")
+        return (f"compare {slow.name} with {fast.name}"
                 " (hw.model, driver, co-tenants, version, batch settings) before tuning a stage;"
                 " a report of one process's spans alone shows its own swing")
 
@@ -98,7 +159,8 @@ def process_mix(warm: Sequence[Request]) -> ProcessMix | None:
     processes, no within-process degrees of freedom, or a constant total."""
     totals: dict[str, list[float]] = defaultdict(list)
     spans: dict[str, tuple[int, int]] = {}
-    for r, key in zip(warm, process_keys(warm)):
+    keys = process_keys(warm)
+    for r, key in zip(warm, keys):
         totals[key].append(r.total_ms)
         first, last = spans.get(key, (r.start_ns, r.end_ns))
         spans[key] = (min(first, r.start_ns), max(last, r.end_ns))
@@ -107,7 +169,29 @@ def process_mix(warm: Sequence[Request]) -> ProcessMix | None:
         return None
     means = sorted((math.fsum(v) / len(v), key, len(v)) for key, v in totals.items())
     fast, slow = means[0], means[-1]
+    # the versions matter only to a dominating mix: read them then (as the SQL does)
+    versions: dict[str, set[str]] = defaultdict(set)
+    if explains >= PROCESS_MIX_DOMINATES:
+        seen: set[int] = set()  # resources read (loaders share one per process)
+        for r, key in zip(warm, keys):
+            if key in (fast[1], slow[1]) and id(r.resource) not in seen:
+                seen.add(id(r.resource))
+                versions[key].add(_version(r))
     return ProcessMix(explains=explains, processes=len(totals),
-                      fastest=ProcessMean(fast[1], fast[2], fast[0], *spans[fast[1]]),
-                      slowest=ProcessMean(slow[1], slow[2], slow[0], *spans[slow[1]]))
+                      fastest=ProcessMean(fast[1], fast[2], fast[0], *spans[fast[1]],
+                                          version=one_version(versions[fast[1]])),
+                      slowest=ProcessMean(slow[1], slow[2], slow[0], *spans[slow[1]],
+                                          version=one_version(versions[slow[1]])))
+
+
+def _version(request: Request) -> str:
+    """The request's resource's ``service.version`` as text (``""``: not set)."""
+    value = request.resource.get(semconv.SERVICE_VERSION)
+    return "" if value in (None, "") else attribute_text(value)
+
+
+def one_version(versions: set[str] | Sequence[str]) -> str:
+    """A process's version from the versions (``""``: not set) its requests carry: the one, or
+    ``""`` with none or several (a restart under one instance id: no one version)."""
+    return next(iter(versions)) if len(set(versions)) == 1 else ""
 
