@@ -295,6 +295,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["services"] = engine.rows(requests.services_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
+    if query.start_ns is not None:  # requests kept by their own start: those the start cut off
+        results["window_edge"] = engine.rows(requests.window_edge_sql(tables.traces_ref, query),
+                                             sql.query_params(query), settings)
     results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(), None, settings)
     results["shared_gpu_ids"] = engine.rows(gpu_ids.shared_gpu_ids_sql(gauge[0]["read"], query),
                                             sql.query_params(query), settings)

@@ -93,6 +93,7 @@ from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_overlap import overlap_caveat
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted
 from otel_stages.analysis.verdict import Verdict
+from otel_stages.analysis.window_edge import window_caveat
 
 #: Verdicts are worked out for at most this many cohorts (as in the trace report).
 MAX_COHORT_VERDICTS = 10
@@ -330,7 +331,8 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
     )
 
 
-def _unaccounted(agg: FleetAggregates) -> UnaccountedFigures | None:
+def _unaccounted(agg: FleetAggregates | CohortAggregate) -> UnaccountedFigures | None:
+    """The untraced time's figures of the run or of one cohort."""
     gap, total = agg.unaccounted, agg.total
     if gap is None or total is None:
         return None
@@ -388,6 +390,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         stages={n: stage_figures(s) for n, s in cohort.stages.items()},
         total=total_figures(cohort.total),
         gpu=gpu,
+        unaccounted=_unaccounted(cohort),
         cold=own_cold,
         stage_evidence=with_mechanisms(_evidence(cohort.stages, lambda n: [
             (cohort.width, cohort.height, cohort.stages[n].ran.count,
@@ -441,11 +444,15 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
 def verdict(agg: FleetAggregates, fig: Figures | None = None) -> Verdict:
     """The verdict for the aggregates: :func:`figures` (or ``fig``, already made from them)
     through the one rule set, then the overlap caveat the file report applies
-    (:func:`otel_stages.analysis.stage_overlap.overlap_caveat`)."""
+    (:func:`otel_stages.analysis.stage_overlap.overlap_caveat`), the data the SQL did not check
+    (:func:`~otel_stages.analysis.clickhouse_gaps.gaps_caveat`) and the slow requests a window's
+    start cut off (:func:`~otel_stages.analysis.window_edge.window_caveat`)."""
     fig = figures(agg) if fig is None else fig
     out = decide(fig)
     overlap_caveat(out, fig, agg.overlap)
     gaps_caveat(out, [p for p in agg.problems if p.startswith(NOT_CHECKED)])
+    window_caveat(out, agg.window_edge, agg.total.p95_ms if agg.total is not None else None,
+                  band_ms(agg.stages, agg.total))
     return out
 
 
@@ -505,6 +512,8 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
         "process_mix": None if agg.process_mix is None else agg.process_mix.to_dict(),
+        # requests that started before a window's start and ended inside it (left out)
+        "window_edge": None if agg.start_ns is None else agg.window_edge.to_dict(),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
         "set_apart": [{
             "trace_id": a.figures.trace_id, "seq": a.figures.seq, "reason": a.figures.reason,

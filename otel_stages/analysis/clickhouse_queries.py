@@ -151,8 +151,14 @@ ORDER BY {keys}stage"""
 
 
 def cohorts_sql(method: str) -> str:
-    """The largest cohorts (``{top_cohorts:UInt32}``), with their warm total distribution."""
-    return f"""SELECT width, height, fmt, {distribution("total", _TOTAL_MS, "1", method)}
+    """The largest cohorts (``{top_cohorts:UInt32}``), with their warm total distribution, their
+    untraced time's (``unaccounted_*``) and its ``unaccounted_cross`` about the cohort's mean total
+    (``sum(u t) - sum(u) sum(t) / n``: a cohort's verdict weighs the untraced time as the run's
+    does)."""
+    return f"""SELECT width, height, fmt, {distribution("total", _TOTAL_MS, "1", method)},
+    {distribution("unaccounted", _UNACCOUNTED_MS, "1", method)},
+    sum({_UNACCOUNTED_MS} * {_TOTAL_MS}) - sum({_UNACCOUNTED_MS}) * sum({_TOTAL_MS}) / count()
+        AS unaccounted_cross
 FROM {R} WHERE warm AND {_KNOWN}
 GROUP BY width, height, fmt
 ORDER BY total_n DESC, {_KEY_ORDER}

@@ -493,6 +493,22 @@ WHERE SpanName IN {_STD}
     AND Timestamp < fromUnixTimestamp64Nano({{lo:Int64}})"""
 
 
+def window_edge_sql(traces: str, query: AggregateQuery) -> str:
+    """``SELECT n, longest_ns``: the stage parents (spans with a standard stage child) that started
+    in the :data:`~otel_stages.analysis.clickhouse_sql.WINDOW_SLACK_NS` before the window's start
+    (``query.start_ns``, param ``lo``) and ended inside it: requests the window left out, being
+    kept by their own start (:mod:`otel_stages.analysis.window_edge`). Only for a window with a
+    start; the sort key's span name skips the stage spans, the time bounds the rest."""
+    return f"""SELECT count() AS n, max(Duration) AS longest_ns
+FROM {traces}
+WHERE SpanName NOT IN {_STD} AND {span_filter(query, odd=False)}
+    AND Timestamp < fromUnixTimestamp64Nano({{lo:Int64}})
+    AND toUnixTimestamp64Nano(Timestamp) + Duration >= {{lo:Int64}}
+    AND (TraceId, SpanId) IN (
+        SELECT TraceId, ParentSpanId FROM {traces}
+        WHERE SpanName IN {_STD} AND {span_filter(query, odd=False)})"""
+
+
 def _window(query: AggregateQuery, column: str) -> str:
     window = ""
     if query.start_ns is not None:

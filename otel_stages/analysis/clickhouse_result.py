@@ -35,6 +35,7 @@ from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
 from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
 from otel_stages.analysis.stage_overlap import Overlap
+from otel_stages.analysis.window_edge import WindowEdge
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -219,6 +220,10 @@ class CohortAggregate:
     #: GPU utilization during the cohort's own warm forwards, split at its own slow-forward
     #: threshold (``None`` when not computed, e.g. answers of an older run).
     gpu: GpuAggregate | None = None
+    #: Its warm requests' time outside every stage span, and the part of the cohort total's
+    #: variance it explains (``None``: not computed).
+    unaccounted: Summary | None = None
+    unaccounted_explained: float | None = None
 
 
 @dataclass(frozen=True)
@@ -517,6 +522,7 @@ class FleetAggregates:
     services: tuple[tuple[str, int], ...] = ()
     service_requests: int = 0
     process_mix: ProcessMix | None = None
+    window_edge: WindowEdge = field(default_factory=WindowEdge)
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -673,7 +679,10 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
             width=int(row["width"]),
             height=int(row["height"]), format=row["fmt"] or None, total=cohort_total,
             stages=_stages(cohort_stage_rows.get(key, []), cohort_total),
-            gpu=cohort_gpu.get(key)))
+            gpu=cohort_gpu.get(key), unaccounted=summary(row, "unaccounted"),
+            unaccounted_explained=(float(row.get("unaccounted_cross") or 0.0)
+                                   / cohort_total.sum_of_squares_ms2
+                                   if cohort_total.sum_of_squares_ms2 > 0 else 0.0)))
     mix = results["cohort_mix"][0]
     ss_total = float(mix["ss_total"] or 0.0)
     n_cohorts = int(mix["cohorts"] or 0)
@@ -770,5 +779,15 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),
+        window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),
     )
+
+
+def window_edge_of(row: Mapping[str, Any] | None) -> WindowEdge:
+    """:class:`~otel_stages.analysis.window_edge.WindowEdge` from the answer row of
+    :func:`~otel_stages.analysis.clickhouse_requests.window_edge_sql` (``None``: no window start)."""
+    n = int((row or {}).get("n") or 0)
+    if not n or row is None:
+        return WindowEdge()
+    return WindowEdge(n, int(row["longest_ns"]) / 1e6)
 
