@@ -156,7 +156,7 @@ def _steady(i: int, r: random.Random) -> odd_inputs.Stages:
 
 def _timeouts(path: Path, stalled: set[int], how: str = "forward") -> Path:
     """100 requests, steady at about 300 ms; those in ``stalled`` end with status ERROR and
-    ``error.type`` ``TimeoutError`` at a 2 s deadline: ``how`` ``"forward"``: forward runs on to it;
+    ``error.type`` ``TimeoutError`` at a 2 s deadline (``BadRequest`` when fast): ``how`` ``"forward"``: forward runs on to it;
     ``"untraced"``: the request hangs outside every stage span; ``"fast"``: rejected in 2 ms, in
     download (one in three after a short decode)."""
     def stages(i: int, r: random.Random) -> odd_inputs.Stages:
@@ -169,10 +169,11 @@ def _timeouts(path: Path, stalled: set[int], how: str = "forward") -> Path:
             return [*st[:4], ("forward", 2000 - sum(ms for _, ms in st[:4]) - 0.1)]
         return st
     rows = odd_inputs.run(100, stages, seed=13, gap_ms=40)
+    kind = "BadRequest" if how == "fast" else "TimeoutError"
     for i in stalled:
         request = rows[i][0]
-        request["status"] = {"code": 2, "message": "deadline exceeded"}
-        request["attributes"].append({"key": "error.type", "value": {"stringValue": "TimeoutError"}})
+        request["status"] = {"code": 2, "message": "rejected" if how == "fast" else "deadline exceeded"}
+        request["attributes"].append({"key": "error.type", "value": {"stringValue": kind}})
         if how == "untraced":  # the request span runs on to the deadline past its last stage
             request["endTimeUnixNano"] = str(int(request["startTimeUnixNano"]) + 2_000_000_000)
     return odd_inputs.write(path, rows)
