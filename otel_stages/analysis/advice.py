@@ -307,6 +307,18 @@ FIX_FAILURES = (
     " the latency of the rest may change once they succeed"
 )
 
+
+def slow_failures(stage: str | None) -> str:
+    """Advice when failed requests are the slow tail (:func:`~otel_stages.analysis.caveats
+    .failures_slow`); ``stage``: where they spent most of their time (``None``: no stage did)."""
+    if stage is None:
+        return ("find where the failed requests spend their time before they fail (no stage span"
+                " holds most of it: wrap the rest in stage() spans) and why it runs on to the"
+                " deadline; their error types above say how they ended")
+    return (f"find why {stage} stalls in the failed requests and runs on until they fail (a"
+            f" deadline or timeout ends them): they spent most of their time there; their error"
+            f" types above and {stage}'s spans and exception events say how it ended")
+
 UNTRACED_SHARE = (
     "more request time is outside the stage spans than in any one of them: wrap that work"
     " (auth, tokenization, waiting on another host, response encoding) in stage() spans before"

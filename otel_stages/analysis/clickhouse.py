@@ -307,6 +307,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if results["summary"] and int(results["summary"][0].get("n_failed") or 0):
         results["failures"] = engine.rows(failures.failures_sql(tables.traces_ref, query),
                                           sql.query_params(query), settings)
+        results["failed_times"] = engine.rows(failures.failed_times_sql(method), None, settings)
     results.update(signal_results(engine, tables, query, method, settings, results))
     # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
     # requests with their decode / resize spans: read them only for such a verdict

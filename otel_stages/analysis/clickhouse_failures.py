@@ -12,7 +12,9 @@ spans of their own, and the children of those that do (a custom group): one leve
 deep as the rules need for the usual ``request -> preprocess -> decode``.
 
 Read only when some request failed: the spans of the failed requests' traces, matched by trace
-id (a read of the ``TraceId`` column; the rows read are those traces' spans).
+id (a read of the ``TraceId`` column; the rows read are those traces' spans). Their times
+(:func:`failed_times_sql`: the median total and each stage's median, as
+:func:`otel_stages.analysis.diagnosis.failed_times` gives them) come from the per-request table.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.caveats import KIND_UNKNOWN
-from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, span_filter
+from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, median, span_filter
+from otel_stages.analysis.stats import order_stages
 
 _STD = "(" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + ")"
 FAILED_IN = "failed in "
@@ -63,6 +66,32 @@ def failures_sql(traces: str, query: AggregateQuery) -> str:
     FROM ({failed}) AS f INNER JOIN ({spans}) AS t ON f.trace_key = t.trace_key
 )
 GROUP BY kind, stopped"""
+
+
+def failed_times_sql(method: str) -> str:
+    """Rows ``(stage, median_ms)`` over the failed requests (cold ones included): ``stage`` ``''``
+    for their median total, else a stage's median with 0 ms where a failed request lacks it
+    (ms; ``method``: the quantile function, :func:`~otel_stages.analysis.clickhouse_sql.median`).
+    No row for the total without failed requests."""
+    failed = f"SELECT total_ns, stage_names, stage_ns FROM {REQUESTS_TABLE} WHERE is_request AND error"
+    names = f"(SELECT groupUniqArrayArray(stage_names) FROM ({failed}))"
+    return f"""SELECT '' AS stage, {median("total_ns / 1e6", "1", method)} AS median_ms
+FROM ({failed}) HAVING count() > 0
+UNION ALL
+SELECT stage, {median("ms", "1", method)} AS median_ms FROM (
+    SELECT arrayJoin({names}) AS stage,
+        if(has(stage_names, stage), stage_ns[indexOf(stage_names, stage)], 0) / 1e6 AS ms
+    FROM ({failed})
+)
+GROUP BY stage"""
+
+
+def failed_times(rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, dict[str, float]]:
+    """``(median_total_ms, stages_ms)`` from :func:`failed_times_sql`'s rows (stages in pipeline
+    order), as :func:`otel_stages.analysis.diagnosis.failed_times` gives them."""
+    total = next((float(r["median_ms"]) for r in rows if r["stage"] == ""), None)
+    stages = {str(r["stage"]): float(r["median_ms"]) for r in rows if r["stage"] != ""}
+    return total, {n: stages[n] for n in order_stages(stages)}
 
 
 def failure_kinds(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:

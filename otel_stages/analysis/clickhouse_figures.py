@@ -54,6 +54,7 @@ from dataclasses import replace
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.caveats import failures_to_dict
 from otel_stages.analysis.clickhouse_gaps import gaps_caveat
 from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
 from otel_stages.analysis.clickhouse_result import (
@@ -66,7 +67,7 @@ from otel_stages.analysis.clickhouse_result import (
     ordered_stages,
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
-from otel_stages.analysis.decision import COLD_START_MIN_RATIO, MIN_WARM_RUNS, decide
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO, MIN_WARM_RUNS, decide, verdict_band_ms
 from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, other_images, sized_evidence
 from otel_stages.analysis.figures import (
     ALL_WARM,
@@ -431,6 +432,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         requests=agg.counts.requests,
         failure_kinds=agg.failure_kinds,
         failure_stages=agg.failure_stages,
+        failed_median_total_ms=agg.failed_median_total_ms,
+        failed_stages_ms=agg.failed_stages_ms,
         per_request=True,  # a stage's count is requests, as in the file report
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
         outlived_requests=agg.issues.outlived_requests,
@@ -523,6 +526,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
             "ratio": round(a.figures.ratio, 2),
             "idle_s": None if a.figures.idle_s is None else round(a.figures.idle_s, 1),
         } for a in agg.set_apart],
+        "failures": failures_to_dict(fig, verdict_band_ms(fig)),
         "runs": [{"service_name": r.service_name or None,
                   "service_instance_id": r.service_instance_id or None,
                   "host_name": r.host_name or None,

@@ -17,7 +17,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_apart import ApartRequest, apart_requests, apart_total, unlisted_line
-from otel_stages.analysis.clickhouse_failures import failure_kinds
+from otel_stages.analysis.clickhouse_failures import failed_times, failure_kinds
 from otel_stages.analysis.clickhouse_gaps import gap_lines
 from otel_stages.analysis.clickhouse_gpu_ids import ambiguous_units, shared_gpu_ids
 from otel_stages.analysis.clickhouse_issues import SpanIssues, not_checked
@@ -484,7 +484,9 @@ class FleetAggregates:
     finds too (spans left out per reason, stage spans outside or overlapping, clock skew, span-id
     clashes; :mod:`otel_stages.analysis.clickhouse_issues`), their sentences first in ``problems``.
     ``failure_kinds`` / ``failure_stages``: failed requests by error kind and by where they stopped
-    (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures). ``overlap``: time
+    (:mod:`otel_stages.analysis.clickhouse_failures`; empty without failures), and
+    ``failed_median_total_ms`` / ``failed_stages_ms`` their median total and each stage's median
+    (``None`` / empty without failures). ``overlap``: time
     counted in two stages at once over the warm requests, as the file report's
     (:class:`~otel_stages.analysis.stage_overlap.Overlap`; ``None`` when no request has any).
     ``services``: warm and cold requests per ``service.name`` (:func:`~otel_stages.analysis
@@ -517,6 +519,8 @@ class FleetAggregates:
     issues: SpanIssues = field(default_factory=SpanIssues)
     failure_kinds: dict[str, int] = field(default_factory=dict)
     failure_stages: dict[str, int] = field(default_factory=dict)
+    failed_median_total_ms: float | None = None
+    failed_stages_ms: dict[str, float] = field(default_factory=dict)
     overlap: Overlap | None = None
     set_apart: tuple[ApartRequest, ...] = ()
     services: tuple[tuple[str, int], ...] = ()
@@ -731,6 +735,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     memory = results.get("memory_forwards")
     foreign = next(iter(results.get("foreign_gpu") or ()), {})
     kinds, where = failure_kinds(results.get("failures") or [])
+    failed_total, failed_stages = failed_times(results.get("failed_times") or [])
     unchecked = not_checked(
         groups=int(results["groups"][0]["n"]) if results.get("groups") else 0,
         signals=bool(results.get("signals") and results["signals"][0]["signals"]),
@@ -775,6 +780,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         signals=scopes(results),
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
+        failed_median_total_ms=failed_total, failed_stages_ms=failed_stages,
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),

@@ -49,8 +49,8 @@ from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.caveats import (
     clash_caveat,
-    failures_dominate,
     failures_first,
+    failures_lead,
     missing_spans_advice,
     offset_line,
     outlived_caveat,
@@ -189,6 +189,14 @@ def spike_only(suspect: StageFigures, reference_ms: float) -> bool:
     return suspect.swing_ms < SWING_MIN_FRACTION * reference_ms and suspect.spike_ms is not None
 
 
+def verdict_band_ms(fig: Figures) -> float | None:
+    """The noise band (ms) :func:`decide` judges ``fig`` against; ``None`` where it makes no
+    verdict on the warm requests (fewer than :data:`MIN_WARM_RUNS`, no stages)."""
+    if fig.warm_requests < MIN_WARM_RUNS or not fig.stages:
+        return None
+    return noise_band(fig.stages.values(), fig.reference_ms).band_ms
+
+
 def decide(fig: Figures) -> Verdict:
     """Apply the rules (module docstring) to ``fig``. Never raises."""
     n = fig.warm_requests
@@ -233,12 +241,12 @@ def decide(fig: Figures) -> Verdict:
             verdict = _stable_verdict(fig, band)
         else:
             verdict = _spread_verdict(fig, band)
-    _append_common(verdict, fig)
+    _append_common(verdict, fig, band.band_ms)
     if swings is not False:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
-    failures_first(verdict, fig)
+    failures_first(verdict, fig, band.band_ms)
     clash_caveat(verdict, fig)
     services_caveat(verdict, fig)
     return verdict
@@ -653,7 +661,7 @@ def _mix_line(fig: Figures) -> str | None:
     return (f"{line}: compare like with like; {within}; the verdict below is over all inputs")
 
 
-def _append_common(verdict: Verdict, fig: Figures) -> None:
+def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
     if verdict.cause not in (None, CAUSE_STABLE) and untraced_is_largest(fig):
         verdict.evidence.append(untraced_share_line(fig))
         verdict.advice.append("also: " + untraced_advice(fig))
@@ -680,7 +688,7 @@ def _append_common(verdict: Verdict, fig: Figures) -> None:
             f" input {missing} more time{'s' if missing != 1 else ''} ({RECOMMENDED_WARM_RUNS}+ in"
             " all) for a firm one")
         verdict.advice.insert(0, advice_text.more_runs(missing))
-    if fig.failed_requests and not failures_dominate(fig):
+    if fig.failed_requests and not failures_lead(fig, band_ms):  # else the failures lead
         verb = "was" if fig.failed_requests == 1 else "were"
         verdict.evidence.append(
             f"{fig.failed_requests} of {fig.requests} requests ended with an error and {verb} left"

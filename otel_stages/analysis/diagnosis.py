@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.batching import BatchSummary, summarize_batches
-from otel_stages.analysis.caveats import KIND_UNKNOWN, OUTLIVED_PERCENTILE
+from otel_stages.analysis.caveats import KIND_UNKNOWN, OUTLIVED_PERCENTILE, failures_to_dict
 from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, find_set_apart, group
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
-from otel_stages.analysis.decision import MIN_WARM_RUNS, decide
+from otel_stages.analysis.decision import MIN_WARM_RUNS, decide, verdict_band_ms
 from otel_stages.analysis.evidence import stage_evidence
 from otel_stages.analysis.figures import (
     CohortFigures,
@@ -136,6 +136,17 @@ def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, 
     return dict(kinds), dict(where)
 
 
+def failed_times(failed: Sequence[Request]) -> tuple[float | None, dict[str, float]]:
+    """The failed requests' median total (ms; ``None`` without any) and each stage's median
+    over them (ms; 0 in a failed request without that stage), in pipeline order: where the time
+    of the requests that failed went (:func:`~otel_stages.analysis.caveats.failures_slow`)."""
+    if not failed:
+        return None, {}
+    names = order_stages({n for r in failed for n in r.stages_ms})
+    return (percentile([r.total_ms for r in failed], 50),
+            {n: percentile([r.stages_ms.get(n, 0.0) for r in failed], 50) for n in names})
+
+
 def _with_batches(figures: Figures, batches: BatchSummary | None) -> Figures:
     """``figures`` with ``batch_fill_ms`` / ``batch_wait_ms``, the medians of ``batches`` (left
     ``None`` without batch spans or their members' queue spans, and when executors overlap: fill
@@ -194,6 +205,7 @@ def _warm(
                             band_ms=band or 0.0, model_gpus=models)
     cold_fig = cold_figures(cold, warm, keys, first_of_process=cold_first)
     kinds, where = failure_kinds(failed)
+    failed_total, failed_stages = failed_times(failed)
     figures = Figures(
         warm_requests=len(warm),
         stages=figs,
@@ -211,6 +223,8 @@ def _warm(
         requests=requests,
         failure_kinds=kinds,
         failure_stages=where,
+        failed_median_total_ms=failed_total,
+        failed_stages_ms=failed_stages,
         set_apart=tuple(a.figures() for a in apart),
         per_request=True,
         detached_requests=detached_requests,
@@ -396,6 +410,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         input_mix_explains=mix,
         process_mix=result.figures.process_mix,
         set_apart=apart,
+        failures=failures_to_dict(result.figures, verdict_band_ms(result.figures)),
         runs=runs,
         noise=(noise_band(result.figures.stages.values(), result.figures.reference_ms)
                if warm else None),

@@ -330,7 +330,10 @@ class Figures:
     ``stage_evidence``: per-request evidence by stage name. ``failed_requests`` / ``requests``:
     for the sentence about failed requests left out; ``failure_kinds`` (``error.type`` /
     ``exception.type`` -> failed requests) and ``failure_stages`` (where they stopped -> failed
-    requests) name them. ``set_apart``: warm requests reported apart as cold. ``per_request``:
+    requests) name them; ``failed_median_total_ms`` is the failed requests' median total
+    (``None`` without any) and ``failed_stages_ms`` each stage's median over them (0 ms in a
+    failed request without it), for :func:`~otel_stages.analysis.caveats.failures_slow`.
+    ``set_apart``: warm requests reported apart as cold. ``per_request``:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
@@ -360,6 +363,8 @@ class Figures:
     requests: int = 0
     failure_kinds: Mapping[str, int] = field(default_factory=dict)
     failure_stages: Mapping[str, int] = field(default_factory=dict)
+    failed_median_total_ms: float | None = None
+    failed_stages_ms: Mapping[str, float] = field(default_factory=dict)
     set_apart: Sequence[ApartFigures] = ()
     per_request: bool = False
     detached_requests: int = 0

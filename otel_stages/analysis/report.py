@@ -239,6 +239,8 @@ class Report:
     signals: dict[str, StageSignals] = field(default_factory=dict)
     #: time counted in two stages at once (analysis.stage_overlap); ``None`` when none
     overlap: Overlap | None = None
+    #: the failed requests' figures (:func:`otel_stages.analysis.caveats.failures_to_dict`)
+    failures: dict[str, object] | None = None
 
     @property
     def warm_requests(self) -> int:
@@ -265,6 +267,7 @@ class Report:
             "process_mix": None if self.process_mix is None else self.process_mix.to_dict(),
             "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),
             "set_apart": [a.to_dict() for a in self.set_apart],
+            "failures": self.failures,
             "runs": [r.to_dict() for r in self.runs],
             "problems": list(self.problems),
             "verdict": self.verdict.to_dict(),
