@@ -41,6 +41,14 @@ STEADY_INPUTS = (
     " size, prompt or output length); to narrow the spread, cap the costliest inputs (smaller images,"
     " shorter max output length) or serve them on replicas of their own"
 )
+#: ``other``: a custom stage that does a standard stage's work gets that stage's evidence once
+#: named or mapped so (a tester's ``inference`` span: GPU readings during it went unread).
+CUSTOM_IS_STANDARD = (
+    "if the custom stage does a standard stage's work (the model call: forward; decoding images:"
+    " decode; fetching inputs: download), name its spans so or map them with --stage-map (a file"
+    " listing the request's stages, e.g. {stage: forward, span: inference}), and the report reads"
+    " that stage's own evidence: the GPU's during forward, image sizes for decode"
+)
 #: The ``forward`` advice that asks whether inputs vary (dropped once the input mix says they do).
 INPUTS_VARY = "check whether input shapes (image tiles, prompt or output length) vary between calls"
 #: Requests wait for batches to fill when the median fill (first enqueue, or the previous batch's
@@ -125,6 +133,7 @@ _ADVICE: dict[str, list[str]] = {
         " this report counts nested spans named as standard stages (download, decode, resize,"
         " queue, forward) in place of the custom stage, while sub-steps with other names show"
         " in the trace waterfall (Jaeger, Tempo), not in its table",
+        CUSTOM_IS_STANDARD,
     ],
 }
 

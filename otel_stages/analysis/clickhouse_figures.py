@@ -166,7 +166,8 @@ def _follow_line(stage: str, what: str, r: float | None) -> tuple[str, ...]:
 def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, float]],
                    preprocess: PreprocessFacts | None = None) -> StageEvidence | None:
     """What :func:`otel_stages.analysis.evidence.stage_evidence` gives for this stage, from the
-    SQL figures: size for decode / resize, image bytes for download, ``queue.depth`` for queue;
+    SQL figures: size for decode / resize and a ``preprocess`` stage, image bytes for download,
+    ``queue.depth`` for queue;
     ``None`` for the others (forward's evidence is the GPU's)."""
     if stage.name in (semconv.STAGE_DECODE, semconv.STAGE_RESIZE):
         size = _size_evidence(stage, sizes, other_images(preprocess) if preprocess else 0)
@@ -174,6 +175,8 @@ def stage_evidence(stage: StageAggregate, sizes: Sequence[tuple[int, int, int, f
             return size
         return replace(size, lines=(*size.lines, *preprocess_lines(preprocess)),
                        preprocess=preprocess)
+    if stage.name == semconv.STAGE_PREPROCESS:  # a stage map's (or a custom) preprocess: sizes only
+        return _size_evidence(stage, sizes, 0)
     if stage.name == semconv.STAGE_DOWNLOAD:
         return StageEvidence(_follow_line(stage.name, "image bytes", stage.bytes_correlation))
     if stage.name == semconv.STAGE_QUEUE:

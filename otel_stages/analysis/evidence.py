@@ -189,8 +189,8 @@ def stage_evidence(warm: Sequence[Request], stages: Sequence[str],
                    rows: PreprocessRows | None = None) -> dict[str, StageEvidence]:
     """Per-request evidence for each of ``stages``: size for decode / resize (plus the facts behind
     the concrete preprocessing advice, :mod:`otel_stages.analysis.preprocessing`, read through
-    ``rows`` when given), image bytes for download, ``queue.depth`` for queue; nothing for the
-    others (forward's evidence is the GPU's)."""
+    ``rows`` when given) and for a ``preprocess`` stage (size only), image bytes for download,
+    ``queue.depth`` for queue; nothing for the others (forward's evidence is the GPU's)."""
     out: dict[str, StageEvidence] = {}
     facts = None
     for stage in stages:
@@ -198,6 +198,8 @@ def stage_evidence(warm: Sequence[Request], stages: Sequence[str],
             facts = facts or preprocess_facts(warm, rows)
             size = size_evidence(warm, stage, other_images(facts))
             out[stage] = replace(size, lines=(*size.lines, *preprocess_lines(facts)), preprocess=facts)
+        elif stage == semconv.STAGE_PREPROCESS:  # a stage map's (or a custom) preprocess: sizes only
+            out[stage] = size_evidence(warm, stage)
         elif stage == semconv.STAGE_DOWNLOAD:
             lines = follow_evidence(warm, stage, "image bytes", lambda r: r.image_bytes)
             out[stage] = StageEvidence(tuple(lines))
