@@ -92,7 +92,7 @@ def test_spike_min_fraction():
     assert verdict_of(below) == ("stable", None)
     v = decide(above)
     assert (v.cause, v.stage) == ("forward", "forward")
-    assert v.evidence[0].startswith("forward spikes: one run lies 50.5 ms from its median")
+    assert v.evidence[0].startswith("forward spikes: its farthest run lies 50.5 ms from its median")
 
 
 def test_min_swing_ms_in_a_tiny_service():
@@ -461,7 +461,7 @@ def test_histograms_go_through_the_same_rules(monkeypatch):
 def test_a_spike_says_it_is_a_spike():
     v = decide(figures(stage("forward", 2.0, spike=60.0, explains=0.9), total_swing=2.0,
                        total_spike=60.0))
-    assert any(e.startswith("request total spikes: one run lies 60.0 ms from the median 100.0 ms")
+    assert any(e.startswith("request total spikes: its farthest run lies 60.0 ms from the median 100.0 ms")
                for e in v.evidence)
 
 

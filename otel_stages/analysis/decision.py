@@ -320,7 +320,7 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     if not spike_only(suspect, ref):
         head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
     else:
-        head = (f"{suspect.name} spikes: one run lies {d(suspect.spike_ms)} from its median"
+        head = (f"{suspect.name} spikes: its farthest run lies {d(suspect.spike_ms)} from its median"
                 f" {d(suspect.median_ms)}{spread_text(suspect)}")
     if suspect.explains is not None:
         head += (f" and explains {pct(suspect.explains)} of the variance of the request total"

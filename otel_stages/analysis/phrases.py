@@ -47,7 +47,7 @@ def band_line(fig: Figures, band: NoiseBand, beyond: bool) -> str:
     t = fig.total
     assert t is not None
     if beyond and t.swing_ms <= band.band_ms and t.spike_ms is not None:
-        return (f"request total spikes: one run lies {duration(t.spike_ms)} from the median"
+        return (f"request total spikes: its farthest run lies {duration(t.spike_ms)} from the median"
                 f" {duration(t.median_ms)} (at least {pct(SPIKE_MIN_FRACTION)} of it), while its"
                 f" p95 - p5 of {duration(t.swing_ms)} stays within this run's {band.describe()}")
     where = "beyond" if beyond else "within"
