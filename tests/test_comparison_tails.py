@@ -322,3 +322,16 @@ def test_a_modest_p95_rise_does_not_hide_a_tail(capsys, pct):
     assert main(["report", *argv, "--fail-on-regression", str(pct)]) == 3
     err = capsys.readouterr().err
     assert ("regression: total tail: requests slower than" in err) is (pct > 26)
+
+
+def test_a_whole_shift_is_not_called_a_tail_regression():
+    # a tester's: a release that doubled every request was "a tail regression"
+    from otel_stages.analysis.comparison import _row_sentence
+
+    shifted = compare_samples(steady(60, 1), steady(60, 2, centre=200.0))
+    assert shifted.significant_of("tail") and shifted.significant_of("median")
+    line = _row_sentence("total", shifted)
+    assert "the whole distribution moved (the median too)" in line and "a tail regression" not in line
+    tail = compare_samples(steady(200, 1), with_tail(200, 2, slow=12, slow_ms=1000.0))
+    assert tail.significant_of("tail") and not tail.significant_of("median")
+    assert "a tail regression" in _row_sentence("total", tail)

@@ -202,7 +202,7 @@ def _row_sentence(name: str, c: Change) -> str:
     if c.tail is not None and c.tail.significant:
         if not c.significant_of("p95"):
             parts.append(f"p95 {c.describe('p95')}")
-        parts.append(_tail_clause(c.tail))
+        parts.append(_tail_clause(c.tail, whole=c.significant_of("median")))
     return f"{name}: " + "; ".join(parts)
 
 
@@ -215,11 +215,15 @@ def _tail_above(p95_change_pct: float | None, threshold_pct: float) -> bool:
             or threshold_pct <= 100.0 * TAIL_MARGIN_FRACTION)
 
 
-def _tail_clause(tail: ShareChange) -> str:
+def _tail_clause(tail: ShareChange, *, whole: bool = False) -> str:
+    """The tail line's sentence; ``whole``: the median moved significantly too, so the tail is
+    the whole distribution's shift, not a tail of its own (a tester: "a tail regression" for a
+    release that doubled every request)."""
     line = duration(tail.line_ms) if tail.line_ms is not None else "the tail line"
+    kind = ": the whole distribution moved (the median too)" if whole else ": a tail regression"
     return (tail.describe(f"requests slower than {line} (the baseline's slowest"
                           f" + {TAIL_MARGIN_FRACTION:.0%})")
-            + (": a tail regression" if tail.significant else ""))
+            + (kind if tail.significant else ""))
 
 
 def uniform_ratios(stages: Mapping[str, Change], baseline_total_ms: float | None) -> list[float] | None:
