@@ -584,7 +584,9 @@ def foreign_gpu_sql() -> str:
     ``unplaced_host`` (processes with GPU points and no request whose points went to no request
     process: on a host no request process names while every request process names one; the
     first such host, in order), as
-    :func:`otel_stages.analysis.gpu_owners.unplaced_senders` finds them."""
+    :func:`otel_stages.analysis.gpu_owners.unplaced_senders` finds them. A process that recorded
+    forwards without running a request (:data:`FORWARD_OWNERS_TABLE`) owns its points: it is no
+    such sender."""
     series = gpu_series_sql()
     unplaced = (f"SELECT host FROM ({_FOREIGN_SENDERS}) WHERE host != ''"
                 f" AND k NOT IN (SELECT point_key FROM {GPU_OWNERS_TABLE})")
@@ -599,7 +601,8 @@ def foreign_gpu_sql() -> str:
 
 def request_hosts_statements(traces: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling :data:`REQUEST_HOSTS_TABLE`: each request process's
-    ``host.name`` (any of its spans'; processes without one left out), read from the spans only
+    ``host.name`` (and each forward owner's, :data:`FORWARD_OWNERS_TABLE`; any of its spans';
+    processes without one left out), read from the spans only
     when GPU points came from a process without requests with a ``host.name`` (else the table is
     empty and the spans are not read: the condition is a constant)."""
     fill = f"""CREATE TEMPORARY TABLE {REQUEST_HOSTS_TABLE} ENGINE = Memory AS
@@ -663,8 +666,9 @@ def warm_forwards_sql(owned: bool = False) -> str:
 
 
 def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
-    points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
+    """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests (or that
+    recorded forwards without running one, :data:`FORWARD_OWNERS_TABLE`) and GPU points owns its
+    points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
     the points of processes without requests go to every request process too, or, when the
     sender's ``host.name`` is that of some request processes (:data:`REQUEST_HOSTS_TABLE`), to
     those only (a per-node GPU exporter), and when it is none of theirs, only to request processes

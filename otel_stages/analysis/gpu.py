@@ -11,7 +11,9 @@ attributes on few of the long forwards must not hide the metric points inside th
 2. ``hw.gpu.utilization`` metric points, one series per process and ``hw.id``
    (:mod:`otel_stages.analysis.gpu_owners`: a request process's own points and those of
    processes that ran no request): a sample counts for a forward of that process when its time
-   lies inside ``[start_ns, end_ns]`` of the forward span. Per process, the GPU whose utilization
+   lies inside ``[start_ns, end_ns]`` of the forward span. A forward recorded by a process that
+   ran no request (a GPU worker under a gateway's request span) is that process's
+   (:func:`~otel_stages.analysis.gpu_owners.forward_owners`). Per process, the GPU whose utilization
    rises most during its forwards (vs. outside them) is taken as the model's; the sums over
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one

@@ -14,8 +14,12 @@ So two hosts can each have a ``GPU-0`` / ``0``: merging them would line host A's
 with host B's GPU. The ClickHouse SQL keys its GPU tables the same way
 (:func:`otel_stages.analysis.clickhouse_queries.gpu_owners_statements`).
 
-Points of a process that ran no request go to every request process (the file report and the
-SQL alike), but where the sender's ``host.name`` is that of some request processes, to those only
+A forward span recorded by a process that ran no request (a model server recording ``queue`` and
+``forward`` under a gateway's request span) belongs to that process, which then owns its GPU
+points like a request process, whenever some GPU point comes from a process without requests
+(:func:`forward_owners`); else to its request's process. Other points of a process that ran no
+request go to every request process (the file report and the SQL alike), but where the
+sender's ``host.name`` is that of some request processes, to those only
 (one DCGM exporter per node: node b's GPU "0" is not node a's), and where the request processes
 name hosts and none is the sender's, only to those that name none. On the request process's own
 host, or with an NVML UUID for ``hw.id`` (:data:`NVML_UUID`, unique everywhere), they join its
@@ -346,7 +350,8 @@ def unplaced_senders(points: Sequence[MetricPoint], request_processes: Collectio
     """``(host.name, process key)`` (sorted) of the processes with GPU points (:data:`GPU_METRICS`)
     and no request whose points :func:`owned_points` gives to no request process: on a host that
     no request process names, while every request process names one (``hosts``:
-    :func:`request_hosts`). The ClickHouse SQL counts the same
+    :func:`request_hosts`; pass :class:`ForwardOwners`' ``owners`` and ``hosts``: a GPU worker
+    that recorded forwards places its own points). The ClickHouse SQL counts the same
     (:func:`otel_stages.analysis.clickhouse_queries.foreign_gpu_sql`)."""
     on_host = {h for p, h in hosts.items() if p in request_processes and h}
     hostless = [p for p in request_processes if not hosts.get(p)]
