@@ -253,6 +253,11 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     gauge = metrics_table(engine, tables.database, tables.gauge)
     for statement, params in queries.prepare_statements(tables.traces_ref, gauge[0]["read"], query):
         engine.execute(statement, params, settings)
+    # forwards recorded by a process without requests (a GPU worker under a gateway's request)
+    # join their own process's GPU points; none in the common case, which reads no span here
+    owned = engine.rows(queries.forward_owners_sql(), None, settings)
+    for statement, params in queries.gpu_pairs_statements(bool(owned and int(owned[0]["n"]))):
+        engine.execute(statement, params, settings)
     results = {
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
@@ -291,6 +296,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         results[name] = engine.rows(text, params, settings)
     results.update(_cohort_gpu(engine, query, head, settings, results))
     results["gauge_table"] = gauge
+    results["forward_owners"] = owned
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
@@ -399,8 +405,9 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
     tops = {"top_cohorts": query.top_cohorts}
     gpus: list[dict[str, Any]] = []
     gauge = str((results.get("gauge_table") or [{"read": tables.gauge_ref}])[0]["read"])
+    owned = bool(results.get("forward_owners") and int(results["forward_owners"][0]["n"]))
     if forwards:
-        for statement, params in signals.memory_statements():
+        for statement, params in signals.memory_statements(owned):
             engine.execute(statement, params, settings)
         gpus = engine.rows(signals.memory_gpus_sql(), None, settings)
     memory = any(g.readable for g in signal_result.memory_gpus(gpus))
@@ -436,9 +443,10 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
         out["cohort_held"] = engine.rows(signals.held_sql(method, signals.COHORT), None, settings)
     if memory:
         out["memory_gpus"] = gpus
-        out["memory_windows"] = engine.rows(signals.memory_windows_sql(method), None, settings)
+        out["memory_windows"] = engine.rows(signals.memory_windows_sql(method, owned=owned), None,
+                                            settings)
         out["cohort_memory_windows"] = engine.rows(
-            signals.memory_windows_sql(method, signals.COHORT), tops, settings)
+            signals.memory_windows_sql(method, signals.COHORT, owned=owned), tops, settings)
         out["memory_forwards"] = engine.rows(
             signals.memory_forwards_sql(),
             {"cap": signals.MAX_MEMORY_FORWARDS}, settings)

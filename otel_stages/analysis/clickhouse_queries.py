@@ -512,8 +512,13 @@ GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
 #: Request processes' ``host.name`` (``k``, ``host``), read only when some GPU points come from
 #: processes without requests (:func:`request_hosts_statements`).
 REQUEST_HOSTS_TABLE = "otel_stages_request_hosts"
+#: Forward spans recorded by a process that ran no request (``trace_key``, ``s``, ``e``, ``proc``:
+#: its process hash), read only when some GPU point comes from such a process
+#: (:func:`forward_owners_statements`).
+FORWARD_OWNERS_TABLE = "otel_stages_forward_owners"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, REQUEST_HOSTS_TABLE)
+TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, REQUEST_HOSTS_TABLE,
+          FORWARD_OWNERS_TABLE)
 #: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) and name
 #: no request process's host are lined up by time with the forwards of every request process
 #: without a known host (of every one, when no host is known), as the file report lines up every
@@ -533,6 +538,10 @@ def gpu_metric_is(name: str) -> str:
 
 
 _REQUEST_PROCESSES = f"SELECT arrayJoin(proc_keys) AS k FROM {PROCESS_TABLE}"
+#: The processes that own GPU series: those with requests and those that recorded forwards
+#: without running a request (:data:`FORWARD_OWNERS_TABLE`; empty in the common case).
+_OWNER_PROCESSES = (f"SELECT arrayJoin(proc_keys) AS k FROM {PROCESS_TABLE}"
+                    f" UNION ALL SELECT DISTINCT proc AS k FROM {FORWARD_OWNERS_TABLE}")
 
 
 def gpu_points_statements(gauge: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
@@ -567,7 +576,7 @@ def gpu_series_sql() -> str:
 
 
 _FOREIGN_SENDERS = (f"SELECT DISTINCT point_key AS k, host FROM {GPU_POINTS_TABLE}"
-                    f" WHERE point_key NOT IN ({_REQUEST_PROCESSES})")
+                    f" WHERE point_key NOT IN ({_OWNER_PROCESSES})")
 #: Processes that ran no request (``k``, ``host``) and are on no request process's host: those
 #: :data:`MAX_FOREIGN_GPU_PROCESSES` counts (after :func:`request_hosts_statements`).
 _UNPLACED_SENDERS = (f"SELECT k, any(host) AS host FROM ({_FOREIGN_SENDERS}) GROUP BY k"
@@ -581,7 +590,9 @@ def foreign_gpu_sql() -> str:
     ``unplaced_host`` (processes with GPU points and no request whose points went to no request
     process: on a host no request process names while every request process names one; the
     first such host, in order), as
-    :func:`otel_stages.analysis.gpu_owners.unplaced_senders` finds them."""
+    :func:`otel_stages.analysis.gpu_owners.unplaced_senders` finds them. A process that recorded
+    forwards without running a request (:data:`FORWARD_OWNERS_TABLE`) owns its points: it is no
+    such sender."""
     series = gpu_series_sql()
     unplaced = (f"SELECT host FROM ({_FOREIGN_SENDERS}) WHERE host != ''"
                 f" AND k NOT IN (SELECT point_key FROM {GPU_OWNERS_TABLE})")
@@ -596,7 +607,8 @@ def foreign_gpu_sql() -> str:
 
 def request_hosts_statements(traces: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling :data:`REQUEST_HOSTS_TABLE`: each request process's
-    ``host.name`` (any of its spans'; processes without one left out), read from the spans only
+    ``host.name`` (and each forward owner's, :data:`FORWARD_OWNERS_TABLE`; any of its spans';
+    processes without one left out), read from the spans only
     when GPU points came from a process without requests with a ``host.name`` (else the table is
     empty and the spans are not read: the condition is a constant)."""
     fill = f"""CREATE TEMPORARY TABLE {REQUEST_HOSTS_TABLE} ENGINE = Memory AS
@@ -607,13 +619,62 @@ SELECT k, any(h) AS host FROM (
     WHERE {span_filter(query, odd=False)}
         AND (SELECT count() FROM ({_FOREIGN_SENDERS}) WHERE host != '') > 0
 )
-WHERE h != '' AND k IN ({_REQUEST_PROCESSES}) GROUP BY k"""
+WHERE h != '' AND k IN ({_OWNER_PROCESSES}) GROUP BY k"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {REQUEST_HOSTS_TABLE}", {}), (fill, query_params(query))]
 
 
+def forward_owners_statements(traces: str, query: AggregateQuery
+                              ) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` filling :data:`FORWARD_OWNERS_TABLE`: the forward spans in the
+    window recorded by a process that ran no request (a GPU worker that records ``queue`` and
+    ``forward`` under a gateway's request span), one row per (trace, start, end), read from the
+    spans only when some GPU point comes from a process without requests (else the table is
+    empty and the spans are not read: the condition is a constant), as
+    :func:`otel_stages.analysis.gpu_owners.forward_owners` decides. Such a forward is lined up
+    with its own process's GPU points (:func:`warm_forwards_sql`)."""
+    fill = f"""CREATE TEMPORARY TABLE {FORWARD_OWNERS_TABLE} ENGINE = Memory AS
+SELECT trace_key, s, e, proc FROM (
+    SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+        toInt64(toUnixTimestamp64Nano(Timestamp)) AS s, s + toInt64(Duration) AS e,
+        {process_hash(*RESOURCE_PROCESS)} AS proc
+    FROM {traces}
+    WHERE SpanName = '{semconv.STAGE_FORWARD}' AND {span_filter(query, odd=False)}
+        AND (SELECT count() FROM {GPU_POINTS_TABLE} WHERE point_key NOT IN ({_REQUEST_PROCESSES})) > 0
+)
+WHERE proc NOT IN ({_REQUEST_PROCESSES})
+LIMIT 1 BY trace_key, s, e"""
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {FORWARD_OWNERS_TABLE}", {}),
+            (fill, query_params(query))]
+
+
+def forward_owners_sql() -> str:
+    """``SELECT n``: the rows of :data:`FORWARD_OWNERS_TABLE` (0 in the common case: the GPU
+    joins then read each forward's request process, :func:`warm_forwards_sql`)."""
+    return f"SELECT count() AS n FROM {FORWARD_OWNERS_TABLE}"
+
+
+def warm_forwards_sql(owned: bool = False) -> str:
+    """Rows ``trace_key``, ``span_key``, ``proc_key``, ``width``, ``height``, ``fmt``, ``s``,
+    ``e``, ``i``: each warm forward window (``i``: its place in the request) with the process
+    whose GPU it ran on: its request's process, or with ``owned`` (:func:`forward_owners_sql`
+    found rows) the process that recorded the span where that process ran no request
+    (:data:`FORWARD_OWNERS_TABLE`). Without ``owned`` the per-request table alone is read."""
+    windows = f"""SELECT trace_key, span_key, proc_key, width, height, fmt, s, e, i
+        FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
+        WHERE warm"""
+    if not owned:
+        return windows
+    return f"""SELECT w.trace_key AS trace_key, w.span_key AS span_key,
+        if(ifNull(o.proc, toUInt64(0)) = 0, w.proc_key, assumeNotNull(o.proc)) AS proc_key,
+        w.width AS width, w.height AS height, w.fmt AS fmt, w.s AS s, w.e AS e, w.i AS i
+    FROM ({windows}) AS w
+    ANY LEFT JOIN {FORWARD_OWNERS_TABLE} AS o ON o.trace_key = w.trace_key AND o.s = w.s AND o.e = w.e"""
+
+
 def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests and GPU
-    points owns its points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
+    """``(statement, params)`` filling :data:`GPU_OWNERS_TABLE`: a process with requests (or that
+    recorded forwards without running one, :data:`FORWARD_OWNERS_TABLE`) and GPU points owns its
+    points (matched by :func:`~otel_stages.analysis.clickhouse_sql.process_hash`);
     the points of processes without requests go to every request process too, or, when the
     sender's ``host.name`` is that of some request processes (:data:`REQUEST_HOSTS_TABLE`), to
     those only (a per-node GPU exporter), and when it is none of theirs, only to request processes
@@ -625,7 +686,7 @@ def gpu_owners_statements() -> list[tuple[str, dict[str, Any]]]:
     sender (a series of its own: :func:`series_hw_sql`). Both GPU joins (utilization, memory)
     read points through it."""
     owners = f"""CREATE TEMPORARY TABLE {GPU_OWNERS_TABLE} ENGINE = Memory AS
-WITH series AS ({gpu_series_sql()}), requests AS ({_REQUEST_PROCESSES}),
+WITH series AS ({gpu_series_sql()}), requests AS ({_OWNER_PROCESSES}),
     foreign AS (SELECT k, any(host) AS host FROM ({_FOREIGN_SENDERS}) GROUP BY k)
 SELECT k AS point_key, k AS proc_key, toUInt64(0) AS part FROM series WHERE k IN (SELECT k FROM requests)
 UNION ALL
@@ -666,16 +727,25 @@ def buckets(s: str, e: str) -> str:
 
 def gpu_prepare_statements(traces: str, gauge: str, query: AggregateQuery
                            ) -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` that fill the GPU tables: the points (:func:`gpu_points_statements`),
-    their owners (:func:`gpu_owners_statements`), the ``hw.gpu.utilization`` points of the
-    processes with warm requests, or of processes without requests for those with
+    """``(statement, params)`` that fill the GPU tables up to their owners: the points
+    (:func:`gpu_points_statements`), the forwards of processes without requests
+    (:func:`forward_owners_statements`), the hosts (:func:`request_hosts_statements`) and the
+    owners (:func:`gpu_owners_statements`); :func:`gpu_pairs_statements` follows."""
+    return [*gpu_points_statements(gauge, query), *forward_owners_statements(traces, query),
+            *request_hosts_statements(traces, query), *gpu_owners_statements()]
+
+
+def gpu_pairs_statements(owned: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` after :func:`gpu_prepare_statements`: the ``hw.gpu.utilization``
+    points of the processes with warm requests, or of processes without requests for those with
     no GPU points (per process and ``hw.id``; values scaled to 0..1: a sender's points of one unit,
     every ``hw.id``, whose maximum exceeds :data:`PERCENT_GUESS` read as percent, its ambiguous
     undeclared points left out: :func:`~otel_stages.analysis.clickhouse_gpu_ids.ambiguous_condition`,
     as :func:`otel_stages.analysis.gpu_owners.sender_divisors`; points declared ``%`` as read),
     and one row per (point,
     warm forward window) with the point inside the window (the bucketed join described in
-    :mod:`otel_stages.analysis.clickhouse_sql`)."""
+    :mod:`otel_stages.analysis.clickhouse_sql`), each window of the process whose GPU it ran on
+    (``owned``: :func:`warm_forwards_sql`)."""
     points = f"""SELECT point_key AS proc_key, hw, t, v, undeclared, unit FROM {GPU_POINTS_TABLE}
     WHERE {gpu_metric_is(semconv.HW_GPU_UTILIZATION)}"""
     # the unit is guessed per sender and unit over every hw.id, as sender_divisors: ambiguous
@@ -701,17 +771,14 @@ SELECT proc_key, hw, t, util, s, e, mult, width, height, fmt FROM (
     FROM (
         SELECT trace_key, span_key, proc_key, s, e, i, width, height, fmt,
             arrayJoin({buckets("s", "e")}) AS b
-        FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
-        WHERE warm
+        FROM ({warm_forwards_sql(owned)})
     ) AS f
     INNER JOIN (SELECT *, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b FROM {GPU_SAMPLES_TABLE}) AS sm
         ON sm.proc_key = f.proc_key AND sm.b = f.b
     WHERE sm.t >= f.s AND sm.t <= f.e
     GROUP BY proc_key, hw, t, util, s, e, width, height, fmt
 ) ARRAY JOIN range(copies) AS copy"""
-    return [*gpu_points_statements(gauge, query), *request_hosts_statements(traces, query),
-            *gpu_owners_statements(),
-            (f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
+    return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
             (samples, {}), (pairs, {})]
 

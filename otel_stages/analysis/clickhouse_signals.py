@@ -81,6 +81,7 @@ from otel_stages.analysis.clickhouse_queries import (
     gpu_metric_is,
     model_gpus_sql,
     series_hw_sql,
+    warm_forwards_sql,
 )
 from otel_stages.analysis.clickhouse_sql import (
     DD_RELATIVE_ACCURACY,
@@ -357,7 +358,7 @@ FROM (
 GROUP BY {keys}name ORDER BY {keys}name"""
 
 
-def memory_statements() -> list[tuple[str, dict[str, Any]]]:
+def memory_statements(owned: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
     ``hw.gpu.memory.limit`` points of the processes with requests, in the window (from the GPU
     points table, by process through the GPU owners table, and time, as the utilization; after
@@ -365,8 +366,10 @@ def memory_statements() -> list[tuple[str, dict[str, Any]]]:
     (warm forward window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``;
     ``vdrop``: the memory released between them, the sum of the falls in time order within each
     sending process's points, :func:`otel_stages.analysis.gpu_memory.released_by_sender`;
-    ``mult``: warm requests with that window); and :data:`MODEL_GPUS_TABLE`, each process's model
-    GPU (:func:`~otel_stages.analysis.clickhouse_queries.model_gpus_sql`, from the utilization
+    ``mult``: warm requests with that window; each window of the process whose GPU it ran on,
+    ``owned``: :func:`~otel_stages.analysis.clickhouse_queries.warm_forwards_sql`); and
+    :data:`MODEL_GPUS_TABLE`, each process's model GPU
+    (:func:`~otel_stages.analysis.clickhouse_queries.model_gpus_sql`, from the utilization
     tables: one choice for the window)."""
     is_usage = gpu_metric_is(semconv.HW_GPU_MEMORY_USAGE)
     is_limit = gpu_metric_is(semconv.HW_GPU_MEMORY_LIMIT)
@@ -394,8 +397,7 @@ SELECT f.proc_key AS proc_key, f.width AS width, f.height AS height, f.fmt AS fm
                       arrayEnumerate(by_sender))) AS vdrop
 FROM (
     SELECT trace_key, span_key, proc_key, width, height, fmt, s, e, i, arrayJoin({buckets("s", "e")}) AS b
-    FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
-    WHERE warm
+    FROM ({warm_forwards_sql(owned)})
 ) AS f
 INNER JOIN ({usage}) AS sm ON sm.proc_key = f.proc_key AND sm.b = f.b
 WHERE sm.t >= f.s AND sm.t <= f.e
@@ -428,18 +430,22 @@ def memory_gpus_sql() -> str:
     return f"{_memory_series_sql()} ORDER BY proc_key, hw"
 
 
-def memory_windows_sql(method: str, by: str = "") -> str:
+def memory_windows_sql(method: str, by: str = "", owned: bool = False) -> str:
     """Warm forward windows (per ``by`` group too, then within the largest ``{top_cohorts:UInt32}``
     cohorts only): ``n``, ``median_ms`` (the memory rule's slow forwards are those beyond it plus
     the run's noise band, :class:`~otel_stages.analysis.gpu_memory.MemoryEvidence`) and ``procs``,
-    the processes that ran them (their GPU series are the ones read)."""
+    the processes that ran them (their GPU series are the ones read; ``owned``: a forward
+    recorded by a process without requests is that process's,
+    :func:`~otel_stages.analysis.clickhouse_queries.warm_forwards_sql`)."""
     keys = f"{by}, " if by else ""
     where = f" AND ({by}) IN ({TOP_COHORTS})" if by else ""
     group = f"GROUP BY {by} ORDER BY {by}" if by else ""
+    source = (f"(SELECT *, (e - s) / 1e6 AS d FROM ({warm_forwards_sql(True)}))" if owned else
+              f"{R} ARRAY JOIN arrayMap((s, e) -> (e - s) / 1e6, fwd_start, fwd_end) AS d")
     return f"""SELECT {keys}count() AS n,
     {_q(0.5, "d", "1", method)} AS median_ms, groupUniqArray(proc_key) AS procs
-FROM {R} ARRAY JOIN arrayMap((s, e) -> (e - s) / 1e6, fwd_start, fwd_end) AS d
-WHERE warm{where} {group}"""
+FROM {source}
+WHERE {"1" if owned else "warm"}{where} {group}"""
 
 
 def memory_forwards_sql() -> str:

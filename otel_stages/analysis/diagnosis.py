@@ -49,7 +49,7 @@ from otel_stages.analysis.gpu import (
 from otel_stages.analysis.gpu_owners import (
     ambiguous_series,
     ambiguous_unit_lines,
-    request_hosts,
+    forward_owners,
     shared_hw_id_lines,
     shared_hw_ids,
     unplaced_lines,
@@ -389,8 +389,9 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         )
     problems += shared_hw_id_lines(shared_hw_ids(recording.metrics, processes))
     problems += ambiguous_unit_lines(ambiguous_series(recording.metrics))
-    unplaced = unplaced_senders(recording.metrics, processes,
-                                request_hosts({id(r.resource): r.resource for r in requests}.values()))
+    # a GPU worker that recorded forwards under other processes' requests places its own points
+    placed = forward_owners(requests, recording.metrics, processes)
+    unplaced = unplaced_senders(recording.metrics, placed.owners, placed.hosts)
     problems += unplaced_lines(len(unplaced), unplaced[0][0] if unplaced else "")
     counts: dict[str, int] = defaultdict(int)
     for key in keys.keys(warm):

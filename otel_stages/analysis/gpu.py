@@ -11,7 +11,9 @@ attributes on few of the long forwards must not hide the metric points inside th
 2. ``hw.gpu.utilization`` metric points, one series per process and ``hw.id``
    (:mod:`otel_stages.analysis.gpu_owners`: a request process's own points and those of
    processes that ran no request): a sample counts for a forward of that process when its time
-   lies inside ``[start_ns, end_ns]`` of the forward span. Per process, the GPU whose utilization
+   lies inside ``[start_ns, end_ns]`` of the forward span. A forward recorded by a process that
+   ran no request (a GPU worker under a gateway's request span) is that process's
+   (:func:`~otel_stages.analysis.gpu_owners.forward_owners`). Per process, the GPU whose utilization
    rises most during its forwards (vs. outside them) is taken as the model's; the sums over
    those GPUs give the evidence (as the ClickHouse SQL,
    :func:`otel_stages.analysis.clickhouse_queries.gpu_metrics_sql`). ``hw_id`` is named when one
@@ -53,7 +55,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from otel_stages import semconv
-from otel_stages.analysis.gpu_owners import PERCENT_GUESS, hw_of, owned_series, request_hosts
+from otel_stages.analysis.gpu_owners import PERCENT_GUESS, forward_owners, hw_of, owned_series
 from otel_stages.analysis.model import AttributeValue, MetricPoint, Span
 from otel_stages.analysis.requests import Request, process_keys, usable_float, usable_int
 from otel_stages.analysis.units import duration
@@ -357,14 +359,16 @@ def _aligned(requests: Sequence[Request], points: Sequence[MetricPoint],
              processes: Collection[str] | None, slow_min_ns: float | None
              ) -> dict[str, list[_Aligned]]:
     """Every ``hw.gpu.utilization`` series of each process (module docstring, source 2) against
-    that process's forwards; empty without a series."""
-    name = semconv.STAGE_FORWARD
+    the forwards it ran: each forward span is lined up with the GPU of the process that recorded
+    it where that process ran no request (a GPU worker under a gateway's request:
+    :func:`~otel_stages.analysis.gpu_owners.forward_owners`), else with its request's process's;
+    empty without a series."""
+    found = forward_owners(requests, points, processes)
     windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for r, proc in zip(requests, process_keys(requests)):
-        windows[proc].extend((s.start_ns, s.end_ns) for s in r.spans if s.name == name)
-    owners = set(windows) if processes is None else set(processes) | set(windows)
-    hosts = request_hosts({id(r.resource): r.resource for r in requests}.values())
-    series = owned_series(points, semconv.HW_GPU_UTILIZATION, owners, PERCENT_GUESS, hosts)
+    for proc, start_ns, end_ns in found.windows:
+        windows[proc].append((start_ns, end_ns))
+    series = owned_series(points, semconv.HW_GPU_UTILIZATION, found.owners, PERCENT_GUESS,
+                          found.hosts)
     by_process: dict[str, list[_Aligned]] = defaultdict(list)
     for (proc, hw_id), pts in series.items():
         by_process[proc].append(_align(hw_id, pts, windows.get(proc, []), slow_min_ns))

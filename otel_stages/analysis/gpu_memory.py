@@ -62,9 +62,15 @@ from otel_stages import semconv
 from otel_stages.analysis import gpu
 from otel_stages.analysis.figures import Mechanism
 from otel_stages.analysis.gpu import MIN_FORWARD_COVERAGE, slow_forward_min_ms
-from otel_stages.analysis.gpu_owners import SeriesKey, hw_of, owned_points, owned_series, request_hosts
+from otel_stages.analysis.gpu_owners import (
+    SeriesKey,
+    forward_owners,
+    hw_of,
+    owned_points,
+    owned_series,
+)
 from otel_stages.analysis.model import MetricPoint
-from otel_stages.analysis.requests import Request, process_keys
+from otel_stages.analysis.requests import Request
 from otel_stages.analysis.units import duration, pct
 
 CAUSE_GPU_MEMORY_PRESSURE = "gpu_memory_pressure"
@@ -167,13 +173,12 @@ def memory_evidence(warm: Sequence[Request], points: Sequence[MetricPoint],
     cohort's evidence is given the window's); ``None``: chosen over ``warm``."""
     if not any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in points):
         return None  # before the windows: a fleet's recording has hundreds of thousands
-    windows: list[tuple[int, int, int, str]] = [
-        (e - s, s, e, proc) for r, proc in zip(warm, process_keys(warm))
-        for s, e in r.stage_windows_ns(semconv.STAGE_FORWARD)]
+    # each forward on the GPU of the process that ran it (gpu_owners.forward_owners)
+    ran = forward_owners(warm, points, processes)
+    windows: list[tuple[int, int, int, str]] = [(e - s, s, e, proc) for proc, s, e in ran.windows]
     if not windows:
         return None
-    owners = {w[3] for w in windows} | set(processes or ())
-    hosts = request_hosts({id(r.resource): r.resource for r in warm}.values())
+    owners, hosts = ran.owners, ran.hosts
     usage = owned_points(points, semconv.HW_GPU_MEMORY_USAGE, owners, hosts=hosts)
     limits = {k: max(v for _, v in pts) for k, pts in
               owned_series(points, semconv.HW_GPU_MEMORY_LIMIT, owners, hosts=hosts).items()}

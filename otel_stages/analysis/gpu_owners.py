@@ -14,8 +14,12 @@ So two hosts can each have a ``GPU-0`` / ``0``: merging them would line host A's
 with host B's GPU. The ClickHouse SQL keys its GPU tables the same way
 (:func:`otel_stages.analysis.clickhouse_queries.gpu_owners_statements`).
 
-Points of a process that ran no request go to every request process (the file report and the
-SQL alike), but where the sender's ``host.name`` is that of some request processes, to those only
+A forward span recorded by a process that ran no request (a model server recording ``queue`` and
+``forward`` under a gateway's request span) belongs to that process, which then owns its GPU
+points like a request process, whenever some GPU point comes from a process without requests
+(:func:`forward_owners`); else to its request's process. Other points of a process that ran no
+request go to every request process (the file report and the SQL alike), but where the
+sender's ``host.name`` is that of some request processes, to those only
 (one DCGM exporter per node: node b's GPU "0" is not node a's), and where the request processes
 name hosts and none is the sender's, only to those that name none. On the request process's own
 host, or with an NVML UUID for ``hw.id`` (:data:`NVML_UUID`, unique everywhere), they join its
@@ -49,11 +53,12 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis.model import AttributeValue, MetricPoint
 from otel_stages.analysis.otlp_json import PERCENT_UNIT
-from otel_stages.analysis.requests import process_key
+from otel_stages.analysis.requests import Request, process_key, process_keys
 
 #: A sender's utilization points of one unit (not ``%``: :func:`is_guessed`) with a value above
 #: this are percent (0..100) without dividing by 100 or declaring ``%`` (a ratio never
@@ -227,6 +232,72 @@ def request_hosts(resources: Iterable[dict[str, AttributeValue]]) -> dict[str, s
     return out
 
 
+@dataclass(frozen=True)
+class ForwardOwners:
+    """Whose GPU each forward span ran on (:func:`forward_owners`). ``windows``: ``(process key,
+    start_ns, end_ns)`` per forward span, in the requests' order; ``owners``: the processes that
+    own GPU series (every request process and the processes that recorded forwards without
+    running a request); ``hosts``: process key -> ``host.name`` of those that name one
+    (:func:`request_hosts`), for :func:`owned_series`."""
+
+    windows: list[tuple[str, int, int]]
+    owners: frozenset[str]
+    hosts: dict[str, str]
+
+
+def unowned_gpu_senders(points: Sequence[MetricPoint], processes: Collection[str]) -> bool:
+    """Whether some GPU point (:data:`GPU_METRICS`; utilization of the compute engine only,
+    :func:`is_model_utilization`) was sent by a process not in ``processes`` (the request
+    processes): only then can a forward recorded by a process that ran no request have GPU points
+    of its own or of an exporter on its host. The ClickHouse SQL asks the same before it reads the
+    forward spans' own processes
+    (:func:`otel_stages.analysis.clickhouse_queries.forward_owners_statements`)."""
+    known: dict[int, bool] = {}
+    for p in points:
+        if p.name not in GPU_METRICS or (p.name == semconv.HW_GPU_UTILIZATION
+                                         and not is_model_utilization(p)):
+            continue
+        outside = known.get(id(p.resource))
+        if outside is None:
+            outside = known[id(p.resource)] = process_key(p.resource) not in processes
+        if outside:
+            return True
+    return False
+
+
+def forward_owners(requests: Sequence[Request], points: Sequence[MetricPoint],
+                   processes: Collection[str] | None = None) -> ForwardOwners:
+    """Each forward span of ``requests`` with the process whose GPU points it is lined up with:
+    the process that recorded the span when that process ran no request (a model server that
+    records ``queue`` and ``forward`` under a gateway's request span, trace context propagated)
+    and some GPU point comes from a process that ran no request (:func:`unowned_gpu_senders`:
+    else no GPU point can be that process's); otherwise the request's process (the common case,
+    one process recording the request and its forward, pays one identity test per forward).
+    ``processes``: every request process (default: those of ``requests``)."""
+    name = semconv.STAGE_FORWARD
+    keys = process_keys(requests)
+    requesting = frozenset(keys) if processes is None else frozenset(processes)
+    resources = {id(r.resource): r.resource for r in requests}
+    split = unowned_gpu_senders(points, requesting)
+    known: dict[int, str] = {}
+    windows: list[tuple[str, int, int]] = []
+    for r, proc in zip(requests, keys):
+        for s in r.spans:
+            if s.name != name:
+                continue
+            owner = proc
+            if split and s.resource is not r.resource:
+                key = known.get(id(s.resource))
+                if key is None:
+                    key = known[id(s.resource)] = process_key(s.resource)
+                if key not in requesting:
+                    owner = key
+                    resources[id(s.resource)] = s.resource
+            windows.append((owner, s.start_ns, s.end_ns))
+    return ForwardOwners(windows, requesting | {w[0] for w in windows},
+                         request_hosts(resources.values()))
+
+
 def owned_points(points: Sequence[MetricPoint], name: str, request_processes: Collection[str],
                  scale: float | None = None, hosts: Mapping[str, str] | None = None
                  ) -> dict[SeriesKey, list[tuple[int, float, str]]]:
@@ -279,7 +350,8 @@ def unplaced_senders(points: Sequence[MetricPoint], request_processes: Collectio
     """``(host.name, process key)`` (sorted) of the processes with GPU points (:data:`GPU_METRICS`)
     and no request whose points :func:`owned_points` gives to no request process: on a host that
     no request process names, while every request process names one (``hosts``:
-    :func:`request_hosts`). The ClickHouse SQL counts the same
+    :func:`request_hosts`; pass :class:`ForwardOwners`' ``owners`` and ``hosts``: a GPU worker
+    that recorded forwards places its own points). The ClickHouse SQL counts the same
     (:func:`otel_stages.analysis.clickhouse_queries.foreign_gpu_sql`)."""
     on_host = {h for p, h in hosts.items() if p in request_processes and h}
     hostless = [p for p in request_processes if not hosts.get(p)]
