@@ -793,7 +793,8 @@ def _jpeg(fmt: str) -> Callable[[int, Spans], None]:
     return edit
 
 
-@pytest.mark.parametrize(("fmt", "drafts"), [("image/jpeg", True), ("jpg", True), ("image/png", False)])
+@pytest.mark.parametrize(("fmt", "drafts"), [("image/jpeg", True), ("jpg", True), ("image/png", False),
+                                           ("image/jpeg; q=0.9", True), ("image/pjpeg", True)])
 def test_a_jpeg_by_its_mime_type_is_drafted_in_both_reports(engine, tmp_path: Path, fmt: str,
                                                              drafts: bool) -> None:
     path = TRACES / "preprocess_mixed_sizes.otlp.jsonl"

@@ -159,6 +159,7 @@ def _draft_rows(**row: object) -> list[dict[str, object]]:
 @pytest.mark.parametrize(("fmt", "drafts"), [
     ("JPEG", True), ("jpeg", True), ("image/jpeg", True), ("JPG", True), ("image/JPG", True),
     ("MPO", True), ("PNG", False), ("image/png", False), ("JPEG2000", False), ("xjpeg", False),
+    ("image/pjpeg", True),
 ])
 def test_a_jpeg_is_told_by_pillows_name_or_its_mime_type(fmt: str, drafts: bool) -> None:
     """A tester's input: ``image/jpeg`` or ``jpeg`` on 4032x3024 decodes gave no draft advice and
@@ -536,3 +537,16 @@ def test_draft_model_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None
         w, h = map(int, r["size"].split("x"))
         assert r["model"] == round(estimated_speedup(w * h, r["bytes"], r["scale"]), 2)
         assert r["imaging_measured"] > 0 and r["pillow_measured"] > 0
+
+
+@pytest.mark.parametrize(("fmt", "read"), [
+    ("image/jpeg; q=0.9", "image/jpeg"), (" JPEG ", "JPEG"), ("image/png; x=jpeg", "image/png"),
+    ("; JPEG", None), ("true", None),
+])
+def test_a_formats_mime_parameters_and_blanks_are_left_out(fmt: str, read: str | None) -> None:
+    # a MIME type with parameters was no format: no draft advice, only a request to record it
+    from otel_stages.analysis.requests import usable_format
+
+    assert usable_format(fmt) == read
+    f = facts(_draft_rows(fmt=fmt))
+    assert (f.draft is not None) is (read is not None and draft_format(read))

@@ -226,10 +226,12 @@ def finite_number(text: str) -> str:
 
 def format_text(text: str) -> str:
     """SQL: the attribute text ``text`` as :func:`otel_stages.analysis.requests.usable_format`
-    reads it (``''`` when it is no format name)."""
+    reads it (without a MIME type's parameters and surrounding blanks; ``''`` when it is no
+    format name)."""
     not_formats = ", ".join(f"'{v}'" for v in NOT_FORMATS)
-    return (f"if(match({text}, '^{FORMAT_TEXT.pattern}$') AND {text} NOT IN ({not_formats}),"
-            f" {text}, '')")
+    base = f"trimBoth(splitByChar(';', {text})[1])"  # a MIME type's parameters left out
+    return (f"if(match({base}, '^{FORMAT_TEXT.pattern}$') AND {base} NOT IN ({not_formats}),"
+            f" {base}, '')")
 
 
 def utilization_reading(mean: str, count: str) -> str:

@@ -52,8 +52,9 @@ from otel_stages.analysis.requests import Request, process_key, usable_int
 from otel_stages.analysis.units import duration, pct
 
 #: Pillow formats whose loader has a draft mode (MPO is a JPEG container: JpegImageFile), and
-#: ``JPG``; matched without case and without a MIME ``image/`` prefix (:func:`draft_format`).
-DRAFT_FORMATS = frozenset({"JPEG", "JPG", "MPO"})
+#: ``JPG`` and ``PJPEG`` (``image/pjpeg``, progressive JPEG's MIME type); matched without case
+#: and without a MIME ``image/`` prefix (:func:`draft_format`).
+DRAFT_FORMATS = frozenset({"JPEG", "JPG", "MPO", "PJPEG"})
 #: The MIME type prefix some producers write (``image/jpeg``).
 MIME_PREFIX = "IMAGE/"
 #: Pillow's draft scales, largest first (``JpegImageFile.draft``).
@@ -89,8 +90,9 @@ _NAMES_SHOWN = 3
 
 
 def draft_format(image_format: str | None) -> bool:
-    """Whether ``image_format`` (``image.format``: Pillow's name, or a MIME type, any case: ASCII
-    by :data:`~otel_stages.analysis.requests.FORMAT_TEXT`) is one of :data:`DRAFT_FORMATS`."""
+    """Whether ``image_format`` (``image.format`` as :func:`~otel_stages.analysis.requests.usable_format`
+    reads it: Pillow's name, or a MIME type without its parameters, any case) is one of
+    :data:`DRAFT_FORMATS`."""
     if not image_format:
         return False
     return image_format.upper().removeprefix(MIME_PREFIX) in DRAFT_FORMATS

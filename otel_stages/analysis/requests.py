@@ -483,8 +483,12 @@ NOT_FORMATS = ("true", "false", "NaN")
 
 def usable_format(value: object) -> str | None:
     """``value`` as an image format (:data:`FORMAT_TEXT`, not :data:`NOT_FORMATS`), else
-    ``None``."""
-    if isinstance(value, str) and FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS:
+    ``None``; a MIME type's parameters (``image/jpeg; q=0.9``) and surrounding blanks are left
+    out first (as :func:`otel_stages.analysis.clickhouse_sql.format_text` does)."""
+    if not isinstance(value, str):
+        return None
+    value = value.split(";", 1)[0].strip()
+    if FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS:
         return value
     return None
 
@@ -525,8 +529,11 @@ def _inputs(attributes: list[dict[str, AttributeValue]]
     if (type(size) is not int or not 0 < size <= INT64_MAX) and (size is not None
                                                                  or _SIZE in merged):
         size = _first_int(attributes, _SIZE, positive_int)
-    if usable_format(image_format) is None and (image_format is not None or _FORMAT in merged):
+    usable = usable_format(image_format)
+    if usable is None and (image_format is not None or _FORMAT in merged):
         image_format = _first_format(attributes, _FORMAT)
+    elif usable is not None:
+        image_format = usable  # without a MIME type's parameters
     if (type(tokens) is not int or not INT64_MIN <= tokens <= INT64_MAX) and (tokens is not None
                                                                               or _TOKENS in merged):
         tokens = _first_int(attributes, _TOKENS)
