@@ -238,8 +238,8 @@ class GpuEvidence:
                 f" {MIN_MISALIGNED_FALL * 100:g} points and {MIN_RISE_STANDARD_ERRORS:g}"
                 " standard errors lower or more), so the sampler's clock or timestamps are most"
                 " likely off from the spans' (or these are another GPU's readings, or other work"
-                " fills the gaps): no busy or starved call is made from them, and the verdict is"
-                f" tentative (during the forwards: {overall})")
+                " fills the gaps): no busy or starved call is made from them (during the forwards:"
+                f" {overall})")
 
     def _unidentified_words(self) -> str:
         n = self.unidentified_processes
