@@ -1110,6 +1110,17 @@ def _slow_every(every: int, n: int = 30, seed: int = 1) -> list[Spans]:
     return odd_inputs.run(n, stages, seed=seed)
 
 
+def _starved_slow(t: int, slow: list[tuple[int, int]], rows: list[Spans]) -> float:
+    """A GPU at 5 % in the ``slow`` forward windows at time ``t``, 90 % in the other forwards of
+    ``rows`` and idle (2 %) between them: lined up with the forwards (no busier between them than
+    during them: ``gpu.falls``)."""
+    if any(s <= t <= e for s, e in slow):
+        return 0.05
+    inside = any(int(f["startTimeUnixNano"]) <= t <= int(f["endTimeUnixNano"])
+                 for spans in rows for f in spans if f["name"] == "forward")
+    return 0.9 if inside else 0.02
+
+
 def _span_range(rows: list[Spans]) -> tuple[int, int]:
     """The first start and last end (ns) of the spans of ``rows``."""
     return (min(int(s["startTimeUnixNano"]) for spans in rows for s in spans),
@@ -1251,7 +1262,7 @@ def test_two_senders_at_the_same_times_count_as_the_file_report_counts(engine, t
     path = odd_inputs.write(tmp_path / "same_times.jsonl", rows)
     first, last = _span_range(rows)
     points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
-               "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
+               "asDouble": _starved_slow(t, slow, rows)}
               for t in range(first, last, 50 * MS)]
     with path.open("a") as f:
         for service, instance in (("svc", "i1"), ("dcgm-exporter", "node-a:9400")):
@@ -1494,7 +1505,7 @@ def test_metric_points_judge_the_slow_forwards_the_span_attributes_miss(
     path = odd_inputs.write(tmp_path / f"spans_miss_{on_slow}_{slow_count}.jsonl", rows)
     first, last = _span_range(rows)
     points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "GPU-0")],
-               "asDouble": 0.05 if any(s <= t <= e for s, e in slow) else 0.9}
+               "asDouble": _starved_slow(t, slow, rows)}
               for t in range(first, last, 50 * MS)]
     with path.open("a") as f:
         f.write(json.dumps({"resourceMetrics": [{"resource": {"attributes": [
@@ -1826,7 +1837,7 @@ def test_a_per_node_gpu_exporter_describes_its_own_node(engine, tmp_path: Path) 
         first, last = _span_range(rows)
         step = 50 * MS if every else 10 * MS
         points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "0")],
-                   "asDouble": (0.05 if any(s <= t <= e for s, e in slow) else 0.9) if every else 1.0}
+                   "asDouble": _starved_slow(t, slow, rows) if every else 1.0}
                   for t in range(first, last, step)]
         lines.append(json.dumps({"resourceMetrics": [{
             "resource": resource("dcgm-exporter", f"{node}:9400", node),
@@ -1867,7 +1878,7 @@ def test_an_exporter_on_a_host_no_request_names_is_not_lined_up(
     for node in exporters:
         own = node == "node-a"
         points = [{"timeUnixNano": str(t), "attributes": [odd_inputs._attr("hw.id", "0")],
-                   "asDouble": (0.05 if any(s <= t <= e for s, e in slow) else 0.9) if own else 1.0}
+                   "asDouble": _starved_slow(t, slow, rows) if own else 1.0}
                   for t in range(first, last, 50 * MS if own else 10 * MS)]
         lines.append(json.dumps({"resourceMetrics": [{
             "resource": resource("dcgm-exporter", f"{node}:9400", node),

@@ -113,10 +113,18 @@ def test_url_safe_base64_ids_decode(n_bytes):
 # --- which GPU samples count for a forward --------------------------------------------------------
 
 
+def _idle_before(first_ns: int, count: int = 2000) -> list[MetricPoint]:
+    """``count`` idle readings (0) in the second before ``first_ns``: the GPU is no busier between
+    the forwards than during them, so the busy readings at their edges leave the readings lined up
+    with the forwards (``gpu.falls``) and the edge is what these tests pin."""
+    return [MetricPoint(semconv.HW_GPU_UTILIZATION, first_ns - 10**9 + i * (10**9 // count), 0.0)
+            for i in range(count)]
+
+
 def _edges(value_inside: float, value_outside: float, outside_ns: int) -> tuple[list, list]:
     telemetry = build(steady(25))
     requests = [r for r in find_requests(telemetry.spans) if not r.cold]
-    points = []
+    points = _idle_before(min(s.start_ns for s in telemetry.spans))
     for r in requests:
         for start, end in r.stage_windows_ns(semconv.STAGE_FORWARD):
             points += [MetricPoint(semconv.HW_GPU_UTILIZATION, t, value_inside)
@@ -143,5 +151,6 @@ def test_busy_samples_just_outside_do_not_make_a_starved_forward_busy():
                          for t, v in ((s.start_ns, 0.05), ((s.start_ns + s.end_ns) // 2, 0.05),
                                       (s.end_ns, 0.05), (s.end_ns + 30_000_000, 1.0),
                                       (s.start_ns - 10_000_000, 1.0))]  # between requests
+    telemetry.metrics += _idle_before(min(s.start_ns for s in telemetry.spans))
     report = diagnose(telemetry)
     assert (report.verdict.cause, report.gpu.level) == ("gpu_starved", "low")

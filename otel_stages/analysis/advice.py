@@ -161,6 +161,15 @@ GPU_UNREAD = (
     f" {MAX_SAMPLE_COUNT:,} (see the problems), to tell a busy GPU from a starved one")
 
 
+#: cause ``forward`` with thin GPU evidence because the readings do not line up with the forward
+#: spans (``GpuEvidence.misaligned_processes``: less busy during the forwards than between them).
+GPU_MISALIGNED = (
+    "check the GPU sampler's clock and timestamps against the spans' (sync the hosts' clocks with"
+    " NTP / chrony; an exporter should stamp each reading's time, not its scrape time) and that"
+    " its hw.id is the model's GPU, then report again: until the readings line up with the"
+    " forwards they cannot tell a busy GPU from a starved one")
+
+
 #: cause ``forward`` with thin GPU evidence while some process's model GPU could not be told among
 #: the GPUs read during its forwards (``GpuEvidence.unidentified_processes``).
 GPU_UNIDENTIFIED = (
@@ -237,7 +246,8 @@ _GPU_ALL_FORWARDS = {
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,
               gpu_level: str | None = None, preprocess: PreprocessFacts | None = None,
               gpu_slow: bool = True, gpu_unidentified: bool = False,
-              gpu_unread: bool = False, bytes_only: bool = False) -> list[str]:
+              gpu_unread: bool = False, bytes_only: bool = False,
+              gpu_misaligned: bool = False) -> list[str]:
     """Advice lines for ``cause``. For ``preprocess`` the first line follows the size evidence:
     cost follows size (``follows_size=True``: cap the inputs), every input had one size
     (``one_size``), requests decoded several images and cost does not follow their first one's
@@ -251,12 +261,14 @@ def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = 
     the GPU evidence is thin because no model GPU could be told (:data:`GPU_UNIDENTIFIED`).
     ``gpu_unread``: there is no GPU data but forward spans carry unusable values
     (:data:`GPU_UNREAD`). ``bytes_only``: one pixel size, the cost following the encoded bytes
-    (:data:`BYTES_NOT_PIXELS` in place of capping the sizes)."""
+    (:data:`BYTES_NOT_PIXELS` in place of capping the sizes). ``gpu_misaligned``: the GPU evidence
+    is thin because the readings do not line up with the forwards (:data:`GPU_MISALIGNED`)."""
     lines = list(_ADVICE.get(cause, []))
     if cause == "preprocess":
         lines = preprocess_fixes(preprocess)
     if cause == "forward":
-        lines.insert(0, GPU_UNIDENTIFIED if gpu_unidentified else GPU_UNREAD if gpu_unread else
+        lines.insert(0, GPU_MISALIGNED if gpu_misaligned else
+                     GPU_UNIDENTIFIED if gpu_unidentified else GPU_UNREAD if gpu_unread else
                      _FORWARD_BY_GPU_LEVEL.get(gpu_level or "none", _FORWARD_BY_GPU_LEVEL["none"]))
     if cause in _GPU_ALL_FORWARDS and not gpu_slow:
         lines[0] = _GPU_ALL_FORWARDS[cause]
@@ -413,6 +425,12 @@ END_REQUEST_SPAN = (
     "end the request span when the response is complete (for a streamed response, after its last"
     " chunk is sent), or time the work after the answer in a span of its own outside the request;"
     " if the stage ran on another host, sync the hosts' clocks instead; then report again"
+)
+#: standard stage spans start before their request span (caveats.before_caveat).
+SYNC_CLOCKS_BEHIND = (
+    "sync the clocks of the hosts that record the request and its stages (NTP / chrony), or start"
+    " the request span before the work it times; then report again: until then the stages that"
+    " start before it are clipped to it"
 )
 #: preprocess, some requests decoded their image more than once.
 DECODE_ONCE = (

@@ -23,6 +23,13 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   so their parts of the total's variance cancel (see :mod:`otel_stages.analysis.stats`).
 - :func:`set_apart_lines`: warm requests reported apart as cold (first of a new input, after an
   idle gap, after a failed first request), so the verdict's evidence agrees with the set-apart list.
+- :func:`outlived_caveat` / :func:`before_caveat`: standard stage spans end after (start before)
+  their request span by the noise band or more at the p95 over the warm requests: the request
+  span closes before its work or a stage ran on a clock ahead (behind); only the part inside
+  counts, so the verdict is tentative, with the reason first.
+- :func:`misaligned_gpu_caveat`: a forward verdict whose GPU readings do not line up with the
+  forwards (less busy during them than between them: a sampler's clock or timestamps off) is
+  tentative, the GPU line first in the evidence and the advice to check the sampler's clock first.
 - :func:`clash_caveat`: span ids shared by different spans in :data:`CLASH_MIN_FRACTION` of the
   requests or more (two recordings with the same ids merged, a badly seeded id generator): only
   the first span of each id is kept, so which requests the statistics describe depends on the
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
@@ -83,6 +91,14 @@ SKEWED_MIN_FRACTION = 0.5
 #: short overhangs (a span closed a hair late) cannot hide a few long ones as a median would.
 #: Custom stages are left out: one after the answer (an export, a log write) is work after it.
 OUTLIVED_PERCENTILE = 95
+#: When the time a standard stage span starts before its request span, over all warm requests (0
+#: where none does), reaches the noise band at this percentile (:func:`before_caveat`), the stage
+#: ran on a clock behind the request's (a GPU worker on another host; or the request span starts
+#: after its work began). Only the part inside counts, so the stage's figures are clipped (a span
+#: wholly before counts 0 ms) and the verdict is tentative, as for a clock ahead
+#: (:data:`OUTLIVED_PERCENTILE`, the same percentile for the same reasons: a skew shows in every
+#: request the other host serves, and 5 % of the requests are the top of the swing).
+BEFORE_PERCENTILE = 95
 #: When the spans that share an id with a different span number at least this part of the
 #: requests, the verdict is tentative (:func:`clash_caveat`): a stray duplicate id among many
 #: requests changes nothing, but at this rate whole requests are merged or lost depending on the
@@ -373,6 +389,40 @@ def outlived_caveat(verdict: Verdict, fig: Figures, band_ms: float) -> None:
         " counts, so these figures leave that time out and the verdict is tentative (see the"
         " problems)"))
     verdict.advice.insert(0, advice_text.END_REQUEST_SPAN)
+
+
+def before_caveat(verdict: Verdict, fig: Figures, band_ms: float) -> None:
+    """Tentative, with the reason first in the evidence and the advice, when the
+    :data:`BEFORE_PERCENTILE` of the time standard stage spans start before their request span
+    over the warm requests (:attr:`Figures.before_p95_ms`) is ``band_ms`` (the run's noise band)
+    or more: the stage figures are clipped to the request span (module docstring)."""
+    before = fig.before_p95_ms
+    if not fig.before_requests or before is None or before < band_ms:
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, (
+        f"in {fig.before_requests} of {fig.warm_requests} warm requests a stage span starts before"
+        f" the request span (p{BEFORE_PERCENTILE} {duration(before)} before it, beyond this run's"
+        f" noise band {duration(band_ms)}): the stage ran on a host whose clock is behind the"
+        " request's (or the request span starts after the work it times began), and only the part"
+        " inside counts, so the stage figures are clipped (a span wholly before counts 0 ms) and"
+        " the verdict is tentative (see the problems)"))
+    verdict.advice.insert(0, advice_text.SYNC_CLOCKS_BEHIND)
+
+
+def misaligned_gpu_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, with the GPU evidence first and :data:`~otel_stages.analysis.advice.GPU_MISALIGNED`
+    first in the advice, when the verdict is about the forward stage and its GPU readings do not
+    line up with the forwards (:attr:`GpuEvidence.misaligned_processes
+    <otel_stages.analysis.gpu.GpuEvidence.misaligned_processes>`, :func:`otel_stages.analysis.gpu.falls`):
+    the level is ``thin`` then, and the stage's swing stays the claim."""
+    if not fig.gpu.misaligned_processes or verdict.stage != semconv.STAGE_FORWARD:
+        return
+    verdict.tentative = True
+    line = fig.gpu.describe()
+    verdict.evidence = [line, *(e for e in verdict.evidence if e != line)]
+    verdict.advice = [advice_text.GPU_MISALIGNED,
+                      *(a for a in verdict.advice if a != advice_text.GPU_MISALIGNED)]
 
 
 def clash_caveat(verdict: Verdict, fig: Figures) -> None:

@@ -130,7 +130,9 @@ def gpu_evidence(g: GpuAggregate) -> GpuEvidence:
                                    samples=g.samples, total=g.sum_utilization, split=g.split,
                                    slow_min_ms=g.slow_min_ms, hw_id=g.hw_id,
                                    unidentified_processes=g.unidentified_processes,
-                                   unidentified_gpus=g.unidentified_gpus), g.unread_forwards)
+                                   unidentified_gpus=g.unidentified_gpus,
+                                   misaligned_processes=g.misaligned_processes,
+                                   misaligned_means=g.misaligned_means), g.unread_forwards)
 
 
 def band_ms(stages: Mapping[str, StageAggregate], total: Summary | None) -> float | None:
@@ -352,7 +354,10 @@ def _cohort_gpu(agg: FleetAggregates, cohort: CohortAggregate) -> GpuEvidence | 
     forwards, split at its own slow-forward threshold); answers without it (an older run) fall
     back to the whole run's when it is the only cohort, else ``None``."""
     if cohort.gpu is not None:
-        return gpu_evidence(cohort.gpu)
+        # the readings' clock is the run's: a cohort reads the whole window's misalignment
+        # (otel_stages.analysis.gpu.misaligned_processes)
+        return gpu_evidence(cohort.gpu if cohort.gpu.source != "metrics" else replace(
+            cohort.gpu, misaligned_processes=agg.gpu.misaligned_processes, misaligned_means=None))
     return gpu_evidence(agg.gpu) if len(agg.cohorts) == 1 else None
 
 
@@ -441,6 +446,8 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         detached_requests=min(agg.issues.detached_requests, agg.counts.requests),
         outlived_requests=agg.issues.outlived_requests,
         outlived_p95_ms=agg.issues.outlived_p95_ms,
+        before_requests=agg.issues.before_requests,
+        before_p95_ms=agg.issues.before_p95_ms,
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart),
         services=agg.services, service_requests=agg.service_requests,

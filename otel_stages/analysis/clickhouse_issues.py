@@ -41,7 +41,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis import screen
-from otel_stages.analysis.caveats import OUTLIVED_PERCENTILE
+from otel_stages.analysis.caveats import BEFORE_PERCENTILE, OUTLIVED_PERCENTILE
 from otel_stages.analysis.clickhouse_requests import BEFORE_WINDOW_S, NESTED_TABLE
 from otel_stages.analysis.clickhouse_sql import (
     MIN_SPAN_START_NS,
@@ -125,6 +125,9 @@ def issues_sql() -> str:
     (SELECT countIf(after_ns > {TOLERANCE_NS}) FROM {requests()} WHERE warm) AS n_outlived,
     (SELECT quantileExactInclusive({OUTLIVED_PERCENTILE / 100})(after_ns) FROM {requests()} WHERE warm)
         AS outlived_p95_ns,
+    (SELECT countIf(before_ns > {TOLERANCE_NS}) FROM {requests()} WHERE warm) AS n_before,
+    (SELECT quantileExactInclusive({BEFORE_PERCENTILE / 100})(before_ns) FROM {requests()} WHERE warm)
+        AS before_p95_ns,
     countIf({cond["overlap"]}) AS n_overlap,
     sum(incomplete_groups) AS n_orphan, sumIf(incomplete_spans, by_trace) AS n_root,
     sumIf({unread}, is_request) AS n_gpu_unread,
@@ -249,7 +252,8 @@ class SpanIssues:
     spans; ``outside_requests`` and ``outside_max_ms``: stage spans reaching outside their request;
     ``outlived_requests`` and ``outlived_p95_ms``: warm requests with a standard stage span ending
     after them and the p95 over the warm requests of the most one does
-    (:attr:`~otel_stages.analysis.figures.Figures.outlived_requests`);
+    (:attr:`~otel_stages.analysis.figures.Figures.outlived_requests`); ``before_requests`` and
+    ``before_p95_ms``: the same for standard stage spans starting before them (a clock behind);
     ``overlap_requests``; ``clash_spans``: spans that share an id with a different span. ``problems``:
     the file report's sentences for them, with examples. ``unread``: attribute values present but
     unusable (:class:`~otel_stages.analysis.value_issues.UnreadValues`); ``unread_warm_forwards``:
@@ -262,6 +266,8 @@ class SpanIssues:
     outside_max_ms: float = 0.0
     outlived_requests: int = 0
     outlived_p95_ms: float | None = None
+    before_requests: int = 0
+    before_p95_ms: float | None = None
     overlap_requests: int = 0
     clash_spans: int = 0
     problems: tuple[str, ...] = ()
@@ -321,6 +327,9 @@ def span_issues(odd: Mapping[str, Any], issues: Mapping[str, Any],
         outlived_requests=int(issues.get("n_outlived") or 0),
         outlived_p95_ms=(float(issues["outlived_p95_ns"]) / 1e6
                          if int(issues.get("n_outlived") or 0) else None),
+        before_requests=int(issues.get("n_before") or 0),
+        before_p95_ms=(float(issues["before_p95_ns"]) / 1e6
+                       if int(issues.get("n_before") or 0) else None),
         overlap_requests=stage.overlap, clash_spans=clash.count, unread=unread,
         unread_warm_forwards=int(issues.get("n_gpu_unread_warm") or 0),
         problems=(*lines, *clash.problems(), *incomplete, *stage.problems(), *unread.problems(),

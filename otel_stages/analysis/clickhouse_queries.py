@@ -56,6 +56,7 @@ from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
     GPU_STARVED_MAX_UTILIZATION,
     LEVEL_DECIMALS,
+    MIN_MISALIGNED_FALL,
     MIN_MODEL_GPU_RISE,
     MIN_RISE_STANDARD_ERRORS,
     MIXED_UNIT_MIN_SHARE,
@@ -848,16 +849,24 @@ _RISES = (f"(n_in > 0 AND round(rise, {LEVEL_DECIMALS}) >= {MIN_MODEL_GPU_RISE}"
           f" {LEVEL_DECIMALS}))")
 
 
+#: Over :func:`_per_gpu` columns: the series is less busy inside the forwards than outside them
+#: (``otel_stages.analysis.gpu.falls``): its readings do not line up with the forwards.
+_FALLS = (f"(n_in > 0 AND round(-rise, {LEVEL_DECIMALS}) >= {MIN_MISALIGNED_FALL}"
+          f" AND round(-rise, {LEVEL_DECIMALS}) >= round({MIN_RISE_STANDARD_ERRORS} * rise_se,"
+          f" {LEVEL_DECIMALS}))")
+
+
 def _chosen(by: str, slow_sum: str, slow_n: str) -> str:
     """Per process (and ``by``) of ``per_gpu``: the GPU taken (``g``, by :data:`_CHOICE` among
     those that rise, else among all with samples inside the forwards) and ``told``: whether it is
     the model's GPU as :func:`otel_stages.analysis.gpu.pick_gpu` decides (one series with samples
     inside the forwards, or the candidates all at one level), with ``seen``: the
-    ``(hw, mean inside)`` of its series with samples, by ``hw``. ``slow_sum`` / ``slow_n``: the
-    slow forwards' sums in ``sp_row``."""
+    ``(hw, mean inside)`` of its series with samples, by ``hw``. ``g.5``: whether the series
+    taken :data:`_FALLS`, ``g.6`` its rise. ``slow_sum`` / ``slow_n``: the slow forwards' sums in
+    ``sp_row``."""
     levels = (f"({_level_sql('sum_in / n_in')}, if(ifNull({slow_n}, 0) > 0,"
               f" {_level_sql(f'{slow_sum} / {slow_n}')}, ''))")
-    row = "(hw, n_in, sum_in, sp_row)"
+    row = f"(hw, n_in, sum_in, sp_row, {_FALLS}, rise)"
     return f"""SELECT {by}arraySort(groupArrayIf((hw, sum_in / n_in), n_in > 0)) AS seen,
         countIf(rising) AS n_rising,
         multiIf(length(seen) <= 1, argMax({row}, {_CHOICE}),
@@ -887,6 +896,14 @@ _SPLIT_ROW = """,
         (ifNull(sp.covered, 0), ifNull(sp.can_split, 0), sp.slow_sum, sp.slow_n, sp.fast_sum,
          sp.fast_n, ifNull(sp.slow_covered, 0)) AS sp_row"""
 _SPLIT_JOIN = "LEFT JOIN split AS sp ON a.proc_key = sp.proc_key AND a.hw = sp.hw"
+
+
+#: Over :func:`_chosen` rows: the processes whose GPU taken :data:`_FALLS` (``misaligned``) and,
+#: for one of them, its means inside and outside the forwards (``misaligned_in`` /
+#: ``misaligned_out``; read when it is the only one).
+_MISALIGNED = """countIf(told AND g.5) AS misaligned,
+    anyIf(g.3 / g.2, told AND g.5) AS misaligned_in,
+    anyIf(g.3 / g.2 - g.6, told AND g.5) AS misaligned_out"""
 
 
 def gpu_metrics_sql() -> str:
@@ -921,7 +938,8 @@ SELECT countIf(told) AS gpus, anyIf(g.1, told) AS hw_id,
     sumIf(g.4.3, g.4.2 AND told) AS slow_sum, sumIf(g.4.4, g.4.2 AND told) AS slow_n,
     sumIf(g.4.5, g.4.2 AND told) AS fast_sum, sumIf(g.4.6, g.4.2 AND told) AS fast_n,
     sumIf(g.4.7, g.4.2 AND told) AS slow_covered,
-    countIf(NOT told) AS unidentified, anyIf(seen, NOT told) AS unidentified_gpus
+    countIf(NOT told) AS unidentified, anyIf(seen, NOT told) AS unidentified_gpus,
+    {_MISALIGNED}
 FROM chosen"""
 
 

@@ -38,8 +38,8 @@ How, at scale (10 million spans in seconds, memory bounded):
    the telemetry contract puts them on decode), and its
    forward windows. A stage counts only its time inside the request span (as in
    :mod:`otel_stages.analysis.requests`); the same pass keeps, per request, the stage spans wholly
-   outside it (``detached_spans``), the most one reaches outside (``outside_ns``) and ends after
-   it (``after_ns``), and the time
+   outside it (``detached_spans``), the most one reaches outside (``outside_ns``), ends after
+   it (``after_ns``) and starts before it (``before_ns``), and the time
    counted twice by overlapping stages (``overlap_ns``), which
    :mod:`otel_stages.analysis.clickhouse_issues` counts into the report's problems.
 """
@@ -89,7 +89,7 @@ REQUEST_SCHEMA: tuple[tuple[str, str], ...] = (
     ("fwd_util", "Array(Nullable(Float64))"), ("fwd_count", "Array(Nullable(Int64))"),
     ("incomplete_groups", "UInt64"), ("incomplete_spans", "UInt64"), ("cold", "UInt8"),
     ("warm", "UInt8"), ("detached_spans", "UInt32"), ("outside_ns", "Int64"),
-    ("after_ns", "Int64"),
+    ("after_ns", "Int64"), ("before_ns", "Int64"),
     ("overlap_ns", "Int64"), ("first_of_proc", "UInt8"), ("decode_bad_sizes", "UInt64"))
 REQUEST_COLUMNS = tuple(name for name, _ in REQUEST_SCHEMA)
 #: The temporary tables written once and read many times (the groups by every later pass, the
@@ -608,6 +608,8 @@ def _requests_select(query: AggregateQuery) -> str:
     -- its work (or a stage on a clock ahead); custom stages after the answer are work after it
     toInt64(arrayMax(arrayConcat([toInt64(0)], arrayMap(e -> e - start_ns - total_ns, ends))))
         AS after_ns,
+    -- the most a standard stage span starts before the request (a stage on a clock behind)
+    if(empty(starts), toInt64(0), greatest(toInt64(0), start_ns - arrayMin(starts))) AS before_ns,
     arraySum(inside) - covered_ns AS overlap_ns,
     coalesce(if(direct_first, if(p.dec_w > 0, p.dec_w, NULL), if(x.dec_w > 0, x.dec_w, NULL)),
              if(direct_first, if(x.dec_w > 0, x.dec_w, NULL), if(p.dec_w > 0, p.dec_w, NULL)),

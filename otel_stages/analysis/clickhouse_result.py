@@ -311,6 +311,9 @@ class GpuAggregate:
     GPUs' ``(hw.id, mean utilization inside its forwards)``. ``unread_forwards``: the warm
     forward spans whose ``gpu.utilization.mean`` is no reading (as
     :func:`otel_stages.analysis.gpu.utilization_reading` reads it; 0 for a cohort).
+    ``misaligned_processes``: taken GPUs less busy inside the forwards than outside them
+    (:func:`otel_stages.analysis.gpu.falls`); ``misaligned_means``: when one, its ``(mean
+    inside, mean outside)``.
     """
 
     source: str | None
@@ -328,6 +331,8 @@ class GpuAggregate:
     unidentified_processes: int = 0
     unidentified_gpus: tuple[tuple[str, float], ...] = ()
     unread_forwards: int = 0
+    misaligned_processes: int = 0
+    misaligned_means: tuple[float, float] | None = None
 
 
 def _ratio(num: Any, den: Any) -> float | None:
@@ -386,6 +391,7 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
         return GpuAggregate(source=None, forwards=forwards)
     split_row, slow_min = _split(metrics, slow)
     has_split = int(metrics.get("split_gpus") or 0) > 0
+    misaligned = int(metrics.get("misaligned") or 0)
     gpus = int(metrics["gpus"])
     return GpuAggregate(
         source="metrics", forwards=forwards, forwards_covered=int(metrics["covered"] or 0),
@@ -396,6 +402,9 @@ def _gpu(spans: Mapping[str, Any], metrics: Mapping[str, Any], forwards: int,
         hw_id=(hw_of(str(metrics["hw_id"] or "")) or None) if gpus == 1 else None, gpus=gpus,
         sum_utilization=float(metrics["sum_in"] or 0.0), split=split_row if has_split else None,
         slow_min_ms=slow_min, unidentified_processes=unidentified, unidentified_gpus=seen,
+        misaligned_processes=misaligned,
+        misaligned_means=(float(metrics["misaligned_in"]), float(metrics["misaligned_out"]))
+        if misaligned == 1 else None,
     )
 
 

@@ -48,9 +48,11 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.caveats import (
+    before_caveat,
     clash_caveat,
     failures_first,
     failures_lead,
+    misaligned_gpu_caveat,
     missing_spans_advice,
     offset_line,
     outlived_caveat,
@@ -246,6 +248,8 @@ def decide(fig: Figures) -> Verdict:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
+    before_caveat(verdict, fig, band.band_ms)
+    misaligned_gpu_caveat(verdict, fig)
     failures_first(verdict, fig, band.band_ms)
     clash_caveat(verdict, fig)
     services_caveat(verdict, fig)
@@ -414,7 +418,7 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
     if cause == "queue":  # what the requests wait for, and the GPU's headroom, choose the advice
         lines.extend(_queue_lines(fig))
         gpu = fig.gpu  # headroom is the GPU's over all forwards, not the slow ones'
-        overall = (gpu.level if gpu.level == LEVEL_NONE else
+        overall = (gpu.level if gpu.level == LEVEL_NONE or gpu.misaligned_processes else
                    utilization_level(gpu.mean_utilization, gpu.samples, gpu.forwards_covered, gpu.forwards))
         words = ("" if gpu.mean_utilization is None else
                  f"{gpu.mean_utilization:.0%} mean over all {gpu.forwards} warm forwards")
@@ -429,6 +433,7 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
         gpu_slow=fig.gpu.judged_on == JUDGED_SLOW,
         gpu_unidentified=fig.gpu.level == LEVEL_THIN and fig.gpu.unidentified_processes > 0,
         gpu_unread=fig.gpu.unread_forwards > 0,  # set only when the GPU evidence makes no call
+        gpu_misaligned=fig.gpu.misaligned_processes > 0,
     )
     # first, what an unconfirmed mechanism's evidence points at (a blocked stage): no sentence in
     # the evidence is left without its advice

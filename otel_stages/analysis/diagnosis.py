@@ -21,7 +21,12 @@ from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.batching import BatchSummary, summarize_batches
-from otel_stages.analysis.caveats import KIND_UNKNOWN, OUTLIVED_PERCENTILE, failures_to_dict
+from otel_stages.analysis.caveats import (
+    BEFORE_PERCENTILE,
+    KIND_UNKNOWN,
+    OUTLIVED_PERCENTILE,
+    failures_to_dict,
+)
 from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, find_set_apart, group
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
@@ -42,6 +47,7 @@ from otel_stages.analysis.gpu import (
     GpuEvidence,
     SpanUnits,
     gpu_evidence,
+    misaligned_processes,
     model_gpus,
     span_units,
     with_unread,
@@ -166,6 +172,7 @@ def _warm(
     table: SignalTable | None = None,
     verdict_only: bool = False,
     unread_forwards: int = 0,
+    misaligned: int | None = None,
     processes: frozenset[str] | None = None,
     models: Mapping[str, frozenset[str]] | None = None,
     units: SpanUnits | None = None,
@@ -186,7 +193,8 @@ def _warm(
     warm forward spans whose ``gpu.utilization.mean`` is no reading, said when the GPU evidence
     makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``units``: the unit of each
     process's forward-span readings over all warm requests
-    (:func:`~otel_stages.analysis.gpu.span_units`; default: over ``warm``)."""
+    (:func:`~otel_stages.analysis.gpu.span_units`; default: over ``warm``). ``misaligned``: for a
+    cohort, the whole window's :func:`~otel_stages.analysis.gpu.misaligned_processes`."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -198,7 +206,7 @@ def _warm(
     total_fig = None if total is None else total_figures(total)
     # the slow forwards the GPU rules judge are those beyond the band the verdict uses
     band = noise_band(figs.values(), reference_ms(figs, total_fig)).band_ms if figs else None
-    gpu = gpu_evidence(warm, metrics, processes, band_ms=band, units=units)
+    gpu = gpu_evidence(warm, metrics, processes, band_ms=band, units=units, misaligned=misaligned)
     gpu = with_unread(gpu, unread_forwards)
     # CPU, GC, loop, throttling, memory
     signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
@@ -233,6 +241,10 @@ def _warm(
             1 for r in warm if r.after_ms > OVERLAP_TOLERANCE_MS),
         outlived_p95_ms=None if verdict_only or not warm else percentile(
             [r.after_ms for r in warm], OUTLIVED_PERCENTILE),
+        before_requests=0 if verdict_only else sum(
+            1 for r in warm if r.before_ms > OVERLAP_TOLERANCE_MS),
+        before_p95_ms=None if verdict_only or not warm else percentile(
+            [r.before_ms for r in warm], BEFORE_PERCENTILE),
         clash_spans=clash_spans,
         services=() if verdict_only else services_of([*warm, *cold]),
         service_requests=0 if verdict_only else len(warm) + len(cold),
@@ -261,6 +273,9 @@ def _cohorts(
     of the total's variance. ``table``: the signal table of ``warm``."""
     groups = group(warm, keys)
     position = {id(r): i for i, r in enumerate(warm)}
+    # the readings' clock is the run's: judged once over the whole window (against the others'
+    # forwards a cohort's would fall by the others' load)
+    misaligned = misaligned_processes(warm, metrics, processes) if len(groups) > 1 else None
     out = []
     for i, (key, reqs) in enumerate(groups.items()):
         totals = [r.total_ms for r in reqs]
@@ -270,7 +285,7 @@ def _cohorts(
             positions = [position[id(r)] for r in reqs]  # in order: a cohort keeps warm's
             v = decide(_warm(reqs, own_cold, metrics, keys, table=table.subset(positions),
                              verdict_only=True, processes=processes, models=models,
-                             units=units).figures)
+                             units=units, misaligned=misaligned).figures)
             verdict = CohortVerdict(v.cause, v.stage, v.tentative)
         out.append(CohortFigures(key, len(reqs), percentile(totals, 50), percentile(totals, 95), verdict))
     mix = variance_explained_by_groups([[r.total_ms for r in reqs] for reqs in groups.values()])

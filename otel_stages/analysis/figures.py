@@ -342,6 +342,8 @@ class Figures:
     ``outlived_p95_ms`` the p95 over all warm requests of the most one ends after it
     (``Request.after_ms``, 0 for the others): a request span that closes before its work (a
     streamed response), or a stage on a clock ahead.
+    ``before_requests`` / ``before_p95_ms``: the same for standard stage spans that start before
+    their request span (``Request.before_ms``): a stage on a clock behind the request's.
     ``clash_spans``: spans that share a trace and span id with a different span (dropped: only
     the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
     the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest
@@ -370,6 +372,8 @@ class Figures:
     detached_requests: int = 0
     outlived_requests: int = 0
     outlived_p95_ms: float | None = None
+    before_requests: int = 0
+    before_p95_ms: float | None = None
     clash_spans: int = 0
     services: Sequence[tuple[str, int]] = ()
     service_requests: int = 0

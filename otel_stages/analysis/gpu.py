@@ -87,6 +87,16 @@ MIN_MODEL_GPU_RISE = 0.005
 #: point or two inside the forwards by chance, a GPU that works with the forwards by many times
 #: its noise.
 MIN_RISE_STANDARD_ERRORS = 3.0
+#: A process's model GPU whose mean utilization inside its forwards lies below its mean outside
+#: them by at least this (five points), and by :data:`MIN_RISE_STANDARD_ERRORS` standard errors
+#: or more, does not line up with the forwards (:func:`falls`): the model's kernels only add busy
+#: time during its forwards, so a GPU busier between them is read on a clock or timestamps off
+#: from the spans' (a sampler on another host, an exporter stamping its scrape time), or is
+#: another GPU, or other work fills the gaps. A busy or starved call from those readings would
+#: be a guess (a saturated GPU read 2 s off looks starved), so the level is ``thin``. Five
+#: points: well above NVML's whole-percent steps and a starved GPU's wobble (low during and low
+#: between, a point apart), below a shifted busy / idle pattern (tens of points).
+MIN_MISALIGNED_FALL = 0.05
 #: A forward span's ``gpu.utilization.mean`` outside 0 .. this is no reading (a ratio or a percent
 #: never is): a ``-1`` "not available" sentinel read as starved, a 1000 as busy.
 MAX_UTILIZATION_READING = 100.0
@@ -127,7 +137,9 @@ class GpuEvidence:
     ``unread_forwards``: with no GPU data or too little (``none`` / ``thin``), the warm forward
     spans whose ``gpu.utilization.mean`` is no reading (:func:`utilization_reading`; the problems
     count them over every request; set by :func:`with_unread`), so the evidence and advice say
-    the values are unusable, not missing.
+    the values are unusable, not missing. ``misaligned_processes``: processes whose model GPU is
+    less busy inside their forwards than outside them (:func:`falls`): the level is then ``thin``;
+    ``misaligned_means``: when that is one process, its ``(mean inside, mean outside)``, 0..1.
     """
 
     level: str
@@ -147,6 +159,8 @@ class GpuEvidence:
     unidentified_processes: int = 0
     unidentified_gpus: tuple[tuple[str, float], ...] = ()
     unread_forwards: int = 0
+    misaligned_processes: int = 0
+    misaligned_means: tuple[float, float] | None = None
 
     @property
     def coverage(self) -> float:
@@ -182,6 +196,8 @@ class GpuEvidence:
         mean = "n/a" if self.mean_utilization is None else f"{self.mean_utilization:.0%}"
         overall = (f"{mean} mean over {self.samples} samples, {self.forwards_covered} of"
                    f" {self.forwards} warm forwards covered")
+        if self.misaligned_processes:
+            return self._misaligned_words(overall)
         fast = ("" if self.fast_mean_utilization is None
                 else f", the other forwards {self.fast_mean_utilization:.0%}")
         if self.judged_on == JUDGED_SLOW and self.slow_min_ms is not None:
@@ -213,6 +229,19 @@ class GpuEvidence:
             text += (f"; the {semconv.GPU_UTILIZATION_MEAN} of {n} warm forward"
                      f" span{'s is' if n != 1 else ' is'} no reading (see the problems)")
         return text
+
+    def _misaligned_words(self, overall: str) -> str:
+        n = self.misaligned_processes
+        means = self.misaligned_means
+        figures = (f"{means[0]:.0%} mean during, {means[1]:.0%} between" if means is not None
+                   else f"in {n} processes")
+        return (f"the GPU readings do not line up with the forward spans: the GPU is less busy"
+                f" during the forwards than between them ({figures};"
+                f" {MIN_MISALIGNED_FALL * 100:g} points and {MIN_RISE_STANDARD_ERRORS:g}"
+                " standard errors lower or more), so the sampler's clock or timestamps are most"
+                " likely off from the spans' (or these are another GPU's readings, or other work"
+                " fills the gaps): no busy or starved call is made from them (during the forwards:"
+                f" {overall})")
 
     def _unidentified_words(self) -> str:
         n = self.unidentified_processes
@@ -270,6 +299,7 @@ class GpuEvidence:
             "fast_forward_mean_utilization": _round(self.fast_mean_utilization),
             "unidentified_processes": self.unidentified_processes,
             "unread_forwards": self.unread_forwards,
+            "misaligned_processes": self.misaligned_processes,
         }
 
 
@@ -288,7 +318,8 @@ def _round(value: float | None) -> float | None:
 
 def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
                  processes: Collection[str] | None = None, *,
-                 band_ms: float | None = None, units: SpanUnits | None = None) -> GpuEvidence:
+                 band_ms: float | None = None, units: SpanUnits | None = None,
+                 misaligned: int | None = None) -> GpuEvidence:
     """Line GPU utilization up with the forward spans of ``requests`` (pass the warm ones).
 
     ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. ``processes``: the
@@ -298,7 +329,10 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     (:func:`otel_stages.analysis.noise.noise_band`), which sets the slow forwards (module
     docstring); without it the level is judged on all forwards. ``units``: each process's unit
     of its forward spans' readings (:func:`span_units` of all warm requests; default: of
-    ``requests``). Never raises.
+    ``requests``). ``misaligned``: for a cohort, the whole window's
+    :func:`misaligned_processes` (a sampler's clock is the run's, and a cohort's forwards
+    against the others' would fall by the others' load); ``None``: judged on ``requests``.
+    Never raises.
     """
     name = semconv.STAGE_FORWARD  # one pass over the spans of a fleet's requests, not one per use
     forwards = [s for r in requests for s in r.spans if s.name == name]
@@ -315,7 +349,7 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     if from_spans is not None and (from_spans.slow_forwards == 0
                                    or from_spans.judged_on == JUDGED_SLOW):
         return from_spans
-    from_metrics = _from_metrics(requests, points, processes, every, slow_min_ns)
+    from_metrics = _from_metrics(requests, points, processes, every, slow_min_ns, misaligned)
     if from_spans is not None and not prefer_metrics(
             from_spans.slow_forwards, from_spans.judged_on, from_metrics.judged_on):
         return from_spans
@@ -331,8 +365,9 @@ def prefer_metrics(slow_forwards: int, span_judged_on: str, metric_judged_on: st
 
 def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
                   processes: Collection[str] | None, every: Sequence[tuple[int, int]],
-                  slow_min_ns: float | None) -> GpuEvidence:
-    """The evidence of the ``hw.gpu.utilization`` points (module docstring, source 2)."""
+                  slow_min_ns: float | None, misaligned: int | None = None) -> GpuEvidence:
+    """The evidence of the ``hw.gpu.utilization`` points (module docstring, source 2);
+    ``misaligned``: as :func:`gpu_evidence`."""
     by_process = _aligned(requests, points, processes, slow_min_ns)
     if not by_process:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
@@ -347,7 +382,12 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
         slow_covered=sum(a.slow_covered for a in chosen),
         slow_samples=sum(a.slow_n for a in chosen), slow_sum=math.fsum(a.slow_sum for a in chosen),
         fast_samples=sum(a.fast_n for a in chosen), fast_sum=math.fsum(a.fast_sum for a in chosen))
+    falling = [a for a in chosen if falls(a)] if misaligned is None else []
+    one = falling[0] if len(falling) == 1 else None
     return evidence_of(
+        misaligned_processes=len(falling) if misaligned is None else misaligned,
+        misaligned_means=None if one is None else (
+            one.sum_in / one.samples, one.sum_in / one.samples - one.rise),
         source="metrics", forwards=len(every), covered=sum(a.covered for a in chosen),
         samples=sum(a.samples for a in chosen), total=math.fsum(a.sum_in for a in chosen),
         split=split, slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6,
@@ -402,6 +442,25 @@ def rises(a: _Aligned) -> bool:
     rise = round(a.rise, LEVEL_DECIMALS)
     return (a.samples > 0 and rise >= MIN_MODEL_GPU_RISE
             and rise >= round(MIN_RISE_STANDARD_ERRORS * a.rise_se, LEVEL_DECIMALS))
+
+
+def falls(a: _Aligned) -> bool:
+    """Whether a series is less busy inside the forwards than outside them: samples inside, a
+    fall of :data:`MIN_MISALIGNED_FALL` or more and of :data:`MIN_RISE_STANDARD_ERRORS` standard
+    errors or more (:func:`rises` with the sign flipped, at :data:`LEVEL_DECIMALS`, as the SQL
+    compares them): the readings do not line up with the forwards."""
+    fall = round(-a.rise, LEVEL_DECIMALS)
+    return (a.samples > 0 and fall >= MIN_MISALIGNED_FALL
+            and fall >= round(MIN_RISE_STANDARD_ERRORS * a.rise_se, LEVEL_DECIMALS))
+
+
+def misaligned_processes(requests: Sequence[Request], points: Sequence[MetricPoint],
+                         processes: Collection[str] | None = None) -> int:
+    """The processes whose model GPU (:func:`pick_gpu`) :func:`falls` over the forwards of
+    ``requests`` (pass the whole window's warm ones; ``processes`` as for :func:`gpu_evidence`):
+    what each cohort's GPU evidence reads (:func:`gpu_evidence` ``misaligned``)."""
+    picked = (pick_gpu(found) for found in _aligned(requests, points, processes, None).values())
+    return sum(1 for a in picked if a is not None and falls(a))
 
 
 def pick_gpu(found: Sequence[_Aligned]) -> _Aligned | None:
@@ -514,16 +573,21 @@ def slow_unsampled(slow_forwards: int, slow_covered: int) -> bool:
 def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total: float,
                 split: SplitFigures | None, slow_min_ms: float | None,
                 hw_id: str | None = None, unidentified_processes: int = 0,
-                unidentified_gpus: tuple[tuple[str, float], ...] = ()) -> GpuEvidence:
+                unidentified_gpus: tuple[tuple[str, float], ...] = (),
+                misaligned_processes: int = 0,
+                misaligned_means: tuple[float, float] | None = None) -> GpuEvidence:
     """:class:`GpuEvidence` from sums (``total``: the sum of the ``samples`` values, 0..1),
     judged by :func:`judge_level`: the file report and the ClickHouse aggregates alike.
-    ``unidentified_*``: the processes left out by :func:`pick_gpu` (:class:`GpuEvidence`)."""
+    ``unidentified_*``: the processes left out by :func:`pick_gpu`; ``misaligned_*``: the
+    processes whose model GPU :func:`falls`, which make the level ``thin`` (:class:`GpuEvidence`)."""
     mean = total / samples if samples else None
     level, judged = judge_level(mean, samples, covered, forwards, split)
     if unidentified_processes and judged == JUDGED_ALL and split is not None and split.slow_forwards:
         # the slow forwards could not be judged apart, and a process left out may hold them: the
         # other processes' forwards say nothing about them
         level = LEVEL_THIN
+    if misaligned_processes:
+        level = LEVEL_THIN  # readings off from the forwards: no busy / starved call from them
     return GpuEvidence(
         level=level, mean_utilization=mean, samples=samples, forwards=forwards,
         forwards_covered=covered, source=source, hw_id=hw_id,
@@ -538,6 +602,8 @@ def evidence_of(*, source: str, forwards: int, covered: int, samples: int, total
         judged_on=judged,
         unidentified_processes=unidentified_processes,
         unidentified_gpus=unidentified_gpus if unidentified_processes == 1 else (),
+        misaligned_processes=misaligned_processes,
+        misaligned_means=misaligned_means if misaligned_processes == 1 else None,
     )
 
 

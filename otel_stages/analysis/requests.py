@@ -101,6 +101,9 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     #: the most a standard stage span ends after the request span, ms (0 when none does): a request
     #: span that closes before its work (a streamed response), or a stage on a clock ahead
     after_ms: float = 0.0
+    #: the most a standard stage span starts before the request span, ms (0 when none does): a
+    #: stage on a clock behind the request's, or a request span started after its work began
+    before_ms: float = 0.0
 
     @property
     def end_ns(self) -> int:
@@ -556,6 +559,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
     cursor, cursor_name = lo, ""
     worst_outside, example = 0, ""
     worst_after = 0
+    worst_before = 0
     detached = 0
     # Failed when the request span says so (the exception escaped request(), or record_error):
     # a stage error the service caught and answered anyway (a retried download, a cancelled
@@ -585,6 +589,8 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
             outside = 0
         if span_end - hi > worst_after and name in _STANDARD:  # wholly after too: streamed on
             worst_after = span_end - hi  # (custom stages after the answer are work after it)
+        if lo - span_start > worst_before and name in _STANDARD:  # wholly before too: a clock behind
+            worst_before = lo - span_start
         if outside > worst_outside:
             worst_outside = outside
             example = f"{name} in trace {span.trace_id}"
@@ -639,6 +645,7 @@ def _build(request_span: Span, leaves: list[Span], groups: list[Span], issues: S
         _error_type(request_span, leaves) if error else None,
         _first_of(attributes, semconv.OUTPUT_TOKENS_NAMES),
         worst_after / 1e6,
+        worst_before / 1e6,
     )
 
 
