@@ -433,7 +433,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         outlived_requests=agg.issues.outlived_requests,
         outlived_p95_ms=agg.issues.outlived_p95_ms,
         clash_spans=agg.issues.clash_spans,
-        set_apart=tuple(a.figures for a in agg.set_apart),
+        set_apart=tuple(a.figures for a in agg.set_apart), warmup=agg.warmup,
         services=agg.services, service_requests=agg.service_requests,
     )
 
