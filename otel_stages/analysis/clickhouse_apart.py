@@ -74,7 +74,9 @@ def apart_statements() -> list[str]:
     and the warm-up prefix per process over the flagged rows alone."""
     idle = round(IDLE_GAP_MIN_S * 1e9)
     cap = WARMUP_MAX_REQUESTS
-    prev = ("PARTITION BY ph ORDER BY start_ns, trace_key"
+    # ties in start time by the trace id's bytes, as the file report orders requests and both
+    # pick the cold one (a warm-up request must come after it)
+    prev = ("PARTITION BY ph ORDER BY start_ns, reinterpretAsFixedString(trace_key)"
             " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
     warming = f"w.cold_before > 0 AND w.warm_before < {cap}"
     reason = (f"multiIf(w.rows_before > 0 AND w.start_ns - w.last_end >= {idle}, '{REASON_AFTER_IDLE}',"
@@ -181,7 +183,7 @@ def apart_rows_sql() -> str:
     return f"""SELECT lower(hex(reinterpretAsFixedString(trace_key))) AS trace_id, seq, reason,
     total_ns, median_ns, idle_ns, width, height, fmt, count() OVER () AS n,
     countIf(reason = '{REASON_WARM_UP}') OVER () AS n_warm_up
-FROM {APART_TABLE} ORDER BY start_ns, trace_key LIMIT {MAX_APART_ROWS}"""
+FROM {APART_TABLE} ORDER BY start_ns, reinterpretAsFixedString(trace_key) LIMIT {MAX_APART_ROWS}"""
 
 
 def warmup_needed(rows: Sequence[Mapping[str, Any]]) -> bool:

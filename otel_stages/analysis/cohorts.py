@@ -35,7 +35,7 @@ import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -70,7 +70,8 @@ WARMUP_MAX_REQUESTS = caveats.WARMUP_MAX_REQUESTS
 #: (:data:`otel_stages.analysis.decision.COMPARABLE_MIN_REQUESTS`, whose sentences name it).
 COMPARABLE_MIN_REQUESTS = decision.COMPARABLE_MIN_REQUESTS
 
-_start = attrgetter("start_ns")
+# ties by trace id, as the requests are read (and the SQL's cold request and window order)
+_start = attrgetter("start_ns", "trace_id")
 
 
 
@@ -327,28 +328,38 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
     # the warm-up was looked at); the warm-up with those after it (no candidate), so its own tail
     # does not raise the bar
     others = {i for i, (reason, _) in flagged.items() if reason != REASON_WARM_UP}
-    unflagged = [r for r in warm if id(r) not in others]
-    steady = [r for r in warm if id(r) not in flagged]
-    cohorts, steady_cohorts = group(unflagged, keys), group(steady, keys)
+    by_key: dict[str | None, list[Request]] = defaultdict(list)
+    for r, k in zip(warm, keys.keys(warm)):
+        by_key[k].append(r)
+    # (median, bar) per cohort and kind of reason, for the cohorts asked (many warm-up requests
+    # share a few)
+    bars: dict[tuple[bool, str | None], tuple[float, float] | None] = {}
+
+    def bar_of(warm_up: bool, k: str | None) -> tuple[float, float] | None:
+        if (warm_up, k) in bars:
+            return bars[warm_up, k]
+        left_out: Container[int] = flagged if warm_up else others
+        pool = by_key.get(k, []) if k is not None else warm  # an unknown input: all of them
+        comparable = [r for r in pool if id(r) not in left_out]
+        out = None
+        if len(comparable) >= COMPARABLE_MIN_REQUESTS:  # else nothing to tell it apart from
+            totals = [c.total_ms for c in comparable]
+            median = statistics.median(totals)
+            # the warm-up looks at every started process's first requests: one in the slow mode
+            # of a bimodal steady forward reaches 2x the median, so it must pass the cold
+            # request's bar
+            if median > 0:
+                out = median, paid_min_ms(totals) if warm_up else COLD_START_MIN_RATIO * median
+        bars[warm_up, k] = out
+        return out
+
     standing: dict[int, SetApart] = {}
     for r in (r for r in requests if id(r) in flagged):
         k = keys.key(r)
         reason, idle = flagged[id(r)]
-        if reason == REASON_WARM_UP:
-            comparable = steady_cohorts.get(k, []) if k is not None else steady
-        else:
-            comparable = cohorts.get(k, []) if k is not None else unflagged
-        if len(comparable) < COMPARABLE_MIN_REQUESTS:
-            continue  # nothing to tell it apart from
-        totals = [c.total_ms for c in comparable]
-        median = statistics.median(totals)
-        if median <= 0:
-            continue
-        # the warm-up looks at every started process's first requests: one in the slow mode of a
-        # bimodal steady forward reaches 2x the median, so it must pass the cold request's bar
-        bar = paid_min_ms(totals) if reason == REASON_WARM_UP else COLD_START_MIN_RATIO * median
-        if r.total_ms >= bar:
-            standing[id(r)] = SetApart(r, reason, k, median, r.total_ms / median, idle)
+        found = bar_of(reason == REASON_WARM_UP, k)
+        if found is not None and r.total_ms >= found[1]:
+            standing[id(r)] = SetApart(r, reason, k, found[0], r.total_ms / found[0], idle)
     runs: list[_WarmupRun] = []
     for process, cands in candidates.items():
         # the warm-up: the candidates set apart, consecutively from the cold request
@@ -362,7 +373,7 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
             capped = not ended and last_position[process] == WARMUP_MAX_REQUESTS - 1
             runs.append(_WarmupRun(len(prefix) + 1, ended, capped, max(a.ratio for a in warm_up),
                                    len(warm_up)))
-    out = sorted(standing.values(), key=lambda a: a.request.start_ns)
+    out = sorted(standing.values(), key=lambda a: _start(a.request))
     return out, _warmup_figures(runs)
 
 
