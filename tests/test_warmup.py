@@ -193,3 +193,12 @@ def test_a_steady_run_after_a_capped_warm_up_stays_firm() -> None:
     fig = replace(figures(stage("forward", 1.0, explains=0.9), total_swing=1.0), warmup=_warmup(1))
     v = decide(fig)
     assert v.cause == "stable" and not v.tentative
+
+
+def test_the_text_report_lists_the_warm_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_odd_inputs import text_of
+
+    text = " ".join(text_of(_fleet(tmp_path / "text.jsonl", WARM_UP_5, processes=1), capsys).split())
+    assert "Also reported apart as cold (4):" in text
+    assert text.count("(warm-up after the process's cold request)") == 4
+    assert "the warm-up lasted 5 requests: 4 requests right after the cold request" in text
