@@ -26,7 +26,12 @@ from otel_stages.analysis import units
 from otel_stages.analysis.caveats import OFFSET_MIN_EXPLAINS
 from otel_stages.analysis.change import Change
 from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
-from otel_stages.analysis.figures import REASON_AFTER_FAILED_START, REASON_NEW_INPUT, SAME_INPUT
+from otel_stages.analysis.figures import (
+    REASON_AFTER_FAILED_START,
+    REASON_NEW_INPUT,
+    REASON_WARM_UP,
+    SAME_INPUT,
+)
 from otel_stages.analysis.report import Report, Run
 from otel_stages.terminal import Column, env_columns, fit_table, left_out_note, text_console
 
@@ -206,6 +211,8 @@ def _set_apart_list(report: Report) -> RenderableType:
             why = "first request of its input in the process"
         elif a.reason == REASON_AFTER_FAILED_START:
             why = "right after the process's first request failed"
+        elif a.reason == REASON_WARM_UP:
+            why = "warm-up after the process's cold request"
         else:
             why = f"after {a.idle_s:.0f} s idle"
         seq = "" if a.request.seq is None else f"seq {a.request.seq}, "

@@ -1722,8 +1722,12 @@ def test_worker_processes_without_an_instance_id_are_told_apart_by_pid(engine, t
         assert not want["verdict"]["tentative"]
         assert sorted(r["process_pid"] for r in want["runs"]) == ["4100", "4101", "4102", "4103"]
         assert sorted(r["process_pid"] for r in got["runs"]) == ["4100", "4101", "4102", "4103"]
-    else:  # one process as far as anything recorded tells: one cold request
-        assert want["counts"]["cold"] == 1 and [r["process_pid"] for r in want["runs"]] == [None]
+    else:  # one process as far as anything recorded tells: one cold request, and the three
+        # first requests that started with it, as slow, are its warm-up (set apart alike)
+        assert [r["process_pid"] for r in want["runs"]] == [None]
+        assert want["counts"]["cold"] == 4 and want["cold_start"]["count"] == 1
+        assert [a["reason"] for a in want["set_apart"]] == ["warm_up"] * 3
+        assert got["set_apart"] == want["set_apart"]
 
 
 def test_a_few_far_forward_stalls_share_the_verdict_with_the_download_swing(engine, tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ WARM_UP_AGAIN: dict[str, str] = {
     "after_failed_start": ("the first request failed and the next paid the cold start: find why"
                            " the first failed (its error above) and warm the model up before"
                            " serving"),
+    # (the rules word it with the warm-up's length: :func:`warm_up_with`)
+    "warm_up": ("the requests right after the cold one were slow too: warm the model up with"
+                " several requests at startup (each input shape and code path), not one"),
 }
 UNTRACED = (
     "wrap the untraced work (auth, tokenization, response encoding, locks) in stage() spans so"
@@ -31,6 +34,23 @@ WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"
     " no user pays for weight loading, allocation and kernel compilation"
 )
+
+
+
+def warm_up_with(requests: int, ended: bool) -> str:
+    """The warm-up advice (as :data:`WARM_UP`, which says one request) for a warm-up that lasted
+    ``requests`` requests, the cold one included; ``ended``: a later request stood within the warm
+    runs (else it may be longer: more are advised, and a longer recording to see its end)."""
+    if ended:
+        return (f"warm the model up at startup with {requests} dummy requests, not one: the"
+                f" warm-up lasted {requests} requests; run {requests} of each input shape and code"
+                " path the service serves before the readiness probe passes, so no user pays for"
+                " lazy compilation, autotuning and caches filling")
+    return (f"warm the model up at startup with more than {requests} dummy requests, not one: the"
+            f" warm-up had not ended after {requests} requests; run more of each input shape and"
+            " code path the service serves before the readiness probe passes, and record a longer"
+            " run after a restart to see where the warm-up ends")
+
 
 #: the last queue advice line, whatever the batches and the GPU say
 QUEUE_DEPTH = "watch queue.depth: a deep queue means arrival rate exceeds throughput, so add replicas"

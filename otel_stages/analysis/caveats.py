@@ -22,7 +22,12 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   ``1 + OFFSET_MIN_EXPLAINS``: they offset each other (one is slower when the other is faster),
   so their parts of the total's variance cancel (see :mod:`otel_stages.analysis.stats`).
 - :func:`set_apart_lines`: warm requests reported apart as cold (first of a new input, after an
-  idle gap, after a failed first request), so the verdict's evidence agrees with the set-apart list.
+  idle gap, after a failed first request), so the verdict's evidence agrees with the set-apart list;
+  the warm-up after the cold requests in one line (how many requests it lasted), and
+  :func:`warm_up_advice` advises warming up with that many requests, not one (in place of the
+  cold start's one dummy request). :func:`warmup_caveat`: a warm-up still standing out after
+  :data:`WARMUP_MAX_REQUESTS` requests may not have ended, and the warm runs may hold its tail:
+  a verdict on a warm swing is tentative, with the reason first.
 - :func:`outlived_caveat` / :func:`before_caveat`: standard stage spans end after (start before)
   their request span by the noise band or more at the p95 over the warm requests: the request
   span closes before its work or a stage ran on a clock ahead (behind); only the part inside
@@ -51,11 +56,21 @@ from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
+    REASON_WARM_UP,
     ApartFigures,
     Figures,
+    WarmupFigures,
 )
 from otel_stages.analysis.units import duration, pct
-from otel_stages.analysis.verdict import Verdict
+from otel_stages.analysis.verdict import CAUSE_COLD_START, CAUSE_STABLE, Verdict
+
+#: The warm-up after a process's cold request is looked for in at most this many warm requests
+#: after it (:func:`otel_stages.analysis.cohorts.set_apart_and_warmup`): lazy compilation,
+#: autotuning and caches filling take "several" requests, not dozens. Without a cap a process slow
+#: throughout (a bad replica that started in the recording) would be set apart whole as warm-up;
+#: with it, a warm-up that still stands out at the cap is said not to have ended
+#: (:func:`warmup_caveat`), and the requests after it stay warm.
+WARMUP_MAX_REQUESTS = 10
 
 #: At this fraction of failed requests or more the failures come first in the evidence and the
 #: advice: a quarter of the requests failing is the problem users see, and the survivors' timings
@@ -353,10 +368,14 @@ def missing_spans_advice(fig: Figures) -> str | None:
             " or a sampler, context lost across a thread or process) before instrumenting more")
 
 
-def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
-    """One sentence per warm request reported apart as cold, as the set-apart list shows it."""
-    out = []
+def set_apart_lines(apart: Sequence[ApartFigures], warmup: WarmupFigures | None = None
+                    ) -> list[str]:
+    """One sentence per warm request reported apart as cold, as the set-apart list shows it; the
+    warm-up (``warmup``; its requests in ``apart``) in one sentence first."""
+    out = [] if warmup is None else [warmup_line(warmup)]
     for a in apart:
+        if a.reason == REASON_WARM_UP:
+            continue  # in the warm-up's sentence
         who = f"seq {a.seq}" if a.seq is not None else f"trace {a.trace_id}"
         if a.reason == REASON_AFTER_IDLE:
             why = f"after {a.idle_s:.0f} s idle" if a.idle_s is not None else "after an idle gap"
@@ -369,6 +388,63 @@ def set_apart_lines(apart: Sequence[ApartFigures]) -> list[str]:
                    f" warm requests ({duration(a.comparable_median_total_ms)}), {why}; reported"
                    " apart from warm runs")
     return out
+
+
+def warmup_line(w: WarmupFigures) -> str:
+    """The warm-up's sentence: how many requests it lasted (the longest, with the processes), how
+    many were set apart and how far they stood out, and where it had not ended."""
+    lasted = "lasted" if w.longest_ended else "lasted at least"
+    one = w.processes == 1
+    where = "" if one else f" in the longest of {w.processes} processes"
+    after = "the cold request" if one else "each process's cold request"
+    many = "s" if w.requests != 1 else ""
+    line = (f"the warm-up {lasted} {w.longest_requests} requests{where}: {w.requests}"
+            f" request{many} right after {after} stood out one after another (up to"
+            f" {w.max_ratio:.1f}x the median of their input's warm requests after the warm-up,"
+            " each at least their p95 plus their median) and"
+            f" {'are' if w.requests != 1 else 'is'} reported apart from warm runs as warm-up")
+    if w.capped:
+        who = "it" if one else f"in {w.capped} of the processes it"
+        line += (f"; {who} had not ended after the {WARMUP_MAX_REQUESTS} warm requests after the"
+                 " cold one that are looked at: it may last longer")
+    if w.unended > w.capped:
+        n = w.unended - w.capped
+        who = "it" if one else f"in {n} of the processes it"
+        line += f"; {who} had not ended when the process's requests in the recording did"
+    return line
+
+
+def warm_up_advice(verdict: Verdict, w: WarmupFigures) -> None:
+    """Warm up with as many requests as the warm-up lasted (:func:`advice.warm_up_with`): in place
+    of the cold start's one dummy request (:data:`advice.WARM_UP`) where the advice has it, which
+    would not be enough, else added."""
+    line = advice_text.warm_up_with(w.longest_requests, w.longest_ended)
+    for i, a in enumerate(verdict.advice):
+        if a == advice_text.WARM_UP:
+            verdict.advice[i] = line
+            return
+        if a == "also: " + advice_text.WARM_UP:
+            verdict.advice[i] = "also: " + line
+            return
+    verdict.advice.append("also: " + line)
+
+
+def warmup_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, the warm-up's sentence and advice first, when a warm-up still stood out at
+    :data:`WARMUP_MAX_REQUESTS` (``WarmupFigures.capped``) and the verdict is on a warm swing: the
+    requests after the cap stay warm, and the swing may be the warm-up's tail. (A steady verdict,
+    or a cold start over steady warm runs, shows the warm runs hold no tail.)"""
+    w = fig.warmup
+    if w is None or not w.capped or verdict.cause in (None, CAUSE_STABLE, CAUSE_COLD_START):
+        return
+    verdict.tentative = True
+    line = warmup_line(w)
+    if line in verdict.evidence:
+        verdict.evidence.remove(line)
+    verdict.evidence.insert(0, line + ", and the warm runs may hold its tail, so this is tentative")
+    advice = advice_text.warm_up_with(w.longest_requests, w.longest_ended)
+    verdict.advice[:] = [a for a in verdict.advice if a not in (advice, "also: " + advice)]
+    verdict.advice.insert(0, advice)
 
 
 def outlived_caveat(verdict: Verdict, fig: Figures, band_ms: float) -> None:

@@ -298,6 +298,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["gauge_table"] = gauge
     results["forward_owners"] = owned
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
+    if apart.warmup_needed(results["apart"]):  # requests set apart as warm-up: how long it lasted
+        results["warmup"] = engine.rows(apart.warmup_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)

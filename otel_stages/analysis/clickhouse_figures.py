@@ -449,7 +449,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         before_requests=agg.issues.before_requests,
         before_p95_ms=agg.issues.before_p95_ms,
         clash_spans=agg.issues.clash_spans,
-        set_apart=tuple(a.figures for a in agg.set_apart),
+        set_apart=tuple(a.figures for a in agg.set_apart), warmup=agg.warmup,
         services=agg.services, service_requests=agg.service_requests,
     )
 

@@ -16,7 +16,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.clickhouse_apart import ApartRequest, apart_requests, apart_total, unlisted_line
+from otel_stages.analysis.clickhouse_apart import (
+    ApartRequest,
+    apart_requests,
+    apart_total,
+    unlisted_line,
+    warmup_figures,
+)
 from otel_stages.analysis.clickhouse_failures import failed_times, failure_kinds
 from otel_stages.analysis.clickhouse_gaps import gap_lines
 from otel_stages.analysis.clickhouse_gpu_ids import ambiguous_units, shared_gpu_ids
@@ -30,7 +36,7 @@ from otel_stages.analysis.clickhouse_sql import (
     LEVELS,
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
-from otel_stages.analysis.figures import PreprocessFacts
+from otel_stages.analysis.figures import PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
 from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
@@ -532,6 +538,8 @@ class FleetAggregates:
     failed_stages_ms: dict[str, float] = field(default_factory=dict)
     overlap: Overlap | None = None
     set_apart: tuple[ApartRequest, ...] = ()
+    #: the warm-up among ``set_apart`` (``None``: no request set apart as warm-up)
+    warmup: WarmupFigures | None = None
     services: tuple[tuple[str, int], ...] = ()
     service_requests: int = 0
     process_mix: ProcessMix | None = None
@@ -790,6 +798,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         issues=span_issues,
         failure_kinds=kinds, failure_stages=where, set_apart=set_apart,
         failed_median_total_ms=failed_total, failed_stages_ms=failed_stages,
+        warmup=warmup_figures(results.get("warmup") or []),
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),

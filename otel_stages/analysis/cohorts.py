@@ -17,29 +17,41 @@ these have no key.
   gap of :data:`IDLE_GAP_MIN_S` are set apart from the warm runs when they stand out:
   ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort or more.
   So is the first successful request after a failed first request (a crash during model load):
-  the cold start may have moved to it.
+  the cold start may have moved to it. And the warm-up: lazy compilation and autotuning can take
+  several requests, not one. In a process whose start is in the recording, its first
+  :data:`WARMUP_MAX_REQUESTS` warm requests after its cold one are looked at in order; the warm-up
+  is those set apart consecutively from the cold one (stopping at the first that is not), each
+  that no other reason flags set apart as ``warm_up`` when it took the cold request's bar
+  (:func:`paid_min_ms`: the p95 plus the median of its input's warm requests after the warm-up,
+  the first ``WARMUP_MAX_REQUESTS`` of each started process left out) or more. The bar, above the
+  warm runs' own slow ones, keeps a request in the slow mode of a bimodal steady forward out.
+  Requests are counted from a process's first warm one: a process with that many warm requests
+  before its cold one (a model reload marked later) has none looked at.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
 from otel_stages import semconv
-from otel_stages.analysis import decision
+from otel_stages.analysis import caveats, decision
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
     ALL_WARM,
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
     REASON_NEW_INPUT,
+    REASON_WARM_UP,
     SAME_INPUT,
     ApartFigures,
     ColdFigures,
+    WarmupFigures,
 )
 from otel_stages.analysis.requests import Request, process_keys
 from otel_stages.analysis.stats import order_stages, percentile
@@ -48,12 +60,18 @@ from otel_stages.analysis.stats import order_stages, percentile
 #: process cold again (caches evicted, GPU clocks lowered, connections closed).
 IDLE_GAP_MIN_S = 30.0
 
+#: The warm-up after a process's cold request is looked for in at most this many warm requests
+#: after it. Defined with the sentence that names it
+#: (:data:`otel_stages.analysis.caveats.WARMUP_MAX_REQUESTS`, where the reason for a cap is).
+WARMUP_MAX_REQUESTS = caveats.WARMUP_MAX_REQUESTS
+
 #: The cold request is compared with warm requests of its own input when at least this many exist;
 #: the same floor applies to setting requests apart. Defined with the rules
 #: (:data:`otel_stages.analysis.decision.COMPARABLE_MIN_REQUESTS`, whose sentences name it).
 COMPARABLE_MIN_REQUESTS = decision.COMPARABLE_MIN_REQUESTS
 
-_start = attrgetter("start_ns")
+# ties by trace id, as the requests are read (and the SQL's cold request and window order)
+_start = attrgetter("start_ns", "trace_id")
 
 
 
@@ -218,7 +236,8 @@ def paid_min_ms(warm_ms: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class SetApart:
     """A warm request reported apart: ``reason`` (:data:`REASON_NEW_INPUT` /
-    :data:`REASON_AFTER_IDLE`), its ``cohort``, ``ratio`` = ``total_ms`` / the cohort's
+    :data:`REASON_AFTER_IDLE` / :data:`REASON_AFTER_FAILED_START` / :data:`REASON_WARM_UP`), its
+    ``cohort``, ``ratio`` = ``total_ms`` / the cohort's
     ``comparable_median_total_ms``, and ``idle_s`` (seconds since the process's previous request
     ended; ``None`` for a new input)."""
 
@@ -258,11 +277,22 @@ def _one_decode(r: Request) -> bool:
 def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApart]:
     """Warm requests to report apart (module docstring), in start order. ``requests`` are all
     requests (cold and failed included, any order); failed requests are never set apart."""
+    return set_apart_and_warmup(requests, keys)[0]
+
+
+def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
+                         ) -> tuple[list[SetApart], WarmupFigures | None]:
+    """:func:`find_set_apart`'s requests, and the warm-up among them (``None`` when no request
+    was set apart as :data:`REASON_WARM_UP`; module docstring)."""
     by_process: dict[str, list[Request]] = defaultdict(list)
     for r, process in zip(requests, process_keys(requests)):
         by_process[process].append(r)
     flagged: dict[int, tuple[str, float | None]] = {}
-    for reqs in by_process.values():
+    # per process: its warm-up candidates (warm requests after a cold one, fewer than
+    # WARMUP_MAX_REQUESTS warm ones before them) and the position of the last one
+    candidates: dict[str, list[Request]] = {}
+    last_position: dict[str, int] = {}
+    for process, reqs in by_process.items():
         reqs.sort(key=_start)
         started = any(r.cold for r in reqs)  # the process's start is in the recording
         seen: set[str | None] = set()
@@ -270,29 +300,102 @@ def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApa
         # the first request failed (a crash during model load, an OOM): the cold start may have
         # moved to the first request that succeeded after it
         failed_start = bool(reqs) and reqs[0].cold and reqs[0].error
+        cold_seen = False
+        warm_before = 0
         for r, k in zip(reqs, keys.keys(reqs)):
             if not r.cold and not r.error:
+                warming = cold_seen and warm_before < WARMUP_MAX_REQUESTS
                 if last_end is not None and r.start_ns - last_end >= IDLE_GAP_MIN_S * 1e9:
                     flagged[id(r)] = (REASON_AFTER_IDLE, (r.start_ns - last_end) / 1e9)
                 elif failed_start:
                     flagged[id(r)] = (REASON_AFTER_FAILED_START, None)
                 elif started and k is not None and k not in seen and _one_decode(r):
                     flagged[id(r)] = (REASON_NEW_INPUT, None)
+                elif warming:
+                    flagged[id(r)] = (REASON_WARM_UP, None)
+                if warming:
+                    candidates.setdefault(process, []).append(r)
+                    last_position[process] = warm_before
                 failed_start = False
+                warm_before += 1
+            cold_seen = cold_seen or r.cold
             seen.add(k)
             last_end = r.end_ns if last_end is None else max(last_end, r.end_ns)
     if not flagged:
-        return []
-    unflagged = [r for r in requests if not r.cold and not r.error and id(r) not in flagged]
-    cohorts = group(unflagged, keys)
-    out = []
-    for r in sorted((r for r in requests if id(r) in flagged), key=lambda r: r.start_ns):
+        return [], None
+    warm = [r for r in requests if not r.cold and not r.error]
+    # the other reasons compare with the warm requests not flagged for one of them (as before
+    # the warm-up was looked at); the warm-up with those after it (no candidate), so its own tail
+    # does not raise the bar
+    others = {i for i, (reason, _) in flagged.items() if reason != REASON_WARM_UP}
+    by_key: dict[str | None, list[Request]] = defaultdict(list)
+    for r, k in zip(warm, keys.keys(warm)):
+        by_key[k].append(r)
+    # (median, bar) per cohort and kind of reason, for the cohorts asked (many warm-up requests
+    # share a few)
+    bars: dict[tuple[bool, str | None], tuple[float, float] | None] = {}
+
+    def bar_of(warm_up: bool, k: str | None) -> tuple[float, float] | None:
+        if (warm_up, k) in bars:
+            return bars[warm_up, k]
+        left_out: Container[int] = flagged if warm_up else others
+        pool = by_key.get(k, []) if k is not None else warm  # an unknown input: all of them
+        comparable = [r for r in pool if id(r) not in left_out]
+        out = None
+        if len(comparable) >= COMPARABLE_MIN_REQUESTS:  # else nothing to tell it apart from
+            totals = [c.total_ms for c in comparable]
+            median = statistics.median(totals)
+            # the warm-up looks at every started process's first requests: one in the slow mode
+            # of a bimodal steady forward reaches 2x the median, so it must pass the cold
+            # request's bar
+            if median > 0:
+                out = median, paid_min_ms(totals) if warm_up else COLD_START_MIN_RATIO * median
+        bars[warm_up, k] = out
+        return out
+
+    standing: dict[int, SetApart] = {}
+    for r in (r for r in requests if id(r) in flagged):
         k = keys.key(r)
-        comparable = cohorts.get(k, []) if k is not None else unflagged
-        if len(comparable) < COMPARABLE_MIN_REQUESTS:
-            continue  # nothing to tell it apart from
-        median = statistics.median(c.total_ms for c in comparable)
-        if median > 0 and r.total_ms >= COLD_START_MIN_RATIO * median:
-            reason, idle = flagged[id(r)]
-            out.append(SetApart(r, reason, k, median, r.total_ms / median, idle))
-    return out
+        reason, idle = flagged[id(r)]
+        found = bar_of(reason == REASON_WARM_UP, k)
+        if found is not None and r.total_ms >= found[1]:
+            standing[id(r)] = SetApart(r, reason, k, found[0], r.total_ms / found[0], idle)
+    runs: list[_WarmupRun] = []
+    for process, cands in candidates.items():
+        # the warm-up: the candidates set apart, consecutively from the cold request
+        prefix = list(itertools.takewhile(lambda r: id(r) in standing, cands))
+        warm_up = [standing[id(r)] for r in prefix if flagged[id(r)][0] == REASON_WARM_UP]
+        for r in cands[len(prefix):]:
+            if flagged[id(r)][0] == REASON_WARM_UP:
+                standing.pop(id(r), None)  # after the warm-up ended: not part of it
+        if warm_up:
+            ended = len(prefix) < len(cands)
+            capped = not ended and last_position[process] == WARMUP_MAX_REQUESTS - 1
+            runs.append(_WarmupRun(len(prefix) + 1, ended, capped, max(a.ratio for a in warm_up),
+                                   len(warm_up)))
+    out = sorted(standing.values(), key=lambda a: _start(a.request))
+    return out, _warmup_figures(runs)
+
+
+@dataclass(frozen=True)
+class _WarmupRun:
+    """One process's warm-up: ``requests`` it lasted (its cold request included), whether a later
+    request ``ended`` it, whether it reached the cap (``capped``), its ``max_ratio`` and
+    ``apart`` (its requests set apart as warm-up)."""
+
+    requests: int
+    ended: bool
+    capped: bool
+    max_ratio: float
+    apart: int
+
+
+def _warmup_figures(runs: Sequence[_WarmupRun]) -> WarmupFigures | None:
+    if not runs:
+        return None
+    longest = max(r.requests for r in runs)
+    return WarmupFigures(
+        processes=len(runs), requests=sum(r.apart for r in runs), longest_requests=longest,
+        longest_ended=all(r.ended for r in runs if r.requests == longest),
+        unended=sum(1 for r in runs if not r.ended), capped=sum(1 for r in runs if r.capped),
+        max_ratio=max(r.max_ratio for r in runs))

@@ -63,8 +63,11 @@ from otel_stages.analysis.caveats import (
     untraced_is_largest,
     untraced_is_skew,
     untraced_share_line,
+    warm_up_advice,
+    warmup_caveat,
 )
 from otel_stages.analysis.figures import (
+    REASON_WARM_UP,
     SAME_INPUT,
     ColdFigures,
     Figures,
@@ -214,7 +217,7 @@ def decide(fig: Figures) -> Verdict:
              f" {MIN_WARM_RUNS}, a firm one {RECOMMENDED_WARM_RUNS}+"],
             [advice_text.more_runs(RECOMMENDED_WARM_RUNS - n)], tentative=True)
         _cold_line(verdict, fig.cold)
-        verdict.evidence.extend(set_apart_lines(fig.set_apart))
+        verdict.evidence.extend(set_apart_lines(fig.set_apart, fig.warmup))
         failures_first(verdict, fig)
         return verdict
     band = noise_band(fig.stages.values(), fig.reference_ms)
@@ -247,6 +250,7 @@ def decide(fig: Figures) -> Verdict:
     if swings is not False:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
+    warmup_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
     before_caveat(verdict, fig, band.band_ms)
     misaligned_gpu_caveat(verdict, fig)
@@ -677,9 +681,12 @@ def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
         else:
             verdict.evidence.append(mix)
     _cold_line(verdict, fig.cold, others_apart=bool(fig.set_apart))
-    verdict.evidence.extend(set_apart_lines(fig.set_apart))
+    verdict.evidence.extend(set_apart_lines(fig.set_apart, fig.warmup))
     for reason in dict.fromkeys(a.reason for a in fig.set_apart):
-        verdict.advice.append("also: " + advice_text.WARM_UP_AGAIN[reason])
+        if reason == REASON_WARM_UP and fig.warmup is not None:
+            warm_up_advice(verdict, fig.warmup)  # as many requests as it lasted
+        else:
+            verdict.advice.append("also: " + advice_text.WARM_UP_AGAIN[reason])
     verdict.evidence.extend(partial_stage_lines(fig))
     offsets = offset_line(fig)
     if offsets is not None:

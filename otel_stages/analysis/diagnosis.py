@@ -6,7 +6,8 @@ Steps of :func:`diagnose`:
 2. :func:`~otel_stages.analysis.requests.group_spans` builds requests and counts incomplete ones.
 3. ``last_run``: keep only the newest process's requests (every run read is still listed).
 4. Split: failed (error), cold (first request of a process), set apart (first of a new input, or
-   after an idle gap, when they stand out; :func:`~otel_stages.analysis.cohorts.find_set_apart`),
+   after an idle gap, the warm-up after a cold request, when they stand out;
+   :func:`~otel_stages.analysis.cohorts.find_set_apart`),
    warm (the rest).
 5. Warm-run statistics and GPU evidence become :class:`~otel_stages.analysis.figures.Figures`,
    overall and per input cohort, and :func:`~otel_stages.analysis.decision.decide` gives the
@@ -27,7 +28,7 @@ from otel_stages.analysis.caveats import (
     OUTLIVED_PERCENTILE,
     failures_to_dict,
 )
-from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, find_set_apart, group
+from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, group, set_apart_and_warmup
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide, verdict_band_ms
@@ -40,6 +41,7 @@ from otel_stages.analysis.figures import (
     StageFigures,
     TotalFigures,
     UnaccountedFigures,
+    WarmupFigures,
     reference_ms,
     share_tentative,
 )
@@ -168,6 +170,7 @@ def _warm(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     *, cohorts: Sequence[CohortFigures] = (), mix: float | None = None,
     failed: Sequence[Request] = (), requests: int = 0, apart: Sequence[SetApart] = (),
+    warmup: WarmupFigures | None = None,
     cold_first: bool = True, detached_requests: int = 0, clash_spans: int = 0,
     table: SignalTable | None = None,
     verdict_only: bool = False,
@@ -234,6 +237,7 @@ def _warm(
         failed_median_total_ms=failed_total,
         failed_stages_ms=failed_stages,
         set_apart=tuple(a.figures() for a in apart),
+        warmup=warmup,
         per_request=True,
         detached_requests=detached_requests,
         # (a cohort's verdict keeps only cause, stage and tentative: the caveat is the whole run's)
@@ -365,7 +369,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     keys = CohortKeys(requests)
     failed = [r for r in requests if r.error]
     cold = [r for r in requests if r.cold and not r.error]
-    apart = find_set_apart(requests, keys)
+    apart, warmup = set_apart_and_warmup(requests, keys)
     apart_ids = {id(a.request) for a in apart}
     warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
     # every warm request's spans read once for the signals; the cohorts take their rows
@@ -381,7 +385,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models, units)
     unread = unread_values(requests)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
-                   failed=failed, requests=len(requests), apart=apart,
+                   failed=failed, requests=len(requests), apart=apart, warmup=warmup,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
                    clash_spans=grouping.clashes.count, table=table, processes=processes,

@@ -30,6 +30,9 @@ REASON_NEW_INPUT = "new_input"  #: set apart: first request of its cohort in its
 REASON_AFTER_IDLE = "after_idle"  #: set apart: first request after an idle gap
 #: set apart: first successful request after the process's first request failed
 REASON_AFTER_FAILED_START = "after_failed_start"
+#: set apart: one of the requests right after a process's cold request that still stood out
+#: (the warm-up: lazy compilation, autotuning, caches filling over several requests)
+REASON_WARM_UP = "warm_up"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,27 @@ class ApartFigures:
     comparable_median_total_ms: float
     ratio: float
     idle_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WarmupFigures:
+    """The warm-up after the cold requests (:data:`REASON_WARM_UP`), over the processes whose
+    warm-up requests were set apart: ``processes`` of them; ``requests`` set apart as warm-up in
+    all; ``longest_requests``: the most requests one process's warm-up lasted, its cold request
+    included; ``longest_ended``: a later request of every process with that longest warm-up stood
+    within the warm runs (else the warm-up may be longer); ``unended``: processes whose warm-up
+    was not seen to end (every request after the cold one looked at stood out); ``capped``: of
+    those, the ones where that reached ``cohorts.WARMUP_MAX_REQUESTS`` (their later requests stay
+    warm and may hold the warm-up's tail); ``max_ratio``: the most a warm-up request took, as a
+    multiple of the median of its input's warm requests after the warm-up."""
+
+    processes: int
+    requests: int
+    longest_requests: int
+    longest_ended: bool
+    unended: int
+    capped: int
+    max_ratio: float
 
 
 @dataclass(frozen=True)
@@ -333,7 +357,8 @@ class Figures:
     requests) name them; ``failed_median_total_ms`` is the failed requests' median total
     (``None`` without any) and ``failed_stages_ms`` each stage's median over them (0 ms in a
     failed request without it), for :func:`~otel_stages.analysis.caveats.failures_slow`.
-    ``set_apart``: warm requests reported apart as cold. ``per_request``:
+    ``set_apart``: warm requests reported apart as cold, and ``warmup`` the warm-up among them
+    (``None`` without warm-up requests set apart). ``per_request``:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.
     ``detached_requests``: requests with a stage span wholly outside their request span (a clock
     skew between hosts; such a span counts 0 ms, so its time shows as unaccounted).
@@ -368,6 +393,7 @@ class Figures:
     failed_median_total_ms: float | None = None
     failed_stages_ms: Mapping[str, float] = field(default_factory=dict)
     set_apart: Sequence[ApartFigures] = ()
+    warmup: WarmupFigures | None = None
     per_request: bool = False
     detached_requests: int = 0
     outlived_requests: int = 0
