@@ -184,10 +184,8 @@ class KeepProcessor(SpanProcessor):
         attributes = span.attributes or {}
         if attributes.get(semconv.REQUEST_COLD_START) is True:
             return semconv.KEPT_COLD
-        if root or semconv.REQUEST_SEQ in attributes:
-            if (span.end_time or 0) - (span.start_time or 0) >= self.slow_ns:
-                return semconv.KEPT_SLOW
-        return ""
+        long = (span.end_time or 0) - (span.start_time or 0) >= self.slow_ns
+        return semconv.KEPT_SLOW if long and (root or semconv.REQUEST_SEQ in attributes) else ""
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.get_span_context()
