@@ -282,3 +282,37 @@ def test_a_request_under_a_local_root_kept_by_the_ratio_says_ratio(fake_time, mo
         provider.shutdown()
     kept = {s.name: s.attributes.get(semconv.SAMPLING_KEPT) for s in exporter.get_finished_spans()}
     assert kept == {"POST /v1/describe": semconv.KEPT_RATIO, "request": semconv.KEPT_RATIO}
+
+
+def test_the_report_reads_what_the_sampler_kept_as_sampled(tmp_path, monkeypatch, fake_time):
+    """End to end (tester A F5): configure() at ratio 0, a third of the requests slow; the file holds
+    the cold and the slow ones only, and the report says so first instead of reading them as every
+    request."""
+    from otel_stages.analysis import load_paths
+    from otel_stages.analysis.diagnosis import diagnose
+    from otel_stages.sdk import configure
+
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
+    telemetry = configure(data_dir=tmp_path, gpu="off", set_global=False, sample_ratio=0,
+                          slow_request_ms=SLOW_MS)
+    saved = RUNTIME.clock
+    RUNTIME.clock = Clock(monotonic_ns=fake_time, wall_ns=lambda: 1_700_000_000_000_000_000)
+    try:
+        for i in range(60):
+            with ots.request():
+                with ots.stage("decode"):
+                    fake_time.advance_ms(5)
+                with ots.stage("forward"):
+                    fake_time.advance_ms(SLOW_MS if i % 3 == 1 else 20)
+            fake_time.advance_ms(10)
+        assert telemetry.force_flush()
+    finally:
+        RUNTIME.clock = saved
+        telemetry.shutdown()
+    report = diagnose(load_paths([telemetry.trace_path]))
+    assert report.requests == 21  # the cold one and the 20 slow ones
+    first = report.verdict.evidence[0]
+    assert first.startswith("the recording is sampled: 21 of the 59 requests numbered by request.seq")
+    assert "0 kept at the head by the ratio" in first and "(cold 1, slow 20)" in first
+    assert report.verdict.tentative
