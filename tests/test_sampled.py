@@ -21,6 +21,7 @@ from otel_stages.analysis.sampled import (
     SAMPLED_MIN_MISSING_FRACTION,
     SAMPLED_MIN_MISSING_REQUESTS,
     SEQ_RESTART_MIN_DROP,
+    UNBIASED_MIN_REQUESTS,
     SeqCoverage,
     is_sampled,
     seq_coverage,
@@ -36,7 +37,8 @@ SAMPLED = "the recording is sampled: "
 
 
 def test_thresholds_are_what_the_docs_say() -> None:
-    assert (SAMPLED_MIN_MISSING_FRACTION, SAMPLED_MIN_MISSING_REQUESTS, SEQ_RESTART_MIN_DROP) == (0.2, 5, 16)
+    assert (SAMPLED_MIN_MISSING_FRACTION, SAMPLED_MIN_MISSING_REQUESTS, SEQ_RESTART_MIN_DROP,
+            UNBIASED_MIN_REQUESTS) == (0.2, 5, 16, 5)
 
 
 @pytest.mark.parametrize(("kept", "numbered", "sampled"), [
@@ -95,6 +97,15 @@ def test_the_caveat_is_first_and_the_verdict_tentative() -> None:
     assert "(cold 1, slow 82)" in said.evidence[0]
 
 
+@pytest.mark.parametrize(("head_warm", "said"), [(5, True), (4, False)])
+def test_the_ratios_own_median_from_five_warm_requests(head_warm: int, said: bool) -> None:
+    fig = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0)
+    coverage = SeqCoverage(130, 600, {"ratio": 47, "slow": 83}, head_warm, 170.25)
+    first = decide(replace(fig, sampling=coverage)).evidence[0]
+    assert (f"the {head_warm} warm requests kept by the ratio have a median total of 170.2 ms,"
+            " against 100.0 ms over every warm request read" in first) is said, first
+
+
 def test_a_steady_or_cold_start_verdict_is_hedged_too() -> None:
     # the cold-start ratio is against a median the sampler pushed up
     fig = figures(stage("forward", 1.0), total_swing=1.0, sampling=SeqCoverage(40, 300))
@@ -149,6 +160,12 @@ def test_the_reports_agree_on_the_testers_recording(engine, tmp_path: Path) -> N
     by = seq_coverage(find_requests(load_paths([path]).spans)).kept_by
     assert by[semconv.KEPT_COLD] == 1 and by[semconv.KEPT_SLOW] > by[semconv.KEPT_RATIO] > 0
     assert f"{by[semconv.KEPT_RATIO]} kept at the head by the ratio" in v["evidence"][0]
+    # the unbiased median: the service's typical request (about 170 ms), not the slow mode
+    unbiased = seq_coverage(find_requests(load_paths([path]).spans), [
+        r for r in find_requests(load_paths([path]).spans) if not r.cold and not r.error])
+    assert unbiased.unbiased_median_ms is not None and 160 < unbiased.unbiased_median_ms < 185
+    assert f"kept by the ratio have a median total of {unbiased.unbiased_median_ms:.1f} ms" in v["evidence"][0]
+    assert want["total"]["median_ms"] > 1000  # what every warm request read says
     assert v["advice"][0] == advice.SAMPLED
 
 

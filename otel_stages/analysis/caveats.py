@@ -325,5 +325,6 @@ def sampled_caveat(verdict: Verdict, fig: Figures) -> None:
     if coverage is None or not is_sampled(coverage):
         return
     verdict.tentative = True
-    verdict.evidence.insert(0, sampled_line(coverage))
+    verdict.evidence.insert(0, sampled_line(
+        coverage, None if fig.total is None else fig.total.median_ms))
     verdict.advice.insert(0, advice_text.SAMPLED)

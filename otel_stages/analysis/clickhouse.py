@@ -272,6 +272,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if is_sampled(head.sampling):  # why the sampler kept them, only where the seq gaps say sampled
         results["sampling_kept"] = engine.rows(queries.sampling_kept_sql(tables.traces_ref, query),
                                                sql.query_params(query), settings)
+        results["sampling_unbiased"] = engine.rows(
+            queries.sampling_unbiased_sql(tables.traces_ref, query, method), sql.query_params(query),
+            settings)
     cold = head.cold_start
     if cold is not None and len(cold.by_input) > 1 and any(
             clickhouse_figures.comparable_cold_input(i) for i in cold.by_input):

@@ -63,7 +63,7 @@ from otel_stages.analysis.gpu import (
 )
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
-from otel_stages.analysis.sampled import SEQ_RESTART_MIN_DROP
+from otel_stages.analysis.sampled import HEAD_KEPT, SEQ_RESTART_MIN_DROP
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
 #: The per-request rows with their cold / warm flags (a subquery).
@@ -219,18 +219,36 @@ def seq_coverage_sql() -> str:
     GROUP BY proc, run)"""
 
 
-def sampling_kept_sql(traces: str, query: AggregateQuery) -> str:
-    """``kept``, ``n``: request spans (``request.seq`` set) in the window per
-    ``otel_stages.sampling.kept`` value, as :func:`otel_stages.analysis.sampled.seq_coverage`
-    counts them. Run only when the ``request.seq`` gaps read as sampled
-    (:func:`otel_stages.analysis.sampled.is_sampled`), so an unsampled run pays nothing."""
+def _kept_spans(traces: str, query: AggregateQuery, values: Sequence[str] = ()) -> str:
+    """``(t, s, kept)``: trace and span key and ``otel_stages.sampling.kept`` of the spans in the
+    window that carry it (``values``: only those values)."""
     window = request_window(query, "toUnixTimestamp64Nano(Timestamp)")
-    return f"""SELECT SpanAttributes['{semconv.SAMPLING_KEPT}'] AS kept, count() AS n
-FROM {traces}
-WHERE {span_filter(query, odd=False)} {window}
-    AND mapContains(SpanAttributes, '{semconv.SAMPLING_KEPT}')
-    AND mapContains(SpanAttributes, '{semconv.REQUEST_SEQ}')
-GROUP BY kept ORDER BY kept"""
+    only = (f" AND SpanAttributes['{semconv.SAMPLING_KEPT}'] IN ({', '.join(repr(v) for v in values)})"
+            if values else "")
+    return f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS t, reinterpretAsUInt64(unhex(SpanId)) AS s,
+        SpanAttributes['{semconv.SAMPLING_KEPT}'] AS kept
+    FROM {traces}
+    WHERE {span_filter(query, odd=False)} {window}
+        AND mapContains(SpanAttributes, '{semconv.SAMPLING_KEPT}'){only}"""
+
+
+def sampling_kept_sql(traces: str, query: AggregateQuery) -> str:
+    """``kept``, ``n``: requests read (warm, cold, failed) per ``otel_stages.sampling.kept``
+    value of their request span, as :func:`otel_stages.analysis.sampled.seq_coverage` counts them.
+    Run only when the ``request.seq`` gaps read as sampled
+    (:func:`otel_stages.analysis.sampled.is_sampled`), so an unsampled run pays nothing."""
+    return f"""SELECT k.kept AS kept, count() AS n
+FROM {R} AS r INNER JOIN ({_kept_spans(traces, query)}) AS k ON r.trace_key = k.t AND r.span_key = k.s
+WHERE r.is_request GROUP BY kept ORDER BY kept"""
+
+
+def sampling_unbiased_sql(traces: str, query: AggregateQuery, method: str) -> str:
+    """One row: ``n`` warm requests kept at the head (``ratio`` / ``parent``) and ``median_ms``
+    their median total; run with :func:`sampling_kept_sql`."""
+    head = _kept_spans(traces, query, HEAD_KEPT)
+    return f"""SELECT count() AS n, {median(_TOTAL_MS, "1", method)} AS median_ms
+FROM {R} AS r INNER JOIN ({head}) AS k ON r.trace_key = k.t AND r.span_key = k.s
+WHERE r.warm"""
 
 
 def process_versions_sql(traces: str, query: AggregateQuery) -> str:

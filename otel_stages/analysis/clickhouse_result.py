@@ -618,16 +618,22 @@ def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> flo
     return min(1.0, max(0.0, omega))
 
 
-def sampling_of(coverage: Rows | None, kept: Rows | None) -> SeqCoverage | None:
-    """:func:`~otel_stages.analysis.clickhouse_queries.seq_coverage_sql`'s row and
-    :func:`~otel_stages.analysis.clickhouse_queries.sampling_kept_sql`'s rows (run only when the
-    first reads as sampled) as :func:`otel_stages.analysis.sampled.seq_coverage` answers;
-    ``None`` without the first."""
+def sampling_of(coverage: Rows | None, kept: Rows | None, unbiased: Rows | None = None
+                ) -> SeqCoverage | None:
+    """:func:`~otel_stages.analysis.clickhouse_queries.seq_coverage_sql`'s row,
+    :func:`~otel_stages.analysis.clickhouse_queries.sampling_kept_sql`'s rows and
+    :func:`~otel_stages.analysis.clickhouse_queries.sampling_unbiased_sql`'s row (the last two
+    run only when the first reads as sampled) as :func:`otel_stages.analysis.sampled.seq_coverage`
+    answers; ``None`` without the first."""
     row = next(iter(coverage or ()), None)
     if row is None:
         return None
+    head = next(iter(unbiased or ()), {})
+    n = int(head.get("n") or 0)
+    median_ms = head.get("median_ms")
     return SeqCoverage(int(row.get("kept") or 0), int(row.get("numbered") or 0),
-                       {str(r["kept"]): int(r["n"]) for r in kept or ()})
+                       {str(r["kept"]): int(r["n"]) for r in kept or ()}, n,
+                       float(median_ms) if n and median_ms is not None else None)
 
 
 def process_mix_of(row: Mapping[str, Any] | None, versions: Rows | None = None) -> ProcessMix | None:
@@ -786,6 +792,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),
-        sampling=sampling_of(results.get("seq_coverage"), results.get("sampling_kept")),
+        sampling=sampling_of(results.get("seq_coverage"), results.get("sampling_kept"),
+                             results.get("sampling_unbiased")),
     )
 

@@ -364,7 +364,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                        unread.gpu_utilization and unread_values(warm).gpu_utilization))
     batches = summarize_batches(screened.spans)
     # the request.seq gaps are of every request read (warm, cold, failed)
-    figures = replace(result.figures, sampling=seq_coverage(requests))
+    figures = replace(result.figures, sampling=seq_coverage(requests, warm))
     verdict = decide(_with_batches(figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)

@@ -13,7 +13,9 @@ Two readings tell a sampled recording:
   :data:`SAMPLED_MIN_MISSING_REQUESTS`, the recording is read as sampled;
 - the sampler's own word: ``otel_stages.sampling.kept`` on the request spans it exported
   (:mod:`otel_stages.sampling`), counted by value (``ratio``: kept at the head, an unbiased
-  sample; ``slow`` / ``error`` / ``cold``: kept for what they turned out to be).
+  sample; ``slow`` / ``error`` / ``cold``: kept for what they turned out to be). Where at least
+  :data:`UNBIASED_MIN_REQUESTS` warm requests were kept by the ratio (or a sampled caller), their
+  median total is given beside the one over every warm request read.
 
 :func:`otel_stages.analysis.caveats.sampled_caveat` makes the verdict tentative, says first how
 many requests were kept of how many ran and why the figures lean toward the slow ones, and leads
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field
 
 from otel_stages import semconv
 from otel_stages.analysis.requests import Request, process_keys
-from otel_stages.analysis.units import pct
+from otel_stages.analysis.stats import percentile
+from otel_stages.analysis.units import duration, pct
 
 #: At this share of the ``request.seq`` numbers missing inside the seen range or more the
 #: recording is read as sampled: a ratio sampler at 0.5 or below leaves half of them out, a
@@ -42,6 +45,11 @@ SAMPLED_MIN_MISSING_REQUESTS = 5
 #: new run (a restart that kept ``service.instance.id`` numbers from 1 again); smaller drops are
 #: concurrent requests that took their numbers in another order than their start times.
 SEQ_RESTART_MIN_DROP = 16
+#: The warm requests the sampler kept by the ratio alone get a median of their own from this many
+#: on (as ``decision.MIN_WARM_RUNS``: the median of fewer is one or two runs).
+UNBIASED_MIN_REQUESTS = 5
+#: ``otel_stages.sampling.kept`` values decided before the request ran (an unbiased sample).
+HEAD_KEPT = (semconv.KEPT_RATIO, semconv.KEPT_PARENT)
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,14 @@ class SeqCoverage:
     ``kept``: distinct numbers seen, summed over every process's runs; ``numbered``: the numbers
     from each run's lowest to its highest seen, summed (requests that ran in that range).
     ``kept_by``: request spans per ``otel_stages.sampling.kept`` value (the sampler's own word;
-    empty when none says)."""
+    empty when none says). ``unbiased_warm``: warm requests kept at the head (:data:`HEAD_KEPT`),
+    ``unbiased_median_ms`` their median total (ms; ``None`` when there are none)."""
 
     kept: int = 0
     numbered: int = 0
     kept_by: Mapping[str, int] = field(default_factory=dict)
+    unbiased_warm: int = 0
+    unbiased_median_ms: float | None = None
 
     @property
     def missing(self) -> int:
@@ -85,14 +96,17 @@ def seq_runs(rows: Iterable[tuple[str, int, str, int]]) -> tuple[int, int]:
     return kept, numbered
 
 
-def seq_coverage(requests: Sequence[Request]) -> SeqCoverage:
-    """:class:`SeqCoverage` of every request read (warm, cold, failed)."""
+def seq_coverage(requests: Sequence[Request], warm: Sequence[Request] = ()) -> SeqCoverage:
+    """:class:`SeqCoverage` of every request read (``requests``: warm, cold, failed); the
+    unbiased median over those of ``warm`` kept at the head."""
     keys = process_keys(requests)
     kept, numbered = seq_runs((key, r.start_ns, r.trace_id, r.seq)
                               for r, key in zip(requests, keys) if r.seq is not None)
     why = Counter(str(r.attributes[semconv.SAMPLING_KEPT]) for r in requests
                   if semconv.SAMPLING_KEPT in r.attributes)
-    return SeqCoverage(kept, numbered, dict(why))
+    head = [r.total_ms for r in warm if r.attributes.get(semconv.SAMPLING_KEPT) in HEAD_KEPT]
+    return SeqCoverage(kept, numbered, dict(why), len(head),
+                       percentile(head, 50) if head else None)
 
 
 def is_sampled(coverage: SeqCoverage | None) -> bool:
@@ -105,8 +119,9 @@ def is_sampled(coverage: SeqCoverage | None) -> bool:
             and missing >= SAMPLED_MIN_MISSING_FRACTION * coverage.numbered)
 
 
-def sampled_line(coverage: SeqCoverage) -> str:
-    """The evidence sentence when :func:`is_sampled`."""
+def sampled_line(coverage: SeqCoverage, warm_median_ms: float | None = None) -> str:
+    """The evidence sentence when :func:`is_sampled`; ``warm_median_ms``: the median total over
+    every warm request read (beside the unbiased one)."""
     line = (f"the recording is sampled: {coverage.kept} of the {coverage.numbered} requests"
             f" numbered by request.seq were kept ({pct(coverage.missing / coverage.numbered)}"
             " missing); a sampler that keeps the slow, failed and cold requests whole and only a"
@@ -123,5 +138,11 @@ def sampled_line(coverage: SeqCoverage) -> str:
         line += (f"; the sampler says ({semconv.SAMPLING_KEPT}): {ratio} kept at the head by the"
                  f" ratio (an unbiased sample of what ran), the others for what they turned out to"
                  f" be ({named})")
+        median = coverage.unbiased_median_ms
+        if coverage.unbiased_warm >= UNBIASED_MIN_REQUESTS and median is not None:
+            over = f", against {duration(warm_median_ms)} over every warm request read" if (
+                warm_median_ms is not None) else ""
+            line += (f"; the {coverage.unbiased_warm} warm requests kept by the ratio have a median"
+                     f" total of {duration(median)}{over}")
     return line
 
