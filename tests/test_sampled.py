@@ -188,3 +188,16 @@ def test_a_collectors_tail_sampling_without_the_attribute_is_read_from_the_gaps(
     assert got["verdict"] == want["verdict"]
     first = want["verdict"]["evidence"][0]
     assert first.startswith(f"{SAMPLED}{kept} of the {numbered} requests") and "the sampler says" not in first
+
+
+def test_the_cli_keeps_the_samplers_attribute(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # otel-stages report loads only the attributes the analysis reads (selection.py)
+    import json
+
+    from otel_stages.cli import main
+
+    path, kept, numbered = _service(tmp_path / "own_sampler.jsonl")
+    assert main(["report", str(path), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["verdict"]["evidence"][0]
+    assert first.startswith(f"{SAMPLED}{kept} of the {numbered} requests")
+    assert "kept at the head by the ratio" in first and "warm requests kept by the ratio have" in first
