@@ -166,6 +166,13 @@ def test_the_reports_agree_on_the_testers_recording(engine, tmp_path: Path) -> N
     assert unbiased.unbiased_median_ms is not None and 160 < unbiased.unbiased_median_ms < 185
     assert f"kept by the ratio have a median total of {unbiased.unbiased_median_ms:.1f} ms" in v["evidence"][0]
     assert want["total"]["median_ms"] > 1000  # what every warm request read says
+    sampling = want["sampling"]
+    assert {k: v for k, v in got["sampling"].items() if k != "unbiased_median_ms"} == {
+        k: v for k, v in sampling.items() if k != "unbiased_median_ms"}
+    assert got["sampling"]["unbiased_median_ms"] == pytest.approx(sampling["unbiased_median_ms"], abs=1e-3)
+    assert sampling == {"kept": kept, "numbered": numbered, "missing": numbered - kept, "sampled": True,
+                        "kept_by": dict(sorted(by.items())), "unbiased_warm": unbiased.unbiased_warm,
+                        "unbiased_median_ms": round(unbiased.unbiased_median_ms, 3)}
     assert v["advice"][0] == advice.SAMPLED
 
 
@@ -178,6 +185,9 @@ def test_a_restart_in_a_window_started_mid_process_is_read_alike_as_no_sample(
     assert (kept, numbered) == (100, 100)
     got, want = reports(engine, path)
     assert got["verdict"] == want["verdict"]
+    assert got["sampling"] == want["sampling"] == {
+        "kept": 100, "numbered": 100, "missing": 0, "sampled": False, "kept_by": {},
+        "unbiased_warm": 0, "unbiased_median_ms": None}
     assert not any(e.startswith(SAMPLED) for e in want["verdict"]["evidence"])
 
 
@@ -186,6 +196,7 @@ def test_a_collectors_tail_sampling_without_the_attribute_is_read_from_the_gaps(
     path, kept, numbered = _service(tmp_path / "tail.jsonl", n=200, attributes=False, seed=4)
     got, want = reports(engine, path)
     assert got["verdict"] == want["verdict"]
+    assert got["sampling"] == want["sampling"] and want["sampling"]["kept_by"] == {}
     first = want["verdict"]["evidence"][0]
     assert first.startswith(f"{SAMPLED}{kept} of the {numbered} requests") and "the sampler says" not in first
 

@@ -506,6 +506,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "input_mix_explains": None if agg.input_mix_explains is None
         else round(agg.input_mix_explains, 4),
         "process_mix": None if agg.process_mix is None else agg.process_mix.to_dict(),
+        "sampling": None if agg.sampling is None else agg.sampling.to_dict(),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
         "set_apart": [{
             "trace_id": a.figures.trace_id, "seq": a.figures.seq, "reason": a.figures.reason,

@@ -398,6 +398,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         cohorts=share_tentative(cohorts, verdict.tentative),
         input_mix_explains=mix,
         process_mix=result.figures.process_mix,
+        sampling=figures.sampling,
         set_apart=apart,
         runs=runs,
         noise=(noise_band(result.figures.stages.values(), result.figures.reference_ms)

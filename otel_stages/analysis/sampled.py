@@ -73,6 +73,18 @@ class SeqCoverage:
         """Numbers in the ranges that no request read carries."""
         return max(self.numbered - self.kept, 0)
 
+    def to_dict(self) -> dict[str, object]:
+        """The ``sampling`` JSON object: ``kept``, ``numbered``, ``missing``, ``sampled``
+        (:func:`is_sampled`); where sampled, ``kept_by`` (value -> requests),
+        ``unbiased_warm`` and ``unbiased_median_ms`` (else ``{}``, 0, ``null``: the ClickHouse
+        report reads the attribute only then)."""
+        sampled = is_sampled(self)
+        median = self.unbiased_median_ms if sampled else None
+        return {"kept": self.kept, "numbered": self.numbered, "missing": self.missing,
+                "sampled": sampled, "kept_by": dict(sorted(self.kept_by.items())) if sampled else {},
+                "unbiased_warm": self.unbiased_warm if sampled else 0,
+                "unbiased_median_ms": None if median is None else round(median, 3)}
+
 
 def seq_runs(rows: Iterable[tuple[str, int, str, int]]) -> tuple[int, int]:
     """``(kept, numbered)`` of ``rows`` ``(process, start_ns, trace_id, seq)`` (module docstring;
