@@ -16,6 +16,12 @@ investigation needs. Two parts fix that, each deciding where the information exi
   span ends. Spans it keeps late are exported with the sampled flag set (they *were* sampled, at
   the end). A ``batch`` span that was not kept goes along with any member request that is kept.
 
+Each exported request span says why it was kept (``otel_stages.sampling.kept``: ``ratio``,
+``parent``, ``cold``, ``slow``, ``error``; and ``otel_stages.sampling.ratio``), so a report can
+tell the requests kept by the ratio alone (an unbiased sample) from those kept for what they
+turned out to be. At the head only request spans and local roots kept by the ratio get them (a
+dict copy on a kept span); a late keep adds them to the copy it exports anyway.
+
 What only the collector's tail sampling can decide: whole-trace latency and errors that happen
 in *other* services of the trace, and anything about a trace whose head (an upstream service)
 already decided "not sampled" for its own spans. Downstream services called during a request
@@ -74,19 +80,33 @@ class RequestSampler(Sampler):
         parent_span = get_current_span(parent_context)
         parent = parent_span.get_span_context()
         state = parent.trace_state if parent.is_valid else None
-        if parent.is_valid and parent.trace_flags.sampled:
-            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, state)
+        request = attributes is not None and semconv.REQUEST_SEQ in attributes
         if attributes and attributes.get(semconv.REQUEST_COLD_START) is True:
-            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, state)
+            return SamplingResult(Decision.RECORD_AND_SAMPLE,
+                                  self._kept(attributes, semconv.KEPT_COLD) if request else attributes,
+                                  state)
+        if parent.is_valid and parent.trace_flags.sampled:
+            if not request:
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, state)
+            why = semconv.KEPT_PARENT
+            if not parent.is_remote:  # the local root's reason (set below when kept by the ratio)
+                held = getattr(parent_span, "attributes", None) or {}
+                why = str(held.get(semconv.SAMPLING_KEPT, semconv.KEPT_PARENT))
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, self._kept(attributes, why), state)
         if links and any(link.context.trace_flags.sampled for link in links):
             return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, state)
         if parent.is_valid and not parent.is_remote:  # local parent not sampled: follow it
             recording = Decision.RECORD_ONLY if parent_span.is_recording() else Decision.DROP
             return SamplingResult(recording, attributes, state)
         head = self._ratio.should_sample(parent_context, trace_id, name, kind, attributes, links)
-        decision = (Decision.RECORD_AND_SAMPLE if head.decision is Decision.RECORD_AND_SAMPLE
-                    else Decision.RECORD_ONLY)
-        return SamplingResult(decision, attributes, state)
+        if head.decision is Decision.RECORD_AND_SAMPLE:
+            return SamplingResult(Decision.RECORD_AND_SAMPLE,
+                                  self._kept(attributes, semconv.KEPT_RATIO), state)
+        return SamplingResult(Decision.RECORD_ONLY, attributes, state)
+
+    def _kept(self, attributes: Attributes, why: str) -> dict[str, Any]:
+        """``attributes`` with why the span was kept and the ratio (a copy: the caller's stays)."""
+        return {**(attributes or {}), semconv.SAMPLING_KEPT: why, semconv.SAMPLING_RATIO: self.ratio}
 
     def get_description(self) -> str:
         return f"RequestSampler{{ratio={self.ratio}}}"
@@ -102,16 +122,24 @@ class _Held:
 class _Trace:
     held: list[_Held] = field(default_factory=list)
     keep: bool = False
+    #: why it was kept late (``semconv.KEPT_SLOW`` / ``KEPT_ERROR`` / ``KEPT_COLD``), once kept
+    why: str = ""
 
 
-def _sampled_copy(span: ReadableSpan) -> ReadableSpan:
-    """``span`` with the sampled flag set (what the exporting processor exports)."""
+def _sampled_copy(span: ReadableSpan, why: str = "", ratio: float | None = None) -> ReadableSpan:
+    """``span`` with the sampled flag set (what the exporting processor exports); a request span
+    (``request.seq`` set) also says ``why`` it was kept, and the ``ratio``."""
     ctx = span.get_span_context()
     assert ctx is not None
     context = SpanContext(ctx.trace_id, ctx.span_id, ctx.is_remote,
                           TraceFlags(ctx.trace_flags | TraceFlags.SAMPLED), ctx.trace_state)
+    attributes = span.attributes
+    if why and attributes and semconv.REQUEST_SEQ in attributes:
+        attributes = {**attributes, semconv.SAMPLING_KEPT: why}
+        if ratio is not None:
+            attributes[semconv.SAMPLING_RATIO] = ratio
     return ReadableSpan(name=span.name, context=context, parent=span.parent, resource=span.resource,
-                        attributes=span.attributes, events=span.events, links=span.links,
+                        attributes=attributes, events=span.events, links=span.links,
                         kind=span.kind, status=span.status, start_time=span.start_time,
                         end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
 
@@ -121,19 +149,22 @@ class KeepProcessor(SpanProcessor):
     straight to it; recorded, unsampled ones wait for their trace's decision (module docstring).
 
     ``slow_ms``: a request span (``request.seq`` set) or local root span at least this long
-    keeps its trace. Thread-safe: ``on_end`` may run on any thread; the lock is held only for
-    dictionary work, never while ``inner`` runs.
+    keeps its trace. ``ratio``: the head sampler's, written beside why a request span was kept
+    late (``None``: not written). Thread-safe: ``on_end`` may run on any thread; the lock is held
+    only for dictionary work, never while ``inner`` runs.
     """
 
     def __init__(self, inner: SpanProcessor, slow_ms: float,
-                 max_pending_spans: int = DEFAULT_MAX_PENDING_SPANS) -> None:
+                 max_pending_spans: int = DEFAULT_MAX_PENDING_SPANS,
+                 ratio: float | None = None) -> None:
         self.inner = inner
         self.slow_ns = int(slow_ms * 1e6)
+        self.ratio = ratio
         self.max_pending_spans = max_pending_spans
         self.kept_late = 0  #: traces kept because they turned out to matter
         self.overflow_traces = 0  #: waiting traces given up because too many spans were waiting
         self._pending: OrderedDict[int, _Trace] = OrderedDict()
-        self._decided: OrderedDict[int, bool] = OrderedDict()
+        self._decided: OrderedDict[int, str] = OrderedDict()  # why kept; "" dropped
         self._held = 0
         self._lock = threading.Lock()
 
@@ -146,15 +177,15 @@ class KeepProcessor(SpanProcessor):
                     self._limit()
         self.inner.on_start(span, parent_context=parent_context)
 
-    def _matters(self, span: ReadableSpan, root: bool) -> bool:
+    def _matters(self, span: ReadableSpan, root: bool) -> str:
+        """Why ``span`` keeps its trace (``semconv.KEPT_*``), ``""`` when it does not."""
         if span.status.status_code is StatusCode.ERROR:
-            return True
+            return semconv.KEPT_ERROR
         attributes = span.attributes or {}
         if attributes.get(semconv.REQUEST_COLD_START) is True:
-            return True
-        if root or semconv.REQUEST_SEQ in attributes:
-            return (span.end_time or 0) - (span.start_time or 0) >= self.slow_ns
-        return False
+            return semconv.KEPT_COLD
+        long = (span.end_time or 0) - (span.start_time or 0) >= self.slow_ns
+        return semconv.KEPT_SLOW if long and (root or semconv.REQUEST_SEQ in attributes) else ""
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.get_span_context()
@@ -165,7 +196,7 @@ class KeepProcessor(SpanProcessor):
             self.inner.on_end(span)
             if ctx.trace_id in self._pending:  # a kept span (a cold request) in a waiting trace
                 with self._lock:
-                    self._keep(ctx.trace_id, out)
+                    self._keep(ctx.trace_id, out, semconv.KEPT_COLD)
         else:
             parent = span.parent
             root = parent is None or parent.is_remote
@@ -175,17 +206,17 @@ class KeepProcessor(SpanProcessor):
             self.inner.on_end(kept)
 
     # -- under the lock --------------------------------------------------------------------------
-    def _keep(self, trace_id: int, out: list[ReadableSpan]) -> None:
+    def _keep(self, trace_id: int, out: list[ReadableSpan], why: str) -> None:
         trace = self._pending.get(trace_id)
         if trace is None:
             return
         if not trace.keep:
-            trace.keep = True
+            trace.keep, trace.why = True, why
             self.kept_late += 1
         for held in trace.held:
             if not held.exported:
                 held.exported = True
-                out.append(_sampled_copy(held.span))
+                out.append(_sampled_copy(held.span, trace.why, self.ratio))
         self._held -= len(trace.held)
         trace.held = []
 
@@ -193,7 +224,7 @@ class KeepProcessor(SpanProcessor):
         decided = self._decided.get(trace_id)
         if decided is not None:  # ended after its local root: follow the decision
             if decided:
-                out.append(_sampled_copy(span))
+                out.append(_sampled_copy(span, decided, self.ratio))
             return
         trace = self._pending.get(trace_id)
         if trace is None:
@@ -201,8 +232,9 @@ class KeepProcessor(SpanProcessor):
         held = _Held(span)
         trace.held.append(held)
         self._held += 1
-        if trace.keep or self._matters(span, root):
-            self._keep(trace_id, out)
+        why = trace.why if trace.keep else self._matters(span, root)
+        if why:
+            self._keep(trace_id, out, why)
         if root:
             self._decide(trace_id, trace, held, out)
         self._limit()
@@ -211,7 +243,7 @@ class KeepProcessor(SpanProcessor):
         """The local root ended: export or drop what waits; a batch root not kept waits on."""
         del self._pending[trace_id]
         self._held -= len(trace.held)
-        self._decided[trace_id] = trace.keep
+        self._decided[trace_id] = trace.why if trace.keep else ""
         if len(self._decided) > DECIDED_MEMORY:
             self._decided.popitem(last=False)
         if trace.keep or root.exported:
@@ -272,4 +304,4 @@ def processor_for(settings: Settings, exporting: SpanProcessor) -> SpanProcessor
     """``exporting`` as is at ``sample_ratio == 1``, else wrapped in a :class:`KeepProcessor`."""
     if settings.sample_ratio >= 1.0:
         return exporting
-    return KeepProcessor(exporting, settings.slow_request_ms)
+    return KeepProcessor(exporting, settings.slow_request_ms, ratio=settings.sample_ratio)

@@ -40,6 +40,18 @@ STANDARD_STAGES: tuple[str, ...] = (
 REQUEST_ID = "request.id"  #: str, caller-supplied or generated request id
 REQUEST_SEQ = "request.seq"  #: int, 1-based order of requests in this process
 REQUEST_COLD_START = "request.cold_start"  #: bool, first request of a process (or model load)
+#: str, on a request span (and a local root kept at the head) exported by otel_stages' own sampler
+#: (``OTEL_STAGES_SAMPLE_RATIO`` below 1): why it was kept. ``ratio`` (the trace-id ratio at the
+#: head, or a local parent kept so: independent of how the request went, so an unbiased sample),
+#: ``parent`` (a sampled remote caller's decision), ``cold`` (``request.cold_start``), ``slow``
+#: (lasted ``slow_request_ms`` or more), ``error`` (a span with status ERROR); the last two are
+#: late keeps. Not the OTel ``th`` tracestate threshold (consistent probability sampling): the
+#: SDK's trace-id ratio sampler is not the consistent one, and a late keep has no threshold.
+SAMPLING_KEPT = "otel_stages.sampling.kept"
+#: float, 0..1, beside :data:`SAMPLING_KEPT`: the head ratio in force (``sample_ratio``)
+SAMPLING_RATIO = "otel_stages.sampling.ratio"
+#: :data:`SAMPLING_KEPT` values
+KEPT_RATIO, KEPT_PARENT, KEPT_COLD, KEPT_SLOW, KEPT_ERROR = "ratio", "parent", "cold", "slow", "error"
 #: int, tokens in the prompt (OpenTelemetry GenAI semantic conventions, incubating), on the request
 #: span or any stage span; the report buckets it into input cohorts.
 PROMPT_TOKENS = "gen_ai.usage.input_tokens"

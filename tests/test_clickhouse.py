@@ -274,7 +274,7 @@ def test_scale_benchmark_smoke_run() -> None:
 VERDICT_GAPS: dict[str, str] = {}
 #: The report's keys both paths fill from the same figures.
 SAME_KEYS = ("requests", "counts", "total", "stages", "unaccounted", "cohorts", "input_mix_explains",
-             "cold_start", "noise", "gpu")
+             "cold_start", "noise", "gpu", "sampling")
 
 
 def _close(got: Any, want: Any, where: str) -> None:

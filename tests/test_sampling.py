@@ -209,4 +209,110 @@ def test_configure_sample_ratio_zero_writes_only_what_matters(tmp_path, monkeypa
     spans = load_paths([telemetry.trace_path]).spans
     seqs = sorted(s.attributes[semconv.REQUEST_SEQ] for s in spans if s.name == "request")
     assert seqs == [1, 4]  # the cold one and the failed one
+    why = {s.attributes[semconv.REQUEST_SEQ]: (s.attributes.get(semconv.SAMPLING_KEPT),
+                                               s.attributes.get(semconv.SAMPLING_RATIO))
+           for s in spans if s.name == "request"}
+    assert why == {1: (semconv.KEPT_COLD, 0.0), 4: (semconv.KEPT_ERROR, 0.0)}  # as written to the file
     assert sorted(s.name for s in spans) == ["decode", "forward", "request", "request"]
+
+
+def _kept(pipeline: Pipeline) -> dict[str, tuple[object, object]]:
+    """Per exported span name: (why kept, ratio) as the span says."""
+    return {s.name: (s.attributes.get(semconv.SAMPLING_KEPT), s.attributes.get(semconv.SAMPLING_RATIO))
+            for s in pipeline.exporter.get_finished_spans()}
+
+
+@pytest.mark.parametrize(("ms", "fail", "why"), [
+    (SLOW_MS, False, semconv.KEPT_SLOW), (1.0, True, semconv.KEPT_ERROR)])
+def test_a_request_kept_late_says_why_on_its_request_span_only(fake_time, monkeypatch, ms, fail, why):
+    # the report reads these to tell requests kept for what they were from the ratio's sample
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
+    p = Pipeline(fake_time)
+    p.keep.ratio = 0.0
+    saved = RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock
+    RUNTIME.tracer, RUNTIME.enabled = scoped_tracer(p.provider), True
+    RUNTIME.clock = Clock(monotonic_ns=fake_time, wall_ns=lambda: 1_700_000_000_000_000_000)
+    try:
+        if fail:
+            with pytest.raises(ValueError):
+                p.request(ms=ms, fail=True)
+        else:
+            p.request(ms=ms)
+    finally:
+        RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock = saved
+        p.provider.shutdown()
+    kept = _kept(p)
+    assert kept["request"] == (why, 0.0)
+    assert kept["decode"] == (None, None)  # stage spans carry nothing more
+
+
+def test_head_keeps_say_ratio_cold_or_parent(pipeline):
+    pipeline.request(cold=True)
+    assert _kept(pipeline)["request"] == (semconv.KEPT_COLD, 0.0)
+    sampler = RequestSampler(1.0)  # every trace kept by the ratio at the head
+    seq = {semconv.REQUEST_SEQ: 2}
+    root = sampler.should_sample(None, 1, "request", attributes=seq)
+    assert root.attributes == {**seq, semconv.SAMPLING_KEPT: semconv.KEPT_RATIO,
+                               semconv.SAMPLING_RATIO: 1.0}
+    assert seq == {semconv.REQUEST_SEQ: 2}  # the caller's dict is left alone
+    stage_span = sampler.should_sample(None, 1, "decode", attributes={})
+    assert semconv.SAMPLING_KEPT in stage_span.attributes  # a local root kept by the ratio
+    remote = SpanContext(5, 6, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    parent = trace.set_span_in_context(NonRecordingSpan(remote))
+    under = RequestSampler(0.0).should_sample(parent, 5, "request", attributes=seq)
+    assert under.attributes[semconv.SAMPLING_KEPT] == semconv.KEPT_PARENT
+    child = RequestSampler(0.0).should_sample(parent, 5, "decode", attributes={})
+    assert semconv.SAMPLING_KEPT not in (child.attributes or {})
+
+
+def test_a_request_under_a_local_root_kept_by_the_ratio_says_ratio(fake_time, monkeypatch):
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=RequestSampler(1.0))
+    provider.add_span_processor(KeepProcessor(SimpleSpanProcessor(exporter), SLOW_MS, ratio=1.0))
+    saved = RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock
+    RUNTIME.tracer, RUNTIME.enabled = scoped_tracer(provider), True
+    RUNTIME.clock = Clock(monotonic_ns=fake_time, wall_ns=lambda: 1_700_000_000_000_000_000)
+    try:
+        with RUNTIME.tracer.start_as_current_span("POST /v1/describe", kind=trace.SpanKind.SERVER):
+            with ots.request(cold_start=False):
+                pass
+    finally:
+        RUNTIME.tracer, RUNTIME.enabled, RUNTIME.clock = saved
+        provider.shutdown()
+    kept = {s.name: s.attributes.get(semconv.SAMPLING_KEPT) for s in exporter.get_finished_spans()}
+    assert kept == {"POST /v1/describe": semconv.KEPT_RATIO, "request": semconv.KEPT_RATIO}
+
+
+def test_the_report_reads_what_the_sampler_kept_as_sampled(tmp_path, monkeypatch, fake_time):
+    """End to end (tester A F5): configure() at ratio 0, a third of the requests slow; the file holds
+    the cold and the slow ones only, and the report says so first instead of reading them as every
+    request."""
+    from otel_stages.analysis import load_paths
+    from otel_stages.analysis.diagnosis import diagnose
+    from otel_stages.sdk import configure
+
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setattr(sequence, "_SEQUENCE", sequence._Sequence())
+    telemetry = configure(data_dir=tmp_path, gpu="off", set_global=False, sample_ratio=0,
+                          slow_request_ms=SLOW_MS)
+    saved = RUNTIME.clock
+    RUNTIME.clock = Clock(monotonic_ns=fake_time, wall_ns=lambda: 1_700_000_000_000_000_000)
+    try:
+        for i in range(60):
+            with ots.request():
+                with ots.stage("decode"):
+                    fake_time.advance_ms(5)
+                with ots.stage("forward"):
+                    fake_time.advance_ms(SLOW_MS if i % 3 == 1 else 20)
+            fake_time.advance_ms(10)
+        assert telemetry.force_flush()
+    finally:
+        RUNTIME.clock = saved
+        telemetry.shutdown()
+    report = diagnose(load_paths([telemetry.trace_path]))
+    assert report.requests == 21  # the cold one and the 20 slow ones
+    first = report.verdict.evidence[0]
+    assert first.startswith("the recording is sampled: 21 of the 59 requests numbered by request.seq")
+    assert "0 kept at the head by the ratio" in first and "(cold 1, slow 20)" in first
+    assert report.verdict.tentative

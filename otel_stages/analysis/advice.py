@@ -360,6 +360,14 @@ def slow_failures(stage: str | None) -> str:
             f" deadline or timeout ends them): they spent most of their time there; their error"
             f" types above and {stage}'s spans and exception events say how it ended")
 
+
+SAMPLED = (
+    "for figures that describe every request, record this investigation with every request kept"
+    " (OTEL_STAGES_SAMPLE_RATIO=1, or the collector's tail sampling off for this service), or,"
+    " where the request spans carry otel_stages.sampling.kept, read only those kept by the ratio"
+    " (kept=ratio): a sampler that keeps slow requests whole makes the slow ones look typical"
+)
+
 UNTRACED_SHARE = (
     "more request time is outside the stage spans than in any one of them: wrap that work"
     " (auth, tokenization, waiting on another host, response encoding) in stage() spans before"

@@ -45,6 +45,9 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
   The verdict is tentative, with the reason first, and the advice says to report each service
   alone (``--service``).
+- :func:`sampled_caveat`: the recording is sampled (gaps in ``request.seq``;
+  :mod:`otel_stages.analysis.sampled`): the figures lean toward the slow requests a sampler keeps
+  whole. The verdict is tentative, the reason first, and the advice leads with unbiased figures.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from otel_stages.analysis.figures import (
     Figures,
     WarmupFigures,
 )
+from otel_stages.analysis.sampled import is_sampled, sampled_line
 from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import CAUSE_COLD_START, CAUSE_STABLE, Verdict
 
@@ -539,3 +543,16 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
     first = next((name for name, _ in fig.services if name), None)
     example = f" --service {first}" if first else " --service NAME"
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")
+
+
+def sampled_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, the reason first in the evidence and the way to unbiased figures first in the
+    advice, when :attr:`Figures.sampling` reads as sampled
+    (:func:`otel_stages.analysis.sampled.is_sampled`)."""
+    coverage = fig.sampling
+    if coverage is None or not is_sampled(coverage):
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, sampled_line(
+        coverage, None if fig.total is None else fig.total.median_ms))
+    verdict.advice.insert(0, advice_text.SAMPLED)

@@ -42,6 +42,7 @@ from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_fil
 from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.process_mix import PROCESS_MIX_DOMINATES
+from otel_stages.analysis.sampled import is_sampled
 from otel_stages.analysis.services import MAX_SERVICES_NAMED
 
 #: Rows per INSERT: large enough for ClickHouse's "insert in big batches" advice, small enough
@@ -272,6 +273,12 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         results["process_versions"] = engine.rows(
             queries.process_versions_sql(tables.traces_ref, query),
             {**sql.query_params(query), "fastest": mix.fastest.key, "slowest": mix.slowest.key},
+            settings)
+    if is_sampled(head.sampling):  # why the sampler kept them, only where the seq gaps say sampled
+        results["sampling_kept"] = engine.rows(queries.sampling_kept_sql(tables.traces_ref, query),
+                                               sql.query_params(query), settings)
+        results["sampling_unbiased"] = engine.rows(
+            queries.sampling_unbiased_sql(tables.traces_ref, query, method), sql.query_params(query),
             settings)
     cold = head.cold_start
     if cold is not None and len(cold.by_input) > 1 and any(

@@ -451,6 +451,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart), warmup=agg.warmup,
         services=agg.services, service_requests=agg.service_requests,
+        sampling=agg.sampling,
     )
 
 
@@ -527,6 +528,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "process_mix": None if agg.process_mix is None else agg.process_mix.to_dict(),
         # requests that started before a window's start and ended inside it (left out)
         "window_edge": None if agg.start_ns is None else agg.window_edge.to_dict(),
+        "sampling": None if agg.sampling is None else agg.sampling.to_dict(),
         "cold_start": None if fig.cold is None else cold_to_dict(fig.cold),
         "set_apart": [{
             "trace_id": a.figures.trace_id, "seq": a.figures.seq, "reason": a.figures.reason,

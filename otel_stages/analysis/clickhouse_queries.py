@@ -29,7 +29,7 @@ from typing import Any
 from otel_stages import semconv
 from otel_stages.analysis import clickhouse_issues as issues
 from otel_stages.analysis.clickhouse_gpu_ids import MODEL_ENGINE, ambiguous_condition
-from otel_stages.analysis.clickhouse_requests import names_sql
+from otel_stages.analysis.clickhouse_requests import names_sql, request_window
 from otel_stages.analysis.clickhouse_sql import (
     FORMATS_TABLE,
     GPU_BUCKET_NS,
@@ -64,6 +64,7 @@ from otel_stages.analysis.gpu import (
 )
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
+from otel_stages.analysis.sampled import HEAD_KEPT, SEQ_RESTART_MIN_DROP
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
 #: The per-request rows with their cold / warm flags (a subquery).
@@ -205,6 +206,56 @@ FROM (
         min(start_ns) AS lo, max(start_ns + total_ns) AS hi
     FROM {R} WHERE warm GROUP BY proc
 )"""
+
+
+def seq_coverage_sql() -> str:
+    """One row: ``kept`` and ``numbered``, :class:`otel_stages.analysis.sampled.SeqCoverage`'s
+    counts over every request read (warm, cold, failed) with a ``request.seq``: per process, in
+    start order, a run restarts where the number drops by
+    :data:`~otel_stages.analysis.sampled.SEQ_RESTART_MIN_DROP` or more; each run's distinct
+    numbers and its lowest-to-highest range, summed (as
+    :func:`otel_stages.analysis.sampled.seq_runs`)."""
+    order = "PARTITION BY proc ORDER BY start_ns, trace_key"
+    return f"""SELECT toUInt64(sum(k)) AS kept, toUInt64(sum(span)) AS numbered FROM (
+    SELECT uniqExact(seq) AS k, max(seq) - min(seq) + 1 AS span FROM (
+        SELECT proc, seq, sum(restart) OVER ({order} ROWS UNBOUNDED PRECEDING) AS run FROM (
+            SELECT proc, start_ns, trace_key, assumeNotNull(seq) AS seq,
+                toUInt64(lagInFrame(seq, 1, seq) OVER ({order} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+                         - seq >= {SEQ_RESTART_MIN_DROP}) AS restart
+            FROM {R} WHERE is_request AND seq IS NOT NULL))
+    GROUP BY proc, run)"""
+
+
+def _kept_spans(traces: str, query: AggregateQuery, values: Sequence[str] = ()) -> str:
+    """``(t, s, kept)``: trace and span key and ``otel_stages.sampling.kept`` of the spans in the
+    window that carry it (``values``: only those values)."""
+    window = request_window(query, "toUnixTimestamp64Nano(Timestamp)")
+    only = (f" AND SpanAttributes['{semconv.SAMPLING_KEPT}'] IN ({', '.join(repr(v) for v in values)})"
+            if values else "")
+    return f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS t, reinterpretAsUInt64(unhex(SpanId)) AS s,
+        SpanAttributes['{semconv.SAMPLING_KEPT}'] AS kept
+    FROM {traces}
+    WHERE {span_filter(query, odd=False)} {window}
+        AND mapContains(SpanAttributes, '{semconv.SAMPLING_KEPT}'){only}"""
+
+
+def sampling_kept_sql(traces: str, query: AggregateQuery) -> str:
+    """``kept``, ``n``: requests read (warm, cold, failed) per ``otel_stages.sampling.kept``
+    value of their request span, as :func:`otel_stages.analysis.sampled.seq_coverage` counts them.
+    Run only when the ``request.seq`` gaps read as sampled
+    (:func:`otel_stages.analysis.sampled.is_sampled`), so an unsampled run pays nothing."""
+    return f"""SELECT k.kept AS kept, count() AS n
+FROM {R} AS r INNER JOIN ({_kept_spans(traces, query)}) AS k ON r.trace_key = k.t AND r.span_key = k.s
+WHERE r.is_request GROUP BY kept ORDER BY kept"""
+
+
+def sampling_unbiased_sql(traces: str, query: AggregateQuery, method: str) -> str:
+    """One row: ``n`` warm requests kept at the head (``ratio`` / ``parent``) and ``median_ms``
+    their median total; run with :func:`sampling_kept_sql`."""
+    head = _kept_spans(traces, query, HEAD_KEPT)
+    return f"""SELECT count() AS n, {median(_TOTAL_MS, "1", method)} AS median_ms
+FROM {R} AS r INNER JOIN ({head}) AS k ON r.trace_key = k.t AND r.span_key = k.s
+WHERE r.warm"""
 
 
 def process_versions_sql(traces: str, query: AggregateQuery) -> str:
@@ -1104,6 +1155,7 @@ def aggregate_statements(traces: str, query: AggregateQuery, method: str
         ("cohort_stages", cohort_stages_sql(method), tops),
         ("cohort_mix", cohort_mix_sql(), {}),
         ("process_mix", process_mix_sql(), {}),
+        ("seq_coverage", seq_coverage_sql(), {}),
         ("cold", cold_sql(method), {}),
         ("cold_stages", cold_stages_sql(method), {}),
         ("cold_cohorts", cold_cohorts_sql(method), tops),

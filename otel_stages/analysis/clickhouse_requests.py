@@ -447,7 +447,7 @@ FROM (
 GROUP BY trace_key, owner"""), {}
     # the cold rule per process: whether its requests carry request.cold_start / request.seq,
     # its earliest request, and (with a window start) whether it ran before the window
-    in_window = f"WHERE {_IS_REQUEST} {_window(query, 'start')}"
+    in_window = f"WHERE {_IS_REQUEST} {request_window(query, 'start')}"
     before = "0"
     if query.start_ns is not None:
         yield _before_insert(traces, query), params
@@ -484,7 +484,7 @@ def _before_insert(traces: str, query: AggregateQuery) -> str:
     fallback = (f"SELECT any(if(present, self_svc, kid_svc)) AS svc"
                 f" FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE}) {{where}}"
                 f" GROUP BY {_PROC} HAVING max(self_cold IN (1, 2)) = 0 AND max(self_seq > 0) = 0")
-    where = f"WHERE {_IS_REQUEST} {_window(query, 'start')}"
+    where = f"WHERE {_IS_REQUEST} {request_window(query, 'start')}"
     return f"""CREATE TEMPORARY TABLE {BEFORE_TABLE} ENGINE = Memory AS
 SELECT DISTINCT {process_label(*RESOURCE_PROCESS)} AS proc FROM {traces}
 WHERE SpanName IN {_STD}
@@ -509,7 +509,9 @@ WHERE SpanName NOT IN {_STD} AND {span_filter(query, odd=False)}
         WHERE SpanName IN {_STD} AND {span_filter(query, odd=False)})"""
 
 
-def _window(query: AggregateQuery, column: str) -> str:
+def request_window(query: AggregateQuery, column: str) -> str:
+    """``AND`` conditions keeping ``column`` (ns) in ``query``'s window, as the requests are kept
+    (the ``lo`` / ``hi`` parameters of ``query_params``); ``""`` without one."""
     window = ""
     if query.start_ns is not None:
         window += f" AND {column} >= {{lo:Int64}}"
@@ -658,7 +660,7 @@ def _requests_select(query: AggregateQuery) -> str:
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
 LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
-WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {_window(query, "start_ns")}
+WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {request_window(query, "start_ns")}
     AND (present OR key = 0 OR (p.trace_key, key) NOT IN ({_INSIDE_A_STAGE}))
 SETTINGS {_SMALL_RIGHT}, max_block_size = 8192)"""
 

@@ -40,6 +40,7 @@ from otel_stages.analysis.figures import PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
 from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
+from otel_stages.analysis.sampled import SeqCoverage
 from otel_stages.analysis.stage_overlap import Overlap
 from otel_stages.analysis.window_edge import WindowEdge
 
@@ -505,7 +506,9 @@ class FleetAggregates:
     counted in two stages at once over the warm requests, as the file report's
     (:class:`~otel_stages.analysis.stage_overlap.Overlap`; ``None`` when no request has any).
     ``services``: warm and cold requests per ``service.name`` (:func:`~otel_stages.analysis
-    .clickhouse_requests.services_sql`), most first; ``service_requests`` their sum over all."""
+    .clickhouse_requests.services_sql`), most first; ``service_requests`` their sum over all.
+    ``sampling``: the ``request.seq`` coverage and the sampler's own word
+    (:func:`sampling_of`; ``None`` when the statement did not run)."""
 
     url: str
     start_ns: int | None
@@ -544,6 +547,7 @@ class FleetAggregates:
     service_requests: int = 0
     process_mix: ProcessMix | None = None
     window_edge: WindowEdge = field(default_factory=WindowEdge)
+    sampling: SeqCoverage | None = None
 
     def cohort_key(self, width: int | None, height: int | None, fmt: str | None) -> str | None:
         """The trace report's cohort key text (:class:`otel_stages.analysis.cohorts.CohortKeys`):
@@ -639,6 +643,24 @@ def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> flo
     ms_within = ss_within / (n - groups)
     omega = (ss_total - ss_within - (groups - 1) * ms_within) / (ss_total + ms_within)
     return min(1.0, max(0.0, omega))
+
+
+def sampling_of(coverage: Rows | None, kept: Rows | None, unbiased: Rows | None = None
+                ) -> SeqCoverage | None:
+    """:func:`~otel_stages.analysis.clickhouse_queries.seq_coverage_sql`'s row,
+    :func:`~otel_stages.analysis.clickhouse_queries.sampling_kept_sql`'s rows and
+    :func:`~otel_stages.analysis.clickhouse_queries.sampling_unbiased_sql`'s row (the last two
+    run only when the first reads as sampled) as :func:`otel_stages.analysis.sampled.seq_coverage`
+    answers; ``None`` without the first."""
+    row = next(iter(coverage or ()), None)
+    if row is None:
+        return None
+    head = next(iter(unbiased or ()), {})
+    n = int(head.get("n") or 0)
+    median_ms = head.get("median_ms")
+    return SeqCoverage(int(row.get("kept") or 0), int(row.get("numbered") or 0),
+                       {str(r["kept"]): int(r["n"]) for r in kept or ()}, n,
+                       float(median_ms) if n and median_ms is not None else None)
 
 
 def process_mix_of(row: Mapping[str, Any] | None, versions: Rows | None = None) -> ProcessMix | None:
@@ -804,6 +826,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),
         window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),
+        sampling=sampling_of(results.get("seq_coverage"), results.get("sampling_kept"),
+                             results.get("sampling_unbiased")),
     )
 
 

@@ -57,6 +57,7 @@ from otel_stages.analysis.caveats import (
     offset_line,
     outlived_caveat,
     partial_stage_lines,
+    sampled_caveat,
     services_caveat,
     set_apart_lines,
     untraced_advice,
@@ -257,6 +258,7 @@ def decide(fig: Figures) -> Verdict:
     failures_first(verdict, fig, band.band_ms)
     clash_caveat(verdict, fig)
     services_caveat(verdict, fig)
+    sampled_caveat(verdict, fig)  # first: what was read at all
     return verdict
 
 

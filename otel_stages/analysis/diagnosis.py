@@ -69,6 +69,7 @@ from otel_stages.analysis.noise import noise_band
 from otel_stages.analysis.process_mix import process_mix
 from otel_stages.analysis.report import DEFAULT_TOP, Counts, Report, RequestSets, Run, SlowRequest
 from otel_stages.analysis.requests import Request, attribute_text, group_spans, process_keys
+from otel_stages.analysis.sampled import seq_coverage
 from otel_stages.analysis.screen import screen_spans
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
@@ -395,7 +396,9 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    unread_forwards=units.mixed_forwards + (
                        unread.gpu_utilization and unread_values(warm).gpu_utilization))
     batches = summarize_batches(screened.spans)
-    verdict = decide(_with_batches(result.figures, batches))
+    # the request.seq gaps are of every request read (warm, cold, failed)
+    figures = replace(result.figures, sampling=seq_coverage(requests, warm))
+    verdict = decide(_with_batches(figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
     problems = [*recording.problems, *screened.problems, *grouping.problems, *unread.problems(),
@@ -429,6 +432,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         cohorts=share_tentative(cohorts, verdict.tentative),
         input_mix_explains=mix,
         process_mix=result.figures.process_mix,
+        sampling=figures.sampling,
         set_apart=apart,
         failures=failures_to_dict(result.figures, verdict_band_ms(result.figures)),
         runs=runs,

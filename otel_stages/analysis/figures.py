@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.process_mix import ProcessMix
+from otel_stages.analysis.sampled import SeqCoverage
 
 #: ``ColdFigures.compared_with``: warm requests with the cold request's input (cohort).
 SAME_INPUT = "same_input"
@@ -373,7 +374,9 @@ class Figures:
     the first of each id is kept). ``services``: warm and cold requests per ``service.name`` of
     the request span, ``(name, requests)`` most first (a name ``""`` when unset; the largest
     ones, ``service_requests`` counting all). ``process_mix``: the part of the warm total's
-    variance between processes (:mod:`otel_stages.analysis.process_mix`).
+    variance between processes (:mod:`otel_stages.analysis.process_mix`). ``sampling``: how much
+    of each process's ``request.seq`` range was read, and why the sampler says it kept them
+    (:mod:`otel_stages.analysis.sampled`; ``None``: not counted).
     """
 
     warm_requests: int
@@ -403,6 +406,7 @@ class Figures:
     clash_spans: int = 0
     services: Sequence[tuple[str, int]] = ()
     service_requests: int = 0
+    sampling: SeqCoverage | None = None
     #: the ``batch`` spans' median fill and their members' median wait, ms
     #: (:class:`otel_stages.analysis.batching.BatchSummary`; ``None`` without batch spans read)
     batch_fill_ms: float | None = None

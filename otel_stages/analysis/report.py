@@ -7,7 +7,9 @@
 null), ``cohorts`` (each verdict tentative on its own, fewer than 20 warm requests in it, or
 whenever the report's ``verdict`` is: :func:`~otel_stages.analysis.figures.share_tentative`),
 ``input_mix_explains``, ``process_mix`` (:class:`~otel_stages.analysis.process_mix.ProcessMix`
-or null), ``cold_start``, ``runs``, ``problems``, ``verdict`` (with ``tentative``),
+or null), ``sampling`` (the ``request.seq`` coverage,
+:meth:`~otel_stages.analysis.sampled.SeqCoverage.to_dict`, or null), ``cold_start``, ``runs``,
+``problems``, ``verdict`` (with ``tentative``),
 ``comparison`` (:meth:`.comparison.Comparison.to_dict`); plus ``set_apart``, ``noise``, ``gpu``, ``slowest``,
 ``groups`` and ``signals`` (per stage: thread CPU time against waiting, GC, event-loop lag,
 throttling; :mod:`otel_stages.analysis.mechanisms`).
@@ -25,6 +27,7 @@ from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.noise import NoiseBand
 from otel_stages.analysis.process_mix import ProcessMix
 from otel_stages.analysis.requests import Request
+from otel_stages.analysis.sampled import SeqCoverage
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_overlap import Overlap
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
@@ -241,6 +244,8 @@ class Report:
     overlap: Overlap | None = None
     #: the failed requests' figures (:func:`otel_stages.analysis.caveats.failures_to_dict`)
     failures: dict[str, object] | None = None
+    #: how much of each process's request.seq range was read (analysis.sampled)
+    sampling: SeqCoverage | None = None
 
     @property
     def warm_requests(self) -> int:
@@ -265,6 +270,7 @@ class Report:
             "cohorts_total": len(self.cohorts),  # all listed here; from ClickHouse the largest 20
             "input_mix_explains": _r(self.input_mix_explains, 4),
             "process_mix": None if self.process_mix is None else self.process_mix.to_dict(),
+            "sampling": None if self.sampling is None else self.sampling.to_dict(),
             "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),
             "set_apart": [a.to_dict() for a in self.set_apart],
             "failures": self.failures,

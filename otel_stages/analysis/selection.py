@@ -32,6 +32,8 @@ ANALYSIS_ATTRIBUTES: frozenset[str] = frozenset({
     semconv.STAGE_NAME,
     semconv.REQUEST_SEQ,
     semconv.REQUEST_COLD_START,
+    # why otel_stages' own sampler kept a request (sampled.py)
+    semconv.SAMPLING_KEPT,
     # inputs and cohorts (requests.py, cohorts.py, evidence.py)
     semconv.IMAGE_WIDTH,
     semconv.IMAGE_HEIGHT,
