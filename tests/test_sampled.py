@@ -212,3 +212,27 @@ def test_the_cli_keeps_the_samplers_attribute(tmp_path: Path, capsys: pytest.Cap
     first = json.loads(capsys.readouterr().out)["verdict"]["evidence"][0]
     assert first.startswith(f"{SAMPLED}{kept} of the {numbered} requests")
     assert "kept at the head by the ratio" in first and "warm requests kept by the ratio have" in first
+
+
+@pytest.mark.parametrize(("shared", "one"), [(9, True), (10, False)])
+def test_one_counter_shared_by_the_processes_is_no_sample(shared: int, one: bool) -> None:
+    # a gateway numbering requests across two replicas: each sees every other number (the
+    # services caveat's test data read as "91% missing"); per-process counters all start at 1
+    from otel_stages.analysis.sampled import SHARED_SEQ_MAX_SHARE, seq_runs, shared_counter
+
+    assert SHARED_SEQ_MAX_SHARE == 0.1
+    rows = [(f"p{n % 2}", n, f"t{n}", n) for n in range(1, 101)]  # 100 numbers, 2 owners
+    # ``shared`` of them seen in the other process too (9 of 100: under a tenth)
+    rows += [(f"p{(n + 1) % 2}", 1000 + n, f"u{n}", n) for n in range(1, shared + 1)]
+    assert shared_counter(rows) is one
+    kept, numbered = seq_runs(rows)
+    assert (kept == numbered) is one  # per process: each sees about every other number
+    assert not shared_counter(_rows(list(range(1, 50))) + _rows(list(range(1, 50)), "q"))
+
+
+def test_a_counter_shared_by_two_services_reads_alike_in_both_reports(engine, tmp_path: Path) -> None:
+    from tests.test_services_caveat import two_services
+
+    got, want = reports(engine, two_services(tmp_path / "two.jsonl", 30))
+    assert got["sampling"] == want["sampling"]
+    assert want["sampling"]["sampled"] is False and want["sampling"]["missing"] == 0

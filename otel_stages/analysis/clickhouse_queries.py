@@ -64,7 +64,12 @@ from otel_stages.analysis.gpu import (
 )
 from otel_stages.analysis.gpu_owners import NVML_UUID, PERCENT_GUESS, UNDECLARED_UNIT
 from otel_stages.analysis.otlp_json import PERCENT_SCALE, PERCENT_UNIT
-from otel_stages.analysis.sampled import HEAD_KEPT, SEQ_RESTART_MIN_DROP
+from otel_stages.analysis.sampled import (
+    HEAD_KEPT,
+    SAMPLED_MIN_MISSING_FRACTION,
+    SEQ_RESTART_MIN_DROP,
+    SHARED_SEQ_MAX_SHARE,
+)
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 
 #: The per-request rows with their cold / warm flags (a subquery).
@@ -215,15 +220,21 @@ def seq_coverage_sql() -> str:
     :data:`~otel_stages.analysis.sampled.SEQ_RESTART_MIN_DROP` or more; each run's distinct
     numbers and its lowest-to-highest range, summed (as
     :func:`otel_stages.analysis.sampled.seq_runs`)."""
-    order = "PARTITION BY proc ORDER BY start_ns, trace_key"
+    order = "PARTITION BY owner ORDER BY start_ns, trace_key"
+    numbered = f"{R} WHERE is_request AND seq IS NOT NULL"
+    # numbers from one counter the processes share are read as one process's (sampled.shared_counter)
+    one = f"""(SELECT uniqExact(owner) >= 2 AND countIf(procs > 1) < {SHARED_SEQ_MAX_SHARE} * count()
+            AND count() >= {1 - SAMPLED_MIN_MISSING_FRACTION} * (max(seq) - min(seq) + 1)
+        FROM (SELECT seq, uniqExact(proc) AS procs, min(proc) AS owner FROM {numbered} GROUP BY seq))"""
+    # new names (owner, n): an alias named as a column would replace it in the WHERE too
     return f"""SELECT toUInt64(sum(k)) AS kept, toUInt64(sum(span)) AS numbered FROM (
-    SELECT uniqExact(seq) AS k, max(seq) - min(seq) + 1 AS span FROM (
-        SELECT proc, seq, sum(restart) OVER ({order} ROWS UNBOUNDED PRECEDING) AS run FROM (
-            SELECT proc, start_ns, trace_key, assumeNotNull(seq) AS seq,
-                toUInt64(lagInFrame(seq, 1, seq) OVER ({order} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
-                         - seq >= {SEQ_RESTART_MIN_DROP}) AS restart
-            FROM {R} WHERE is_request AND seq IS NOT NULL))
-    GROUP BY proc, run)"""
+    SELECT uniqExact(n) AS k, max(n) - min(n) + 1 AS span FROM (
+        SELECT owner, n, sum(restart) OVER ({order} ROWS UNBOUNDED PRECEDING) AS run FROM (
+            SELECT if({one}, '', proc) AS owner, start_ns, trace_key, assumeNotNull(seq) AS n,
+                toUInt64(lagInFrame(n, 1, n) OVER ({order} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+                         - n >= {SEQ_RESTART_MIN_DROP}) AS restart
+            FROM {numbered}))
+    GROUP BY owner, run)"""
 
 
 def _kept_spans(traces: str, query: AggregateQuery, values: Sequence[str] = ()) -> str:

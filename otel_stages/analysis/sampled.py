@@ -5,12 +5,13 @@ whose median request took 170 ms, and a 15x cold start read as 2.2x).
 
 Two readings tell a sampled recording:
 
-- gaps in ``request.seq`` (1-based per process): per process, requests in start order, a run of
-  numbers restarts where the number drops by :data:`SEQ_RESTART_MIN_DROP` or more (a restart that
-  kept ``service.instance.id``); each run counts the numbers from its lowest to its highest seen
-  (a recording window that starts or ends mid-process counts only inside), and the distinct
-  numbers seen. At :data:`SAMPLED_MIN_MISSING_FRACTION` of those numbers missing, and at least
-  :data:`SAMPLED_MIN_MISSING_REQUESTS`, the recording is read as sampled;
+- gaps in ``request.seq`` (1-based per process; numbers from one counter the processes share,
+  :data:`SHARED_SEQ_MAX_SHARE`, are read over all of them together): per process, requests in start
+  order, a run of numbers restarts where the number drops by :data:`SEQ_RESTART_MIN_DROP` or more
+  (a restart that kept ``service.instance.id``); each run counts the numbers from its lowest to its
+  highest seen (a recording window that starts or ends mid-process counts only inside), and the
+  distinct numbers seen. At :data:`SAMPLED_MIN_MISSING_FRACTION` of those numbers missing, and at
+  least :data:`SAMPLED_MIN_MISSING_REQUESTS`, the recording is read as sampled;
 - the sampler's own word: ``otel_stages.sampling.kept`` on the request spans it exported
   (:mod:`otel_stages.sampling`), counted by value (``ratio``: kept at the head, an unbiased
   sample; ``slow`` / ``error`` / ``cold``: kept for what they turned out to be). Where at least
@@ -45,6 +46,13 @@ SAMPLED_MIN_MISSING_REQUESTS = 5
 #: new run (a restart that kept ``service.instance.id`` numbers from 1 again); smaller drops are
 #: concurrent requests that took their numbers in another order than their start times.
 SEQ_RESTART_MIN_DROP = 16
+#: ``request.seq`` values seen in more than one process: under this share of the distinct values,
+#: with the values owned (lowest process key per value) by two processes or more, the numbers come
+#: from one counter the processes share (a gateway or a load generator numbering requests across
+#: replicas) when, read together, they leave no gaps (:data:`SAMPLED_MIN_MISSING_FRACTION`):
+#: each process then sees every n-th number, which is no sampling, and the gaps are read over all
+#: processes together. Per-process counters (otel-stages' own) all start at 1.
+SHARED_SEQ_MAX_SHARE = 0.1
 #: The warm requests the sampler kept by the ratio alone get a median of their own from this many
 #: on (as ``decision.MIN_WARM_RUNS``: the median of fewer is one or two runs).
 UNBIASED_MIN_REQUESTS = 5
@@ -89,9 +97,11 @@ class SeqCoverage:
 def seq_runs(rows: Iterable[tuple[str, int, str, int]]) -> tuple[int, int]:
     """``(kept, numbered)`` of ``rows`` ``(process, start_ns, trace_id, seq)`` (module docstring;
     rows in any order, ``seq`` above 0)."""
+    rows = list(rows)
+    one = shared_counter(rows)
     by_process: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
     for proc, start_ns, trace_id, seq in rows:
-        by_process[proc].append((start_ns, trace_id, seq))
+        by_process["" if one else proc].append((start_ns, trace_id, seq))
     kept = numbered = 0
     for found in by_process.values():
         found.sort()
@@ -106,6 +116,22 @@ def seq_runs(rows: Iterable[tuple[str, int, str, int]]) -> tuple[int, int]:
         if run:
             kept, numbered = kept + len(run), numbered + max(run) - min(run) + 1
     return kept, numbered
+
+
+def shared_counter(rows: Sequence[tuple[str, int, str, int]]) -> bool:
+    """Whether the ``request.seq`` numbers of ``rows`` (as :func:`seq_runs`) come from one counter
+    the processes share (:data:`SHARED_SEQ_MAX_SHARE`)."""
+    procs: dict[int, set[str]] = defaultdict(set)
+    for proc, _, _, seq in rows:
+        procs[seq].add(proc)
+    if not procs:
+        return False
+    owners = {min(found) for found in procs.values()}
+    shared = sum(1 for found in procs.values() if len(found) > 1)
+    # read together they leave no gaps that would read as sampled (processes with counters of
+    # their own whose ranges merely differ, 30..60 and 1..10, leave them)
+    together = len(procs) >= (1 - SAMPLED_MIN_MISSING_FRACTION) * (max(procs) - min(procs) + 1)
+    return len(owners) >= 2 and shared < SHARED_SEQ_MAX_SHARE * len(procs) and together
 
 
 def seq_coverage(requests: Sequence[Request], warm: Sequence[Request] = ()) -> SeqCoverage:
