@@ -40,10 +40,11 @@ def _attr(key: str, value: object) -> dict[str, Any]:
 
 
 def _write(path: Path, requests: Sequence[Sequence[tuple[Image, float]]], *,
-           cold_forward_ms: float = 0.0) -> Path:
+           cold_forward_ms: float = 0.0, grouped: bool = False) -> Path:
     """One OTLP/JSON line per request, 1 s apart, seq 1.. (seq 1 is the cold one): its decode
     spans (``(image, ms)`` each: width, height, bytes, ``None`` not recorded) back to back, then
-    resize 5 ms and forward 20 ms (``cold_forward_ms`` more in the first request)."""
+    resize 5 ms and forward 20 ms (``cold_forward_ms`` more in the first request). ``grouped``:
+    the decode spans sit in a custom ``preprocess`` group span under the request."""
     rng = random.Random(7)
     resource = {"attributes": [_attr("service.name", "svc"), _attr("service.instance.id", "i1")]}
     lines = []
@@ -59,8 +60,15 @@ def _write(path: Path, requests: Sequence[Sequence[tuple[Image, float]]], *,
         stages += [("resize", 5 + rng.random() * 0.2, []),
                    ("forward", 20 + rng.random() * 0.2 + (cold_forward_ms if i == 0 else 0), [])]
         spans = []
+        group = f"{i + 1:08x}{0xfff:08x}"
+        if grouped:
+            spans.append({"traceId": trace, "spanId": group, "parentSpanId": rid, "name": "preprocess",
+                          "kind": 1, "startTimeUnixNano": str(t),
+                          "endTimeUnixNano": str(t + int(sum(ms for _, ms in decodes) * MS) + 1000),
+                          "attributes": [], "status": {}})
         for k, (name, ms, attrs) in enumerate(stages):
-            spans.append({"traceId": trace, "spanId": f"{i + 1:08x}{k + 1:08x}", "parentSpanId": rid,
+            parent = group if grouped and name == "decode" else rid
+            spans.append({"traceId": trace, "spanId": f"{i + 1:08x}{k + 1:08x}", "parentSpanId": parent,
                           "name": name, "kind": 1, "startTimeUnixNano": str(t),
                           "endTimeUnixNano": str(t + int(ms * MS)), "attributes": attrs, "status": {}})
             t += int(ms * MS)
@@ -136,25 +144,30 @@ def test_decoded_images_are_a_multiset_of_the_decode_spans() -> None:
 # --- both reports -------------------------------------------------------------------------------
 
 
-def test_a_cold_request_that_decoded_a_second_photo_is_no_cold_start(engine, tmp_path: Path) -> None:
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_cold_request_that_decoded_a_second_photo_is_no_cold_start(
+        engine, tmp_path: Path, grouped: bool) -> None:
     """The tester's run: same first image, plus a 4032x3024 photo decoded for 1990 ms. Its input
     differs from every warm request's: not comparable, so not called a cold start (both said
-    "cold_start (decode), 49.7x the median of the 39 warm requests with the same input")."""
+    "cold_start (decode), 49.7x the median of the 39 warm requests with the same input"). The
+    same with the decode spans inside a custom ``preprocess`` group."""
     cold = [(FIRST, 10.0), (PHOTO, 1990.0)]
-    want = _both(engine, _write(tmp_path / "photo.jsonl", _run(40, cold, [[FIRST]])))
+    want = _both(engine, _write(tmp_path / "photo.jsonl", _run(40, cold, [[FIRST]]), grouped=grouped))
     assert want["verdict"]["cause"] != "cold_start"
     assert want["cold_start"]["compared_with"] == ALL_WARM
     assert any(NOT_COMPARABLE in line for line in want["verdict"]["evidence"])
     assert not any("warm decode up" in a or "at startup" in a for a in want["verdict"]["advice"])
 
 
-def test_a_fixed_two_image_input_keeps_its_cold_start(engine, tmp_path: Path) -> None:
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_fixed_two_image_input_keeps_its_cold_start(engine, tmp_path: Path, grouped: bool) -> None:
     """Every request sends the same two images (a fixed multi-image benchmark input); the first
-    pays 2 s in forward: compared with the warm requests of the same two images, a cold start."""
+    pays 2 s in forward: compared with the warm requests of the same two images, a cold start
+    (also with the decode spans in a custom group)."""
     two = [FIRST, ICON]
     cold = [(FIRST, 11.0), (ICON, 0.5)]
     want = _both(engine, _write(tmp_path / "fixed_two.jsonl", _run(40, cold, [two]),
-                                cold_forward_ms=2000))
+                                cold_forward_ms=2000, grouped=grouped))
     assert want["verdict"]["cause"] == "cold_start"
     assert want["verdict"]["tentative"] is False
     assert want["cold_start"]["compared_with"] == SAME_INPUT
@@ -205,3 +218,16 @@ def test_a_decode_span_without_sizes_counts_as_one_unknown_image(engine, tmp_pat
     want = _both(engine, _write(tmp_path / "unsized_same.jsonl", runs, cold_forward_ms=2000))
     assert want["verdict"]["cause"] == "cold_start"
     assert want["cold_start"]["compared_with"] == SAME_INPUT
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_another_second_image_is_another_input(engine, tmp_path: Path, grouped: bool) -> None:
+    """Every request decodes two images, the warm ones a 64x64 icon second, the cold one a
+    4032x3024 photo: as many decode spans, other images, so not comparable (also with the decode
+    spans in a custom group, whose images the SQL reads apart)."""
+    cold = [(FIRST, 11.0), (PHOTO, 1990.0)]
+    runs = _run(40, cold, [[FIRST, ICON]])
+    want = _both(engine, _write(tmp_path / "other_second.jsonl", runs, grouped=grouped))
+    assert want["verdict"]["cause"] != "cold_start"
+    assert want["cold_start"]["compared_with"] == ALL_WARM
+    assert any(NOT_COMPARABLE in line for line in want["verdict"]["evidence"])
