@@ -40,16 +40,18 @@ def _attr(key: str, value: object) -> dict[str, Any]:
 
 
 def _write(path: Path, requests: Sequence[Sequence[tuple[Image, float]]], *,
-           cold_forward_ms: float = 0.0, grouped: bool = False) -> Path:
+           cold_forward_ms: float = 0.0, grouped: bool = False, process: int = 1,
+           append: bool = False) -> Path:
     """One OTLP/JSON line per request, 1 s apart, seq 1.. (seq 1 is the cold one): its decode
     spans (``(image, ms)`` each: width, height, bytes, ``None`` not recorded) back to back, then
     resize 5 ms and forward 20 ms (``cold_forward_ms`` more in the first request). ``grouped``:
-    the decode spans sit in a custom ``preprocess`` group span under the request."""
+    the decode spans sit in a custom ``preprocess`` group span under the request. ``process``:
+    its ``service.instance.id`` (``i1``, ...); ``append``: add to the file (another process)."""
     rng = random.Random(7)
-    resource = {"attributes": [_attr("service.name", "svc"), _attr("service.instance.id", "i1")]}
+    resource = {"attributes": [_attr("service.name", "svc"), _attr("service.instance.id", f"i{process}")]}
     lines = []
     for i, decodes in enumerate(requests):
-        trace, rid = f"{i + 1:032x}", f"{i + 1:016x}"
+        trace, rid = f"{process:08x}{i + 1:024x}", f"{i + 1:016x}"
         t0 = BASE_NS + i * 1000 * MS
         t = t0 + MS // 10
         stages: list[tuple[str, float, list[dict[str, Any]]]] = [
@@ -78,7 +80,8 @@ def _write(path: Path, requests: Sequence[Sequence[tuple[Image, float]]], *,
                          "attributes": [_attr(semconv.REQUEST_SEQ, i + 1)], "status": {}})
         lines.append(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [
             {"scope": {"name": "otel_stages"}, "spans": spans}]}]}))
-    path.write_text("\n".join(lines) + "\n")
+    with path.open("a" if append else "w") as f:
+        f.write("\n".join(lines) + "\n")
     return path
 
 
@@ -231,3 +234,20 @@ def test_another_second_image_is_another_input(engine, tmp_path: Path, grouped: 
     assert want["verdict"]["cause"] != "cold_start"
     assert want["cold_start"]["compared_with"] == ALL_WARM
     assert any(NOT_COMPARABLE in line for line in want["verdict"]["evidence"])
+
+
+def test_each_cold_input_needs_its_own_warm_requests(engine, tmp_path: Path) -> None:
+    """Two processes whose cold requests decoded two images each, other second images: one input
+    has COMPARABLE_MIN_REQUESTS (5) warm requests, the other 4; the first is compared with its
+    own, the second left out (not every cold request compared with all warm requests)."""
+    path = tmp_path / "two_processes.jsonl"
+    rng = random.Random(9)
+    for process, (second, peers) in enumerate([(ICON, 5), (PHOTO, 4)], start=1):
+        runs = _run(30, [(FIRST, 11.0), (second, 0.5)], [[FIRST]])
+        for i in range(1, peers + 1):
+            runs[i * 5] = [(FIRST, _decode_ms(rng)), (second, 0.5)]
+        _write(path, runs, cold_forward_ms=2000, process=process, append=process > 1)
+    want = _both(engine, path)
+    assert want["cold_start"]["compared_with"] == SAME_INPUT
+    assert (want["cold_start"]["count"], want["cold_start"]["left_out"]) == (1, 1)
+    assert want["cold_start"]["comparable_requests"] == 5
