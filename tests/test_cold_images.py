@@ -41,18 +41,19 @@ def _attr(key: str, value: object) -> dict[str, Any]:
 
 def _write(path: Path, requests: Sequence[Sequence[tuple[Image, float]]], *,
            cold_forward_ms: float = 0.0, grouped: bool = False, process: int = 1,
-           append: bool = False) -> Path:
+           append: bool = False, idle_before: int | None = None) -> Path:
     """One OTLP/JSON line per request, 1 s apart, seq 1.. (seq 1 is the cold one): its decode
     spans (``(image, ms)`` each: width, height, bytes, ``None`` not recorded) back to back, then
     resize 5 ms and forward 20 ms (``cold_forward_ms`` more in the first request). ``grouped``:
     the decode spans sit in a custom ``preprocess`` group span under the request. ``process``:
-    its ``service.instance.id`` (``i1``, ...); ``append``: add to the file (another process)."""
+    its ``service.instance.id`` (``i1``, ...); ``append``: add to the file (another process).
+    ``idle_before``: the requests from this index on start 60 s later (an idle gap)."""
     rng = random.Random(7)
     resource = {"attributes": [_attr("service.name", "svc"), _attr("service.instance.id", f"i{process}")]}
     lines = []
     for i, decodes in enumerate(requests):
         trace, rid = f"{process:08x}{i + 1:024x}", f"{i + 1:016x}"
-        t0 = BASE_NS + i * 1000 * MS
+        t0 = BASE_NS + i * 1000 * MS + (60_000 * MS if idle_before is not None and i >= idle_before else 0)
         t = t0 + MS // 10
         stages: list[tuple[str, float, list[dict[str, Any]]]] = [
             ("decode", ms, [*(_attr(key, v) for key, v in zip(
@@ -251,3 +252,23 @@ def test_each_cold_input_needs_its_own_warm_requests(engine, tmp_path: Path) -> 
     assert want["cold_start"]["compared_with"] == SAME_INPUT
     assert (want["cold_start"]["count"], want["cold_start"]["left_out"]) == (1, 1)
     assert want["cold_start"]["comparable_requests"] == 5
+
+
+@pytest.mark.parametrize(("second", "apart"), [(PHOTO, False), (ICON, True)])
+def test_a_request_after_an_idle_gap_is_compared_with_its_images(
+        engine, tmp_path: Path, second: Image, apart: bool) -> None:
+    """After 60 s idle, a request decodes its image and a second one for 2 s. Six warm requests
+    decoded the 64x64 icon second, the rest one image: with the photo second no warm request had
+    its input, so it is a warm request (not set apart as cold after the idle gap); with the icon
+    second it is compared with those six and set apart."""
+    runs = _run(40, [(FIRST, 11.0)], [[FIRST]])
+    rng = random.Random(11)
+    for i in range(1, 7):
+        runs[i * 3] = [(FIRST, _decode_ms(rng)), (ICON, 0.5)]
+    runs[30] = [(FIRST, 11.0), (second, 2000.0)]
+    from tests.test_clickhouse_issues import reports
+    got, want = reports(engine, _write(tmp_path / "idle.jsonl", runs, idle_before=30))
+    assert (got["set_apart"], got["counts"], got["verdict"]) == (
+        want["set_apart"], want["counts"], want["verdict"])
+    assert bool(want["set_apart"]) is apart
+    assert want["counts"]["warm"] == (38 if apart else 39)

@@ -10,8 +10,8 @@ else when the process started in the window (it has a cold request) and it is th
 with its input there and has at most one decode span (``new_input``: the input of a request of
 several images is its first image's). A flagged request is *set apart* when at least
 :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` comparable requests (unflagged
-warm, same input; for an unknown input all of them) have a median total above 0 and it took
-:data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more.
+warm, same input and images decoded, ``images_sig``; for an unknown input all of them) have a
+median total above 0 and it took :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more.
 
 Requests set apart leave the warm statistics: :data:`APART_TABLE` holds their keys, and
 :func:`otel_stages.analysis.clickhouse_sql.requests` (what every aggregate reads) clears their
@@ -64,7 +64,9 @@ def apart_statements() -> list[str]:
               f" p.failed_first AND w.warm_before = 0, '{REASON_AFTER_FAILED_START}',"
               f" p.started AND {_KNOWN} AND w.first_input, '{REASON_NEW_INPUT}',"
               " '')")
-    key = f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt), '')"
+    # the input with the images decoded (images_sig), as cohorts.find_set_apart compares them
+    key = (f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt, '/',"
+           " toString(images_sig)), '')")
     # a request's process: proc_key (clickhouse_sql.process_hash of the request span's service
     # namespace, name and instance, else host) names the same processes as ``proc``
     firsts = f"""SELECT proc_key, width, height, fmt, first.1, first.2 FROM (
@@ -78,7 +80,7 @@ SELECT d.trace_key AS trace_key, d.span_key AS span_key, d.start_ns AS start_ns,
     {reason} AS reason,
     if(reason = '{REASON_AFTER_IDLE}', w.start_ns - w.last_end, NULL) AS idle_ns
 FROM (
-    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns
+    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, images_sig, total_ns
     FROM {cohort_requests()} WHERE is_request
 ) AS d
 INNER JOIN (
@@ -110,8 +112,8 @@ WITH comparable AS (
     SELECT {key} AS k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
     FROM {cohort_requests()}
     WHERE {unflagged} AND {_KNOWN}
-        AND (width, height, fmt) IN (SELECT width, height, fmt FROM {FLAGGED_TABLE})
-    GROUP BY width, height, fmt
+        AND k IN (SELECT k FROM {FLAGGED_TABLE})
+    GROUP BY k
     UNION ALL  -- an unknown input compares with every unflagged warm request
     SELECT '' AS k, count() AS n, quantileExactInclusive(0.5)(total_ns) AS median_ns
     FROM {cohort_requests()}

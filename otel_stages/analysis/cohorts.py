@@ -17,7 +17,8 @@ these have no key.
   cohort in a process (when the process's start is in the recording; not one of several decode
   spans, whose cohort is only its first image's) and requests after an idle
   gap of :data:`IDLE_GAP_MIN_S` are set apart from the warm runs when they stand out:
-  ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort or more.
+  ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort (that
+  decoded the same images, :func:`decoded_images`) or more.
   So is the first successful request after a failed first request (a crash during model load):
   the cold start may have moved to it.
 """
@@ -329,10 +330,19 @@ def find_set_apart(requests: Sequence[Request], keys: CohortKeys) -> list[SetApa
         return []
     unflagged = [r for r in requests if not r.cold and not r.error and id(r) not in flagged]
     cohorts = group(unflagged, keys)
+    # a cohort split by the images decoded (as cold_figures compares), for the flagged ones' keys
+    by_images: dict[str, dict[tuple[Image, ...] | None, list[Request]]] = {}
     out = []
     for r in sorted((r for r in requests if id(r) in flagged), key=lambda r: r.start_ns):
         k = keys.key(r)
-        comparable = cohorts.get(k, []) if k is not None else unflagged
+        if k is None:
+            comparable = unflagged
+        else:
+            if k not in by_images:
+                split = by_images[k] = {}
+                for c in cohorts.get(k, ()):
+                    split.setdefault(decoded_images(c), []).append(c)
+            comparable = by_images[k].get(decoded_images(r), [])
         if len(comparable) < COMPARABLE_MIN_REQUESTS:
             continue  # nothing to tell it apart from
         median = statistics.median(c.total_ms for c in comparable)
