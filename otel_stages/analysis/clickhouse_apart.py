@@ -11,7 +11,8 @@ with its input there and has at most one decode span (``new_input``: the input o
 several images is its first image's). A flagged request is *set apart* when at least
 :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` comparable requests (unflagged
 warm, same input and images decoded, ``images_sig``; for an unknown input all of them) have a
-median total above 0 and it took :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more.
+median total above 0 and it took :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO`
+times that median or more.
 
 Requests set apart leave the warm statistics: :data:`APART_TABLE` holds their keys, and
 :func:`otel_stages.analysis.clickhouse_sql.requests` (what every aggregate reads) clears their
