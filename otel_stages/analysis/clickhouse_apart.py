@@ -12,9 +12,9 @@ several images is its first image's), else when a cold request came before it in
 fewer than :data:`~otel_stages.analysis.cohorts.WARMUP_MAX_REQUESTS` warm ones (``warm_up``;
 every such request, whatever its reason, is a warm-up *candidate* at its position, the warm
 requests before it). A flagged request is *set apart* when at least
-:data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` comparable requests (same input;
-for an unknown input all of them) have a median total above 0 and it took
-:data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more; the
+:data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` comparable requests (same input and
+images decoded, ``images_sig``; for an unknown input all of them) have a median total above 0 and
+it took :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more; the
 comparable requests are the warm ones not flagged for another reason than ``warm_up``. A
 ``warm_up`` request is compared with the warm requests flagged for nothing (after the warm-up)
 and must take their p95 plus their median or more (:func:`~otel_stages.analysis.cohorts.paid_min_ms`),
@@ -84,7 +84,9 @@ def apart_statements() -> list[str]:
               f" p.started AND {_KNOWN} AND w.first_input, '{REASON_NEW_INPUT}',"
               f" {warming}, '{REASON_WARM_UP}',"
               " '')")
-    key = f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt), '')"
+    # the input with the images decoded (images_sig), as cohorts.find_set_apart compares them
+    key = (f"if({_KNOWN}, concat(toString(width), 'x', toString(height), '/', fmt, '/',"
+           " toString(images_sig)), '')")
     # a request's process: proc_key (clickhouse_sql.process_hash of the request span's service
     # namespace, name and instance, else host) names the same processes as ``proc``
     firsts = f"""SELECT proc_key, width, height, fmt, first.1, first.2 FROM (
@@ -99,7 +101,7 @@ SELECT d.trace_key AS trace_key, d.span_key AS span_key, d.start_ns AS start_ns,
     if(reason = '{REASON_AFTER_IDLE}', w.start_ns - w.last_end, NULL) AS idle_ns,
     w.ph AS ph, if({warming}, toInt64(w.warm_before), toInt64(-1)) AS warmup_pos
 FROM (
-    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, total_ns
+    SELECT trace_key, span_key, start_ns, seq, width, height, fmt, images_sig, total_ns
     FROM {cohort_requests()} WHERE is_request
 ) AS d
 INNER JOIN (
@@ -135,11 +137,10 @@ WHERE reason != ''"""
              " countIf(s) AS n_after, quantilesExactInclusiveIf(0.5, 0.95)(total_ns, s) AS q_after")
     create = f"""CREATE TEMPORARY TABLE {APART_TABLE} ENGINE = Memory AS
 WITH comparable AS (
-    SELECT {key} AS k, {stats}
-    FROM (SELECT width, height, fmt, total_ns, {marks} FROM {cohort_requests()}
-          WHERE warm AND {_KNOWN}
-              AND (width, height, fmt) IN (SELECT width, height, fmt FROM {FLAGGED_TABLE}))
-    GROUP BY width, height, fmt
+    SELECT k, {stats}
+    FROM (SELECT {key} AS k, total_ns, {marks} FROM {cohort_requests()}
+          WHERE warm AND {_KNOWN} AND k IN (SELECT k FROM {FLAGGED_TABLE}))
+    GROUP BY k
     UNION ALL  -- an unknown input compares with every warm request
     SELECT '' AS k, {stats}
     FROM (SELECT total_ns, {marks} FROM {cohort_requests()}

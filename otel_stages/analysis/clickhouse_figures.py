@@ -317,13 +317,14 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
         )
     u = cold.union
     if u is not None:  # several inputs, or some not comparable: the comparable ones, together
-        keys = {agg.cohort_key(i.width, i.height, i.format) for i in inputs if comparable_cold_input(i)}
+        keys = {(agg.cohort_key(i.width, i.height, i.format), i.images_sig)
+                for i in inputs if comparable_cold_input(i)}
         return ColdFigures(
             count=u.cold_requests, total_ms=u.cold_median_total_ms, stages_ms=u.cold_stages_median_ms,
             comparable_median_total_ms=u.median_total_ms,
             comparable_stages_ms=u.stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=u.requests, warm_median_total_ms=agg.total.median_ms,
-            cohort=next(iter(keys)) if len(keys) == 1 else None, first_of_process=first,
+            cohort=next(iter(keys))[0] if len(keys) == 1 else None, first_of_process=first,
             left_out=cold.total.count - u.cold_requests,
         )
     # several inputs of cold requests, some with too few warm requests of their own: compared
@@ -380,19 +381,30 @@ def _paid_only(i: ColdInput, fig: ColdFigures) -> ColdFigures:
 def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
     """The rules' input within one cohort (its own stages, total, cold requests of its input)."""
     own_cold = None
-    if agg.cold_start is not None:
-        for i in agg.cold_start.by_input:
-            if (i.width, i.height, i.format) == (cohort.width, cohort.height, cohort.format):
-                same = i.warm_requests >= COMPARABLE_MIN_REQUESTS
-                own_cold = _paid_only(i, ColdFigures(
-                    count=i.cold_requests, total_ms=i.cold_median_total_ms,
-                    stages_ms=i.cold_stages_median_ms,
-                    comparable_median_total_ms=i.warm_median_total_ms,
-                    comparable_stages_ms=i.warm_stages_median_ms,
-                    compared_with=SAME_INPUT if same else ALL_WARM,
-                    comparable_requests=i.warm_requests,
-                    warm_median_total_ms=cohort.total.median_ms,
-                    cohort=cohort.key if same else None))
+    # the cohort's cold inputs: its size and format, each with the images decoded (images_sig)
+    rows = [] if agg.cold_start is None else [
+        i for i in agg.cold_start.by_input
+        if (i.width, i.height, i.format) == (cohort.width, cohort.height, cohort.format)]
+    comparable = sorted((i for i in rows if i.warm_requests >= COMPARABLE_MIN_REQUESTS),
+                        key=lambda i: -i.cold_requests)
+    if comparable:  # with its own warm peers; the cohort's other cold inputs left out
+        i = comparable[0]
+        own_cold = _paid_only(i, ColdFigures(
+            count=i.cold_requests, total_ms=i.cold_median_total_ms,
+            stages_ms=i.cold_stages_median_ms,
+            comparable_median_total_ms=i.warm_median_total_ms,
+            comparable_stages_ms=i.warm_stages_median_ms, compared_with=SAME_INPUT,
+            comparable_requests=i.warm_requests, warm_median_total_ms=cohort.total.median_ms,
+            cohort=cohort.key, left_out=sum(r.cold_requests for r in rows if r is not i)))
+    elif rows:  # no input of theirs comparable: against the cohort's warm requests, never claimed
+        i = max(rows, key=lambda r: r.cold_requests)
+        own_cold = ColdFigures(
+            count=sum(r.cold_requests for r in rows), total_ms=i.cold_median_total_ms,
+            stages_ms=i.cold_stages_median_ms,
+            comparable_median_total_ms=cohort.total.median_ms,
+            comparable_stages_ms={n: s.ran.median_ms for n, s in cohort.stages.items()},
+            compared_with=ALL_WARM, comparable_requests=cohort.total.count,
+            warm_median_total_ms=cohort.total.median_ms)
     gpu = _cohort_gpu(agg, cohort) or GpuEvidence(level=LEVEL_NONE)
     return Figures(
         warm_requests=cohort.total.count,

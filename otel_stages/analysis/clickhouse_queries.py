@@ -79,6 +79,10 @@ _KNOWN = "width IS NOT NULL AND height IS NOT NULL"
 #: Cold requests in the statistics' sense: first of their process and not failed.
 _COLD = "is_request AND cold AND NOT error"
 _UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
+#: A cold request's input in the cold comparison: its size and format (the cohort key) and the
+#: images its decode spans decoded when it has several (``images_sig``, 0 with at most one: as
+#: :func:`otel_stages.analysis.cohorts.cold_figures` keys them).
+_INPUT = "width, height, fmt, images_sig"
 #: Time counted in two stages at once (analysis.stage_overlap.double_counted_ms): the stages'
 #: time inside the request beyond the union they cover.
 _OVERLAP_MS = "greatest(overlap_ns, 0) / 1e6"
@@ -302,43 +306,44 @@ WHERE {_COLD} GROUP BY stage ORDER BY stage"""
 
 
 def cold_cohorts_sql(method: str) -> str:
-    """Per input of cold requests (NULL width = unknown): cold count and median total, and the
-    warm requests with the same input (count, median total)."""
-    return f"""SELECT width, height, fmt,
+    """Per input of cold requests (NULL width = unknown; with the images decoded, ``images_sig``):
+    cold count and median total, and the warm requests with the same input (count, median total)."""
+    return f"""SELECT {_INPUT},
     countIf({_COLD}) AS cold_n, {median(_TOTAL_MS, _COLD, method)} AS cold_median_ms,
     countIf(warm) AS warm_n, {median(_TOTAL_MS, "warm", method)} AS warm_median_ms
 FROM {R} WHERE is_request
-GROUP BY width, height, fmt HAVING cold_n > 0
-ORDER BY cold_n DESC, width, height, fmt
+GROUP BY {_INPUT} HAVING cold_n > 0
+ORDER BY cold_n DESC, {_INPUT}
 LIMIT {{top_cohorts:UInt32}}"""
 
 
 def _comparable_cold_inputs() -> str:
     """The known inputs of cold requests with at least
     :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` warm requests."""
-    return (f"SELECT width, height, fmt FROM {R} WHERE is_request AND {_KNOWN}"
-            f" GROUP BY width, height, fmt"
+    return (f"SELECT {_INPUT} FROM {R} WHERE is_request AND {_KNOWN}"
+            f" GROUP BY {_INPUT}"
             f" HAVING countIf({_COLD}) > 0 AND countIf(warm) >= {COMPARABLE_MIN_REQUESTS}")
 
 
 def _paid_bars(method: str, inputs: str) -> str:
-    """Per input of ``inputs`` (a query of ``width, height, fmt``): the least total (ms) of a cold
+    """Per input of ``inputs`` (a query of ``width, height, fmt, images_sig``): the least total (ms) of a cold
     request that paid a cold start against the warm requests of that input, ``bar_ms``
     (:func:`otel_stages.analysis.cohorts.paid_min_ms`: their p95 plus the ratio less one times
     their median)."""
-    return f"""SELECT width, height, fmt, q[2] + {COLD_START_MIN_RATIO - 1} * q[1] AS bar_ms
-FROM (SELECT width, height, fmt, {median_and_p95(_TOTAL_MS, "warm", method)} AS q
-      FROM {R} WHERE is_request AND {_KNOWN} AND (width, height, fmt) IN ({inputs})
-      GROUP BY width, height, fmt HAVING countIf(warm) > 0)"""
+    return f"""SELECT {_INPUT}, q[2] + {COLD_START_MIN_RATIO - 1} * q[1] AS bar_ms
+FROM (SELECT {_INPUT}, {median_and_p95(_TOTAL_MS, "warm", method)} AS q
+      FROM {R} WHERE is_request AND {_KNOWN} AND ({_INPUT}) IN ({inputs})
+      GROUP BY {_INPUT} HAVING countIf(warm) > 0)"""
 
 
 def _paid_rows(method: str, inputs: str) -> str:
     """The cold requests of ``inputs`` that paid a cold start against their own input's warm
     requests (:func:`_paid_bars`)."""
-    return (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.total_ns AS total_ns,"
-            f" r.stage_names AS stage_names, r.stage_ns AS stage_ns"
+    return (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.images_sig AS images_sig,"
+            f" r.total_ns AS total_ns, r.stage_names AS stage_names, r.stage_ns AS stage_ns"
             f" FROM {R} AS r INNER JOIN ({_paid_bars(method, inputs)}) AS t"
             f" ON r.width = t.width AND r.height = t.height AND r.fmt = t.fmt"
+            f" AND r.images_sig = t.images_sig"
             f" WHERE r.is_request AND r.cold AND NOT r.error AND r.total_ns / 1e6 >= t.bar_ms")
 
 
@@ -347,7 +352,7 @@ def _summary_rows(side: str, rows: str, method: str) -> str:
     per stage with its median."""
     return f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
     {median(_TOTAL_MS, "1", method)} AS median_ms,
-    uniqExact(width, height, fmt) AS inputs, any(width) AS w, any(height) AS h, any(fmt) AS f
+    uniqExact({_INPUT}) AS inputs, any(width) AS w, any(height) AS h, any(fmt) AS f
 FROM ({rows})
 UNION ALL
 SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
@@ -365,7 +370,7 @@ def cold_paid_sql(method: str, by_input: bool) -> str:
     comparable inputs (:func:`_paid_bars`); else each against ``{paid_min_ms:Float64}`` (all warm
     requests'). The warm requests of the inputs that paid: :func:`cold_paid_warm_sql`."""
     if not by_input:
-        rows = (f"SELECT width, height, fmt, total_ns, stage_names, stage_ns FROM {R}"
+        rows = (f"SELECT {_INPUT}, total_ns, stage_names, stage_ns FROM {R}"
                 f" WHERE {_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}")
         return _summary_rows("cold", rows, method)
     return _summary_rows("cold", _paid_rows(method, _comparable_cold_inputs()), method)
@@ -376,8 +381,8 @@ def cold_paid_warm_sql(method: str) -> str:
     (:func:`cold_paid_sql` by input), as its rows; read only when some cold requests did not pay
     (every warm request's stages are read)."""
     paid = _paid_rows(method, _comparable_cold_inputs())
-    warm = (f"SELECT width, height, fmt, total_ns, stage_names, stage_ns FROM {R}"
-            f" WHERE warm AND {_KNOWN} AND (width, height, fmt) IN (SELECT width, height, fmt FROM ({paid}))")
+    warm = (f"SELECT {_INPUT}, total_ns, stage_names, stage_ns FROM {R}"
+            f" WHERE warm AND {_KNOWN} AND ({_INPUT}) IN (SELECT {_INPUT} FROM ({paid}))")
     return _summary_rows("warm", warm, method)
 
 
@@ -386,16 +391,16 @@ def cold_input_paid_sql(method: str) -> str:
     warm requests of that input (:func:`_paid_bars`; ``stage`` ``''``: their count and median
     total; then one row per stage with its median), for a cohort's own cold figures as
     :func:`cold_paid_sql` gives the whole run's."""
-    inputs = (f"SELECT width, height, fmt FROM {R} WHERE is_request AND {_KNOWN}"
-              f" GROUP BY width, height, fmt HAVING countIf({_COLD}) >= 2 AND countIf(warm) > 0")
+    inputs = (f"SELECT {_INPUT} FROM {R} WHERE is_request AND {_KNOWN}"
+              f" GROUP BY {_INPUT} HAVING countIf({_COLD}) >= 2 AND countIf(warm) > 0")
     rows = _paid_rows(method, inputs)
-    return f"""SELECT width, height, fmt, '' AS stage, count() AS n,
+    return f"""SELECT {_INPUT}, '' AS stage, count() AS n,
     {median(_TOTAL_MS, "1", method)} AS median_ms
-FROM ({rows}) GROUP BY width, height, fmt
+FROM ({rows}) GROUP BY {_INPUT}
 UNION ALL
-SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
 FROM ({rows}) ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
-GROUP BY width, height, fmt, stage"""
+GROUP BY {_INPUT}, stage"""
 
 
 def cold_union_sql(method: str) -> str:
@@ -409,7 +414,7 @@ def cold_union_sql(method: str) -> str:
     inputs = _comparable_cold_inputs()
     parts = []
     for side, rows in (("warm", "warm"), ("cold", _COLD)):
-        where = f"{rows} AND {_KNOWN} AND (width, height, fmt) IN ({inputs})"
+        where = f"{rows} AND {_KNOWN} AND ({_INPUT}) IN ({inputs})"
         parts.append(f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
     {median(_TOTAL_MS, "1", method)} AS median_ms
 FROM {R} WHERE {where}
@@ -425,21 +430,21 @@ def cold_cohort_stages_sql(method: str) -> str:
     """Per input of cold requests (the largest ``{top_cohorts:UInt32}``, known inputs only): each
     stage's median over the warm requests with that input (what the cold request is compared
     with, stage by stage)."""
-    cold_inputs = (f"SELECT width, height, fmt FROM {R} WHERE {_COLD} AND {_KNOWN}"
-                   f" GROUP BY width, height, fmt ORDER BY count() DESC, width, height, fmt"
+    cold_inputs = (f"SELECT {_INPUT} FROM {R} WHERE {_COLD} AND {_KNOWN}"
+                   f" GROUP BY {_INPUT} ORDER BY count() DESC, {_INPUT}"
                    f" LIMIT {{top_cohorts:UInt32}}")
-    return f"""SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+    return f"""SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
 FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
-WHERE warm AND {_KNOWN} AND (width, height, fmt) IN ({cold_inputs})
-GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, stage"""
+WHERE warm AND {_KNOWN} AND ({_INPUT}) IN ({cold_inputs})
+GROUP BY {_INPUT}, stage ORDER BY {_INPUT}, stage"""
 
 
 def cold_input_stages_sql(method: str) -> str:
     """Per input of cold requests (NULL width = unknown): each stage's median over those cold
     requests (a cohort's own cold request, stage by stage)."""
-    return f"""SELECT width, height, fmt, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+    return f"""SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
 FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
-WHERE {_COLD} GROUP BY width, height, fmt, stage ORDER BY width, height, fmt, stage"""
+WHERE {_COLD} GROUP BY {_INPUT}, stage ORDER BY {_INPUT}, stage"""
 
 
 def runs_sql() -> str:

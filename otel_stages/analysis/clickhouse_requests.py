@@ -90,7 +90,8 @@ REQUEST_SCHEMA: tuple[tuple[str, str], ...] = (
     ("incomplete_groups", "UInt64"), ("incomplete_spans", "UInt64"), ("cold", "UInt8"),
     ("warm", "UInt8"), ("detached_spans", "UInt32"), ("outside_ns", "Int64"),
     ("after_ns", "Int64"), ("before_ns", "Int64"),
-    ("overlap_ns", "Int64"), ("first_of_proc", "UInt8"), ("decode_bad_sizes", "UInt64"))
+    ("overlap_ns", "Int64"), ("first_of_proc", "UInt8"), ("decode_bad_sizes", "UInt64"),
+    ("images_sig", "UInt64"))
 REQUEST_COLUMNS = tuple(name for name, _ in REQUEST_SCHEMA)
 #: The temporary tables written once and read many times (the groups by every later pass, the
 #: requests by some thirty statements) are stored uncompressed: at 10 M spans LZ4 cost about
@@ -161,6 +162,18 @@ _COLD = (f"toUInt8(multiIf(SpanAttributes['{semconv.REQUEST_COLD_START}'] = 'tru
          f" mapContains(SpanAttributes, '{semconv.REQUEST_COLD_START}'), 3, 0))")
 
 
+#: Over a decode span's row (after ``w`` / ``h`` / ``s`` are read): its image, a hash of width,
+#: height and bytes when each is an int above 0 (as :func:`otel_stages.analysis.cohorts.decoded_images`
+#: reads them), else 0 (an unknown image).
+_DECODED_IMAGE = "if(w > 0 AND h > 0 AND s > 0, cityHash64(w, h, s), toUInt64(0))"
+#: Over a request's row in :func:`_requests_select`: the images its decode spans decoded, as a
+#: multiset (:func:`otel_stages.analysis.cohorts.decoded_images`): 0 with at most one decode span,
+#: else a hash of the sum of their :data:`_DECODED_IMAGE` hashes (order-free) and their count.
+#: Flat sums per request (no arrays); a decode span stored twice counts twice here.
+_IMAGES_SIG = (f"if(n{semconv.STANDARD_STAGES.index(semconv.STAGE_DECODE) + 1} > 1,"
+               " cityHash64(p.dec_hsum + x.dec_hsum, p.dec_n + x.dec_n), toUInt64(0))")
+
+
 def groups_insert(traces: str, query: AggregateQuery) -> str:
     """``INSERT`` of one time slice (params ``slice_lo`` / ``slice_hi``) into :data:`GROUPS_TABLE`.
 
@@ -203,7 +216,7 @@ SELECT k.trace_key, k.key, self.trace_key != 0 AS present,
     self.start, self.dur, self.pid, self.err, self.isreq, self.seq, self.cold,
     self.w, self.h, self.s, self.fmt, self.svc, self.inst, self.host, self.ns, self.ppid, d.svc, d.inst,
     k.n_kids, {", ".join(f"k.d{i}, k.n{i}" for i in range(1, 6))}, k.kid_min, k.kid_max, k.kid_err,
-    d.w, d.h, d.s, d.fmt, d.bad, d.first_ns,
+    d.w, d.h, d.s, d.fmt, d.bad, d.first_ns, d.img_sum, d.img_n,
     k.k_id, k.k_code, k.k_s, k.k_e, g.g_id, g.g_u, g.g_c
 FROM (
     SELECT {trace}, {pid} AS key, count() AS n_kids,
@@ -228,9 +241,11 @@ ANY LEFT JOIN (
     SELECT {trace}, {pid} AS key, argMinIf(w, at, w > 0) AS w, argMinIf(h, at, h > 0) AS h,
         argMinIf(s, at, s > 0) AS s, argMinIf(fmt, at, fmt != '') AS fmt,
         any(svc) AS svc, '' AS inst, countIf(bad) AS bad,
-        minIf(at.1, sized) AS first_ns  -- 0: none (a start, numeric: a tuple's min costs ~10 s at 10 M)
+        minIf(at.1, sized) AS first_ns,  -- 0: none (a start, numeric: a tuple's min costs ~10 s at 10 M)
+        sum(img) AS img_sum, count() AS img_n  -- the images decoded, as a multiset (_IMAGES_SIG)
     FROM (
         SELECT TraceId, ParentSpanId, {image}, CAST(ServiceName AS String) AS svc, {_BAD_SIZE} AS bad,
+            {_DECODED_IMAGE} AS img,
             w > 0 OR h > 0 OR s > 0 OR fmt != '' AS sized,
             ({start}, reinterpretAsUInt64(reverse(unhex(SpanId)))) AS at  -- span id order: as hex text
         FROM {traces} WHERE SpanName = '{semconv.STAGE_DECODE}' AND {base} AND {kids_time}
@@ -288,6 +303,7 @@ _GROUPS_SCHEMA = (
     + "".join(f"d{i} Int64, n{i} UInt64, " for i in range(1, 6))
     + "kid_min Int64, kid_max Int64, kid_err UInt8, "
     "dec_w Int64, dec_h Int64, dec_s Int64, dec_f String, dec_bad UInt64, dec_at_ns Int64, "
+    "dec_hsum UInt64, dec_n UInt64, "
     "k_id Array(UInt64), k_code Array(UInt8), k_s Array(Int64), k_e Array(Int64), "
     "g_id Array(UInt64), g_u Array(Float64), g_c Array(Int64)")
 _GROUPS_COLUMNS = ", ".join(f"{column} {UNCOMPRESSED}" for column in _GROUPS_SCHEMA.split(", "))
@@ -412,6 +428,7 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     g.dec_at_ns AS dec_at, g.kid_min AS kid_min,
     g.self_w AS grp_w, g.self_h AS grp_h, g.self_s AS grp_s, g.self_fmt AS grp_f,
     (g.self_start, byteSwap(g.key)) AS grp_at,  -- span id order: as hex text
+    g.dec_hsum AS dec_hsum, g.dec_n AS dec_n,
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
 FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
@@ -423,6 +440,7 @@ SELECT trace_key, owner, max(err) AS err,
     argMinIf(dec_w, dec_at, dec_w > 0) AS dec_w, argMinIf(dec_h, dec_at, dec_h > 0) AS dec_h,
     argMinIf(dec_s, dec_at, dec_s > 0) AS dec_s, argMinIf(dec_f, dec_at, dec_f != '') AS dec_f,
     sum(dec_bad) AS dec_bad, minIf(dec_at, dec_at != 0) AS first_ns,
+    sum(dec_hsum) AS dec_hsum, sum(dec_n) AS dec_n,
     -- the group spans' own sizes, each from the first group span by start that has one (after
     -- the decode spans', before the request span's, as analysis.requests reads them)
     argMinIf(grp_w, grp_at, grp_w > 0) AS grp_w, argMinIf(grp_h, grp_at, grp_h > 0) AS grp_h,
@@ -432,13 +450,13 @@ SELECT trace_key, owner, max(err) AS err,
     groupArrayArray(c_s) AS c_s, groupArrayArray(c_e) AS c_e
 FROM (
     SELECT trace_key, owner, err, dec_w, dec_h, dec_s, dec_f, dec_bad, dec_at, kid_min,
-        grp_w, grp_h, grp_s, grp_f, grp_at, {kids},
+        grp_w, grp_h, grp_s, grp_f, grp_at, dec_hsum, dec_n, {kids},
         emptyArrayUInt64() AS c_id, emptyArrayString() AS c_name,
         emptyArrayInt64() AS c_s, emptyArrayInt64() AS c_e
     FROM ({groups})
     UNION ALL
     SELECT trace_key, owner, err, 0, 0, 0, '', toUInt64(0), toInt64(0), start,
-        0, 0, 0, '', (start, toUInt64(0)),
+        0, 0, 0, '', (start, toUInt64(0)), toUInt64(0), toUInt64(0),
         emptyArrayUInt64(), CAST([] AS Array(UInt8)), emptyArrayInt64(), emptyArrayInt64(),
         emptyArrayUInt64(), emptyArrayFloat64(), emptyArrayInt64(),
         [sid], [name], [start], [start + dur]
@@ -656,6 +674,7 @@ def _requests_select(query: AggregateQuery) -> str:
         first_of_proc AND NOT pr.started_before)) AS cold,
     toUInt8((start_ns, p.trace_key) = pr.first) AS first_of_proc,
     p.dec_bad + x.dec_bad AS decode_bad_sizes,
+    {_IMAGES_SIG} AS images_sig,
     toUInt8(is_request AND NOT cold AND NOT error) AS warm
 FROM {GROUPS_TABLE} AS p
 LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner

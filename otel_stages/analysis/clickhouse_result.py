@@ -200,6 +200,11 @@ def _paid(rows: Rows) -> ColdPaid | None:
                     warm=None if warm is None else warm[:3])
 
 
+def _cold_input(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A cold statement's row's input: size, format and the images decoded (``images_sig``)."""
+    return row["width"], row["height"], row["fmt"], row.get("images_sig") or 0
+
+
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {name: values[name] for name in ordered_stages(values)}
 
@@ -268,6 +273,9 @@ class ColdInput:
     #: of the input (:func:`otel_stages.analysis.cohorts.paid_min_ms`;
     #: :func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`)
     paid: ColdPaid | None = None
+    #: the images its decode spans decoded when it has several (a hash; 0 with at most one): part
+    #: of the input (:func:`otel_stages.analysis.cohorts.decoded_images`)
+    images_sig: int = 0
 
 
 @dataclass(frozen=True)
@@ -743,12 +751,13 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                 warm_median_total_ms=float(r["warm_median_ms"]) if int(r["warm_n"]) else None,
                 warm_stages_median_ms=_ordered({
                     str(x["stage"]): float(x["median_ms"]) for x in results["cold_cohort_stages"]
-                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}),
+                    if _cold_input(x) == _cold_input(r)}),
                 cold_stages_median_ms=_ordered({
                     str(x["stage"]): float(x["median_ms"]) for x in results["cold_input_stages"]
-                    if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])}),
+                    if _cold_input(x) == _cold_input(r)}),
                 paid=_paid([x for x in results.get("cold_input_paid") or ()
-                            if (x["width"], x["height"], x["fmt"]) == (r["width"], r["height"], r["fmt"])]))
+                            if _cold_input(x) == _cold_input(r)]),
+                images_sig=int(r.get("images_sig") or 0))
                 for r in results["cold_cohorts"]],
             union=_union(results.get("cold_union") or ()),
             paid=_paid(results.get("cold_paid") or ()),

@@ -8,14 +8,17 @@ bucket (powers of two, ``gen_ai.usage.input_tokens``) when any request records i
 these have no key.
 
 - :func:`cold_figures`: the cold request compared with warm requests of its own cohort when at
-  least :data:`COMPARABLE_MIN_REQUESTS` exist, else with all warm requests (and it says so).
+  least :data:`COMPARABLE_MIN_REQUESTS` exist, else with all warm requests (and it says so). A
+  request of several decode spans has the images they decoded as part of its input there
+  (:func:`decoded_images`): only warm requests that decoded the same images are its cohort.
 - :func:`find_set_apart`: models that tune kernels per input shape (cuDNN autotuning,
   ``torch.compile`` with dynamic shapes, TensorRT profiles) pay again on the first request of each
   new shape, and a warm process can go cold after a long idle period. The first request of each
   cohort in a process (when the process's start is in the recording; not one of several decode
   spans, whose cohort is only its first image's) and requests after an idle
   gap of :data:`IDLE_GAP_MIN_S` are set apart from the warm runs when they stand out:
-  ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort or more.
+  ``COLD_START_MIN_RATIO`` times the median of the other warm requests of their cohort (that
+  decoded the same images, :func:`decoded_images`) or more.
   So is the first successful request after a failed first request (a crash during model load):
   the cold start may have moved to it. And the warm-up: lazy compilation and autotuning can take
   several requests, not one. In a process whose start is in the recording, its first
@@ -53,7 +56,7 @@ from otel_stages.analysis.figures import (
     ColdFigures,
     WarmupFigures,
 )
-from otel_stages.analysis.requests import Request, process_keys
+from otel_stages.analysis.requests import Request, positive_int, process_keys
 from otel_stages.analysis.stats import order_stages, percentile
 
 #: A gap this long (seconds) between a request and the previous one of its process can make a warm
@@ -158,6 +161,34 @@ def _median_stages(requests: Sequence[Request]) -> dict[str, float]:
     return {n: statistics.median(values[n]) for n in order_stages(values)}
 
 
+#: An image one decode span decoded: ``(width, height, bytes)`` (pixels, encoded bytes), each an
+#: int above 0 as the request's own size is read; :data:`UNKNOWN_IMAGE` for a span without all three.
+Image = tuple[int, int, int]
+#: A decode span whose image cannot be told (a size missing): one unknown image in the multiset.
+UNKNOWN_IMAGE: Image = (0, 0, 0)
+#: A cold request's input in the cold comparison: its cohort key and :func:`decoded_images`.
+InputKey = tuple[str, "tuple[Image, ...] | None"]
+
+
+def decoded_images(r: Request) -> tuple[Image, ...] | None:
+    """The images ``r``'s decode spans decoded, sorted (a multiset: the order of the spans does not
+    matter), :data:`UNKNOWN_IMAGE` for a span without width, height and bytes; ``None`` with at most
+    one decode span. A request's cohort key is only its first image's, so a cold request that also
+    decoded a 12 MP photo would otherwise meet the warm requests of its first image alone and call
+    the second decode a cold start; the ClickHouse report keys the same multiset
+    (``images_sig``, :mod:`otel_stages.analysis.clickhouse_requests`)."""
+    images = [(positive_int(s.attributes.get(_WIDTH)), positive_int(s.attributes.get(_HEIGHT)),
+               positive_int(s.attributes.get(_SIZE)))
+              for s in r.spans if s.name == semconv.STAGE_DECODE]
+    if len(images) <= 1:
+        return None
+    return tuple(sorted(UNKNOWN_IMAGE if None in image else image  # type: ignore[misc]
+                        for image in images))
+
+
+_WIDTH, _HEIGHT, _SIZE = semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT, semconv.IMAGE_SIZE
+
+
 def cold_figures(
     cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys, *,
     first_of_process: bool = True,
@@ -169,6 +200,11 @@ def cold_figures(
     ``first_of_process``: false when ``request.cold_start`` marked a request that is not the first
     of its process (passed on to the figures' wording).
 
+    A request's input here is its cohort key and, with several decode spans, the images they
+    decoded (:func:`decoded_images`): a cold request that decoded a second image meets only warm
+    requests that decoded the same images (a fixed two-image input keeps its cold start), and
+    without enough of them its input is not comparable.
+
     When some of them paid a cold start and others did not (:func:`paid_min_ms`, each against the
     warm requests of its own input: one process of three loaded its model from a cold disk), the
     figures are those that paid it, compared with the warm requests of their inputs, and the
@@ -176,8 +212,16 @@ def cold_figures(
     "no cold-start penalty", and the median of two was their mean, a time no request took."""
     if not cold:
         return None
-    cohorts = group(warm, keys)
-    cold_keys = [keys.key(r) for r in cold]
+    cold_keys: list[InputKey | None] = []
+    for r in cold:
+        key = keys.key(r)
+        cold_keys.append(None if key is None else (key, decoded_images(r)))
+    # the warm requests of each cold input: its key's cohort, split by the images decoded
+    by_key = group(warm, keys)
+    cohorts: dict[InputKey, list[Request]] = {}
+    for key in dict.fromkeys(k[0] for k in cold_keys if k is not None):
+        for r in by_key.get(key, ()):
+            cohorts.setdefault((key, decoded_images(r)), []).append(r)
     comparable_cold = [(r, k) for r, k in zip(cold, cold_keys)
                        if k is not None and len(cohorts.get(k, ())) >= COMPARABLE_MIN_REQUESTS]
     left_out = 0
@@ -204,6 +248,7 @@ def cold_figures(
             if same:
                 comparable = [r for k in dict.fromkeys(cold_keys) if k is not None for r in cohorts[k]]
     distinct = set(cold_keys)
+    first = cold_keys[0]
     comparable_median = statistics.median(r.total_ms for r in comparable) if comparable else None
     return ColdFigures(
         count=len(cold),
@@ -214,7 +259,7 @@ def cold_figures(
         compared_with=SAME_INPUT if same else ALL_WARM,
         comparable_requests=len(comparable),
         warm_median_total_ms=statistics.median(r.total_ms for r in warm) if warm else None,
-        cohort=cold_keys[0] if same and len(distinct) == 1 else None,
+        cohort=first[0] if same and first is not None and len(distinct) == 1 else None,
         input_known=all(k is not None for k in cold_keys),
         first_of_process=first_of_process,
         left_out=left_out,
@@ -331,16 +376,28 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
     by_key: dict[str | None, list[Request]] = defaultdict(list)
     for r, k in zip(warm, keys.keys(warm)):
         by_key[k].append(r)
-    # (median, bar) per cohort and kind of reason, for the cohorts asked (many warm-up requests
-    # share a few)
-    bars: dict[tuple[bool, str | None], tuple[float, float] | None] = {}
+    # a cohort split by the images decoded (as cold_figures compares), for the flagged ones' keys
+    by_images: dict[str, dict[tuple[Image, ...] | None, list[Request]]] = {}
 
-    def bar_of(warm_up: bool, k: str | None) -> tuple[float, float] | None:
-        if (warm_up, k) in bars:
-            return bars[warm_up, k]
+    def pool_of(key: InputKey | None) -> list[Request]:
+        if key is None:
+            return warm  # an unknown input: all of them
+        k, images = key
+        if k not in by_images:
+            split = by_images[k] = {}
+            for c in by_key.get(k, ()):
+                split.setdefault(decoded_images(c), []).append(c)
+        return by_images[k].get(images, [])
+
+    # (median, bar) per input and kind of reason, for the inputs asked (many warm-up requests
+    # share a few)
+    bars: dict[tuple[bool, InputKey | None], tuple[float, float] | None] = {}
+
+    def bar_of(warm_up: bool, key: InputKey | None) -> tuple[float, float] | None:
+        if (warm_up, key) in bars:
+            return bars[warm_up, key]
         left_out: Container[int] = flagged if warm_up else others
-        pool = by_key.get(k, []) if k is not None else warm  # an unknown input: all of them
-        comparable = [r for r in pool if id(r) not in left_out]
+        comparable = [r for r in pool_of(key) if id(r) not in left_out]
         out = None
         if len(comparable) >= COMPARABLE_MIN_REQUESTS:  # else nothing to tell it apart from
             totals = [c.total_ms for c in comparable]
@@ -350,14 +407,14 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
             # request's bar
             if median > 0:
                 out = median, paid_min_ms(totals) if warm_up else COLD_START_MIN_RATIO * median
-        bars[warm_up, k] = out
+        bars[warm_up, key] = out
         return out
 
     standing: dict[int, SetApart] = {}
     for r in (r for r in requests if id(r) in flagged):
         k = keys.key(r)
         reason, idle = flagged[id(r)]
-        found = bar_of(reason == REASON_WARM_UP, k)
+        found = bar_of(reason == REASON_WARM_UP, None if k is None else (k, decoded_images(r)))
         if found is not None and r.total_ms >= found[1]:
             standing[id(r)] = SetApart(r, reason, k, found[0], r.total_ms / found[0], idle)
     runs: list[_WarmupRun] = []
