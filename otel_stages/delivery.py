@@ -244,7 +244,9 @@ class CountingSpanExporter(SpanExporter):
     def abandon(self, queued: int) -> int:
         """Stop delivering: the ``queued`` spans and those in the export running now are counted
         as ``shutdown_timeout``; the exporter is shut down (which cancels a gRPC call in flight
-        and ends retries); later batches fail at once. Returns the spans counted."""
+        and ends retries); later batches fail at once. Returns the spans counted. A file write
+        already under way cannot be cancelled and may still land: its spans are then both written
+        and counted (counted rather than risk losing them silently)."""
         with self._lock:
             if self._abandoned:
                 return 0

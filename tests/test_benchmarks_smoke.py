@@ -54,7 +54,10 @@ def test_exporter_smoke_writes_the_official_bytes_and_loses_nothing():
             assert run["spans_written"] + run["spans_dropped"] == run["spans_expected"]
             assert run["export_cpu_us_per_span"] > 0
     for run in report["busy"].values():  # drops are possible there, and every one is counted
-        assert run["spans_written"] + run["spans_dropped"] == run["spans_expected"] > 0
+        # a batch in flight at the shutdown deadline is counted as dropped; a file write that was
+        # already under way may still land (delivery.CountingSpanExporter.abandon): never fewer
+        assert run["spans_written"] <= run["spans_expected"] > 0
+        assert run["spans_written"] + run["spans_dropped"] >= run["spans_expected"]
     assert report["targets"]["no_spans_lost_default_configure"]["met"] is True
     assert report["targets_no_signals"]["no_spans_lost_default_configure"]["met"] is True
 
