@@ -139,10 +139,14 @@ def test_decoded_images_are_a_multiset_of_the_decode_spans() -> None:
     assert decoded_images(_request(FIRST)) is None  # one decode span: its cohort key says it all
     assert decoded_images(_request()) is None
     assert decoded_images(_request(FIRST, PHOTO)) == decoded_images(_request(PHOTO, FIRST))
-    assert decoded_images(_request(FIRST, FIRST)) == (FIRST, FIRST)  # one image twice
+    assert decoded_images(_request(FIRST, FIRST)) == (FIRST[:2], FIRST[:2])  # one image twice
     assert decoded_images(_request(FIRST, FIRST)) != decoded_images(_request(FIRST, FIRST, FIRST))
-    # a span without its sizes is one unknown image
-    assert decoded_images(_request(FIRST, (4032, 3024, None))) == (UNKNOWN_IMAGE, FIRST)
+    # a span without its width or height is one unknown image; the bytes do not matter (a third
+    # tester: two uploads of one size never share bytes, and no multi-image cold start was called)
+    assert decoded_images(_request(FIRST, (None, 3024, 9_000))) == (UNKNOWN_IMAGE, FIRST[:2])
+    assert decoded_images(_request(FIRST, (4032, 3024, None))) == (FIRST[:2], (4032, 3024))
+    assert decoded_images(_request(FIRST, PHOTO)) == decoded_images(
+        _request((1024, 768, 1), (4032, 3024, 2)))
 
 
 # --- both reports -------------------------------------------------------------------------------
@@ -176,6 +180,18 @@ def test_a_fixed_two_image_input_keeps_its_cold_start(engine, tmp_path: Path, gr
     assert want["verdict"]["tentative"] is False
     assert want["cold_start"]["compared_with"] == SAME_INPUT
     assert want["cold_start"]["ratio"] > 40
+
+
+def test_two_photos_of_one_size_with_other_bytes_keep_the_cold_start(engine, tmp_path: Path) -> None:
+    """A third tester's: every request sends two 1024x768 photos, each upload with its own bytes,
+    and the first pays 2 s in forward: keyed by bytes, no warm request shared the cold one's
+    images and the verdict was "stable"; by pixels it is the cold start."""
+    rng = random.Random(11)
+    runs = [[((1024, 768, rng.randrange(150_000, 250_000)), 11.0 if k == 0 else 0.5) for k in range(2)]
+            for _ in range(40)]
+    want = _both(engine, _write(tmp_path / "uploads.jsonl", runs, cold_forward_ms=2000))
+    assert want["verdict"]["cause"] == "cold_start", want["verdict"]
+    assert want["cold_start"]["compared_with"] == SAME_INPUT
 
 
 def test_a_one_image_cold_request_among_two_image_warm_ones_is_not_comparable(

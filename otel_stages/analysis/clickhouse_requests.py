@@ -162,10 +162,10 @@ _COLD = (f"toUInt8(multiIf(SpanAttributes['{semconv.REQUEST_COLD_START}'] = 'tru
          f" mapContains(SpanAttributes, '{semconv.REQUEST_COLD_START}'), 3, 0))")
 
 
-#: Over a decode span's row (after ``w`` / ``h`` / ``s`` are read): its image, a hash of width,
-#: height and bytes when each is an int above 0 (as :func:`otel_stages.analysis.cohorts.decoded_images`
-#: reads them), else 0 (an unknown image).
-_DECODED_IMAGE = "if(w > 0 AND h > 0 AND s > 0, cityHash64(w, h, s), toUInt64(0))"
+#: Over a decode span's row (after ``w`` / ``h`` are read): its image, a hash of width and height
+#: when both are ints above 0 (as :func:`otel_stages.analysis.cohorts.decoded_images` reads them:
+#: pixels, not bytes), else 0 (an unknown image).
+_DECODED_IMAGE = "if(w > 0 AND h > 0, cityHash64(w, h), toUInt64(0))"
 #: Over a request's row in :func:`_requests_select`: the images its decode spans decoded, as a
 #: multiset (:func:`otel_stages.analysis.cohorts.decoded_images`): 0 with at most one decode span,
 #: else a hash of the sum of their :data:`_DECODED_IMAGE` hashes (order-free) and their count.

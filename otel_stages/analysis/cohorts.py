@@ -161,24 +161,25 @@ def _median_stages(requests: Sequence[Request]) -> dict[str, float]:
     return {n: statistics.median(values[n]) for n in order_stages(values)}
 
 
-#: An image one decode span decoded: ``(width, height, bytes)`` (pixels, encoded bytes), each an
-#: int above 0 as the request's own size is read; :data:`UNKNOWN_IMAGE` for a span without all three.
-Image = tuple[int, int, int]
+#: An image one decode span decoded: ``(width, height)`` in pixels, each an int above 0 as the
+#: request's own size is read (as the cohort key reads sizes: not the encoded bytes, which differ
+#: between any two uploads of one size, so a multi-image service's cold request would meet no warm
+#: one); :data:`UNKNOWN_IMAGE` for a span without both.
+Image = tuple[int, int]
 #: A decode span whose image cannot be told (a size missing): one unknown image in the multiset.
-UNKNOWN_IMAGE: Image = (0, 0, 0)
+UNKNOWN_IMAGE: Image = (0, 0)
 #: A cold request's input in the cold comparison: its cohort key and :func:`decoded_images`.
 InputKey = tuple[str, "tuple[Image, ...] | None"]
 
 
 def decoded_images(r: Request) -> tuple[Image, ...] | None:
     """The images ``r``'s decode spans decoded, sorted (a multiset: the order of the spans does not
-    matter), :data:`UNKNOWN_IMAGE` for a span without width, height and bytes; ``None`` with at most
+    matter), :data:`UNKNOWN_IMAGE` for a span without width and height; ``None`` with at most
     one decode span. A request's cohort key is only its first image's, so a cold request that also
     decoded a 12 MP photo would otherwise meet the warm requests of its first image alone and call
     the second decode a cold start; the ClickHouse report keys the same multiset
     (``images_sig``, :mod:`otel_stages.analysis.clickhouse_requests`)."""
-    images = [(positive_int(s.attributes.get(_WIDTH)), positive_int(s.attributes.get(_HEIGHT)),
-               positive_int(s.attributes.get(_SIZE)))
+    images = [(positive_int(s.attributes.get(_WIDTH)), positive_int(s.attributes.get(_HEIGHT)))
               for s in r.spans if s.name == semconv.STAGE_DECODE]
     if len(images) <= 1:
         return None
@@ -186,7 +187,7 @@ def decoded_images(r: Request) -> tuple[Image, ...] | None:
                         for image in images))
 
 
-_WIDTH, _HEIGHT, _SIZE = semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT, semconv.IMAGE_SIZE
+_WIDTH, _HEIGHT = semconv.IMAGE_WIDTH, semconv.IMAGE_HEIGHT
 
 
 def cold_figures(
