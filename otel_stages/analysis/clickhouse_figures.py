@@ -445,6 +445,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         cold=_cold(agg),
         cohorts=cohorts(agg) if cohort_list is None else cohort_list,
         input_mix_explains=agg.input_mix_explains,
+        known_input_requests=agg.known_input_requests,  # the cohorts listed are the largest only
         process_mix=agg.process_mix,
         stage_evidence=with_mechanisms(
             _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),

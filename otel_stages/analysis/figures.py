@@ -387,6 +387,8 @@ class Figures:
     cold: ColdFigures | None = None
     cohorts: Sequence[CohortFigures] = ()
     input_mix_explains: float | None = None
+    #: warm requests with a known input (``None``: the sum of ``cohorts``, which then lists all)
+    known_input_requests: int | None = None
     process_mix: ProcessMix | None = None
     stage_evidence: Mapping[str, StageEvidence] = field(default_factory=dict)
     failed_requests: int = 0
