@@ -40,10 +40,13 @@ _B = "service.name=vlm,service.instance.id=pod-b"
 _VERSION_LINE = "the request total changed with the version (service.version)"
 
 
-def _mix(explains: float, fast_version: str, slow_version: str, *, together: bool) -> ProcessMix:
+def _mix(explains: float, fast_version: str, slow_version: str, *, together: bool,
+         version_explains: float | None = -1.0) -> ProcessMix:
     """pod-a (fast, 146.9 ms) from 0 to 100, pod-b (slow, 267.9 ms) from 100 (one after the other)
-    or from 50 (overlapping) to 200."""
+    or from 50 (overlapping) to 200; two processes: the versions explain what the processes do
+    (``version_explains`` -1: ``explains``)."""
     return ProcessMix(explains=explains, processes=2,
+                      version_explains=explains if version_explains == -1.0 else version_explains,
                       fastest=ProcessMean(_A, 39, 146.9, 0, 100, version=fast_version),
                       slowest=ProcessMean(_B, 39, 267.9, 50 if together else 100, 200,
                                           version=slow_version))
@@ -222,3 +225,52 @@ def test_neither_report_reads_the_versions_below_the_threshold(engine, tmp_path:
     assert got["verdict"] == want["verdict"]
     assert {k: v for k, v in got["process_mix"].items() if k != "explains"} == {
         k: v for k, v in want["process_mix"].items() if k != "explains"}
+
+
+@pytest.mark.parametrize(("version_explains", "said"), [(0.8 * 0.998, True), (0.8 * 0.998 - 0.001, False),
+                                                       (None, False)])
+def test_the_versions_must_explain_the_processes(version_explains: float | None, said: bool) -> None:
+    # a third tester's: v1.0 on a fast node, v1.0 and the v1.1 canary on slow nodes read as "the
+    # request total changed with the version": the versions explained 29 % of what the processes did
+    from otel_stages.analysis.process_mix import VERSION_MIX_MIN_SHARE
+
+    assert VERSION_MIX_MIN_SHARE == 0.8
+    mix = _mix(0.998, "1.0", "1.1", together=True, version_explains=version_explains)
+    v = decide(replace(_fig(), process_mix=mix))
+    assert v.tentative  # side by side: a slower replica either way
+    assert v.evidence[0].startswith(_VERSION_LINE) is said
+    assert v.evidence[0].startswith("the process explains") is not said
+
+
+def _nodes(tmp_path: Path) -> Path:
+    """Three pods side by side: pod-a v1.0 on a fast node (forward 120 ms), pod-b v1.0 and pod-c
+    v1.1 on slow nodes (forward 210 and 215 ms); the GPU busy in every forward."""
+    lines: list[str] = []
+    for n, (pod, forward_ms, version) in enumerate((("pod-a", 120.0, "1.0"), ("pod-b", 210.0, "1.0"),
+                                                    ("pod-c", 215.0, "1.1"))):
+        def stages(i: int, r: Any, forward_ms: float = forward_ms) -> list[tuple[str, float]]:
+            return [("download", 10.0 + r.random()), ("decode", 12.0 + r.random()),
+                    ("resize", 4.0 + r.random()), ("queue", 1.0 + r.random()),
+                    ("forward", forward_ms + 4 * r.random() - 2)]
+        rows = odd_inputs.run(30, stages, seed=n + 1)
+        _span_gpu(rows, lambda i, slow: 0.94)
+        path = odd_inputs.write(tmp_path / f"{pod}.jsonl", rows)
+        resource = [odd_inputs._attr("service.name", "vlm"), odd_inputs._attr("service.instance.id", pod),
+                    odd_inputs._attr("host.name", f"node-{n}"), odd_inputs._attr("service.version", version)]
+        for line in path.read_text().splitlines():
+            doc = json.loads(line)
+            doc["resourceSpans"][0]["resource"]["attributes"] = resource
+            lines.append(json.dumps(doc))
+    merged = tmp_path / "nodes.jsonl"
+    merged.write_text("\n".join(lines) + "\n")
+    return merged
+
+
+def test_a_version_that_does_not_explain_the_processes_is_not_blamed_in_both_reports(
+        engine, tmp_path: Path) -> None:
+    got, want = reports(engine, _nodes(tmp_path))
+    assert want["process_mix"]["explains"] > 0.9
+    assert want["verdict"]["tentative"]
+    assert want["verdict"]["evidence"][0].startswith("the process explains"), want["verdict"]["evidence"]
+    assert not any(e.startswith(_VERSION_LINE) for e in want["verdict"]["evidence"])
+    assert got["verdict"] == want["verdict"]

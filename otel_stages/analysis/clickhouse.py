@@ -269,10 +269,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     band = clickhouse_figures.band_ms(head.stages, head.total)
     mix = head.process_mix
     if mix is not None and mix.explains >= PROCESS_MIX_DOMINATES:
-        # the two processes' versions decide the process caveat only then (a deploy: process_mix)
+        # the processes' versions decide the process caveat only then (a deploy: process_mix)
         results["process_versions"] = engine.rows(
-            queries.process_versions_sql(tables.traces_ref, query),
-            {**sql.query_params(query), "fastest": mix.fastest.key, "slowest": mix.slowest.key},
+            queries.process_versions_sql(tables.traces_ref, query), sql.query_params(query),
             settings)
     if is_sampled(head.sampling):  # why the sampler kept them, only where the seq gaps say sampled
         results["sampling_kept"] = engine.rows(queries.sampling_kept_sql(tables.traces_ref, query),

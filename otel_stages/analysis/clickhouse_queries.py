@@ -274,22 +274,28 @@ WHERE r.warm"""
 
 
 def process_versions_sql(traces: str, query: AggregateQuery) -> str:
-    """Per process named by the ``fastest`` / ``slowest`` parameters (labels, as
-    :func:`process_mix_sql` names them): ``proc`` and ``versions``, up to 2 distinct
-    ``service.version``s (``''``: not set) of its spans in the window, as
-    :func:`otel_stages.analysis.process_mix.one_version` reads them (one, else no version). Run
-    only when the process mix explains
-    :data:`~otel_stages.analysis.process_mix.PROCESS_MIX_DOMINATES` or more, so a run whose
-    processes do not dominate pays nothing; the sort key's service name keeps the read to the
-    two processes' services."""
-    named = "({fastest:String}, {slowest:String})"
-    return f"""SELECT proc, groupUniqArray(2)(v) AS versions FROM (
-    SELECT {process_label(*RESOURCE_PROCESS)} AS proc,
-        ResourceAttributes['{semconv.SERVICE_VERSION}'] AS v
-    FROM {traces}
-    WHERE {span_filter(query, odd=False)}
-        AND CAST(ServiceName AS String) IN (SELECT svc FROM {R} WHERE warm AND proc IN {named})
-) WHERE proc IN {named} GROUP BY proc"""
+    """Per process of the warm requests (labels, as :func:`process_mix_sql` names them): ``proc``,
+    ``versions``, up to 2 distinct ``service.version``s (``''``: not set) of its spans in the
+    window, as :func:`otel_stages.analysis.process_mix.one_version` reads them (one, else no
+    version), and its warm requests' ``k`` (count), ``m`` (mean total, ms) and ``ss`` (sum of
+    squares about that mean): the versions' part of the variance
+    (:attr:`otel_stages.analysis.process_mix.ProcessMix.version_explains`). Run only when the
+    process mix explains :data:`~otel_stages.analysis.process_mix.PROCESS_MIX_DOMINATES` or more,
+    so a run whose processes do not dominate pays nothing; the sort key's service name keeps the
+    read to the warm requests' services."""
+    return f"""SELECT w.proc AS proc, w.k AS k, w.m AS m, w.ss AS ss, v.versions AS versions
+FROM (SELECT proc, count() AS k, avg({_TOTAL_MS}) AS m,
+             if(k > 1, varSampStable({_TOTAL_MS}) * (k - 1), 0) AS ss
+      FROM {R} WHERE warm GROUP BY proc) AS w
+LEFT JOIN (
+    SELECT proc, groupUniqArray(2)(v) AS versions FROM (
+        SELECT {process_label(*RESOURCE_PROCESS)} AS proc,
+            ResourceAttributes['{semconv.SERVICE_VERSION}'] AS v
+        FROM {traces}
+        WHERE {span_filter(query, odd=False)}
+            AND CAST(ServiceName AS String) IN (SELECT DISTINCT svc FROM {R} WHERE warm))
+    GROUP BY proc) AS v ON w.proc = v.proc
+ORDER BY proc"""
 
 
 def cold_sql(method: str) -> str:

@@ -641,6 +641,24 @@ def _problems(issues: SpanIssues, runs_total: int,
     return out
 
 
+def _version_explains(rows: Rows | None, ss_total: float) -> float | None:
+    """The warm totals' variance between versions (omega squared) from
+    :func:`~otel_stages.analysis.clickhouse_queries.process_versions_sql`'s per-process rows
+    (``k``, ``m``, ``ss``, ``versions``) and the totals' sum of squares; ``None`` unread."""
+    if not rows:
+        return None
+    groups: dict[str, list[tuple[int, float, float]]] = {}
+    for r in rows:
+        version = one_version([str(v) for v in r["versions"] or ()])
+        groups.setdefault(version, []).append((int(r["k"]), float(r["m"]), float(r["ss"] or 0.0)))
+    ss_within = 0.0
+    for procs in groups.values():
+        n = sum(k for k, _, _ in procs)
+        mean = sum(k * m for k, m, _ in procs) / n
+        ss_within += sum(ss + k * (m - mean) ** 2 for k, m, ss in procs)
+    return omega_squared(ss_total, ss_within, len(groups), sum(int(r["k"]) for r in rows))
+
+
 def omega_squared(ss_total: float, ss_within: float, groups: int, n: int) -> float | None:
     """The part of the total's variance the input cohorts explain, from sums of squares: omega
     squared, as :func:`otel_stages.analysis.stats.variance_explained_by_groups` (clipped to
@@ -683,10 +701,11 @@ def process_mix_of(row: Mapping[str, Any] | None, versions: Rows | None = None) 
                              int(row["processes"] or 0), int(row["n"] or 0))
     if explains is None:
         return None
-    read = {str(r["proc"]): one_version([str(v) for v in r["versions"]]) for r in versions or ()}
+    read = {str(r["proc"]): one_version([str(v) for v in r["versions"] or ()]) for r in versions or ()}
     (fast, fast_n, fast_ms, fast_lo, fast_hi) = row["fastest"]
     (slow, slow_n, slow_ms, slow_lo, slow_hi) = row["slowest"]
     return ProcessMix(explains=explains, processes=int(row["processes"]),
+                      version_explains=_version_explains(versions, float(row["ss_total"] or 0.0)),
                       fastest=ProcessMean(str(fast), int(fast_n), float(fast_ms), int(fast_lo), int(fast_hi),
                                           version=read.get(str(fast), "")),
                       slowest=ProcessMean(str(slow), int(slow_n), float(slow_ms), int(slow_lo), int(slow_hi),

@@ -15,7 +15,8 @@ does not already explain the swing (inputs routed per process), the verdict is t
 evidence says so first with those two processes, and the advice is to compare them.
 
 Processes that ran one after another do count when the fastest and the slowest ran different
-``service.version``s (each one's single version; none, or several in one process, is no version):
+``service.version``s (each one's single version; none, or several in one process, is no version)
+and the versions explain what the processes do (:data:`VERSION_MIX_MIN_SHARE`):
 a deploy during the recording (pod ``1.4.0`` served, then pod ``1.5.0`` with a forward twice as
 long) reads as a swing of the forward, and "add GPU capacity" for a regression of the new
 version. Then, whether they overlapped or not, the verdict is tentative, the evidence says first
@@ -44,6 +45,13 @@ from otel_stages.analysis.units import duration, pct
 #: called one between processes (a slower replica), the verdict tentative (module docstring).
 #: The same bar as the input mix's (``decision.INPUT_MIX_DOMINATES``): half the variance.
 PROCESS_MIX_DOMINATES = 0.5
+#: The versions account for the differences between processes when the warm totals grouped by
+#: version (each process's one ``service.version``) explain at least this part of what the
+#: processes explain (both omega squared): the processes of one version are alike. Under it the
+#: fastest and the slowest process may differ by version and by something else (a tester's: v1.0
+#: on a fast node at 134 ms, v1.0 and the v1.1 canary on slow nodes at 225-230 ms read as "the
+#: request total changed with the version"), and the processes are compared as replicas.
+VERSION_MIX_MIN_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,9 @@ class ProcessMix:
     processes: int
     fastest: ProcessMean
     slowest: ProcessMean
+    #: the part of the warm totals' variance between versions (omega squared over each process's
+    #: one version, ``""`` for none); ``None``: not read (the mix does not dominate) or one group
+    version_explains: float | None = None
 
     @property
     def together(self) -> bool:
@@ -95,7 +106,14 @@ class ProcessMix:
         """Whether the fastest and the slowest process each ran one ``service.version`` and the
         two differ."""
         fast, slow = self.fastest.version, self.slowest.version
-        return bool(fast and slow and fast != slow)
+        return bool(fast and slow and fast != slow) and self.versions_explain
+
+    @property
+    def versions_explain(self) -> bool:
+        """Whether the versions account for the differences between processes
+        (:data:`VERSION_MIX_MIN_SHARE` of :attr:`explains`)."""
+        return (self.version_explains is not None
+                and self.version_explains >= VERSION_MIX_MIN_SHARE * self.explains)
 
     @property
     def dominates(self) -> bool:
@@ -171,13 +189,18 @@ def process_mix(warm: Sequence[Request]) -> ProcessMix | None:
     fast, slow = means[0], means[-1]
     # the versions matter only to a dominating mix: read them then (as the SQL does)
     versions: dict[str, set[str]] = defaultdict(set)
+    version_explains = None
     if explains >= PROCESS_MIX_DOMINATES:
         seen: set[int] = set()  # resources read (loaders share one per process)
         for r, key in zip(warm, keys):
-            if key in (fast[1], slow[1]) and id(r.resource) not in seen:
+            if id(r.resource) not in seen:
                 seen.add(id(r.resource))
                 versions[key].add(_version(r))
-    return ProcessMix(explains=explains, processes=len(totals),
+        by_version: dict[str, list[float]] = defaultdict(list)
+        for key, values in totals.items():
+            by_version[one_version(versions[key])].extend(values)
+        version_explains = variance_explained_by_groups(by_version.values())
+    return ProcessMix(explains=explains, processes=len(totals), version_explains=version_explains,
                       fastest=ProcessMean(fast[1], fast[2], fast[0], *spans[fast[1]],
                                           version=one_version(versions[fast[1]])),
                       slowest=ProcessMean(slow[1], slow[2], slow[0], *spans[slow[1]],
