@@ -352,13 +352,15 @@ FIX_FAILURES = (
 def slow_failures(stage: str | None) -> str:
     """Advice when failed requests are the slow tail (:func:`~otel_stages.analysis.caveats
     .failures_slow`); ``stage``: where they spent most of their time (``None``: no stage did)."""
+    # whether a deadline, a rejection or a crash ended them is the error types' to say (a third
+    # tester: 50 MP images rejected after decoding were told "decode stalls until a deadline")
     if stage is None:
         return ("find where the failed requests spend their time before they fail (no stage span"
-                " holds most of it: wrap the rest in stage() spans) and why it runs on to the"
-                " deadline; their error types above say how they ended")
-    return (f"find why {stage} stalls in the failed requests and runs on until they fail (a"
-            f" deadline or timeout ends them): they spent most of their time there; their error"
-            f" types above and {stage}'s spans and exception events say how it ended")
+                " holds most of it: wrap the rest in stage() spans); their error types above say"
+                " how they ended (a deadline, a rejection)")
+    return (f"find why the failed requests spend most of their time in {stage} before they fail"
+            f" (a stall run on to a deadline, or work on an input that is then rejected): their"
+            f" error types above and {stage}'s spans and exception events say how it ended")
 
 
 SAMPLED = (

@@ -514,12 +514,16 @@ WHERE SpanName IN {_STD}
 def window_edge_sql(traces: str, query: AggregateQuery) -> str:
     """``SELECT n, longest_ns``: the stage parents (spans with a standard stage child) that started
     in the :data:`~otel_stages.analysis.clickhouse_sql.WINDOW_SLACK_NS` before the window's start
-    (``query.start_ns``, param ``lo``) and ended inside it: requests the window left out, being
-    kept by their own start (:mod:`otel_stages.analysis.window_edge`). Only for a window with a
+    (``query.start_ns``, param ``lo``) and ended inside it, not cold ones (``request.cold_start``
+    true or ``request.seq`` 1): requests the window left out, being kept by their own start
+    (:mod:`otel_stages.analysis.window_edge`). Only for a window with a
     start; the sort key's span name skips the stage spans, the time bounds the rest."""
     return f"""SELECT count() AS n, max(Duration) AS longest_ns
 FROM {traces}
 WHERE SpanName NOT IN {_STD} AND {span_filter(query, odd=False)}
+    -- a cold request (marked, or seq 1) is no slow request the window cut off (a tester's)
+    AND SpanAttributes['{semconv.REQUEST_COLD_START}'] != 'true'
+    AND SpanAttributes['{semconv.REQUEST_SEQ}'] != '1'
     AND Timestamp < fromUnixTimestamp64Nano({{lo:Int64}})
     AND toUnixTimestamp64Nano(Timestamp) + Duration >= {{lo:Int64}}
     AND (TraceId, SpanId) IN (
