@@ -89,6 +89,8 @@ from otel_stages.analysis.phrases import band_line, centre, spread_text, total_t
 from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import (
     CAUSE_COLD_START,
+    CAUSE_GPU_BUSY,
+    CAUSE_GPU_STARVED,
     CAUSE_STABLE,
     Verdict,
     cause_for,
@@ -253,6 +255,7 @@ def decide(fig: Figures) -> Verdict:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
     warmup_caveat(verdict, fig)
+    _no_slow_forward_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
     before_caveat(verdict, fig, band.band_ms)
     misaligned_gpu_caveat(verdict, fig)
@@ -261,6 +264,33 @@ def decide(fig: Figures) -> Verdict:
     services_caveat(verdict, fig)
     sampled_caveat(verdict, fig)  # first: what was read at all
     return verdict
+
+
+#: The advice that leads a GPU verdict judged with no slow forward (:func:`_no_slow_forward_caveat`).
+NO_SLOW_FORWARD = (
+    "no forward stands out from the others beyond the noise band: record more requests (or a"
+    " heavier load) before acting on the GPU's level, which here is how it runs every forward"
+)
+
+
+def _no_slow_forward_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, the reason first in the evidence and the advice, when a ``gpu_busy`` /
+    ``gpu_starved`` verdict was judged on all forwards because none is slow (longer than the warm
+    forward median plus the noise band: ``GpuEvidence.slow_forwards`` 0): the GPU's level in every
+    forward is how the model runs, not why requests swing (a tester's healthy three-worker fleet,
+    its total 0.3 ms past the band and the GPU 93 % busy in every forward, read as a firm "the GPU
+    is saturated: add GPU capacity")."""
+    gpu = fig.gpu
+    if (verdict.cause not in (CAUSE_GPU_BUSY, CAUSE_GPU_STARVED) or gpu.judged_on == JUDGED_SLOW
+            or gpu.slow_min_ms is None or gpu.slow_forwards):
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, (
+        f"no forward is longer than {duration(gpu.slow_min_ms)} (the warm forward median plus the"
+        " run's noise band): the forward's swing stays inside the noise band forward by forward,"
+        " so the GPU's level in every forward says how the model runs, not why requests swing;"
+        " the verdict is tentative"))
+    verdict.advice.insert(0, NO_SLOW_FORWARD)
 
 
 def steady_inputs(fig: Figures) -> tuple[int, int] | None:
