@@ -28,6 +28,7 @@ from otel_stages.analysis.change import Change
 from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
+    REASON_BEHIND_COLD,
     REASON_NEW_INPUT,
     REASON_WARM_UP,
     SAME_INPUT,
@@ -213,8 +214,12 @@ def _set_apart_list(report: Report) -> RenderableType:
             why = "right after the process's first request failed"
         elif a.reason == REASON_WARM_UP:
             why = "warm-up after the process's cold request"
-        else:
+        elif a.reason == REASON_BEHIND_COLD:
+            why = "started during the process's cold request and waited for it"
+        elif a.idle_s is not None:
             why = f"after {a.idle_s:.0f} s idle"
+        else:
+            why = "after an idle gap"
         seq = "" if a.request.seq is None else f"seq {a.request.seq}, "
         lines.append(f"{seq}{a.cohort or 'unknown input'}: {_ms(a.request.total_ms)} ms, "
                      f"{a.ratio:.1f}x its input's median ({why}); trace {a.request.trace_id}")

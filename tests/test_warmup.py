@@ -202,3 +202,65 @@ def test_the_text_report_lists_the_warm_up(tmp_path: Path, capsys: pytest.Captur
     assert "Also reported apart as cold (4):" in text
     assert text.count("(warm-up after the process's cold request)") == 4
     assert "the warm-up lasted 5 requests: 4 requests right after the cold request" in text
+
+
+def _burst(path: Path, during: int, *, after_ns: int = 0) -> Path:
+    """One process: the cold request (forward 2 s), ``during`` requests that arrive while it runs
+    (10 ms apart) and wait in ``queue`` for it, then 30 sequential steady ones; the first of those
+    starts ``after_ns`` after the cold request ended (0: the instant it ended)."""
+    r = random.Random(5)
+    rows = []
+    resource = {"attributes": [odd_inputs._attr("service.name", "vlm"),
+                               odd_inputs._attr("service.instance.id", "pod-0")]}
+
+    def one(t: int, seq: int, queue_ms: float, forward_ms: float) -> int:
+        stages = [("download", 6 + r.random() * 0.5), ("decode", 9 + r.random() * 0.5),
+                  ("resize", 3 + r.random() * 0.3), ("queue", queue_ms), ("forward", forward_ms)]
+        spans, end = odd_inputs.request(r, t, stages, seq, {"request.cold_start": seq == 1})
+        spans[2]["attributes"] = [odd_inputs._attr("image.width", 1024),
+                                  odd_inputs._attr("image.height", 768)]
+        rows.append(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [
+            {"scope": {"name": "otel_stages"}, "spans": spans}]}]}))
+        return end
+
+    t0 = odd_inputs.BASE_NS
+    cold_end = one(t0, 1, 1.0, 2000.0)
+    for i in range(during):  # waited for the cold request, then ran a normal forward
+        start = t0 + (i + 1) * 10_000_000
+        one(start, i + 2, (cold_end - start) / 1e6 - 19 + 120 * i, 120 + r.gauss(0, 2))
+    t = cold_end + after_ns
+    for seq in range(during + 2, during + 32):
+        t = one(t, seq, 1 + r.random() * 0.3, 120 + r.gauss(0, 2)) + 50_000_000
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_requests_that_waited_for_the_cold_start_are_no_warm_up(engine, tmp_path: Path) -> None:
+    # a third tester's: 8 clients at once, the first loading the model for 2 s, the other 7
+    # waiting for it in queue: "the warm-up lasted 8 requests: warm up with 8 dummy requests"
+    from otel_stages.analysis.figures import REASON_BEHIND_COLD
+
+    got, want = reports(engine, _burst(tmp_path / "burst.jsonl", 7))
+    assert got["verdict"] == want["verdict"] and got["set_apart"] == want["set_apart"]
+    assert [a["reason"] for a in want["set_apart"]] == [REASON_BEHIND_COLD] * 7
+    v = want["verdict"]
+    assert (v["cause"], v["tentative"]) == ("cold_start", False), v
+    assert not any(e.startswith("the warm-up") for e in v["evidence"])
+    assert "also: " + advice.WARM_UP_AGAIN[REASON_BEHIND_COLD] in v["advice"]
+
+
+@pytest.mark.parametrize(("after_ns", "behind"), [(0, False), (-1, True)])
+def test_a_request_is_behind_the_cold_start_while_it_runs(tmp_path: Path, after_ns: int,
+                                                         behind: bool) -> None:
+    # the first sequential request, slow (2 s more), starts the instant the cold one ended (a
+    # warm-up request) or 1 ns before (it waited for it)
+    path = _burst(tmp_path / "edge.jsonl", 0, after_ns=after_ns)
+    lines = path.read_text().splitlines()
+    doc = json.loads(lines[1])
+    for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        if span["name"] in ("forward", "request"):
+            span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + 2_000_000_000)
+    lines[1] = json.dumps(doc)
+    path.write_text("\n".join(lines) + "\n")
+    out = diagnose(load_paths([path])).to_dict()
+    assert [a["reason"] for a in out["set_apart"]] == ["behind_cold_start" if behind else "warm_up"]

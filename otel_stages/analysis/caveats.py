@@ -59,6 +59,7 @@ from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
+    REASON_BEHIND_COLD,
     REASON_WARM_UP,
     ApartFigures,
     Figures,
@@ -386,6 +387,9 @@ def set_apart_lines(apart: Sequence[ApartFigures], warmup: WarmupFigures | None 
         elif a.reason == REASON_AFTER_FAILED_START:
             why = ("right after the process's first request failed: the cold start may have moved"
                    " to it")
+        elif a.reason == REASON_BEHIND_COLD:
+            why = ("it started while the process's cold request still ran and waited for it (a"
+                   " start-up burst), so it pays the cold start, not a warm-up of its own")
         else:
             why = "the first request with its input in this process"
         out.append(f"{who} took {duration(a.total_ms)}, {a.ratio:.1f}x the median of comparable"

@@ -42,6 +42,7 @@ from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
+    REASON_BEHIND_COLD,
     REASON_NEW_INPUT,
     REASON_WARM_UP,
     ApartFigures,
@@ -78,10 +79,13 @@ def apart_statements() -> list[str]:
     # pick the cold one (a warm-up request must come after it)
     prev = ("PARTITION BY ph ORDER BY start_ns, reinterpretAsFixedString(trace_key)"
             " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
-    warming = f"w.cold_before > 0 AND w.warm_before < {cap}"
+    # a request that started before its process's cold one ended waited for it (REASON_BEHIND_COLD)
+    behind = "w.cold_before > 0 AND w.start_ns < w.cold_end"
+    warming = f"w.cold_before > 0 AND w.warm_before < {cap} AND w.start_ns >= w.cold_end"
     reason = (f"multiIf(w.rows_before > 0 AND w.start_ns - w.last_end >= {idle}, '{REASON_AFTER_IDLE}',"
               f" p.failed_first AND w.warm_before = 0, '{REASON_AFTER_FAILED_START}',"
               f" p.started AND {_KNOWN} AND w.first_input, '{REASON_NEW_INPUT}',"
+              f" {behind}, '{REASON_BEHIND_COLD}',"
               f" {warming}, '{REASON_WARM_UP}',"
               " '')")
     # the input with the images decoded (images_sig), as cohorts.find_set_apart compares them
@@ -110,7 +114,8 @@ INNER JOIN (
             max(start_ns + total_ns) OVER ({prev}) AS last_end,
             count() OVER ({prev}) AS rows_before,
             sum(warm) OVER ({prev}) AS warm_before,
-            sum(cold) OVER ({prev}) AS cold_before
+            sum(cold) OVER ({prev}) AS cold_before,
+            max(if(cold, start_ns + total_ns, toInt64(0))) OVER ({prev}) AS cold_end
         FROM (
             SELECT trace_key, span_key, start_ns, total_ns, warm, cold, proc_key,
                 (proc_key, width, height, fmt, start_ns, trace_key) IN ({firsts})
@@ -120,7 +125,7 @@ INNER JOIN (
         )
     )  -- what can be flagged (the reasons below, without the per-process facts)
     WHERE warm AND ((rows_before > 0 AND start_ns - last_end >= {idle}) OR warm_before = 0 OR first_input
-                    OR (cold_before > 0 AND warm_before < {cap}))
+                    OR (cold_before > 0 AND (warm_before < {cap} OR start_ns < cold_end)))
 ) AS w ON d.trace_key = w.trace_key AND d.span_key = w.span_key
 LEFT JOIN (
     SELECT proc_key AS ph, max(cold) AS started,
@@ -133,6 +138,8 @@ WHERE reason != ''"""
     marks = (f"(trace_key, span_key) NOT IN (SELECT trace_key, span_key FROM {FLAGGED_TABLE}"
              f" WHERE reason != '{REASON_WARM_UP}') AS o,"
              f" (trace_key, span_key) NOT IN (SELECT trace_key, span_key FROM {FLAGGED_TABLE}) AS s")
+    # compared as the warm-up is: with the warm requests flagged for nothing, p95 plus median
+    warmish = f"'{REASON_WARM_UP}', '{REASON_BEHIND_COLD}'"
     stats = ("countIf(o) AS n, quantileExactInclusiveIf(0.5)(total_ns, o) AS median_ns,"
              " countIf(s) AS n_after, quantilesExactInclusiveIf(0.5, 0.95)(total_ns, s) AS q_after")
     create = f"""CREATE TEMPORARY TABLE {APART_TABLE} ENGINE = Memory AS
@@ -162,8 +169,8 @@ FROM (
                 f.seq AS seq, f.width AS width, f.height AS height, f.fmt AS fmt,
                 f.total_ns AS total_ns, f.reason AS reason, f.idle_ns AS idle_ns, f.ph AS ph,
                 f.warmup_pos AS warmup_pos,
-                if(f.reason = '{REASON_WARM_UP}', c.q_after[1], c.median_ns) AS median_ns,
-                if(f.reason = '{REASON_WARM_UP}',
+                if(f.reason IN ({warmish}), c.q_after[1], c.median_ns) AS median_ns,
+                if(f.reason IN ({warmish}),
                    c.n_after >= {COMPARABLE_MIN_REQUESTS} AND c.q_after[1] > 0
                        AND f.total_ns >= c.q_after[2] + {COLD_START_MIN_RATIO - 1} * c.q_after[1],
                    c.n >= {COMPARABLE_MIN_REQUESTS} AND c.median_ns > 0

@@ -49,6 +49,7 @@ from otel_stages.analysis.figures import (
     ALL_WARM,
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
+    REASON_BEHIND_COLD,
     REASON_NEW_INPUT,
     REASON_WARM_UP,
     SAME_INPUT,
@@ -347,16 +348,20 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
         # moved to the first request that succeeded after it
         failed_start = bool(reqs) and reqs[0].cold and reqs[0].error
         cold_seen = False
+        cold_end = 0  # requests that started before the cold one ended waited for it
         warm_before = 0
         for r, k in zip(reqs, keys.keys(reqs)):
             if not r.cold and not r.error:
-                warming = cold_seen and warm_before < WARMUP_MAX_REQUESTS
+                behind = cold_seen and r.start_ns < cold_end
+                warming = cold_seen and warm_before < WARMUP_MAX_REQUESTS and not behind
                 if last_end is not None and r.start_ns - last_end >= IDLE_GAP_MIN_S * 1e9:
                     flagged[id(r)] = (REASON_AFTER_IDLE, (r.start_ns - last_end) / 1e9)
                 elif failed_start:
                     flagged[id(r)] = (REASON_AFTER_FAILED_START, None)
                 elif started and k is not None and k not in seen and _one_decode(r):
                     flagged[id(r)] = (REASON_NEW_INPUT, None)
+                elif behind:
+                    flagged[id(r)] = (REASON_BEHIND_COLD, None)
                 elif warming:
                     flagged[id(r)] = (REASON_WARM_UP, None)
                 if warming:
@@ -365,6 +370,8 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
                 failed_start = False
                 warm_before += 1
             cold_seen = cold_seen or r.cold
+            if r.cold:
+                cold_end = max(cold_end, r.end_ns)
             seen.add(k)
             last_end = r.end_ns if last_end is None else max(last_end, r.end_ns)
     if not flagged:
@@ -415,7 +422,8 @@ def set_apart_and_warmup(requests: Sequence[Request], keys: CohortKeys
     for r in (r for r in requests if id(r) in flagged):
         k = keys.key(r)
         reason, idle = flagged[id(r)]
-        found = bar_of(reason == REASON_WARM_UP, None if k is None else (k, decoded_images(r)))
+        found = bar_of(reason in (REASON_WARM_UP, REASON_BEHIND_COLD),
+                       None if k is None else (k, decoded_images(r)))
         if found is not None and r.total_ms >= found[1]:
             standing[id(r)] = SetApart(r, reason, k, found[0], r.total_ms / found[0], idle)
     runs: list[_WarmupRun] = []

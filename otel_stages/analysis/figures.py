@@ -34,6 +34,10 @@ REASON_AFTER_FAILED_START = "after_failed_start"
 #: set apart: one of the requests right after a process's cold request that still stood out
 #: (the warm-up: lazy compilation, autotuning, caches filling over several requests)
 REASON_WARM_UP = "warm_up"
+#: set apart: a request that started while its process's cold request still ran and stood out as
+#: a warm-up request would (it waited for the cold start: a start-up burst), not counted in the
+#: warm-up's length
+REASON_BEHIND_COLD = "behind_cold_start"
 
 
 @dataclass(frozen=True)
