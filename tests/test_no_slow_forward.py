@@ -55,3 +55,17 @@ def test_the_healthy_fleet_reads_alike_in_both_reports(engine, tmp_path: Path) -
     v = want["verdict"]
     assert (v["cause"], v["tentative"]) == ("gpu_busy", True), v
     assert v["advice"][0] == NO_SLOW_FORWARD
+
+
+def test_the_input_mix_explaining_the_swing_says_so_alone() -> None:
+    from otel_stages.analysis import advice
+    from otel_stages.analysis.figures import CohortFigures, CohortVerdict
+
+    steady = CohortVerdict("stable", None)
+    cohorts = [CohortFigures("640x480", 30, 100.0, 110.0, steady),
+               CohortFigures("1280x960", 20, 160.0, 170.0, steady)]
+    fig = figures(stage("forward", 40.0, explains=0.9), total_swing=40.0, gpu=_gpu("high", 0),
+                  input_mix_explains=0.9, cohorts=cohorts)
+    v = decide(fig)
+    assert v.tentative and v.advice[0] == advice.STEADY_INPUTS
+    assert NO_SLOW_FORWARD not in v.advice

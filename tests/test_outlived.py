@@ -74,7 +74,8 @@ def test_streamed_responses_read_alike_in_both_reports(engine, tmp_path: Path, c
     got, want = reports(engine, edited(STABLE, tmp_path / f"stream{count}.jsonl", _streamed(count)))
     assert got["verdict"] == want["verdict"]
     v = want["verdict"]
-    assert v["tentative"] is caveat, v
+    # (tentative also without it: no forward is slow then, decision._no_slow_forward_caveat)
+    assert v["tentative"] or not caveat, v
     assert (v["advice"][0] == advice.END_REQUEST_SPAN) is caveat
     if caveat:
         warm = count - 1  # the first request is cold

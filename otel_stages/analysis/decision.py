@@ -284,6 +284,8 @@ def _no_slow_forward_caveat(verdict: Verdict, fig: Figures) -> None:
     if (verdict.cause not in (CAUSE_GPU_BUSY, CAUSE_GPU_STARVED) or gpu.judged_on == JUDGED_SLOW
             or gpu.slow_min_ms is None or gpu.slow_forwards):
         return
+    if steady_inputs(fig) is not None:
+        return  # the input mix explains the swing, and its caveat says so first
     verdict.tentative = True
     verdict.evidence.insert(0, (
         f"no forward is longer than {duration(gpu.slow_min_ms)} (the warm forward median plus the"
