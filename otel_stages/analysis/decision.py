@@ -251,11 +251,12 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig, band.band_ms)
+    # before the caveats that name the swing's place (inputs, processes): theirs lead
+    _no_slow_forward_caveat(verdict, fig)
     if swings is not False:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
     warmup_caveat(verdict, fig)
-    _no_slow_forward_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
     before_caveat(verdict, fig, band.band_ms)
     misaligned_gpu_caveat(verdict, fig)
