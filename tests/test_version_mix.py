@@ -11,6 +11,7 @@ report agreeing with real chDB."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -125,15 +126,14 @@ def test_one_version_of_a_process() -> None:
 # --- from spans ----------------------------------------------------------------------------------
 
 
-def _deploy(tmp_path: Path, versions: tuple[str | None, str | None], *, slow_ms: float = 240.0,
-            together: bool = False) -> Path:
-    """pod-a (forward 120 ms +- 2, ``versions[0]``) serves 30 requests, then (or, ``together``, at
-    the same time) pod-b (forward ``slow_ms`` +- 2, ``versions[1]``) 30, on one host; the GPU busy
-    (0.94) in every forward; ``None``: no ``service.version``."""
+def _pods(tmp_path: Path, pods: Sequence[tuple[str, float, str | None, str]], *, together: bool,
+          name: str) -> Path:
+    """Each of ``pods`` (instance id, forward ms +- 2, ``service.version`` or ``None``, host.name)
+    serves 30 requests, one pod after the other (60 s apart) or, ``together``, at the same time;
+    the GPU busy (0.94) in every forward. Written to ``name``.jsonl in ``tmp_path``."""
     lines: list[str] = []
     start_s = 0
-    for n, (pod, forward_ms, version) in enumerate((("pod-a", 120.0, versions[0]),
-                                                    ("pod-b", slow_ms, versions[1]))):
+    for n, (pod, forward_ms, version, host) in enumerate(pods):
         def stages(i: int, r: Any, forward_ms: float = forward_ms) -> list[tuple[str, float]]:
             return [("download", 10.0 + r.random()), ("decode", 12.0 + r.random()),
                     ("resize", 4.0 + r.random()), ("queue", 1.0 + r.random()),
@@ -148,16 +148,25 @@ def _deploy(tmp_path: Path, versions: tuple[str | None, str | None], *, slow_ms:
             start_s += 60  # 30 requests of under 300 ms, 100 ms apart: done within 15 s
         path = odd_inputs.write(tmp_path / f"{pod}.jsonl", rows)
         resource = [odd_inputs._attr("service.name", "vlm"), odd_inputs._attr("service.instance.id", pod),
-                    odd_inputs._attr("host.name", "node-1")]
+                    odd_inputs._attr("host.name", host)]
         if version is not None:
             resource.append(odd_inputs._attr("service.version", version))
         for line in path.read_text().splitlines():
             doc = json.loads(line)
             doc["resourceSpans"][0]["resource"]["attributes"] = resource
             lines.append(json.dumps(doc))
-    merged = tmp_path / "deploy.jsonl"
+    merged = tmp_path / f"{name}.jsonl"
     merged.write_text("\n".join(lines) + "\n")
     return merged
+
+
+def _deploy(tmp_path: Path, versions: tuple[str | None, str | None], *, slow_ms: float = 240.0,
+            together: bool = False) -> Path:
+    """pod-a (forward 120 ms, ``versions[0]``) serves 30 requests, then (or, ``together``, at the
+    same time) pod-b (forward ``slow_ms``, ``versions[1]``) 30, on one host; ``None``: no
+    ``service.version``."""
+    return _pods(tmp_path, [("pod-a", 120.0, versions[0], "node-1"), ("pod-b", slow_ms, versions[1], "node-1")],
+                 together=together, name="deploy")
 
 
 def test_the_versions_come_from_each_process_resource(tmp_path: Path) -> None:
@@ -245,25 +254,8 @@ def test_the_versions_must_explain_the_processes(version_explains: float | None,
 def _nodes(tmp_path: Path) -> Path:
     """Three pods side by side: pod-a v1.0 on a fast node (forward 120 ms), pod-b v1.0 and pod-c
     v1.1 on slow nodes (forward 210 and 215 ms); the GPU busy in every forward."""
-    lines: list[str] = []
-    for n, (pod, forward_ms, version) in enumerate((("pod-a", 120.0, "1.0"), ("pod-b", 210.0, "1.0"),
-                                                    ("pod-c", 215.0, "1.1"))):
-        def stages(i: int, r: Any, forward_ms: float = forward_ms) -> list[tuple[str, float]]:
-            return [("download", 10.0 + r.random()), ("decode", 12.0 + r.random()),
-                    ("resize", 4.0 + r.random()), ("queue", 1.0 + r.random()),
-                    ("forward", forward_ms + 4 * r.random() - 2)]
-        rows = odd_inputs.run(30, stages, seed=n + 1)
-        _span_gpu(rows, lambda i, slow: 0.94)
-        path = odd_inputs.write(tmp_path / f"{pod}.jsonl", rows)
-        resource = [odd_inputs._attr("service.name", "vlm"), odd_inputs._attr("service.instance.id", pod),
-                    odd_inputs._attr("host.name", f"node-{n}"), odd_inputs._attr("service.version", version)]
-        for line in path.read_text().splitlines():
-            doc = json.loads(line)
-            doc["resourceSpans"][0]["resource"]["attributes"] = resource
-            lines.append(json.dumps(doc))
-    merged = tmp_path / "nodes.jsonl"
-    merged.write_text("\n".join(lines) + "\n")
-    return merged
+    return _pods(tmp_path, [("pod-a", 120.0, "1.0", "node-0"), ("pod-b", 210.0, "1.0", "node-1"),
+                            ("pod-c", 215.0, "1.1", "node-2")], together=True, name="nodes")
 
 
 def test_a_version_that_does_not_explain_the_processes_is_not_blamed_in_both_reports(
