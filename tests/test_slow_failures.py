@@ -1,7 +1,7 @@
 """Failed requests that are the slow tail (a tester's input: 16 of 100 requests hit a forward
 stall and were ended by a 2 s deadline, the rest steady at 300 ms; both reports said a confident
 "stable", the failures one line at the end). When at least
-:data:`~otel_stages.analysis.caveats.FAILED_SLOW_MIN_FRACTION` of the requests fail and their
+:data:`~otel_stages.analysis.failures.FAILED_SLOW_MIN_FRACTION` of the requests fail and their
 median total lies beyond the warm p95 plus the noise band, the verdict is tentative, the failed
 requests (how many, their median total, the stage that held it) come first in the evidence and
 finding why that stage stalls first in the advice. Requests that fail fast do not. Each threshold
@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from otel_stages.analysis import advice, load_paths
-from otel_stages.analysis.caveats import (
+from otel_stages.analysis.decision import decide, verdict_band_ms
+from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.failures import (
     FAILED_MIN_FRACTION,
     FAILED_SLOW_MIN_FRACTION,
     FAILED_STAGE_MIN_PART,
     failures_slow,
     failures_to_dict,
 )
-from otel_stages.analysis.decision import decide, verdict_band_ms
-from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.figures import Figures
 from otel_stages.analysis.units import duration
 from tests import odd_inputs

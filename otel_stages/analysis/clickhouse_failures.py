@@ -5,7 +5,7 @@ text, and the reading of its answer.
 Per failed request (the request span's status is ERROR; cold ones included): its *kind* is the
 first non-empty ``error.type`` of the request span, then of its failed stage spans in start
 order, else the first ``exception.type`` of an event on those spans in the same order (OTel
-semantic conventions; :data:`~otel_stages.analysis.caveats.KIND_UNKNOWN` when none); *where it
+semantic conventions; :data:`~otel_stages.analysis.failures.KIND_UNKNOWN` when none); *where it
 stopped* is ``failed in <stage>`` for its first failed stage span, else ``last stage <stage>``
 for the stage span that ended last. Its stage spans are the request span's children that hold no
 spans of their own, and the children of those that do (a custom group): one level of groups, as
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.caveats import KIND_UNKNOWN
 from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, median, span_filter
+from otel_stages.analysis.failures import KIND_UNKNOWN
 from otel_stages.analysis.stats import order_stages
 
 _STD = "(" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + ")"

@@ -54,7 +54,6 @@ from dataclasses import replace
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.caveats import failures_to_dict
 from otel_stages.analysis.clickhouse_gaps import gaps_caveat
 from otel_stages.analysis.clickhouse_issues import NOT_CHECKED
 from otel_stages.analysis.clickhouse_result import (
@@ -69,6 +68,7 @@ from otel_stages.analysis.clickhouse_result import (
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO, MIN_WARM_RUNS, decide, verdict_band_ms
 from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, other_images, sized_evidence
+from otel_stages.analysis.failures import failures_to_dict
 from otel_stages.analysis.figures import (
     ALL_WARM,
     SAME_INPUT,

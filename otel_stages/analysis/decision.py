@@ -50,8 +50,6 @@ from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
-    failures_first,
-    failures_lead,
     misaligned_gpu_caveat,
     missing_spans_advice,
     offset_line,
@@ -67,6 +65,7 @@ from otel_stages.analysis.caveats import (
     warm_up_advice,
     warmup_caveat,
 )
+from otel_stages.analysis.failures import failures_first, failures_lead
 from otel_stages.analysis.figures import (
     REASON_WARM_UP,
     SAME_INPUT,

@@ -22,17 +22,13 @@ from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.batching import BatchSummary, summarize_batches
-from otel_stages.analysis.caveats import (
-    BEFORE_PERCENTILE,
-    KIND_UNKNOWN,
-    OUTLIVED_PERCENTILE,
-    failures_to_dict,
-)
+from otel_stages.analysis.caveats import BEFORE_PERCENTILE, OUTLIVED_PERCENTILE
 from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, group, set_apart_and_warmup
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide, verdict_band_ms
 from otel_stages.analysis.evidence import stage_evidence
+from otel_stages.analysis.failures import KIND_UNKNOWN, failures_to_dict
 from otel_stages.analysis.figures import (
     CohortFigures,
     CohortVerdict,
@@ -131,7 +127,7 @@ def total_figures(t: Distribution) -> TotalFigures:
 def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, int]]:
     """Failed requests by error kind (:attr:`Request.error_type
     <otel_stages.analysis.requests.Request.error_type>`, else
-    :data:`~otel_stages.analysis.caveats.KIND_UNKNOWN`) and by where they stopped (``failed in
+    :data:`~otel_stages.analysis.failures.KIND_UNKNOWN`) and by where they stopped (``failed in
     decode`` for a failed stage span, else ``last stage <name>``)."""
     kinds: dict[str, int] = defaultdict(int)
     where: dict[str, int] = defaultdict(int)
@@ -148,7 +144,7 @@ def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, 
 def failed_times(failed: Sequence[Request]) -> tuple[float | None, dict[str, float]]:
     """The failed requests' median total (ms; ``None`` without any) and each stage's median
     over them (ms; 0 in a failed request without that stage), in pipeline order: where the time
-    of the requests that failed went (:func:`~otel_stages.analysis.caveats.failures_slow`)."""
+    of the requests that failed went (:func:`~otel_stages.analysis.failures.failures_slow`)."""
     if not failed:
         return None, {}
     names = order_stages({n for r in failed for n in r.stages_ms})

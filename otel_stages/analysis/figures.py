@@ -361,7 +361,7 @@ class Figures:
     ``exception.type`` -> failed requests) and ``failure_stages`` (where they stopped -> failed
     requests) name them; ``failed_median_total_ms`` is the failed requests' median total
     (``None`` without any) and ``failed_stages_ms`` each stage's median over them (0 ms in a
-    failed request without it), for :func:`~otel_stages.analysis.caveats.failures_slow`.
+    failed request without it), for :func:`~otel_stages.analysis.failures.failures_slow`.
     ``set_apart``: warm requests reported apart as cold, and ``warmup`` the warm-up among them
     (``None`` without warm-up requests set apart). ``per_request``:
     the figures come from per-request rows (traces), so ``StageFigures.count`` is requests.

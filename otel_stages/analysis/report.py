@@ -242,7 +242,7 @@ class Report:
     signals: dict[str, StageSignals] = field(default_factory=dict)
     #: time counted in two stages at once (analysis.stage_overlap); ``None`` when none
     overlap: Overlap | None = None
-    #: the failed requests' figures (:func:`otel_stages.analysis.caveats.failures_to_dict`)
+    #: the failed requests' figures (:func:`otel_stages.analysis.failures.failures_to_dict`)
     failures: dict[str, object] | None = None
     #: how much of each process's request.seq range was read (analysis.sampled)
     sampling: SeqCoverage | None = None
