@@ -256,6 +256,16 @@ SPREAD = (
 )
 
 
+#: a stage verdict where the stages slow together (``caveats.together_caveat``): the whole
+#: process slows, and the stage named is only where it shows most.
+TOGETHER = (
+    "the stages slow together: before tuning one stage, find what slows the whole process while"
+    " requests are slow: threads holding the GIL or the CPU beside the request threads, other"
+    " processes on the host, garbage-collector pauses, swapping (record the stages' thread CPU"
+    " time, thread.cpu_time_ms, and the run-queue wait to see which: README, Signals)"
+)
+
+
 #: gpu_busy / gpu_starved judged on all forwards (the slow ones could not be judged apart:
 #: ``GpuEvidence.judged_on``): the first line says "during forward", not "during slow forwards".
 _GPU_ALL_FORWARDS = {

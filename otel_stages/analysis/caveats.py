@@ -35,6 +35,15 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
   The verdict is tentative, with the reason first, and the advice says to report each service
   alone (``--service``).
+- :func:`together_caveat`: the stages slow in the same requests: the part of the request total's
+  variance their covariances make (``1 - sum(alone)`` over the stages and the untraced time,
+  :attr:`~otel_stages.analysis.figures.StageFigures.alone`) reaches :data:`TOGETHER_MIN_SHARE`
+  and exceeds what the verdict's stage explains. A cause that slows the whole process (threads
+  holding the GIL, another process burning the CPU) then reads as whichever stage it hits most,
+  a different one from run to run; unless that stage's own cost follows the input's size (the
+  input then moves the stages together) or the verdict already names a process-wide mechanism
+  (CPU contention or throttling, GC pauses, a blocked event loop: the line then backs it), the
+  verdict is tentative, the reason first and the advice to find what slows the process first.
 - :func:`sampled_caveat`: the recording is sampled (gaps in ``request.seq``;
   :mod:`otel_stages.analysis.sampled`): the figures lean toward the slow requests a sampler keeps
   whole. The verdict is tentative, the reason first, and the advice leads with unbiased figures.
@@ -46,6 +55,7 @@ from collections.abc import Sequence
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.contention import CAUSE_CPU_CONTENTION
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
@@ -55,6 +65,7 @@ from otel_stages.analysis.figures import (
     Figures,
     WarmupFigures,
 )
+from otel_stages.analysis.mechanisms import CAUSE_CPU_THROTTLED, CAUSE_EVENT_LOOP_BLOCKED, CAUSE_GC_PAUSE
 from otel_stages.analysis.sampled import is_sampled, sampled_line
 from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import CAUSE_COLD_START, CAUSE_STABLE, Verdict
@@ -107,6 +118,19 @@ POOLED_SERVICE_MIN_REQUESTS = 5
 #: ... or at least two and this share of all requests (:func:`services_caveat`): 4 requests of
 #: another model among 30 are the top of the swing (its p95) by themselves.
 POOLED_SERVICE_MIN_SHARE = 0.05
+#: The part of the request total's variance that comes from stages slowing in the same requests
+#: (their covariances: ``1 - sum(alone)`` over the stages and the untraced time) from which a
+#: stage verdict is read as the whole process slowing (:func:`together_caveat`), when it also
+#: exceeds what the stage explains. Independent stages leave it near 0 (sampling noise of a few
+#: hundred requests: +-0.1; a tester's single-stage causes measured -0.08 .. 0.30, stages that
+#: offset each other below 0); a process-wide slowdown (two threads holding the GIL, processes
+#: burning the CPU) measured 0.53 .. 0.71. 0.4 sits between, above what noise and a queue that
+#: waits behind a slow forward (which do move together) give.
+TOGETHER_MIN_SHARE = 0.4
+#: Causes that already name a slowdown of the whole process: the stages slowing together backs
+#: them (:func:`together_caveat` adds its line, keeps the verdict firm).
+PROCESS_WIDE_CAUSES = frozenset({CAUSE_CPU_CONTENTION, CAUSE_CPU_THROTTLED, CAUSE_GC_PAUSE,
+                                 CAUSE_EVENT_LOOP_BLOCKED})
 #: The services :func:`services_caveat` names (the largest; "and more" after them).
 MAX_SERVICES_NAMED = 6
 
@@ -391,6 +415,49 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
     first = next((name for name, _ in fig.services if name), None)
     example = f" --service {first}" if first else " --service NAME"
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")
+
+
+def together_share(fig: Figures) -> float | None:
+    """The part of the request total's variance the stages' covariances make: ``1 - sum(alone)``
+    over the stages and the untraced time (:attr:`StageFigures.alone
+    <otel_stages.analysis.figures.StageFigures.alone>`); ``None`` when any part's is unknown
+    (histograms) or there are no stages."""
+    parts = [s.alone for s in fig.stages.values()]
+    if fig.unaccounted is not None:
+        parts.append(fig.unaccounted.alone)
+    if not fig.stages or any(p is None for p in parts):
+        return None
+    return 1.0 - sum(p for p in parts if p is not None)
+
+
+def together_caveat(verdict: Verdict, fig: Figures) -> None:
+    """The stages slowing together (module docstring): a line first and, unless the verdict
+    names a process-wide mechanism, the verdict tentative with :data:`advice.TOGETHER
+    <otel_stages.analysis.advice.TOGETHER>` first. Only for a verdict on a stage of ``fig``."""
+    stage = fig.stages.get(verdict.stage or "")
+    together = together_share(fig)
+    if (stage is None or verdict.cause is None or together is None or stage.explains is None
+            or together < TOGETHER_MIN_SHARE or together <= stage.explains):
+        return
+    evidence = fig.stage_evidence.get(stage.name)
+    if evidence is not None and evidence.follows_size:  # the input moves the stages together
+        return
+    ranked = sorted((s for s in fig.stages.values() if s.explains is not None),
+                    key=lambda s: -(s.explains or 0.0))[:3]
+    parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in ranked)
+    head = (f"the stages slow together: {pct(together)} of the request total's variance comes"
+            f" from stages slowing in the same requests, more than {stage.name} explains"
+            f" ({pct(stage.explains)}; the most: {parts})")
+    if verdict.cause in PROCESS_WIDE_CAUSES:
+        verdict.evidence.append(head + f": {verdict.cause} slows the whole process, not"
+                                f" {stage.name} alone")
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, head + ": a cause that slows the whole process (threads holding"
+                            " the GIL or the CPU, another process, a collector pause) reads as"
+                            f" whichever stage it hits most, so the verdict on {stage.name} is"
+                            " tentative")
+    verdict.advice.insert(0, advice_text.TOGETHER)
 
 
 def sampled_caveat(verdict: Verdict, fig: Figures) -> None:

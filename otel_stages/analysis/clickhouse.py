@@ -323,11 +323,14 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                                           sql.query_params(query), settings)
         results["failed_times"] = engine.rows(failures.failed_times_sql(method), None, settings)
     results.update(signal_results(engine, tables, query, method, settings, results))
-    # the decode facts feed only a decode / resize verdict's advice, and cost a join of the warm
-    # requests with their decode / resize spans: read them only for such a verdict
-    first = build_aggregates(results, url="", method=method, start_ns=query.start_ns,
-                             end_ns=query.end_ns, service=query.service)
-    if clickhouse_figures.verdict(first).stage in preprocess.STAGES:
+    # the decode facts feed only the advice on decode / resize (the verdict's stage, or a
+    # co-suspect's lines, headed by its name), and cost a join of the warm requests with their
+    # decode / resize spans: read them only then
+    first = clickhouse_figures.verdict(build_aggregates(
+        results, url="", method=method, start_ns=query.start_ns, end_ns=query.end_ns,
+        service=query.service))
+    if first.stage in preprocess.STAGES or any(
+            line.startswith(f"{stage}: ") for stage in preprocess.STAGES for line in first.advice):
         for statement in preprocess.prepare_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
         results["preprocess"] = engine.rows(preprocess.preprocess_sql(), None, settings)

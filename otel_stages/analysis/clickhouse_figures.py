@@ -63,6 +63,7 @@ from otel_stages.analysis.clickhouse_result import (
     GpuAggregate,
     StageAggregate,
     Summary,
+    alone_of,
     ordered_stages,
 )
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
@@ -110,7 +111,7 @@ def stage_figures(s: StageAggregate) -> StageFigures:
     return StageFigures(
         name=s.name, count=r.count, median_ms=r.median_ms, swing_ms=r.swing_ms,
         share=s.share_of_time, p5_ms=r.p5_ms, p95_ms=r.p95_ms, min_ms=r.min_ms, max_ms=r.max_ms,
-        mean_ms=r.mean_ms, spike_ms=_spike(r), explains=s.explained,
+        mean_ms=r.mean_ms, spike_ms=_spike(r), explains=s.explained, alone=s.alone,
     )
 
 
@@ -347,6 +348,7 @@ def _unaccounted(agg: FleetAggregates | CohortAggregate) -> UnaccountedFigures |
         median_ms=gap.median_ms, swing_ms=gap.swing_ms,
         share=gap.sum_ms / total.sum_ms if total.sum_ms > 0 else 0.0,
         explains=agg.unaccounted_explained or 0.0,
+        alone=alone_of(gap, total),
     )
 
 

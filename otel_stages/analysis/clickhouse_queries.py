@@ -9,6 +9,8 @@ Definitions (all over *warm* requests: not cold, not failed, unless said otherwi
   ``sum(stage_ms * (total_ms - mean_total_ms))``: ``explained = cross / ss_total`` with
   ``ss_total = var(total) * (n - 1)``, i.e. ``cov(stage, total) / var(total)`` with the stage
   counted as 0 where it did not run (the definition of ``analysis.stats.explained_fraction``);
+  ``sq`` = ``sum(stage_ms^2)``: ``alone = (sq - sum^2 / n) / ss_total``, ``var(stage) /
+  var(total)`` with the same 0s (``analysis.stats.alone_fraction``);
 - unaccounted: ``total - covered`` per request, covered = union of its stage spans' intervals;
   its ``cross`` (as a stage's) gives the variance of the total it explains;
 - overlap: the stages' time inside the request beyond ``covered`` (time counted in two stages at
@@ -149,7 +151,7 @@ def _stage_stats(method: str, by: str, source: str, where: str, mean: str) -> st
     keys = f"{by}, " if by else ""
     return f"""SELECT {keys}stage,
     {distribution("stage", "ms", "1", method)},
-    sum(ms * dt) AS cross,
+    sum(ms * dt) AS cross, sum(ms * ms) AS sq,
     corrStable(ms, pixels) AS pixels_corr, corrStable(ms, toFloat64(bytes)) AS bytes_corr
 FROM (
     SELECT {keys}stage_names, stage_ns, {_TOTAL_MS} - {mean} AS dt,

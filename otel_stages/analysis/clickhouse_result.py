@@ -91,6 +91,15 @@ class Summary:
         return (self.variance_ms2 or 0.0) * max(self.count - 1, 0)
 
 
+def alone_of(part: Summary | None, total: Summary | None) -> float | None:
+    """``var(part) / var(total)`` of two distributions over the same requests (the untraced
+    time's and the total's); ``None`` when either is unknown, 0 when the total does not vary."""
+    if part is None or total is None:
+        return None
+    ss_total = total.sum_of_squares_ms2
+    return part.sum_of_squares_ms2 / ss_total if ss_total > 0 else 0.0
+
+
 def summary(row: Mapping[str, Any], prefix: str) -> Summary | None:
     """The :class:`Summary` in ``row``'s ``{prefix}_*`` columns, ``None`` when it counts 0."""
     count = int(row.get(f"{prefix}_n") or 0)
@@ -129,6 +138,21 @@ class StageAggregate:
     pixels_correlation: float | None = None
     bytes_correlation: float | None = None
     depth_correlation: float | None = None
+    #: ``var(stage) / var(total)`` with the stage as 0 where it did not run (``None``: answers
+    #: without ``sq``).
+    alone: float | None = None
+
+
+def _alone(row: Mapping[str, Any], ran: Summary, total: Summary | None) -> float | None:
+    """``var(stage) / var(total)`` over the ``total.count`` requests, the stage 0 where it did
+    not run: ``(sum(ms^2) - sum(ms)^2 / n) / ss_total`` (0 when the total does not vary)."""
+    sq = row.get("sq")
+    if sq is None or total is None:
+        return None
+    ss_total = total.sum_of_squares_ms2
+    if ss_total <= 0 or total.count <= 0:
+        return 0.0
+    return max(float(sq) - ran.sum_ms * ran.sum_ms / total.count, 0.0) / ss_total
 
 
 def _stages(rows: Rows, total: Summary | None) -> dict[str, StageAggregate]:
@@ -148,6 +172,7 @@ def _stages(rows: Rows, total: Summary | None) -> dict[str, StageAggregate]:
             share_of_time=ran.sum_ms / total.sum_ms if total and total.sum_ms > 0 else 0.0,
             pixels_correlation=_correlation(row.get("pixels_corr"), ran.count),
             bytes_correlation=_correlation(row.get("bytes_corr"), ran.count),
+            alone=_alone(row, ran, total),
         )
     return out
 

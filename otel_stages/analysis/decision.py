@@ -58,6 +58,7 @@ from otel_stages.analysis.caveats import (
     sampled_caveat,
     services_caveat,
     set_apart_lines,
+    together_caveat,
     untraced_advice,
     untraced_is_largest,
     untraced_is_skew,
@@ -250,6 +251,8 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
     _append_common(verdict, fig, band.band_ms)
+    if swings is not False:
+        together_caveat(verdict, fig)
     # before the caveats that name the swing's place (inputs, processes): theirs lead
     _no_slow_forward_caveat(verdict, fig)
     if swings is not False:

@@ -114,7 +114,7 @@ def stage_figures(s: StageStats) -> StageFigures:
     return StageFigures(
         name=s.name, count=s.count, median_ms=s.median_ms, swing_ms=s.swing_ms, share=s.share,
         p5_ms=s.p5_ms, p95_ms=s.p95_ms, min_ms=s.min_ms, max_ms=s.max_ms, mean_ms=s.mean_ms,
-        spike_ms=s.spike_ms, explains=s.explains,
+        spike_ms=s.spike_ms, explains=s.explains, alone=s.alone,
     )
 
 
@@ -220,7 +220,7 @@ def _warm(
         total=total_fig,
         gpu=gpu,
         unaccounted=None if gap is None else UnaccountedFigures(
-            gap.median_ms, gap.swing_ms, gap.share, gap.explains),
+            gap.median_ms, gap.swing_ms, gap.share, gap.explains, gap.alone),
         cold=cold_fig,
         cohorts=cohorts,
         input_mix_explains=mix,

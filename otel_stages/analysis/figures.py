@@ -54,6 +54,8 @@ class StageFigures:
     (histograms: the proven ``p99 - p50`` spread); ``None`` when unknown.
     ``explains``: ``cov(stage, total) / var(total)``, the part of the request total's variance the
     stage accounts for; ``None`` without per-request pairs (histograms).
+    ``alone``: ``var(stage) / var(total)``, the part it makes alone, its covariances with the other
+    stages left out (``explains - alone``: what it moves in step with them); ``None`` when unknown.
     """
 
     name: str
@@ -68,6 +70,7 @@ class StageFigures:
     mean_ms: float | None = None
     spike_ms: float | None = None
     explains: float | None = None
+    alone: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,12 +91,14 @@ class TotalFigures:
 @dataclass(frozen=True)
 class UnaccountedFigures:
     """Request time outside every stage span: ``median_ms`` and ``swing_ms`` of the per-request
-    gap, its ``share`` of all request time, and the part of the total's variance it ``explains``."""
+    gap, its ``share`` of all request time, the part of the total's variance it ``explains`` and
+    makes ``alone`` (as :class:`StageFigures`)."""
 
     median_ms: float
     swing_ms: float
     share: float
     explains: float | None = None
+    alone: float | None = None
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,9 @@ class StageStats:
     share: float
     swing_ms: float
     explains: float | None
+    #: ``var(stage) / var(total)``: the part of the total's variance the stage makes alone, its
+    #: covariances with the other stages left out (0-filled as for ``explains``; ``None``: unknown).
+    alone: float | None = None
 
     @property
     def spike_ms(self) -> float:
@@ -122,6 +125,8 @@ class Unaccounted:
     swing_ms: float
     share: float
     explains: float | None
+    #: ``var(gap) / var(total)`` (as :attr:`StageStats.alone`).
+    alone: float | None = None
 
     def to_dict(self) -> dict[str, float | None]:
         """The CLI contract's ``unaccounted`` object (plus ``swing_ms`` and ``explains``)."""
@@ -210,6 +215,17 @@ def explained_fraction(part_ms: Sequence[float], total_ms: Sequence[float]) -> f
         return 0.0
     total = _centered(total_ms)
     return _explained(part_ms, total, _sum_of_products(total, total))
+
+
+def alone_fraction(part_ms: Sequence[float], total_ms: Sequence[float]) -> float:
+    """``var(part) / var(total)``: the part of the total's variance ``part`` makes alone (its
+    covariances with the total's other parts left out); 0 when fewer than 2 values or the total
+    is constant."""
+    if len(part_ms) < 2 or not _varies(total_ms):
+        return 0.0
+    part = _centered(part_ms)
+    total = _centered(total_ms)
+    return _sum_of_products(part, part) / _sum_of_products(total, total)
 
 
 def _explained(part_ms: Sequence[float], total: Sequence[float], total_ss: float) -> float:
@@ -327,6 +343,7 @@ def stage_stats(
             share=sum(ran) / time_ms if time_ms > 0 else 0.0,
             swing_ms=dist.swing_ms,
             explains=_explained(filled, total, total_ss) if varies else 0.0,
+            alone=_explained(filled, _centered(filled), total_ss) if varies else 0.0,
         )
     return out
 
@@ -343,4 +360,5 @@ def unaccounted_stats(gaps_ms: Sequence[float], totals_ms: Sequence[float]) -> U
         swing_ms=dist.swing_ms,
         share=sum(gaps_ms) / time_ms if time_ms > 0 else 0.0,
         explains=explained_fraction(gaps_ms, totals_ms),
+        alone=alone_fraction(gaps_ms, totals_ms),
     )
