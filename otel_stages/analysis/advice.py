@@ -74,6 +74,16 @@ CUSTOM_IS_STANDARD = (
 )
 #: The ``forward`` advice that asks whether inputs vary (dropped once the input mix says they do).
 INPUTS_VARY = "check whether input shapes (image tiles, prompt or output length) vary between calls"
+#: :data:`INPUTS_VARY` where every warm request had one input (the image's shape cannot vary).
+ONE_INPUT_VARY = (
+    "every warm request had the same input ({key}), so the image's shape does not vary: check"
+    " whether the prompt or output length does, or whether the stage slows over the process's"
+    " life (a leak, a growing cache: compare early and late requests)"
+)
+#: The ``gpu_busy`` line on other work and shapes (:data:`OTHER_GPU_WORK` where one input).
+OTHER_WORK_OR_SHAPES = ("check for other processes on the same GPU (nvidia-smi) and for input"
+                        " shapes that vary")
+OTHER_GPU_WORK = "check for other processes on the same GPU (nvidia-smi)"
 #: Requests wait for batches to fill when the median fill (first enqueue, or the previous batch's
 #: end, to pickup: :mod:`otel_stages.analysis.batching`) is at least this part of their median
 #: wait; under it they mostly wait for the executor to finish the batch before theirs, which a
@@ -132,7 +142,7 @@ _ADVICE: dict[str, list[str]] = {
         "the GPU is saturated during slow forwards: reduce work per call (smaller batch, fewer"
         " image tiles/tokens, shorter max output length)",
         "use lower precision (bf16/fp16) and fused kernels (torch.compile, TensorRT)",
-        "check for other processes on the same GPU (nvidia-smi) and for input shapes that vary",
+        OTHER_WORK_OR_SHAPES,
         "add GPU capacity or spread load across replicas",
     ],
     "gpu_starved": [
@@ -274,6 +284,15 @@ _GPU_ALL_FORWARDS = {
     "gpu_starved": "the GPU idles during forward: it waits on the host (data copies, locks,"
                    " allocation)",
 }
+
+
+def with_one_input(lines: Sequence[str], key: str | None) -> list[str]:
+    """``lines`` where every warm request had the input ``key`` (``None``: inputs vary or are
+    unknown): no advice to check whether the image's shape varies."""
+    if key is None:
+        return list(lines)
+    swap = {INPUTS_VARY: ONE_INPUT_VARY.format(key=key), OTHER_WORK_OR_SHAPES: OTHER_GPU_WORK}
+    return [swap.get(line, line) for line in lines]
 
 
 def for_cause(cause: str, *, follows_size: bool | None = None, one_size: bool = False,

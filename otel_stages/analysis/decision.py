@@ -482,7 +482,16 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
     # the evidence is left without its advice
     pointed = [a for m in (evidence.mechanisms if evidence else ()) if not m.confirmed
                for a in m.advice]
-    return cause, pointed + advice, lines
+    return cause, advice_text.with_one_input(pointed + advice, one_input(fig)), lines
+
+
+def one_input(fig: Figures) -> str | None:
+    """The input cohort's key when every warm request had that one known input (``fig.cohorts``
+    holds one cohort of all of them), else ``None``."""
+    if len(fig.cohorts) != 1 or fig.cohorts[0].requests != fig.warm_requests:
+        return None
+    known = fig.known_input_requests
+    return fig.cohorts[0].key if known is None or known == fig.warm_requests else None
 
 
 def _untraced_verdict(fig: Figures, band: NoiseBand) -> Verdict:
