@@ -186,3 +186,39 @@ def test_queue_as_co_suspect_is_hedged_in_clickhouse_too() -> None:
         verdict = Verdict("gpu_busy", "forward", ["e"], list(advice_lines))
         gaps_caveat(verdict, [line])
         assert verdict.tentative is hedged
+
+
+# --- the slow requests' wait (a tester: a lock held 250 ms of every 0.7 s in the executor) ------
+
+
+@pytest.mark.parametrize("fill_p95_ms, executor", [(2.4, True), (2.5, False)])
+def test_the_p95s_decide_what_the_slow_requests_wait_for(fill_p95_ms: float, executor: bool) -> None:
+    # the medians say "batches fill" (3.0 ms of a 2.9 ms wait); the p95s (the swing) may not
+    first = advice.for_queue("none", "", 3.0, 2.9, fill_p95_ms, 10.0)[0]
+    assert first.startswith("the slow requests wait for the executor") is executor
+    assert first.startswith("requests wait for batches to fill") is not executor
+
+
+def test_without_p95s_the_medians_decide() -> None:
+    assert advice.for_queue("none", "", 3.0, 2.9)[0].startswith("requests wait for batches to fill")
+    assert advice.for_queue("none", "", 3.0, 2.9, None, 10.0)[0].startswith(
+        "requests wait for batches to fill")
+
+
+def test_a_stalled_executor_is_no_fill_timeout(tmp_path: Path) -> None:
+    """Batches fill in ~1 ms; one batch in five waits 200 ms for the executor (a stall before
+    the call): the slow requests' wait is the executor's, though the median wait is the fill."""
+    from otel_stages.analysis.batching import BatchSummary
+    from otel_stages.analysis.decision import decide
+    from otel_stages.analysis.diagnosis import _with_batches
+    from tests.test_decision import figures, stage
+
+    fig = figures(stage("queue", 150.0, explains=0.9), total_swing=150.0)
+    waits = [1.0 + (200.0 if i % 5 == 0 else 0.0) for i in range(50)]
+    summary = BatchSummary(batches=50, sizes={1: 50}, wait_ms=waits, fill_ms=[1.0] * 50,
+                           call_ms=[5.0] * 50, unmatched_members=0, overlapping_executors=False)
+    v = decide(_with_batches(fig, summary))
+    assert v.cause == "queue"
+    assert v.advice[0].startswith("the slow requests wait for the executor")
+    assert not any("lower the batch fill timeout" in a for a in v.advice)
+    assert any("(p95 201.0 ms) from enqueue to pickup" in e for e in v.evidence)

@@ -87,24 +87,36 @@ OTHER_GPU_WORK = "check for other processes on the same GPU (nvidia-smi)"
 #: Requests wait for batches to fill when the median fill (first enqueue, or the previous batch's
 #: end, to pickup: :mod:`otel_stages.analysis.batching`) is at least this part of their median
 #: wait; under it they mostly wait for the executor to finish the batch before theirs, which a
-#: shorter fill timeout or a smaller batch does not shorten.
+#: shorter fill timeout or a smaller batch does not shorten. The same share at the p95s tells
+#: what the slow requests (the swing) wait for, and decides first (:func:`for_queue`).
 BATCH_FILL_MIN_SHARE = 0.25
 
 
-def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: float | None
-              ) -> list[str]:
+def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: float | None,
+              fill_p95_ms: float | None = None, wait_p95_ms: float | None = None) -> list[str]:
     """Advice lines for ``queue``, by what the requests wait for and whether the GPU has headroom:
-    ``fill_ms`` / ``wait_ms``, the batches' median fill and the requests' median wait (``None``:
-    no ``batch`` spans read, as from ClickHouse); ``gpu_level`` a ``GpuEvidence.level``,
-    ``gpu_words`` its judged mean (``GpuEvidence.judged_words``). A busy GPU (``high``) has no
-    headroom: more concurrency adds no throughput, so it is not advised, nor a smaller max batch
-    (it lowers throughput)."""
+    ``fill_ms`` / ``wait_ms``, the batches' median fill and the requests' median wait, and
+    ``fill_p95_ms`` / ``wait_p95_ms`` their p95s (``None``: no ``batch`` spans read, as from
+    ClickHouse); ``gpu_level`` a ``GpuEvidence.level``, ``gpu_words`` its judged mean
+    (``GpuEvidence.judged_words``). The p95s overrule medians that say "batches fill": the
+    swing is the slow requests' wait, and when they wait for the executor (busy with a batch
+    before theirs, or held between batches) a shorter fill timeout would cut only the typical
+    wait. A busy GPU (``high``) has no headroom: more concurrency adds no throughput, so it is
+    not advised, nor a smaller max batch (it lowers throughput)."""
     busy = gpu_level == "high"
     smaller = "" if busy else " or the max batch size"
     if fill_ms is not None and wait_ms and fill_ms < BATCH_FILL_MIN_SHARE * wait_ms:
         first = (f"requests wait for the executor, not for batches to fill (batches filled in"
                  f" {duration(fill_ms)} median of the {duration(wait_ms)} median wait): the"
                  " executor is still running the batch before theirs")
+    elif (fill_p95_ms is not None and wait_p95_ms
+            and fill_p95_ms < BATCH_FILL_MIN_SHARE * wait_p95_ms):
+        first = (f"the slow requests wait for the executor, not for batches to fill (they waited"
+                 f" {duration(wait_p95_ms)} at the p95, batches filled in {duration(fill_p95_ms)}"
+                 " at the p95): the executor was still busy with a batch before theirs, or held"
+                 " between batches (a stalled model call, a lock it takes): look at what the"
+                 " executor did while they waited (the batch spans' model-call times, a profile"
+                 " of its thread), not at the fill timeout, which would cut only the typical wait")
     elif fill_ms is not None and wait_ms:
         first = (f"requests wait for batches to fill ({duration(fill_ms)} median of the"
                  f" {duration(wait_ms)} median wait): lower the batch fill timeout (max wait){smaller}")

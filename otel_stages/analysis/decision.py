@@ -439,9 +439,13 @@ def _queue_lines(fig: Figures) -> list[str]:
     the batches' fill against the requests' wait, and the GPU during forward."""
     lines = []
     if fig.batch_fill_ms is not None and fig.batch_wait_ms is not None:
-        lines.append(f"batches filled in {duration(fig.batch_fill_ms)} median (from the first"
+        tail = ("" if fig.batch_fill_p95_ms is None or fig.batch_wait_p95_ms is None else
+                f" (p95 {duration(fig.batch_fill_p95_ms)})")
+        waited = ("" if fig.batch_fill_p95_ms is None or fig.batch_wait_p95_ms is None else
+                  f" (p95 {duration(fig.batch_wait_p95_ms)})")
+        lines.append(f"batches filled in {duration(fig.batch_fill_ms)} median{tail} (from the first"
                      " enqueue, or from when the executor was free), requests waited"
-                     f" {duration(fig.batch_wait_ms)} median from enqueue to pickup")
+                     f" {duration(fig.batch_wait_ms)} median{waited} from enqueue to pickup")
     lines.append(fig.gpu.describe())
     return lines
 
@@ -465,7 +469,8 @@ def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[s
                    utilization_level(gpu.mean_utilization, gpu.samples, gpu.forwards_covered, gpu.forwards))
         words = ("" if gpu.mean_utilization is None else
                  f"{gpu.mean_utilization:.0%} mean over all {gpu.forwards} warm forwards")
-        return cause, advice_text.for_queue(overall, words, fig.batch_fill_ms, fig.batch_wait_ms), lines
+        return cause, advice_text.for_queue(overall, words, fig.batch_fill_ms, fig.batch_wait_ms,
+                                            fig.batch_fill_p95_ms, fig.batch_wait_p95_ms), lines
     advice = advice_text.for_cause(
         cause,
         follows_size=evidence.follows_size if evidence else None,

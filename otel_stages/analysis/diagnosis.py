@@ -153,14 +153,17 @@ def failed_times(failed: Sequence[Request]) -> tuple[float | None, dict[str, flo
 
 
 def _with_batches(figures: Figures, batches: BatchSummary | None) -> Figures:
-    """``figures`` with ``batch_fill_ms`` / ``batch_wait_ms``, the medians of ``batches`` (left
+    """``figures`` with ``batch_fill_ms`` / ``batch_wait_ms``, the medians of ``batches``, and
+    their p95s (``batch_fill_p95_ms`` / ``batch_wait_p95_ms``; all left
     ``None`` without batch spans or their members' queue spans, and when executors overlap: fill
     then runs from the first enqueue, so it cannot tell waiting for a batch to fill from waiting
     for a free executor)."""
     if batches is None or not batches.fill_ms or not batches.wait_ms or batches.overlapping_executors:
         return figures
     return replace(figures, batch_fill_ms=percentile(batches.fill_ms, 50),
-                   batch_wait_ms=percentile(batches.wait_ms, 50))
+                   batch_wait_ms=percentile(batches.wait_ms, 50),
+                   batch_fill_p95_ms=percentile(batches.fill_ms, 95),
+                   batch_wait_p95_ms=percentile(batches.wait_ms, 95))
 
 
 def _warm(

@@ -422,6 +422,9 @@ class Figures:
     #: (:class:`otel_stages.analysis.batching.BatchSummary`; ``None`` without batch spans read)
     batch_fill_ms: float | None = None
     batch_wait_ms: float | None = None
+    #: ... and their p95s, ms (what the slow requests wait for)
+    batch_fill_p95_ms: float | None = None
+    batch_wait_p95_ms: float | None = None
 
     @property
     def reference_ms(self) -> float:
