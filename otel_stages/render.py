@@ -197,7 +197,7 @@ def _cold_table(report: Report, width: int) -> RenderableType:
                     " not the first of its process (reported apart)")
     else:
         who = f"{cold.count} first requests (median) (cold, reported apart)"
-    rows = [[name, _ms(ms), _ms(cold.comparable_stages_ms.get(name))]
+    rows = [[name, _ms(ms), _ms(cold.comparable_stages_ms.get(name))]  # COLD_UNTRACED last
             for name, ms in cold.stages_ms.items()]
     table, _ = fit_table([Column("stage", justify="left", fold=True), Column("cold ms"),
                      Column("comparable median ms")], rows, width)

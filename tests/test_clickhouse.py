@@ -36,6 +36,7 @@ from otel_stages.analysis.clickhouse_sql import (
 )
 from otel_stages.analysis.cohorts import CohortKeys, find_set_apart
 from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.figures import COLD_UNTRACED
 from otel_stages.analysis.gpu import gpu_evidence
 from otel_stages.analysis.requests import Request, find_requests
 from otel_stages.analysis.stats import (
@@ -175,7 +176,9 @@ def check_against_python(agg: FleetAggregates, recording: Recording) -> None:
             statistics.median(r.total_ms for r in cold), **TOL)
         for name, ms in agg.cold_start.stages_median_ms.items():
             assert ms == pytest.approx(statistics.median(
-                r.stages_ms[name] for r in cold if name in r.stages_ms), **TOL)
+                r.unaccounted_ms if name == COLD_UNTRACED else r.stages_ms[name]
+                for r in cold if name == COLD_UNTRACED or name in r.stages_ms), **TOL)
+        assert list(agg.cold_start.stages_median_ms)[-1] == COLD_UNTRACED
     else:
         assert agg.cold_start is None
 
@@ -223,8 +226,9 @@ def test_mixed_cold_start_compares_with_the_same_input(scenario_results) -> None
     warm_same = [r for r in find_requests(load_paths([TRACES / "trust" / "mixed_cold_start.otlp.jsonl"]).spans)
                  if not r.cold and not r.error and (r.image_width, r.image_height) == (same.width, same.height)]
     assert same.warm_stages_median_ms == pytest.approx(
-        {n: statistics.median(r.stages_ms[n] for r in warm_same if n in r.stages_ms)
-         for n in warm_same[0].stages_ms})
+        {**{n: statistics.median(r.stages_ms[n] for r in warm_same if n in r.stages_ms)
+            for n in warm_same[0].stages_ms},
+         COLD_UNTRACED: statistics.median(r.unaccounted_ms for r in warm_same)})
     assert same.cold_median_total_ms / same.warm_median_total_ms >= expected["cold_start"]["min_ratio"]
     assert len(agg.cohorts) >= expected["min_cohorts"]
     assert agg.input_mix_explains is not None

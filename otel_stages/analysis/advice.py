@@ -365,13 +365,21 @@ _COLD_BY_STAGE = {
                " thread pools): decode one image of each accepted format at startup"),
     "resize": ("the first resize paid one-time setup (filter tables, thread pools, SIMD"
                " dispatch): resize one image to the model's input size at startup"),
-    "queue": ("the first request waited for the batcher / executor workers to start: start them"
-              " (and the first batch) at startup, before the readiness probe passes"),
+    "queue": ("the first request waited in the queue: for the batcher / executor workers to"
+              " start, or behind a batch whose forward loaded the model lazily: start them and"
+              " load and warm the model at startup, before the readiness probe passes"),
+    # figures.COLD_UNTRACED: the extra time lies outside every stage span
+    "(unaccounted)": ("the first request's extra time lies outside every stage span: one-time"
+                      " setup done lazily inside the request (building an HTTP client or session,"
+                      " imports, loading a tokenizer or model on first use): do it at startup, or"
+                      " wrap it in stage() spans to see which"),
 }
 
 
 def for_cold_start(stage: str | None) -> list[str]:
-    """Advice lines for ``cold_start`` whose extra time lay in ``stage`` (``None``: unknown)."""
+    """Advice lines for ``cold_start`` whose extra time lay in ``stage`` (``None``: unknown;
+    ``"(unaccounted)"``, :data:`otel_stages.analysis.figures.COLD_UNTRACED`: outside every stage
+    span)."""
     first = _COLD_BY_STAGE.get(stage or "")
     if first is None:
         return list(_ADVICE["cold_start"])

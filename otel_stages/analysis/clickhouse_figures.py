@@ -72,6 +72,7 @@ from otel_stages.analysis.evidence import FOLLOWS_SIZE_MIN_R, other_images, size
 from otel_stages.analysis.failures import failures_to_dict
 from otel_stages.analysis.figures import (
     ALL_WARM,
+    COLD_UNTRACED,
     SAME_INPUT,
     CohortFigures,
     CohortVerdict,
@@ -333,10 +334,19 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
     return ColdFigures(
         count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
         comparable_median_total_ms=agg.total.median_ms,
-        comparable_stages_ms={n: s.ran.median_ms for n, s in agg.stages.items()},
+        comparable_stages_ms=_warm_stages(agg),
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
         warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
     )
+
+
+def _warm_stages(agg: FleetAggregates | CohortAggregate) -> dict[str, float]:
+    """The warm requests' stage medians, then their untraced time's (as
+    :func:`otel_stages.analysis.cohorts.cold_figures` compares a cold request with them)."""
+    out = {n: s.ran.median_ms for n, s in agg.stages.items()}
+    if agg.unaccounted is not None:
+        out[COLD_UNTRACED] = agg.unaccounted.median_ms
+    return out
 
 
 def _unaccounted(agg: FleetAggregates | CohortAggregate) -> UnaccountedFigures | None:
@@ -404,7 +414,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
             count=sum(r.cold_requests for r in rows), total_ms=i.cold_median_total_ms,
             stages_ms=i.cold_stages_median_ms,
             comparable_median_total_ms=cohort.total.median_ms,
-            comparable_stages_ms={n: s.ran.median_ms for n, s in cohort.stages.items()},
+            comparable_stages_ms=_warm_stages(cohort),
             compared_with=ALL_WARM, comparable_requests=cohort.total.count,
             warm_median_total_ms=cohort.total.median_ms)
     gpu = _cohort_gpu(agg, cohort) or GpuEvidence(level=LEVEL_NONE)

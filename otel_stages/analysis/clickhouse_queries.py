@@ -54,6 +54,7 @@ from otel_stages.analysis.clickhouse_sql import (
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
+from otel_stages.analysis.figures import COLD_UNTRACED
 from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
     GPU_STARVED_MAX_UTILIZATION,
@@ -81,6 +82,11 @@ _KNOWN = "width IS NOT NULL AND height IS NOT NULL"
 #: Cold requests in the statistics' sense: first of their process and not failed.
 _COLD = "is_request AND cold AND NOT error"
 _UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
+#: The cold figures' per-stage rows: each stage that ran, then the untraced time under
+#: :data:`~otel_stages.analysis.figures.COLD_UNTRACED` (one-time setup done lazily in the first
+#: request lies outside the stage spans), as :func:`otel_stages.analysis.cohorts.cold_figures`.
+_COLD_STAGES = (f"ARRAY JOIN arrayPushBack(stage_names, '{COLD_UNTRACED}') AS stage,"
+                f" arrayPushBack(arrayMap(x -> x / 1e6, stage_ns), {_UNACCOUNTED_MS}) AS ms")
 #: A cold request's input in the cold comparison: its size and format (the cohort key) and the
 #: images its decode spans decoded when it has several (``images_sig``, 0 with at most one: as
 #: :func:`otel_stages.analysis.cohorts.cold_figures` keys them).
@@ -309,7 +315,7 @@ def cold_sql(method: str) -> str:
 def cold_stages_sql(method: str) -> str:
     """Per stage: the median over cold requests where it ran."""
     return f"""SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
-FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+FROM {R} {_COLD_STAGES}
 WHERE {_COLD} GROUP BY stage ORDER BY stage"""
 
 
@@ -348,7 +354,8 @@ def _paid_rows(method: str, inputs: str) -> str:
     """The cold requests of ``inputs`` that paid a cold start against their own input's warm
     requests (:func:`_paid_bars`)."""
     return (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.images_sig AS images_sig,"
-            f" r.total_ns AS total_ns, r.stage_names AS stage_names, r.stage_ns AS stage_ns"
+            f" r.total_ns AS total_ns, r.covered_ns AS covered_ns, r.stage_names AS stage_names,"
+            f" r.stage_ns AS stage_ns"
             f" FROM {R} AS r INNER JOIN ({_paid_bars(method, inputs)}) AS t"
             f" ON r.width = t.width AND r.height = t.height AND r.fmt = t.fmt"
             f" AND r.images_sig = t.images_sig"
@@ -365,7 +372,7 @@ FROM ({rows})
 UNION ALL
 SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
     0 AS inputs, NULL AS w, NULL AS h, '' AS f
-FROM ({rows}) ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+FROM ({rows}) {_COLD_STAGES}
 GROUP BY stage"""
 
 
@@ -378,7 +385,7 @@ def cold_paid_sql(method: str, by_input: bool) -> str:
     comparable inputs (:func:`_paid_bars`); else each against ``{paid_min_ms:Float64}`` (all warm
     requests'). The warm requests of the inputs that paid: :func:`cold_paid_warm_sql`."""
     if not by_input:
-        rows = (f"SELECT {_INPUT}, total_ns, stage_names, stage_ns FROM {R}"
+        rows = (f"SELECT {_INPUT}, total_ns, covered_ns, stage_names, stage_ns FROM {R}"
                 f" WHERE {_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}")
         return _summary_rows("cold", rows, method)
     return _summary_rows("cold", _paid_rows(method, _comparable_cold_inputs()), method)
@@ -389,7 +396,7 @@ def cold_paid_warm_sql(method: str) -> str:
     (:func:`cold_paid_sql` by input), as its rows; read only when some cold requests did not pay
     (every warm request's stages are read)."""
     paid = _paid_rows(method, _comparable_cold_inputs())
-    warm = (f"SELECT {_INPUT}, total_ns, stage_names, stage_ns FROM {R}"
+    warm = (f"SELECT {_INPUT}, total_ns, covered_ns, stage_names, stage_ns FROM {R}"
             f" WHERE warm AND {_KNOWN} AND ({_INPUT}) IN (SELECT {_INPUT} FROM ({paid}))")
     return _summary_rows("warm", warm, method)
 
@@ -407,7 +414,7 @@ def cold_input_paid_sql(method: str) -> str:
 FROM ({rows}) GROUP BY {_INPUT}
 UNION ALL
 SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
-FROM ({rows}) ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+FROM ({rows}) {_COLD_STAGES}
 GROUP BY {_INPUT}, stage"""
 
 
@@ -428,7 +435,7 @@ def cold_union_sql(method: str) -> str:
 FROM {R} WHERE {where}
 UNION ALL
 SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms
-FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+FROM {R} {_COLD_STAGES}
 WHERE {where}
 GROUP BY stage""")
     return "\nUNION ALL\n".join(parts)
@@ -442,7 +449,7 @@ def cold_cohort_stages_sql(method: str) -> str:
                    f" GROUP BY {_INPUT} ORDER BY count() DESC, {_INPUT}"
                    f" LIMIT {{top_cohorts:UInt32}}")
     return f"""SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
-FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+FROM {R} {_COLD_STAGES}
 WHERE warm AND {_KNOWN} AND ({_INPUT}) IN ({cold_inputs})
 GROUP BY {_INPUT}, stage ORDER BY {_INPUT}, stage"""
 
@@ -451,7 +458,7 @@ def cold_input_stages_sql(method: str) -> str:
     """Per input of cold requests (NULL width = unknown): each stage's median over those cold
     requests (a cohort's own cold request, stage by stage)."""
     return f"""SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
-FROM {R} ARRAY JOIN stage_names AS stage, arrayMap(x -> x / 1e6, stage_ns) AS ms
+FROM {R} {_COLD_STAGES}
 WHERE {_COLD} GROUP BY {_INPUT}, stage ORDER BY {_INPUT}, stage"""
 
 

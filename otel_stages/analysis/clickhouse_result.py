@@ -36,7 +36,7 @@ from otel_stages.analysis.clickhouse_sql import (
     LEVELS,
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
-from otel_stages.analysis.figures import PreprocessFacts, WarmupFigures
+from otel_stages.analysis.figures import COLD_UNTRACED, PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
 from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
@@ -231,7 +231,12 @@ def _cold_input(row: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
-    return {name: values[name] for name in ordered_stages(values)}
+    """``values`` in stage order, the untraced time's
+    (:data:`~otel_stages.analysis.figures.COLD_UNTRACED`) last."""
+    out = {name: values[name] for name in ordered_stages(values) if name != COLD_UNTRACED}
+    if COLD_UNTRACED in values:
+        out[COLD_UNTRACED] = values[COLD_UNTRACED]
+    return out
 
 
 def input_key(width: int | None, height: int | None, fmt: str | None, formats: int = 2) -> str:

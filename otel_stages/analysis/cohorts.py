@@ -47,6 +47,7 @@ from otel_stages.analysis import caveats, decision
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
     ALL_WARM,
+    COLD_UNTRACED,
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
     REASON_BEHIND_COLD,
@@ -155,11 +156,16 @@ def group(requests: Iterable[Request], keys: CohortKeys) -> dict[str, list[Reque
 
 
 def _median_stages(requests: Sequence[Request]) -> dict[str, float]:
+    """Each stage's median over ``requests`` where it ran, then their untraced time's
+    (:data:`~otel_stages.analysis.figures.COLD_UNTRACED`); empty without requests."""
     values: dict[str, list[float]] = defaultdict(list)
     for r in requests:
         for name, ms in r.stages_ms.items():
             values[name].append(ms)
-    return {n: statistics.median(values[n]) for n in order_stages(values)}
+    out = {n: statistics.median(values[n]) for n in order_stages(values)}
+    if requests:
+        out[COLD_UNTRACED] = statistics.median(r.unaccounted_ms for r in requests)
+    return out
 
 
 #: An image one decode span decoded: ``(width, height)`` in pixels, each an int above 0 as the

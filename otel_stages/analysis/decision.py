@@ -68,6 +68,7 @@ from otel_stages.analysis.caveats import (
 )
 from otel_stages.analysis.failures import failures_first, failures_lead
 from otel_stages.analysis.figures import (
+    COLD_UNTRACED,
     REASON_WARM_UP,
     SAME_INPUT,
     ColdFigures,
@@ -582,10 +583,18 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
 
 
 def _cold_excess(cold: ColdFigures) -> tuple[str | None, dict[str, float]]:
-    """The stage with the most extra time in the cold request (``None`` without stage figures),
-    and each stage's extra ms over comparable warm requests."""
+    """Where the cold request spent the most extra time (``None`` without stage figures): a
+    stage, or :data:`~otel_stages.analysis.figures.COLD_UNTRACED` (outside every stage span: setup
+    done lazily in the first request); and each one's extra ms over comparable warm requests
+    (ties: the stage)."""
     excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0) for name, ms in cold.stages_ms.items()}
-    return (max(excess, key=lambda k: excess[k]) if excess else None), excess
+    order = [n for n in excess if n != COLD_UNTRACED] + [n for n in excess if n == COLD_UNTRACED]
+    return (max(order, key=lambda k: excess[k]) if excess else None), excess
+
+
+def _cold_place(name: str) -> str:
+    """How the evidence names a stage, or the untraced time, of the cold request."""
+    return "the time outside every stage span" if name == COLD_UNTRACED else name
 
 
 def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
@@ -595,10 +604,11 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
              if fig.total is not None else "warm runs are steady"]
     if stage is not None:
         lines.append(
-            f"{stage} took {duration(cold.stages_ms[stage])} in the cold request vs"
+            f"{_cold_place(stage)} took {duration(cold.stages_ms[stage])} in the cold request vs"
             f" {duration(cold.comparable_stages_ms.get(stage, 0.0))} in comparable warm requests:"
             f" {duration(excess[stage])} of the extra time")
-    return Verdict(CAUSE_COLD_START, stage, lines, advice_text.for_cold_start(stage))
+    named = None if stage == COLD_UNTRACED else stage
+    return Verdict(CAUSE_COLD_START, named, lines, advice_text.for_cold_start(stage))
 
 
 # --- lines every verdict gets ---------------------------------------------------------------------

@@ -101,12 +101,20 @@ class UnaccountedFigures:
     alone: float | None = None
 
 
+#: The key of the untraced time (request time outside every stage span) among a
+#: :class:`ColdFigures`' ``stages_ms`` / ``comparable_stages_ms`` (last; the JSON gives it as
+#: ``unaccounted_ms`` / ``comparable_unaccounted_ms``): one-time setup done lazily inside the first
+#: request (an HTTP client, imports) lies outside the stage spans.
+COLD_UNTRACED = "(unaccounted)"
+
+
 @dataclass(frozen=True)
 class ColdFigures:
     """The cold request(s): first request of each process, reported apart from warm runs.
 
     ``count`` cold requests; ``total_ms`` their (median) total; ``stages_ms`` their (median)
-    stage times. ``comparable_median_total_ms`` / ``comparable_stages_ms``: medians over the warm
+    stage times, and their untraced time under :data:`COLD_UNTRACED` (last).
+    ``comparable_median_total_ms`` / ``comparable_stages_ms``: medians over the warm
     requests they are compared with: the same input (``compared_with == SAME_INPUT``, ``cohort``
     its key) when at least 5 such warm requests exist, else all warm requests (``ALL_WARM``).
     ``comparable_requests``: how many warm requests that is. ``warm_median_total_ms``: median of

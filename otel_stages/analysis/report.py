@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from otel_stages.analysis.batching import BatchSummary
 from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
-from otel_stages.analysis.figures import CohortFigures, ColdFigures
+from otel_stages.analysis.figures import COLD_UNTRACED, CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.noise import NoiseBand
 from otel_stages.analysis.process_mix import ProcessMix
@@ -167,10 +167,13 @@ def cold_to_dict(cold: ColdFigures) -> dict[str, object]:
         "comparable_median_total_ms": _r(cold.comparable_median_total_ms),
         "compared_with": cold.compared_with,
         "ratio": _r(cold.ratio, 2),
-        "stages": {k: round(v, 3) for k, v in cold.stages_ms.items()},
+        "stages": {k: round(v, 3) for k, v in cold.stages_ms.items() if k != COLD_UNTRACED},
+        "unaccounted_ms": _r(cold.stages_ms.get(COLD_UNTRACED)),
         "cohort": cold.cohort,
         "comparable_requests": cold.comparable_requests,
-        "comparable_stages": {k: round(v, 3) for k, v in cold.comparable_stages_ms.items()},
+        "comparable_stages": {k: round(v, 3) for k, v in cold.comparable_stages_ms.items()
+                              if k != COLD_UNTRACED},
+        "comparable_unaccounted_ms": _r(cold.comparable_stages_ms.get(COLD_UNTRACED)),
         "count": cold.count,
         "left_out": cold.left_out,
         "without_penalty": cold.without_penalty,

@@ -1,0 +1,108 @@
+"""The cold request's untraced time (``figures.COLD_UNTRACED``): one-time setup done lazily inside
+the first request lies outside every stage span (a tester's: 400 ms of a 673 ms first request
+building the pooled HTTP client before the download span, shown nowhere; the queue's 216 ms named
+as the cold start's place, with "start the executor at startup")."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from otel_stages.analysis import advice, load_paths
+from otel_stages.analysis.decision import decide
+from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.figures import COLD_UNTRACED, SAME_INPUT, ColdFigures
+from tests import odd_inputs
+from tests.test_clickhouse_issues import engine, reports  # noqa: F401 - the chDB fixture
+from tests.test_decision import figures, stage
+
+_PLACE = "the time outside every stage span took"
+
+
+def _cold(untraced_ms: float, queue_ms: float) -> ColdFigures:
+    return ColdFigures(
+        count=1, total_ms=30.0 + untraced_ms + queue_ms,
+        stages_ms={"download": 10.0, "queue": queue_ms, "forward": 20.0, COLD_UNTRACED: untraced_ms},
+        comparable_median_total_ms=31.0,
+        comparable_stages_ms={"download": 10.0, "queue": 1.0, "forward": 20.0, COLD_UNTRACED: 0.1},
+        compared_with=SAME_INPUT, comparable_requests=30, cohort="1024x768")
+
+
+@pytest.mark.parametrize("untraced_ms, queue_ms, place", [
+    (400.0, 216.0, None),  # the tester's: most of the extra time is untraced
+    (100.0, 216.0, "queue"),
+    (215.1, 216.0, "queue"),  # extra 215.0 vs 215.0: a tie names the stage
+])
+def test_the_cold_start_names_where_the_extra_time_went(untraced_ms, queue_ms, place) -> None:
+    v = decide(figures(stage("forward", 1.0, explains=0.5), total_swing=1.0,
+                       cold=_cold(untraced_ms, queue_ms)))
+    assert v.cause == "cold_start"
+    assert v.stage == place
+    untraced = place is None
+    assert any(e.startswith(_PLACE) for e in v.evidence) is untraced
+    assert (v.advice[0] == advice.for_cold_start(COLD_UNTRACED)[0]) is untraced
+    assert v.advice[0].startswith("the first request's extra time lies outside") is untraced
+
+
+def test_the_queue_line_names_a_lazy_model_load_too() -> None:
+    assert "loaded the model lazily" in advice.for_cold_start("queue")[0]
+
+
+def _lazy_client(rows: list[list[dict[str, object]]], gap_ms: float) -> None:
+    """The first request spends ``gap_ms`` before its first stage span (a client built lazily)."""
+    shift = int(gap_ms * 1e6)
+    first = rows[0]
+    for span in first:
+        if span["name"] != "request":
+            span["startTimeUnixNano"] = str(int(span["startTimeUnixNano"]) + shift)
+        span["endTimeUnixNano"] = str(int(span["endTimeUnixNano"]) + shift)
+    for later in rows[1:]:  # the rest after it
+        for span in later:
+            for k in ("startTimeUnixNano", "endTimeUnixNano"):
+                span[k] = str(int(span[k]) + shift)
+
+
+def _steady(i: int, r: random.Random) -> odd_inputs.Stages:
+    return [("download", 5 + r.random()), ("decode", 10 + r.random()), ("resize", 4 + r.random()),
+            ("queue", 1 + r.random()), ("forward", 30 + r.random())]
+
+
+def test_from_spans_the_untraced_cold_time_is_shown_and_named(tmp_path: Path) -> None:
+    rows = odd_inputs.run(40, _steady, seed=5)
+    _lazy_client(rows, 400.0)
+    report = diagnose(load_paths([odd_inputs.write(tmp_path / "lazy.jsonl", rows)]))
+    out = report.to_dict()
+    cold = out["cold_start"]
+    assert cold["unaccounted_ms"] == pytest.approx(400.1, abs=0.01)
+    assert cold["comparable_unaccounted_ms"] == pytest.approx(0.1, abs=0.01)
+    assert COLD_UNTRACED not in cold["stages"] and COLD_UNTRACED not in cold["comparable_stages"]
+    v = out["verdict"]
+    assert (v["cause"], v["stage"]) == ("cold_start", None)
+    assert v["advice"][0] == advice.for_cold_start(COLD_UNTRACED)[0]
+
+
+def test_both_reports_read_the_untraced_cold_time_alike(engine, tmp_path: Path) -> None:  # noqa: F811
+    rows = odd_inputs.run(40, _steady, seed=5)
+    _lazy_client(rows, 400.0)
+    got, want = reports(engine, odd_inputs.write(tmp_path / "lazy.jsonl", rows))
+    assert got["verdict"] == want["verdict"]
+    for key in ("unaccounted_ms", "comparable_unaccounted_ms", "stages", "comparable_stages"):
+        assert got["cold_start"][key] == pytest.approx(want["cold_start"][key], rel=1e-6), key
+
+
+def test_a_cold_start_in_a_stage_keeps_its_stage(tmp_path: Path) -> None:
+    rows = odd_inputs.run(40, lambda i, r: [*_steady(i, r)[:4], ("forward", 900.0 if i == 0 else 30 + r.random())],
+                          seed=5)
+    v = diagnose(load_paths([odd_inputs.write(tmp_path / "load.jsonl", rows)])).verdict
+    assert (v.cause, v.stage) == ("cold_start", "forward")
+    assert not any(e.startswith(_PLACE) for e in v.evidence)
+
+
+def test_figures_without_the_untraced_time_compare_stages_only() -> None:
+    cold = _cold(400.0, 216.0)
+    plain = replace(cold, stages_ms={k: v for k, v in cold.stages_ms.items() if k != COLD_UNTRACED})
+    v = decide(figures(stage("forward", 1.0, explains=0.5), total_swing=1.0, cold=plain))
+    assert v.stage == "queue"
