@@ -88,6 +88,27 @@ def test_keys_add_format_and_prompt_only_when_they_vary():
     assert CohortKeys([unknown]).key(unknown) is None
 
 
+def test_an_unsized_image_among_sized_ones_is_an_unknown_input():
+    """A tester's: 5 % of decode spans lost their attributes, every request had a prompt length:
+    "prompt 32-63 tokens" became an input of its own, its first request set apart as a new input
+    with "warm up each input shape"."""
+    rows = [(SMALL, 50.0, 0.0)] * 4
+    rec = recording(rows, prompt=[40] * 4)
+    for span in rec.spans:  # the third request's decode span lost its attributes
+        if span.name == DECODE and span.trace_id == f"{3:032x}":
+            span.attributes.clear()
+    reqs = find_requests(rec.spans)
+    keys = CohortKeys(reqs)
+    assert [keys.key(r) for r in reqs] == ["1024x768, prompt 32-63 tokens"] * 2 + [None] + [
+        "1024x768, prompt 32-63 tokens"]
+    # no image sized anywhere (a text model): the prompt length is the input
+    for span in rec.spans:
+        if span.name == DECODE:
+            span.attributes.clear()
+    texts = find_requests(rec.spans)
+    assert CohortKeys(texts).key(texts[0]) == "prompt 32-63 tokens"
+
+
 # --- the cold request against its own input --------------------------------------------------------
 
 

@@ -82,15 +82,18 @@ _start = attrgetter("start_ns", "trace_id")
 
 class CohortKeys:
     """Cohort keys for one recording (module docstring): format and prompt bucket join the key
-    only when the recording varies in them, so keys stay comparable within it."""
+    only when the recording varies in them, so keys stay comparable within it; where some
+    requests' image sizes are known, a request without one has no key (its input is unknown)."""
 
     def __init__(self, requests: Iterable[Request]) -> None:
         formats: set[str] = set()
+        self.sizes = False  # some request's image size is known
         self.prompts = False
         self.outputs = False  # output length (generated tokens) is part of a model's input work
         for r in requests:
             if r.image_format:
                 formats.add(r.image_format)
+            self.sizes = self.sizes or (r.image_width is not None and r.image_height is not None)
             self.prompts = self.prompts or r.prompt_tokens is not None
             self.outputs = self.outputs or r.output_tokens is not None
         self.formats = len(formats) > 1
@@ -124,6 +127,10 @@ class CohortKeys:
         return out
 
     def _key(self, req: Request) -> str | None:
+        if self.sizes and (req.image_width is None or req.image_height is None):
+            # where images are sized, one without a size is an unknown input, not the input of
+            # its prompt length alone (a decode span that lost its attributes is no new shape)
+            return None
         parts = []
         if req.image_width is not None and req.image_height is not None:
             size = f"{req.image_width}x{req.image_height}"
