@@ -25,7 +25,7 @@ from otel_stages import semconv
 from otel_stages.analysis import units
 from otel_stages.analysis.caveats import OFFSET_MIN_EXPLAINS
 from otel_stages.analysis.change import Change
-from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS
+from otel_stages.analysis.decision import COMPARABLE_MIN_REQUESTS, MIN_WARM_RUNS, cold_times
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
     REASON_BEHIND_COLD,
@@ -178,13 +178,13 @@ def _cold_table(report: Report, width: int) -> RenderableType:
     ratio = ""
     if cold.ratio is not None:
         if cold.compared_with == SAME_INPUT:
-            ratio = (f", {cold.ratio:.1f}x the median of the {cold.comparable_requests} warm requests"
+            ratio = (f", {cold_times(cold.ratio)} the median of the {cold.comparable_requests} warm requests"
                      f" with the same input ({cold.cohort or 'same cohort'}:"
                      f" {_ms(cold.comparable_median_total_ms)} ms)")
         else:
             why = ("its input is unknown" if not cold.input_known
                    else f"fewer than {COMPARABLE_MIN_REQUESTS} share its input")
-            ratio = (f", {cold.ratio:.1f}x the median of all {cold.comparable_requests} warm"
+            ratio = (f", {cold_times(cold.ratio)} the median of all {cold.comparable_requests} warm"
                      f" requests ({_ms(cold.comparable_median_total_ms)} ms; {why})")
     if cold.without_penalty:  # the figures are those that paid a cold start (cohorts.cold_figures)
         n = cold.count + cold.without_penalty

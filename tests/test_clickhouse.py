@@ -38,7 +38,7 @@ from otel_stages.analysis.cohorts import CohortKeys, find_set_apart
 from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.figures import COLD_UNTRACED
 from otel_stages.analysis.gpu import gpu_evidence
-from otel_stages.analysis.requests import Request, find_requests
+from otel_stages.analysis.requests import Request, find_requests, usable_format
 from otel_stages.analysis.stats import (
     correlation,
     distribution,
@@ -105,8 +105,8 @@ def covered_ms(req: Request) -> float:
 
 
 def decode_format(req: Request) -> str | None:
-    fmt = req.stage_attribute("decode", "image.format")
-    return str(fmt) if fmt else None
+    """The decode span's ``image.format`` as both reports name it (Pillow's name)."""
+    return usable_format(req.stage_attribute("decode", "image.format"))
 
 
 def warm_of(requests: list[Request]) -> list[Request]:

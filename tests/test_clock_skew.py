@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +32,7 @@ from otel_stages.analysis.gpu import (
     LEVEL_LOW,
     LEVEL_THIN,
     MIN_MISALIGNED_FALL,
+    MIN_MISALIGNED_READINGS,
     MIN_RISE_STANDARD_ERRORS,
     GpuEvidence,
     evidence_of,
@@ -162,15 +164,47 @@ def test_a_custom_stage_before_the_request_is_work_before_it(engine, tmp_path: P
 # --- 2. GPU readings that do not line up with the forwards --------------------------------------
 
 
-@pytest.mark.parametrize("low, falls", [(0.1, True), (0.0999, False)])
+#: Where 8 readings between the forwards, 0.5 and ``low`` alternating, over 5 at 0 inside them,
+#: fall by exactly MIN_RISE_STANDARD_ERRORS (3) standard errors: the fall is the mean between,
+#: (0.5 + low) / 2, its standard error (0.5 - low) / 2 / sqrt(8).
+_K = 3.0 / 8 ** 0.5
+_LOW_AT_3_SE = 0.5 * (_K - 1) / (_K + 1)
+
+
+@pytest.mark.parametrize("low, falls", [(_LOW_AT_3_SE + 1e-6, True), (_LOW_AT_3_SE - 1e-6, False)])
 def test_a_fall_of_three_standard_errors(low: float, falls: bool) -> None:
-    # inside the forwards 0, outside 0.5 and ``low`` alternating: the fall is the outside mean,
-    # its standard error half the outside spread; at low 0.1 exactly MIN_RISE_STANDARD_ERRORS (3)
     assert MIN_RISE_STANDARD_ERRORS == 3.0
-    samples = [(10, 0.0), (20, 0.0), (30, 0.0), (40, 0.0), (110, 0.5), (120, low), (130, 0.5), (140, low)]
+    samples = [(t, 0.0) for t in range(0, 50, 10)] + [
+        (100 + 10 * i, 0.5 if i % 2 == 0 else low) for i in range(8)]
     aligned = gpu._align("0", samples, [(0, 50)], None)
     assert gpu.falls(aligned) is falls
     assert not gpu.rises(aligned)
+
+
+@pytest.mark.parametrize("during, between, falls", [
+    (10, 5, True), (10, 4, False),   # MIN_MISALIGNED_READINGS between the forwards
+    (5, 10, True), (4, 10, False),   # ... and during them
+])
+def test_a_fall_needs_readings_on_both_sides(during: int, between: int, falls: bool) -> None:
+    # a tester's: one reading between the forwards (its variance 0: no standard error) made a
+    # 3-standard-error fall by itself; 0.1 during and 0.9 between, no spread at all
+    assert MIN_MISALIGNED_READINGS == 5
+    samples = [(t, 0.1) for t in range(during)] + [(100 + t, 0.9) for t in range(between)]
+    aligned = gpu._align("0", samples, [(0, 50)], None)
+    assert (aligned.samples, aligned.between) == (during, between)
+    assert gpu.falls(aligned) is falls
+
+
+def test_readings_inside_another_forward_are_not_between_the_warm_ones() -> None:
+    # the cold request's forward (aside) holds 6 busy readings, the warm forwards 10 at 0.72:
+    # nothing was read between the forwards, so nothing falls; counted as between, 18 points
+    samples = [(t, 0.72) for t in range(10)] + [(200 + t, 0.9) for t in range(6)]
+    inside = gpu._align("0", samples, [(0, 50)], None, aside=[(150, 300)])
+    assert inside.between == 0 and not gpu.falls(inside)
+    assert gpu.falls(gpu._align("0", samples, [(0, 50)], None))  # as it was read before
+    # readings between the forwards as well: only those are compared
+    more = samples + [(400 + t, 0.73) for t in range(5)]
+    assert not gpu.falls(gpu._align("0", more, [(0, 50)], None, aside=[(150, 300)]))
 
 
 @pytest.mark.parametrize("outside, falls", [
@@ -312,3 +346,45 @@ def test_each_cohort_reads_the_whole_windows_misalignment(engine, tmp_path: Path
     verdicts = [c["verdict"] for c in want["cohorts"]]
     assert len(verdicts) == 2
     assert all(v["cause"] == cause and v["tentative"] is (cause == "forward") for v in verdicts), verdicts
+
+
+def _read_in_forwards(engine: Any, path: Path, cold_readings: int, between: int) -> dict[str, Any]:
+    """30 requests on node-a (every seventh forward slow), the process's own GPU read 3 times in
+    every warm forward at 0.72, ``cold_readings`` times in the cold request's forward at 0.9 and
+    ``between`` times at 0.9 between warm forwards (one gap each), nowhere else (the tester's
+    sampler); the file report after checking the ClickHouse one."""
+    from tests import odd_inputs
+
+    _host_run(path, "i1", "node-a")
+    cold, *warm = _forwards(path)
+    points = [(s + (e - s) * k // 4, 0.72) for s, e in warm for k in (1, 2, 3)]
+    points += [(cold[0] + (cold[1] - cold[0]) * (k + 1) // (cold_readings + 1), 0.9)
+               for k in range(cold_readings)]
+    points += [((a[1] + b[0]) // 2, 0.9) for a, b in itertools.pairwise(warm[:between + 1])]
+    resource = [odd_inputs._attr("service.name", "svc"), odd_inputs._attr("service.instance.id", "i1"),
+                odd_inputs._attr("host.name", "node-a")]
+    with path.open("a") as f:
+        f.write(_utilization_line([{"timeUnixNano": str(t), "asDouble": v,
+                                    "attributes": [odd_inputs._attr("hw.id", "GPU-0")]}
+                                   for t, v in sorted(points)], resource=resource) + "\n")
+    got, want = reports(engine, path)
+    assert got["verdict"] == want["verdict"]
+    assert got["gpu"] == want["gpu"]
+    return want
+
+
+@pytest.mark.parametrize("cold_readings, between, misaligned", [
+    (1, 0, False),   # the tester's: one 0.9 reading, in the cold request's forward
+    (6, 0, False),   # however many: inside a forward, not between the warm ones
+    (0, 4, False),   # between the warm forwards, one short of MIN_MISALIGNED_READINGS
+    (0, 5, True),    # at it: 18 points less busy during the forwards than between them
+])
+def test_a_reading_outside_the_warm_forwards_is_no_misalignment(
+        engine, tmp_path: Path, cold_readings: int, between: int, misaligned: bool) -> None:
+    want = _read_in_forwards(engine, tmp_path / f"in_{cold_readings}_{between}.jsonl",
+                             cold_readings, between)
+    assert want["gpu"]["misaligned_processes"] == int(misaligned)
+    said = any("do not line up" in e for e in want["verdict"]["evidence"])
+    assert said is misaligned, want["verdict"]["evidence"]
+    if misaligned:
+        assert "72% mean during, 90% between" in want["verdict"]["evidence"][0]

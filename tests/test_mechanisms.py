@@ -175,7 +175,8 @@ def test_slowdown_threshold(share, cause):
         assert any("the waiting grows with the work" in e for e in report.verdict.evidence)
 
 
-@pytest.mark.parametrize("busy, cause", [(0.24, "preprocess"), (0.26, "cpu_contention")])
+@pytest.mark.parametrize("busy, cause", [(0.24, "preprocess"), (0.2496, "preprocess"),
+                                         (0.26, "cpu_contention")])
 def test_cpu_work_threshold(busy, cause):
     assert mech.CPU_WORK_MIN_UTILIZATION == 0.25
     # the same work every time; half the runs at `busy` of a core, half at 10 %: the slowdown
@@ -186,6 +187,9 @@ def test_cpu_work_threshold(busy, cause):
     assert report.verdict.cause == cause, report.verdict.evidence
     if cause == "preprocess":
         assert any("waits for I/O, a lock or a device" in e for e in report.verdict.evidence)
+        # beside the threshold, the figure never rounds onto it (units.pct_beside)
+        said = f"upper quartile {'24.96%' if busy == 0.2496 else '24%'} on a core, below 25%"
+        assert any(said in e for e in report.verdict.evidence), report.verdict.evidence
 
 
 def test_uniform_slowdown_is_not_contention():
@@ -438,6 +442,7 @@ def test_a_thread_that_barely_ran_was_blocked_not_waiting_for_a_core(slow_util, 
     assert report.verdict.cause == cause, report.verdict.evidence
     if cause == "preprocess":
         assert any("most likely blocked: on a lock, I/O" in e for e in report.verdict.evidence)
+        assert any("on a core only 9.9% of their time" in e for e in report.verdict.evidence)  # not 10%
         assert not any("give decode a core" in a for a in report.verdict.advice)
         assert report.verdict.advice[0].startswith("find what the slow decode runs wait on")
         assert not any("is CPU work that spent its slow runs waiting" in e for e in report.verdict.evidence)

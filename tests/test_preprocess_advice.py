@@ -540,7 +540,7 @@ def test_draft_model_benchmark_smoke(capsys: pytest.CaptureFixture[str]) -> None
 
 
 @pytest.mark.parametrize(("fmt", "read"), [
-    ("image/jpeg; q=0.9", "image/jpeg"), (" JPEG ", "JPEG"), ("image/png; x=jpeg", "image/png"),
+    ("image/jpeg; q=0.9", "JPEG"), (" JPEG ", "JPEG"), ("image/png; x=jpeg", "PNG"),
     ("; JPEG", None), ("true", None),
 ])
 def test_a_formats_mime_parameters_and_blanks_are_left_out(fmt: str, read: str | None) -> None:

@@ -28,7 +28,6 @@ from otel_stages.analysis.preprocessing import (
     DRAFT_MIN_SCALE,
     DRAFT_MIN_SHARE,
     DRAFT_MIN_SPEEDUP,
-    MIME_PREFIX,
     POOL_MIN_THREADS,
     draft_missing,
 )
@@ -120,9 +119,7 @@ WHERE SpanName IN ('{semconv.STAGE_DECODE}', '{semconv.STAGE_RESIZE}') AND {span
 def preprocess_sql() -> str:
     """One row of sums over :data:`TABLE` (see :func:`facts` for the columns read)."""
     sized = "width IS NOT NULL AND height IS NOT NULL AND bytes IS NOT NULL"
-    upper = "upper(fmt)"  # ASCII, as FORMAT_TEXT is
-    name = f"if(startsWith({upper}, '{MIME_PREFIX}'), substring({upper}, {len(MIME_PREFIX) + 1}), {upper})"
-    jpeg = f"decoded AND {name} IN {_JPEG}"
+    jpeg = f"decoded AND fmt IN {_JPEG}"  # fmt is Pillow's name (clickhouse_sql.format_text)
     ratio = "least(intDiv(width, tw), intDiv(height, th))"
     scale = f"multiIf({ratio} >= 8, 8, {ratio} >= 4, 4, {ratio} >= 2, 2, 1)"
     cost = f"{BYTE_COST_PIXELS} * greatest(bytes, 0)"

@@ -60,6 +60,7 @@ from otel_stages.analysis.gpu import (
     GPU_STARVED_MAX_UTILIZATION,
     LEVEL_DECIMALS,
     MIN_MISALIGNED_FALL,
+    MIN_MISALIGNED_READINGS,
     MIN_MODEL_GPU_RISE,
     MIN_RISE_STANDARD_ERRORS,
     MIXED_UNIT_MIN_SHARE,
@@ -592,6 +593,10 @@ FROM ({forwards}) AS f"""
 GPU_POINTS_TABLE = "otel_stages_gpu_points"
 GPU_SAMPLES_TABLE = "otel_stages_gpu_samples"
 GPU_PAIRS_TABLE = "otel_stages_gpu_pairs"
+#: Per GPU series (``proc_key``, ``hw``), the samples inside a forward of a request that is not
+#: warm (cold, failed, set apart) and inside no warm forward: ``n_aside``, ``sum_aside``,
+#: ``sq_aside``. Neither during the warm forwards nor between them (``gpu.falls``).
+GPU_ASIDE_TABLE = "otel_stages_gpu_aside"
 #: Request processes' ``host.name`` (``k``, ``host``), read only when some GPU points come from
 #: processes without requests (:func:`request_hosts_statements`).
 REQUEST_HOSTS_TABLE = "otel_stages_request_hosts"
@@ -600,8 +605,8 @@ REQUEST_HOSTS_TABLE = "otel_stages_request_hosts"
 #: (:func:`forward_owners_statements`).
 FORWARD_OWNERS_TABLE = "otel_stages_forward_owners"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, REQUEST_HOSTS_TABLE,
-          FORWARD_OWNERS_TABLE)
+TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, GPU_ASIDE_TABLE,
+          REQUEST_HOSTS_TABLE, FORWARD_OWNERS_TABLE)
 #: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) and name
 #: no request process's host are lined up by time with the forwards of every request process
 #: without a known host (of every one, when no host is known), as the file report lines up every
@@ -736,15 +741,16 @@ def forward_owners_sql() -> str:
     return f"SELECT count() AS n FROM {FORWARD_OWNERS_TABLE}"
 
 
-def warm_forwards_sql(owned: bool = False) -> str:
+def warm_forwards_sql(owned: bool = False, which: str = "warm") -> str:
     """Rows ``trace_key``, ``span_key``, ``proc_key``, ``width``, ``height``, ``fmt``, ``s``,
     ``e``, ``i``: each warm forward window (``i``: its place in the request) with the process
     whose GPU it ran on: its request's process, or with ``owned`` (:func:`forward_owners_sql`
     found rows) the process that recorded the span where that process ran no request
-    (:data:`FORWARD_OWNERS_TABLE`). Without ``owned`` the per-request table alone is read."""
+    (:data:`FORWARD_OWNERS_TABLE`). Without ``owned`` the per-request table alone is read.
+    ``which``: the requests whose forwards are read (a condition on the per-request table)."""
     windows = f"""SELECT trace_key, span_key, proc_key, width, height, fmt, s, e, i
         FROM {R} ARRAY JOIN fwd_start AS s, fwd_end AS e, arrayEnumerate(fwd_start) AS i
-        WHERE warm"""
+        WHERE {which}"""
     if not owned:
         return windows
     return f"""SELECT w.trace_key AS trace_key, w.span_key AS span_key,
@@ -861,9 +867,25 @@ SELECT proc_key, hw, t, util, s, e, mult, width, height, fmt FROM (
     WHERE sm.t >= f.s AND sm.t <= f.e
     GROUP BY proc_key, hw, t, util, s, e, width, height, fmt
 ) ARRAY JOIN range(copies) AS copy"""
+    # the samples inside the other requests' forwards (cold, failed, set apart) and no warm one:
+    # inside a forward, so not between the warm forwards (gpu._align's ``aside``)
+    aside = f"""CREATE TEMPORARY TABLE {GPU_ASIDE_TABLE} ENGINE = Memory AS
+SELECT proc_key, hw, count() AS n_aside, sum(util) AS sum_aside, sum(util * util) AS sq_aside
+FROM {GPU_SAMPLES_TABLE}
+WHERE (proc_key, hw, t) IN (
+        SELECT sm.proc_key, sm.hw, sm.t
+        FROM (SELECT proc_key, s, e, arrayJoin({buckets("s", "e")}) AS b
+              FROM ({warm_forwards_sql(owned, "is_request AND NOT warm")})) AS f
+        INNER JOIN (SELECT proc_key, hw, t, toUInt64(intDiv(t, {GPU_BUCKET_NS})) AS b
+                    FROM {GPU_SAMPLES_TABLE}) AS sm
+            ON sm.proc_key = f.proc_key AND sm.b = f.b
+        WHERE sm.t >= f.s AND sm.t <= f.e)
+    AND (proc_key, hw, t) NOT IN (SELECT proc_key, hw, t FROM {GPU_PAIRS_TABLE})
+GROUP BY proc_key, hw"""
     return [(f"DROP TEMPORARY TABLE IF EXISTS {GPU_PAIRS_TABLE}", {}),
             (f"DROP TEMPORARY TABLE IF EXISTS {GPU_SAMPLES_TABLE}", {}),
-            (samples, {}), (pairs, {})]
+            (f"DROP TEMPORARY TABLE IF EXISTS {GPU_ASIDE_TABLE}", {}),
+            (samples, {}), (pairs, {}), (aside, {})]
 
 
 def _points_inside(by: str = "", where: str = "") -> str:
@@ -891,22 +913,41 @@ _RISE = """if(n_all > n_in, if(n_in > 0, sum_in / n_in, 0) - (sum_all - sum_in) 
                   / (n_all - n_in)), 0) AS rise_se"""
 
 
+#: Over :func:`_per_gpu` columns: the readings ``n_between`` the process's forwards (all but those
+#: inside a warm forward and those inside another request's, :data:`GPU_ASIDE_TABLE`), the
+#: amount ``below`` their mean that the mean inside the warm forwards lies and its standard error
+#: ``below_se`` (0 without readings on either side; population variances, as
+#: ``otel_stages.analysis.gpu._align``).
+_DROP = """n_all - n_in - n_aside AS n_between,
+        sum_all - sum_in - sum_aside AS sum_between, sq_all - sq_in - sq_aside AS sq_between,
+        if(n_in > 0 AND n_between > 0, sum_between / n_between - sum_in / n_in, 0) AS below,
+        if(n_in > 0 AND n_between > 0,
+           sqrt(greatest(0, sq_in / n_in - pow(sum_in / n_in, 2)) / n_in
+                + greatest(0, sq_between / n_between - pow(sum_between / n_between, 2)) / n_between),
+           0) AS below_se"""
+
+
 def _per_gpu(columns: str = "", join: str = "") -> str:
     """Per GPU series (``proc_key``, ``hw``) of the utilization: all its samples (``n_all``,
     ``sum_all``, ``sq_all``), those inside warm forwards (``n_in``, ``sum_in``, ``sq_in``), the
     ``rise`` of the mean inside over the mean outside and its standard error ``rise_se``
-    (:data:`_RISE`), then ``columns`` of ``join``."""
+    (:data:`_RISE`), those inside other requests' forwards (``n_aside`` ...,
+    :data:`GPU_ASIDE_TABLE`) and how far ``below`` the readings between the forwards
+    (:data:`_DROP`), then ``columns`` of ``join``."""
     return f"""
     SELECT a.proc_key AS proc_key, a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all,
         a.sq_all AS sq_all, ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in,
-        ifNull(i.sq_in, 0) AS sq_in,
-        {_RISE}{columns}
+        ifNull(i.sq_in, 0) AS sq_in, ifNull(o.n_aside, 0) AS n_aside,
+        ifNull(o.sum_aside, 0) AS sum_aside, ifNull(o.sq_aside, 0) AS sq_aside,
+        {_RISE},
+        {_DROP}{columns}
     FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all, sum(util * util) AS sq_all
           FROM {GPU_SAMPLES_TABLE} GROUP BY proc_key, hw) AS a
     LEFT JOIN (
         SELECT proc_key, hw, sum(c) AS n_in, sum(u * c) AS sum_in, sum(u * u * c) AS sq_in
         FROM ({_POINTS_INSIDE}) GROUP BY proc_key, hw
     ) AS i ON a.proc_key = i.proc_key AND a.hw = i.hw
+    LEFT JOIN {GPU_ASIDE_TABLE} AS o ON a.proc_key = o.proc_key AND a.hw = o.hw
     {join}
     SETTINGS join_use_nulls = 1
 """
@@ -931,10 +972,12 @@ _RISES = (f"(n_in > 0 AND round(rise, {LEVEL_DECIMALS}) >= {MIN_MODEL_GPU_RISE}"
           f" {LEVEL_DECIMALS}))")
 
 
-#: Over :func:`_per_gpu` columns: the series is less busy inside the forwards than outside them
-#: (``otel_stages.analysis.gpu.falls``): its readings do not line up with the forwards.
-_FALLS = (f"(n_in > 0 AND round(-rise, {LEVEL_DECIMALS}) >= {MIN_MISALIGNED_FALL}"
-          f" AND round(-rise, {LEVEL_DECIMALS}) >= round({MIN_RISE_STANDARD_ERRORS} * rise_se,"
+#: Over :func:`_per_gpu` columns: the series is less busy inside the warm forwards than between
+#: the process's forwards, over enough readings on each side (``otel_stages.analysis.gpu.falls``):
+#: its readings do not line up with the forwards.
+_FALLS = (f"(n_in >= {MIN_MISALIGNED_READINGS} AND n_between >= {MIN_MISALIGNED_READINGS}"
+          f" AND round(below, {LEVEL_DECIMALS}) >= {MIN_MISALIGNED_FALL}"
+          f" AND round(below, {LEVEL_DECIMALS}) >= round({MIN_RISE_STANDARD_ERRORS} * below_se,"
           f" {LEVEL_DECIMALS}))")
 
 
@@ -944,11 +987,12 @@ def _chosen(by: str, slow_sum: str, slow_n: str) -> str:
     the model's GPU as :func:`otel_stages.analysis.gpu.pick_gpu` decides (one series with samples
     inside the forwards, or the candidates all at one level), with ``seen``: the
     ``(hw, mean inside)`` of its series with samples, by ``hw``. ``g.5``: whether the series
-    taken :data:`_FALLS`, ``g.6`` its rise. ``slow_sum`` / ``slow_n``: the slow forwards' sums in
+    taken :data:`_FALLS`, ``g.6`` how far below (:data:`_DROP`). ``slow_sum`` / ``slow_n``: the
+    slow forwards' sums in
     ``sp_row``."""
     levels = (f"({_level_sql('sum_in / n_in')}, if(ifNull({slow_n}, 0) > 0,"
               f" {_level_sql(f'{slow_sum} / {slow_n}')}, ''))")
-    row = f"(hw, n_in, sum_in, sp_row, {_FALLS}, rise)"
+    row = f"(hw, n_in, sum_in, sp_row, {_FALLS}, below)"
     return f"""SELECT {by}arraySort(groupArrayIf((hw, sum_in / n_in), n_in > 0)) AS seen,
         countIf(rising) AS n_rising,
         multiIf(length(seen) <= 1, argMax({row}, {_CHOICE}),
@@ -981,11 +1025,11 @@ _SPLIT_JOIN = "LEFT JOIN split AS sp ON a.proc_key = sp.proc_key AND a.hw = sp.h
 
 
 #: Over :func:`_chosen` rows: the processes whose GPU taken :data:`_FALLS` (``misaligned``) and,
-#: for one of them, its means inside and outside the forwards (``misaligned_in`` /
-#: ``misaligned_out``; read when it is the only one).
+#: for one of them, its means inside the warm forwards and between the forwards
+#: (``misaligned_in`` / ``misaligned_out``; read when it is the only one).
 _MISALIGNED = """countIf(told AND g.5) AS misaligned,
     anyIf(g.3 / g.2, told AND g.5) AS misaligned_in,
-    anyIf(g.3 / g.2 - g.6, told AND g.5) AS misaligned_out"""
+    anyIf(g.3 / g.2 + g.6, told AND g.5) AS misaligned_out"""
 
 
 def gpu_metrics_sql() -> str:
@@ -1123,6 +1167,8 @@ per_gpu AS (
         a.hw AS hw, a.n_all AS n_all, a.sum_all AS sum_all, a.sq_all AS sq_all,
         ifNull(i.n_in, 0) AS n_in, ifNull(i.sum_in, 0) AS sum_in, ifNull(i.sq_in, 0) AS sq_in,
         {_RISE},
+        -- a cohort reads the window's misalignment (gpu_evidence's misaligned), not its own
+        0 AS n_between, 0 AS below, 0 AS below_se,
         (ifNull(sp.covered, 0), sp.slow_sum, sp.slow_n, sp.fast_sum, sp.fast_n,
          ifNull(sp.slow_covered, 0)) AS sp_row
     FROM (SELECT proc_key, hw, count() AS n_all, sum(util) AS sum_all, sum(util * util) AS sq_all

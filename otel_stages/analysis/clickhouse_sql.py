@@ -36,7 +36,8 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT, MAX_UTILIZATION_READING
-from otel_stages.analysis.requests import FORMAT_TEXT, NOT_FORMATS
+from otel_stages.analysis.image_formats import format_aliases
+from otel_stages.analysis.requests import FORMAT_TEXT, NO_FORMAT, NOT_FORMATS
 
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
@@ -226,12 +227,20 @@ def finite_number(text: str) -> str:
 
 def format_text(text: str) -> str:
     """SQL: the attribute text ``text`` as :func:`otel_stages.analysis.requests.usable_format`
-    reads it (without a MIME type's parameters and surrounding blanks; ``''`` when it is no
-    format name)."""
+    reads it: without a MIME type's parameters and surrounding blanks, named as Pillow names it
+    (the table of :func:`otel_stages.analysis.image_formats.format_aliases`, looked up in lower
+    case; an unknown MIME type in lower case, an unknown name in upper case); ``''`` when it is
+    no format name (or :data:`~otel_stages.analysis.requests.NO_FORMAT`)."""
     not_formats = ", ".join(f"'{v}'" for v in NOT_FORMATS)
     base = f"trimBoth(splitByChar(';', {text})[1])"  # a MIME type's parameters left out
-    return (f"if(match({base}, '^{FORMAT_TEXT.pattern}$') AND {base} NOT IN ({not_formats}),"
-            f" {base}, '')")
+    aliases = format_aliases()  # names match FORMAT_TEXT: no quote to escape
+    keys = ", ".join(f"'{k}'" for k in aliases)
+    names = ", ".join(f"'{v}'" for v in aliases.values())
+    low = f"lower({base})"  # ASCII, as FORMAT_TEXT is (Python's lower() alike)
+    name = (f"transform({low}, [{keys}], [{names}],"
+            f" if(position({base}, '/') > 0, {low}, upper({base})))")
+    return (f"if(match({base}, '^{FORMAT_TEXT.pattern}$') AND {base} NOT IN ({not_formats})"
+            f" AND upper({base}) != '{NO_FORMAT}', {name}, '')")
 
 
 def utilization_reading(mean: str, count: str) -> str:

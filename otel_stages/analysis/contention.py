@@ -66,7 +66,7 @@ from otel_stages.analysis.signal_rules import (
     slowest_utilization,
     split_line,
 )
-from otel_stages.analysis.units import duration, pct
+from otel_stages.analysis.units import duration, pct, pct_beside
 
 CAUSE_CPU_CONTENTION = "cpu_contention"
 
@@ -195,7 +195,8 @@ def contention(sig: StageSignals, gpu: GpuEvidence | None = None) -> Mechanism |
     if busy is None or busy < CPU_WORK_MIN_UTILIZATION:
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
             f"{line}; but even its best runs spend most of their time off the CPU (upper quartile"
-            f" {pct(busy)} on a core, below {pct(CPU_WORK_MIN_UTILIZATION)}): {sig.stage} waits"
+            f" {pct_beside(busy, CPU_WORK_MIN_UTILIZATION) if busy is not None else pct(busy)}"
+            f" on a core, below {pct(CPU_WORK_MIN_UTILIZATION)}): {sig.stage} waits"
             " for I/O, a lock or a device, which thread CPU time cannot tell from waiting for a"
             " core",))
     slow_util, fast_util = sig.slow_cpu_utilization, sig.fast_cpu_utilization
@@ -209,10 +210,13 @@ def contention(sig: StageSignals, gpu: GpuEvidence | None = None) -> Mechanism |
     if slowest is not None and slowest[0] < CONTENTION_MIN_SLOW_UTILIZATION:
         util, runs = slowest
         if _pressure_covers(sig):
-            assert sig.pressure is not None and sig.wait is not None  # _pressure_covers
+            assert (sig.pressure is not None and sig.wait is not None
+                    and sig.pressure_of_wait is not None)  # _pressure_covers
             return Mechanism(CAUSE_CPU_CONTENTION, False, (
-                f"{line}; the {runs} were on a core only {pct(util)} of their time, yet the CPU"
-                f" pressure ({_scope_words(sig)}) covered {pct(sig.pressure_of_wait)} of their"
+                f"{line}; the {runs} were on a core only"
+                f" {pct_beside(util, CONTENTION_MIN_SLOW_UTILIZATION)} of their time, yet the CPU"
+                f" pressure ({_scope_words(sig)}) covered"
+                f" {pct_beside(sig.pressure_of_wait, CONTENTION_MIN_PRESSURE_OF_WAIT)} of their"
                 f" waiting ({duration(sig.pressure.slow_median_ms)} of"
                 f" {duration(sig.wait.slow_median_ms)}, medians): whether they were blocked (on a"
                 " lock, I/O, a sleep) or 10+ deep in a run queue cannot be told from thread CPU"
@@ -220,7 +224,8 @@ def contention(sig: StageSignals, gpu: GpuEvidence | None = None) -> Mechanism |
                 _TURN_ON_RUN_QUEUE,
                 f"or find what the slow {sig.stage} runs wait on: {_FIND_WAIT}",))
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
-            f"{line}; but the {runs} were on a core only {pct(util)} of their time: waiting for a"
+            f"{line}; but the {runs} were on a core only"
+            f" {pct_beside(util, CONTENTION_MIN_SLOW_UTILIZATION)} of their time: waiting for a"
             f" core would leave a thread more (below {pct(CONTENTION_MIN_SLOW_UTILIZATION)} takes"
             f" 10+ busy threads per core, or 10+ busy Python threads sharing the GIL), so the"
             f" slow {sig.stage} runs were most likely blocked: on a lock, I/O, a device or a sleep"
@@ -249,11 +254,13 @@ def _pressure_check(sig: StageSignals, line: str, slowdown: float) -> Mechanism:
     assert share is not None  # both medians known (checked above)
     figure = (f"CPU pressure (Linux PSI some: {_scope_words(sig)} waited for a core) in the"
               f" slowest quarter: {duration(stalled)} of their"
-              f" {duration(wait_ms)} waiting (medians, {pct(share)}), vs"
+              f" {duration(wait_ms)} waiting (medians,"
+              f" {pct_beside(share, CONTENTION_MIN_PRESSURE_OF_WAIT)}), vs"
               f" {duration(pressure.fast_median_ms)} in the faster half")
     if share < CONTENTION_MIN_PRESSURE_OF_WAIT:
         return Mechanism(CAUSE_CPU_CONTENTION, False, (
-            f"{line}; but {figure}: the cores were contended for only {pct(share)} of the slow"
+            f"{line}; but {figure}: the cores were contended for only"
+            f" {pct_beside(share, CONTENTION_MIN_PRESSURE_OF_WAIT)} of the slow"
             f" runs' waiting (below {pct(CONTENTION_MIN_PRESSURE_OF_WAIT)}; a thread waiting for"
             f" a core keeps the pressure on all the while), so the slow {sig.stage} runs waited"
             " on something else: I/O, a lock, a sleep, or the GIL (Python threads waiting for the"

@@ -87,7 +87,7 @@ from otel_stages.analysis.noise import (
     noise_band,
 )
 from otel_stages.analysis.phrases import band_line, centre, spread_text, total_text
-from otel_stages.analysis.units import duration, pct
+from otel_stages.analysis.units import duration, pct, times_beside
 from otel_stages.analysis.verdict import (
     CAUSE_COLD_START,
     CAUSE_GPU_BUSY,
@@ -652,14 +652,15 @@ def _cold_sentence(cold: ColdFigures) -> str:
     unpaid = (f"; the other {others} cold request{'s' if others != 1 else ''} stood within the warm"
               " runs of their input (under their p95 plus their median): no cold-start penalty there"
               if others else "")
-    return (f"{who} took {duration(cold.total_ms)}, {_times(ratio)} {against}{left_out}; reported apart"
+    return (f"{who} took {duration(cold.total_ms)}, {cold_times(ratio)} {against}{left_out}; reported apart"
             f" from warm runs{unpaid}")
 
 
-def _times(ratio: float) -> str:
-    """``12.3x``; two decimals near :data:`COLD_START_MIN_RATIO`, so 1.99x, no cold start, does not
-    print as 2.0x."""
-    return f"{ratio:.2f}x" if abs(ratio - COLD_START_MIN_RATIO) < 0.05 else f"{ratio:.1f}x"
+def cold_times(ratio: float) -> str:
+    """The cold request's ratio to its comparable warm median, ``12.3x``, as printed beside the
+    cold-start verdict it was compared for (:func:`~otel_stages.analysis.units.times_beside`
+    against :data:`COLD_START_MIN_RATIO`): 1.999x, no cold start, never prints as 2.00x."""
+    return times_beside(ratio, COLD_START_MIN_RATIO)
 
 
 def few_paid(cold: ColdFigures) -> bool:

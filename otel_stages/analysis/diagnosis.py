@@ -176,6 +176,7 @@ def _warm(
     verdict_only: bool = False,
     unread_forwards: int = 0,
     misaligned: int | None = None,
+    aside: Sequence[Request] = (),
     processes: frozenset[str] | None = None,
     models: Mapping[str, frozenset[str]] | None = None,
     units: SpanUnits | None = None,
@@ -197,7 +198,9 @@ def _warm(
     makes no call (:func:`~otel_stages.analysis.gpu.with_unread`). ``units``: the unit of each
     process's forward-span readings over all warm requests
     (:func:`~otel_stages.analysis.gpu.span_units`; default: over ``warm``). ``misaligned``: for a
-    cohort, the whole window's :func:`~otel_stages.analysis.gpu.misaligned_processes`."""
+    cohort, the whole window's :func:`~otel_stages.analysis.gpu.misaligned_processes`;
+    ``aside``: the requests read that are not warm (their forwards' GPU readings are not between
+    the forwards: :func:`~otel_stages.analysis.gpu.falls`)."""
     totals = [r.total_ms for r in warm]
     stages = stage_stats([r.stages_ms for r in warm], totals)
     total = distribution(totals) if totals else None
@@ -209,7 +212,8 @@ def _warm(
     total_fig = None if total is None else total_figures(total)
     # the slow forwards the GPU rules judge are those beyond the band the verdict uses
     band = noise_band(figs.values(), reference_ms(figs, total_fig)).band_ms if figs else None
-    gpu = gpu_evidence(warm, metrics, processes, band_ms=band, units=units, misaligned=misaligned)
+    gpu = gpu_evidence(warm, metrics, processes, band_ms=band, units=units, misaligned=misaligned,
+                       aside=aside)
     gpu = with_unread(gpu, unread_forwards)
     # CPU, GC, loop, throttling, memory
     signals = stage_signals(warm, list(stages), metrics, gpu, table=table, processes=processes,
@@ -272,6 +276,7 @@ def _cohorts(
     warm: Sequence[Request], cold: Sequence[Request], metrics: Sequence[MetricPoint], keys: CohortKeys,
     table: SignalTable, processes: frozenset[str] | None = None,
     models: Mapping[str, frozenset[str]] | None = None, units: SpanUnits | None = None,
+    aside: Sequence[Request] = (),
 ) -> tuple[list[CohortFigures], float | None]:
     """Cohorts of the warm requests (largest first) with their verdicts, and the input mix's part
     of the total's variance. ``table``: the signal table of ``warm``."""
@@ -279,7 +284,8 @@ def _cohorts(
     position = {id(r): i for i, r in enumerate(warm)}
     # the readings' clock is the run's: judged once over the whole window (against the others'
     # forwards a cohort's would fall by the others' load)
-    misaligned = misaligned_processes(warm, metrics, processes) if len(groups) > 1 else None
+    misaligned = (misaligned_processes(warm, metrics, processes, aside) if len(groups) > 1
+                  else None)
     out = []
     for i, (key, reqs) in enumerate(groups.items()):
         totals = [r.total_ms for r in reqs]
@@ -382,14 +388,18 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
               if any(p.name == semconv.HW_GPU_MEMORY_LIMIT for p in recording.metrics) else {})
     # each process's unit of its forward spans' GPU readings, over all its warm forwards
     units = span_units(warm)
-    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models, units)
+    # the requests read that are not warm: their forwards are neither warm nor between forwards
+    warm_ids = {id(r) for r in warm}
+    aside = [r for r in requests if id(r) not in warm_ids]
+    cohorts, mix = _cohorts(warm, cold, recording.metrics, keys, table, processes, models, units,
+                            aside)
     unread = unread_values(requests)
     result = _warm(warm, cold, recording.metrics, keys, cohorts=cohorts, mix=mix,
                    failed=failed, requests=len(requests), apart=apart, warmup=warmup,
                    cold_first=_cold_are_first(requests),
                    detached_requests=min(grouping.detached_requests, len(requests)),
                    clash_spans=grouping.clashes.count, table=table, processes=processes,
-                   models=models, units=units,
+                   models=models, units=units, aside=aside,
                    # (the warm ones walked again only when some forward's value is unusable);
                    # readings of a process that mixes units are unusable too
                    unread_forwards=units.mixed_forwards + (

@@ -97,6 +97,13 @@ MIN_RISE_STANDARD_ERRORS = 3.0
 #: points: well above NVML's whole-percent steps and a starved GPU's wobble (low during and low
 #: between, a point apart), below a shifted busy / idle pattern (tens of points).
 MIN_MISALIGNED_FALL = 0.05
+#: ... and only with at least this many readings during the warm forwards and this many between
+#: them (outside every forward span of the process: a reading inside the cold request's forward,
+#: or a failed or set-apart request's, is inside a forward, not between): a standard error of one
+#: reading is none (its variance is 0), so one stray reading between the forwards made the fall
+#: "3 standard errors" by itself. Five, as :data:`MIN_GPU_SAMPLES`: the least that averages out
+#: one idle / busy blip.
+MIN_MISALIGNED_READINGS = 5
 #: A forward span's ``gpu.utilization.mean`` outside 0 .. this is no reading (a ratio or a percent
 #: never is): a ``-1`` "not available" sentinel read as starved, a 1000 as busy.
 MAX_UTILIZATION_READING = 100.0
@@ -238,7 +245,8 @@ class GpuEvidence:
         return (f"the GPU readings do not line up with the forward spans: the GPU is less busy"
                 f" during the forwards than between them ({figures};"
                 f" {MIN_MISALIGNED_FALL * 100:g} points and {MIN_RISE_STANDARD_ERRORS:g}"
-                " standard errors lower or more), so the sampler's clock or timestamps are most"
+                f" standard errors lower or more, over {MIN_MISALIGNED_READINGS}+ readings each),"
+                " so the sampler's clock or timestamps are most"
                 " likely off from the spans' (or these are another GPU's readings, or other work"
                 " fills the gaps): no busy or starved call is made from them (during the forwards:"
                 f" {overall})")
@@ -319,7 +327,7 @@ def _round(value: float | None) -> float | None:
 def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
                  processes: Collection[str] | None = None, *,
                  band_ms: float | None = None, units: SpanUnits | None = None,
-                 misaligned: int | None = None) -> GpuEvidence:
+                 misaligned: int | None = None, aside: Sequence[Request] = ()) -> GpuEvidence:
     """Line GPU utilization up with the forward spans of ``requests`` (pass the warm ones).
 
     ``points`` may hold any metrics; only ``hw.gpu.utilization`` is used. ``processes``: the
@@ -331,8 +339,9 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     of its forward spans' readings (:func:`span_units` of all warm requests; default: of
     ``requests``). ``misaligned``: for a cohort, the whole window's
     :func:`misaligned_processes` (a sampler's clock is the run's, and a cohort's forwards
-    against the others' would fall by the others' load); ``None``: judged on ``requests``.
-    Never raises.
+    against the others' would fall by the others' load); ``None``: judged on ``requests``, with
+    ``aside`` (the requests read that are not warm: cold, failed, set apart) whose forwards'
+    readings are not between the forwards (:func:`falls`). Never raises.
     """
     name = semconv.STAGE_FORWARD  # one pass over the spans of a fleet's requests, not one per use
     forwards = [s for r in requests for s in r.spans if s.name == name]
@@ -349,7 +358,8 @@ def gpu_evidence(requests: Sequence[Request], points: Sequence[MetricPoint],
     if from_spans is not None and (from_spans.slow_forwards == 0
                                    or from_spans.judged_on == JUDGED_SLOW):
         return from_spans
-    from_metrics = _from_metrics(requests, points, processes, every, slow_min_ns, misaligned)
+    from_metrics = _from_metrics(requests, points, processes, every, slow_min_ns, misaligned,
+                                 aside)
     if from_spans is not None and not prefer_metrics(
             from_spans.slow_forwards, from_spans.judged_on, from_metrics.judged_on):
         return from_spans
@@ -365,10 +375,12 @@ def prefer_metrics(slow_forwards: int, span_judged_on: str, metric_judged_on: st
 
 def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
                   processes: Collection[str] | None, every: Sequence[tuple[int, int]],
-                  slow_min_ns: float | None, misaligned: int | None = None) -> GpuEvidence:
+                  slow_min_ns: float | None, misaligned: int | None = None,
+                  aside: Sequence[Request] = ()) -> GpuEvidence:
     """The evidence of the ``hw.gpu.utilization`` points (module docstring, source 2);
-    ``misaligned``: as :func:`gpu_evidence`."""
-    by_process = _aligned(requests, points, processes, slow_min_ns)
+    ``misaligned``, ``aside``: as :func:`gpu_evidence`."""
+    by_process = _aligned(requests, points, processes, slow_min_ns,
+                          aside if misaligned is None else ())
     if not by_process:
         return GpuEvidence(level=LEVEL_NONE, forwards=len(every))
     picked = {proc: pick_gpu(found) for proc, found in by_process.items()}
@@ -387,7 +399,7 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
     return evidence_of(
         misaligned_processes=len(falling) if misaligned is None else misaligned,
         misaligned_means=None if one is None else (
-            one.sum_in / one.samples, one.sum_in / one.samples - one.rise),
+            one.sum_in / one.samples, one.sum_in / one.samples + one.drop),
         source="metrics", forwards=len(every), covered=sum(a.covered for a in chosen),
         samples=sum(a.samples for a in chosen), total=math.fsum(a.sum_in for a in chosen),
         split=split, slow_min_ms=None if slow_min_ns is None else slow_min_ns / 1e6,
@@ -396,22 +408,29 @@ def _from_metrics(requests: Sequence[Request], points: Sequence[MetricPoint],
 
 
 def _aligned(requests: Sequence[Request], points: Sequence[MetricPoint],
-             processes: Collection[str] | None, slow_min_ns: float | None
-             ) -> dict[str, list[_Aligned]]:
+             processes: Collection[str] | None, slow_min_ns: float | None,
+             aside: Sequence[Request] = ()) -> dict[str, list[_Aligned]]:
     """Every ``hw.gpu.utilization`` series of each process (module docstring, source 2) against
     the forwards it ran: each forward span is lined up with the GPU of the process that recorded
     it where that process ran no request (a GPU worker under a gateway's request:
     :func:`~otel_stages.analysis.gpu_owners.forward_owners`), else with its request's process's;
-    empty without a series."""
+    empty without a series. ``aside``: requests whose forwards hold readings that are neither
+    inside ``requests``' forwards nor between them (:func:`_align`)."""
     found = forward_owners(requests, points, processes)
     windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for proc, start_ns, end_ns in found.windows:
         windows[proc].append((start_ns, end_ns))
+    others: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    if aside:
+        every = processes if processes is not None else frozenset(process_keys(requests))
+        for proc, start_ns, end_ns in forward_owners(aside, points, every).windows:
+            others[proc].append((start_ns, end_ns))
     series = owned_series(points, semconv.HW_GPU_UTILIZATION, found.owners, PERCENT_GUESS,
                           found.hosts)
     by_process: dict[str, list[_Aligned]] = defaultdict(list)
     for (proc, hw_id), pts in series.items():
-        by_process[proc].append(_align(hw_id, pts, windows.get(proc, []), slow_min_ns))
+        by_process[proc].append(_align(hw_id, pts, windows.get(proc, []), slow_min_ns,
+                                       others.get(proc, ())))
     return by_process
 
 
@@ -445,21 +464,26 @@ def rises(a: _Aligned) -> bool:
 
 
 def falls(a: _Aligned) -> bool:
-    """Whether a series is less busy inside the forwards than outside them: samples inside, a
-    fall of :data:`MIN_MISALIGNED_FALL` or more and of :data:`MIN_RISE_STANDARD_ERRORS` standard
-    errors or more (:func:`rises` with the sign flipped, at :data:`LEVEL_DECIMALS`, as the SQL
-    compares them): the readings do not line up with the forwards."""
-    fall = round(-a.rise, LEVEL_DECIMALS)
-    return (a.samples > 0 and fall >= MIN_MISALIGNED_FALL
-            and fall >= round(MIN_RISE_STANDARD_ERRORS * a.rise_se, LEVEL_DECIMALS))
+    """Whether a series is less busy inside the warm forwards than between the process's
+    forwards (``a.drop``): :data:`MIN_MISALIGNED_READINGS` readings or more on each side, a drop
+    of :data:`MIN_MISALIGNED_FALL` or more and of :data:`MIN_RISE_STANDARD_ERRORS` standard
+    errors or more (at :data:`LEVEL_DECIMALS`, as the SQL compares them): the readings do not
+    line up with the forwards."""
+    drop = round(a.drop, LEVEL_DECIMALS)
+    return (a.samples >= MIN_MISALIGNED_READINGS and a.between >= MIN_MISALIGNED_READINGS
+            and drop >= MIN_MISALIGNED_FALL
+            and drop >= round(MIN_RISE_STANDARD_ERRORS * a.drop_se, LEVEL_DECIMALS))
 
 
 def misaligned_processes(requests: Sequence[Request], points: Sequence[MetricPoint],
-                         processes: Collection[str] | None = None) -> int:
+                         processes: Collection[str] | None = None,
+                         aside: Sequence[Request] = ()) -> int:
     """The processes whose model GPU (:func:`pick_gpu`) :func:`falls` over the forwards of
-    ``requests`` (pass the whole window's warm ones; ``processes`` as for :func:`gpu_evidence`):
-    what each cohort's GPU evidence reads (:func:`gpu_evidence` ``misaligned``)."""
-    picked = (pick_gpu(found) for found in _aligned(requests, points, processes, None).values())
+    ``requests`` (pass the whole window's warm ones; ``processes``, ``aside`` as for
+    :func:`gpu_evidence`): what each cohort's GPU evidence reads (:func:`gpu_evidence`
+    ``misaligned``)."""
+    picked = (pick_gpu(found) for found in _aligned(requests, points, processes, None,
+                                                     aside).values())
     return sum(1 for a in picked if a is not None and falls(a))
 
 
@@ -628,7 +652,10 @@ class _Aligned:
     """One GPU series against one process's forwards: ``samples`` inside them and their
     ``sum_in``, forwards ``covered``, the slow forwards (longer than the threshold) covered, the
     sums and counts inside slow and other forwards, the ``rise`` of the mean inside over the
-    mean outside and its standard error ``rise_se`` (0 without samples on either side)."""
+    mean outside and its standard error ``rise_se`` (0 without samples on either side); the
+    ``between`` readings, outside every forward of the process (warm or not), and the ``drop``
+    of the mean inside below their mean with its standard error ``drop_se`` (0 without readings
+    on either side): what :func:`falls` reads."""
 
     hw_id: str
     samples: int
@@ -641,12 +668,16 @@ class _Aligned:
     fast_n: int
     rise: float
     rise_se: float = 0.0
+    between: int = 0
+    drop: float = 0.0
+    drop_se: float = 0.0
 
 
 def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int, int]],
-           slow_min_ns: float | None) -> _Aligned:
+           slow_min_ns: float | None, aside: Sequence[tuple[int, int]] = ()) -> _Aligned:
     """One GPU's samples (time order, 0..1) against ``windows`` (may be empty); slow forwards are
-    longer than ``slow_min_ns`` (``None``: no split)."""
+    longer than ``slow_min_ns`` (``None``: no split). ``aside``: the process's other forwards
+    (cold, failed, set apart): their readings are neither inside ``windows`` nor between."""
     times = [t for t, _ in samples]
     inside_idx: set[int] = set()
     per_forward: list[tuple[int, int, float]] = []
@@ -662,10 +693,21 @@ def _align(hw_id: str, samples: list[tuple[int, float]], windows: list[tuple[int
     mean = statistics.fmean(inside) if inside else 0.0
     # no sample outside the forwards (a saturated service): nothing to compare, no rise
     rise = mean - statistics.fmean(outside) if outside else 0.0
-    se = math.sqrt(_variance(inside) / len(inside) + _variance(outside) / len(outside)) \
-        if inside and outside else 0.0
+    se = _difference_se(inside, outside)
+    near = set(inside_idx)
+    for start_ns, end_ns in aside:
+        near.update(range(bisect.bisect_left(times, start_ns), bisect.bisect_right(times, end_ns)))
+    between = [v for i, (_, v) in enumerate(samples) if i not in near] if aside else outside
+    drop = statistics.fmean(between) - mean if inside and between else 0.0
     return _Aligned(hw_id, len(inside), math.fsum(inside), len(per_forward), split.slow_covered,
-                    split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise, se)
+                    split.slow_sum, split.slow_samples, split.fast_sum, split.fast_samples, rise, se,
+                    len(between), drop, _difference_se(inside, between))
+
+
+def _difference_se(a: Sequence[float], b: Sequence[float]) -> float:
+    """The standard error of the difference of the means of ``a`` and ``b`` (population
+    variances, :func:`_variance`); 0 when either is empty."""
+    return math.sqrt(_variance(a) / len(a) + _variance(b) / len(b)) if a and b else 0.0
 
 
 def _variance(values: Sequence[float]) -> float:

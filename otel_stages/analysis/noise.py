@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from otel_stages.analysis.figures import StageFigures
 from otel_stages.analysis.stats import percentile
-from otel_stages.analysis.units import duration, pct
+from otel_stages.analysis.units import duration, pct, pct_beside
 
 #: Swings (and spikes) under this many ms are never material: scheduler, timer and GIL hand-off
 #: jitter reach about a millisecond on a busy host.
@@ -69,7 +69,10 @@ class NoiseBand:
             measured = (f"this run's jitter could not be measured (fewer than {NOISE_MIN_STAGES}"
                         " stages large enough to measure it)")
         else:
-            measured = (f"this run's stages jitter by {pct(self.jitter)} of their own medians"
+            # beside the threshold the jitter was compared with, when the sentence names one
+            limit = {"jitter_cap": NOISE_MAX_FRACTION, "fraction": SWING_MIN_FRACTION}.get(self.source)
+            jitter = pct(self.jitter) if limit is None else pct_beside(self.jitter, limit)
+            measured = (f"this run's stages jitter by {jitter} of their own medians"
                         f" (lower quartile of {self.stages} stages' p95 - p5 / median)")
         if self.source == "jitter":
             why = "set by that jitter"

@@ -47,16 +47,15 @@ from typing import Any, NamedTuple, TypeVar
 
 from otel_stages import semconv
 from otel_stages.analysis.figures import DraftEstimate, PreprocessFacts, RepeatedInputs, ThreadUse
+from otel_stages.analysis.image_formats import canonical_format
 from otel_stages.analysis.model import AttributeValue
 from otel_stages.analysis.requests import Request, process_key, usable_int
 from otel_stages.analysis.units import duration, pct
 
-#: Pillow formats whose loader has a draft mode (MPO is a JPEG container: JpegImageFile), and
-#: ``JPG`` and ``PJPEG`` (``image/pjpeg``, progressive JPEG's MIME type); matched without case
-#: and without a MIME ``image/`` prefix (:func:`draft_format`).
-DRAFT_FORMATS = frozenset({"JPEG", "JPG", "MPO", "PJPEG"})
-#: The MIME type prefix some producers write (``image/jpeg``).
-MIME_PREFIX = "IMAGE/"
+#: Pillow formats whose loader has a draft mode (MPO is a JPEG container: JpegImageFile), by
+#: Pillow's name: other spellings (``jpg``, ``image/jpeg``, ``image/pjpeg``) are read as these
+#: (:func:`~otel_stages.analysis.image_formats.canonical_format`).
+DRAFT_FORMATS = frozenset({"JPEG", "MPO"})
 #: Pillow's draft scales, largest first (``JpegImageFile.draft``).
 _SCALES = (8, 4, 2, 1)
 #: Draft decoding reduces a JPEG only when it is at least this many times the target in both
@@ -91,11 +90,11 @@ _NAMES_SHOWN = 3
 
 def draft_format(image_format: str | None) -> bool:
     """Whether ``image_format`` (``image.format`` as :func:`~otel_stages.analysis.requests.usable_format`
-    reads it: Pillow's name, or a MIME type without its parameters, any case) is one of
-    :data:`DRAFT_FORMATS`."""
+    reads it: Pillow's name; another spelling, a MIME type without its parameters in any case,
+    is named so first) is one of :data:`DRAFT_FORMATS`."""
     if not image_format:
         return False
-    return image_format.upper().removeprefix(MIME_PREFIX) in DRAFT_FORMATS
+    return canonical_format(image_format) in DRAFT_FORMATS
 
 
 def draft_scale(width: int, height: int, target_width: int, target_height: int) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from otel_stages.analysis.batching import BatchSummary
 from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
+from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import COLD_UNTRACED, CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.noise import NoiseBand
@@ -31,6 +32,7 @@ from otel_stages.analysis.sampled import SeqCoverage
 from otel_stages.analysis.signal_figures import StageSignals
 from otel_stages.analysis.stage_overlap import Overlap
 from otel_stages.analysis.stats import Distribution, StageStats, Unaccounted, order_stages
+from otel_stages.analysis.units import round_beside
 from otel_stages.analysis.verdict import Verdict
 
 #: Default number of slowest warm requests listed.
@@ -166,7 +168,7 @@ def cold_to_dict(cold: ColdFigures) -> dict[str, object]:
         "warm_median_total_ms": _r(cold.warm_median_total_ms),
         "comparable_median_total_ms": _r(cold.comparable_median_total_ms),
         "compared_with": cold.compared_with,
-        "ratio": _r(cold.ratio, 2),
+        "ratio": round_beside(cold.ratio, COLD_START_MIN_RATIO, 2),  # as the sentences print it
         "stages": {k: round(v, 3) for k, v in cold.stages_ms.items() if k != COLD_UNTRACED},
         "unaccounted_ms": _r(cold.stages_ms.get(COLD_UNTRACED)),
         "cohort": cold.cohort,

@@ -43,6 +43,7 @@ import msgspec
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_rows import go_float
+from otel_stages.analysis.image_formats import canonical_format
 from otel_stages.analysis.model import AttributeValue, Span
 from otel_stages.analysis.naming import Naming, per_request_names
 from otel_stages.analysis.span_issues import (
@@ -482,17 +483,24 @@ def _first_int(attributes: Sequence[dict[str, AttributeValue]], key: str,
 FORMAT_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*")
 #: Text of non-string values that :data:`FORMAT_TEXT` would take.
 NOT_FORMATS = ("true", "false", "NaN")
+#: What the library's own decode span writes when Pillow names no format
+#: (:func:`otel_stages.imaging.decode`), any case: no format (one cohort with the requests that
+#: recorded none).
+NO_FORMAT = "UNKNOWN"
 
 
 def usable_format(value: object) -> str | None:
-    """``value`` as an image format (:data:`FORMAT_TEXT`, not :data:`NOT_FORMATS`), else
-    ``None``; a MIME type's parameters (``image/jpeg; q=0.9``) and surrounding blanks are left
-    out first (as :func:`otel_stages.analysis.clickhouse_sql.format_text` does)."""
+    """``value`` as an image format (:data:`FORMAT_TEXT`, not :data:`NOT_FORMATS`), named as
+    Pillow names it (:func:`~otel_stages.analysis.image_formats.canonical_format`: ``image/jpeg``
+    and ``jpeg`` read as ``JPEG``), else ``None`` (:data:`NO_FORMAT` too); a MIME type's
+    parameters (``image/jpeg; q=0.9``) and surrounding blanks are left out first. The one place
+    the file report reads a format, as :func:`otel_stages.analysis.clickhouse_sql.format_text`
+    is in the SQL."""
     if not isinstance(value, str):
         return None
     value = value.split(";", 1)[0].strip()
-    if FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS:
-        return value
+    if FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS and value.upper() != NO_FORMAT:
+        return canonical_format(value)
     return None
 
 
