@@ -369,7 +369,7 @@ FROM (
 )"""
 
 
-def _owner_walk(depth: int) -> str:
+def owner_walk(depth: int) -> str:
     """Nested groups: each group's owner is its parent, or that parent's owner when the parent is
     a group too (``depth`` steps)."""
     inner = f"SELECT trace_key, key, self_pid AS owner FROM {NESTED_TABLE}"
@@ -414,7 +414,7 @@ LIMIT 1 BY trace_key, sid"""), params
     yield (f"""CREATE TEMPORARY TABLE {NESTED_TABLE} ENGINE = Memory AS
 SELECT trace_key, key, self_pid FROM ({candidates})
 WHERE (trace_key, self_pid) IN ({parents})"""), {}
-    nested = _owner_walk(MAX_GROUP_DEPTH)
+    nested = owner_walk(MAX_GROUP_DEPTH)
     leaves = f"""SELECT c.trace_key AS trace_key, if(o.key != 0, o.owner, c.pid) AS owner, c.sid AS sid,
     c.name AS name, c.start AS start, c.dur AS dur, c.err AS err
 FROM {CUSTOM_TABLE} AS c LEFT JOIN ({nested}) AS o ON c.trace_key = o.trace_key AND c.pid = o.key
