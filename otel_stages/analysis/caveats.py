@@ -388,9 +388,12 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
         f" services are pooled here ({named}; warm and cold requests): another model or"
         " pipeline per service makes requests differ for reasons no stage shows, so a swing"
         " across services reads as a stage's swing; the verdict is tentative"))
-    first = next((name for name, _ in fig.services if name), None)
+    # a called service first (its requests hold the calls' time, and so the cause), else the largest
+    called = next((c for c in fig.calls if c.service), None)
+    first = called.service if called else next((name for name, _ in fig.services if name), None)
     example = f" --service {first}" if first else " --service NAME"
-    verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")
+    why = f": the service {called.stage} calls" if called else ""
+    verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example}{why})")
 
 
 def sampled_caveat(verdict: Verdict, fig: Figures) -> None:

@@ -106,7 +106,7 @@ UNCOMPRESSED = "CODEC(NONE)"
 #: here: the "more than MAX_STAGE_NAMES distinct names" switch of the Python path.
 PER_REQUEST_RE2 = (r"(?i)[/?=#]|(^|[^0-9a-z])[0-9a-f]{8,}($|[^0-9a-z])"
                    r"|(^|[^\w.])\d{3,}($|[^\w.])")
-_PER_REQUEST_SQL = "'" + PER_REQUEST_RE2.replace("\\", "\\\\").replace("'", "\\'") + "'"
+PER_REQUEST_SQL = "'" + PER_REQUEST_RE2.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 _STD = "[" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + "]"
 _REQUEST = f"'{semconv.SPAN_REQUEST}'"
@@ -398,7 +398,7 @@ def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
     yield (f"""CREATE TEMPORARY TABLE {CUSTOM_TABLE} ENGINE = Memory AS
 SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
     reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS span_name,
-    match(span_name, {_PER_REQUEST_SQL}) AS per_request,
+    match(span_name, {PER_REQUEST_SQL}) AS per_request,
     if(per_request, trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), span_name) AS name,
     toInt64(toUnixTimestamp64Nano(Timestamp)) AS start, toInt64(Duration) AS dur,
     CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err,

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.calls import Call
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
@@ -232,10 +233,11 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _stable_verdict(fig, band)
     else:
+        calls = {c.stage for c in fig.calls}
         candidates = [
             _Candidate(s.name, s.swing_ms, s.spike_ms, s.explains)
             for s in fig.stages.values()
-            if is_material(s.swing_ms, s.spike_ms, fig.total, band)
+            if is_material(s.swing_ms, s.spike_ms, fig.total, band) and s.name not in calls
         ]
         gap = fig.unaccounted
         if gap is not None and is_material(gap.swing_ms, None, fig.total, band):
@@ -249,6 +251,10 @@ def decide(fig: Figures) -> Verdict:
             verdict = _stable_verdict(fig, band)
         else:
             verdict = _spread_verdict(fig, band)
+        # a call's time is its callee's requests' (read here too): said first, never a suspect
+        verdict.evidence[:0] = [_call_line(fig, c) for c in fig.calls
+                                if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
+                                               fig.total, band)]
     _append_common(verdict, fig, band.band_ms)
     # before the caveats that name the swing's place (inputs, processes): theirs lead
     _no_slow_forward_caveat(verdict, fig)
@@ -408,12 +414,13 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
         head_lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
     else:
-        rest = [s for s in fig.stages.values() if s.name != suspect.name]
+        calls = {c.stage for c in fig.calls}  # (said apart: their swing is the suspect's)
+        rest = [s for s in fig.stages.values() if s.name != suspect.name and s.name not in calls]
         if rest:
             widest = max(rest, key=lambda s: s.swing_ms)
             head_lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
                               f" {d(widest.swing_ms)}")
-    material = {o.name for o in others}
+    material = {o.name for o in others} | {c.stage for c in fig.calls}
     for s in fig.stages.values():
         if (s.name != suspect.name and s.name not in material and s.min_ms and s.max_ms is not None
                 and s.max_ms >= 2 * s.min_ms):
@@ -429,6 +436,16 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     if untraced_body:
         advice = [f"{suspect.name}: {line}" for line in advice] + [f"untraced time: {advice_text.UNTRACED}"]
     return Verdict(cause, suspect.name, lines, advice, tentative=by_body)
+
+
+def _call_line(fig: Figures, call: Call) -> str:
+    """Why the call stage ``call`` (material) is no suspect."""
+    stage = fig.stages[call.stage]
+    also = f" and explains {pct(stage.explains)}" if stage.explains is not None else ""
+    return (f"{call.stage} is a call into {call.service or '(no service.name)'}'s requests"
+            f" ({call.calls} of its {call.spans} spans hold one), which this report reads too:"
+            f" its time is theirs, so it is not ranked against their stages ({call.stage} swings"
+            f" {duration(stage.swing_ms)}{also})")
 
 
 def _queue_lines(fig: Figures) -> list[str]:
