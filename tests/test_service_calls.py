@@ -178,6 +178,9 @@ def test_service_gateway_keeps_its_requests_and_their_call(engine: Any, tmp_path
     assert not any("pooled" in e or "is a call" in e for e in want["verdict"]["evidence"])
     got = _sql(engine, path, GATEWAY)
     assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+    # the worker's GPU points go with its spans (a process with no span kept), in both reports
+    assert pick_service(load_paths([path]), GATEWAY).metrics == []
+    assert got["gpu"] == want["gpu"]
 
 
 def test_three_hops_is_no_call(engine: Any, tmp_path: Path) -> None:

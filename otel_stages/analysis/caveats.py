@@ -34,7 +34,10 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   least two and :data:`POOLED_SERVICE_MIN_SHARE` of them all: two services (another model, another
   pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
   The verdict is tentative, with the reason first, and the advice says to report each service
-  alone (``--service``).
+  alone (``--service``), naming the service a call stage calls into where there is one
+  (:mod:`otel_stages.analysis.calls`: its requests hold the calls' time, and so the cause; the
+  command picks that service's requests, :func:`otel_stages.analysis.services.pick_service`),
+  else the largest.
 - :func:`sampled_caveat`: the recording is sampled (gaps in ``request.seq``;
   :mod:`otel_stages.analysis.sampled`): the figures lean toward the slow requests a sampler keeps
   whole. The verdict is tentative, the reason first, and the advice leads with unbiased figures.

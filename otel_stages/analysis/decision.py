@@ -30,7 +30,10 @@ fleet report and any later source call it with the same thresholds. Order of the
    total's own ``p95 - p5`` is beyond the noise band, and that stage makes this body of the swing
    (its ``p95 - p5`` at least ``SWING_MIN_FRACTION``; the untraced time too, then named with the
    advice to trace it): the two readings of "the swing" name two places, so the verdict is
-   tentative too (:func:`spike_only`).
+   tentative too (:func:`spike_only`). A stage that is a call into another service's requests read
+   in the same report (:attr:`Figures.calls <otel_stages.analysis.figures.Figures.calls>`) is no
+   suspect: its time is the called requests', whose stages are ranked without it; the evidence
+   says so first when it is material.
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
