@@ -337,11 +337,11 @@ NAMES = ["download /img/13.jpg", "fetch 3f2a9c1d", "fetch 3F2A9C1D", "request 12
 
 def test_per_request_names_match_the_python_rule(engine) -> None:
     """The RE2 form (no lookbehind in ClickHouse) finds the names naming.looks_per_request does."""
-    from otel_stages.analysis.clickhouse_requests import _PER_REQUEST_SQL
+    from otel_stages.analysis.clickhouse_requests import PER_REQUEST_SQL
     from otel_stages.analysis.naming import looks_per_request
 
     names = "[" + ", ".join("'" + n.replace("'", "\\'") + "'" for n in NAMES) + "]"
-    rows = engine.rows(f"SELECT name, match(name, {_PER_REQUEST_SQL}) AS hit"
+    rows = engine.rows(f"SELECT name, match(name, {PER_REQUEST_SQL}) AS hit"
                        f" FROM (SELECT arrayJoin({names}) AS name)")
     assert {r["name"]: bool(r["hit"]) for r in rows} == {n: looks_per_request(n) for n in NAMES}
     assert any(looks_per_request(n) for n in NAMES) and not all(looks_per_request(n) for n in NAMES)

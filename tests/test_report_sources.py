@@ -422,8 +422,10 @@ def test_tempo_query_parameters(server, capsys):
 
 def test_tempo_default_query_from_service(server, capsys):
     serve_tempo(server, "cold_start")
-    code, _, _ = report_json(["--tempo", server.url, "--service", 'vlm "x"'], capsys)
-    assert code == 0
+    code, _, err = report_json(["--tempo", server.url, "--service", 'vlm "x"'], capsys)
+    # (the fake answers any query with vlm-server's traces: --service keeps that service's
+    # requests among the traces returned, here none, and says which services it saw)
+    assert code == 1 and "no span of service 'vlm \"x\"'; services seen: vlm-server" in err
     ((_, search),) = server.paths("/api/search")
     assert search["q"] == ['{resource.service.name="vlm \\"x\\""}']
 

@@ -1,6 +1,7 @@
-"""``--service NAME`` on trace files and on ClickHouse: whole traces with a span of that service,
-and, when no span is of it, the same sentence from both naming the services seen (not a bare "no
-requests found")."""
+"""``--service NAME`` on trace files and on ClickHouse: the requests of that service, with their
+stage spans of other services (a trace of one request keeps all its spans; other services'
+requests in the same trace are left out: tests/test_service_calls.py), and, when no span is of
+it, the same sentence from both naming the services seen (not a bare "no requests found")."""
 
 from __future__ import annotations
 

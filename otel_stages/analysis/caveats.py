@@ -34,7 +34,10 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   least two and :data:`POOLED_SERVICE_MIN_SHARE` of them all: two services (another model, another
   pipeline) differ for reasons no stage shows, so a swing across them reads as a stage's swing.
   The verdict is tentative, with the reason first, and the advice says to report each service
-  alone (``--service``).
+  alone (``--service``), naming the service a call stage calls into where there is one
+  (:mod:`otel_stages.analysis.calls`: its requests hold the calls' time, and so the cause; the
+  command picks that service's requests, :func:`otel_stages.analysis.services.pick_service`),
+  else the largest.
 - :func:`together_caveat`: the stages slow in the same requests: the part of the request total's
   variance their covariances make (``1 - sum(alone)`` over the stages and the untraced time,
   :attr:`~otel_stages.analysis.figures.StageFigures.alone`) reaches :data:`TOGETHER_MIN_SHARE`
@@ -412,9 +415,12 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
         f" services are pooled here ({named}; warm and cold requests): another model or"
         " pipeline per service makes requests differ for reasons no stage shows, so a swing"
         " across services reads as a stage's swing; the verdict is tentative"))
-    first = next((name for name, _ in fig.services if name), None)
+    # a called service first (its requests hold the calls' time, and so the cause), else the largest
+    called = next((c for c in fig.calls if c.service), None)
+    first = called.service if called else next((name for name, _ in fig.services if name), None)
     example = f" --service {first}" if first else " --service NAME"
-    verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example})")
+    why = f": the service {called.stage} calls" if called else ""
+    verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example}{why})")
 
 
 def together_share(fig: Figures) -> float | None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otel_stages.analysis import clickhouse_apart as apart
+from otel_stages.analysis import clickhouse_calls as calls
 from otel_stages.analysis import clickhouse_failures as failures
 from otel_stages.analysis import clickhouse_figures
 from otel_stages.analysis import clickhouse_gaps as gaps
@@ -27,9 +28,11 @@ from otel_stages.analysis import clickhouse_queries as queries
 from otel_stages.analysis import clickhouse_requests as requests
 from otel_stages.analysis import clickhouse_rows as rows_of
 from otel_stages.analysis import clickhouse_schema as schema
+from otel_stages.analysis import clickhouse_services as service_sql
 from otel_stages.analysis import clickhouse_signal_result as signal_result
 from otel_stages.analysis import clickhouse_signals as signals
 from otel_stages.analysis import clickhouse_sql as sql
+from otel_stages.analysis.calls import MAX_CALL_HOPS
 from otel_stages.analysis.clickhouse_engine import CONNECT_TIMEOUT_S as CONNECT_TIMEOUT_S
 from otel_stages.analysis.clickhouse_engine import ENV_PASSWORD as ENV_PASSWORD
 from otel_stages.analysis.clickhouse_engine import ENV_USER as ENV_USER
@@ -246,6 +249,17 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                        sql.query_params(query), settings)[0]
     for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
         engine.execute(statement, params, settings)
+    if query.service:  # other services' requests in the traces picked: left out, grouped again
+        for statement in service_sql.foreign_statements():
+            engine.execute(statement, sql.query_params(query), settings)
+        if int(engine.rows(service_sql.foreign_count_sql(), None, settings)[0]["n"]):
+            query = replace(query, leave_out=True)
+            for statement in service_sql.names_statements(tables.traces_ref, query):
+                engine.execute(statement, sql.query_params(query), settings)
+            plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
+                               sql.query_params(query), settings)[0]
+            for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
+                engine.execute(statement, params, settings)
     # before anything reads the cohorts' format / the warm flag
     for statement in (*sql.formats_statements(), *apart.apart_statements(), *sql.warm_statements()):
         engine.execute(statement, None, settings)
@@ -307,6 +321,18 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if apart.warmup_needed(results["apart"]):  # requests set apart as warm-up: how long it lasted
         results["warmup"] = engine.rows(apart.warmup_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)
+    if int(engine.rows(calls.services_count_sql(), None, settings)[0]["n"]) >= 2:
+        # stages that call into another service's requests read here (none with one service)
+        for statement in calls.start_statements():
+            engine.execute(statement, None, settings)
+        for _ in range(MAX_CALL_HOPS):
+            for statement in calls.hop_statements(tables.traces_ref, query):
+                engine.execute(statement, sql.query_params(query), settings)
+        results["calls"] = engine.rows(calls.calls_sql(), None, settings)
+    if query.leave_out and not (results["summary"] and int(results["summary"][0].get("n_requests") or 0)):
+        # no request of the service's own: the services whose requests hold its spans
+        results["service_hosts"] = engine.rows(service_sql.hosts_sql(tables.traces_ref, query),
+                                               sql.query_params(query), settings)
     results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
                                   settings)
     if query.start_ns is not None:  # requests kept by their own start: those the start cut off
@@ -337,9 +363,10 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         if results.get("groups") and int(results["groups"][0]["n"]):
             results["preprocess_grouped"] = engine.rows(
                 preprocess.grouped_sql(tables.traces_ref, query), sql.query_params(query), settings)
-    for table in (*requests.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
+    for table in (*requests.TABLES, *calls.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
                   issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
                   sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.SPAN_SERVICES_TABLE,
+                  sql.SERVICE_FOREIGN_TABLE,
                   sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method

@@ -106,7 +106,7 @@ UNCOMPRESSED = "CODEC(NONE)"
 #: here: the "more than MAX_STAGE_NAMES distinct names" switch of the Python path.
 PER_REQUEST_RE2 = (r"(?i)[/?=#]|(^|[^0-9a-z])[0-9a-f]{8,}($|[^0-9a-z])"
                    r"|(^|[^\w.])\d{3,}($|[^\w.])")
-_PER_REQUEST_SQL = "'" + PER_REQUEST_RE2.replace("\\", "\\\\").replace("'", "\\'") + "'"
+PER_REQUEST_SQL = "'" + PER_REQUEST_RE2.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 _STD = "[" + ", ".join(f"'{s}'" for s in semconv.STANDARD_STAGES) + "]"
 _REQUEST = f"'{semconv.SPAN_REQUEST}'"
@@ -369,7 +369,7 @@ FROM (
 )"""
 
 
-def _owner_walk(depth: int) -> str:
+def owner_walk(depth: int) -> str:
     """Nested groups: each group's owner is its parent, or that parent's owner when the parent is
     a group too (``depth`` steps)."""
     inner = f"SELECT trace_key, key, self_pid AS owner FROM {NESTED_TABLE}"
@@ -398,7 +398,7 @@ def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
     yield (f"""CREATE TEMPORARY TABLE {CUSTOM_TABLE} ENGINE = Memory AS
 SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(unhex(SpanId)) AS sid,
     reinterpretAsUInt64(unhex(ParentSpanId)) AS pid, CAST(SpanName AS String) AS span_name,
-    match(span_name, {_PER_REQUEST_SQL}) AS per_request,
+    match(span_name, {PER_REQUEST_SQL}) AS per_request,
     if(per_request, trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), span_name) AS name,
     toInt64(toUnixTimestamp64Nano(Timestamp)) AS start, toInt64(Duration) AS dur,
     CAST(StatusCode IN ('Error', 'STATUS_CODE_ERROR') AS UInt8) AS err,
@@ -414,7 +414,7 @@ LIMIT 1 BY trace_key, sid"""), params
     yield (f"""CREATE TEMPORARY TABLE {NESTED_TABLE} ENGINE = Memory AS
 SELECT trace_key, key, self_pid FROM ({candidates})
 WHERE (trace_key, self_pid) IN ({parents})"""), {}
-    nested = _owner_walk(MAX_GROUP_DEPTH)
+    nested = owner_walk(MAX_GROUP_DEPTH)
     leaves = f"""SELECT c.trace_key AS trace_key, if(o.key != 0, o.owner, c.pid) AS owner, c.sid AS sid,
     c.name AS name, c.start AS start, c.dur AS dur, c.err AS err
 FROM {CUSTOM_TABLE} AS c LEFT JOIN ({nested}) AS o ON c.trace_key = o.trace_key AND c.pid = o.key

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
+from otel_stages.analysis.calls import Call
 from otel_stages.analysis.clickhouse_apart import (
     ApartRequest,
     apart_requests,
@@ -583,6 +584,13 @@ class FleetAggregates:
     warmup: WarmupFigures | None = None
     services: tuple[tuple[str, int], ...] = ()
     service_requests: int = 0
+    #: with ``--service`` and no request of that service: the other services whose requests hold
+    #: its spans, ``(name, requests)`` most first (:func:`~otel_stages.analysis.clickhouse_services
+    #: .hosts_sql`); empty otherwise
+    service_hosts: tuple[tuple[str, int], ...] = ()
+    #: stages that call into another service's requests read here (:mod:`otel_stages.analysis
+    #: .clickhouse_calls`), most calls first
+    calls: tuple[Call, ...] = ()
     process_mix: ProcessMix | None = None
     window_edge: WindowEdge = field(default_factory=WindowEdge)
     sampling: SeqCoverage | None = None
@@ -881,6 +889,10 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         warmup=warmup_figures(results.get("warmup") or []),
         services=tuple((str(r["service_name"]), int(r["n"])) for r in results.get("services") or ()),
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
+        service_hosts=tuple((str(r["service_name"]), int(r["n"]))
+                            for r in results.get("service_hosts") or ()),
+        calls=tuple(Call(str(r["stage"]), str(r["service"]), int(r["calls"]), int(r["spans"]))
+                    for r in results.get("calls") or ()),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),
         window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),

@@ -61,6 +61,11 @@ SERVICE_NAMES_TABLE = "otel_stages_service_names"
 #: With ``--service``: every ``service.name`` with a span in the window (a metrics-only process,
 #: a GPU exporter, has none: its points are kept).
 SPAN_SERVICES_TABLE = "otel_stages_span_services"
+#: With ``--service``: ``(trace_key, sid)`` of the spans of other services' requests in the
+#: traces picked (their request span, stage spans and groups), left out of every read once
+#: :attr:`AggregateQuery.leave_out` is set
+#: (:func:`otel_stages.analysis.clickhouse_services.foreign_statements`).
+SERVICE_FOREIGN_TABLE = "otel_stages_service_foreign"
 #: Custom stage groups nest at most this deep under a request (deeper ones stop the walk there).
 MAX_GROUP_DEPTH = 4
 #: Spans starting before this (2000-01-01T00:00:00Z) are broken clocks, left out and counted.
@@ -104,7 +109,10 @@ DEFAULT_SETTINGS: Mapping[str, Any] = {
 class AggregateQuery:
     """What to aggregate. Times are Unix ns; ``start_ns``/``end_ns`` ``None`` = unbounded.
 
-    ``service``: only spans of this ``service.name`` (``None``: all). ``top_cohorts``,
+    ``service``: only the requests whose request span is of this ``service.name``, with all
+    their stage spans (``None``: all). ``leave_out``: the spans in :data:`SERVICE_FOREIGN_TABLE`
+    (other services' requests in the traces picked) are left out of every read; set by
+    :func:`otel_stages.analysis.clickhouse.run_queries` once it has filled that table. ``top_cohorts``,
     ``top_runs``, ``top_slowest``: rows returned for those lists (totals are always complete).
     ``quantiles``: ``"exact"``, ``"dd"`` or ``"auto"`` (exact up to
     :data:`EXACT_QUANTILE_MAX_ROWS` warm requests). ``settings``: ClickHouse settings for every
@@ -122,6 +130,7 @@ class AggregateQuery:
     quantiles: str = "auto"
     settings: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
     slice_spans: int = 1_000_000
+    leave_out: bool = False
 
     def __post_init__(self) -> None:
         if self.quantiles not in ("auto", "exact", "dd"):
@@ -199,8 +208,9 @@ def service_statements(traces: str, query: AggregateQuery) -> list[str]:
     span of that ``service.name`` in the window), :data:`SERVICE_NAMES_TABLE` (every service
     with a span in those traces) and :data:`SPAN_SERVICES_TABLE` (every service with a span in the
     window: the sort key starts with the service name, so this reads little). ``--service`` picks
-    whole traces, as with Jaeger and Tempo: a request's stages that ran in another service (a GPU
-    worker) stay in it. Empty without a service."""
+    whole traces here, as Jaeger and Tempo do (a request's stages that ran in another service, a
+    GPU worker, stay in it); the other services' requests in them are left out after the first
+    request pass (:mod:`otel_stages.analysis.clickhouse_services`). Empty without a service."""
     if not query.service:
         return []
     window = " AND ".join(["ServiceName = {service:String}", *_span_window(query)])
@@ -255,12 +265,16 @@ def utilization_reading(mean: str, count: str) -> str:
 
 def span_filter(query: AggregateQuery, *, odd: bool) -> str:
     """WHERE clause over the traces table: window (with slack), service (the spans of the
-    traces :func:`service_statements` picked), and odd spans left out (``odd=False``) or
+    traces :func:`service_statements` picked, less those of :data:`SERVICE_FOREIGN_TABLE` with
+    ``query.leave_out``), and odd spans left out (``odd=False``) or
     selected (``odd=True``: start before 2000 or longer than a day; the table's partition key
     and duration index answer this without a full read)."""
     parts = _span_window(query)
     if query.service:
         parts.append(f"TraceId IN {SERVICE_TRACES_TABLE}")
+        if query.leave_out:
+            parts.append(f"(reinterpretAsUInt128(unhex(TraceId)), reinterpretAsUInt64(unhex(SpanId)))"
+                         f" NOT IN (SELECT trace_key, sid FROM {SERVICE_FOREIGN_TABLE})")
     bad = (f"(Timestamp < fromUnixTimestamp64Nano({MIN_SPAN_START_NS})"
            f" OR Duration > {MAX_SPAN_DURATION_NS})")
     parts.append(bad if odd else f"NOT {bad} AND SpanId != '' AND TraceId != ''")

@@ -30,7 +30,10 @@ fleet report and any later source call it with the same thresholds. Order of the
    total's own ``p95 - p5`` is beyond the noise band, and that stage makes this body of the swing
    (its ``p95 - p5`` at least ``SWING_MIN_FRACTION``; the untraced time too, then named with the
    advice to trace it): the two readings of "the swing" name two places, so the verdict is
-   tentative too (:func:`spike_only`).
+   tentative too (:func:`spike_only`). A stage that is a call into another service's requests read
+   in the same report (:attr:`Figures.calls <otel_stages.analysis.figures.Figures.calls>`) is no
+   suspect: its time is the called requests', whose stages are ranked without it; the evidence
+   says so first when it is material.
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
+from otel_stages.analysis.calls import Call
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
@@ -234,10 +238,11 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _stable_verdict(fig, band)
     else:
+        calls = {c.stage for c in fig.calls}
         candidates = [
             _Candidate(s.name, s.swing_ms, s.spike_ms, s.explains)
             for s in fig.stages.values()
-            if is_material(s.swing_ms, s.spike_ms, fig.total, band)
+            if is_material(s.swing_ms, s.spike_ms, fig.total, band) and s.name not in calls
         ]
         gap = fig.unaccounted
         if gap is not None and is_material(gap.swing_ms, None, fig.total, band):
@@ -251,6 +256,10 @@ def decide(fig: Figures) -> Verdict:
             verdict = _stable_verdict(fig, band)
         else:
             verdict = _spread_verdict(fig, band)
+        # a call's time is its callee's requests' (read here too): said first, never a suspect
+        verdict.evidence[:0] = [_call_line(fig, c) for c in fig.calls
+                                if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
+                                               fig.total, band)]
     _append_common(verdict, fig, band.band_ms)
     if swings is not False:
         together_caveat(verdict, fig)
@@ -412,12 +421,13 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
         head_lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
     else:
-        rest = [s for s in fig.stages.values() if s.name != suspect.name]
+        calls = {c.stage for c in fig.calls}  # (said apart: their swing is the suspect's)
+        rest = [s for s in fig.stages.values() if s.name != suspect.name and s.name not in calls]
         if rest:
             widest = max(rest, key=lambda s: s.swing_ms)
             head_lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
                               f" {d(widest.swing_ms)}")
-    material = {o.name for o in others}
+    material = {o.name for o in others} | {c.stage for c in fig.calls}
     for s in fig.stages.values():
         if (s.name != suspect.name and s.name not in material and s.min_ms and s.max_ms is not None
                 and s.max_ms >= 2 * s.min_ms):
@@ -433,6 +443,16 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     if untraced_body:
         advice = [f"{suspect.name}: {line}" for line in advice] + [f"untraced time: {advice_text.UNTRACED}"]
     return Verdict(cause, suspect.name, lines, advice, tentative=by_body)
+
+
+def _call_line(fig: Figures, call: Call) -> str:
+    """Why the call stage ``call`` (material) is no suspect."""
+    stage = fig.stages[call.stage]
+    also = f" and explains {pct(stage.explains)}" if stage.explains is not None else ""
+    return (f"{call.stage} is a call into {call.service or '(no service.name)'}'s requests"
+            f" ({call.calls} of its {call.spans} spans hold one), which this report reads too:"
+            f" its time is theirs, so it is not ranked against their stages ({call.stage} swings"
+            f" {duration(stage.swing_ms)}{also})")
 
 
 def _queue_lines(fig: Figures) -> list[str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from otel_stages import semconv
 from otel_stages.analysis.batching import BatchSummary, summarize_batches
+from otel_stages.analysis.calls import remote_calls
 from otel_stages.analysis.caveats import BEFORE_PERCENTILE, OUTLIVED_PERCENTILE
 from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, group, set_apart_and_warmup
 from otel_stages.analysis.compact import paused_gc
@@ -406,7 +407,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                        unread.gpu_utilization and unread_values(warm).gpu_utilization))
     batches = summarize_batches(screened.spans)
     # the request.seq gaps are of every request read (warm, cold, failed)
-    figures = replace(result.figures, sampling=seq_coverage(requests, warm))
+    figures = replace(result.figures, sampling=seq_coverage(requests, warm),
+                      calls=remote_calls(requests, screened.spans))
     verdict = decide(_with_batches(figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from otel_stages.analysis.calls import Call
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.process_mix import ProcessMix
 from otel_stages.analysis.sampled import SeqCoverage
@@ -433,6 +434,10 @@ class Figures:
     #: ... and their p95s, ms (what the slow requests wait for)
     batch_fill_p95_ms: float | None = None
     batch_wait_p95_ms: float | None = None
+    #: stages that are calls into another service's requests read in the same report
+    #: (:func:`otel_stages.analysis.calls.remote_calls`), most calls first: left out of the
+    #: suspects, their time being the called requests'
+    calls: Sequence[Call] = ()
 
     @property
     def reference_ms(self) -> float:

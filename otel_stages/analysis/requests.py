@@ -344,6 +344,17 @@ def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clash
         units.append((trace_id, root, leaves, groups, by_id.get(root)))
 
 
+def trace_members(spans: list[Span]) -> list[tuple[Span | None, list[Span]]]:
+    """The requests of one trace's ``spans`` as :func:`group_spans` finds them, each as its
+    request span (``None`` when it never arrived: an incomplete unit) and its members: its stage
+    spans (as recorded, before any per-request renaming) and its custom stage groups. Spans of no
+    request (an HTTP server span above a request, stage spans at the trace's root) are in none.
+    Linear in the spans; never raises."""
+    units: list[_Unit] = []
+    _trace_units(spans, units, [], IdClashes())
+    return [(request_span, [*leaves, *groups]) for _, _, leaves, groups, request_span in units]
+
+
 def _renamed(leaves: list[Span], naming: Naming) -> list[Span]:
     if not naming.renamed:
         return leaves

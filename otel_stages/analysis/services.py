@@ -1,16 +1,21 @@
-"""``--service NAME`` on trace files: whole traces with a span of that ``service.name``, as
-Jaeger, Tempo and the ClickHouse report pick them (a request's stages that ran in another
-service stay in it), and the sentence that names the services seen when none matches (the same
-from the file report and the ClickHouse report). Pure.
+"""``--service NAME`` on trace files: the requests whose request span (the parent of their stage
+spans) is of that ``service.name``, with all their stage spans whatever service recorded them (a
+GPU worker's ``forward`` under a gateway's request stays with it), as the ClickHouse report picks
+them; the requests of other services are left out, even in the same trace (a gateway whose
+request calls a worker's: ``--service worker`` reports the worker's requests alone). And the
+sentences when none matches: the services seen (no span of that service), or the services whose
+requests hold its spans (its spans are stages of other services' requests). The same from the
+file report and the ClickHouse report. Pure.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from otel_stages import semconv
 from otel_stages.analysis.model import Recording, Span
+from otel_stages.analysis.requests import trace_members
 
 #: At most this many services are named when ``--service`` matches none.
 MAX_SERVICES_NAMED = 5
@@ -28,19 +33,75 @@ def spans_by_service(spans: Iterable[Span]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+def _foreign_members(spans: list[Span], service: str) -> Iterator[Span]:
+    """The spans of one trace's requests whose request span is not of ``service``: each such
+    request span, its stage spans and its groups (:func:`~otel_stages.analysis.requests
+    .trace_members`)."""
+    for request_span, members in trace_members(spans):
+        if request_span is not None and service_of(request_span.resource) != service:
+            yield request_span
+            yield from members
+
+
 def pick_service(recording: Recording, service: str) -> Recording:
-    """The spans of the traces that hold a span of ``service`` (every span of those traces, any
-    service), and the metric points of the services with a span in those traces or with no span
-    at all (a metrics-only process: a node's GPU exporter, which the GPU rules then place by its
-    ``host.name``), as the ClickHouse SQL's ``metric_filter``; problems kept. Empty spans when none
-    matches."""
-    traces = {s.trace_id for s in recording.spans if service_of(s.resource) == service}
-    spans = [s for s in recording.spans if s.trace_id in traces]
+    """The spans of ``service``'s requests (module docstring): every span of the traces that hold
+    a span of ``service``, less the requests of other services there (their request span, stage
+    spans and groups; stage spans whose request span never arrived stay, as incomplete ones).
+    Metric points: those of the services with a span among the spans kept or with no span at all
+    (a metrics-only process: a node's GPU exporter, which the GPU rules then place by its
+    ``host.name``), as the ClickHouse SQL's ``metric_filter``; problems kept. Order kept. Empty
+    spans when none matches. Only traces with spans of two services or more are grouped."""
+    by_trace: dict[str, list[Span]] = {}
+    for s in recording.spans:
+        if service_of(s.resource) == service:
+            by_trace.setdefault(s.trace_id, [])
+    mixed: set[str] = set()
+    for s in recording.spans:
+        bucket = by_trace.get(s.trace_id)
+        if bucket is not None:
+            bucket.append(s)
+            if service_of(s.resource) != service:
+                mixed.add(s.trace_id)
+    left_out = {(s.trace_id, s.span_id) for trace in mixed
+                for s in _foreign_members(by_trace[trace], service)}
+    spans = [s for s in recording.spans
+             if s.trace_id in by_trace and (s.trace_id, s.span_id) not in left_out]
     services = {service_of(s.resource) for s in spans}
     with_spans = {service_of(s.resource) for s in recording.spans}
     metrics = [p for p in recording.metrics
                if service_of(p.resource) in services or service_of(p.resource) not in with_spans]
     return Recording(spans=spans, metrics=metrics, problems=list(recording.problems))
+
+
+def service_hosts(recording: Recording, service: str) -> list[tuple[str, int]]:
+    """``(service.name, requests)``: the requests of other services that hold a span of
+    ``service`` among their stage spans (a GPU worker that records ``forward`` under a gateway's
+    request span and runs no request of its own), per service, most first (then by name); for
+    the sentence when ``--service`` finds no request (:func:`no_request_line`)."""
+    traces = {s.trace_id for s in recording.spans if service_of(s.resource) == service}
+    by_trace: dict[str, list[Span]] = {}
+    for s in recording.spans:
+        if s.trace_id in traces:
+            by_trace.setdefault(s.trace_id, []).append(s)
+    counts: Counter[str] = Counter()
+    for spans in by_trace.values():
+        for request_span, members in trace_members(spans):
+            if (request_span is not None and service_of(request_span.resource) != service
+                    and any(service_of(m.resource) == service for m in members)):
+                counts[service_of(request_span.resource)] += 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def no_request_line(service: str, hosts: Sequence[tuple[str, int]]) -> str:
+    """``no request span of service 'S': its spans are stages of the requests of a (N), ...;
+    --service a reports those``: ``hosts`` the ``(service.name, requests)`` of
+    :func:`service_hosts` (not empty), most first."""
+    named = ", ".join(f"{name or '(no service.name)'} ({n})" for name, n in hosts[:MAX_SERVICES_NAMED])
+    more = len(hosts) - min(len(hosts), MAX_SERVICES_NAMED)
+    first = hosts[0][0]
+    return (f"no request span of service {service!r}: its spans are stages of the requests of"
+            f" {named}{f' and {more} more' if more > 0 else ''}"
+            + (f"; --service {first} reports those" if first else ""))
 
 
 def no_service_line(service: str, seen: Sequence[tuple[str, int]], services: int) -> str:

@@ -25,7 +25,7 @@ from otel_stages.analysis.clickhouse import connect, fetch_aggregates, parse_url
 from otel_stages.analysis.clickhouse_result import FleetAggregates
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
 from otel_stages.analysis.http_source import SourceError
-from otel_stages.analysis.services import no_service_line
+from otel_stages.analysis.services import no_request_line, no_service_line
 from otel_stages.commands.import_otlp import tables_from_args
 
 
@@ -134,7 +134,9 @@ def run(args: argparse.Namespace, default_since_ns: int) -> int:
             no_service = ""  # as the file report: the services seen when --service matched none
             if agg.counts.requests == 0 and query.service:
                 seen, services, found = services_seen(engine, tables, query)
-                if not found:
+                if agg.service_hosts:  # its spans are stages of other services' requests
+                    no_service = f": {no_request_line(query.service, agg.service_hosts)}"
+                elif not found:
                     no_service = f": {no_service_line(query.service, seen, services)}"
     except SourceError as exc:
         print(f"otel-stages: error: {exc}", file=sys.stderr)

@@ -30,9 +30,13 @@ stderr; with ``--json`` the JSON object is still printed, with ``"requests": 0``
 not test (fewer than 5 warm requests on a side, or the total's p95 rose by more than PCT percent
 while its tail test is only inconclusive: a gate that cannot judge does not pass).
 
-``--service S`` with PATHs keeps the whole traces that hold a span of service ``S`` (as Jaeger and
-ClickHouse pick them) and the GPU points of the services in them; when no span is of ``S``, the
-error names the services seen (:func:`otel_stages.analysis.services.no_service_line`).
+``--service S`` keeps the requests whose request span is of service ``S``, with all their stage
+spans (those a GPU worker recorded under them too), and leaves out the other services' requests,
+even in the same trace (as ``--clickhouse`` picks them; with ``--jaeger``/``--tempo``, among the
+traces fetched); the GPU points kept are those of the services with a span kept and of
+metrics-only processes. When no span is of ``S``, the error names the services seen
+(:func:`otel_stages.analysis.services.no_service_line`); when ``S``'s spans are all stages of other
+services' requests, those services (:func:`otel_stages.analysis.services.no_request_line`).
 
 Remote sources, instead of PATHs (``--since`` like ``30m``, ``1h``, ``2d``; default 1h):
 
@@ -78,7 +82,14 @@ from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.jaeger import DEFAULT_LIMIT
 from otel_stages.analysis.report import DEFAULT_TOP
 from otel_stages.analysis.requests import find_requests
-from otel_stages.analysis.services import no_service_line, pick_service, spans_by_service
+from otel_stages.analysis.services import (
+    no_request_line,
+    no_service_line,
+    pick_service,
+    service_hosts,
+    service_of,
+    spans_by_service,
+)
 from otel_stages.analysis.stage_map import StageMapError
 from otel_stages.commands import int_at_least
 from otel_stages.commands.remote import (
@@ -331,12 +342,16 @@ def _run(args: argparse.Namespace) -> int:
         where = ", ".join("stdin" if p == STDIN else p for p in paths)
     baseline = (_load(args.baseline, selection, show=show_progress(args.json), what="baseline")
                 if args.baseline else None)
-    no_service = ""  # what the "no requests found" error adds when --service matched no span
-    if args.service and not remote:
+    no_service = ""  # what the "no requests found" error adds when --service found no request
+    if args.service:  # (Jaeger and Tempo return whole traces: their other services' requests go)
         picked = pick_service(recording, args.service)
-        if not picked.spans:
-            seen = spans_by_service(recording.spans)
-            no_service = f": {no_service_line(args.service, seen, len(seen))}"
+        if not any(service_of(s.resource) == args.service for s in picked.spans):
+            hosts = service_hosts(recording, args.service)
+            if hosts:
+                no_service = f": {no_request_line(args.service, hosts)}"
+            elif not picked.spans:
+                seen = spans_by_service(recording.spans)
+                no_service = f": {no_service_line(args.service, seen, len(seen))}"
         recording = picked
         baseline = None if baseline is None else pick_service(baseline, args.service)
     try:

@@ -1,0 +1,96 @@
+"""Stages that are calls into another service's requests, in ClickHouse: the rule of
+:mod:`otel_stages.analysis.calls` over the per-request tables of
+:mod:`otel_stages.analysis.clickhouse_requests`. Pure: builds SQL;
+:func:`otel_stages.analysis.clickhouse.run_queries` runs it, only where the requests are of two
+services or more (:func:`services_count_sql`), so a report of one service reads nothing here.
+
+Each hop (:data:`~otel_stages.analysis.calls.MAX_CALL_HOPS` at most) reads the spans at the
+current links (their parents', starting from each request span's parent, by trace and span id)
+and sorts them: a stage span of a request (a child of a request or group, itself no stage parent,
+its name as the request pass names it) ends the walk, as a call where its service is not the
+called request's; a span that is neither stage nor stage parent passes the walk on to its parent.
+"""
+
+from __future__ import annotations
+
+from otel_stages import semconv
+from otel_stages.analysis.calls import CALL_MIN_SHARE
+from otel_stages.analysis.clickhouse_requests import GROUPS_TABLE, NESTED_TABLE, PER_REQUEST_SQL
+from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, span_filter
+
+#: The links still walked: ``(trace_key, at, svc)``, ``at`` a span id above a request of
+#: service ``svc``.
+AT_TABLE = "otel_stages_call_at"
+#: The calls found: ``(name, svc)`` per called request.
+FOUND_TABLE = "otel_stages_call_found"
+#: Temporary tables this module creates (dropped after a report).
+TABLES = (AT_TABLE, FOUND_TABLE)
+
+_REQUEST_KEYS = f"SELECT trace_key, span_key FROM {REQUESTS_TABLE} WHERE is_request"
+_HOLDERS = f"{_REQUEST_KEYS} UNION ALL SELECT trace_key, key FROM {NESTED_TABLE}"
+_STAGE_PARENTS = f"SELECT trace_key, key FROM {GROUPS_TABLE} WHERE present"
+
+
+def services_count_sql() -> str:
+    """``SELECT n``: the services of the requests (request spans) read."""
+    return f"SELECT uniqExact(svc) AS n FROM {REQUESTS_TABLE} WHERE is_request"
+
+
+def start_statements() -> list[str]:
+    """(Re)create :data:`FOUND_TABLE` (empty) and :data:`AT_TABLE` with each request's parent."""
+    return [
+        f"DROP TEMPORARY TABLE IF EXISTS {FOUND_TABLE}",
+        f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String) ENGINE = Memory",
+        f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}",
+        f"""CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS
+SELECT trace_key, self_pid AS at, self_svc AS svc FROM {GROUPS_TABLE}
+WHERE present AND self_pid != 0 AND (trace_key, key) IN ({_REQUEST_KEYS})
+LIMIT 1 BY trace_key, key""",
+    ]
+
+
+def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """One hop (params: ``query_params``): the calls found at :data:`AT_TABLE`'s spans into
+    :data:`FOUND_TABLE`, and :data:`AT_TABLE` moved one parent up past the spans that are
+    neither stage nor stage parent."""
+    spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+        reinterpretAsUInt64(unhex(SpanId)) AS sid, reinterpretAsUInt64(unhex(ParentSpanId)) AS pid,
+        if(match(CAST(SpanName AS String), {PER_REQUEST_SQL}),
+           trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), CAST(SpanName AS String)) AS name,
+        CAST(ServiceName AS String) AS span_svc,
+        ParentSpanId != '' AND (trace_key, pid) IN ({_HOLDERS})
+            AND (trace_key, sid) NOT IN ({_STAGE_PARENTS}) AS stage,
+        (trace_key, sid) IN ({_STAGE_PARENTS}) AS holder
+    FROM {traces}
+    WHERE {span_filter(query, odd=False)}
+        AND (reinterpretAsUInt128(unhex(TraceId)), reinterpretAsUInt64(unhex(SpanId)))
+            IN (SELECT trace_key, at FROM {AT_TABLE})
+    LIMIT 1 BY trace_key, sid"""
+    joined = f"""SELECT a.trace_key AS trace_key, a.svc AS svc, s.pid AS pid, s.name AS name,
+        s.span_svc AS span_svc, s.stage AS stage, s.holder AS holder
+    FROM {AT_TABLE} AS a
+    INNER JOIN ({spans}) AS s ON a.trace_key = s.trace_key AND a.at = s.sid"""
+    return [
+        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc FROM ({joined})
+WHERE stage AND name != '' AND span_svc != svc""",
+        f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}_next",
+        f"""CREATE TEMPORARY TABLE {AT_TABLE}_next ENGINE = Memory AS
+SELECT trace_key, pid AS at, svc FROM ({joined})
+WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
+        f"DROP TEMPORARY TABLE {AT_TABLE}",
+        f"CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS SELECT * FROM {AT_TABLE}_next",
+        f"DROP TEMPORARY TABLE {AT_TABLE}_next",
+    ]
+
+
+def calls_sql() -> str:
+    """``stage, service, calls, spans``: as :func:`otel_stages.analysis.calls.remote_calls`
+    (stages whose calls reach :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans
+    in the requests read), most calls first."""
+    return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans
+FROM (SELECT name, svc, count() AS n FROM {FOUND_TABLE} GROUP BY name, svc) AS f
+INNER JOIN (SELECT name, sum(k) AS spans FROM {REQUESTS_TABLE}
+            ARRAY JOIN stage_names AS name, stage_counts AS k WHERE is_request GROUP BY name) AS t
+    ON f.name = t.name
+WHERE f.n >= {CALL_MIN_SHARE} * t.spans
+ORDER BY calls DESC, stage, service"""

@@ -1,0 +1,242 @@
+"""A gateway whose own request calls a worker's request, one trace, two services (a tester's
+fleet): ``--service`` picks each service's requests (not whole traces), and the unfiltered report
+reads the gateway's HTTP client span as a call into the worker's requests, not as a custom stage
+that outranks the worker's stages; the file report and the ClickHouse report alike.
+
+The tester's recording: gateway ``request`` (``download``, ``decode``, ``resize``, then httpx's
+``POST`` CLIENT span), the worker's ``request`` (``queue``, ``forward``) a child of that ``POST``;
+the worker's forward swings with its GPU 85-97 % busy. The report said "other (stage: POST)", with
+the advice ``--service vlm-worker``, which printed the same report again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_stages.analysis import load_paths
+from otel_stages.analysis.calls import remote_calls
+from otel_stages.analysis.clickhouse import Tables, fetch_aggregates, import_files
+from otel_stages.analysis.clickhouse_figures import report_dict
+from otel_stages.analysis.clickhouse_sql import AggregateQuery
+from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.requests import group_spans
+from otel_stages.analysis.services import no_request_line, pick_service
+from otel_stages.cli import main
+from tests.odd_inputs import _attr
+from tests.test_clickhouse_issues import _dbs, engine
+
+__all__ = ["engine"]  # the chDB fixture
+
+BASE_NS = 1_790_000_000_000_000_000
+MS = 10**6
+N = 40
+GATEWAY, WORKER = "gateway", "vlm-worker"
+
+
+def _resource(service: str, instance: str) -> dict[str, Any]:
+    return {"attributes": [_attr("service.name", service), _attr("service.instance.id", instance),
+                           _attr("host.name", f"{instance}-node")]}
+
+
+def _span(trace: str, sid: str, parent: str | None, name: str, start: int, end: int,
+          attrs: dict[str, object] | None = None, kind: int = 1) -> dict[str, Any]:
+    return {"traceId": trace, "spanId": sid, "parentSpanId": parent or "", "name": name, "kind": kind,
+            "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
+            "attributes": [_attr(k, v) for k, v in (attrs or {}).items()], "status": {}}
+
+
+def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_only: bool = False) -> Path:
+    """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
+    CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
+    ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
+    links below the ``POST`` (1: its child; 2: under the worker's server span; 3: under a proxy's
+    span too); the others' ``POST`` calls something not recorded (55 ms). The worker's GPU is
+    90 % busy in its forwards, idle between. ``worker_only``: the worker's spans and points alone
+    (what its own files would hold)."""
+    r = random.Random(7)
+    ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
+    gateway: list[dict[str, Any]] = []
+    worker: list[dict[str, Any]] = []
+    points: list[tuple[int, float]] = []
+    for i in range(N):
+        trace = f"{r.getrandbits(128):032x}"
+        t = BASE_NS + i * 1000 * MS
+        rid = next(ids)
+        stages = []
+        c = t + MS // 20
+        for name, ms, attrs in (("download", 8.0, {}),
+                                ("decode", 12.0, {"image.width": 1024, "image.height": 768,
+                                                  "image.size": 150_000, "image.format": "JPEG"}),
+                                ("resize", 3.0, {})):
+            ms += r.uniform(-0.2, 0.2)
+            stages.append(_span(trace, next(ids), rid, name, c, c + int(ms * MS), attrs))
+            c += int(ms * MS) + MS // 50
+        forward = 1500.0 if i == 0 else (250.0 + (i % 3) * 20 if i % 4 == 2 else 50.0 + r.uniform(-1, 1))
+        inner = 2.0 + forward + 0.2
+        call = inner + 2.0 if i < calls else 55.0 + r.uniform(-0.5, 0.5)
+        post = next(ids)
+        stages.append(_span(trace, post, rid, "POST", c, c + int(call * MS), kind=3))
+        end = c + int(call * MS) + MS // 10
+        gateway += [_span(trace, rid, None, "request", t, end, {"request.seq": i + 1}), *stages]
+        if i >= calls:
+            continue
+        above, s = post, c + MS // 2
+        for k in range(hops - 1):  # a proxy's span, then the worker's server span
+            sid = next(ids)
+            target = worker if k == hops - 2 else gateway
+            target.append(_span(trace, sid, above, "POST /infer", s, s + int((inner + 0.5) * MS), kind=2))
+            above, s = sid, s + MS // 10
+        wid, q = next(ids), s + MS // 10
+        worker += [_span(trace, wid, above, "request", s, s + int(inner * MS), {"request.seq": i + 1}),
+                   _span(trace, next(ids), wid, "queue", q, q + 2 * MS),
+                   _span(trace, next(ids), wid, "forward", q + 2 * MS, q + int((2 + forward) * MS))]
+        f0, f1 = q + 2 * MS, q + int((2 + forward) * MS)
+        points += [(f, 0.9 + r.uniform(-0.03, 0.03)) for f in range(f0 + 2 * MS, f1, 10 * MS)]
+        points += [(f1 + 20 * MS, 0.02), (f1 + 200 * MS, 0.02)]
+    gauge = {"resourceMetrics": [{"resource": _resource(WORKER, "wk-0"), "scopeMetrics": [{"metrics": [
+        {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
+            {"timeUnixNano": str(tp), "asDouble": v,
+             "attributes": [_attr("hw.id", "GPU-0"), _attr("hw.type", "gpu")]} for tp, v in points]}}]}]}]}
+    lines = [] if worker_only else [{"resourceSpans": [{"resource": _resource(GATEWAY, "gw-0"),
+                                                        "scopeSpans": [{"spans": gateway}]}]}]
+    lines += [{"resourceSpans": [{"resource": _resource(WORKER, "wk-0"), "scopeSpans": [{"spans": worker}]}]},
+              gauge]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _file(path: Path, service: str | None = None) -> dict[str, Any]:
+    recording = load_paths([path])
+    if service is not None:
+        recording = pick_service(recording, service)
+    return json.loads(json.dumps(diagnose(recording).to_dict()))
+
+
+def _sql(engine: Any, path: Path, service: str | None = None) -> dict[str, Any]:
+    tables = Tables(database=f"i{next(_dbs)}")
+    assert import_files(engine, tables, [path]).problems == []
+    agg = fetch_aggregates(engine, tables, AggregateQuery(service=service))
+    return json.loads(json.dumps(report_dict(agg)))
+
+
+ADVICE = f"report each service alone (otel-stages report ... --service {WORKER}: the service POST calls)"
+
+
+def _calls_worker(report: dict[str, Any]) -> None:
+    """The pooled report of the tester's shape: the worker's forward on a busy GPU, POST said to be
+    a call, the advice to report the worker alone."""
+    v = report["verdict"]
+    assert (v["cause"], v["stage"], v["tentative"]) == ("gpu_busy", "forward", True)
+    assert v["evidence"][0].startswith("requests of 2 services are pooled here")
+    assert v["evidence"][1].startswith(f"POST is a call into {WORKER}'s requests ({N} of its {N} spans")
+    assert v["advice"][0] == ADVICE
+    assert not any("widest, POST" in e for e in v["evidence"])
+
+
+@pytest.mark.parametrize("hops", [1, 2])  # the client span's child; under the server span
+def test_a_call_is_no_suspect_and_the_advice_names_the_called_service(
+        engine: Any, tmp_path: Path, hops: int) -> None:
+    path = gateway_calls_worker(tmp_path / f"calls_{hops}.jsonl", hops=hops)
+    want = _file(path)
+    _calls_worker(want)
+    assert want["stages"]["POST"]["explains"] > want["stages"]["forward"]["explains"]  # (it would lead)
+    got = _sql(engine, path)
+    assert got["verdict"] == want["verdict"]
+
+
+def test_the_advised_command_gives_the_workers_own_report(engine: Any, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Following the advice (``--service vlm-worker``) prints another report: the worker's
+    requests alone, as its own files give, firm; in both reports."""
+    path = gateway_calls_worker(tmp_path / "calls.jsonl")
+    alone = _file(gateway_calls_worker(tmp_path / "worker.jsonl", worker_only=True))
+    assert (alone["verdict"]["cause"], alone["verdict"]["stage"]) == ("gpu_busy", "forward")
+    assert not alone["verdict"]["tentative"]
+    assert main(["report", str(path), "--json"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert main(["report", str(path), "--service", WORKER, "--json"]) == 0
+    picked = json.loads(capsys.readouterr().out)
+    assert picked != pooled
+    assert picked["verdict"] == alone["verdict"] and picked["counts"] == alone["counts"]
+    assert picked["gpu"] == alone["gpu"]
+    assert _sql(engine, path, WORKER)["verdict"] == alone["verdict"]
+
+
+def test_service_gateway_keeps_its_requests_and_their_call(engine: Any, tmp_path: Path) -> None:
+    """``--service gateway``: the gateway's requests alone; the worker's request in the same trace
+    is left out, so POST is the gateway's own stage (what it waits for), as the report of a
+    gateway whose worker is not traced reads it."""
+    path = gateway_calls_worker(tmp_path / "calls.jsonl")
+    want = _file(path, GATEWAY)
+    assert want["requests"] == N and "queue" not in want["stages"]
+    assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
+    assert not any("pooled" in e or "is a call" in e for e in want["verdict"]["evidence"])
+    got = _sql(engine, path, GATEWAY)
+    assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+    # the worker's GPU points go with its spans (a process with no span kept), in both reports
+    assert pick_service(load_paths([path]), GATEWAY).metrics == []
+    assert got["gpu"] == want["gpu"]
+
+
+def test_three_hops_is_no_call(engine: Any, tmp_path: Path) -> None:
+    """A worker's request 3 parent links (past MAX_CALL_HOPS) below the POST (a proxy's span and the
+    worker's server span in between) is not read as called: POST ranks as a custom stage again."""
+    path = gateway_calls_worker(tmp_path / "calls_3.jsonl", hops=3)
+    want = _file(path)
+    assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
+    assert not any("is a call" in e for e in want["verdict"]["evidence"])
+    assert _sql(engine, path)["verdict"] == want["verdict"]
+
+
+@pytest.mark.parametrize("calls, is_call", [(20, True), (19, False)])  # of N = 40 (CALL_MIN_SHARE)
+def test_a_stage_is_a_call_from_half_of_its_spans(tmp_path: Path, calls: int, is_call: bool) -> None:
+    path = gateway_calls_worker(tmp_path / f"share_{calls}.jsonl", calls=calls)
+    spans = load_paths([path]).spans
+    found = remote_calls(group_spans(spans).requests, spans)
+    assert [(c.stage, c.service, c.calls, c.spans) for c in found] == (
+        [("POST", WORKER, calls, N)] if is_call else [])
+
+
+def test_share_parity_just_below(engine: Any, tmp_path: Path) -> None:
+    path = gateway_calls_worker(tmp_path / "below.jsonl", calls=19)
+    want = _file(path)
+    assert not any("is a call" in e for e in want["verdict"]["evidence"])
+    assert _sql(engine, path)["verdict"] == want["verdict"]
+
+
+def test_one_service_reads_no_call(tmp_path: Path) -> None:
+    """The worker's requests alone: none is called from a stage read here."""
+    path = gateway_calls_worker(tmp_path / "worker.jsonl", worker_only=True)
+    spans = load_paths([path]).spans
+    assert remote_calls(group_spans(spans).requests, spans) == ()
+
+
+def test_a_service_whose_spans_are_stages_of_others_names_them(
+        engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPU worker that records only ``forward`` under the gateway's request spans has no request
+    of its own: ``--service`` of it says whose requests hold its spans, in both reports."""
+    path = gateway_calls_worker(tmp_path / "calls.jsonl")
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    gateway_spans = docs[0]["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    request = {s["traceId"]: s["spanId"] for s in gateway_spans if s["name"] == "request"}
+    worker_spans = docs[1]["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    docs[1]["resourceSpans"][0]["scopeSpans"][0]["spans"] = [
+        {**s, "parentSpanId": request[s["traceId"]]} for s in worker_spans if s["name"] == "forward"]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    line = (f"no request span of service '{WORKER}': its spans are stages of the requests of"
+            f" {GATEWAY} ({N}); --service {GATEWAY} reports those")
+    assert main(["report", str(path), "--service", WORKER]) == 1
+    assert capsys.readouterr().err.strip().endswith(line)
+    tables = Tables(database=f"i{next(_dbs)}")  # (one chDB path per process: the fixture's)
+    import_files(engine, tables, [path])
+    agg = fetch_aggregates(engine, tables, AggregateQuery(service=WORKER))
+    assert agg.counts.requests == 0 and agg.service_hosts == ((GATEWAY, N),)
+    assert no_request_line(WORKER, agg.service_hosts) == line  # (the CLI's error, as for files)
+    # the gateway's report keeps the worker's forward spans (a GPU worker under its requests)
+    assert main(["report", str(path), "--service", GATEWAY, "--json"]) == 0
+    assert "forward" in json.loads(capsys.readouterr().out)["stages"]
