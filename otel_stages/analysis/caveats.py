@@ -70,7 +70,7 @@ from otel_stages.analysis.figures import (
 )
 from otel_stages.analysis.mechanisms import CAUSE_CPU_THROTTLED, CAUSE_EVENT_LOOP_BLOCKED, CAUSE_GC_PAUSE
 from otel_stages.analysis.sampled import is_sampled, sampled_line
-from otel_stages.analysis.units import duration, pct
+from otel_stages.analysis.units import duration, pct, pct_beside
 from otel_stages.analysis.verdict import CAUSE_COLD_START, CAUSE_STABLE, Verdict
 
 #: The warm-up after a process's cold request is looked for in at most this many warm requests
@@ -451,9 +451,9 @@ def together_caveat(verdict: Verdict, fig: Figures) -> None:
     ranked = sorted((s for s in fig.stages.values() if s.explains is not None),
                     key=lambda s: -(s.explains or 0.0))[:3]
     parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in ranked)
-    head = (f"the stages slow together: {pct(together)} of the request total's variance comes"
-            f" from stages slowing in the same requests, more than {stage.name} explains"
-            f" ({pct(stage.explains)}; the most: {parts})")
+    head = (f"the stages slow together: {pct_beside(together, stage.explains)} of the request"
+            f" total's variance comes from stages slowing in the same requests, more than"
+            f" {stage.name} explains ({pct(stage.explains)}; the most: {parts})")
     if verdict.cause in PROCESS_WIDE_CAUSES:
         verdict.evidence.append(head + f": {verdict.cause} slows the whole process, not"
                                 f" {stage.name} alone")
