@@ -160,3 +160,9 @@ def test_both_reports_read_the_stages_alike(engine, tmp_path: Path, fn) -> None:
     got, want = reports(engine, path)
     assert got["verdict"] == want["verdict"]
     assert (_LINE in got["verdict"]["evidence"][0]) is (fn is _process_wide)
+
+
+def test_the_line_prints_the_two_shares_apart() -> None:
+    v = decide(_fig(0.452, explains=0.448))
+    assert v.evidence[0].startswith("the stages slow together: 45.2% of")
+    assert "more than download explains (44.8%;" in v.evidence[0]

@@ -70,7 +70,7 @@ from otel_stages.analysis.figures import (
 )
 from otel_stages.analysis.mechanisms import CAUSE_CPU_THROTTLED, CAUSE_EVENT_LOOP_BLOCKED, CAUSE_GC_PAUSE
 from otel_stages.analysis.sampled import is_sampled, sampled_line
-from otel_stages.analysis.units import duration, pct, pct_beside
+from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import CAUSE_COLD_START, CAUSE_STABLE, Verdict
 
 #: The warm-up after a process's cold request is looked for in at most this many warm requests
@@ -436,6 +436,15 @@ def together_share(fig: Figures) -> float | None:
     return 1.0 - sum(p for p in parts if p is not None)
 
 
+def _apart(larger: float, smaller: float) -> tuple[str, str]:
+    """Two fractions as percentages with the fewest decimals (0 to 2) that print them apart."""
+    for digits in (0, 1, 2):
+        a, b = f"{100 * larger:.{digits}f}", f"{100 * smaller:.{digits}f}"
+        if a != b:
+            return f"{a}%", f"{b}%"
+    return f"{100 * larger:.2f}%", f"{100 * smaller:.2f}%"
+
+
 def together_caveat(verdict: Verdict, fig: Figures) -> None:
     """The stages slowing together (module docstring): a line first and, unless the verdict
     names a process-wide mechanism, the verdict tentative with :data:`advice.TOGETHER
@@ -451,9 +460,10 @@ def together_caveat(verdict: Verdict, fig: Figures) -> None:
     ranked = sorted((s for s in fig.stages.values() if s.explains is not None),
                     key=lambda s: -(s.explains or 0.0))[:3]
     parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in ranked)
-    head = (f"the stages slow together: {pct_beside(together, stage.explains)} of the request"
-            f" total's variance comes from stages slowing in the same requests, more than"
-            f" {stage.name} explains ({pct(stage.explains)}; the most: {parts})")
+    more, less = _apart(together, stage.explains)
+    head = (f"the stages slow together: {more} of the request total's variance comes from stages"
+            f" slowing in the same requests, more than {stage.name} explains ({less}; the most:"
+            f" {parts})")
     if verdict.cause in PROCESS_WIDE_CAUSES:
         verdict.evidence.append(head + f": {verdict.cause} slows the whole process, not"
                                 f" {stage.name} alone")
