@@ -20,7 +20,7 @@ from otel_stages.analysis import advice, load_paths
 from otel_stages.analysis.caveats import TOGETHER_MIN_SHARE, together_share
 from otel_stages.analysis.decision import decide
 from otel_stages.analysis.diagnosis import diagnose
-from otel_stages.analysis.figures import Mechanism, StageEvidence, UnaccountedFigures
+from otel_stages.analysis.figures import CohortFigures, Mechanism, StageEvidence, UnaccountedFigures
 from otel_stages.analysis.stats import alone_fraction, stage_stats
 from tests import odd_inputs
 from tests.test_clickhouse_issues import engine, reports  # noqa: F401 - the chDB fixture
@@ -68,6 +68,7 @@ def _fig(together: float, explains: float = 0.3, **extra: object):
     for name in ("decode", "resize", "queue", "forward"):
         stages.append(replace(stage(name, explains=(1 - explains) / 4), alone=rest))
     gap = UnaccountedFigures(median_ms=1.0, swing_ms=0.5, share=0.01, explains=0.0, alone=rest)
+    extra.setdefault("cohorts", (CohortFigures("1024x768", 30, 100.0, 120.0),))  # one known input
     return figures(*stages, total_swing=60.0, unaccounted=gap, **extra)
 
 
@@ -95,10 +96,32 @@ def test_the_share_together_must_exceed_what_the_stage_explains(explains: float,
     assert v.evidence[0].startswith(_LINE) is said
 
 
-def test_a_stage_whose_cost_follows_size_keeps_its_verdict() -> None:
+@pytest.mark.parametrize("stage_name", ["download", "decode"])
+def test_a_stage_whose_cost_follows_size_keeps_the_verdict(stage_name: str) -> None:
+    # the named stage, or another that moves with it (larger images: every stage slower)
     sized = StageEvidence(follows_size=True)
-    v = decide(_fig(0.6, stage_evidence={"download": sized}))
-    assert not v.tentative and not any(_LINE in e for e in v.evidence)
+    v = decide(_fig(0.6, stage_evidence={stage_name: sized}))
+    assert not any(_LINE in e for e in v.evidence)
+
+
+_TWO = (CohortFigures("1024x768", 15, 100.0, 120.0), CohortFigures("4032x3024", 15, 400.0, 420.0))
+
+
+@pytest.mark.parametrize("mix, said", [(0.49, True), (0.51, False)])  # INPUT_MIX_DOMINATES 0.5
+def test_an_input_mix_that_dominates_moves_the_stages(mix: float, said: bool) -> None:
+    # a tester's: large images make every stage slower; "each input is steady" beside "a cause
+    # that slows the whole process" contradicted each other
+    v = decide(_fig(0.6, cohorts=_TWO, input_mix_explains=mix))
+    assert any(e.startswith(_LINE) for e in v.evidence) is said
+
+
+def test_unknown_inputs_are_named_as_the_other_reading() -> None:
+    v = decide(_fig(0.6, cohorts=()))  # no input size or prompt length recorded
+    assert "or the inputs differ in size (none is recorded to tell)" in v.evidence[0]
+    assert v.advice[:2] == [advice.SIZE_UNKNOWN, advice.TOGETHER]
+    assert v.advice.count(advice.SIZE_UNKNOWN) == 1
+    known = decide(_fig(0.6, cohorts=(CohortFigures("1024x768", 30, 100.0, 120.0),)))
+    assert "inputs differ" not in known.evidence[0] and known.advice[0] == advice.TOGETHER
 
 
 @pytest.mark.parametrize("cause, firm", [("cpu_contention", True), ("gc_pause", True),
@@ -144,7 +167,7 @@ def test_a_process_wide_slowdown_is_no_firm_stage_verdict(tmp_path: Path) -> Non
     v = diagnose(load_paths([path])).verdict
     assert v.tentative
     assert v.evidence[0].startswith(_LINE)
-    assert v.advice[0] == advice.TOGETHER
+    assert v.advice[:2] == [advice.SIZE_UNKNOWN, advice.TOGETHER]  # no input size recorded
 
 
 def test_one_slow_stage_keeps_a_firm_verdict(tmp_path: Path) -> None:

@@ -454,9 +454,8 @@ def together_caveat(verdict: Verdict, fig: Figures) -> None:
     if (stage is None or verdict.cause is None or together is None or stage.explains is None
             or together < TOGETHER_MIN_SHARE or together <= stage.explains):
         return
-    evidence = fig.stage_evidence.get(stage.name)
-    if evidence is not None and evidence.follows_size:  # the input moves the stages together
-        return
+    if any(e.follows_size for e in fig.stage_evidence.values()):
+        return  # a stage's cost follows the input's size: the inputs move the stages together
     ranked = sorted((s for s in fig.stages.values() if s.explains is not None),
                     key=lambda s: -(s.explains or 0.0))[:3]
     parts = ", ".join(f"{s.name} {pct(s.explains or 0.0)}" for s in ranked)
@@ -469,11 +468,17 @@ def together_caveat(verdict: Verdict, fig: Figures) -> None:
                                 f" {stage.name} alone")
         return
     verdict.tentative = True
+    unknown = not fig.cohorts and not fig.known_input_requests
     verdict.evidence.insert(0, head + ": a cause that slows the whole process (threads holding"
                             " the GIL or the CPU, another process, a collector pause) reads as"
-                            f" whichever stage it hits most, so the verdict on {stage.name} is"
-                            " tentative")
+                            " whichever stage it hits most"
+                            + (", or the inputs differ in size (none is recorded to tell)"
+                               if unknown else "")
+                            + f", so the verdict on {stage.name} is tentative")
     verdict.advice.insert(0, advice_text.TOGETHER)
+    if unknown:  # larger inputs would move the stages together too
+        verdict.advice[:] = [advice_text.SIZE_UNKNOWN,
+                             *(a for a in verdict.advice if a != advice_text.SIZE_UNKNOWN)]
 
 
 def sampled_caveat(verdict: Verdict, fig: Figures) -> None:

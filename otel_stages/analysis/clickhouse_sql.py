@@ -37,7 +37,7 @@ from typing import Any
 from otel_stages import semconv
 from otel_stages.analysis.gpu import MAX_SAMPLE_COUNT, MAX_UTILIZATION_READING
 from otel_stages.analysis.image_formats import format_aliases
-from otel_stages.analysis.requests import FORMAT_TEXT, NO_FORMAT, NOT_FORMATS
+from otel_stages.analysis.requests import FORMAT_BLANKS, FORMAT_TEXT, NO_FORMAT, NOT_FORMATS
 
 #: The temporary per-request table (one per connection), and the per-process one.
 REQUESTS_TABLE = "otel_stages_requests"
@@ -242,7 +242,8 @@ def format_text(text: str) -> str:
     case; an unknown MIME type in lower case, an unknown name in upper case); ``''`` when it is
     no format name (or :data:`~otel_stages.analysis.requests.NO_FORMAT`)."""
     not_formats = ", ".join(f"'{v}'" for v in NOT_FORMATS)
-    base = f"trimBoth(splitByChar(';', {text})[1])"  # a MIME type's parameters left out
+    blanks = ", ".join(f"char({ord(c)})" for c in FORMAT_BLANKS)  # as Python's strip(FORMAT_BLANKS)
+    base = f"trimBoth(splitByChar(';', {text})[1], concat({blanks}))"  # the parameters left out
     aliases = format_aliases()  # names match FORMAT_TEXT: no quote to escape
     keys = ", ".join(f"'{k}'" for k in aliases)
     names = ", ".join(f"'{v}'" for v in aliases.values())

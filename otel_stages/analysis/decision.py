@@ -261,7 +261,7 @@ def decide(fig: Figures) -> Verdict:
                                 if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
                                                fig.total, band)]
     _append_common(verdict, fig, band.band_ms)
-    if swings is not False:
+    if swings is not False and not _mix_dominates(fig):  # else the inputs move the stages
         together_caveat(verdict, fig)
     # before the caveats that name the swing's place (inputs, processes): theirs lead
     _no_slow_forward_caveat(verdict, fig)
@@ -731,6 +731,11 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
         verdict.evidence.append(f"no cold-start penalty{on}: {line}")
     else:
         verdict.evidence.append(line)
+
+
+def _mix_dominates(fig: Figures) -> bool:
+    """The input cohorts explain :data:`INPUT_MIX_DOMINATES` of the total's variance or more."""
+    return fig.input_mix_explains is not None and fig.input_mix_explains >= INPUT_MIX_DOMINATES
 
 
 def _mix_line(fig: Figures) -> str | None:

@@ -47,6 +47,13 @@ EXTRA_ALIASES: dict[str, str] = {
 }
 
 
+#: Formats read as another because their images are that one's (checked before Pillow's tables):
+#: an MPO is a camera's JPEG with extra frames, decoded as its first JPEG frame; Pillow names
+#: camera photos MPO where a Content-Type says image/jpeg (a tester: one replica recording each,
+#: same photos, read as two inputs that "explained" the replicas' difference).
+SAME_CODING: dict[str, str] = {"mpo": "JPEG", "image/mpo": "JPEG", "image/x-mpo": "JPEG"}
+
+
 def _default(name: str) -> str:
     """What a name no table knows reads as (module docstring): ``name`` already lower case."""
     return name if "/" in name else name.upper()
@@ -68,6 +75,8 @@ def format_aliases() -> dict[str, str]:
         if key not in table and _default(key) != name:
             table[key] = name
 
+    for key, name in SAME_CODING.items():
+        add(key, name)
     by_mime: dict[str, list[str]] = {}
     for name, mime in Image.MIME.items():
         by_mime.setdefault(mime.lower(), []).append(name)

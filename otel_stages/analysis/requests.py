@@ -500,6 +500,11 @@ NOT_FORMATS = ("true", "false", "NaN")
 NO_FORMAT = "UNKNOWN"
 
 
+#: The blanks left out around a format (ASCII whitespace: a ``file --mime-type`` line's newline),
+#: as the SQL's ``trimBoth`` does (:func:`otel_stages.analysis.clickhouse_sql.format_text`).
+FORMAT_BLANKS = " \t\n\r\x0b\x0c"
+
+
 def usable_format(value: object) -> str | None:
     """``value`` as an image format (:data:`FORMAT_TEXT`, not :data:`NOT_FORMATS`), named as
     Pillow names it (:func:`~otel_stages.analysis.image_formats.canonical_format`: ``image/jpeg``
@@ -509,7 +514,7 @@ def usable_format(value: object) -> str | None:
     is in the SQL."""
     if not isinstance(value, str):
         return None
-    value = value.split(";", 1)[0].strip()
+    value = value.split(";", 1)[0].strip(FORMAT_BLANKS)
     if FORMAT_TEXT.fullmatch(value) and value not in NOT_FORMATS and value.upper() != NO_FORMAT:
         return canonical_format(value)
     return None
