@@ -222,3 +222,13 @@ def test_a_stalled_executor_is_no_fill_timeout(tmp_path: Path) -> None:
     assert v.advice[0].startswith("the slow requests wait for the executor")
     assert not any("lower the batch fill timeout" in a for a in v.advice)
     assert any("(p95 201.0 ms) from enqueue to pickup" in e for e in v.evidence)
+
+
+@pytest.mark.parametrize("fill_p95_ms, fill", [(2.4, False), (2.5, True)])
+def test_slow_requests_waiting_for_a_fill_are_told_the_fill_timeout(fill_p95_ms: float, fill: bool) -> None:
+    # a tester's: bursts keep the typical request waiting for the executor (0.6 ms fill of a
+    # 19.5 ms wait), lone requests wait the 300 ms fill timeout (the p95s): the timeout is the swing
+    first = advice.for_queue("none", "", 0.6, 19.5, fill_p95_ms, 10.0)[0]
+    assert first.startswith("the slow requests wait for batches to fill") is fill
+    assert ("lower the batch fill timeout" in first) is fill
+    assert first.startswith("requests wait for the executor, not for batches") is not fill

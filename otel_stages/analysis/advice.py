@@ -98,25 +98,37 @@ def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: fl
     ``fill_ms`` / ``wait_ms``, the batches' median fill and the requests' median wait, and
     ``fill_p95_ms`` / ``wait_p95_ms`` their p95s (``None``: no ``batch`` spans read, as from
     ClickHouse); ``gpu_level`` a ``GpuEvidence.level``, ``gpu_words`` its judged mean
-    (``GpuEvidence.judged_words``). The p95s overrule medians that say "batches fill": the
-    swing is the slow requests' wait, and when they wait for the executor (busy with a batch
-    before theirs, or held between batches) a shorter fill timeout would cut only the typical
-    wait. A busy GPU (``high``) has no headroom: more concurrency adds no throughput, so it is
+    (``GpuEvidence.judged_words``). The p95s overrule the medians: the swing is the slow
+    requests' wait, and when they wait for the executor (busy with a batch before theirs, or held
+    between batches) a shorter fill timeout would cut only the typical wait; when they wait for a
+    batch to fill while the typical request waits for the executor, the fill timeout is the
+    swing. A busy GPU (``high``) has no headroom: more concurrency adds no throughput, so it is
     not advised, nor a smaller max batch (it lowers throughput)."""
     busy = gpu_level == "high"
     smaller = "" if busy else " or the max batch size"
-    if fill_ms is not None and wait_ms and fill_ms < BATCH_FILL_MIN_SHARE * wait_ms:
+    med_exec = bool(fill_ms is not None and wait_ms and fill_ms < BATCH_FILL_MIN_SHARE * wait_ms)
+    tail = fill_p95_ms is not None and bool(wait_p95_ms)
+    tail_exec = tail and fill_p95_ms is not None and wait_p95_ms is not None and (
+        fill_p95_ms < BATCH_FILL_MIN_SHARE * wait_p95_ms)
+    if med_exec and (tail_exec or not tail):
+        assert fill_ms is not None and wait_ms is not None
         first = (f"requests wait for the executor, not for batches to fill (batches filled in"
                  f" {duration(fill_ms)} median of the {duration(wait_ms)} median wait): the"
                  " executor is still running the batch before theirs")
-    elif (fill_p95_ms is not None and wait_p95_ms
-            and fill_p95_ms < BATCH_FILL_MIN_SHARE * wait_p95_ms):
+    elif tail_exec:
+        assert fill_p95_ms is not None and wait_p95_ms is not None
         first = (f"the slow requests wait for the executor, not for batches to fill (they waited"
                  f" {duration(wait_p95_ms)} at the p95, batches filled in {duration(fill_p95_ms)}"
                  " at the p95): the executor was still busy with a batch before theirs, or held"
                  " between batches (a stalled model call, a lock it takes): look at what the"
                  " executor did while they waited (the batch spans' model-call times, a profile"
                  " of its thread), not at the fill timeout, which would cut only the typical wait")
+    elif med_exec:  # the typical request waits for the executor, the slow ones for a batch to fill
+        assert fill_p95_ms is not None and wait_p95_ms is not None
+        first = (f"the slow requests wait for batches to fill (they waited {duration(wait_p95_ms)}"
+                 f" at the p95, batches filled in {duration(fill_p95_ms)} at the p95; the typical"
+                 " request waits for the executor instead): lower the batch fill timeout (max"
+                 f" wait){smaller}")
     elif fill_ms is not None and wait_ms:
         first = (f"requests wait for batches to fill ({duration(fill_ms)} median of the"
                  f" {duration(wait_ms)} median wait): lower the batch fill timeout (max wait){smaller}")
