@@ -27,9 +27,10 @@ bounded by the report's design rather than by spilling: requests are grouped in 
 about a million spans (chDB's external aggregation measured ~10x slower than slicing here).
 
 Each report run also lists its costliest statements (process CPU seconds per statement, the
-engine's threads included). ``--against ROOT`` runs another checkout's report (``ROOT``, e.g. a
-``git worktree`` of the commit before a change) on the same data, interleaved with this one's
-(alternating which goes first), and gives the CPU ratio per round.
+engine's threads included; ``TOP_STATEMENTS=N`` in the environment lists N, default 8).
+``--against ROOT`` runs another checkout's report (``ROOT``, e.g. a ``git worktree`` of the
+commit before a change) on the same data, interleaved with this one's (alternating which goes
+first), and gives the CPU ratio per round.
 
 Usage: ``python benchmarks/clickhouse_scale.py [--spans 10000000] [--repeat 3] [--path DIR]
 [--keep] [--against ROOT]`` (``--smoke``: 60 000 spans, one repeat; what the tests run). Prints
@@ -55,8 +56,9 @@ SPANS_PER_REQUEST = 6
 #: Start of the generated data (2026-01-01T00:00:00Z) and the gap between a process's requests.
 T0_NS = 1_767_225_600 * 10**9
 REQUEST_INTERVAL_NS = 600 * 10**6
-#: The costliest statements listed per report run (by process CPU seconds).
-TOP_STATEMENTS = 8
+#: The costliest statements listed per report run (by process CPU seconds; the environment
+#: reaches the child processes).
+TOP_STATEMENTS = int(os.environ.get("TOP_STATEMENTS", "8"))
 
 
 def _fill_sql(traces: str, gauge: str, spans: int, processes: int) -> list[str]:
