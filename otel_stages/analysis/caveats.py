@@ -43,10 +43,12 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   :attr:`~otel_stages.analysis.figures.StageFigures.alone`) reaches :data:`TOGETHER_MIN_SHARE`
   and exceeds what the verdict's stage explains. A cause that slows the whole process (threads
   holding the GIL, another process burning the CPU) then reads as whichever stage it hits most,
-  a different one from run to run; unless that stage's own cost follows the input's size (the
-  input then moves the stages together) or the verdict already names a process-wide mechanism
-  (CPU contention or throttling, GC pauses, a blocked event loop: the line then backs it), the
-  verdict is tentative, the reason first and the advice to find what slows the process first.
+  a different one from run to run; unless a stage's cost follows the input's size or the input
+  mix dominates (the inputs then move the stages together: ``decision`` skips the rule), or the
+  verdict already names a process-wide mechanism (CPU contention or throttling, GC pauses, a
+  blocked event loop: the line then backs it), the verdict is tentative, the reason first and the
+  advice to find what slows the process first (after recording input sizes, where none is: larger
+  inputs would move the stages together too).
 - :func:`sampled_caveat`: the recording is sampled (gaps in ``request.seq``;
   :mod:`otel_stages.analysis.sampled`): the figures lean toward the slow requests a sampler keeps
   whole. The verdict is tentative, the reason first, and the advice leads with unbiased figures.
