@@ -245,10 +245,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     settings = {**sql.DEFAULT_SETTINGS, **query.settings}
     for statement in sql.service_statements(tables.traces_ref, query):
         engine.execute(statement, sql.query_params(query), settings)
-    plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
-                       sql.query_params(query), settings)[0]
-    for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
-        engine.execute(statement, params, settings)
+    _group_requests(engine, tables, query, settings)
     if query.service:  # other services' requests in the traces picked: left out, grouped again
         for statement in service_sql.foreign_statements():
             engine.execute(statement, sql.query_params(query), settings)
@@ -256,10 +253,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             query = replace(query, leave_out=True)
             for statement in service_sql.names_statements(tables.traces_ref, query):
                 engine.execute(statement, sql.query_params(query), settings)
-            plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
-                               sql.query_params(query), settings)[0]
-            for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
-                engine.execute(statement, params, settings)
+            _group_requests(engine, tables, query, settings)
     # before anything reads the cohorts' format / the warm flag
     for statement in (*sql.formats_statements(), *apart.apart_statements(), *sql.warm_statements()):
         engine.execute(statement, None, settings)
@@ -370,6 +364,16 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                   sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def _group_requests(engine: Engine, tables: Tables, query: sql.AggregateQuery,
+                    settings: Mapping[str, Any]) -> None:
+    """Fill the per-request table for ``query``: plan the time slices, then group the spans
+    (:mod:`otel_stages.analysis.clickhouse_requests`)."""
+    plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
+                       sql.query_params(query), settings)[0]
+    for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
+        engine.execute(statement, params, settings)
 
 
 def _cohort_gpu(engine: Engine, query: sql.AggregateQuery, head: FleetAggregates,
