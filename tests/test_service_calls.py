@@ -38,9 +38,10 @@ N = 40
 GATEWAY, WORKER = "gateway", "vlm-worker"
 
 
-def _resource(service: str, instance: str) -> dict[str, Any]:
+def _resource(service: str, instance: str, namespace: str | None = None) -> dict[str, Any]:
     return {"attributes": [_attr("service.name", service), _attr("service.instance.id", instance),
-                           _attr("host.name", f"{instance}-node")]}
+                           _attr("host.name", f"{instance}-node"),
+                           *([_attr("service.namespace", namespace)] if namespace else [])]}
 
 
 def _span(trace: str, sid: str, parent: str | None, name: str, start: int, end: int,
@@ -50,17 +51,20 @@ def _span(trace: str, sid: str, parent: str | None, name: str, start: int, end: 
             "attributes": [_attr(k, v) for k, v in (attrs or {}).items()], "status": {}}
 
 
-def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_only: bool = False) -> Path:
+def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_only: bool = False,
+                         gateway: str = GATEWAY, call_name: str = "POST") -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
     links below the ``POST`` (1: its child; 2: under the worker's server span; 3: under a proxy's
     span too); the others' ``POST`` calls something not recorded (55 ms). The worker's GPU is
     90 % busy in its forwards, idle between. ``worker_only``: the worker's spans and points alone
-    (what its own files would hold)."""
+    (what its own files would hold). ``gateway``: the gateway's service.name (the worker's: one
+    name for both, the gateway in service.namespace ``edge``, the worker in ``gpu``);
+    ``call_name``: the client span's name (``forward``: a gateway's stage around its call)."""
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
-    gateway: list[dict[str, Any]] = []
+    gateway_spans: list[dict[str, Any]] = []
     worker: list[dict[str, Any]] = []
     points: list[tuple[int, float]] = []
     for i in range(N):
@@ -80,15 +84,15 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
         inner = 2.0 + forward + 0.2
         call = inner + 2.0 if i < calls else 55.0 + r.uniform(-0.5, 0.5)
         post = next(ids)
-        stages.append(_span(trace, post, rid, "POST", c, c + int(call * MS), kind=3))
+        stages.append(_span(trace, post, rid, call_name, c, c + int(call * MS), kind=3))
         end = c + int(call * MS) + MS // 10
-        gateway += [_span(trace, rid, None, "request", t, end, {"request.seq": i + 1}), *stages]
+        gateway_spans += [_span(trace, rid, None, "request", t, end, {"request.seq": i + 1}), *stages]
         if i >= calls:
             continue
         above, s = post, c + MS // 2
         for k in range(hops - 1):  # a proxy's span, then the worker's server span
             sid = next(ids)
-            target = worker if k == hops - 2 else gateway
+            target = worker if k == hops - 2 else gateway_spans
             target.append(_span(trace, sid, above, "POST /infer", s, s + int((inner + 0.5) * MS), kind=2))
             above, s = sid, s + MS // 10
         wid, q = next(ids), s + MS // 10
@@ -102,10 +106,12 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
         {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
             {"timeUnixNano": str(tp), "asDouble": v,
              "attributes": [_attr("hw.id", "GPU-0"), _attr("hw.type", "gpu")]} for tp, v in points]}}]}]}]}
-    lines = [] if worker_only else [{"resourceSpans": [{"resource": _resource(GATEWAY, "gw-0"),
-                                                        "scopeSpans": [{"spans": gateway}]}]}]
-    lines += [{"resourceSpans": [{"resource": _resource(WORKER, "wk-0"), "scopeSpans": [{"spans": worker}]}]},
-              gauge]
+    shared = gateway == WORKER
+    lines = [] if worker_only else [{"resourceSpans": [{
+        "resource": _resource(gateway, "gw-0", "edge" if shared else None),
+        "scopeSpans": [{"spans": gateway_spans}]}]}]
+    lines += [{"resourceSpans": [{"resource": _resource(WORKER, "wk-0", "gpu" if shared else None),
+                                  "scopeSpans": [{"spans": worker}]}]}, gauge]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -240,3 +246,46 @@ def test_a_service_whose_spans_are_stages_of_others_names_them(
     # the gateway's report keeps the worker's forward spans (a GPU worker under its requests)
     assert main(["report", str(path), "--service", GATEWAY, "--json"]) == 0
     assert "forward" in json.loads(capsys.readouterr().out)["stages"]
+
+
+def test_one_service_name_for_gateway_and_worker_is_still_a_call(engine: Any, tmp_path: Path) -> None:
+    """A tester's fleet: the gateway and the worker share one service.name (``vlm-worker``; told
+    apart by service.namespace ``edge`` / ``gpu``). The report read the gateway's POST as a
+    custom-stage culprit, firmly: calls were looked for only across service names. Now POST is a
+    call into the same name's requests, the verdict the worker's busy GPU, tentative, with the
+    pooling said first and the advice to name the services apart (``--service`` cannot part one
+    name); the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / "shared.jsonl", gateway=WORKER)
+    spans = load_paths([path]).spans
+    found = remote_calls(group_spans(spans).requests, spans)
+    assert [(c.stage, c.service, c.calls, c.shared_name, c.callee_stage) for c in found] == [
+        ("POST", WORKER, N, True, False)]
+    want = _file(path)
+    v = want["verdict"]
+    assert (v["cause"], v["stage"], v["tentative"]) == ("gpu_busy", "forward", True)
+    assert v["evidence"][0].startswith(f"POST calls requests of the same service.name ({WORKER})")
+    assert v["evidence"][1].startswith(f"POST is a call into other requests of {WORKER}, its own"
+                                       f" service.name, ({N} of its {N} spans hold one)")
+    assert v["advice"][0].startswith("give the processes POST calls their own service.name")
+    assert _sql(engine, path)["verdict"] == v
+
+
+def test_a_call_named_as_the_callees_stage_is_pooled_with_it(engine: Any, tmp_path: Path) -> None:
+    """A tester's gateway wraps its HTTP call in ``stage("forward")``: the worker's own forward
+    spans share the name. Leaving the name out as a call left the worker's forward out too ("no
+    single stage swings" while forward explains most); now forward is the verdict, its line says
+    the figures pool the calls and the callees' forwards; the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / "named.jsonl", call_name="forward")
+    spans = load_paths([path]).spans
+    found = remote_calls(group_spans(spans).requests, spans)
+    assert [(c.stage, c.service, c.calls, c.spans, c.callee_stage) for c in found] == [
+        ("forward", WORKER, N, 2 * N, True)]
+    want = _file(path)
+    v = want["verdict"]
+    assert (v["cause"], v["stage"], v["tentative"]) == ("gpu_busy", "forward", True)
+    assert any(e.startswith(f"forward spans are calls into {WORKER}'s requests ({N} of its {2 * N}"
+                            " spans hold one), which this report reads too, and those requests have"
+                            " forward spans of their own") for e in v["evidence"])
+    assert v["advice"][0] == ADVICE.replace("POST", "forward")
+    assert _sql(engine, path)["verdict"] == v
+

@@ -1,4 +1,4 @@
-"""Stages that are calls into another service's requests, in one report.
+"""Stages that are calls into other requests read in the same report.
 
 A gateway instrumented with otel_stages times its own request (``download``, ``decode``,
 ``resize``) and then calls a worker over HTTP: the HTTP client span (httpx's ``POST``) is a child
@@ -11,13 +11,16 @@ stage is a *call*: :func:`remote_calls` finds them, and the rules
 (:func:`otel_stages.analysis.decision.decide`) leave calls out of the suspects, say so, and
 advise the report of the called service alone (``--service``), which holds the cause.
 
-A stage is a call into service S when at least :data:`CALL_MIN_SHARE` of its spans (over all the
-requests read) hold a request span of S (S not the service that recorded the stage span) within
-:data:`MAX_CALL_HOPS` parent links: the request span's parent is the stage span, or its parent's
-parent is (the callee's HTTP server span in between, itself neither a stage nor a request or
-group). Only where the requests read are of two services or more (none otherwise: a callee's
-request is a request of its own service). The ClickHouse report reads the same
-(:mod:`otel_stages.analysis.clickhouse_calls`). Pure.
+A stage is a call when at least :data:`CALL_MIN_SHARE` of its spans (over all the requests read)
+hold another request span within :data:`MAX_CALL_HOPS` parent links: the request span's parent
+is the stage span, or its parent's parent is (the callee's HTTP server span in between, itself
+neither a stage nor a request or group). Whatever the two requests' ``service.name``: a gateway
+and a worker that share one (told apart only by ``service.namespace`` or instance) call each
+other as much as two services do (:attr:`Call.shared_name`). A call named as a stage of the
+requests it calls (a gateway's ``stage("forward")`` around its HTTP call) is pooled under that
+stage's name with the callee's own spans (:attr:`Call.callee_stage`): it is said, not left out.
+Only where some trace holds two requests or more (a call needs both in one trace). The
+ClickHouse report reads the same (:mod:`otel_stages.analysis.clickhouse_calls`). Pure.
 """
 
 from __future__ import annotations
@@ -44,14 +47,26 @@ CALL_MIN_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Call:
-    """A stage that calls into another service's requests: ``stage`` its name, ``service`` the
-    called requests' ``service.name``, ``calls`` how many of its spans hold one, ``spans`` how
-    many spans of that stage the requests read hold."""
+    """A stage that calls into other requests: ``stage`` its name, ``service`` the called
+    requests' ``service.name``, ``calls`` how many of its spans hold one, ``spans`` how many spans
+    of that stage the requests read hold; ``shared_name`` when the called requests' service.name
+    is the calling spans' own (one name for two services: ``--service`` cannot part them);
+    ``callee_stage`` when some called request has a stage of the same name (the calls and the
+    callee's own spans are pooled under it)."""
 
     stage: str
     service: str
     calls: int
     spans: int
+    shared_name: bool = False
+    callee_stage: bool = False
+
+
+def left_out(calls: Iterable[Call]) -> set[str]:
+    """The stage names the rules leave out of the suspects: those of ``calls``, but for a name
+    that is also a stage of the requests it calls (its figures hold the callees' own spans)."""
+    calls = list(calls)
+    return {c.stage for c in calls} - {c.stage for c in calls if c.callee_stage}
 
 
 def _service(resource: dict[str, object]) -> str:
@@ -61,9 +76,11 @@ def _service(resource: dict[str, object]) -> str:
 
 def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Call, ...]:
     """The :class:`Call` stages of ``requests`` (all read: warm, cold, failed), most calls first
-    (then by name); ``spans`` the spans they were grouped from (read again only for the parent
-    links of request spans, and only with requests of two services or more). Never raises."""
-    if len({_service(r.resource) for r in requests}) < 2:
+    (then by name, service); ``spans`` the spans they were grouped from (read again only for the
+    parent links of request spans, and only where a trace holds two requests or more). Never
+    raises."""
+    per_trace = Counter(r.trace_id for r in requests)
+    if not per_trace or max(per_trace.values()) < 2:
         return ()
     span_list = spans if isinstance(spans, list) else list(spans)
     leaves: dict[tuple[str, str], Span] = {}
@@ -72,12 +89,14 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
         for s in r.spans:
             leaves.setdefault((s.trace_id, s.span_id), s)
             counts[s.name] += 1
-    callees = {(r.trace_id, r.span_id): r for r in requests}
-    parents = set(callees) | {(g.trace_id, g.span_id) for r in requests for g in r.groups}
+    callees = {(r.trace_id, r.span_id): r for r in requests if per_trace[r.trace_id] > 1}
+    parents = {(r.trace_id, r.span_id) for r in requests} | {
+        (g.trace_id, g.span_id) for r in requests for g in r.groups}
     at: dict[tuple[str, str], list[tuple[str, str]]] = {}  # span -> the requests above which it lies
     for key in callees:
         at.setdefault(key, []).append(key)
-    found: Counter[tuple[str, str]] = Counter()
+    found: Counter[tuple[str, str, bool]] = Counter()
+    own: set[tuple[str, str, bool]] = set()  # calls named as a stage of a request they call
     for _ in range(MAX_CALL_HOPS):
         parent_of: dict[tuple[str, str], str | None] = {}
         for s in span_list:
@@ -94,13 +113,15 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
             if stage is not None:
                 for callee in below:
                     service = _service(callees[callee].resource)
-                    if service != _service(stage.resource):
-                        found[(stage.name, service)] += 1
+                    found_key = (stage.name, service, service == _service(stage.resource))
+                    found[found_key] += 1
+                    if any(s.name == stage.name for s in callees[callee].spans):
+                        own.add(found_key)
             elif up not in parents:  # (a request or group above: no call)
                 upper.setdefault(up, []).extend(below)
         at = upper
         if not at:
             break
-    calls = [Call(stage, service, n, counts[stage]) for (stage, service), n in found.items()
-             if n >= CALL_MIN_SHARE * counts[stage]]
-    return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service)))
+    calls = [Call(stage, service, n, counts[stage], shared, (stage, service, shared) in own)
+             for (stage, service, shared), n in found.items() if n >= CALL_MIN_SHARE * counts[stage]]
+    return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.shared_name)))

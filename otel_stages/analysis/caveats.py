@@ -37,7 +37,9 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   alone (``--service``), naming the service a call stage calls into where there is one
   (:mod:`otel_stages.analysis.calls`: its requests hold the calls' time, and so the cause; the
   command picks that service's requests, :func:`otel_stages.analysis.services.pick_service`),
-  else the largest.
+  else the largest. A call into requests of the calling requests' own ``service.name`` (a gateway
+  and a worker told apart only by ``service.namespace`` or instance) pools two services under one
+  name, which ``--service`` cannot part: tentative too, the advice to give each its own name first.
 - :func:`together_caveat`: the stages slow in the same requests: the part of the request total's
   variance their covariances make (``1 - sum(alone)`` over the stages and the untraced time,
   :attr:`~otel_stages.analysis.figures.StageFigures.alone`) reaches :data:`TOGETHER_MIN_SHARE`
@@ -402,6 +404,7 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
     two and :data:`POOLED_SERVICE_MIN_SHARE` of them all (module docstring): one other service's
     or many small ones' (one-shot processes are all cold requests)."""
     if len(fig.services) < 2:
+        _shared_name_caveat(verdict, fig)
         return
     total = max(fig.service_requests, sum(n for _, n in fig.services))
     others = total - fig.services[0][1]
@@ -418,11 +421,29 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
         " pipeline per service makes requests differ for reasons no stage shows, so a swing"
         " across services reads as a stage's swing; the verdict is tentative"))
     # a called service first (its requests hold the calls' time, and so the cause), else the largest
-    called = next((c for c in fig.calls if c.service), None)
+    called = next((c for c in fig.calls if c.service and not c.shared_name), None)
     first = called.service if called else next((name for name, _ in fig.services if name), None)
     example = f" --service {first}" if first else " --service NAME"
     why = f": the service {called.stage} calls" if called else ""
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example}{why})")
+
+
+def _shared_name_caveat(verdict: Verdict, fig: Figures) -> None:
+    """:func:`services_caveat`'s reading of one ``service.name`` whose requests call each other."""
+    called = next((c for c in fig.calls if c.shared_name), None)
+    if called is None:
+        return
+    verdict.tentative = True
+    name = called.service or "(no service.name)"
+    verdict.evidence.insert(0, (
+        f"{called.stage} calls requests of the same service.name ({name}) that this report reads"
+        " too: a caller's requests and its callee's, two services with other stages (a gateway and"
+        " a worker told apart only by service.namespace or instance), are pooled here as one, so a"
+        " swing of the callee's reads in the caller's totals as well; the verdict is tentative"))
+    verdict.advice.insert(0, (
+        f"give the processes {called.stage} calls their own service.name (OpenTelemetry's"
+        " service.name names one logical service), then report each service alone"
+        " (otel-stages report ... --service NAME)"))
 
 
 def together_share(fig: Figures) -> float | None:

@@ -315,8 +315,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if apart.warmup_needed(results["apart"]):  # requests set apart as warm-up: how long it lasted
         results["warmup"] = engine.rows(apart.warmup_sql(), None, settings)
     results["services"] = engine.rows(requests.services_sql(), None, settings)
-    if int(engine.rows(calls.services_count_sql(), None, settings)[0]["n"]) >= 2:
-        # stages that call into another service's requests read here (none with one service)
+    if int(engine.rows(calls.search_needed_sql(), None, settings)[0]["n"]):
+        # stages that call into other requests read here (none with one request per trace)
         for statement in calls.start_statements():
             engine.execute(statement, None, settings)
         for _ in range(MAX_CALL_HOPS):

@@ -1,14 +1,16 @@
-"""Stages that are calls into another service's requests, in ClickHouse: the rule of
+"""Stages that are calls into other requests, in ClickHouse: the rule of
 :mod:`otel_stages.analysis.calls` over the per-request tables of
 :mod:`otel_stages.analysis.clickhouse_requests`. Pure: builds SQL;
-:func:`otel_stages.analysis.clickhouse.run_queries` runs it, only where the requests are of two
-services or more (:func:`services_count_sql`), so a report of one service reads nothing here.
+:func:`otel_stages.analysis.clickhouse.run_queries` runs it, only where some trace holds two
+requests or more (:func:`search_needed_sql`), so a report of one request per trace reads nothing
+here, and the walk starts from the requests of those traces only.
 
 Each hop (:data:`~otel_stages.analysis.calls.MAX_CALL_HOPS` at most) reads the spans at the
-current links (their parents', starting from each request span's parent, by trace and span id)
-and sorts them: a stage span of a request (a child of a request or group, itself no stage parent,
-its name as the request pass names it) ends the walk, as a call where its service is not the
-called request's; a span that is neither stage nor stage parent passes the walk on to its parent.
+current links (their parents', starting from each such request span's parent, by trace and span
+id) and sorts them: a stage span of a request (a child of a request or group, itself no stage
+parent, its name as the request pass names it) ends the walk, as a call (of the same
+``service.name`` as the called request or not); a span that is neither stage nor stage parent
+passes the walk on to its parent.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from otel_stages.analysis.calls import CALL_MIN_SHARE
 from otel_stages.analysis.clickhouse_requests import GROUPS_TABLE, NESTED_TABLE, PER_REQUEST_SQL
 from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, span_filter
 
-#: The links still walked: ``(trace_key, at, svc)``, ``at`` a span id above a request of
-#: service ``svc``.
+#: The links still walked: ``(trace_key, at, svc, callee)``, ``at`` a span id above the request
+#: ``callee`` (its span key) of service ``svc``.
 AT_TABLE = "otel_stages_call_at"
-#: The calls found: ``(name, svc)`` per called request.
+#: The calls found: ``(name, svc, same, trace_key, callee)`` per called request, ``same`` when
+#: the calling span's service.name is ``svc``.
 FOUND_TABLE = "otel_stages_call_found"
 #: Temporary tables this module creates (dropped after a report).
 TABLES = (AT_TABLE, FOUND_TABLE)
@@ -31,20 +34,26 @@ _HOLDERS = f"{_REQUEST_KEYS} UNION ALL SELECT trace_key, key FROM {NESTED_TABLE}
 _STAGE_PARENTS = f"SELECT trace_key, key FROM {GROUPS_TABLE} WHERE present"
 
 
-def services_count_sql() -> str:
-    """``SELECT n``: the services of the requests (request spans) read."""
-    return f"SELECT uniqExact(svc) AS n FROM {REQUESTS_TABLE} WHERE is_request"
+_SHARED_TRACES = (f"SELECT trace_key FROM {REQUESTS_TABLE} WHERE is_request"
+                  " GROUP BY trace_key HAVING count() > 1")
+
+
+def search_needed_sql() -> str:
+    """``SELECT n``: 1 when some trace holds two requests (request spans) or more, else 0."""
+    return f"SELECT toUInt8(uniqExact(trace_key) < count()) AS n FROM {REQUESTS_TABLE} WHERE is_request"
 
 
 def start_statements() -> list[str]:
     """(Re)create :data:`FOUND_TABLE` (empty) and :data:`AT_TABLE` with each request's parent."""
     return [
         f"DROP TEMPORARY TABLE IF EXISTS {FOUND_TABLE}",
-        f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String) ENGINE = Memory",
+        f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String, same UInt8,"
+        " trace_key UInt128, callee UInt64) ENGINE = Memory",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}",
         f"""CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS
-SELECT trace_key, self_pid AS at, self_svc AS svc FROM {GROUPS_TABLE}
+SELECT trace_key, self_pid AS at, self_svc AS svc, key AS callee FROM {GROUPS_TABLE}
 WHERE present AND self_pid != 0 AND (trace_key, key) IN ({_REQUEST_KEYS})
+    AND trace_key IN ({_SHARED_TRACES})
 LIMIT 1 BY trace_key, key""",
     ]
 
@@ -66,16 +75,16 @@ def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
         AND (reinterpretAsUInt128(unhex(TraceId)), reinterpretAsUInt64(unhex(SpanId)))
             IN (SELECT trace_key, at FROM {AT_TABLE})
     LIMIT 1 BY trace_key, sid"""
-    joined = f"""SELECT a.trace_key AS trace_key, a.svc AS svc, s.pid AS pid, s.name AS name,
-        s.span_svc AS span_svc, s.stage AS stage, s.holder AS holder
+    joined = f"""SELECT a.trace_key AS trace_key, a.svc AS svc, a.callee AS callee, s.pid AS pid,
+        s.name AS name, s.span_svc AS span_svc, s.stage AS stage, s.holder AS holder
     FROM {AT_TABLE} AS a
     INNER JOIN ({spans}) AS s ON a.trace_key = s.trace_key AND a.at = s.sid"""
     return [
-        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc FROM ({joined})
-WHERE stage AND name != '' AND span_svc != svc""",
+        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc = svc, trace_key, callee FROM ({joined})
+WHERE stage AND name != ''""",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}_next",
         f"""CREATE TEMPORARY TABLE {AT_TABLE}_next ENGINE = Memory AS
-SELECT trace_key, pid AS at, svc FROM ({joined})
+SELECT trace_key, pid AS at, svc, callee FROM ({joined})
 WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
         f"DROP TEMPORARY TABLE {AT_TABLE}",
         f"CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS SELECT * FROM {AT_TABLE}_next",
@@ -84,13 +93,21 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
 
 
 def calls_sql() -> str:
-    """``stage, service, calls, spans``: as :func:`otel_stages.analysis.calls.remote_calls`
-    (stages whose calls reach :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans
-    in the requests read), most calls first."""
-    return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans
-FROM (SELECT name, svc, count() AS n FROM {FOUND_TABLE} GROUP BY name, svc) AS f
+    """``stage, service, calls, spans, shared_name, callee_stage``: as
+    :func:`otel_stages.analysis.calls.remote_calls` (stages whose calls reach
+    :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the requests read), most
+    calls first."""
+    return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans,
+    f.same AS shared_name, f.own AS callee_stage
+FROM (SELECT c.name AS name, c.svc AS svc, c.same AS same, count() AS n,
+             max(has(r.stage_names, c.name)) AS own
+      FROM {FOUND_TABLE} AS c
+      LEFT JOIN (SELECT trace_key, span_key, stage_names FROM {REQUESTS_TABLE}
+                 WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
+          ON c.trace_key = r.trace_key AND c.callee = r.span_key
+      GROUP BY name, svc, same) AS f
 INNER JOIN (SELECT name, sum(k) AS spans FROM {REQUESTS_TABLE}
             ARRAY JOIN stage_names AS name, stage_counts AS k WHERE is_request GROUP BY name) AS t
     ON f.name = t.name
 WHERE f.n >= {CALL_MIN_SHARE} * t.spans
-ORDER BY calls DESC, stage, service"""
+ORDER BY calls DESC, stage, service, shared_name"""

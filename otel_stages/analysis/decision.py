@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
-from otel_stages.analysis.calls import Call
+from otel_stages.analysis.calls import Call, left_out
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
@@ -238,7 +238,7 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _stable_verdict(fig, band)
     else:
-        calls = {c.stage for c in fig.calls}
+        calls = left_out(fig.calls)
         candidates = [
             _Candidate(s.name, s.swing_ms, s.spike_ms, s.explains)
             for s in fig.stages.values()
@@ -421,13 +421,13 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
         head_lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
     else:
-        calls = {c.stage for c in fig.calls}  # (said apart: their swing is the suspect's)
+        calls = left_out(fig.calls)  # (said apart: their swing is the suspect's)
         rest = [s for s in fig.stages.values() if s.name != suspect.name and s.name not in calls]
         if rest:
             widest = max(rest, key=lambda s: s.swing_ms)
             head_lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
                               f" {d(widest.swing_ms)}")
-    material = {o.name for o in others} | {c.stage for c in fig.calls}
+    material = {o.name for o in others} | left_out(fig.calls)
     for s in fig.stages.values():
         if (s.name != suspect.name and s.name not in material and s.min_ms and s.max_ms is not None
                 and s.max_ms >= 2 * s.min_ms):
@@ -446,13 +446,20 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
 
 
 def _call_line(fig: Figures, call: Call) -> str:
-    """Why the call stage ``call`` (material) is no suspect."""
+    """Why the call stage ``call`` (material) is no suspect, or, named as a stage of the requests
+    it calls, what its figures hold."""
     stage = fig.stages[call.stage]
     also = f" and explains {pct(stage.explains)}" if stage.explains is not None else ""
-    return (f"{call.stage} is a call into {call.service or '(no service.name)'}'s requests"
-            f" ({call.calls} of its {call.spans} spans hold one), which this report reads too:"
-            f" its time is theirs, so it is not ranked against their stages ({call.stage} swings"
-            f" {duration(stage.swing_ms)}{also})")
+    service = call.service or "(no service.name)"
+    whose = (f"other requests of {service}, its own service.name," if call.shared_name
+             else f"{service}'s requests")
+    held = f"({call.calls} of its {call.spans} spans hold one), which this report reads too"
+    if call.callee_stage:
+        return (f"{call.stage} spans are calls into {whose} {held}, and those requests have"
+                f" {call.stage} spans of their own: {call.stage}'s figures pool both, the calls'"
+                f" time being the callees' ({call.stage} swings {duration(stage.swing_ms)}{also})")
+    return (f"{call.stage} is a call into {whose} {held}: its time is theirs, so it is not ranked"
+            f" against their stages ({call.stage} swings {duration(stage.swing_ms)}{also})")
 
 
 def _queue_lines(fig: Figures) -> list[str]:
