@@ -233,10 +233,13 @@ def partial_stages(fig: Figures) -> list[str]:
     return [s.name for s in fig.stages.values() if s.count < STAGE_PRESENT_MIN_FRACTION * n]
 
 
-def offset_line(fig: Figures) -> str | None:
+def offset_line(fig: Figures, overlap_explains: float | None = None) -> str | None:
     """The sentence about stages whose ``explains`` lies outside 0..1, or ``None``: a stage
     missing from some warm requests (:func:`partial_stages`) counts 0 ms there, which is no
-    trade-off; the others offset each other."""
+    trade-off; a stage above 1 by no more than the double-counted time's part
+    (``overlap_explains``, :class:`~otel_stages.analysis.stage_overlap.Overlap`, with
+    :data:`OFFSET_MIN_EXPLAINS` to spare) holds time counted twice (its spans run at the same
+    time), which is no trade-off either; the others offset each other."""
     names = offsetting(fig)
     if not names:
         return None
@@ -252,7 +255,16 @@ def offset_line(fig: Figures) -> str | None:
         lines.append(f"explains outside 0-100% ({parts(missing)}): counted as 0 ms in the warm"
                      " requests without it, so the requests missing its spans, not its own"
                      " swing, set this figure")
-    offset = set(names) - missing
+    doubled = set() if overlap_explains is None or overlap_explains <= 0 else {
+        s.name for s in fig.stages.values() if s.name in names and s.name not in missing
+        and (s.explains or 0.0) > 1 and (s.explains or 0.0) - overlap_explains <= 1 + OFFSET_MIN_EXPLAINS}
+    if doubled:
+        lines.append(f"explains outside 0-100% ({parts(doubled)}): spans of a request that run at"
+                     " the same time (concurrent downloads, a span and its child) count their"
+                     " shared time twice, so it swings and explains more than the request total;"
+                     f" the (overlap) row takes the double count back (it explains"
+                     f" {pct(overlap_explains or 0.0)})")
+    offset = set(names) - missing - doubled
     if offset:
         swing = (f"{duration(fig.total.swing_ms)}" if fig.total is not None else "little")
         lines.append(f"explains outside 0-100% ({parts(offset)}): these stages offset each other"

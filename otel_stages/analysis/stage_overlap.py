@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from otel_stages.analysis.caveats import offset_line
 from otel_stages.analysis.figures import Figures
 from otel_stages.analysis.requests import Request
 from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
@@ -100,7 +101,13 @@ def lead_at_risk(fig: Figures, verdict: Verdict, overlap: Overlap | None) -> str
 
 
 def overlap_caveat(verdict: Verdict, fig: Figures, overlap: Overlap | None) -> None:
-    """When :func:`lead_at_risk`: tentative, with the evidence first and the advice first."""
+    """When :func:`lead_at_risk`: tentative, with the evidence first and the advice first. Where
+    the double count is what puts a stage's ``explains`` above 100 %, the line about it says so
+    (:func:`~otel_stages.analysis.caveats.offset_line`), not that stages offset each other."""
+    if overlap is not None and overlap.explains is not None:
+        said, meant = offset_line(fig), offset_line(fig, overlap.explains)
+        if said is not None and meant != said and said in verdict.evidence:
+            verdict.evidence[verdict.evidence.index(said)] = meant or said
     runner = lead_at_risk(fig, verdict, overlap)
     if runner is None or overlap is None:
         return
