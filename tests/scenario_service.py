@@ -31,7 +31,7 @@ from otel_stages.demo.images import photo
 TARGET = (224, 224)
 #: Stand-in model: seconds per forward, and the extra paid on the first call and on the first
 #: call of each new input shape.
-FORWARD_S, FIRST_CALL_S, NEW_SHAPE_S = 0.02, 0.6, 0.6  # extras far above any load-slowed request
+FORWARD_S, FIRST_CALL_S, NEW_SHAPE_S = 0.02, 0.6, 1.5  # extras far above any load-slowed request
 UNTRACED_S = 0.004  # e.g. tokenization and response encoding outside any stage span
 
 
