@@ -106,32 +106,29 @@ def for_queue(gpu_level: str, gpu_words: str, fill_ms: float | None, wait_ms: fl
     not advised, nor a smaller max batch (it lowers throughput)."""
     busy = gpu_level == "high"
     smaller = "" if busy else " or the max batch size"
-    med_exec = bool(fill_ms is not None and wait_ms and fill_ms < BATCH_FILL_MIN_SHARE * wait_ms)
-    tail = fill_p95_ms is not None and bool(wait_p95_ms)
-    tail_exec = tail and fill_p95_ms is not None and wait_p95_ms is not None and (
-        fill_p95_ms < BATCH_FILL_MIN_SHARE * wait_p95_ms)
-    if med_exec and (tail_exec or not tail):
-        assert fill_ms is not None and wait_ms is not None
+    med = (fill_ms, wait_ms) if fill_ms is not None and wait_ms else None
+    p95 = (fill_p95_ms, wait_p95_ms) if fill_p95_ms is not None and wait_p95_ms else None
+    med_exec = med is not None and med[0] < BATCH_FILL_MIN_SHARE * med[1]
+    tail_exec = p95 is not None and p95[0] < BATCH_FILL_MIN_SHARE * p95[1]
+    if med is not None and med_exec and (tail_exec or p95 is None):
         first = (f"requests wait for the executor, not for batches to fill (batches filled in"
-                 f" {duration(fill_ms)} median of the {duration(wait_ms)} median wait): the"
+                 f" {duration(med[0])} median of the {duration(med[1])} median wait): the"
                  " executor is still running the batch before theirs")
-    elif tail_exec:
-        assert fill_p95_ms is not None and wait_p95_ms is not None
+    elif p95 is not None and tail_exec:
         first = (f"the slow requests wait for the executor, not for batches to fill (they waited"
-                 f" {duration(wait_p95_ms)} at the p95, batches filled in {duration(fill_p95_ms)}"
+                 f" {duration(p95[1])} at the p95, batches filled in {duration(p95[0])}"
                  " at the p95): the executor was still busy with a batch before theirs, or held"
                  " between batches (a stalled model call, a lock it takes): look at what the"
                  " executor did while they waited (the batch spans' model-call times, a profile"
                  " of its thread), not at the fill timeout, which would cut only the typical wait")
-    elif med_exec:  # the typical request waits for the executor, the slow ones for a batch to fill
-        assert fill_p95_ms is not None and wait_p95_ms is not None
-        first = (f"the slow requests wait for batches to fill (they waited {duration(wait_p95_ms)}"
-                 f" at the p95, batches filled in {duration(fill_p95_ms)} at the p95; the typical"
+    elif p95 is not None and med_exec:  # the typical request waits for the executor, the slow ones for a fill
+        first = (f"the slow requests wait for batches to fill (they waited {duration(p95[1])}"
+                 f" at the p95, batches filled in {duration(p95[0])} at the p95; the typical"
                  " request waits for the executor instead): lower the batch fill timeout (max"
                  f" wait){smaller}")
-    elif fill_ms is not None and wait_ms:
-        first = (f"requests wait for batches to fill ({duration(fill_ms)} median of the"
-                 f" {duration(wait_ms)} median wait): lower the batch fill timeout (max wait){smaller}")
+    elif med is not None:
+        first = (f"requests wait for batches to fill ({duration(med[0])} median of the"
+                 f" {duration(med[1])} median wait): lower the batch fill timeout (max wait){smaller}")
     else:
         first = ("requests wait for the batch/executor: if batches wait to fill, lower the batch"
                  f" fill timeout (max wait){smaller}")

@@ -467,10 +467,10 @@ def _queue_lines(fig: Figures) -> list[str]:
     the batches' fill against the requests' wait, and the GPU during forward."""
     lines = []
     if fig.batch_fill_ms is not None and fig.batch_wait_ms is not None:
-        tail = ("" if fig.batch_fill_p95_ms is None or fig.batch_wait_p95_ms is None else
-                f" (p95 {duration(fig.batch_fill_p95_ms)})")
-        waited = ("" if fig.batch_fill_p95_ms is None or fig.batch_wait_p95_ms is None else
-                  f" (p95 {duration(fig.batch_wait_p95_ms)})")
+        tail = waited = ""
+        if fig.batch_fill_p95_ms is not None and fig.batch_wait_p95_ms is not None:
+            tail = f" (p95 {duration(fig.batch_fill_p95_ms)})"
+            waited = f" (p95 {duration(fig.batch_wait_p95_ms)})"
         lines.append(f"batches filled in {duration(fig.batch_fill_ms)} median{tail} (from the first"
                      " enqueue, or from when the executor was free), requests waited"
                      f" {duration(fig.batch_wait_ms)} median{waited} from enqueue to pickup")
