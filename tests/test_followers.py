@@ -1,5 +1,5 @@
 """A process-wide slowdown under one large stage (``caveats.followers``): the other stages slow in
-the same requests, each by as large a part of its own time, though the covariances are a small
+the same requests, each by a comparable part of its own time, though the covariances are a small
 part of the total's variance because the large stage holds most of it.
 
 A tester slowed a whole process 2x in 30 % of the requests (another process burning the CPU):

@@ -537,7 +537,7 @@ def _follow_head(stage: StageFigures, found: list[tuple[str, float, float]]) -> 
     v_text = (f"{low_v:.2f}x" if f"{low_v:.2f}" == f"{high_v:.2f}"
               else f"{low_v:.2f}x .. {high_v:.2f}x")
     return (f"the other stages slow in the same requests as {stage.name} ({names}: correlation"
-            f" with the rest of the request {r_text}), each by as large a part of its own time"
+            f" with the rest of the request {r_text}), each by a comparable part of its own time"
             f" ({v_text} {stage.name}'s variation, relative to their means)")
 
 
