@@ -52,7 +52,8 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   advice to find what slows the process first (after recording input sizes, where none is: larger
   inputs would move the stages together too). The same reading when the verdict's stage takes
   most of the time, so that the covariances are a small part of the variance, but the other stages
-  follow it (:func:`followers`): at least :data:`FOLLOW_MIN_STAGES` of them, every one judged,
+  follow it (:func:`followers`): at least :data:`FOLLOW_MIN_STAGES` of the stages before it, every
+  one judged (not the queue, nor the stages after it, which wait on it or scale with its output),
   each correlating at least :data:`FOLLOW_MIN_CORRELATION` with the rest of the request and varying
   by at least :data:`FOLLOW_MIN_RELATIVE` of the stage's variation, each relative to its own mean
   (a process slowed 2x slows every stage 2x in the same requests).
@@ -508,13 +509,20 @@ def _apart(larger: float, smaller: float) -> tuple[str, str]:
 def followers(fig: Figures, stage: StageFigures) -> list[tuple[str, float, float]]:
     """The stages that follow ``stage`` (module docstring): ``(name, correlation, relative)``
     each, in ``fig``'s stage order, where at least :data:`FOLLOW_MIN_STAGES` are judged and every
-    judged one follows; else ``[]``. Judged: every stage but ``stage`` and the queue with
-    :data:`FOLLOW_MIN_SHARE` of the request time or more and known ``explains`` and ``alone``."""
+    judged one follows; else ``[]``. Judged: every stage before ``stage`` in ``fig``'s order (the
+    standard stages in pipeline order, then the custom ones) but the queue, with
+    :data:`FOLLOW_MIN_SHARE` of the request time or more and known ``explains`` and ``alone``. The
+    stages after it are not: a postprocess that copies the model's output back (waiting on the
+    GPU stream) or scales with the output's length slows with a slow forward, a single-stage
+    cause; custom stages, whose place in the pipeline the figures do not hold, are judged only
+    before a custom verdict stage."""
     if not stage.alone or stage.alone <= 0 or stage.share <= 0:
         return []
     found = []
     for s in fig.stages.values():
-        if s is stage or s.name == semconv.STAGE_QUEUE or s.share < FOLLOW_MIN_SHARE:
+        if s is stage:
+            break  # (the stages after it may wait on it or scale with its output: not judged)
+        if s.name == semconv.STAGE_QUEUE or s.share < FOLLOW_MIN_SHARE:
             continue
         if s.explains is None or not s.alone or s.alone <= 0:
             return []
