@@ -638,7 +638,7 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
     places = [] if stage is None else [stage]
     if stage is not None and extra > 0:
         rest = [n for n in excess if n != stage and excess[n] >= COLD_SECOND_MIN_SHARE * extra]
-        if rest:  # (at most one more: two shares of 0.3 or more besides the first's)
+        if rest:  # the larger only: a third place of 0.3 or more (38/31/31) stays unnamed
             places.append(max(rest, key=lambda n: (excess[n], n != COLD_UNTRACED)))
     for place in places:
         share = f" ({pct(excess[place] / extra)})" if len(places) > 1 else ""
