@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from otel_stages.analysis import load_paths
+from otel_stages.analysis import advice, load_paths
 from otel_stages.analysis.calls import remote_calls
 from otel_stages.analysis.clickhouse import Tables, fetch_aggregates, import_files
 from otel_stages.analysis.clickhouse_figures import report_dict
@@ -52,7 +52,7 @@ def _span(trace: str, sid: str, parent: str | None, name: str, start: int, end: 
 
 
 def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_only: bool = False,
-                         gateway: str = GATEWAY, call_name: str = "POST") -> Path:
+                         gateway: str = GATEWAY, call_name: str = "POST", pool_ms: float = 0.0) -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
@@ -61,7 +61,10 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
     90 % busy in its forwards, idle between. ``worker_only``: the worker's spans and points alone
     (what its own files would hold). ``gateway``: the gateway's service.name (the worker's: one
     name for both, the gateway in service.namespace ``edge``, the worker in ``gpu``);
-    ``call_name``: the client span's name (``forward``: a gateway's stage around its call)."""
+    ``call_name``: the client span's name (``forward``: a gateway's stage around its call).
+    ``pool_ms``: every fourth call waits ``pool_ms`` (x 1 / 1.1 / 1.2) in the gateway's client
+    before the worker's request starts (a connection pool's wait, inside POST, outside the
+    worker), the worker's forward then a steady 50 ms after its cold start."""
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
     gateway_spans: list[dict[str, Any]] = []
@@ -80,16 +83,19 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
             ms += r.uniform(-0.2, 0.2)
             stages.append(_span(trace, next(ids), rid, name, c, c + int(ms * MS), attrs))
             c += int(ms * MS) + MS // 50
-        forward = 1500.0 if i == 0 else (250.0 + (i % 3) * 20 if i % 4 == 2 else 50.0 + r.uniform(-1, 1))
+        slow = i % 4 == 2
+        forward = 1500.0 if i == 0 else (250.0 + (i % 3) * 20 if slow and not pool_ms
+                                         else 50.0 + r.uniform(-1, 1))
+        wait = pool_ms * (1 + (i % 3) / 10) if slow else 0.0
         inner = 2.0 + forward + 0.2
-        call = inner + 2.0 if i < calls else 55.0 + r.uniform(-0.5, 0.5)
+        call = inner + 2.0 + wait if i < calls else 55.0 + r.uniform(-0.5, 0.5)
         post = next(ids)
         stages.append(_span(trace, post, rid, call_name, c, c + int(call * MS), kind=3))
         end = c + int(call * MS) + MS // 10
         gateway_spans += [_span(trace, rid, None, "request", t, end, {"request.seq": i + 1}), *stages]
         if i >= calls:
             continue
-        above, s = post, c + MS // 2
+        above, s = post, c + MS // 2 + int(wait * MS)
         for k in range(hops - 1):  # a proxy's span, then the worker's server span
             sid = next(ids)
             target = worker if k == hops - 2 else gateway_spans
@@ -289,3 +295,89 @@ def test_a_call_named_as_the_callees_stage_is_pooled_with_it(engine: Any, tmp_pa
     assert v["advice"][0] == ADVICE.replace("POST", "forward")
     assert _sql(engine, path)["verdict"] == v
 
+
+
+# --- a call's own time: the wait outside the called requests is the caller's ----------------------
+
+POOL_MS = 200.0
+
+
+def _own(path: Path) -> list[tuple[str, float, float, float, float, float]]:
+    spans = load_paths([path]).spans
+    return [(c.stage, c.own_p5_ms or 0.0, c.own_median_ms or 0.0, c.own_p95_ms or 0.0,
+             c.callee_p5_ms or 0.0, c.callee_p95_ms or 0.0)
+            for c in remote_calls(group_spans(spans).requests, spans)]
+
+
+@pytest.mark.parametrize("hops", [1, 2])
+def test_a_calls_own_wait_is_the_callers(engine: Any, tmp_path: Path, hops: int) -> None:
+    """A tester's gateway whose HTTP client waits 200-240 ms for a pooled connection in every fourth
+    call before the worker's request starts, the worker steady: POST was left out as the worker's
+    time ("no single stage swings", advice to report the steady worker alone). Now POST's own time
+    (each span less its called request) is read, and POST is the verdict with the cause ``call``,
+    the client-pool advice and ``--service gateway``; the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / f"pool_{hops}.jsonl", hops=hops, pool_ms=POOL_MS)
+    [(name, own_p5, own_median, own_p95, callee_p5, callee_p95)] = _own(path)
+    assert name == "POST" and own_p5 == pytest.approx(2.0, abs=0.7)
+    assert own_median == pytest.approx(2.0, abs=0.7) and own_p95 > POOL_MS
+    assert callee_p95 - callee_p5 < 5.0  # (the worker is steady: its cold start is past p95)
+    want = _file(path)
+    v = want["verdict"]
+    assert (v["cause"], v["stage"], v["tentative"]) == ("call", "POST", True)
+    own = next(e for e in v["evidence"] if e.startswith("POST is a call into"))
+    assert "but its own time outside them" in own and "the wait is the caller's" in own
+    assert v["advice"][0] == (f"report each service alone (otel-stages report ... --service {GATEWAY}:"
+                              f" the service whose POST calls wait outside {WORKER}'s requests)")
+    assert v["advice"][1] == advice.CALL_OWN.format(stage="POST")
+    assert _sql(engine, path)["verdict"] == v
+
+
+def test_own_time_figures_parity(engine: Any, tmp_path: Path) -> None:
+    """The calls' own-time and callee percentiles, file and ClickHouse (exact quantiles: equal up
+    to float rounding)."""
+    path = gateway_calls_worker(tmp_path / "pool.jsonl", hops=2, pool_ms=POOL_MS)
+    tables = Tables(database=f"i{next(_dbs)}")
+    assert import_files(engine, tables, [path]).problems == []
+    got = [(c.stage, c.own_p5_ms, c.own_median_ms, c.own_p95_ms, c.callee_p5_ms, c.callee_p95_ms)
+           for c in fetch_aggregates(engine, tables, AggregateQuery()).calls]
+    [want] = _own(path)
+    assert got[0][0] == want[0] and got[0][1:] == pytest.approx(want[1:], abs=1e-6)
+
+
+def test_a_steady_calls_own_time_leaves_it_out(tmp_path: Path) -> None:
+    """The rule's other side on the same shape: a wait of 5-6 ms, under the 15 % of the median
+    request a stage must swing, is no swing of POST's own: the call stays out (the pooled totals,
+    the gateway's and the worker's, still swing: no single stage does)."""
+    path = gateway_calls_worker(tmp_path / "short.jsonl", hops=2, pool_ms=5.0)
+    v = _file(path)["verdict"]
+    assert v["cause"] is None
+    assert any("no single stage swings materially" in e and "widest POST" in e for e in v["evidence"])
+    assert not any("but its own time outside them" in e for e in v["evidence"])
+
+
+def test_own_wait_with_the_call_named_forward(engine: Any, tmp_path: Path) -> None:
+    """The same wait in a gateway's ``stage("forward")`` around its call (pooled with the worker's
+    forward spans): a tentative forward verdict blamed the model; now the cause is the call, the
+    GPU advice gone; the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / "named.jsonl", hops=2, call_name="forward", pool_ms=POOL_MS)
+    want = _file(path)
+    v = want["verdict"]
+    assert (v["cause"], v["stage"], v["tentative"]) == ("call", "forward", True)
+    assert any(e.startswith("forward is a call into") and "its figures pooling the calls and the"
+               " called requests' own forward spans" in e for e in v["evidence"])
+    assert v["advice"][1] == advice.CALL_OWN.format(stage="forward")
+    assert not any("GPU" in a for a in v["advice"])  # (the worker's cold start: warm-up advice)
+    assert _sql(engine, path)["verdict"] == v
+
+
+def test_own_wait_under_one_service_name(engine: Any, tmp_path: Path) -> None:
+    """One service.name for both: the pooling line says the caller's stages are ranked with the
+    callee's (not that the callee's swing reads in the caller's totals), the advice to name them
+    apart first; the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / "shared_pool.jsonl", hops=2, gateway=WORKER, pool_ms=POOL_MS)
+    v = _file(path)["verdict"]
+    assert (v["cause"], v["stage"], v["tentative"]) == ("call", "POST", True)
+    assert v["evidence"][0].endswith("pooled here as one, so a caller's stages are ranked with its"
+                                     " callee's; the verdict is tentative")
+    assert v["advice"][0].startswith("give the processes POST calls their own service.name")
+    assert _sql(engine, path)["verdict"] == v

@@ -33,6 +33,15 @@ UNTRACED = (
     "wrap the untraced work (auth, tokenization, response encoding, locks) in stage() spans so"
     " the swing lands on a named stage"
 )
+#: A call's own time (outside the requests it calls) swings: where a client waits, not the callee.
+CALL_OWN = (
+    "{stage}'s own time, outside the requests it calls, is the caller's: check its HTTP client's"
+    " connection pool (a pool limit below the concurrency it serves queues calls: httpx's"
+    " Limits(max_connections=...), aiohttp's TCPConnector(limit=...)), keep-alive (new"
+    " connections pay DNS, TCP and TLS each time), the network between the two, and whether the"
+    " called server accepts requests late (its accept backlog, too few workers); time the client's"
+    " wait apart (a stage() around acquiring the connection) to tell them apart"
+)
 WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"
     " no user pays for weight loading, allocation and kernel compilation"

@@ -19,6 +19,10 @@ and a worker that share one (told apart only by ``service.namespace`` or instanc
 other as much as two services do (:attr:`Call.shared_name`). A call named as a stage of the
 requests it calls (a gateway's ``stage("forward")`` around its HTTP call) is pooled under that
 stage's name with the callee's own spans (:attr:`Call.callee_stage`): it is said, not left out.
+A call's *own time* (each call span less the called requests' totals: the client's wait for a
+pooled connection, connecting, the network, the callee's server before its request span starts)
+is the caller's: :attr:`Call.own_swing_ms`, judged by the rules, which rank a call whose own time
+swings (and not its callees') as the caller's own (``CAUSE_CALL``).
 Only where some trace holds two requests or more (a call needs both in one trace). The
 ClickHouse report reads the same (:mod:`otel_stages.analysis.clickhouse_calls`). Pure.
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from otel_stages import semconv
 from otel_stages.analysis.model import Span
 from otel_stages.analysis.requests import Request
+from otel_stages.analysis.stats import percentile
 
 #: A called request span lies at most this many parent links below the calling stage span: 1,
 #: the request span is the client span's child (context injected by hand or by an SDK that makes
@@ -52,7 +57,11 @@ class Call:
     of that stage the requests read hold; ``shared_name`` when the called requests' service.name
     is the calling spans' own (one name for two services: ``--service`` cannot part them);
     ``callee_stage`` when some called request has a stage of the same name (the calls and the
-    callee's own spans are pooled under it)."""
+    callee's own spans are pooled under it). Over the calling spans found (warm and cold
+    requests): ``own_p5_ms`` / ``own_median_ms`` / ``own_p95_ms`` the percentiles (linear
+    interpolation, as every stage's) of each span's own time, its duration less its called
+    requests' totals (0 where those outlast it: calls made at once), and ``callee_p5_ms`` /
+    ``callee_p95_ms`` those of the called requests' totals per span; ``None`` where unread."""
 
     stage: str
     service: str
@@ -60,6 +69,25 @@ class Call:
     spans: int
     shared_name: bool = False
     callee_stage: bool = False
+    own_p5_ms: float | None = None
+    own_median_ms: float | None = None
+    own_p95_ms: float | None = None
+    callee_p5_ms: float | None = None
+    callee_p95_ms: float | None = None
+
+    @property
+    def own_swing_ms(self) -> float | None:
+        """``own_p95_ms - own_p5_ms`` (ms): how much the calls' own time swings."""
+        if self.own_p5_ms is None or self.own_p95_ms is None:
+            return None
+        return self.own_p95_ms - self.own_p5_ms
+
+    @property
+    def callee_swing_ms(self) -> float | None:
+        """``callee_p95_ms - callee_p5_ms`` (ms): how much the called requests swing."""
+        if self.callee_p5_ms is None or self.callee_p95_ms is None:
+            return None
+        return self.callee_p95_ms - self.callee_p5_ms
 
 
 def left_out(calls: Iterable[Call]) -> set[str]:
@@ -96,6 +124,8 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
     for key in callees:
         at.setdefault(key, []).append(key)
     found: Counter[tuple[str, str, bool]] = Counter()
+    # per calling span and found key: its duration (ms) and its called requests' totals (ms)
+    made: dict[tuple[tuple[str, str], tuple[str, str, bool]], tuple[float, list[float]]] = {}
     own: set[tuple[str, str, bool]] = set()  # calls named as a stage of a request they call
     for _ in range(MAX_CALL_HOPS):
         parent_of: dict[tuple[str, str], str | None] = {}
@@ -115,6 +145,9 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
                     service = _service(callees[callee].resource)
                     found_key = (stage.name, service, service == _service(stage.resource))
                     found[found_key] += 1
+                    _, totals = made.setdefault(
+                        (up, found_key), ((stage.end_ns - stage.start_ns) / 1e6, []))
+                    totals.append(callees[callee].total_ms)
                     if any(s.name == stage.name for s in callees[callee].spans):
                         own.add(found_key)
             elif up not in parents:  # (a request or group above: no call)
@@ -122,6 +155,17 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
         at = upper
         if not at:
             break
-    calls = [Call(stage, service, n, counts[stage], shared, (stage, service, shared) in own)
+    own_ms: dict[tuple[str, str, bool], list[float]] = {}
+    callee_ms: dict[tuple[str, str, bool], list[float]] = {}
+    for (_, found_key), (call_ms, totals) in made.items():
+        own_ms.setdefault(found_key, []).append(max(0.0, call_ms - sum(totals)))
+        callee_ms.setdefault(found_key, []).append(sum(totals))
+    calls = [Call(stage, service, n, counts[stage], shared, (stage, service, shared) in own,
+                  *_percentiles(own_ms[(stage, service, shared)], (5, 50, 95)),
+                  *_percentiles(callee_ms[(stage, service, shared)], (5, 95)))
              for (stage, service, shared), n in found.items() if n >= CALL_MIN_SHARE * counts[stage]]
     return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.shared_name)))
+
+
+def _percentiles(values: list[float], levels: tuple[float, ...]) -> list[float]:
+    return [percentile(values, q) for q in levels]

@@ -83,7 +83,7 @@ from otel_stages.analysis.figures import (
 from otel_stages.analysis.mechanisms import CAUSE_CPU_THROTTLED, CAUSE_EVENT_LOOP_BLOCKED, CAUSE_GC_PAUSE
 from otel_stages.analysis.sampled import is_sampled, sampled_line
 from otel_stages.analysis.units import duration, pct
-from otel_stages.analysis.verdict import CAUSE_COLD_START, CAUSE_STABLE, Verdict
+from otel_stages.analysis.verdict import CAUSE_CALL, CAUSE_COLD_START, CAUSE_STABLE, Verdict
 
 #: The warm-up after a process's cold request is looked for in at most this many warm requests
 #: after it (:func:`otel_stages.analysis.cohorts.set_apart_and_warmup`): lazy compilation,
@@ -458,11 +458,15 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
         f" services are pooled here ({named}; warm and cold requests): another model or"
         " pipeline per service makes requests differ for reasons no stage shows, so a swing"
         " across services reads as a stage's swing; the verdict is tentative"))
-    # a called service first (its requests hold the calls' time, and so the cause), else the largest
+    # a called service first (its requests hold the calls' time, and so the cause), else the largest;
+    # the calling service first where the calls' own time is the verdict (the wait is the caller's)
     called = next((c for c in fig.calls if c.service and not c.shared_name), None)
     first = called.service if called else next((name for name, _ in fig.services if name), None)
-    example = f" --service {first}" if first else " --service NAME"
     why = f": the service {called.stage} calls" if called else ""
+    if called is not None and verdict.cause == CAUSE_CALL:
+        first = next((name for name, _ in fig.services if name and name != called.service), None)
+        why = f": the service whose {verdict.stage} calls wait outside {called.service}'s requests"
+    example = f" --service {first}" if first else " --service NAME"
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example}{why})")
 
 
@@ -477,7 +481,9 @@ def _shared_name_caveat(verdict: Verdict, fig: Figures) -> None:
         f"{called.stage} calls requests of the same service.name ({name}) that this report reads"
         " too: a caller's requests and its callee's, two services with other stages (a gateway and"
         " a worker told apart only by service.namespace or instance), are pooled here as one, so a"
-        " swing of the callee's reads in the caller's totals as well; the verdict is tentative"))
+        + (" caller's stages are ranked with its callee's" if verdict.cause == CAUSE_CALL else
+           " swing of the callee's reads in the caller's totals as well")
+        + "; the verdict is tentative"))
     verdict.advice.insert(0, (
         f"give the processes {called.stage} calls their own service.name (OpenTelemetry's"
         " service.name names one logical service), then report each service alone"

@@ -23,8 +23,9 @@ from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, 
 #: The links still walked: ``(trace_key, at, svc, callee)``, ``at`` a span id above the request
 #: ``callee`` (its span key) of service ``svc``.
 AT_TABLE = "otel_stages_call_at"
-#: The calls found: ``(name, svc, same, trace_key, callee)`` per called request, ``same`` when
-#: the calling span's service.name is ``svc``.
+#: The calls found: ``(name, svc, same, trace_key, callee, sid, dur)`` per called request,
+#: ``same`` when the calling span's service.name is ``svc``; ``sid`` the calling span's id and
+#: ``dur`` its duration (ns).
 FOUND_TABLE = "otel_stages_call_found"
 #: Temporary tables this module creates (dropped after a report).
 TABLES = (AT_TABLE, FOUND_TABLE)
@@ -48,7 +49,7 @@ def start_statements() -> list[str]:
     return [
         f"DROP TEMPORARY TABLE IF EXISTS {FOUND_TABLE}",
         f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String, same UInt8,"
-        " trace_key UInt128, callee UInt64) ENGINE = Memory",
+        " trace_key UInt128, callee UInt64, sid UInt64, dur Int64) ENGINE = Memory",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}",
         f"""CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS
 SELECT trace_key, self_pid AS at, self_svc AS svc, key AS callee FROM {GROUPS_TABLE}
@@ -66,7 +67,7 @@ def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
         reinterpretAsUInt64(unhex(SpanId)) AS sid, reinterpretAsUInt64(unhex(ParentSpanId)) AS pid,
         if(match(CAST(SpanName AS String), {PER_REQUEST_SQL}),
            trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), CAST(SpanName AS String)) AS name,
-        CAST(ServiceName AS String) AS span_svc,
+        CAST(ServiceName AS String) AS span_svc, toInt64(Duration) AS dur,
         ParentSpanId != '' AND (trace_key, pid) IN ({_HOLDERS})
             AND (trace_key, sid) NOT IN ({_STAGE_PARENTS}) AS stage,
         (trace_key, sid) IN ({_STAGE_PARENTS}) AS holder
@@ -76,11 +77,13 @@ def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
             IN (SELECT trace_key, at FROM {AT_TABLE})
     LIMIT 1 BY trace_key, sid"""
     joined = f"""SELECT a.trace_key AS trace_key, a.svc AS svc, a.callee AS callee, s.pid AS pid,
-        s.name AS name, s.span_svc AS span_svc, s.stage AS stage, s.holder AS holder
+        s.name AS name, s.span_svc AS span_svc, s.stage AS stage, s.holder AS holder,
+        s.sid AS sid, s.dur AS dur
     FROM {AT_TABLE} AS a
     INNER JOIN ({spans}) AS s ON a.trace_key = s.trace_key AND a.at = s.sid"""
     return [
-        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc = svc, trace_key, callee FROM ({joined})
+        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc = svc, trace_key, callee, sid, dur
+FROM ({joined})
 WHERE stage AND name != ''""",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}_next",
         f"""CREATE TEMPORARY TABLE {AT_TABLE}_next ENGINE = Memory AS
@@ -93,18 +96,25 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
 
 
 def calls_sql() -> str:
-    """``stage, service, calls, spans, shared_name, callee_stage``: as
+    """``stage, service, calls, spans, shared_name, callee_stage, own_q, callee_q``: as
     :func:`otel_stages.analysis.calls.remote_calls` (stages whose calls reach
     :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the requests read), most
-    calls first."""
+    calls first; ``own_q`` the p5, median and p95 (ns, ``quantilesExactInclusive``: the file
+    report's interpolation) of each calling span's own time (its duration less its called
+    requests' totals, at least 0), ``callee_q`` the p5 and p95 of those totals."""
     return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans,
-    f.same AS shared_name, f.own AS callee_stage
-FROM (SELECT c.name AS name, c.svc AS svc, c.same AS same, count() AS n,
-             max(has(r.stage_names, c.name)) AS own
-      FROM {FOUND_TABLE} AS c
-      LEFT JOIN (SELECT trace_key, span_key, stage_names FROM {REQUESTS_TABLE}
-                 WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
-          ON c.trace_key = r.trace_key AND c.callee = r.span_key
+    f.same AS shared_name, f.own AS callee_stage, f.own_q AS own_q, f.callee_q AS callee_q
+FROM (SELECT name, svc, same, sum(k) AS n, max(o) AS own,
+             quantilesExactInclusive(0.05, 0.5, 0.95)(greatest(toInt64(0), dur - callee_ns)) AS own_q,
+             quantilesExactInclusive(0.05, 0.95)(callee_ns) AS callee_q
+      FROM (SELECT c.name AS name, c.svc AS svc, c.same AS same, c.trace_key AS tk, c.sid AS call,
+                   any(c.dur) AS dur, sum(r.total_ns) AS callee_ns, count() AS k,
+                   max(has(r.stage_names, c.name)) AS o
+            FROM {FOUND_TABLE} AS c
+            LEFT JOIN (SELECT trace_key, span_key, stage_names, total_ns FROM {REQUESTS_TABLE}
+                       WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
+                ON c.trace_key = r.trace_key AND c.callee = r.span_key
+            GROUP BY name, svc, same, tk, call)
       GROUP BY name, svc, same) AS f
 INNER JOIN (SELECT name, sum(k) AS spans FROM {REQUESTS_TABLE}
             ARRAY JOIN stage_names AS name, stage_counts AS k WHERE is_request GROUP BY name) AS t

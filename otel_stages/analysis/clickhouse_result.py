@@ -892,7 +892,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         service_hosts=tuple((str(r["service_name"]), int(r["n"]))
                             for r in results.get("service_hosts") or ()),
         calls=tuple(Call(str(r["stage"]), str(r["service"]), int(r["calls"]), int(r["spans"]),
-                         bool(r["shared_name"]), bool(r["callee_stage"]))
+                         bool(r["shared_name"]), bool(r["callee_stage"]),
+                         *(float(q) / 1e6 for q in r["own_q"]), *(float(q) / 1e6 for q in r["callee_q"]))
                     for r in results.get("calls") or ()),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),

@@ -33,7 +33,10 @@ fleet report and any later source call it with the same thresholds. Order of the
    tentative too (:func:`spike_only`). A stage that is a call into another service's requests read
    in the same report (:attr:`Figures.calls <otel_stages.analysis.figures.Figures.calls>`) is no
    suspect: its time is the called requests', whose stages are ranked without it; the evidence
-   says so first when it is material.
+   says so first when it is material. But for its own time, each call span less its called
+   requests' totals (:func:`own_time_calls`): where that swings materially and at least
+   :data:`CALL_OWN_MIN_RATIO` of the called requests' swing, the call is the caller's own wait,
+   ranked as any stage with the cause ``call``.
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
@@ -45,7 +48,7 @@ evidence says so first, with the verdict within the largest cohort. Never raises
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
@@ -93,6 +96,7 @@ from otel_stages.analysis.noise import (
 from otel_stages.analysis.phrases import band_line, centre, spread_text, total_text
 from otel_stages.analysis.units import duration, pct, times_beside
 from otel_stages.analysis.verdict import (
+    CAUSE_CALL,
     CAUSE_COLD_START,
     CAUSE_GPU_BUSY,
     CAUSE_GPU_STARVED,
@@ -142,6 +146,14 @@ LAG_DOMINATES_FRACTION = 0.5
 #: suspect explains (its swing, where a source cannot know ``explains``): the ranking between two
 #: such stages is within what another run could reverse, so evidence and advice name both.
 CO_SUSPECT_MIN_RATIO = 0.8
+
+#: A call's own time (each span less its called requests' totals) is the caller's: where it swings
+#: materially (rule 3 on its p5 -> p95) and at least this multiple of the called requests' own
+#: swing, the call is ranked as the caller's (cause ``call``), no longer left out as the callee's
+#: (a tester's gateway whose HTTP client waited 200-240 ms for a pooled connection in every 4th
+#: request, the worker steady, read "no single stage swings" with advice to report the steady
+#: worker alone). Where the called requests swing more, the swing is theirs: the call stays out.
+CALL_OWN_MIN_RATIO = 1.0
 
 UNACCOUNTED = "unaccounted"  #: name of the untraced-time candidate in rankings
 
@@ -208,6 +220,20 @@ def spike_only(suspect: StageFigures, reference_ms: float) -> bool:
     return suspect.swing_ms < SWING_MIN_FRACTION * reference_ms and suspect.spike_ms is not None
 
 
+def own_time_calls(fig: Figures, band: NoiseBand) -> set[str]:
+    """The names of :attr:`Figures.calls` stages whose own time (:attr:`Call.own_swing_ms
+    <otel_stages.analysis.calls.Call.own_swing_ms>`) swings materially (:func:`is_material`) and
+    at least :data:`CALL_OWN_MIN_RATIO` of their called requests' swing: ranked as the caller's."""
+    names = set()
+    for call in fig.calls:
+        own = call.own_swing_ms
+        if own is None or not is_material(own, None, fig.total, band):
+            continue
+        if own >= CALL_OWN_MIN_RATIO * (call.callee_swing_ms or 0.0):
+            names.add(call.stage)
+    return names
+
+
 def verdict_band_ms(fig: Figures) -> float | None:
     """The noise band (ms) :func:`decide` judges ``fig`` against; ``None`` where it makes no
     verdict on the warm requests (fewer than :data:`MIN_WARM_RUNS`, no stages)."""
@@ -243,7 +269,8 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _stable_verdict(fig, band)
     else:
-        calls = left_out(fig.calls)
+        own = own_time_calls(fig, band)
+        calls = left_out(fig.calls) - own
         candidates = [
             _Candidate(s.name, s.swing_ms, s.spike_ms, s.explains)
             for s in fig.stages.values()
@@ -262,7 +289,7 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
         # a call's time is its callee's requests' (read here too): said first, never a suspect
-        verdict.evidence[:0] = [_call_line(fig, c) for c in fig.calls
+        verdict.evidence[:0] = [_call_line(fig, c, c.stage in own) for c in fig.calls
                                 if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
                                                fig.total, band)]
     _append_common(verdict, fig, band.band_ms)
@@ -377,7 +404,8 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
                   band: NoiseBand) -> Verdict:
     d = duration
     suspect = fig.stages[first.name]
-    cause, advice, lines = _stage_cause(fig, suspect.name)
+    own = own_time_calls(fig, band)
+    cause, advice, lines = _stage_cause(fig, suspect.name, own)
     ref = band.reference_ms
     if not spike_only(suspect, ref):
         head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
@@ -426,13 +454,13 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
         also = f" and explains {pct(nxt.explains)}" if nxt.explains is not None else ""
         head_lines.append(f"next: {nxt.name} swings {d(nxt.swing_ms)}{also}")
     else:
-        calls = left_out(fig.calls)  # (said apart: their swing is the suspect's)
+        calls = left_out(fig.calls) - own  # (said apart: their swing is the suspect's)
         rest = [s for s in fig.stages.values() if s.name != suspect.name and s.name not in calls]
         if rest:
             widest = max(rest, key=lambda s: s.swing_ms)
             head_lines.append(f"no other stage swings materially: the widest, {widest.name}, by"
                               f" {d(widest.swing_ms)}")
-    material = {o.name for o in others} | left_out(fig.calls)
+    material = {o.name for o in others} | (left_out(fig.calls) - own)
     for s in fig.stages.values():
         if (s.name != suspect.name and s.name not in material and s.min_ms and s.max_ms is not None
                 and s.max_ms >= 2 * s.min_ms):
@@ -441,7 +469,7 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
                               " explain the swing")
     lines = head_lines + lines
     if co_suspect is not None:
-        _, co_advice, co_lines = _stage_cause(fig, co_suspect.name)
+        _, co_advice, co_lines = _stage_cause(fig, co_suspect.name, own)
         lines.extend(f"{co_suspect.name}: {line}" for line in co_lines)
         advice = [f"{suspect.name}: {line}" for line in advice]
         advice.extend(f"{co_suspect.name}: {line}" for line in co_advice)
@@ -450,15 +478,27 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     return Verdict(cause, suspect.name, lines, advice, tentative=by_body)
 
 
-def _call_line(fig: Figures, call: Call) -> str:
+def _call_line(fig: Figures, call: Call, own: bool) -> str:
     """Why the call stage ``call`` (material) is no suspect, or, named as a stage of the requests
-    it calls, what its figures hold."""
+    it calls, what its figures hold; ``own``: its own time swings (:func:`own_time_calls`)."""
     stage = fig.stages[call.stage]
     also = f" and explains {pct(stage.explains)}" if stage.explains is not None else ""
     service = call.service or "(no service.name)"
     whose = (f"other requests of {service}, its own service.name," if call.shared_name
              else f"{service}'s requests")
     held = f"({call.calls} of its {call.spans} spans hold one), which this report reads too"
+    if own and call.own_p5_ms is not None and call.own_p95_ms is not None:
+        d = duration
+        callee = call.callee_swing_ms
+        theirs = f", the called requests' totals {d(callee)}" if callee is not None else ""
+        return (f"{call.stage} is a call into {whose} {held}, but its own time outside them (each"
+                f" {call.stage} span less its called requests' totals: waiting for a connection,"
+                f" connecting, the network, the called server before its request starts) swings"
+                f" {d(call.own_p95_ms - call.own_p5_ms)} (p5 {d(call.own_p5_ms)} -> p95"
+                f" {d(call.own_p95_ms)}){theirs}: the wait is the caller's, so {call.stage} is"
+                f" ranked as the caller's own time ({call.stage} swings {d(stage.swing_ms)}{also}"
+                + (f", its figures pooling the calls and the called requests' own {call.stage}"
+                   " spans)" if call.callee_stage else ")"))
     if call.callee_stage:
         return (f"{call.stage} spans are calls into {whose} {held}, and those requests have"
                 f" {call.stage} spans of their own: {call.stage}'s figures pool both, the calls'"
@@ -483,8 +523,13 @@ def _queue_lines(fig: Figures) -> list[str]:
     return lines
 
 
-def _stage_cause(fig: Figures, name: str) -> tuple[str | None, list[str], list[str]]:
-    """Stage ``name``'s cause, advice and evidence lines (GPU, stage evidence, mechanism)."""
+def _stage_cause(fig: Figures, name: str, own_calls: Container[str] = ()
+                 ) -> tuple[str | None, list[str], list[str]]:
+    """Stage ``name``'s cause, advice and evidence lines (GPU, stage evidence, mechanism); a call
+    in ``own_calls`` (:func:`own_time_calls`: its own time swings) is the caller's wait, its
+    figures said in the call's line."""
+    if name in own_calls:
+        return CAUSE_CALL, [advice_text.CALL_OWN.format(stage=name)], []
     evidence = fig.stage_evidence.get(name)
     cause, mechanism = cause_for(name, fig.gpu, evidence.mechanisms if evidence else ())
     lines: list[str] = []

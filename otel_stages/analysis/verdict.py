@@ -3,10 +3,10 @@
 The rules that pick the stage live in :mod:`otel_stages.analysis.decision` (one rule set for every
 source). A stage's cause is its plain cause (download -> ``transfer``, decode/resize ->
 ``preprocess``, queue -> ``queue``, forward -> ``gpu_busy`` / ``gpu_starved`` / ``forward`` by
-GPU evidence, a custom stage -> ``other``) unless confirmed mechanism evidence names a more
-specific one (:func:`cause_for`): later analyses add causes such as ``cpu_contention``,
-``gc_pause``, ``event_loop_blocked``, ``cpu_throttled`` and ``gpu_memory_pressure`` that way,
-with ``stage`` still the stage they hit.
+GPU evidence, a custom stage -> ``other``; a call whose own time swings -> ``call``) unless
+confirmed mechanism evidence names a more specific one (:func:`cause_for`): later analyses add
+causes such as ``cpu_contention``, ``gc_pause``, ``event_loop_blocked``, ``cpu_throttled`` and
+``gpu_memory_pressure`` that way, with ``stage`` still the stage they hit.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ CAUSE_FORWARD = "forward"
 CAUSE_COLD_START = "cold_start"
 CAUSE_STABLE = "stable"
 CAUSE_OTHER = "other"  #: a custom stage is the suspect; nothing more specific can be said
+#: a call into other requests read in the report swings by its own time, outside those requests
+#: (:func:`otel_stages.analysis.decision.own_time_calls`): the caller waits, not the callee
+CAUSE_CALL = "call"
 
 #: stage -> cause for the stages whose cause does not need more evidence
 STAGE_CAUSES: dict[str, str] = {
