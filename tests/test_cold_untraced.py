@@ -144,3 +144,68 @@ def test_a_model_load_and_a_lazy_client_are_both_named_in_both_reports(
     assert any(e.startswith(_PLACE) and e.endswith("(45%)") for e in v["evidence"])
     assert v["advice"][:2] == [advice.for_cold_start("forward")[0], advice.for_cold_start(COLD_UNTRACED)[0]]
     assert got["verdict"] == v
+
+
+# --- every place of 30 % or more, and a spread rest (COLD_REST_MIN_NAMED_SHARE) --------------------
+
+_BASE = {"download": 10.0, "decode": 10.0, "queue": 1.0, "forward": 100.0, COLD_UNTRACED: 0.1}
+
+
+def _spread(extra: dict[str, float]) -> ColdFigures:
+    """A first request paying ``extra`` ms over the warm medians in each named place."""
+    cold = {name: ms + extra.get(name, 0.0) for name, ms in _BASE.items()}
+    return ColdFigures(count=1, total_ms=sum(cold.values()), stages_ms=cold,
+                       comparable_median_total_ms=sum(_BASE.values()), comparable_stages_ms=dict(_BASE),
+                       compared_with=SAME_INPUT, comparable_requests=30, cohort="1024x768")
+
+
+def _cold_verdict(extra: dict[str, float]):
+    return decide(figures(stage("forward", 1.0, explains=0.5), total_swing=1.0, cold=_spread(extra)))
+
+
+def test_three_places_of_thirty_percent_are_all_named() -> None:
+    """A tester's 38/31/31 cold start (a model load, a lazy client, the decoder's first use): the
+    third place was unnamed; now each, the larger first, its advice in that order."""
+    v = _cold_verdict({"forward": 380.0, COLD_UNTRACED: 310.0, "decode": 310.0})
+    assert (v.cause, v.stage) == ("cold_start", "forward")
+    took = [e for e in v.evidence if " in the cold request vs " in e]
+    assert [e.split(" took ")[0] for e in took] == ["forward", "decode", "the time outside every stage span"]
+    assert [e[-5:] for e in took] == ["(38%)", "(31%)", "(31%)"]
+    assert v.advice[:3] == [advice.for_cold_start(p)[0] for p in ("forward", "decode", COLD_UNTRACED)]
+    assert not any(e.startswith("the other ") for e in v.evidence)
+
+
+@pytest.mark.parametrize("first_ms, said", [
+    (705.0, False),  # the rest 295 of 1000: 29.5 %
+    (695.0, True),   # 305 of 1000: 30.5 %
+])
+def test_a_spread_rest_of_thirty_percent_is_said(first_ms: float, said: bool) -> None:
+    """COLD_SECOND_MIN_SHARE 0.3 for the places under it together (literal: a changed threshold
+    must fail): a first place of 46 % and two of 27 % named the first only, 54 % unsaid."""
+    rest = 1000.0 - first_ms
+    v = _cold_verdict({"forward": first_ms, COLD_UNTRACED: rest / 2 + 5, "decode": rest / 2 - 5})
+    assert v.stage == "forward"
+    spread = [e for e in v.evidence if e.startswith("the other ")]
+    assert bool(spread) is said
+    assert (v.advice[1] == advice.for_cold_start(COLD_UNTRACED)[0]) is said
+    if said:
+        assert spread[0] == ("the other 30% of the extra time is spread over 2 places, each under 30%: the"
+                             " time outside every stage span 157.5 ms (16%), decode 147.5 ms (15%)")
+        assert any(e.startswith("forward took") and e.endswith("(70%)") for e in v.evidence)
+    else:
+        assert not any(e.endswith("%)") and "forward took" in e for e in v.evidence)
+
+
+@pytest.mark.parametrize("decode_ms, named", [
+    (99.0, False),  # 99 of 1000: 9.9 %
+    (101.0, True),  # 101 of 1000: 10.1 %
+])
+def test_a_spread_place_is_named_from_a_tenth(decode_ms: float, named: bool) -> None:
+    """COLD_REST_MIN_NAMED_SHARE 0.1 (literal): a place in the spread rest is named, with its
+    advice, from a tenth of the extra time; the smaller are counted."""
+    v = _cold_verdict({"forward": 640.0, COLD_UNTRACED: 360.0 - decode_ms - 1.0, "decode": decode_ms,
+                       "download": 1.0})
+    [spread] = [e for e in v.evidence if e.startswith("the other ")]
+    assert ("decode " in spread) is named
+    assert spread.endswith("1 more under 10%" if named else "2 more under 10%")
+    assert (advice.for_cold_start("decode")[0] in v.advice) is named

@@ -116,11 +116,16 @@ STAGE_MIN_PART_OF_SWING = 0.25
 #: The cold request is a cold start when its total is at least this multiple of its comparable warm
 #: requests' median: model load / kernel compilation is typically 10x+, ordinary noise < 1.5x.
 COLD_START_MIN_RATIO = 2.0
-#: A second place of the cold request's extra time (a stage, or the untraced time) is named too,
+#: Another place of the cold request's extra time (a stage, or the untraced time) is named too,
 #: with its advice after the first place's, when it holds at least this share of the extra time
 #: (the sum of the places' positive extras): a lazily built client and a model load in one first
 #: request are two fixes, and naming only the larger left 45 % of a tester's cold start unsaid.
 COLD_SECOND_MIN_SHARE = 0.3
+#: The places of the cold request's extra time under :data:`COLD_SECOND_MIN_SHARE` are said
+#: together when together they hold that share or more (a tester's 46/27/27 named the 46 % only),
+#: each holding at least this share by name, with its advice after the named places': a tenth of
+#: a cold start is a fix worth naming; less is jitter beside it.
+COLD_REST_MIN_NAMED_SHARE = 0.1
 #: A cold start paid by fewer than this share of the cold requests compared (the others did not
 #: stand out from their inputs' warm runs: ``cohorts.paid_min_ms``, ``ColdFigures.without_penalty``)
 #: is tentative: it may be those processes' own (a host's cold disk cache, a one-off stall at
@@ -681,21 +686,39 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
              if fig.total is not None else "warm runs are steady"]
     extra = sum(ms for ms in excess.values() if ms > 0)
     places = [] if stage is None else [stage]
+    rest: list[str] = []
     if stage is not None and extra > 0:
-        rest = [n for n in excess if n != stage and excess[n] >= COLD_SECOND_MIN_SHARE * extra]
-        if rest:  # the larger only: a third place of 0.3 or more (38/31/31) stays unnamed
-            places.append(max(rest, key=lambda n: (excess[n], n != COLD_UNTRACED)))
+        # every place of 0.3 or more (three at most: 38/31/31), the larger first
+        order = sorted((n for n in excess if n != stage and excess[n] > 0),
+                       key=lambda n: (-excess[n], n == COLD_UNTRACED, n))
+        places += [n for n in order if excess[n] >= COLD_SECOND_MIN_SHARE * extra]
+        rest = [n for n in order if n not in places]
+    spread = sum(excess[n] for n in rest)
+    spread_said = bool(rest) and spread >= COLD_SECOND_MIN_SHARE * extra  # (46/27/27: most unsaid)
+    shares = len(places) > 1 or spread_said
     for place in places:
-        share = f" ({pct(excess[place] / extra)})" if len(places) > 1 else ""
+        share = f" ({pct(excess[place] / extra)})" if shares else ""
         lines.append(
             f"{_cold_place(place)} took {duration(cold.stages_ms[place])} in the cold request vs"
             f" {duration(cold.comparable_stages_ms.get(place, 0.0))} in comparable warm requests:"
             f" {duration(excess[place])} of the extra time{share}")
+    listed = [n for n in rest if excess[n] >= COLD_REST_MIN_NAMED_SHARE * extra] if spread_said else []
+    if spread_said:
+        named = ", ".join(f"{_cold_place(n)} {duration(excess[n])} ({pct(excess[n] / extra)})"
+                          for n in listed)
+        more = len(rest) - len(listed)
+        under = (f"{', and ' if listed else ''}{more} more under {pct(COLD_REST_MIN_NAMED_SHARE)}"
+                 if more else "")
+        lines.append(f"the other {pct(spread / extra)} of the extra time is spread over {len(rest)}"
+                     f" place{'s' if len(rest) > 1 else ''}, each under {pct(COLD_SECOND_MIN_SHARE)}:"
+                     f" {named}{under}")
     advice = advice_text.for_cold_start(stage)
-    if len(places) > 1:
-        second = advice_text.for_cold_start(places[1])[0]
-        if second not in advice:
-            advice.insert(1, second)
+    at = 1
+    for place in [*places[1:], *listed]:  # each place's first line, in order, after the first's
+        then = advice_text.for_cold_start(place)[0]
+        if then not in advice:
+            advice.insert(at, then)
+            at += 1
     named = None if stage == COLD_UNTRACED else stage
     return Verdict(CAUSE_COLD_START, named, lines, advice)
 
