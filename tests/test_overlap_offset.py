@@ -11,10 +11,15 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from otel_stages.analysis import load_paths
 from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.stage_overlap import Overlap, overlap_caveat
+from otel_stages.analysis.verdict import Verdict
 from tests import odd_inputs
 from tests.test_clickhouse_issues import engine, reports
+from tests.test_decision import figures, stage
 
 __all__ = ["engine"]  # the chDB fixture
 
@@ -64,7 +69,20 @@ def test_double_counted_time_is_said_as_such_in_both_reports(engine: Any, tmp_pa
     line = next(e for e in v["evidence"] if e.startswith("explains outside 0-100% (download"))
     assert "count their shared time twice" in line and "the (overlap) row takes" in line
     assert not any("offset each other" in e or "trade-off" in e for e in v["evidence"])
+    share = next(e for e in v["evidence"] if e.startswith("download is "))
+    assert share.endswith("so the shares count their shared time twice (the (overlap) row:"
+                          f" {round(100 * want['overlap']['share'])}% of request time) and add up to more than 100%")
     assert got["verdict"] == v
+
+
+@pytest.mark.parametrize("share, said", [(0.0099, False), (0.0101, True)])
+def test_the_share_line_says_the_double_count_from_one_percent(share: float, said: bool) -> None:
+    """OVERLAP_SHARE_SAID 0.01 (literal: a changed threshold must fail)."""
+    fig = figures(stage("download", 20.0, explains=0.9), total_swing=20.0)
+    line = "download is 5% of all request time (5.0 ms median)"
+    verdict = Verdict("transfer", "download", [line], [])
+    overlap_caveat(verdict, fig, Overlap(30, 1.0, 0.1, share, 0.0))
+    assert (verdict.evidence[0] != line) is said
 
 
 def test_stages_that_trade_time_still_offset_each_other(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ only because it holds another stage's time. Removing it could cost the leader at
 overlap's own part, so when the overlap explains at least :data:`OVERLAP_MAX_PART_OF_LEAD` of the
 leader's margin over the next stage, the overlap could change which stage leads: the verdict is
 made tentative, the evidence says so and names the runner-up, and the first advice is to map or
-instrument each piece of time once (:func:`overlap_caveat`).
+instrument each piece of time once (:func:`overlap_caveat`). Where at least
+:data:`OVERLAP_SHARE_SAID` of the request time is counted twice, the verdict's share line says so.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from otel_stages.analysis.verdict import Verdict
 #: ``explains`` is unknown) is at least this part of the leader's margin over the next stage: the
 #: leader, stripped of the double-counted time, could fall below the runner-up.
 OVERLAP_MAX_PART_OF_LEAD = 1.0
+#: From this share of all request time counted twice, the verdict's line giving its stage's share
+#: says the shares count it twice (a tester's two concurrent downloads: "download is 48 % of all
+#: request time" beside a request the download spans covered a third of); below, the rounded
+#: shares barely move.
+OVERLAP_SHARE_SAID = 0.01
 #: Advice when :func:`overlap_caveat` applies.
 OVERLAP_ADVICE = ("count each piece of time in one stage: in a stage map, map a span or its"
                   " child, not both, and not spans that run at the same time; in your own spans,"
@@ -108,6 +114,15 @@ def overlap_caveat(verdict: Verdict, fig: Figures, overlap: Overlap | None) -> N
         said, meant = offset_line(fig), offset_line(fig, overlap.explains)
         if said is not None and meant != said and said in verdict.evidence:
             verdict.evidence[verdict.evidence.index(said)] = meant or said
+    if overlap is not None and overlap.share >= OVERLAP_SHARE_SAID and verdict.stage is not None:
+        head = f"{verdict.stage} is "
+        at = next((i for i, e in enumerate(verdict.evidence)
+                   if e.startswith(head) and " of all request time (" in e), None)
+        if at is not None:
+            verdict.evidence[at] += (
+                f"; stage spans of a request overlap in {overlap.requests} warm requests, so the"
+                f" shares count their shared time twice (the (overlap) row: {pct(overlap.share)} of"
+                " request time) and add up to more than 100%")
     runner = lead_at_risk(fig, verdict, overlap)
     if runner is None or overlap is None:
         return
