@@ -5,6 +5,7 @@ as the cold start's place, with "start the executor at startup")."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -209,3 +210,56 @@ def test_a_spread_place_is_named_from_a_tenth(decode_ms: float, named: bool) -> 
     assert ("decode " in spread) is named
     assert spread.endswith("1 more under 10%" if named else "2 more under 10%")
     assert (advice.for_cold_start("decode")[0] in v.advice) is named
+
+
+# --- several cold requests: the places over their means ----------------------------------------
+
+
+def _processes(path: Path, lazy: list[str]) -> Path:
+    """One process per item of ``lazy``, 40 steady requests each: its first request pays 800 ms
+    outside every stage span (``"client"``) or in forward (``"model"``)."""
+    lines = []
+    for k, kind in enumerate(lazy):
+        rows = odd_inputs.run(40, lambda i, r, kind=kind: [
+            *_steady(i, r)[:4], ("forward", (830.0 if i == 0 and kind == "model" else 30.0) + r.random())],
+            seed=10 + k)
+        if kind == "client":
+            _lazy_client(rows, 800.0)
+        resource = {"attributes": [odd_inputs._attr("service.name", "svc"),
+                                   odd_inputs._attr("service.instance.id", f"p{k}")]}
+        lines += [json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]})
+                  for spans in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_one_process_of_three_loading_its_model_is_named(engine, tmp_path: Path) -> None:  # noqa: F811
+    """A tester's fleet: two processes' first requests build a client lazily (800 ms untraced),
+    the third loads its model in forward (800 ms). Over the medians the forward's load vanished
+    (60 ms median of 60, 60, 860): the verdict named only the untraced time. Over the means both
+    places are named (67 % / 33 %), each with its advice; the same in ClickHouse."""
+    got, want = reports(engine, _processes(tmp_path / "three.jsonl", ["client", "client", "model"]))
+    v = want["verdict"]
+    assert (v["cause"], v["stage"]) == ("cold_start", None)
+    took = [e for e in v["evidence"] if " on average over the 3 cold requests " in e]
+    assert [e.split(" took ")[0] for e in took] == ["the time outside every stage span", "forward"]
+    assert took[0].endswith("(67%)") and took[1].endswith("(33%)") and "(median 30." in took[1]
+    assert v["advice"][:2] == [advice.for_cold_start(COLD_UNTRACED)[0], advice.for_cold_start("forward")[0]]
+    assert got["verdict"] == v
+
+
+def test_one_cold_request_keeps_its_own_times(tmp_path: Path) -> None:
+    """One process: the figures are the request's own, said as such (no mean)."""
+    report = diagnose(load_paths([_processes(tmp_path / "one.jsonl", ["model"])])).to_dict()
+    line = next(e for e in report["verdict"]["evidence"] if e.startswith("forward took"))
+    assert " in the cold request vs " in line and "average" not in line
+
+
+def test_the_means_are_those_of_the_cold_requests_that_paid(engine, tmp_path: Path) -> None:  # noqa: F811
+    """A fourth process whose first request paid nothing: the places are the three that paid
+    (its steady times left out of the means too); the same in ClickHouse."""
+    got, want = reports(engine, _processes(tmp_path / "four.jsonl", ["client", "none", "client", "model"]))
+    v = want["verdict"]
+    took = [e for e in v["evidence"] if " on average over the 3 cold requests " in e]
+    assert [e[-5:] for e in took] == ["(67%)", "(33%)"]
+    assert got["verdict"] == v

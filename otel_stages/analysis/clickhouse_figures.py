@@ -285,7 +285,8 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
     if paid is None or cold_paid_params(agg) is None or not 0 < paid.count < fig.count:
         return fig
     fig = replace(fig, count=paid.count, total_ms=paid.median_total_ms,
-                  stages_ms=paid.stages_median_ms, without_penalty=fig.count - paid.count)
+                  stages_ms=paid.stages_median_ms, stages_mean_ms=paid.stages_mean_ms,
+                  without_penalty=fig.count - paid.count)
     if fig.compared_with == SAME_INPUT and paid.warm is not None:  # the inputs that paid
         fig = replace(fig, comparable_requests=paid.warm[0], comparable_median_total_ms=paid.warm[1],
                       comparable_stages_ms=paid.warm[2],
@@ -304,7 +305,8 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
     if agg.total is None:  # only cold requests: said, with nothing to compare them with
         return ColdFigures(
             count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
-            comparable_median_total_ms=None, comparable_stages_ms={}, compared_with=ALL_WARM,
+            stages_mean_ms=cold.stages_mean_ms, comparable_median_total_ms=None, comparable_stages_ms={},
+            compared_with=ALL_WARM,
             comparable_requests=0, warm_median_total_ms=None, input_known=known,
             first_of_process=first)
     same = bool(inputs) and all(comparable_cold_input(i) for i in inputs)
@@ -312,7 +314,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
         only = inputs[0]
         return ColdFigures(
             count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
-            comparable_median_total_ms=only.warm_median_total_ms,
+            stages_mean_ms=cold.stages_mean_ms, comparable_median_total_ms=only.warm_median_total_ms,
             comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
             cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
@@ -323,6 +325,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
                 for i in inputs if comparable_cold_input(i)}
         return ColdFigures(
             count=u.cold_requests, total_ms=u.cold_median_total_ms, stages_ms=u.cold_stages_median_ms,
+            stages_mean_ms=u.cold_stages_mean_ms,
             comparable_median_total_ms=u.median_total_ms,
             comparable_stages_ms=u.stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=u.requests, warm_median_total_ms=agg.total.median_ms,
@@ -333,7 +336,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
     # with all warm requests (as the trace report)
     return ColdFigures(
         count=cold.total.count, total_ms=cold.total.median_ms, stages_ms=cold.stages_median_ms,
-        comparable_median_total_ms=agg.total.median_ms,
+        stages_mean_ms=cold.stages_mean_ms, comparable_median_total_ms=agg.total.median_ms,
         comparable_stages_ms=_warm_stages(agg),
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
         warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
@@ -387,7 +390,8 @@ def _paid_only(i: ColdInput, fig: ColdFigures) -> ColdFigures:
     if i.paid is None or not input_paid_needed(i) or not 0 < i.paid.count < fig.count:
         return fig
     return replace(fig, count=i.paid.count, total_ms=i.paid.median_total_ms,
-                   stages_ms=i.paid.stages_median_ms, without_penalty=fig.count - i.paid.count)
+                   stages_ms=i.paid.stages_median_ms, stages_mean_ms=i.paid.stages_mean_ms,
+                   without_penalty=fig.count - i.paid.count)
 
 
 def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
@@ -403,7 +407,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         i = comparable[0]
         own_cold = _paid_only(i, ColdFigures(
             count=i.cold_requests, total_ms=i.cold_median_total_ms,
-            stages_ms=i.cold_stages_median_ms,
+            stages_ms=i.cold_stages_median_ms, stages_mean_ms=i.cold_stages_mean_ms,
             comparable_median_total_ms=i.warm_median_total_ms,
             comparable_stages_ms=i.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=i.warm_requests, warm_median_total_ms=cohort.total.median_ms,
@@ -412,7 +416,7 @@ def cohort_figures(agg: FleetAggregates, cohort: CohortAggregate) -> Figures:
         i = max(rows, key=lambda r: r.cold_requests)
         own_cold = ColdFigures(
             count=sum(r.cold_requests for r in rows), total_ms=i.cold_median_total_ms,
-            stages_ms=i.cold_stages_median_ms,
+            stages_ms=i.cold_stages_median_ms, stages_mean_ms=i.cold_stages_mean_ms,
             comparable_median_total_ms=cohort.total.median_ms,
             comparable_stages_ms=_warm_stages(cohort),
             compared_with=ALL_WARM, comparable_requests=cohort.total.count,

@@ -314,8 +314,8 @@ def cold_sql(method: str) -> str:
 
 
 def cold_stages_sql(method: str) -> str:
-    """Per stage: the median over cold requests where it ran."""
-    return f"""SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms
+    """Per stage: the median and the mean over cold requests where it ran."""
+    return f"""SELECT stage, count() AS n, {median("ms", "1", method)} AS median_ms, avg(ms) AS mean_ms
 FROM {R} {_COLD_STAGES}
 WHERE {_COLD} GROUP BY stage ORDER BY stage"""
 
@@ -367,12 +367,12 @@ def _summary_rows(side: str, rows: str, method: str) -> str:
     """``side``, then a row with ``stage`` ``''`` (count and median total of ``rows``), then one
     per stage with its median."""
     return f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
-    {median(_TOTAL_MS, "1", method)} AS median_ms,
+    {median(_TOTAL_MS, "1", method)} AS median_ms, toFloat64(0) AS mean_ms,
     uniqExact({_INPUT}) AS inputs, any(width) AS w, any(height) AS h, any(fmt) AS f
 FROM ({rows})
 UNION ALL
 SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
-    0 AS inputs, NULL AS w, NULL AS h, '' AS f
+    avg(ms) AS mean_ms, 0 AS inputs, NULL AS w, NULL AS h, '' AS f
 FROM ({rows}) {_COLD_STAGES}
 GROUP BY stage"""
 
@@ -411,10 +411,10 @@ def cold_input_paid_sql(method: str) -> str:
               f" GROUP BY {_INPUT} HAVING countIf({_COLD}) >= 2 AND countIf(warm) > 0")
     rows = _paid_rows(method, inputs)
     return f"""SELECT {_INPUT}, '' AS stage, count() AS n,
-    {median(_TOTAL_MS, "1", method)} AS median_ms
+    {median(_TOTAL_MS, "1", method)} AS median_ms, toFloat64(0) AS mean_ms
 FROM ({rows}) GROUP BY {_INPUT}
 UNION ALL
-SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms, avg(ms) AS mean_ms
 FROM ({rows}) {_COLD_STAGES}
 GROUP BY {_INPUT}, stage"""
 
@@ -432,10 +432,11 @@ def cold_union_sql(method: str) -> str:
     for side, rows in (("warm", "warm"), ("cold", _COLD)):
         where = f"{rows} AND {_KNOWN} AND ({_INPUT}) IN ({inputs})"
         parts.append(f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
-    {median(_TOTAL_MS, "1", method)} AS median_ms
+    {median(_TOTAL_MS, "1", method)} AS median_ms, toFloat64(0) AS mean_ms
 FROM {R} WHERE {where}
 UNION ALL
-SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
+    avg(ms) AS mean_ms
 FROM {R} {_COLD_STAGES}
 WHERE {where}
 GROUP BY stage""")
@@ -456,9 +457,10 @@ GROUP BY {_INPUT}, stage ORDER BY {_INPUT}, stage"""
 
 
 def cold_input_stages_sql(method: str) -> str:
-    """Per input of cold requests (NULL width = unknown): each stage's median over those cold
-    requests (a cohort's own cold request, stage by stage)."""
-    return f"""SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms
+    """Per input of cold requests (NULL width = unknown): each stage's median and mean over those
+    cold requests (a cohort's own cold request, stage by stage)."""
+    return f"""SELECT {_INPUT}, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
+    avg(ms) AS mean_ms
 FROM {R} {_COLD_STAGES}
 WHERE {_COLD} GROUP BY {_INPUT}, stage ORDER BY {_INPUT}, stage"""
 

@@ -201,10 +201,13 @@ def _union(rows: Rows) -> ColdComparison | None:
         head = next((r for r in rows if r["side"] == name and r["stage"] == ""), None)
         if head is None or not int(head["n"] or 0):
             return None
-        return int(head["n"]), float(head["median_ms"]), _ordered(
-            {str(r["stage"]): float(r["median_ms"]) for r in rows if r["side"] == name and r["stage"] != ""})
+        return int(head["n"]), float(head["median_ms"]), _per_stage(
+            [r for r in rows if r["side"] == name])
     warm, cold = side("warm"), side("cold")
-    return None if warm is None or cold is None else ColdComparison(*warm, *cold)
+    if warm is None or cold is None:
+        return None
+    return ColdComparison(*warm, *cold, cold_stages_mean_ms=_per_stage(
+        [r for r in rows if r["side"] == "cold"], "mean_ms"))
 
 
 def _paid(rows: Rows) -> ColdPaid | None:
@@ -215,15 +218,22 @@ def _paid(rows: Rows) -> ColdPaid | None:
         head = next((r for r in mine if r["stage"] == ""), None)
         if head is None or not int(head["n"] or 0):
             return None
-        return int(head["n"]), float(head["median_ms"]), _ordered(
-            {str(r["stage"]): float(r["median_ms"]) for r in mine if r["stage"] != ""}), head
+        return int(head["n"]), float(head["median_ms"]), _per_stage(mine), head
     cold, warm = side("cold"), side("warm")
     if cold is None:
         return None
     head = cold[3]
     return ColdPaid(cold[0], cold[1], cold[2], inputs=int(head.get("inputs") or 0),
                     input=(head.get("w"), head.get("h"), head.get("f") or None),
-                    warm=None if warm is None else warm[:3])
+                    warm=None if warm is None else warm[:3],
+                    stages_mean_ms=_per_stage([r for r in rows if r.get("side", "cold") == "cold"],
+                                              "mean_ms"))
+
+
+def _per_stage(rows: Rows, column: str = "median_ms") -> dict[str, float]:
+    """``stage -> column`` of a cold statement's per-stage ``rows`` (the ``''`` head row left
+    out), in stage order (:func:`_ordered`)."""
+    return _ordered({str(r["stage"]): float(r[column]) for r in rows if r["stage"] != ""})
 
 
 def _cold_input(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -283,6 +293,8 @@ class ColdPaid:
     inputs: int = 0
     input: tuple[int | None, int | None, str | None] = (None, None, None)
     warm: tuple[int, float, dict[str, float]] | None = None
+    #: the per-stage means over those cold requests (the cold figures' ``stages_mean_ms``)
+    stages_mean_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -300,6 +312,8 @@ class ColdInput:
     warm_median_total_ms: float | None
     warm_stages_median_ms: dict[str, float] = field(default_factory=dict)
     cold_stages_median_ms: dict[str, float] = field(default_factory=dict)
+    #: the per-stage means over its cold requests
+    cold_stages_mean_ms: dict[str, float] = field(default_factory=dict)
     #: those of its cold requests (two or more) that paid a cold start against the warm requests
     #: of the input (:func:`otel_stages.analysis.cohorts.paid_min_ms`;
     #: :func:`otel_stages.analysis.clickhouse_queries.cold_input_paid_sql`)
@@ -321,6 +335,7 @@ class ColdComparison:
     cold_requests: int
     cold_median_total_ms: float
     cold_stages_median_ms: dict[str, float]
+    cold_stages_mean_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -338,6 +353,8 @@ class ColdStartAggregate:
     by_input: list[ColdInput]
     union: ColdComparison | None = None
     paid: ColdPaid | None = None
+    #: per-stage means over the cold requests where the stage ran
+    stages_mean_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -799,8 +816,8 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
     if cold_total is not None:
         cold_start = ColdStartAggregate(
             total=cold_total,
-            stages_median_ms=_ordered({str(r["stage"]): float(r["median_ms"])
-                                       for r in results["cold_stages"]}),
+            stages_median_ms=_per_stage(results["cold_stages"]),
+            stages_mean_ms=_per_stage(results["cold_stages"], "mean_ms"),
             by_input=[ColdInput(
                 key=input_key(r["width"], r["height"], r["fmt"] or None, formats), width=r["width"],
                 height=r["height"], format=r["fmt"] or None, cold_requests=int(r["cold_n"]),
@@ -809,9 +826,11 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                 warm_stages_median_ms=_ordered({
                     str(x["stage"]): float(x["median_ms"]) for x in results["cold_cohort_stages"]
                     if _cold_input(x) == _cold_input(r)}),
-                cold_stages_median_ms=_ordered({
-                    str(x["stage"]): float(x["median_ms"]) for x in results["cold_input_stages"]
-                    if _cold_input(x) == _cold_input(r)}),
+                cold_stages_median_ms=_per_stage(
+                    [x for x in results["cold_input_stages"] if _cold_input(x) == _cold_input(r)]),
+                cold_stages_mean_ms=_per_stage(
+                    [x for x in results["cold_input_stages"] if _cold_input(x) == _cold_input(r)],
+                    "mean_ms"),
                 paid=_paid([x for x in results.get("cold_input_paid") or ()
                             if _cold_input(x) == _cold_input(r)]),
                 images_sig=int(r.get("images_sig") or 0))

@@ -38,7 +38,7 @@ import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -162,16 +162,17 @@ def group(requests: Iterable[Request], keys: CohortKeys) -> dict[str, list[Reque
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
 
 
-def _median_stages(requests: Sequence[Request]) -> dict[str, float]:
-    """Each stage's median over ``requests`` where it ran, then their untraced time's
-    (:data:`~otel_stages.analysis.figures.COLD_UNTRACED`); empty without requests."""
+def _median_stages(requests: Sequence[Request], of: Callable[[list[float]], float] = statistics.median
+                   ) -> dict[str, float]:
+    """Each stage's median (or ``of``) over ``requests`` where it ran, then their untraced
+    time's (:data:`~otel_stages.analysis.figures.COLD_UNTRACED`); empty without requests."""
     values: dict[str, list[float]] = defaultdict(list)
     for r in requests:
         for name, ms in r.stages_ms.items():
             values[name].append(ms)
-    out = {n: statistics.median(values[n]) for n in order_stages(values)}
+    out = {n: of(values[n]) for n in order_stages(values)}
     if requests:
-        out[COLD_UNTRACED] = statistics.median(r.unaccounted_ms for r in requests)
+        out[COLD_UNTRACED] = of([r.unaccounted_ms for r in requests])
     return out
 
 
@@ -279,6 +280,7 @@ def cold_figures(
         first_of_process=first_of_process,
         left_out=left_out,
         without_penalty=without_penalty,
+        stages_mean_ms=_median_stages(cold, statistics.fmean),
     )
 
 

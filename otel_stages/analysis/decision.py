@@ -48,7 +48,7 @@ evidence says so first, with the verdict within the largest cohort. Never raises
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
@@ -664,12 +664,21 @@ def _stable_verdict(fig: Figures, band: NoiseBand) -> Verdict:
     return Verdict(CAUSE_STABLE, None, lines, advice_text.for_stable(largest.name))
 
 
+def _cold_places_ms(cold: ColdFigures) -> Mapping[str, float]:
+    """The cold requests' time per place the places are judged on: the means over several cold
+    requests (their medians hide one process's model load among three whose extra time lies
+    elsewhere), the figures themselves for one (or without means)."""
+    return cold.stages_mean_ms if cold.count > 1 and cold.stages_mean_ms else cold.stages_ms
+
+
 def _cold_excess(cold: ColdFigures) -> tuple[str | None, dict[str, float]]:
     """Where the cold request spent the most extra time (``None`` without stage figures): a
     stage, or :data:`~otel_stages.analysis.figures.COLD_UNTRACED` (outside every stage span: setup
     done lazily in the first request); and each one's extra ms over comparable warm requests
-    (ties: the stage)."""
-    excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0) for name, ms in cold.stages_ms.items()}
+    (ties: the stage); over several cold requests, their mean time per place
+    (:func:`_cold_places_ms`)."""
+    excess = {name: ms - cold.comparable_stages_ms.get(name, 0.0)
+              for name, ms in _cold_places_ms(cold).items()}
     order = [n for n in excess if n != COLD_UNTRACED] + [n for n in excess if n == COLD_UNTRACED]
     return (max(order, key=lambda k: excess[k]) if excess else None), excess
 
@@ -696,22 +705,27 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
     spread = sum(excess[n] for n in rest)
     spread_said = bool(rest) and spread >= COLD_SECOND_MIN_SHARE * extra  # (46/27/27: most unsaid)
     shares = len(places) > 1 or spread_said
+    took = _cold_places_ms(cold)
+    where = ("in the cold request" if took is cold.stages_ms else
+             f"on average over the {cold.count} cold requests")
     for place in places:
         share = f" ({pct(excess[place] / extra)})" if shares else ""
+        median = (f" (median {duration(cold.stages_ms[place])})"
+                  if took is not cold.stages_ms and place in cold.stages_ms else "")
         lines.append(
-            f"{_cold_place(place)} took {duration(cold.stages_ms[place])} in the cold request vs"
+            f"{_cold_place(place)} took {duration(took[place])} {where}{median} vs"
             f" {duration(cold.comparable_stages_ms.get(place, 0.0))} in comparable warm requests:"
             f" {duration(excess[place])} of the extra time{share}")
     listed = [n for n in rest if excess[n] >= COLD_REST_MIN_NAMED_SHARE * extra] if spread_said else []
     if spread_said:
-        named = ", ".join(f"{_cold_place(n)} {duration(excess[n])} ({pct(excess[n] / extra)})"
-                          for n in listed)
+        each = ", ".join(f"{_cold_place(n)} {duration(excess[n])} ({pct(excess[n] / extra)})"
+                         for n in listed)
         more = len(rest) - len(listed)
         under = (f"{', and ' if listed else ''}{more} more under {pct(COLD_REST_MIN_NAMED_SHARE)}"
                  if more else "")
         lines.append(f"the other {pct(spread / extra)} of the extra time is spread over {len(rest)}"
                      f" place{'s' if len(rest) > 1 else ''}, each under {pct(COLD_SECOND_MIN_SHARE)}:"
-                     f" {named}{under}")
+                     f" {each}{under}")
     advice = advice_text.for_cold_start(stage)
     at = 1
     for place in [*places[1:], *listed]:  # each place's first line, in order, after the first's

@@ -124,7 +124,9 @@ class ColdFigures:
     (those are compared with their inputs' warm requests, the rest left out rather than compare
     all with all warm requests). ``without_penalty``: cold requests compared that did not pay a cold
     start (:func:`otel_stages.analysis.cohorts.paid_min_ms`), not in ``count``, when others
-    (``count``) did: the figures are those that paid it.
+    (``count``) did: the figures are those that paid it. ``stages_mean_ms``: the same places'
+    means over those cold requests (where each ran), for where the extra time of several cold
+    starts went (a median over three processes hides one's model load); empty where unread.
     """
 
     count: int
@@ -142,6 +144,7 @@ class ColdFigures:
     first_of_process: bool = True
     left_out: int = 0
     without_penalty: int = 0
+    stages_mean_ms: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
