@@ -70,8 +70,11 @@ def test_double_counted_time_is_said_as_such_in_both_reports(engine: Any, tmp_pa
     assert "count their shared time twice" in line and "the (overlap) row takes" in line
     assert not any("offset each other" in e or "trade-off" in e for e in v["evidence"])
     share = next(e for e in v["evidence"] if e.startswith("download is "))
-    assert share.endswith("so the shares count their shared time twice (the (overlap) row:"
-                          f" {round(100 * want['overlap']['share'])}% of request time) and add up to more than 100%")
+    assert share.endswith("the shares add up to more than 100%: stage spans of a request overlap (in"
+                          f" {want['overlap']['requests']} warm requests, which stages: see the warnings)"
+                          " and their shared time counts in each,"
+                          f" {round(100 * want['overlap']['share'])}% of request time that the (overlap)"
+                          " row takes back")
     assert got["verdict"] == v
 
 

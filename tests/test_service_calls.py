@@ -23,6 +23,7 @@ from otel_stages.analysis.calls import remote_calls
 from otel_stages.analysis.clickhouse import Tables, fetch_aggregates, import_files
 from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
+from otel_stages.analysis.cohorts import CohortKeys, set_apart_and_warmup
 from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.requests import group_spans
 from otel_stages.analysis.services import no_request_line, pick_service
@@ -52,7 +53,9 @@ def _span(trace: str, sid: str, parent: str | None, name: str, start: int, end: 
 
 
 def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_only: bool = False,
-                         gateway: str = GATEWAY, call_name: str = "POST", pool_ms: float = 0.0) -> Path:
+                         gateway: str = GATEWAY, call_name: str = "POST", pool_ms: float = 0.0,
+                         slow_forwards: bool | None = None, warmup: tuple[float, ...] = (),
+                         fanout: int = 1, unrecorded_ms: float = 0.0) -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
@@ -64,7 +67,12 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
     ``call_name``: the client span's name (``forward``: a gateway's stage around its call).
     ``pool_ms``: every fourth call waits ``pool_ms`` (x 1 / 1.1 / 1.2) in the gateway's client
     before the worker's request starts (a connection pool's wait, inside POST, outside the
-    worker), the worker's forward then a steady 50 ms after its cold start."""
+    worker), the worker's forward then a steady 50 ms after its cold start unless
+    ``slow_forwards`` (then the waits fall on other calls: every fourth from the first).
+    ``warmup``: the worker's forwards after its cold one (ms: a warm-up). ``fanout``: worker
+    requests each call makes at once (1 ms apart). ``unrecorded_ms``: every second call that
+    reaches no recorded worker takes this long (not 55 ms)."""
+    slow_forwards = not pool_ms if slow_forwards is None else slow_forwards
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
     gateway_spans: list[dict[str, Any]] = []
@@ -84,30 +92,34 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
             stages.append(_span(trace, next(ids), rid, name, c, c + int(ms * MS), attrs))
             c += int(ms * MS) + MS // 50
         slow = i % 4 == 2
-        forward = 1500.0 if i == 0 else (250.0 + (i % 3) * 20 if slow and not pool_ms
-                                         else 50.0 + r.uniform(-1, 1))
-        wait = pool_ms * (1 + (i % 3) / 10) if slow else 0.0
+        forward = 1500.0 if i == 0 else warmup[i - 1] if i <= len(warmup) else (
+            250.0 + (i % 3) * 20 if slow and slow_forwards else 50.0 + r.uniform(-1, 1))
+        waits = i % 4 == (0 if slow_forwards else 2)
+        wait = pool_ms * (1 + (i % 3) / 10) if waits else 0.0
         inner = 2.0 + forward + 0.2
-        call = inner + 2.0 + wait if i < calls else 55.0 + r.uniform(-0.5, 0.5)
+        call = (inner + 2.0 + wait + (fanout - 1) if i < calls else
+                (unrecorded_ms if unrecorded_ms and i % 2 else 55.0) + r.uniform(-0.5, 0.5))
         post = next(ids)
         stages.append(_span(trace, post, rid, call_name, c, c + int(call * MS), kind=3))
         end = c + int(call * MS) + MS // 10
         gateway_spans += [_span(trace, rid, None, "request", t, end, {"request.seq": i + 1}), *stages]
         if i >= calls:
             continue
-        above, s = post, c + MS // 2 + int(wait * MS)
-        for k in range(hops - 1):  # a proxy's span, then the worker's server span
-            sid = next(ids)
-            target = worker if k == hops - 2 else gateway_spans
-            target.append(_span(trace, sid, above, "POST /infer", s, s + int((inner + 0.5) * MS), kind=2))
-            above, s = sid, s + MS // 10
-        wid, q = next(ids), s + MS // 10
-        worker += [_span(trace, wid, above, "request", s, s + int(inner * MS), {"request.seq": i + 1}),
-                   _span(trace, next(ids), wid, "queue", q, q + 2 * MS),
-                   _span(trace, next(ids), wid, "forward", q + 2 * MS, q + int((2 + forward) * MS))]
-        f0, f1 = q + 2 * MS, q + int((2 + forward) * MS)
-        points += [(f, 0.9 + r.uniform(-0.03, 0.03)) for f in range(f0 + 2 * MS, f1, 10 * MS)]
-        points += [(f1 + 20 * MS, 0.02), (f1 + 200 * MS, 0.02)]
+        for j in range(fanout):
+            above, s = post, c + MS // 2 + int(wait * MS) + j * MS
+            for k in range(hops - 1):  # a proxy's span, then the worker's server span
+                sid = next(ids)
+                target = worker if k == hops - 2 else gateway_spans
+                target.append(_span(trace, sid, above, "POST /infer", s, s + int((inner + 0.5) * MS), kind=2))
+                above, s = sid, s + MS // 10
+            wid, q = next(ids), s + MS // 10
+            worker += [_span(trace, wid, above, "request", s, s + int(inner * MS),
+                             {"request.seq": i * fanout + j + 1}),
+                       _span(trace, next(ids), wid, "queue", q, q + 2 * MS),
+                       _span(trace, next(ids), wid, "forward", q + 2 * MS, q + int((2 + forward) * MS))]
+            f0, f1 = q + 2 * MS, q + int((2 + forward) * MS)
+            points += [(f, 0.9 + r.uniform(-0.03, 0.03)) for f in range(f0 + 2 * MS, f1, 10 * MS)]
+            points += [(f1 + 20 * MS, 0.02), (f1 + 200 * MS, 0.02)]
     gauge = {"resourceMetrics": [{"resource": _resource(WORKER, "wk-0"), "scopeMetrics": [{"metrics": [
         {"name": "hw.gpu.utilization", "unit": "1", "gauge": {"dataPoints": [
             {"timeUnixNano": str(tp), "asDouble": v,
@@ -303,10 +315,16 @@ POOL_MS = 200.0
 
 
 def _own(path: Path) -> list[tuple[str, float, float, float, float, float]]:
+    """Each call's own-time and called-request percentiles, the warm requests as the report
+    reads them (not cold, not failed, not set apart)."""
     spans = load_paths([path]).spans
+    requests = group_spans(spans).requests
+    apart = {id(a.request) for a in set_apart_and_warmup(requests, CohortKeys(requests))[0]}
+    warm = {(r.trace_id, r.span_id) for r in requests
+            if not r.cold and not r.error and id(r) not in apart}
     return [(c.stage, c.own_p5_ms or 0.0, c.own_median_ms or 0.0, c.own_p95_ms or 0.0,
              c.callee_p5_ms or 0.0, c.callee_p95_ms or 0.0)
-            for c in remote_calls(group_spans(spans).requests, spans)]
+            for c in remote_calls(requests, spans, warm)]
 
 
 @pytest.mark.parametrize("hops", [1, 2])
@@ -332,10 +350,13 @@ def test_a_calls_own_wait_is_the_callers(engine: Any, tmp_path: Path, hops: int)
     assert _sql(engine, path)["verdict"] == v
 
 
-def test_own_time_figures_parity(engine: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", [
+    {}, {"warmup": (900.0, 700.0)}, {"fanout": 3}, {"calls": 24, "unrecorded_ms": 405.0},
+], ids=["plain", "warm-up", "fan-out", "partial"])
+def test_own_time_figures_parity(engine: Any, tmp_path: Path, shape: dict[str, Any]) -> None:
     """The calls' own-time and callee percentiles, file and ClickHouse (exact quantiles: equal up
     to float rounding)."""
-    path = gateway_calls_worker(tmp_path / "pool.jsonl", hops=2, pool_ms=POOL_MS)
+    path = gateway_calls_worker(tmp_path / "pool.jsonl", hops=2, pool_ms=POOL_MS, **shape)
     tables = Tables(database=f"i{next(_dbs)}")
     assert import_files(engine, tables, [path]).problems == []
     got = [(c.stage, c.own_p5_ms, c.own_median_ms, c.own_p95_ms, c.callee_p5_ms, c.callee_p95_ms)
@@ -380,4 +401,67 @@ def test_own_wait_under_one_service_name(engine: Any, tmp_path: Path) -> None:
     assert v["evidence"][0].endswith("pooled here as one, so a caller's stages are ranked with its"
                                      " callee's; the verdict is tentative")
     assert v["advice"][0].startswith("give the processes POST calls their own service.name")
+    assert _sql(engine, path)["verdict"] == v
+
+
+# --- a tester's shapes: warm-up, fan-out, calls that reach no recorded worker, both sides ---------
+
+
+@pytest.mark.parametrize("shape", [
+    # the worker's first forwards after its cold one are a warm-up (set apart): no swing of the calls
+    {"warmup": (900.0, 700.0)},
+    # six worker requests at once per call: the time they cover counts once (their union)
+    {"fanout": 6},
+], ids=["warm-up", "fan-out"])
+def test_the_pool_wait_is_read_past_warm_ups_and_fan_outs(engine: Any, tmp_path: Path,
+                                                          shape: dict[str, Any]) -> None:
+    """A tester's: a worker warm-up made the called requests' p95 712 ms (the pool wait's 240 ms
+    swing lost to it: "no single stage swings"); six concurrent calls summed to 312 ms per call,
+    the own time 0. Now the percentiles read the warm called requests only, and the time they
+    cover as a union; the wait is the caller's in both reports."""
+    path = gateway_calls_worker(tmp_path / "shape.jsonl", hops=2, pool_ms=150.0, **shape)
+    [(_, _, _, own_p95, callee_p5, callee_p95)] = _own(path)
+    assert own_p95 > 150.0 and callee_p95 - callee_p5 < 10.0
+    spans = load_paths([path]).spans
+    [call] = remote_calls(group_spans(spans).requests, spans)
+    assert (call.calls, call.spans) == (N, N)  # calling spans, not called requests
+    v = _file(path)["verdict"]
+    assert (v["cause"], v["stage"]) == ("call", "POST")
+    assert any(f"({N} of its {N} spans hold one)" in e for e in v["evidence"])
+    assert _sql(engine, path)["verdict"] == v
+
+
+def test_calls_that_reach_no_recorded_worker_are_the_callers_own(engine: Any, tmp_path: Path) -> None:
+    """24 of 40 calls reach the (steady) recorded worker; of the 16 others every second takes
+    405 ms (a service this report does not read). Those spans' time is wholly the caller's: POST
+    is no longer left out as the steady worker's; the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / "partial.jsonl", hops=2, calls=24, unrecorded_ms=405.0,
+                                slow_forwards=False)
+    [(_, _, _, own_p95, _, _)] = _own(path)
+    assert own_p95 > 400.0
+    v = _file(path)["verdict"]
+    assert (v["cause"], v["stage"]) == ("call", "POST")
+    assert any("or a call that reaches no request read here" in e for e in v["evidence"])
+    assert _sql(engine, path)["verdict"] == v
+
+
+@pytest.mark.parametrize("pool_ms, cause, stage", [
+    (180.0, "gpu_busy", "forward"),  # the worker's slow forwards (200-240 ms) swing more
+    (360.0, "call", "POST"),         # the pool wait swings more
+])
+def test_both_sides_of_a_call_are_said(engine: Any, tmp_path: Path, pool_ms: float, cause: str,
+                                       stage: str) -> None:
+    """The gateway's pool wait and the worker's slow forwards at once: the larger names the
+    verdict, and the other is said with its advice (was: the smaller side vanished)."""
+    path = gateway_calls_worker(tmp_path / "both.jsonl", hops=2, pool_ms=pool_ms, slow_forwards=True)
+    v = _file(path)["verdict"]
+    assert (v["cause"], v["stage"]) == (cause, stage)
+    if cause == "call":
+        assert any(e.startswith(f"the requests POST calls ({WORKER}'s) swing too") for e in v["evidence"])
+        assert (f"POST's called requests swing as well: report them alone too (otel-stages report ..."
+                f" --service {WORKER})") in v["advice"]
+    else:
+        assert any(e.startswith("POST's own time outside the requests it calls swings") and
+                   e.endswith("the caller's wait is a second place") for e in v["evidence"])
+        assert advice.CALL_OWN.format(stage="POST") in v["advice"]
     assert _sql(engine, path)["verdict"] == v

@@ -30,7 +30,7 @@ ClickHouse report reads the same (:mod:`otel_stages.analysis.clickhouse_calls`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
@@ -57,11 +57,13 @@ class Call:
     of that stage the requests read hold; ``shared_name`` when the called requests' service.name
     is the calling spans' own (one name for two services: ``--service`` cannot part them);
     ``callee_stage`` when some called request has a stage of the same name (the calls and the
-    callee's own spans are pooled under it). Over the calling spans found (warm and cold
-    requests): ``own_p5_ms`` / ``own_median_ms`` / ``own_p95_ms`` the percentiles (linear
-    interpolation, as every stage's) of each span's own time, its duration less its called
-    requests' totals (0 where those outlast it: calls made at once), and ``callee_p5_ms`` /
-    ``callee_p95_ms`` those of the called requests' totals per span; ``None`` where unread."""
+    callee's own spans are pooled under it). ``own_p5_ms`` / ``own_median_ms`` / ``own_p95_ms``:
+    the percentiles (linear interpolation, as every stage's) of each span's own time, its duration
+    less the time its called requests cover (their union within it: calls made at once count
+    once), over the spans whose called requests are all warm and (unless ``callee_stage``: those
+    are the callees' own) the spans of that name that hold none (all their time own);
+    ``callee_p5_ms`` / ``callee_p95_ms`` those of the covered time, over the former; ``None``
+    where unread or no span qualifies."""
 
     stage: str
     service: str
@@ -102,11 +104,15 @@ def _service(resource: dict[str, object]) -> str:
     return "" if name is None else str(name)
 
 
-def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Call, ...]:
+def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
+                 warm: Container[tuple[str, str]] | None = None) -> tuple[Call, ...]:
     """The :class:`Call` stages of ``requests`` (all read: warm, cold, failed), most calls first
     (then by name, service); ``spans`` the spans they were grouped from (read again only for the
-    parent links of request spans, and only where a trace holds two requests or more). Never
-    raises."""
+    parent links of request spans, and only where a trace holds two requests or more). ``warm``:
+    the ``(trace_id, span_id)`` of the warm requests (none given: every request): the own-time
+    and called-request percentiles read only the calls whose called requests are all warm (a
+    worker's warm-up is no swing of the calls), and every span of a call stage that holds no
+    called request, its whole time the caller's. Never raises."""
     per_trace = Counter(r.trace_id for r in requests)
     if not per_trace or max(per_trace.values()) < 2:
         return ()
@@ -123,9 +129,9 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
     at: dict[tuple[str, str], list[tuple[str, str]]] = {}  # span -> the requests above which it lies
     for key in callees:
         at.setdefault(key, []).append(key)
-    found: Counter[tuple[str, str, bool]] = Counter()
-    # per calling span and found key: its duration (ms) and its called requests' totals (ms)
-    made: dict[tuple[tuple[str, str], tuple[str, str, bool]], tuple[float, list[float]]] = {}
+    # per calling span and found key (its name, the called service, one name for both): the
+    # requests it calls
+    made: dict[tuple[tuple[str, str], tuple[str, str, bool]], list[Request]] = {}
     own: set[tuple[str, str, bool]] = set()  # calls named as a stage of a request they call
     for _ in range(MAX_CALL_HOPS):
         parent_of: dict[tuple[str, str], str | None] = {}
@@ -144,10 +150,7 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
                 for callee in below:
                     service = _service(callees[callee].resource)
                     found_key = (stage.name, service, service == _service(stage.resource))
-                    found[found_key] += 1
-                    _, totals = made.setdefault(
-                        (up, found_key), ((stage.end_ns - stage.start_ns) / 1e6, []))
-                    totals.append(callees[callee].total_ms)
+                    made.setdefault((up, found_key), []).append(callees[callee])
                     if any(s.name == stage.name for s in callees[callee].spans):
                         own.add(found_key)
             elif up not in parents:  # (a request or group above: no call)
@@ -155,11 +158,23 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
         at = upper
         if not at:
             break
-    own_ms: dict[tuple[str, str, bool], list[float]] = {}
-    callee_ms: dict[tuple[str, str, bool], list[float]] = {}
-    for (_, found_key), (call_ms, totals) in made.items():
-        own_ms.setdefault(found_key, []).append(max(0.0, call_ms - sum(totals)))
-        callee_ms.setdefault(found_key, []).append(sum(totals))
+    found: Counter[tuple[str, str, bool]] = Counter(found_key for _, found_key in made)
+    own_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
+    callee_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
+    for (up, found_key), called in made.items():
+        if warm is not None and not all((c.trace_id, c.span_id) in warm for c in called):
+            continue
+        stage = leaves[up]
+        covered = covered_ms(stage.start_ns, stage.end_ns,
+                             [(c.start_ns, c.start_ns + round(c.total_ms * 1e6)) for c in called])
+        own_ms[found_key].append((stage.end_ns - stage.start_ns) / 1e6 - covered)
+        callee_ms[found_key].append(covered)
+    calling = {up for up, _ in made}
+    for key, s in leaves.items():  # a call stage's spans that hold no called request: all own
+        if key not in calling:  # (but a name the callees' stages share: theirs, not calls)
+            for found_key in found:
+                if found_key[0] == s.name and found_key not in own:
+                    own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
     calls = [Call(stage, service, n, counts[stage], shared, (stage, service, shared) in own,
                   *_percentiles(own_ms[(stage, service, shared)], (5, 50, 95)),
                   *_percentiles(callee_ms[(stage, service, shared)], (5, 95)))
@@ -167,5 +182,15 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span]) -> tuple[Ca
     return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.shared_name)))
 
 
-def _percentiles(values: list[float], levels: tuple[float, ...]) -> list[float]:
-    return [percentile(values, q) for q in levels]
+def covered_ms(start_ns: int, end_ns: int, intervals: Iterable[tuple[int, int]]) -> float:
+    """The time (ms) within ``start_ns .. end_ns`` that the union of ``intervals`` (ns) covers:
+    called requests made at once (a fan-out) cover their shared time once."""
+    total, reach = 0, start_ns
+    for lo, hi in sorted(intervals):
+        total += max(0, min(hi, end_ns) - max(lo, reach, start_ns))
+        reach = max(reach, hi)
+    return total / 1e6
+
+
+def _percentiles(values: list[float], levels: tuple[float, ...]) -> list[float | None]:
+    return [percentile(values, q) if values else None for q in levels]

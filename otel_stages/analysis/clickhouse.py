@@ -322,6 +322,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         for _ in range(MAX_CALL_HOPS):
             for statement in calls.hop_statements(tables.traces_ref, query):
                 engine.execute(statement, sql.query_params(query), settings)
+        for statement in calls.spans_statements(tables.traces_ref, query):
+            engine.execute(statement, sql.query_params(query), settings)
         results["calls"] = engine.rows(calls.calls_sql(), None, settings)
     if query.leave_out and not (results["summary"] and int(results["summary"][0].get("n_requests") or 0)):
         # no request of the service's own: the services whose requests hold its spans

@@ -18,17 +18,19 @@ from __future__ import annotations
 from otel_stages import semconv
 from otel_stages.analysis.calls import CALL_MIN_SHARE
 from otel_stages.analysis.clickhouse_requests import GROUPS_TABLE, NESTED_TABLE, PER_REQUEST_SQL
-from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, span_filter
+from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, requests, span_filter
 
 #: The links still walked: ``(trace_key, at, svc, callee)``, ``at`` a span id above the request
 #: ``callee`` (its span key) of service ``svc``.
 AT_TABLE = "otel_stages_call_at"
-#: The calls found: ``(name, svc, same, trace_key, callee, sid, dur)`` per called request,
-#: ``same`` when the calling span's service.name is ``svc``; ``sid`` the calling span's id and
-#: ``dur`` its duration (ns).
+#: The calls found: ``(name, svc, same, trace_key, callee, sid, start, dur)`` per called
+#: request, ``same`` when the calling span's service.name is ``svc``; ``sid`` the calling span's
+#: id, ``start`` / ``dur`` its start and duration (ns).
 FOUND_TABLE = "otel_stages_call_found"
+#: Every stage span named as a call, in the requests read: ``(trace_key, sid, name, dur)``.
+SPANS_TABLE = "otel_stages_call_spans"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (AT_TABLE, FOUND_TABLE)
+TABLES = (AT_TABLE, FOUND_TABLE, SPANS_TABLE)
 
 _REQUEST_KEYS = f"SELECT trace_key, span_key FROM {REQUESTS_TABLE} WHERE is_request"
 _HOLDERS = f"{_REQUEST_KEYS} UNION ALL SELECT trace_key, key FROM {NESTED_TABLE}"
@@ -49,7 +51,7 @@ def start_statements() -> list[str]:
     return [
         f"DROP TEMPORARY TABLE IF EXISTS {FOUND_TABLE}",
         f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String, same UInt8,"
-        " trace_key UInt128, callee UInt64, sid UInt64, dur Int64) ENGINE = Memory",
+        " trace_key UInt128, callee UInt64, sid UInt64, start Int64, dur Int64) ENGINE = Memory",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}",
         f"""CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS
 SELECT trace_key, self_pid AS at, self_svc AS svc, key AS callee FROM {GROUPS_TABLE}
@@ -59,30 +61,53 @@ LIMIT 1 BY trace_key, key""",
     ]
 
 
-def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
-    """One hop (params: ``query_params``): the calls found at :data:`AT_TABLE`'s spans into
-    :data:`FOUND_TABLE`, and :data:`AT_TABLE` moved one parent up past the spans that are
-    neither stage nor stage parent."""
-    spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
+def _spans(traces: str, query: AggregateQuery, where: str) -> str:
+    """The spans of ``traces`` in ``query`` that pass ``where`` (on the columns as read), each
+    once: its keys, its name as the request pass names it, service.name, start and duration (ns),
+    and whether it is a ``stage`` of a request read (a child of a request or group, itself no
+    stage parent) or a ``holder`` (a stage parent)."""
+    return f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
         reinterpretAsUInt64(unhex(SpanId)) AS sid, reinterpretAsUInt64(unhex(ParentSpanId)) AS pid,
         if(match(CAST(SpanName AS String), {PER_REQUEST_SQL}),
            trimBoth(SpanAttributes['{semconv.STAGE_NAME}']), CAST(SpanName AS String)) AS name,
-        CAST(ServiceName AS String) AS span_svc, toInt64(Duration) AS dur,
+        CAST(ServiceName AS String) AS span_svc, toInt64(toUnixTimestamp64Nano(Timestamp)) AS start,
+        toInt64(Duration) AS dur,
         ParentSpanId != '' AND (trace_key, pid) IN ({_HOLDERS})
             AND (trace_key, sid) NOT IN ({_STAGE_PARENTS}) AS stage,
         (trace_key, sid) IN ({_STAGE_PARENTS}) AS holder
     FROM {traces}
-    WHERE {span_filter(query, odd=False)}
-        AND (reinterpretAsUInt128(unhex(TraceId)), reinterpretAsUInt64(unhex(SpanId)))
-            IN (SELECT trace_key, at FROM {AT_TABLE})
+    WHERE {span_filter(query, odd=False)} AND {where}
     LIMIT 1 BY trace_key, sid"""
+
+
+def spans_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """(params: ``query_params``) (Re)create :data:`SPANS_TABLE` with every stage span named as
+    a call found (in :data:`FOUND_TABLE`), whether it holds a called request or not."""
+    names = f"SELECT DISTINCT name FROM {FOUND_TABLE}"
+    where = (f"(CAST(SpanName AS String) IN ({names})"
+             f" OR match(CAST(SpanName AS String), {PER_REQUEST_SQL}))")
+    return [
+        f"DROP TEMPORARY TABLE IF EXISTS {SPANS_TABLE}",
+        f"""CREATE TEMPORARY TABLE {SPANS_TABLE} ENGINE = Memory AS
+SELECT trace_key, sid, name, dur FROM ({_spans(traces, query, where)})
+WHERE stage AND name IN ({names})""",
+    ]
+
+
+def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """One hop (params: ``query_params``): the calls found at :data:`AT_TABLE`'s spans into
+    :data:`FOUND_TABLE`, and :data:`AT_TABLE` moved one parent up past the spans that are
+    neither stage nor stage parent."""
+    at = (f"(reinterpretAsUInt128(unhex(TraceId)), reinterpretAsUInt64(unhex(SpanId)))"
+          f" IN (SELECT trace_key, at FROM {AT_TABLE})")
+    spans = _spans(traces, query, at)
     joined = f"""SELECT a.trace_key AS trace_key, a.svc AS svc, a.callee AS callee, s.pid AS pid,
         s.name AS name, s.span_svc AS span_svc, s.stage AS stage, s.holder AS holder,
-        s.sid AS sid, s.dur AS dur
+        s.sid AS sid, s.start AS start, s.dur AS dur
     FROM {AT_TABLE} AS a
     INNER JOIN ({spans}) AS s ON a.trace_key = s.trace_key AND a.at = s.sid"""
     return [
-        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc = svc, trace_key, callee, sid, dur
+        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc = svc, trace_key, callee, sid, start, dur
 FROM ({joined})
 WHERE stage AND name != ''""",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}_next",
@@ -97,27 +122,40 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
 
 def calls_sql() -> str:
     """``stage, service, calls, spans, shared_name, callee_stage, own_q, callee_q``: as
-    :func:`otel_stages.analysis.calls.remote_calls` (stages whose calls reach
+    :func:`otel_stages.analysis.calls.remote_calls` (stages whose calling spans reach
     :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the requests read), most
     calls first; ``own_q`` the p5, median and p95 (ns, ``quantilesExactInclusive``: the file
-    report's interpolation) of each calling span's own time (its duration less its called
-    requests' totals, at least 0), ``callee_q`` the p5 and p95 of those totals."""
+    report's interpolation) of each calling span's own time (its duration less the union of its
+    called requests within it) over the spans whose called requests are all warm, and of the
+    call stage's spans that hold none (their whole duration; not for a name the callees' stages
+    share: theirs); ``callee_q`` the p5 and p95 of
+    the covered time over the former."""
+    per_call = f"""SELECT c.name AS name, c.svc AS svc, c.same AS same, c.trace_key AS tk, c.sid AS call,
+        any(c.start) AS cs, any(c.dur) AS dur, min(r.warm) AS all_warm,
+        max(has(r.stage_names, c.name)) AS o,
+        arraySort(groupArray((r.start_ns, r.start_ns + r.total_ns))) AS iv
+    FROM {FOUND_TABLE} AS c
+    LEFT JOIN (SELECT trace_key, span_key, stage_names, start_ns, total_ns, warm FROM {requests()}
+               WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
+        ON c.trace_key = r.trace_key AND c.callee = r.span_key
+    GROUP BY name, svc, same, tk, call"""
+    covered = ("arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0), least(v.2, cs + dur)"
+               " - greatest(v.1, acc.2, cs)), greatest(acc.2, v.2)), iv, (toInt64(0), cs)).1")
+    lone = (f"SELECT name, groupArray(dur) AS durs FROM {SPANS_TABLE}"
+            f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name")
     return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans,
-    f.same AS shared_name, f.own AS callee_stage, f.own_q AS own_q, f.callee_q AS callee_q
-FROM (SELECT name, svc, same, sum(k) AS n, max(o) AS own,
-             quantilesExactInclusive(0.05, 0.5, 0.95)(greatest(toInt64(0), dur - callee_ns)) AS own_q,
-             quantilesExactInclusive(0.05, 0.95)(callee_ns) AS callee_q
-      FROM (SELECT c.name AS name, c.svc AS svc, c.same AS same, c.trace_key AS tk, c.sid AS call,
-                   any(c.dur) AS dur, sum(r.total_ns) AS callee_ns, count() AS k,
-                   max(has(r.stage_names, c.name)) AS o
-            FROM {FOUND_TABLE} AS c
-            LEFT JOIN (SELECT trace_key, span_key, stage_names, total_ns FROM {REQUESTS_TABLE}
-                       WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
-                ON c.trace_key = r.trace_key AND c.callee = r.span_key
-            GROUP BY name, svc, same, tk, call)
+    f.same AS shared_name, f.own AS callee_stage,
+    arrayReduce('quantilesExactInclusive(0.05, 0.5, 0.95)',
+                arrayConcat(f.owns, if(f.own, [], l.durs))) AS own_q,
+    f.callee_q AS callee_q
+FROM (SELECT name, svc, same, count() AS n, max(o) AS own,
+             groupArrayIf(dur - cov, all_warm) AS owns,
+             quantilesExactInclusiveIf(0.05, 0.95)(cov, all_warm) AS callee_q
+      FROM (SELECT *, {covered} AS cov FROM ({per_call}))
       GROUP BY name, svc, same) AS f
 INNER JOIN (SELECT name, sum(k) AS spans FROM {REQUESTS_TABLE}
             ARRAY JOIN stage_names AS name, stage_counts AS k WHERE is_request GROUP BY name) AS t
     ON f.name = t.name
+LEFT JOIN ({lone}) AS l ON f.name = l.name
 WHERE f.n >= {CALL_MIN_SHARE} * t.spans
 ORDER BY calls DESC, stage, service, shared_name"""

@@ -241,6 +241,14 @@ def _cold_input(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return row["width"], row["height"], row["fmt"], row.get("images_sig") or 0
 
 
+def _ms(ns: Any) -> float | None:
+    """A quantile in ns from the engine as ms; ``None`` for NaN (a quantile of no values)."""
+    if ns is None:
+        return None
+    value = float(ns)
+    return value / 1e6 if math.isfinite(value) else None
+
+
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     """``values`` in stage order, the untraced time's
     (:data:`~otel_stages.analysis.figures.COLD_UNTRACED`) last."""
@@ -912,7 +920,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
                             for r in results.get("service_hosts") or ()),
         calls=tuple(Call(str(r["stage"]), str(r["service"]), int(r["calls"]), int(r["spans"]),
                          bool(r["shared_name"]), bool(r["callee_stage"]),
-                         *(float(q) / 1e6 for q in r["own_q"]), *(float(q) / 1e6 for q in r["callee_q"]))
+                         *(_ms(q) for q in r["own_q"]), *(_ms(q) for q in r["callee_q"]))
                     for r in results.get("calls") or ()),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),

@@ -297,6 +297,7 @@ def decide(fig: Figures) -> Verdict:
         verdict.evidence[:0] = [_call_line(fig, c, c.stage in own) for c in fig.calls
                                 if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
                                                fig.total, band)]
+        _call_other_sides(verdict, fig, band, own)
     _append_common(verdict, fig, band.band_ms)
     if swings is not False and not _mix_dominates(fig):  # else the inputs move the stages
         together_caveat(verdict, fig)
@@ -495,10 +496,11 @@ def _call_line(fig: Figures, call: Call, own: bool) -> str:
     if own and call.own_p5_ms is not None and call.own_p95_ms is not None:
         d = duration
         callee = call.callee_swing_ms
-        theirs = f", the called requests' totals {d(callee)}" if callee is not None else ""
+        theirs = f", the time the called requests cover {d(callee)}" if callee is not None else ""
         return (f"{call.stage} is a call into {whose} {held}, but its own time outside them (each"
-                f" {call.stage} span less its called requests' totals: waiting for a connection,"
-                f" connecting, the network, the called server before its request starts) swings"
+                f" {call.stage} span less the time its called requests cover: waiting for a"
+                " connection, connecting, the network, the called server before its request starts,"
+                " or a call that reaches no request read here) swings"
                 f" {d(call.own_p95_ms - call.own_p5_ms)} (p5 {d(call.own_p5_ms)} -> p95"
                 f" {d(call.own_p95_ms)}){theirs}: the wait is the caller's, so {call.stage} is"
                 f" ranked as the caller's own time ({call.stage} swings {d(stage.swing_ms)}{also}"
@@ -510,6 +512,39 @@ def _call_line(fig: Figures, call: Call, own: bool) -> str:
                 f" time being the callees' ({call.stage} swings {duration(stage.swing_ms)}{also})")
     return (f"{call.stage} is a call into {whose} {held}: its time is theirs, so it is not ranked"
             f" against their stages ({call.stage} swings {duration(stage.swing_ms)}{also})")
+
+
+def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[str]) -> None:
+    """A call's other side when both swing materially (:func:`is_material`): where the call is
+    ranked as the caller's wait (``own``), its called requests' swing, with the advice to report
+    them alone; where it is left out as theirs, its own time's, with the advice on the caller's
+    wait. Neither half of a split swing goes unsaid."""
+    d = duration
+    for call in fig.calls:
+        own_swing, callee_swing = call.own_swing_ms, call.callee_swing_ms
+        if own_swing is None or callee_swing is None:
+            continue
+        service = call.service or "(no service.name)"
+        if call.stage in own and is_material(callee_swing, None, fig.total, band):
+            verdict.evidence.append(
+                f"the requests {call.stage} calls ({service}'s) swing too: the time they cover in"
+                f" each call swings {d(callee_swing)}, beside the calls' own {d(own_swing)}")
+            verdict.advice.append(
+                f"{call.stage}'s called requests swing as well: report them alone too"
+                f" (otel-stages report ... --service {service})")
+        elif call.stage not in own and call.stage not in own_callee_stages(fig) and is_material(
+                own_swing, None, fig.total, band):
+            verdict.evidence.append(
+                f"{call.stage}'s own time outside the requests it calls swings {d(own_swing)} too"
+                f" (p5 {d(call.own_p5_ms or 0.0)} -> p95 {d(call.own_p95_ms or 0.0)}), less than"
+                f" the {d(callee_swing)} of the time they cover: the caller's wait is a second place")
+            verdict.advice.append(advice_text.CALL_OWN.format(stage=call.stage))
+
+
+def own_callee_stages(fig: Figures) -> set[str]:
+    """The call names that are also stages of the requests they call (:attr:`Call.callee_stage
+    <otel_stages.analysis.calls.Call.callee_stage>`): ranked with them, never left out."""
+    return {c.stage for c in fig.calls if c.callee_stage}
 
 
 def _queue_lines(fig: Figures) -> list[str]:

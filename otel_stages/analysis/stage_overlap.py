@@ -120,9 +120,10 @@ def overlap_caveat(verdict: Verdict, fig: Figures, overlap: Overlap | None) -> N
                    if e.startswith(head) and " of all request time (" in e), None)
         if at is not None:
             verdict.evidence[at] += (
-                f"; stage spans of a request overlap in {overlap.requests} warm requests, so the"
-                f" shares count their shared time twice (the (overlap) row: {pct(overlap.share)} of"
-                " request time) and add up to more than 100%")
+                f"; the shares add up to more than 100%: stage spans of a request overlap (in"
+                f" {overlap.requests} warm requests, which stages: see the warnings) and their"
+                f" shared time counts in each, {pct(overlap.share)} of request time that the"
+                " (overlap) row takes back")
     runner = lead_at_risk(fig, verdict, overlap)
     if runner is None or overlap is None:
         return
