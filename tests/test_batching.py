@@ -125,3 +125,38 @@ def test_malformed_links_make_the_span_a_problem_not_a_crash(links):
     recording = parse_export_request(json.loads(json.dumps(request)))
     assert recording.spans == [] and len(recording.problems) == 1
     assert "link" in recording.problems[0]
+
+
+def test_batches_holding_a_request_that_is_not_warm_give_no_wait_or_fill():
+    """A tester's start-up burst: 20 requests arriving during a 3 s lazy model load waited ~3 s
+    behind the cold batch; their waits made the p95 wait 3000 ms and the advice "the requests wait
+    for the executor, not for batches to fill" while the warm swing was the 50 ms fill timeout.
+    A batch with a cold, set-apart or failed member now gives no wait and no fill."""
+    spans = [*_request(1, 0, 3000), *_request(2, 1, 3000), *_request(3, 3100, 3150), *_request(4, 3120, 3150)]
+    spans += [_batch(1, 3000.5, 3020, [1, 2]), _batch(2, 3150.5, 3170, [3, 4])]
+    every = summarize_batches(spans)
+    assert every is not None and max(every.wait_ms) == 3000.0 and every.aside_batches == 0
+    summary = summarize_batches(spans, {(f"{2:032x}", f"{2:016x}")})  # request 2 set apart
+    assert summary is not None
+    assert sorted(summary.wait_ms) == [30.0, 50.0] and summary.fill_ms == [50.0]
+    assert summary.batches == 2 and summary.aside_batches == 1
+    assert summary.to_dict()["aside_batches"] == 1
+    assert summary.describe()[-1] == ("1 batches holding a cold, set-apart or failed request left out of"
+                                      " the waits and fills")
+
+
+def test_the_report_reads_the_warm_batches(tmp_path):
+    """End to end: the first request of the process is cold and its batch partner waited behind
+    it; the queue advice reads the warm batches' fill."""
+    spans = []
+    for i in range(40):
+        enq = 0.0 if i < 2 else 3100.0 + 60 * i
+        picked = 3000.0 if i < 2 else enq + 45.0
+        spans += _request(i + 1, enq, picked)
+    for b in range(20):
+        members = [2 * b + 1, 2 * b + 2]
+        start = 3000.5 if b == 0 else 3100.0 + 60 * (2 * b + 1) + 45.5
+        spans.append(_batch(b + 1, start, start + 20, members))
+    report = diagnose(Recording(spans=spans)).to_dict()
+    assert report["batches"]["aside_batches"] >= 1
+    assert report["batches"]["wait_ms"]["max_ms"] < 100.0

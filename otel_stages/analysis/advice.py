@@ -39,9 +39,10 @@ CALL_OWN = (
     " connection pool (a pool limit below the concurrency it serves queues calls: httpx's"
     " Limits(max_connections=...), aiohttp's TCPConnector(limit=...)), keep-alive (new"
     " connections pay DNS, TCP and TLS each time), the network between the two, and whether the"
-    " called server accepts requests late (its accept backlog, too few workers), or, for calls"
-    " that reach no request read here, the service they call; time the client's wait apart (a"
-    " stage() around acquiring the connection) to tell them apart"
+    " called server accepts requests late (its accept backlog, too few workers), reading the"
+    " response after the called request ended (a large or streamed body, a slow client read), or,"
+    " for calls that reach no request read here, the service they call; time the client's wait"
+    " apart (a stage() around acquiring the connection) to tell them apart"
 )
 WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"

@@ -7,7 +7,10 @@ the executor picked the batch up). A batch's *fill* is the time from when it cou
 to pickup: from its first member's enqueue, or from the end of the previous batch of the same
 process when that came later (the executor was still busy, which is not waiting for a batch to
 fill). The previous-batch correction needs one executor per process: when batches of one process
-overlap in time, fill runs from the first enqueue and ``overlapping_executors`` says so.
+overlap in time, fill runs from the first enqueue and ``overlapping_executors`` says so. A batch
+holding a request that is not warm (a cold one, one set apart, a failed one: the start-up burst
+behind a cold batch waits seconds for the model load, no fill timeout) gives no wait and no fill
+(``aside_batches`` counts them): the advice on the queue reads the warm batches only.
 
 :func:`summarize_batches` returns ``None`` when the recording has no ``batch`` span (data written
 before batch spans existed, or a service that does not batch).
@@ -16,7 +19,7 @@ before batch spans existed, or a service that does not batch).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from otel_stages import semconv
@@ -39,7 +42,8 @@ class BatchSummary:
     ``sizes``: batch size -> number of batches; ``wait_ms``: one value per member request found
     (its ``queue`` span); ``fill_ms``: one value per batch whose members' queue spans were found;
     ``call_ms``: ``batch`` span durations (the model call); ``unmatched_members``: links to
-    requests whose ``queue`` span is not in the recording.
+    requests whose ``queue`` span is not in the recording; ``aside_batches``: batches holding a
+    request that is not warm, left out of ``wait_ms`` and ``fill_ms``.
     """
 
     batches: int
@@ -49,6 +53,7 @@ class BatchSummary:
     call_ms: list[float]
     unmatched_members: int
     overlapping_executors: bool
+    aside_batches: int = 0
 
     @property
     def mean_size(self) -> float:
@@ -69,6 +74,7 @@ class BatchSummary:
             "call_ms": _ms_summary(self.call_ms),
             "unmatched_members": self.unmatched_members,
             "overlapping_executors": self.overlapping_executors,
+            "aside_batches": self.aside_batches,
         }
 
     def describe(self) -> list[str]:
@@ -87,6 +93,9 @@ class BatchSummary:
                          f"p95{busy}")
         if self.unmatched_members:
             lines.append(f"{self.unmatched_members} linked requests had no queue span in the input")
+        if self.aside_batches:
+            lines.append(f"{self.aside_batches} batches holding a cold, set-apart or failed request"
+                         " left out of the waits and fills")
         return lines
 
 
@@ -97,10 +106,13 @@ def _size(span: Span) -> int:
     return max(len(span.links), 1)
 
 
-def summarize_batches(spans: Iterable[Span]) -> BatchSummary | None:
+def summarize_batches(spans: Iterable[Span], aside: Container[tuple[str, str]] = ()
+                      ) -> BatchSummary | None:
     """Summarize the ``batch`` spans in ``spans`` (see the module docstring); ``None`` without any.
-    Linear, and it keeps only batch spans and the queue spans they link to (a span repeated with
-    the same trace and span id counts once)."""
+    ``aside``: the ``(trace_id, span_id)`` of the request spans that are not warm (cold, set
+    apart, failed): a batch linking to one gives no wait and no fill. Linear, and it keeps only
+    batch spans and the queue spans they link to (a span repeated with the same trace and span id
+    counts once)."""
     spans = spans if isinstance(spans, Sequence) else list(spans)
     unique: dict[tuple[str, str], Span] = {}
     for span in spans:
@@ -133,8 +145,11 @@ def summarize_batches(spans: Iterable[Span]) -> BatchSummary | None:
 
     wait_ms: list[float] = []
     fill_ms: list[float] = []
-    unmatched = 0
+    unmatched = left_aside = 0
     for batch in batches:
+        if any(link in aside for link in batch.links):
+            left_aside += 1
+            continue
         members: list[Span] = []
         for link in dict.fromkeys(batch.links):
             # its queue span: the latest one under the request that ended by the batch's start
@@ -158,5 +173,6 @@ def summarize_batches(spans: Iterable[Span]) -> BatchSummary | None:
         fill_ms=fill_ms,
         call_ms=[b.duration_ms for b in batches],
         unmatched_members=unmatched,
+        aside_batches=left_aside,
         overlapping_executors=bool(overlapping),
     )
