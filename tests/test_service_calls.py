@@ -345,7 +345,8 @@ def test_a_calls_own_wait_is_the_callers(engine: Any, tmp_path: Path, hops: int)
     own = next(e for e in v["evidence"] if e.startswith("POST is a call into"))
     assert "but its own time outside them" in own and "the wait is the caller's" in own
     assert v["advice"][0] == (f"report each service alone (otel-stages report ... --service {GATEWAY}:"
-                              f" the service whose POST calls wait outside {WORKER}'s requests)")
+                              f" the service whose POST calls wait outside {WORKER}'s requests; there"
+                              f" POST is a stage of its own, {WORKER}'s requests left out)")
     assert v["advice"][1] == advice.CALL_OWN.format(stage="POST")
     assert _sql(engine, path)["verdict"] == v
 
