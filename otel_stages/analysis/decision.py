@@ -33,10 +33,10 @@ fleet report and any later source call it with the same thresholds. Order of the
    tentative too (:func:`spike_only`). A stage that is a call into another service's requests read
    in the same report (:attr:`Figures.calls <otel_stages.analysis.figures.Figures.calls>`) is no
    suspect: its time is the called requests', whose stages are ranked without it; the evidence
-   says so first when it is material. But for its own time, each call span less its called
-   requests' totals (:func:`own_time_calls`): where that swings materially and at least
-   :data:`CALL_OWN_MIN_RATIO` of the called requests' swing, the call is the caller's own wait,
-   ranked as any stage with the cause ``call``.
+   says so first when it is material. But for its own time, each call span less the time its
+   called requests cover (:func:`own_time_calls`): where that swings materially and at least
+   :data:`CALL_OWN_MIN_RATIO` of that covered time's swing, the call is the caller's own wait,
+   ranked as any stage with the cause ``call``; when both swing, the other side is said too.
 5. Stage -> cause by :func:`otel_stages.analysis.verdict.cause_for` (mechanism evidence first).
 6. When the untraced time is a larger share of all request time than any stage
    (:func:`untraced_is_largest`), evidence and advice say that most time lies outside the stage
@@ -152,8 +152,8 @@ LAG_DOMINATES_FRACTION = 0.5
 #: such stages is within what another run could reverse, so evidence and advice name both.
 CO_SUSPECT_MIN_RATIO = 0.8
 
-#: A call's own time (each span less its called requests' totals) is the caller's: where it swings
-#: materially (rule 3 on its p5 -> p95) and at least this multiple of the called requests' own
+#: A call's own time (each span less the time its called requests cover) is the caller's: where it
+#: swings materially (rule 3 on its p5 -> p95) and at least this multiple of the covered time's
 #: swing, the call is ranked as the caller's (cause ``call``), no longer left out as the callee's
 #: (a tester's gateway whose HTTP client waited 200-240 ms for a pooled connection in every 4th
 #: request, the worker steady, read "no single stage swings" with advice to report the steady
@@ -533,7 +533,7 @@ def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[
             verdict.advice.append(
                 f"{call.stage}'s called requests swing as well: report them alone too"
                 f" (otel-stages report ... --service {service})")
-        elif call.stage not in own and call.stage not in own_callee_stages(fig) and is_material(
+        elif call.stage not in own and call.stage not in _callee_stage_calls(fig) and is_material(
                 own_swing, None, fig.total, band):
             verdict.evidence.append(
                 f"{call.stage}'s own time outside the requests it calls swings {d(own_swing)} too"
@@ -542,7 +542,7 @@ def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[
             verdict.advice.append(advice_text.CALL_OWN.format(stage=call.stage))
 
 
-def own_callee_stages(fig: Figures) -> set[str]:
+def _callee_stage_calls(fig: Figures) -> set[str]:
     """The call names that are also stages of the requests they call (:attr:`Call.callee_stage
     <otel_stages.analysis.calls.Call.callee_stage>`): ranked with them, never left out."""
     return {c.stage for c in fig.calls if c.callee_stage}
