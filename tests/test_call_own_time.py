@@ -43,7 +43,8 @@ def test_own_swing_at_the_material_floor() -> None:
     assert (v.cause, v.stage) == ("call", "POST")
     assert v.advice[0] == advice.CALL_OWN.format(stage="POST")
     assert v.evidence[0].startswith("POST is a call into vlm-worker's requests (30 of its 30 spans")
-    assert "swings 15.1 ms (p5 2.0 ms -> p95 17.1 ms), the called requests' totals 2.0 ms" in v.evidence[0]
+    assert ("swings 15.1 ms (p5 2.0 ms -> p95 17.1 ms), the time the called requests cover 2.0 ms"
+            in v.evidence[0])
 
 
 def test_own_swing_against_the_total_swing() -> None:

@@ -55,7 +55,7 @@ def _span(trace: str, sid: str, parent: str | None, name: str, start: int, end: 
 def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_only: bool = False,
                          gateway: str = GATEWAY, call_name: str = "POST", pool_ms: float = 0.0,
                          slow_forwards: bool | None = None, warmup: tuple[float, ...] = (),
-                         fanout: int = 1, unrecorded_ms: float = 0.0) -> Path:
+                         fanout: int = 1, unrecorded_ms: float = 0.0, repeat: int = 1) -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
@@ -71,7 +71,8 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
     ``slow_forwards`` (then the waits fall on other calls: every fourth from the first).
     ``warmup``: the worker's forwards after its cold one (ms: a warm-up). ``fanout``: worker
     requests each call makes at once (1 ms apart). ``unrecorded_ms``: every second call that
-    reaches no recorded worker takes this long (not 55 ms)."""
+    reaches no recorded worker takes this long (not 55 ms). ``repeat``: every fourth call (from
+    the third) makes this many worker requests one after another (retries), the forwards steady."""
     slow_forwards = not pool_ms if slow_forwards is None else slow_forwards
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
@@ -97,7 +98,9 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
         waits = i % 4 == (0 if slow_forwards else 2)
         wait = pool_ms * (1 + (i % 3) / 10) if waits else 0.0
         inner = 2.0 + forward + 0.2
-        call = (inner + 2.0 + wait + (fanout - 1) if i < calls else
+        calls_made = repeat if slow and repeat > 1 else fanout
+        call = (inner + 2.0 + wait + (fanout - 1) + (calls_made - 1) * (inner + 1.0) * (fanout == 1)
+                if i < calls else
                 (unrecorded_ms if unrecorded_ms and i % 2 else 55.0) + r.uniform(-0.5, 0.5))
         post = next(ids)
         stages.append(_span(trace, post, rid, call_name, c, c + int(call * MS), kind=3))
@@ -105,8 +108,9 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
         gateway_spans += [_span(trace, rid, None, "request", t, end, {"request.seq": i + 1}), *stages]
         if i >= calls:
             continue
-        for j in range(fanout):
-            above, s = post, c + MS // 2 + int(wait * MS) + j * MS
+        for j in range(calls_made):
+            gap = j * MS if fanout > 1 else int(j * (inner + 1.0) * MS)  # at once, or one after another
+            above, s = post, c + MS // 2 + int(wait * MS) + gap
             for k in range(hops - 1):  # a proxy's span, then the worker's server span
                 sid = next(ids)
                 target = worker if k == hops - 2 else gateway_spans
@@ -114,7 +118,7 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
                 above, s = sid, s + MS // 10
             wid, q = next(ids), s + MS // 10
             worker += [_span(trace, wid, above, "request", s, s + int(inner * MS),
-                             {"request.seq": i * fanout + j + 1}),
+                             {"request.seq": i * max(fanout, repeat) + j + 1}),
                        _span(trace, next(ids), wid, "queue", q, q + 2 * MS),
                        _span(trace, next(ids), wid, "forward", q + 2 * MS, q + int((2 + forward) * MS))]
             f0, f1 = q + 2 * MS, q + int((2 + forward) * MS)
@@ -315,16 +319,15 @@ POOL_MS = 200.0
 
 
 def _own(path: Path) -> list[tuple[str, float, float, float, float, float]]:
-    """Each call's own-time and called-request percentiles, the warm requests as the report
-    reads them (not cold, not failed, not set apart)."""
+    """Each call's own-time and called-request percentiles, the steady requests as the report
+    reads them (neither cold nor set apart)."""
     spans = load_paths([path]).spans
     requests = group_spans(spans).requests
     apart = {id(a.request) for a in set_apart_and_warmup(requests, CohortKeys(requests))[0]}
-    warm = {(r.trace_id, r.span_id) for r in requests
-            if not r.cold and not r.error and id(r) not in apart}
+    steady = {(r.trace_id, r.span_id) for r in requests if not r.cold and id(r) not in apart}
     return [(c.stage, c.own_p5_ms or 0.0, c.own_median_ms or 0.0, c.own_p95_ms or 0.0,
              c.callee_p5_ms or 0.0, c.callee_p95_ms or 0.0)
-            for c in remote_calls(requests, spans, warm)]
+            for c in remote_calls(requests, spans, steady)]
 
 
 @pytest.mark.parametrize("hops", [1, 2])
@@ -345,8 +348,8 @@ def test_a_calls_own_wait_is_the_callers(engine: Any, tmp_path: Path, hops: int)
     own = next(e for e in v["evidence"] if e.startswith("POST is a call into"))
     assert "but its own time outside them" in own and "the wait is the caller's" in own
     assert v["advice"][0] == (f"report each service alone (otel-stages report ... --service {GATEWAY}:"
-                              f" the service whose POST calls wait outside {WORKER}'s requests; there"
-                              f" POST is a stage of its own, {WORKER}'s requests left out)")
+                              " the calling service, where POST's swing lies; there POST is a stage of"
+                              f" its own, {WORKER}'s requests left out)")
     assert v["advice"][1] == advice.CALL_OWN.format(stage="POST")
     assert _sql(engine, path)["verdict"] == v
 
@@ -465,4 +468,32 @@ def test_both_sides_of_a_call_are_said(engine: Any, tmp_path: Path, pool_ms: flo
         assert any(e.startswith("POST's own time outside the requests it calls swings") and
                    e.endswith("the caller's wait is a second place") for e in v["evidence"])
         assert advice.CALL_OWN.format(stage="POST") in v["advice"]
+    assert _sql(engine, path)["verdict"] == v
+
+
+def test_calls_made_more_than_once_are_the_callers(engine: Any, tmp_path: Path) -> None:
+    """A tester's retries: every fourth POST calls the (steady) worker twice, one call after the
+    other. The covered time swings with the count; it was left out as the worker's ("no single
+    stage swings", advice to report the steady worker). Now the count is said and POST is the
+    caller's (cause ``call``) with the retry advice; the same in ClickHouse."""
+    path = gateway_calls_worker(tmp_path / "retry.jsonl", hops=2, repeat=2, slow_forwards=False)
+    spans = load_paths([path]).spans
+    [call] = remote_calls(group_spans(spans).requests, spans)
+    assert call.repeated == N // 4 and (call.each_swing_ms or 0.0) < 5.0
+    v = _file(path)["verdict"]
+    assert (v["cause"], v["stage"]) == ("call", "POST")
+    line = next(e for e in v["evidence"] if e.startswith("POST is a call into"))
+    assert f"holds more of them in {N // 4} of its calls than in the others" in line
+    assert advice.CALL_REPEATED.format(stage="POST", service=WORKER) in v["advice"]
+    assert _sql(engine, path)["verdict"] == v
+
+
+def test_calls_made_more_than_once_to_a_swinging_worker(engine: Any, tmp_path: Path) -> None:
+    """The same retries to a worker whose own forwards swing (200-240 ms): each called request
+    swings, so the worker's stage is the verdict; the count is still said, with its advice."""
+    path = gateway_calls_worker(tmp_path / "retry_slow.jsonl", hops=2, repeat=2, slow_forwards=True)
+    v = _file(path)["verdict"]
+    assert v["stage"] == "forward"
+    assert any(e.startswith(f"POST holds more of {WORKER}'s requests in") for e in v["evidence"])
+    assert advice.CALL_REPEATED.format(stage="POST", service=WORKER) in v["advice"]
     assert _sql(engine, path)["verdict"] == v

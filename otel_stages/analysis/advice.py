@@ -44,6 +44,12 @@ CALL_OWN = (
     " for calls that reach no request read here, the service they call; time the client's wait"
     " apart (a stage() around acquiring the connection) to tell them apart"
 )
+#: A call that makes more calls in some requests than in others (retries, one per item).
+CALL_REPEATED = (
+    "{stage} calls {service} more than once in some requests: if these are retries, find why the"
+    " first call failed or timed out (the client's retry policy and timeout, the callee's errors);"
+    " if one call per item, send the items in one call or make the calls at once"
+)
 WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"
     " no user pays for weight loading, allocation and kernel compilation"

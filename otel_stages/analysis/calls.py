@@ -60,10 +60,15 @@ class Call:
     callee's own spans are pooled under it). ``own_p5_ms`` / ``own_median_ms`` / ``own_p95_ms``:
     the percentiles (linear interpolation, as every stage's) of each span's own time, its duration
     less the time its called requests cover (their union within it: calls made at once count
-    once), over the spans whose called requests are all warm and (unless ``callee_stage``: those
-    are the callees' own) the spans of that name that hold none (all their time own);
+    once), over the spans whose called requests are all steady (neither cold nor set apart)
+    and (unless ``callee_stage``: those are the callees' own) the spans of that name that hold
+    none (all their time own);
     ``callee_p5_ms`` / ``callee_p95_ms`` those of the covered time, over the former; ``None``
-    where unread or no span qualifies."""
+    where unread or no span qualifies. ``repeated``: of the former, the spans that hold more
+    called requests than the fewest any holds (retries, or one call per item: the covered time
+    then swings with the count); 0 when every span holds as many. ``each_p5_ms`` /
+    ``each_p95_ms``: the percentiles of each called request's total over the former (whether
+    the called requests themselves swing, or only how many there are)."""
 
     stage: str
     service: str
@@ -76,6 +81,16 @@ class Call:
     own_p95_ms: float | None = None
     callee_p5_ms: float | None = None
     callee_p95_ms: float | None = None
+    repeated: int = 0
+    each_p5_ms: float | None = None
+    each_p95_ms: float | None = None
+
+    @property
+    def each_swing_ms(self) -> float | None:
+        """``each_p95_ms - each_p5_ms`` (ms): how much each called request swings."""
+        if self.each_p5_ms is None or self.each_p95_ms is None:
+            return None
+        return self.each_p95_ms - self.each_p5_ms
 
     @property
     def own_swing_ms(self) -> float | None:
@@ -105,14 +120,15 @@ def _service(resource: dict[str, object]) -> str:
 
 
 def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
-                 warm: Container[tuple[str, str]] | None = None) -> tuple[Call, ...]:
+                 steady: Container[tuple[str, str]] | None = None) -> tuple[Call, ...]:
     """The :class:`Call` stages of ``requests`` (all read: warm, cold, failed), most calls first
     (then by name, service); ``spans`` the spans they were grouped from (read again only for the
-    parent links of request spans, and only where a trace holds two requests or more). ``warm``:
-    the ``(trace_id, span_id)`` of the warm requests (none given: every request): the own-time
-    and called-request percentiles read only the calls whose called requests are all warm (a
-    worker's warm-up is no swing of the calls), and every span of a call stage that holds no
-    called request, its whole time the caller's. Never raises."""
+    parent links of request spans, and only where a trace holds two requests or more).
+    ``steady``: the ``(trace_id, span_id)`` of the requests neither cold nor set apart (failed
+    ones count: a retry after a failed call is the caller's wait; none given: every request):
+    the own-time and called-request percentiles read only the calls whose called requests are
+    all steady (a worker's warm-up is no swing of the calls), and every span of a call stage
+    that holds no called request, its whole time the caller's. Never raises."""
     per_trace = Counter(r.trace_id for r in requests)
     if not per_trace or max(per_trace.values()) < 2:
         return ()
@@ -161,9 +177,13 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
     found: Counter[tuple[str, str, bool]] = Counter(found_key for _, found_key in made)
     own_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
     callee_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
+    held: dict[tuple[str, str, bool], list[int]] = {k: [] for k in found}
+    each_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
     for (up, found_key), called in made.items():
-        if warm is not None and not all((c.trace_id, c.span_id) in warm for c in called):
+        if steady is not None and not all((c.trace_id, c.span_id) in steady for c in called):
             continue
+        held[found_key].append(len(called))
+        each_ms[found_key].extend(c.total_ms for c in called)
         stage = leaves[up]
         covered = covered_ms(stage.start_ns, stage.end_ns,
                              [(c.start_ns, c.start_ns + round(c.total_ms * 1e6)) for c in called])
@@ -175,10 +195,8 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
             for found_key in found:
                 if found_key[0] == s.name and found_key not in own:
                     own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
-    calls = [Call(stage, service, n, counts[stage], shared, (stage, service, shared) in own,
-                  *_percentiles(own_ms[(stage, service, shared)], (5, 50, 95)),
-                  *_percentiles(callee_ms[(stage, service, shared)], (5, 95)))
-             for (stage, service, shared), n in found.items() if n >= CALL_MIN_SHARE * counts[stage]]
+    calls = [_call(key, n, counts[key[0]], key in own, own_ms[key], callee_ms[key], held[key], each_ms[key])
+             for key, n in found.items() if n >= CALL_MIN_SHARE * counts[key[0]]]
     return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.shared_name)))
 
 
@@ -192,5 +210,14 @@ def covered_ms(start_ns: int, end_ns: int, intervals: Iterable[tuple[int, int]])
     return total / 1e6
 
 
-def _percentiles(values: list[float], levels: tuple[float, ...]) -> list[float | None]:
-    return [percentile(values, q) if values else None for q in levels]
+def _call(key: tuple[str, str, bool], n: int, spans: int, callee_stage: bool, own_ms: list[float],
+          callee_ms: list[float], held: list[int], each_ms: list[float]) -> Call:
+    """The :class:`Call` of ``key`` (stage, service, one name for both) from its values."""
+    own = [percentile(own_ms, q) if own_ms else None for q in (5, 50, 95)]
+    callee = [percentile(callee_ms, q) if callee_ms else None for q in (5, 95)]
+    each = [percentile(each_ms, q) if each_ms else None for q in (5, 95)]
+    return Call(key[0], key[1], n, spans, key[2], callee_stage,
+                own_p5_ms=own[0], own_median_ms=own[1], own_p95_ms=own[2],
+                callee_p5_ms=callee[0], callee_p95_ms=callee[1],
+                repeated=sum(k > min(held) for k in held) if held else 0,
+                each_p5_ms=each[0], each_p95_ms=each[1])

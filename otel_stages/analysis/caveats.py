@@ -465,8 +465,11 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
     why = f": the service {called.stage} calls" if called else ""
     if called is not None and verdict.cause == CAUSE_CALL:
         first = next((name for name, _ in fig.services if name and name != called.service), None)
-        why = (f": the service whose {verdict.stage} calls wait outside {called.service}'s requests;"
-               f" there {verdict.stage} is a stage of its own, {called.service}'s requests left out")
+        why = (f": the calling service, where {verdict.stage}'s swing lies; there {verdict.stage}"
+               f" is a stage of its own, {called.service}'s requests left out")
+    elif called is not None and called.repeated and verdict.stage is None:  # (the count swings)
+        first = next((name for name, _ in fig.services if name and name != called.service), None)
+        why = f": the service whose {called.stage} calls {called.service} more than once in some requests"
     example = f" --service {first}" if first else " --service NAME"
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example}{why})")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from otel_stages import semconv
 from otel_stages.analysis.calls import CALL_MIN_SHARE
 from otel_stages.analysis.clickhouse_requests import GROUPS_TABLE, NESTED_TABLE, PER_REQUEST_SQL
-from otel_stages.analysis.clickhouse_sql import REQUESTS_TABLE, AggregateQuery, requests, span_filter
+from otel_stages.analysis.clickhouse_sql import APART_TABLE, REQUESTS_TABLE, AggregateQuery, span_filter
 
 #: The links still walked: ``(trace_key, at, svc, callee)``, ``at`` a span id above the request
 #: ``callee`` (its span key) of service ``svc``.
@@ -126,16 +126,21 @@ def calls_sql() -> str:
     :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the requests read), most
     calls first; ``own_q`` the p5, median and p95 (ns, ``quantilesExactInclusive``: the file
     report's interpolation) of each calling span's own time (its duration less the union of its
-    called requests within it) over the spans whose called requests are all warm, and of the
+    called requests within it) over the spans whose called requests are all steady (neither cold
+    nor set apart: failed ones count), and of the
     call stage's spans that hold none (their whole duration; not for a name the callees' stages
     share: theirs); ``callee_q`` the p5 and p95 of
-    the covered time over the former."""
+    the covered time over the former; ``repeated`` how many of the former hold more called
+    requests than the fewest any of them holds, ``each_q`` the p5 and p95 of each of their called
+    requests' totals (ns)."""
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.same AS same, c.trace_key AS tk, c.sid AS call,
-        any(c.start) AS cs, any(c.dur) AS dur, min(r.warm) AS all_warm,
+        any(c.start) AS cs, any(c.dur) AS dur, count() AS k, groupArray(r.total_ns) AS totals,
+        min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN (SELECT trace_key, span_key FROM {APART_TABLE}))
+            AS steady,
         max(has(r.stage_names, c.name)) AS o,
         arraySort(groupArray((r.start_ns, r.start_ns + r.total_ns))) AS iv
     FROM {FOUND_TABLE} AS c
-    LEFT JOIN (SELECT trace_key, span_key, stage_names, start_ns, total_ns, warm FROM {requests()}
+    LEFT JOIN (SELECT trace_key, span_key, stage_names, start_ns, total_ns, cold FROM {REQUESTS_TABLE}
                WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
         ON c.trace_key = r.trace_key AND c.callee = r.span_key
     GROUP BY name, svc, same, tk, call"""
@@ -144,14 +149,19 @@ def calls_sql() -> str:
     lone = (f"SELECT name, groupArray(dur) AS durs FROM {SPANS_TABLE}"
             f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name")
     return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans,
-    f.same AS shared_name, f.own AS callee_stage,
+    f.same AS shared_name, f.own AS callee_stage, f.repeated AS repeated, f.each_q AS each_q,
     arrayReduce('quantilesExactInclusive(0.05, 0.5, 0.95)',
                 arrayConcat(f.owns, if(f.own, [], l.durs))) AS own_q,
     f.callee_q AS callee_q
 FROM (SELECT name, svc, same, count() AS n, max(o) AS own,
-             groupArrayIf(dur - cov, all_warm) AS owns,
-             quantilesExactInclusiveIf(0.05, 0.95)(cov, all_warm) AS callee_q
-      FROM (SELECT *, {covered} AS cov FROM ({per_call}))
+             groupArrayIf(dur - cov, steady) AS owns,
+             quantilesExactInclusiveIf(0.05, 0.95)(cov, steady) AS callee_q,
+             countIf(steady AND k > fewest) AS repeated,
+             arrayReduce('quantilesExactInclusive(0.05, 0.95)', arrayFlatten(groupArrayIf(totals, steady)))
+                 AS each_q
+      FROM (SELECT *, {covered} AS cov,
+                   minIf(k, steady) OVER (PARTITION BY name, svc, same) AS fewest
+            FROM ({per_call}))
       GROUP BY name, svc, same) AS f
 INNER JOIN (SELECT name, sum(k) AS spans FROM {REQUESTS_TABLE}
             ARRAY JOIN stage_names AS name, stage_counts AS k WHERE is_request GROUP BY name) AS t

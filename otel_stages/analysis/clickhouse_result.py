@@ -241,6 +241,17 @@ def _cold_input(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return row["width"], row["height"], row["fmt"], row.get("images_sig") or 0
 
 
+def _call(row: Mapping[str, Any]) -> Call:
+    """A ``calls`` row (:func:`otel_stages.analysis.clickhouse_calls.calls_sql`) as a :class:`Call`."""
+    own, callee = [_ms(q) for q in row["own_q"]], [_ms(q) for q in row["callee_q"]]
+    each = [_ms(q) for q in row.get("each_q") or (None, None)]
+    return Call(str(row["stage"]), str(row["service"]), int(row["calls"]), int(row["spans"]),
+                bool(row["shared_name"]), bool(row["callee_stage"]),
+                own_p5_ms=own[0], own_median_ms=own[1], own_p95_ms=own[2],
+                callee_p5_ms=callee[0], callee_p95_ms=callee[1], repeated=int(row.get("repeated") or 0),
+                each_p5_ms=each[0], each_p95_ms=each[1])
+
+
 def _ms(ns: Any) -> float | None:
     """A quantile in ns from the engine as ms; ``None`` for NaN (a quantile of no values)."""
     if ns is None:
@@ -918,10 +929,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         service_requests=int(next(iter(results.get("services") or ()), {}).get("all_n") or 0),
         service_hosts=tuple((str(r["service_name"]), int(r["n"]))
                             for r in results.get("service_hosts") or ()),
-        calls=tuple(Call(str(r["stage"]), str(r["service"]), int(r["calls"]), int(r["spans"]),
-                         bool(r["shared_name"]), bool(r["callee_stage"]),
-                         *(_ms(q) for q in r["own_q"]), *(_ms(q) for q in r["callee_q"]))
-                    for r in results.get("calls") or ()),
+        calls=tuple(_call(r) for r in results.get("calls") or ()),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),
         window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),

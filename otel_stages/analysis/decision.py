@@ -239,6 +239,23 @@ def own_time_calls(fig: Figures, band: NoiseBand) -> set[str]:
     return names
 
 
+def repeated_calls(fig: Figures, band: NoiseBand) -> set[str]:
+    """The names of :attr:`Figures.calls` stages (not in :func:`own_time_calls`) that hold more
+    called requests in some spans than in others (:attr:`Call.repeated
+    <otel_stages.analysis.calls.Call.repeated>`: retries, one call per item) where the time they
+    cover swings materially and each called request does not (:func:`is_material`): the count,
+    the caller's doing, makes the swing, so the call is ranked as the caller's (cause ``call``)."""
+    own = own_time_calls(fig, band)
+    names = set()
+    for call in fig.calls:
+        covered, each = call.callee_swing_ms, call.each_swing_ms
+        if (call.stage not in own and call.repeated and covered is not None and each is not None
+                and is_material(covered, None, fig.total, band)
+                and not is_material(each, None, fig.total, band)):
+            names.add(call.stage)
+    return names
+
+
 def verdict_band_ms(fig: Figures) -> float | None:
     """The noise band (ms) :func:`decide` judges ``fig`` against; ``None`` where it makes no
     verdict on the warm requests (fewer than :data:`MIN_WARM_RUNS`, no stages)."""
@@ -274,7 +291,7 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _stable_verdict(fig, band)
     else:
-        own = own_time_calls(fig, band)
+        own = own_time_calls(fig, band) | repeated_calls(fig, band)
         calls = left_out(fig.calls) - own
         candidates = [
             _Candidate(s.name, s.swing_ms, s.spike_ms, s.explains)
@@ -294,10 +311,11 @@ def decide(fig: Figures) -> Verdict:
         else:
             verdict = _spread_verdict(fig, band)
         # a call's time is its callee's requests' (read here too): said first, never a suspect
-        verdict.evidence[:0] = [_call_line(fig, c, c.stage in own) for c in fig.calls
+        repeated = repeated_calls(fig, band)
+        verdict.evidence[:0] = [_call_line(fig, c, c.stage in own, c.stage in repeated) for c in fig.calls
                                 if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
                                                fig.total, band)]
-        _call_other_sides(verdict, fig, band, own)
+        _call_other_sides(verdict, fig, band, own - repeated, repeated)
     _append_common(verdict, fig, band.band_ms)
     if swings is not False and not _mix_dominates(fig):  # else the inputs move the stages
         together_caveat(verdict, fig)
@@ -410,8 +428,9 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
                   band: NoiseBand) -> Verdict:
     d = duration
     suspect = fig.stages[first.name]
-    own = own_time_calls(fig, band)
-    cause, advice, lines = _stage_cause(fig, suspect.name, own)
+    repeated = repeated_calls(fig, band)
+    own = own_time_calls(fig, band) | repeated
+    cause, advice, lines = _stage_cause(fig, suspect.name, own, repeated)
     ref = band.reference_ms
     if not spike_only(suspect, ref):
         head = f"{suspect.name} swings {d(suspect.swing_ms)}{spread_text(suspect)}"
@@ -475,7 +494,7 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
                               " explain the swing")
     lines = head_lines + lines
     if co_suspect is not None:
-        _, co_advice, co_lines = _stage_cause(fig, co_suspect.name, own)
+        _, co_advice, co_lines = _stage_cause(fig, co_suspect.name, own, repeated)
         lines.extend(f"{co_suspect.name}: {line}" for line in co_lines)
         advice = [f"{suspect.name}: {line}" for line in advice]
         advice.extend(f"{co_suspect.name}: {line}" for line in co_advice)
@@ -484,15 +503,23 @@ def _warm_verdict(fig: Figures, first: _Candidate, others: Sequence[_Candidate],
     return Verdict(cause, suspect.name, lines, advice, tentative=by_body)
 
 
-def _call_line(fig: Figures, call: Call, own: bool) -> str:
+def _call_line(fig: Figures, call: Call, own: bool, repeated: bool = False) -> str:
     """Why the call stage ``call`` (material) is no suspect, or, named as a stage of the requests
-    it calls, what its figures hold; ``own``: its own time swings (:func:`own_time_calls`)."""
+    it calls, what its figures hold; ``own``: its own time swings (:func:`own_time_calls`);
+    ``repeated``: how many calls it makes does (:func:`repeated_calls`)."""
     stage = fig.stages[call.stage]
     also = f" and explains {pct(stage.explains)}" if stage.explains is not None else ""
     service = call.service or "(no service.name)"
     whose = (f"other requests of {service}, its own service.name," if call.shared_name
              else f"{service}'s requests")
     held = f"({call.calls} of its {call.spans} spans hold one), which this report reads too"
+    if repeated:
+        return (f"{call.stage} is a call into {whose} {held}, and holds more of them in"
+                f" {call.repeated} of its calls than in the others (retries, or one call per item):"
+                f" the time they cover swings {duration(call.callee_swing_ms or 0.0)} with how many"
+                f" calls it makes, each called request steady (it swings"
+                f" {duration(call.each_swing_ms or 0.0)}), so {call.stage} is ranked as the"
+                f" caller's ({call.stage} swings {duration(stage.swing_ms)}{also})")
     if own and call.own_p5_ms is not None and call.own_p95_ms is not None:
         d = duration
         callee = call.callee_swing_ms
@@ -515,17 +542,32 @@ def _call_line(fig: Figures, call: Call, own: bool) -> str:
             f" against their stages ({call.stage} swings {duration(stage.swing_ms)}{also})")
 
 
-def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[str]) -> None:
+def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[str],
+                      repeated: set[str]) -> None:
     """A call's other side when both swing materially (:func:`is_material`): where the call is
     ranked as the caller's wait (``own``), its called requests' swing, with the advice to report
     them alone; where it is left out as theirs, its own time's, with the advice on the caller's
-    wait. Neither half of a split swing goes unsaid."""
+    wait. Neither half of a split swing goes unsaid. A call that holds more called requests in
+    some spans than in others (:attr:`Call.repeated <otel_stages.analysis.calls.Call.repeated>`)
+    whose covered time swings: the count is said, with its advice (first when no stage is named)."""
     d = duration
     for call in fig.calls:
         own_swing, callee_swing = call.own_swing_ms, call.callee_swing_ms
         if own_swing is None or callee_swing is None:
             continue
         service = call.service or "(no service.name)"
+        if call.stage in repeated:
+            continue  # (the call's line says it)
+        if call.repeated and is_material(callee_swing, None, fig.total, band):
+            verdict.evidence.append(
+                f"{call.stage} holds more of {service}'s requests in {call.repeated} of its calls"
+                f" than in the others (retries, or one call per item): the time they cover, which"
+                f" swings {d(callee_swing)}, grows with how many calls it makes")
+            line = advice_text.CALL_REPEATED.format(stage=call.stage, service=service)
+            if verdict.stage is None:  # (the count, not a stage, makes this swing)
+                verdict.advice.insert(0, line)
+            else:
+                verdict.advice.append(line)
         if call.stage in own and is_material(callee_swing, None, fig.total, band):
             verdict.evidence.append(
                 f"the requests {call.stage} calls ({service}'s) swing too: the time they cover in"
@@ -564,11 +606,15 @@ def _queue_lines(fig: Figures) -> list[str]:
     return lines
 
 
-def _stage_cause(fig: Figures, name: str, own_calls: Container[str] = ()
-                 ) -> tuple[str | None, list[str], list[str]]:
+def _stage_cause(fig: Figures, name: str, own_calls: Container[str] = (),
+                 repeated: Container[str] = ()) -> tuple[str | None, list[str], list[str]]:
     """Stage ``name``'s cause, advice and evidence lines (GPU, stage evidence, mechanism); a call
-    in ``own_calls`` (:func:`own_time_calls`: its own time swings) is the caller's wait, its
-    figures said in the call's line."""
+    in ``own_calls`` (:func:`own_time_calls`: its own time swings; :func:`repeated_calls`, in
+    ``repeated`` too: how many calls it makes) is the caller's, its figures said in the call's
+    line."""
+    if name in repeated:
+        service = next((c.service for c in fig.calls if c.stage == name), "")
+        return CAUSE_CALL, [advice_text.CALL_REPEATED.format(stage=name, service=service)], []
     if name in own_calls:
         return CAUSE_CALL, [advice_text.CALL_OWN.format(stage=name)], []
     evidence = fig.stage_evidence.get(name)

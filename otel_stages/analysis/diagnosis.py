@@ -409,7 +409,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     # the request.seq gaps are of every request read (warm, cold, failed)
     figures = replace(result.figures, sampling=seq_coverage(requests, warm),
                       calls=remote_calls(requests, screened.spans,
-                                         {(r.trace_id, r.span_id) for r in warm}))
+                                         {(r.trace_id, r.span_id) for r in requests
+                                          if not r.cold and id(r) not in apart_ids}))
     verdict = decide(_with_batches(figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)
