@@ -88,23 +88,22 @@ class Call:
     @property
     def each_swing_ms(self) -> float | None:
         """``each_p95_ms - each_p5_ms`` (ms): how much each called request swings."""
-        if self.each_p5_ms is None or self.each_p95_ms is None:
-            return None
-        return self.each_p95_ms - self.each_p5_ms
+        return _swing(self.each_p5_ms, self.each_p95_ms)
 
     @property
     def own_swing_ms(self) -> float | None:
         """``own_p95_ms - own_p5_ms`` (ms): how much the calls' own time swings."""
-        if self.own_p5_ms is None or self.own_p95_ms is None:
-            return None
-        return self.own_p95_ms - self.own_p5_ms
+        return _swing(self.own_p5_ms, self.own_p95_ms)
 
     @property
     def callee_swing_ms(self) -> float | None:
-        """``callee_p95_ms - callee_p5_ms`` (ms): how much the called requests swing."""
-        if self.callee_p5_ms is None or self.callee_p95_ms is None:
-            return None
-        return self.callee_p95_ms - self.callee_p5_ms
+        """``callee_p95_ms - callee_p5_ms`` (ms): how much the time the called requests cover
+        swings."""
+        return _swing(self.callee_p5_ms, self.callee_p95_ms)
+
+
+def _swing(p5_ms: float | None, p95_ms: float | None) -> float | None:
+    return None if p5_ms is None or p95_ms is None else p95_ms - p5_ms
 
 
 def left_out(calls: Iterable[Call]) -> set[str]:
