@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from opentelemetry.exporter.otlp.json.file import FileSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
@@ -131,7 +132,7 @@ def test_batches_holding_a_request_that_is_not_warm_give_no_wait_or_fill():
     """A tester's start-up burst: 20 requests arriving during a 3 s lazy model load waited ~3 s
     behind the cold batch; their waits made the p95 wait 3000 ms and the advice "the requests wait
     for the executor, not for batches to fill" while the warm swing was the 50 ms fill timeout.
-    A batch with a cold, set-apart or failed member now gives no wait and no fill."""
+    A batch with a cold or set-apart member now gives no wait and no fill."""
     spans = [*_request(1, 0, 3000), *_request(2, 1, 3000), *_request(3, 3100, 3150), *_request(4, 3120, 3150)]
     spans += [_batch(1, 3000.5, 3020, [1, 2]), _batch(2, 3150.5, 3170, [3, 4])]
     every = summarize_batches(spans)
@@ -141,8 +142,8 @@ def test_batches_holding_a_request_that_is_not_warm_give_no_wait_or_fill():
     assert sorted(summary.wait_ms) == [30.0, 50.0] and summary.fill_ms == [50.0]
     assert summary.batches == 2 and summary.aside_batches == 1
     assert summary.to_dict()["aside_batches"] == 1
-    assert summary.describe()[-1] == ("1 batches holding a cold, set-apart or failed request left out of"
-                                      " the waits and fills")
+    assert summary.describe()[-1] == ("1 batches holding a cold or set-apart request left out of the"
+                                      " waits and fills")
 
 
 def test_the_report_reads_the_warm_batches(tmp_path):
@@ -160,3 +161,23 @@ def test_the_report_reads_the_warm_batches(tmp_path):
     report = diagnose(Recording(spans=spans)).to_dict()
     assert report["batches"]["aside_batches"] >= 1
     assert report["batches"]["wait_ms"]["max_ms"] < 100.0
+
+
+def test_a_failed_member_keeps_its_batch_waits(tmp_path):
+    """A tester's: the oldest member of each batch that waited behind a slow one timed out; the
+    failed member set its batch aside, so the waits that make the swing left the advice ("lower
+    the fill timeout" beside a queue p95 of 250 ms). A failed member keeps its batch's waits."""
+    spans = []
+    for i in range(40):
+        enq = 100.0 * i
+        slow = i % 10 == 5
+        picked = enq + (290.0 if slow else 20.0)
+        spans += _request(i + 1, enq, picked)
+        if slow:
+            spans[-2] = msgspec.structs.replace(spans[-2], error=True)
+    for i in range(40):
+        start = 100.0 * i + (290.0 if i % 10 == 5 else 20.0) + 0.5
+        spans.append(_batch(i + 1, start, start + 10, [i + 1]))
+    report = diagnose(Recording(spans=spans)).to_dict()
+    assert report["batches"]["aside_batches"] == 1  # (the first request: cold)
+    assert report["batches"]["wait_ms"]["max_ms"] == 290.0

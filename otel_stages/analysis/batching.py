@@ -8,9 +8,10 @@ to pickup: from its first member's enqueue, or from the end of the previous batc
 process when that came later (the executor was still busy, which is not waiting for a batch to
 fill). The previous-batch correction needs one executor per process: when batches of one process
 overlap in time, fill runs from the first enqueue and ``overlapping_executors`` says so. A batch
-holding a request that is not warm (a cold one, one set apart, a failed one: the start-up burst
-behind a cold batch waits seconds for the model load, no fill timeout) gives no wait and no fill
-(``aside_batches`` counts them): the advice on the queue reads the warm batches only.
+holding a cold or set-apart request (the start-up burst behind a cold batch waits seconds for
+the model load, no fill timeout) gives no wait and no fill (``aside_batches`` counts them): the
+advice on the queue reads the others. A failed member does not set its batch aside: timeouts
+cluster in the batches that waited longest, whose waits are the swing.
 
 :func:`summarize_batches` returns ``None`` when the recording has no ``batch`` span (data written
 before batch spans existed, or a service that does not batch).
@@ -43,7 +44,7 @@ class BatchSummary:
     (its ``queue`` span); ``fill_ms``: one value per batch whose members' queue spans were found;
     ``call_ms``: ``batch`` span durations (the model call); ``unmatched_members``: links to
     requests whose ``queue`` span is not in the recording; ``aside_batches``: batches holding a
-    request that is not warm, left out of ``wait_ms`` and ``fill_ms``.
+    cold or set-apart request, left out of ``wait_ms`` and ``fill_ms``.
     """
 
     batches: int
@@ -94,7 +95,7 @@ class BatchSummary:
         if self.unmatched_members:
             lines.append(f"{self.unmatched_members} linked requests had no queue span in the input")
         if self.aside_batches:
-            lines.append(f"{self.aside_batches} batches holding a cold, set-apart or failed request"
+            lines.append(f"{self.aside_batches} batches holding a cold or set-apart request"
                          " left out of the waits and fills")
         return lines
 
@@ -109,8 +110,8 @@ def _size(span: Span) -> int:
 def summarize_batches(spans: Iterable[Span], aside: Container[tuple[str, str]] = ()
                       ) -> BatchSummary | None:
     """Summarize the ``batch`` spans in ``spans`` (see the module docstring); ``None`` without any.
-    ``aside``: the ``(trace_id, span_id)`` of the request spans that are not warm (cold, set
-    apart, failed): a batch linking to one gives no wait and no fill. Linear, and it keeps only
+    ``aside``: the ``(trace_id, span_id)`` of the cold and set-apart request spans: a batch
+    linking to one gives no wait and no fill. Linear, and it keeps only
     batch spans and the queue spans they link to (a span repeated with the same trace and span id
     counts once)."""
     spans = spans if isinstance(spans, Sequence) else list(spans)

@@ -405,7 +405,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
                    # readings of a process that mixes units are unusable too
                    unread_forwards=units.mixed_forwards + (
                        unread.gpu_utilization and unread_values(warm).gpu_utilization))
-    batches = summarize_batches(screened.spans, {(r.trace_id, r.span_id) for r in aside})
+    batches = summarize_batches(screened.spans, {(r.trace_id, r.span_id) for r in requests
+                                                 if r.cold or id(r) in apart_ids})
     # the request.seq gaps are of every request read (warm, cold, failed)
     figures = replace(result.figures, sampling=seq_coverage(requests, warm),
                       calls=remote_calls(requests, screened.spans,
