@@ -67,8 +67,9 @@ class Call:
     where unread or no span qualifies. ``repeated``: of the former, the spans that hold more
     called requests than the fewest any holds (retries, or one call per item: the covered time
     then swings with the count); 0 when every span holds as many. ``each_p5_ms`` /
-    ``each_p95_ms``: the percentiles of each called request's total over the former (whether
-    the called requests themselves swing, or only how many there are)."""
+    ``each_p95_ms``: the percentiles of each successful called request's total over the former
+    (whether the called requests themselves swing, or only how many there are: a slow failed
+    attempt before a retry is the retry's cost)."""
 
     stage: str
     service: str
@@ -182,7 +183,7 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
         if steady is not None and not all((c.trace_id, c.span_id) in steady for c in called):
             continue
         held[found_key].append(len(called))
-        each_ms[found_key].extend(c.total_ms for c in called)
+        each_ms[found_key].extend(c.total_ms for c in called if not c.error)
         stage = leaves[up]
         covered = covered_ms(stage.start_ns, stage.end_ns,
                              [(c.start_ns, c.start_ns + round(c.total_ms * 1e6)) for c in called])

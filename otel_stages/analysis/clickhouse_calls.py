@@ -131,16 +131,18 @@ def calls_sql() -> str:
     call stage's spans that hold none (their whole duration; not for a name the callees' stages
     share: theirs); ``callee_q`` the p5 and p95 of
     the covered time over the former; ``repeated`` how many of the former hold more called
-    requests than the fewest any of them holds, ``each_q`` the p5 and p95 of each of their called
-    requests' totals (ns)."""
+    requests than the fewest any of them holds, ``each_q`` the p5 and p95 of each of their
+    successful called requests' totals (ns)."""
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.same AS same, c.trace_key AS tk, c.sid AS call,
-        any(c.start) AS cs, any(c.dur) AS dur, count() AS k, groupArray(r.total_ns) AS totals,
+        any(c.start) AS cs, any(c.dur) AS dur, count() AS k,
+        groupArrayIf(r.total_ns, NOT r.error) AS totals,
         min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN (SELECT trace_key, span_key FROM {APART_TABLE}))
             AS steady,
         max(has(r.stage_names, c.name)) AS o,
         arraySort(groupArray((r.start_ns, r.start_ns + r.total_ns))) AS iv
     FROM {FOUND_TABLE} AS c
-    LEFT JOIN (SELECT trace_key, span_key, stage_names, start_ns, total_ns, cold FROM {REQUESTS_TABLE}
+    LEFT JOIN (SELECT trace_key, span_key, stage_names, start_ns, total_ns, cold, error
+               FROM {REQUESTS_TABLE}
                WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
         ON c.trace_key = r.trace_key AND c.callee = r.span_key
     GROUP BY name, svc, same, tk, call"""
