@@ -309,11 +309,11 @@ def test_a_call_named_as_the_callees_stage_is_pooled_with_it(engine: Any, tmp_pa
     spans = load_paths([path]).spans
     found = remote_calls(group_spans(spans).requests, spans)
     assert [(c.stage, c.service, c.calls, c.spans, c.callee_stage) for c in found] == [
-        ("forward", WORKER, N, 2 * N, True)]
+        ("forward", WORKER, N, N, True)]  # (the gateway's forward spans)
     want = _file(path)
     v = want["verdict"]
     assert (v["cause"], v["stage"], v["tentative"]) == ("gpu_busy", "forward", True)
-    assert any(e.startswith(f"forward spans are calls into {WORKER}'s requests ({N} of its {2 * N}"
+    assert any(e.startswith(f"forward spans are calls into {WORKER}'s requests ({N} of its {N}"
                             " spans hold one), which this report reads too, and those requests have"
                             " forward spans of their own") for e in v["evidence"])
     assert v["advice"][0] == ADVICE.replace("POST", "forward")
@@ -519,4 +519,71 @@ def test_a_retry_after_a_slow_failure_is_the_callers(engine: Any, tmp_path: Path
     assert (v["cause"], v["stage"]) == ("call", "POST")
     assert advice.CALL_REPEATED.format(stage="POST", service=WORKER) in v["advice"]
     assert not any("several stages swing together" in a for a in v["advice"])
+    assert _sql(engine, path)["verdict"] == v
+
+
+# --- a chain: gateway -> router -> worker, every hop an httpx POST -------------------------------
+
+
+def chain(path: Path, *, gateway_wait: float = 0.0, router_wait: float = 0.0,
+          slow_forwards: bool = False) -> Path:
+    """``N`` traces: the gateway's ``request`` (``download`` 8 ms, ``POST``) calls the router's
+    ``request`` (``POST``), which calls the worker's ``request`` (``queue`` 2, ``forward`` 50 ms);
+    every fourth call waits ``gateway_wait`` in the gateway's POST or ``router_wait`` in the
+    router's before its callee starts, or (``slow_forwards``) its worker forward takes 250 ms."""
+    r = random.Random(11)
+    out: dict[str, list[dict[str, Any]]] = {"gateway": [], "router": [], WORKER: []}
+
+    def sid() -> str:
+        return f"{r.getrandbits(64):016x}"
+
+    for i in range(N):
+        trace, slow = f"{r.getrandbits(128):032x}", i % 4 == 2
+        t = BASE_NS + i * 1000 * MS
+        forward = (250.0 if slow and slow_forwards else 50.0) + r.uniform(-1, 1)
+        w_start = t + int((8.5 + 1.0 + (gateway_wait if slow else 0.0) + 1.0
+                           + (router_wait if slow else 0.0)) * MS)
+        w_end = w_start + int((2.2 + forward) * MS)
+        w_id, r_id, g_id = sid(), sid(), sid()
+        r_post, g_post = sid(), sid()
+        r_start = t + int((8.5 + 1.0 + (gateway_wait if slow else 0.0)) * MS)
+        out[WORKER] += [_span(trace, w_id, r_post, "request", w_start, w_end, {"request.seq": i + 1}),
+                        _span(trace, sid(), w_id, "queue", w_start + MS // 10, w_start + 2 * MS),
+                        _span(trace, sid(), w_id, "forward", w_start + 2 * MS, w_end - MS // 10)]
+        r_end = w_end + MS // 2
+        out["router"] += [_span(trace, r_id, g_post, "request", r_start, r_end, {"request.seq": i + 1}),
+                          _span(trace, r_post, r_id, "POST", r_start + MS // 2, r_end - MS // 10, kind=3)]
+        g_end = r_end + MS // 2
+        out["gateway"] += [_span(trace, g_id, None, "request", t, g_end, {"request.seq": i + 1}),
+                           _span(trace, sid(), g_id, "download", t + MS // 20, t + int(8.2 * MS)),
+                           _span(trace, g_post, g_id, "POST", t + int(8.5 * MS), g_end - MS // 10, kind=3)]
+    lines = [{"resourceSpans": [{"resource": _resource(name, f"{name}-0"), "scopeSpans": [{"spans": spans}]}]}
+             for name, spans in out.items()]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("shape, cause, stage, first", [
+    ({"slow_forwards": True}, "forward", "forward", f"--service {WORKER}: the service POST calls"),
+    ({"router_wait": 150.0}, "call", "POST", "--service router: the calling service"),
+    ({"gateway_wait": 150.0}, "call", "POST", "--service gateway: the calling service"),
+], ids=["worker forward", "router waits", "gateway waits"])
+def test_a_chain_of_calls_of_one_name(engine: Any, tmp_path: Path, shape: dict[str, Any], cause: str,
+                                      stage: str, first: str) -> None:
+    """A tester's chain, every hop an httpx ``POST``: the gateway's POST calls router requests
+    whose own POSTs share its name, so it was read as pooled with a stage of theirs and ranked:
+    "other (stage: POST)" for the worker's slow forwards. The router's POSTs are calls
+    themselves, so the name is no stage of the router's: the worker's forward is the verdict.
+    Each hop's own time is judged apart, and the advice names the service that waits (or, for
+    the worker's swing, the end of the chain); the same in ClickHouse."""
+    path = chain(tmp_path / "chain.jsonl", **shape)
+    spans = load_paths([path]).spans
+    found = remote_calls(group_spans(spans).requests, spans)
+    assert sorted((c.caller, c.service, c.calls, c.spans, c.callee_stage) for c in found) == [
+        ("gateway", "router", N, N, False), ("router", WORKER, N, N, False)]
+    v = _file(path)["verdict"]
+    assert (v["cause"], v["stage"]) == (cause, stage)
+    assert first in v["advice"][0]
+    waits = [e for e in v["evidence"] if "but its own time outside them" in e]
+    assert len(waits) == (cause == "call")  # (only the hop that waits)
     assert _sql(engine, path)["verdict"] == v

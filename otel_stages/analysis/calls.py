@@ -11,9 +11,10 @@ stage is a *call*: :func:`remote_calls` finds them, and the rules
 (:func:`otel_stages.analysis.decision.decide`) leave calls out of the suspects, say so, and
 advise the report of the called service alone (``--service``), which holds the cause.
 
-A stage is a call when at least :data:`CALL_MIN_SHARE` of its spans (over all the requests read)
-hold another request span within :data:`MAX_CALL_HOPS` parent links: the request span's parent
-is the stage span, or its parent's parent is (the callee's HTTP server span in between, itself
+A stage is a call when at least :data:`CALL_MIN_SHARE` of its spans (in the calling service's
+requests read: each hop of a chain apart) hold another request span within
+:data:`MAX_CALL_HOPS` parent links: the request span's parent is the stage span, or its parent's
+parent is (the callee's HTTP server span in between, itself
 neither a stage nor a request or group). Whatever the two requests' ``service.name``: a gateway
 and a worker that share one (told apart only by ``service.namespace`` or instance) call each
 other as much as two services do (:attr:`Call.shared_name`). A call named as a stage of the
@@ -44,9 +45,10 @@ from otel_stages.analysis.stats import percentile
 #: OpenTelemetry's instrumentations make it. Deeper chains (a proxy's spans too) are not read as
 #: calls: the farther up, the likelier the stage is other work that happens to hold one.
 MAX_CALL_HOPS = 2
-#: A stage name is a call when at least this share of its spans hold a called request: most of
-#: its figures are then the callee's time. Below it (a ``POST`` that mostly calls an API this
-#: report does not read), the stage is the caller's own, ranked as any other.
+#: A stage name is a call when at least this share of its spans in the calling service's requests
+#: hold a called request: most of its figures are then the callee's time. Below it (a ``POST``
+#: that mostly calls an API this report does not read), the stage is the caller's own, ranked as
+#: any other.
 CALL_MIN_SHARE = 0.5
 
 
@@ -56,8 +58,11 @@ class Call:
     requests' ``service.name``, ``calls`` how many of its spans hold one, ``spans`` how many spans
     of that stage the requests read hold; ``shared_name`` when the called requests' service.name
     is the calling spans' own (one name for two services: ``--service`` cannot part them);
-    ``callee_stage`` when some called request has a stage of the same name (the calls and the
-    callee's own spans are pooled under it). ``own_p5_ms`` / ``own_median_ms`` / ``own_p95_ms``:
+    ``callee_stage`` when some called request has a stage of the same name that is not itself a
+    call (the calls and the callee's own spans are pooled under it; in a chain whose every hop is
+    an httpx ``POST``, the middle service's POSTs are calls: no stage of its own). ``caller``: the
+    calling spans' ``service.name`` (a name calls per pair of services). ``own_p5_ms`` /
+    ``own_median_ms`` / ``own_p95_ms``:
     the percentiles (linear interpolation, as every stage's) of each span's own time, its duration
     less the time its called requests cover (their union within it: calls made at once count
     once), over the spans whose called requests are all steady (neither cold nor set apart)
@@ -85,6 +90,7 @@ class Call:
     repeated: int = 0
     each_p5_ms: float | None = None
     each_p95_ms: float | None = None
+    caller: str = ""
 
     @property
     def each_swing_ms(self) -> float | None:
@@ -134,21 +140,19 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
         return ()
     span_list = spans if isinstance(spans, list) else list(spans)
     leaves: dict[tuple[str, str], Span] = {}
-    counts: Counter[str] = Counter()
     for r in requests:
         for s in r.spans:
             leaves.setdefault((s.trace_id, s.span_id), s)
-            counts[s.name] += 1
     callees = {(r.trace_id, r.span_id): r for r in requests if per_trace[r.trace_id] > 1}
     parents = {(r.trace_id, r.span_id) for r in requests} | {
         (g.trace_id, g.span_id) for r in requests for g in r.groups}
     at: dict[tuple[str, str], list[tuple[str, str]]] = {}  # span -> the requests above which it lies
     for key in callees:
         at.setdefault(key, []).append(key)
-    # per calling span and found key (its name, the called service, one name for both): the
+    # per calling span and found key (its name, the called service, the calling service): the
     # requests it calls
-    made: dict[tuple[tuple[str, str], tuple[str, str, bool]], list[Request]] = {}
-    own: set[tuple[str, str, bool]] = set()  # calls named as a stage of a request they call
+    made: dict[tuple[tuple[str, str], tuple[str, str, str]], list[Request]] = {}
+    named: set[tuple[str, str, str]] = set()  # calls into requests with a stage of their name
     for _ in range(MAX_CALL_HOPS):
         parent_of: dict[tuple[str, str], str | None] = {}
         for s in span_list:
@@ -164,21 +168,25 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
             stage = leaves.get(up)
             if stage is not None:
                 for callee in below:
-                    service = _service(callees[callee].resource)
-                    found_key = (stage.name, service, service == _service(stage.resource))
+                    found_key = (stage.name, _service(callees[callee].resource), _service(stage.resource))
                     made.setdefault((up, found_key), []).append(callees[callee])
                     if any(s.name == stage.name for s in callees[callee].spans):
-                        own.add(found_key)
+                        named.add(found_key)
             elif up not in parents:  # (a request or group above: no call)
                 upper.setdefault(up, []).extend(below)
         at = upper
         if not at:
             break
-    found: Counter[tuple[str, str, bool]] = Counter(found_key for _, found_key in made)
-    own_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
-    callee_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
-    held: dict[tuple[str, str, bool], list[int]] = {k: [] for k in found}
-    each_ms: dict[tuple[str, str, bool], list[float]] = {k: [] for k in found}
+    found: Counter[tuple[str, str, str]] = Counter(found_key for _, found_key in made)
+    # a name the callees' stages share is theirs unless their spans of it are calls themselves
+    # (a chain: gateway POST -> router, whose own POSTs call the worker)
+    in_service = Counter((s.name, _service(r.resource)) for r in requests for s in r.spans)
+    calling_from = Counter((key[0], key[2]) for _, key in made)
+    own = {key for key in named if in_service[(key[0], key[1])] > calling_from[(key[0], key[1])]}
+    own_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in found}
+    callee_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in found}
+    held: dict[tuple[str, str, str], list[int]] = {k: [] for k in found}
+    each_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in found}
     for (up, found_key), called in made.items():
         if steady is not None and not all((c.trace_id, c.span_id) in steady for c in called):
             continue
@@ -195,9 +203,11 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
             for found_key in found:
                 if found_key[0] == s.name and found_key not in own:
                     own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
-    calls = [_call(key, n, counts[key[0]], key in own, own_ms[key], callee_ms[key], held[key], each_ms[key])
-             for key, n in found.items() if n >= CALL_MIN_SHARE * counts[key[0]]]
-    return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.shared_name)))
+    # the share is of the name's spans in the calling service's requests (a chain's every hop)
+    calls = [_call(key, n, in_service[(key[0], key[2])], key in own, own_ms[key], callee_ms[key],
+                   held[key], each_ms[key])
+             for key, n in found.items() if n >= CALL_MIN_SHARE * in_service[(key[0], key[2])]]
+    return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.caller)))
 
 
 def covered_ms(start_ns: int, end_ns: int, intervals: Iterable[tuple[int, int]]) -> float:
@@ -210,13 +220,13 @@ def covered_ms(start_ns: int, end_ns: int, intervals: Iterable[tuple[int, int]])
     return total / 1e6
 
 
-def _call(key: tuple[str, str, bool], n: int, spans: int, callee_stage: bool, own_ms: list[float],
+def _call(key: tuple[str, str, str], n: int, spans: int, callee_stage: bool, own_ms: list[float],
           callee_ms: list[float], held: list[int], each_ms: list[float]) -> Call:
-    """The :class:`Call` of ``key`` (stage, service, one name for both) from its values."""
+    """The :class:`Call` of ``key`` (stage, called service, calling service) from its values."""
     own = [percentile(own_ms, q) if own_ms else None for q in (5, 50, 95)]
     callee = [percentile(callee_ms, q) if callee_ms else None for q in (5, 95)]
     each = [percentile(each_ms, q) if each_ms else None for q in (5, 95)]
-    return Call(key[0], key[1], n, spans, key[2], callee_stage,
+    return Call(key[0], key[1], n, spans, key[1] == key[2], callee_stage, caller=key[2],
                 own_p5_ms=own[0], own_median_ms=own[1], own_p95_ms=own[2],
                 callee_p5_ms=callee[0], callee_p95_ms=callee[1],
                 repeated=sum(k > min(held) for k in held) if held else 0,

@@ -460,11 +460,18 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
         " across services reads as a stage's swing; the verdict is tentative"))
     # a called service first (its requests hold the calls' time, and so the cause), else the largest;
     # the calling service first where the calls' own time is the verdict (the wait is the caller's)
-    called = next((c for c in fig.calls if c.service and not c.shared_name), None)
+    apart = [c for c in fig.calls if c.service and not c.shared_name]
+    callers = {c.caller for c in apart}
+    # the end of a chain of calls (gateway -> router -> worker) holds the cause
+    called = next((c for c in apart if c.service not in callers), next(iter(apart), None))
     first = called.service if called else next((name for name, _ in fig.services if name), None)
     why = f": the service {called.stage} calls" if called else ""
     if called is not None and verdict.cause == CAUSE_CALL:
-        first = next((name for name, _ in fig.services if name and name != called.service), None)
+        # the calling service of the call whose own time (or count) swings
+        mine = [c for c in apart if c.stage == verdict.stage] or [called]
+        called = max(mine, key=lambda c: (c.own_swing_ms or 0.0, c.repeated))
+        first = called.caller or next(
+            (name for name, _ in fig.services if name and name != called.service), None)
         why = (f": the calling service, where {verdict.stage}'s swing lies; there {verdict.stage}"
                f" is a stage of its own, {called.service}'s requests left out")
     elif called is not None and called.repeated and verdict.stage is None:  # (the count swings)

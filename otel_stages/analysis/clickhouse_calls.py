@@ -23,9 +23,9 @@ from otel_stages.analysis.clickhouse_sql import APART_TABLE, REQUESTS_TABLE, Agg
 #: The links still walked: ``(trace_key, at, svc, callee)``, ``at`` a span id above the request
 #: ``callee`` (its span key) of service ``svc``.
 AT_TABLE = "otel_stages_call_at"
-#: The calls found: ``(name, svc, same, trace_key, callee, sid, start, dur)`` per called
-#: request, ``same`` when the calling span's service.name is ``svc``; ``sid`` the calling span's
-#: id, ``start`` / ``dur`` its start and duration (ns).
+#: The calls found: ``(name, svc, caller, trace_key, callee, sid, start, dur)`` per called
+#: request, ``caller`` the calling span's service.name; ``sid`` the calling span's id, ``start`` /
+#: ``dur`` its start and duration (ns).
 FOUND_TABLE = "otel_stages_call_found"
 #: Every stage span named as a call, in the requests read: ``(trace_key, sid, name, dur)``.
 SPANS_TABLE = "otel_stages_call_spans"
@@ -50,7 +50,7 @@ def start_statements() -> list[str]:
     """(Re)create :data:`FOUND_TABLE` (empty) and :data:`AT_TABLE` with each request's parent."""
     return [
         f"DROP TEMPORARY TABLE IF EXISTS {FOUND_TABLE}",
-        f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String, same UInt8,"
+        f"CREATE TEMPORARY TABLE {FOUND_TABLE} (name String, svc String, caller String,"
         " trace_key UInt128, callee UInt64, sid UInt64, start Int64, dur Int64) ENGINE = Memory",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}",
         f"""CREATE TEMPORARY TABLE {AT_TABLE} ENGINE = Memory AS
@@ -107,7 +107,7 @@ def hop_statements(traces: str, query: AggregateQuery) -> list[str]:
     FROM {AT_TABLE} AS a
     INNER JOIN ({spans}) AS s ON a.trace_key = s.trace_key AND a.at = s.sid"""
     return [
-        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc = svc, trace_key, callee, sid, start, dur
+        f"""INSERT INTO {FOUND_TABLE} SELECT name, svc, span_svc, trace_key, callee, sid, start, dur
 FROM ({joined})
 WHERE stage AND name != ''""",
         f"DROP TEMPORARY TABLE IF EXISTS {AT_TABLE}_next",
@@ -123,7 +123,8 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
 def calls_sql() -> str:
     """``stage, service, calls, spans, shared_name, callee_stage, own_q, callee_q``: as
     :func:`otel_stages.analysis.calls.remote_calls` (stages whose calling spans reach
-    :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the requests read), most
+    :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the calling service's
+    requests read), per called and calling service, most
     calls first; ``own_q`` the p5, median and p95 (ns, ``quantilesExactInclusive``: the file
     report's interpolation) of each calling span's own time (its duration less the union of its
     called requests within it) over the spans whose called requests are all steady (neither cold
@@ -133,7 +134,7 @@ def calls_sql() -> str:
     the covered time over the former; ``repeated`` how many of the former hold more called
     requests than the fewest any of them holds, ``each_q`` the p5 and p95 of each of their
     successful called requests' totals (ns)."""
-    per_call = f"""SELECT c.name AS name, c.svc AS svc, c.same AS same, c.trace_key AS tk, c.sid AS call,
+    per_call = f"""SELECT c.name AS name, c.svc AS svc, c.caller AS caller, c.trace_key AS tk, c.sid AS call,
         any(c.start) AS cs, any(c.dur) AS dur, count() AS k,
         groupArrayIf(r.total_ns, NOT r.error) AS totals,
         min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN (SELECT trace_key, span_key FROM {APART_TABLE}))
@@ -145,29 +146,37 @@ def calls_sql() -> str:
                FROM {REQUESTS_TABLE}
                WHERE is_request AND trace_key IN (SELECT trace_key FROM {FOUND_TABLE})) AS r
         ON c.trace_key = r.trace_key AND c.callee = r.span_key
-    GROUP BY name, svc, same, tk, call"""
+    GROUP BY name, svc, caller, tk, call"""
     covered = ("arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0), least(v.2, cs + dur)"
                " - greatest(v.1, acc.2, cs)), greatest(acc.2, v.2)), iv, (toInt64(0), cs)).1")
     lone = (f"SELECT name, groupArray(dur) AS durs FROM {SPANS_TABLE}"
             f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name")
-    return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.spans AS spans,
-    f.same AS shared_name, f.own AS callee_stage, f.repeated AS repeated, f.each_q AS each_q,
+    # a name the callees' stages share is theirs unless their spans of it are calls themselves
+    in_service = (f"SELECT name, svc, sum(k) AS n FROM {REQUESTS_TABLE} ARRAY JOIN stage_names AS name,"
+                  " stage_counts AS k WHERE is_request GROUP BY name, svc")
+    calling_from = (f"SELECT name, caller, count() AS n FROM (SELECT DISTINCT name, svc, caller,"
+                    f" trace_key, sid FROM {FOUND_TABLE}) GROUP BY name, caller")
+    return f"""SELECT f.name AS stage, f.svc AS service, f.caller AS caller, f.n AS calls, t.n AS spans,
+    f.caller = f.svc AS shared_name, f.own AS callee_stage, f.repeated AS repeated, f.each_q AS each_q,
     arrayReduce('quantilesExactInclusive(0.05, 0.5, 0.95)',
                 arrayConcat(f.owns, if(f.own, [], l.durs))) AS own_q,
     f.callee_q AS callee_q
-FROM (SELECT name, svc, same, count() AS n, max(o) AS own,
+FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns AS owns,
+             g.callee_q AS callee_q, g.repeated AS repeated, g.each_q AS each_q,
+             toUInt8(g.named AND ifNull(ins.n, 0) > ifNull(cf.n, 0)) AS own
+      FROM (SELECT name, svc, caller, count() AS n, max(o) AS named,
              groupArrayIf(dur - cov, steady) AS owns,
              quantilesExactInclusiveIf(0.05, 0.95)(cov, steady) AS callee_q,
              countIf(steady AND k > fewest) AS repeated,
              arrayReduce('quantilesExactInclusive(0.05, 0.95)', arrayFlatten(groupArrayIf(totals, steady)))
                  AS each_q
       FROM (SELECT *, {covered} AS cov,
-                   minIf(k, steady) OVER (PARTITION BY name, svc, same) AS fewest
+                   minIf(k, steady) OVER (PARTITION BY name, svc, caller) AS fewest
             FROM ({per_call}))
-      GROUP BY name, svc, same) AS f
-INNER JOIN (SELECT name, sum(k) AS spans FROM {REQUESTS_TABLE}
-            ARRAY JOIN stage_names AS name, stage_counts AS k WHERE is_request GROUP BY name) AS t
-    ON f.name = t.name
+      GROUP BY name, svc, caller) AS g
+      LEFT JOIN ({in_service}) AS ins ON g.name = ins.name AND g.svc = ins.svc
+      LEFT JOIN ({calling_from}) AS cf ON g.name = cf.name AND g.svc = cf.caller) AS f
+INNER JOIN ({in_service}) AS t ON f.name = t.name AND f.caller = t.svc
 LEFT JOIN ({lone}) AS l ON f.name = l.name
-WHERE f.n >= {CALL_MIN_SHARE} * t.spans
-ORDER BY calls DESC, stage, service, shared_name"""
+WHERE f.n >= {CALL_MIN_SHARE} * t.n
+ORDER BY calls DESC, stage, service, caller"""

@@ -249,7 +249,7 @@ def _call(row: Mapping[str, Any]) -> Call:
                 bool(row["shared_name"]), bool(row["callee_stage"]),
                 own_p5_ms=own[0], own_median_ms=own[1], own_p95_ms=own[2],
                 callee_p5_ms=callee[0], callee_p95_ms=callee[1], repeated=int(row.get("repeated") or 0),
-                each_p5_ms=each[0], each_p95_ms=each[1])
+                each_p5_ms=each[0], each_p95_ms=each[1], caller=str(row.get("caller") or ""))
 
 
 def _ms(ns: Any) -> float | None:

@@ -229,14 +229,16 @@ def own_time_calls(fig: Figures, band: NoiseBand) -> set[str]:
     """The names of :attr:`Figures.calls` stages whose own time (:attr:`Call.own_swing_ms
     <otel_stages.analysis.calls.Call.own_swing_ms>`) swings materially (:func:`is_material`) and
     at least :data:`CALL_OWN_MIN_RATIO` of their called requests' swing: ranked as the caller's."""
-    names = set()
-    for call in fig.calls:
-        own = call.own_swing_ms
-        if own is None or not is_material(own, None, fig.total, band):
-            continue
-        if own >= CALL_OWN_MIN_RATIO * (call.callee_swing_ms or 0.0):
-            names.add(call.stage)
-    return names
+    return {call.stage for call in fig.calls if owns_its_swing(call, fig, band)}
+
+
+def owns_its_swing(call: Call, fig: Figures, band: NoiseBand) -> bool:
+    """Whether ``call``'s own time swings materially and at least :data:`CALL_OWN_MIN_RATIO`
+    of the time its called requests cover (one pair of services: two calls of one name, a
+    chain's hops, are judged apart)."""
+    own = call.own_swing_ms
+    return (own is not None and is_material(own, None, fig.total, band)
+            and own >= CALL_OWN_MIN_RATIO * (call.callee_swing_ms or 0.0))
 
 
 def repeated_calls(fig: Figures, band: NoiseBand) -> set[str]:
@@ -246,14 +248,17 @@ def repeated_calls(fig: Figures, band: NoiseBand) -> set[str]:
     cover swings materially and each called request does not (:func:`is_material`): the count,
     the caller's doing, makes the swing, so the call is ranked as the caller's (cause ``call``)."""
     own = own_time_calls(fig, band)
-    names = set()
-    for call in fig.calls:
-        covered, each = call.callee_swing_ms, call.each_swing_ms
-        if (call.stage not in own and call.repeated and covered is not None and each is not None
+    return {call.stage for call in fig.calls
+            if call.stage not in own and repeats_its_swing(call, fig, band)}
+
+
+def repeats_its_swing(call: Call, fig: Figures, band: NoiseBand) -> bool:
+    """Whether ``call`` holds more called requests in some spans than in others and the time
+    they cover swings materially while each called request does not (:func:`repeated_calls`)."""
+    covered, each = call.callee_swing_ms, call.each_swing_ms
+    return bool(call.repeated and covered is not None and each is not None
                 and is_material(covered, None, fig.total, band)
-                and not is_material(each, None, fig.total, band)):
-            names.add(call.stage)
-    return names
+                and not is_material(each, None, fig.total, band))
 
 
 def verdict_band_ms(fig: Figures) -> float | None:
@@ -312,9 +317,11 @@ def decide(fig: Figures) -> Verdict:
             verdict = _spread_verdict(fig, band)
         # a call's time is its callee's requests' (read here too): said first, never a suspect
         repeated = repeated_calls(fig, band)
-        verdict.evidence[:0] = [_call_line(fig, c, c.stage in own, c.stage in repeated) for c in fig.calls
-                                if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms,
-                                               fig.total, band)]
+        verdict.evidence[:0] = [
+            _call_line(fig, c, owns_its_swing(c, fig, band),
+                       c.stage in repeated and repeats_its_swing(c, fig, band))
+            for c in fig.calls
+            if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms, fig.total, band)]
         _call_other_sides(verdict, fig, band, own - repeated, repeated)
     _append_common(verdict, fig, band.band_ms)
     if swings is not False and not _mix_dominates(fig):  # else the inputs move the stages
@@ -556,7 +563,7 @@ def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[
         if own_swing is None or callee_swing is None:
             continue
         service = call.service or "(no service.name)"
-        if call.stage in repeated:
+        if call.stage in repeated and repeats_its_swing(call, fig, band):
             continue  # (the call's line says it)
         if call.repeated and is_material(callee_swing, None, fig.total, band):
             verdict.evidence.append(
@@ -568,14 +575,15 @@ def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[
                 verdict.advice.insert(0, line)
             else:
                 verdict.advice.append(line)
-        if call.stage in own and is_material(callee_swing, None, fig.total, band):
+        ranked = call.stage in own and owns_its_swing(call, fig, band)
+        if ranked and is_material(callee_swing, None, fig.total, band):
             verdict.evidence.append(
                 f"the requests {call.stage} calls ({service}'s) swing too: the time they cover in"
                 f" each call swings {d(callee_swing)}, beside the calls' own {d(own_swing)}")
             verdict.advice.append(
                 f"{call.stage}'s called requests swing as well: report them alone too"
                 f" (otel-stages report ... --service {service})")
-        elif call.stage not in own and call.stage not in _callee_stage_calls(fig) and is_material(
+        elif not ranked and call.stage not in _callee_stage_calls(fig) and is_material(
                 own_swing, None, fig.total, band):
             verdict.evidence.append(
                 f"{call.stage}'s own time outside the requests it calls swings {d(own_swing)} too"
