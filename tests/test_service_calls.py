@@ -56,7 +56,7 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
                          gateway: str = GATEWAY, call_name: str = "POST", pool_ms: float = 0.0,
                          slow_forwards: bool | None = None, warmup: tuple[float, ...] = (),
                          fanout: int = 1, unrecorded_ms: float = 0.0, repeat: int = 1,
-                         fail_first_ms: float = 0.0) -> Path:
+                         fail_first_ms: float = 0.0, fanout_gap_ms: float = 1.0) -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
@@ -74,7 +74,8 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
     requests each call makes at once (1 ms apart). ``unrecorded_ms``: every second call that
     reaches no recorded worker takes this long (not 55 ms). ``repeat``: every fourth call (from
     the third) makes this many worker requests one after another (retries), the forwards steady;
-    ``fail_first_ms``: the first of them fails (status ERROR) after a forward this long."""
+    ``fail_first_ms``: the first of them fails (status ERROR) after a forward this long.
+    ``fanout_gap_ms``: how far apart a fan-out's requests start (0: in one nanosecond)."""
     slow_forwards = not pool_ms if slow_forwards is None else slow_forwards
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
@@ -113,7 +114,8 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
         if i >= calls:
             continue
         for j in range(calls_made):
-            gap = j * MS if fanout > 1 else int(j * (failed_inner + 1.0) * MS)  # at once, or in turn
+            gap = (int(j * fanout_gap_ms * MS) if fanout > 1  # at once, or in turn
+                   else int(j * (failed_inner + 1.0) * MS))
             above, s = post, c + MS // 2 + int(wait * MS) + gap
             fails = j == 0 and calls_made > 1 and bool(fail_first_ms)
             took, fwd = (failed_inner, fail_first_ms) if fails else (inner, forward)
@@ -587,3 +589,19 @@ def test_a_chain_of_calls_of_one_name(engine: Any, tmp_path: Path, shape: dict[s
     waits = [e for e in v["evidence"] if "but its own time outside them" in e]
     assert len(waits) == (cause == "call")  # (only the hop that waits)
     assert _sql(engine, path)["verdict"] == v
+
+
+def test_a_fan_out_started_in_one_nanosecond_sets_the_same_requests_apart(engine: Any,
+                                                                         tmp_path: Path) -> None:
+    """A tester's: a gateway's first call fans out to two worker requests started in the same
+    nanosecond, both paying the 1.5 s cold start. The file report set the second apart as behind
+    the cold one; ClickHouse ordered the tie the other way and kept it warm (a 1.5 s forward spike,
+    another verdict). Ties now go by trace, the cold request first, then span id, in both."""
+    path = gateway_calls_worker(tmp_path / "tie.jsonl", hops=2, fanout=2, fanout_gap_ms=0.0,
+                                pool_ms=POOL_MS)
+    want = _file(path)
+    apart = [(a["seq"], a["reason"]) for a in want["set_apart"]]
+    assert (2, "behind_cold_start") in apart
+    got = _sql(engine, path)
+    assert [(a["seq"], a["reason"]) for a in got["set_apart"]] == apart
+    assert got["verdict"] == want["verdict"]

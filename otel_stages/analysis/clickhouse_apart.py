@@ -75,10 +75,11 @@ def apart_statements() -> list[str]:
     and the warm-up prefix per process over the flagged rows alone."""
     idle = round(IDLE_GAP_MIN_S * 1e9)
     cap = WARMUP_MAX_REQUESTS
-    # ties in start time by the trace id's bytes, as the file report orders requests and both
-    # pick the cold one (a warm-up request must come after it)
-    prev = ("PARTITION BY ph ORDER BY start_ns, reinterpretAsFixedString(trace_key)"
-            " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
+    # ties in start time by the trace id's bytes, then the cold one first, then the span id's, as
+    # the file report orders requests (a warm-up request must come after the cold one; a fan-out
+    # at start-up starts a trace's requests in one nanosecond)
+    prev = ("PARTITION BY ph ORDER BY start_ns, reinterpretAsFixedString(trace_key), cold DESC,"
+            " reinterpretAsFixedString(span_key) ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING")
     # a request that started before its process's cold one ended waited for it (REASON_BEHIND_COLD)
     behind = "w.cold_before > 0 AND w.start_ns < w.cold_end"
     warming = f"w.cold_before > 0 AND w.warm_before < {cap} AND w.start_ns >= w.cold_end"
