@@ -597,11 +597,11 @@ def test_a_fan_out_started_in_one_nanosecond_sets_the_same_requests_apart(engine
     nanosecond, both paying the 1.5 s cold start. The file report set the second apart as behind
     the cold one; ClickHouse ordered the tie the other way and kept it warm (a 1.5 s forward spike,
     another verdict). Ties now go by trace, the cold request first, then span id, in both."""
-    path = gateway_calls_worker(tmp_path / "tie.jsonl", hops=2, fanout=2, fanout_gap_ms=0.0,
+    path = gateway_calls_worker(tmp_path / "tie.jsonl", hops=2, fanout=4, fanout_gap_ms=0.0,
                                 pool_ms=POOL_MS)
     want = _file(path)
     apart = [(a["seq"], a["reason"]) for a in want["set_apart"]]
-    assert (2, "behind_cold_start") in apart
+    assert {(k, "behind_cold_start") for k in (2, 3, 4)} <= set(apart)  # (listed in one order)
     got = _sql(engine, path)
     assert [(a["seq"], a["reason"]) for a in got["set_apart"]] == apart
     assert got["verdict"] == want["verdict"]

@@ -192,7 +192,8 @@ def apart_rows_sql() -> str:
     return f"""SELECT lower(hex(reinterpretAsFixedString(trace_key))) AS trace_id, seq, reason,
     total_ns, median_ns, idle_ns, width, height, fmt, count() OVER () AS n,
     countIf(reason = '{REASON_WARM_UP}') OVER () AS n_warm_up
-FROM {APART_TABLE} ORDER BY start_ns, reinterpretAsFixedString(trace_key) LIMIT {MAX_APART_ROWS}"""
+FROM {APART_TABLE} ORDER BY start_ns, reinterpretAsFixedString(trace_key), reinterpretAsFixedString(span_key)
+LIMIT {MAX_APART_ROWS}"""
 
 
 def warmup_needed(rows: Sequence[Mapping[str, Any]]) -> bool:
