@@ -128,13 +128,15 @@ def _service(resource: dict[str, object]) -> str:
 def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
                  steady: Container[tuple[str, str]] | None = None) -> tuple[Call, ...]:
     """The :class:`Call` stages of ``requests`` (all read: warm, cold, failed), most calls first
-    (then by name, service); ``spans`` the spans they were grouped from (read again only for the
-    parent links of request spans, and only where a trace holds two requests or more).
+    (then by name, called service, calling service); ``spans`` the spans they were grouped from
+    (read again only for the parent links of request spans, and only where a trace holds two
+    requests or more).
     ``steady``: the ``(trace_id, span_id)`` of the requests neither cold nor set apart (failed
     ones count: a retry after a failed call is the caller's wait; none given: every request):
     the own-time and called-request percentiles read only the calls whose called requests are
     all steady (a worker's warm-up is no swing of the calls), and every span of a call stage
-    that holds no called request, its whole time the caller's. Never raises."""
+    that holds no called request (of the calling service), its whole time the caller's. Never
+    raises."""
     per_trace = Counter(r.trace_id for r in requests)
     if not per_trace or max(per_trace.values()) < 2:
         return ()
@@ -201,7 +203,7 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
     for key, s in leaves.items():  # a call stage's spans that hold no called request: all own
         if key not in calling:  # (but a name the callees' stages share: theirs, not calls)
             for found_key in found:
-                if found_key[0] == s.name and found_key not in own:
+                if (found_key[0], found_key[2]) == (s.name, _service(s.resource)) and found_key not in own:
                     own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
     # the share is of the name's spans in the calling service's requests (a chain's every hop)
     calls = [_call(key, n, in_service[(key[0], key[2])], key in own, own_ms[key], callee_ms[key],

@@ -27,7 +27,8 @@ AT_TABLE = "otel_stages_call_at"
 #: request, ``caller`` the calling span's service.name; ``sid`` the calling span's id, ``start`` /
 #: ``dur`` its start and duration (ns).
 FOUND_TABLE = "otel_stages_call_found"
-#: Every stage span named as a call, in the requests read: ``(trace_key, sid, name, dur)``.
+#: Every stage span named as a call, in the requests read: ``(trace_key, sid, name, svc, dur)``,
+#: ``svc`` its own service.name.
 SPANS_TABLE = "otel_stages_call_spans"
 #: Temporary tables this module creates (dropped after a report).
 TABLES = (AT_TABLE, FOUND_TABLE, SPANS_TABLE)
@@ -89,7 +90,7 @@ def spans_statements(traces: str, query: AggregateQuery) -> list[str]:
     return [
         f"DROP TEMPORARY TABLE IF EXISTS {SPANS_TABLE}",
         f"""CREATE TEMPORARY TABLE {SPANS_TABLE} ENGINE = Memory AS
-SELECT trace_key, sid, name, dur FROM ({_spans(traces, query, where)})
+SELECT trace_key, sid, name, span_svc AS svc, dur FROM ({_spans(traces, query, where)})
 WHERE stage AND name IN ({names})""",
     ]
 
@@ -129,8 +130,8 @@ def calls_sql() -> str:
     report's interpolation) of each calling span's own time (its duration less the union of its
     called requests within it) over the spans whose called requests are all steady (neither cold
     nor set apart: failed ones count), and of the
-    call stage's spans that hold none (their whole duration; not for a name the callees' stages
-    share: theirs); ``callee_q`` the p5 and p95 of
+    call stage's spans of the calling service that hold none (their whole duration; not for a
+    name the callees' stages share: theirs); ``callee_q`` the p5 and p95 of
     the covered time over the former; ``repeated`` how many of the former hold more called
     requests than the fewest any of them holds, ``each_q`` the p5 and p95 of each of their
     successful called requests' totals (ns)."""
@@ -149,8 +150,8 @@ def calls_sql() -> str:
     GROUP BY name, svc, caller, tk, call"""
     covered = ("arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0), least(v.2, cs + dur)"
                " - greatest(v.1, acc.2, cs)), greatest(acc.2, v.2)), iv, (toInt64(0), cs)).1")
-    lone = (f"SELECT name, groupArray(dur) AS durs FROM {SPANS_TABLE}"
-            f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name")
+    lone = (f"SELECT name, svc, groupArray(dur) AS durs FROM {SPANS_TABLE}"
+            f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name, svc")
     # a name the callees' stages share is theirs unless their spans of it are calls themselves
     in_service = (f"SELECT name, svc, sum(k) AS n FROM {REQUESTS_TABLE} ARRAY JOIN stage_names AS name,"
                   " stage_counts AS k WHERE is_request GROUP BY name, svc")
@@ -177,6 +178,6 @@ FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns 
       LEFT JOIN ({in_service}) AS ins ON g.name = ins.name AND g.svc = ins.svc
       LEFT JOIN ({calling_from}) AS cf ON g.name = cf.name AND g.svc = cf.caller) AS f
 INNER JOIN ({in_service}) AS t ON f.name = t.name AND f.caller = t.svc
-LEFT JOIN ({lone}) AS l ON f.name = l.name
+LEFT JOIN ({lone}) AS l ON f.name = l.name AND f.caller = l.svc
 WHERE f.n >= {CALL_MIN_SHARE} * t.n
 ORDER BY calls DESC, stage, service, caller"""
