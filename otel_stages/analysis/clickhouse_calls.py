@@ -122,19 +122,18 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
 
 
 def calls_sql() -> str:
-    """``stage, service, calls, spans, shared_name, callee_stage, own_q, callee_q``: as
-    :func:`otel_stages.analysis.calls.remote_calls` (stages whose calling spans reach
-    :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the calling service's
-    requests read), per called and calling service, most
-    calls first; ``own_q`` the p5, median and p95 (ns, ``quantilesExactInclusive``: the file
-    report's interpolation) of each calling span's own time (its duration less the union of its
-    called requests within it) over the spans whose called requests are all steady (neither cold
-    nor set apart: failed ones count), and of the
-    call stage's spans of the calling service that hold none (their whole duration; not for a
-    name the callees' stages share: theirs); ``callee_q`` the p5 and p95 of
-    the covered time over the former; ``repeated`` how many of the former hold more called
-    requests than the fewest any of them holds, ``each_q`` the p5 and p95 of each of their
-    successful called requests' totals (ns)."""
+    """``stage, service, caller, calls, spans, shared_name, callee_stage, repeated, each_q,
+    own_q, callee_q``: as :func:`otel_stages.analysis.calls.remote_calls`, per called
+    (``service``) and calling service (``caller``), most calls first: the stages whose calling
+    spans reach :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the calling
+    service's requests read. ``own_q``: the p5, median and p95 (ns, ``quantilesExactInclusive``:
+    the file report's interpolation) of each calling span's own time (its duration less the union
+    of its called requests within it) over the spans whose called requests are all steady
+    (neither cold nor set apart: failed ones count), and of the call stage's spans of the calling
+    service that hold none (their whole duration; not for a name the callees' stages share:
+    theirs). ``callee_q``: the p5 and p95 of the covered time over the former; ``repeated``: how
+    many of the former hold more called requests than the fewest any of them holds; ``each_q``:
+    the p5 and p95 of each of their successful called requests' totals (ns)."""
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.caller AS caller, c.trace_key AS tk, c.sid AS call,
         any(c.start) AS cs, any(c.dur) AS dur, count() AS k,
         groupArrayIf(r.total_ns, NOT r.error) AS totals,
