@@ -74,7 +74,6 @@ WARMUP_MAX_REQUESTS = caveats.WARMUP_MAX_REQUESTS
 #: (:data:`otel_stages.analysis.decision.COMPARABLE_MIN_REQUESTS`, whose sentences name it).
 COMPARABLE_MIN_REQUESTS = decision.COMPARABLE_MIN_REQUESTS
 
-# ties by trace id, as the requests are read (and the SQL's cold request and window order)
 def _start(r: Request) -> tuple[int, str, bool, str]:
     """Requests in start order; ties (one trace's requests started in the same nanosecond: a
     fan-out at start-up) by trace id, then the cold one first, then by span id, as the ClickHouse
@@ -165,8 +164,8 @@ def group(requests: Iterable[Request], keys: CohortKeys) -> dict[str, list[Reque
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
 
 
-def _median_stages(requests: Sequence[Request], of: Callable[[list[float]], float] = statistics.median
-                   ) -> dict[str, float]:
+def _per_stage(requests: Sequence[Request], of: Callable[[list[float]], float] = statistics.median
+               ) -> dict[str, float]:
     """Each stage's median (or ``of``) over ``requests`` where it ran, then their untraced
     time's (:data:`~otel_stages.analysis.figures.COLD_UNTRACED`); empty without requests."""
     values: dict[str, list[float]] = defaultdict(list)
@@ -272,9 +271,9 @@ def cold_figures(
     return ColdFigures(
         count=len(cold),
         total_ms=statistics.median(r.total_ms for r in cold),
-        stages_ms=_median_stages(cold),
+        stages_ms=_per_stage(cold),
         comparable_median_total_ms=comparable_median,
-        comparable_stages_ms=_median_stages(comparable),
+        comparable_stages_ms=_per_stage(comparable),
         compared_with=SAME_INPUT if same else ALL_WARM,
         comparable_requests=len(comparable),
         warm_median_total_ms=statistics.median(r.total_ms for r in warm) if warm else None,
@@ -283,7 +282,7 @@ def cold_figures(
         first_of_process=first_of_process,
         left_out=left_out,
         without_penalty=without_penalty,
-        stages_mean_ms=_median_stages(cold, statistics.fmean),
+        stages_mean_ms=_per_stage(cold, statistics.fmean),
     )
 
 
