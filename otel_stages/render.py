@@ -191,6 +191,9 @@ def _cold_table(report: Report, width: int) -> RenderableType:
         who = (f"{cold.count} of the {n} cold requests{' (median)' if cold.count > 1 else ''},"
                f" those that paid a cold start (reported apart; the other {cold.without_penalty}"
                " within their warm runs)")
+    elif cold.count == 1 and cold.failed:
+        who = ("First request of the process (cold, failed after paying it: its times run until"
+               " the failure; reported apart)")
     elif cold.count == 1:
         who = ("First request of the process (cold, reported apart)" if cold.first_of_process
                else f"Request marked cold by {semconv.REQUEST_COLD_START} or {semconv.REQUEST_SEQ} 1,"
@@ -366,6 +369,8 @@ def _run_line(run: Run) -> str:
 def _header(report: Report) -> list[RenderableType]:
     counts = report.counts
     failed = f", {counts.failed} failed" if counts.failed else ""
+    if counts.cold_failed:  # (a cold start that outlasted the client's deadline)
+        failed += f" ({counts.cold_failed} of them cold)"
     incomplete = f"; {counts.incomplete} incomplete left out" if counts.incomplete else ""
     head = Text(
         f"otel-stages report: {_count(report.requests, 'request')} ({counts.warm} warm, {counts.cold} cold"

@@ -50,6 +50,12 @@ CALL_REPEATED = (
     " first call failed or timed out (the client's retry policy and timeout, the callee's errors);"
     " if one call per item, send the items in one call or make the calls at once"
 )
+#: A cold request that failed after paying the cold start (figures.ColdFigures.failed).
+COLD_FAILED = (
+    "the cold start outlasted what waited for the first request (the client's deadline, a proxy"
+    " or server timeout): load and warm the model before the readiness probe passes so no request"
+    " meets the cold start, or give the first requests a deadline longer than the load"
+)
 WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"
     " no user pays for weight loading, allocation and kernel compilation"

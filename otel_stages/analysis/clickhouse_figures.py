@@ -286,7 +286,7 @@ def _cold(agg: FleetAggregates) -> ColdFigures | None:
         return fig
     fig = replace(fig, count=paid.count, total_ms=paid.median_total_ms,
                   stages_ms=paid.stages_median_ms, stages_mean_ms=paid.stages_mean_ms,
-                  without_penalty=fig.count - paid.count)
+                  without_penalty=fig.count - paid.count, failed=paid.failed)
     if fig.compared_with == SAME_INPUT and paid.warm is not None:  # the inputs that paid
         fig = replace(fig, comparable_requests=paid.warm[0], comparable_median_total_ms=paid.warm[1],
                       comparable_stages_ms=paid.warm[2],
@@ -308,7 +308,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
             stages_mean_ms=cold.stages_mean_ms, comparable_median_total_ms=None, comparable_stages_ms={},
             compared_with=ALL_WARM,
             comparable_requests=0, warm_median_total_ms=None, input_known=known,
-            first_of_process=first)
+            first_of_process=first, failed=cold.failed)
     same = bool(inputs) and all(comparable_cold_input(i) for i in inputs)
     if same and len(inputs) == 1:
         only = inputs[0]
@@ -318,6 +318,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
             comparable_stages_ms=only.warm_stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=only.warm_requests, warm_median_total_ms=agg.total.median_ms,
             cohort=agg.cohort_key(only.width, only.height, only.format), first_of_process=first,
+            failed=cold.failed,
         )
     u = cold.union
     if u is not None:  # several inputs, or some not comparable: the comparable ones, together
@@ -330,7 +331,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
             comparable_stages_ms=u.stages_median_ms, compared_with=SAME_INPUT,
             comparable_requests=u.requests, warm_median_total_ms=agg.total.median_ms,
             cohort=next(iter(keys))[0] if len(keys) == 1 else None, first_of_process=first,
-            left_out=cold.total.count - u.cold_requests,
+            left_out=cold.total.count - u.cold_requests, failed=u.cold_failed,
         )
     # several inputs of cold requests, some with too few warm requests of their own: compared
     # with all warm requests (as the trace report)
@@ -340,6 +341,7 @@ def _cold_base(agg: FleetAggregates) -> ColdFigures | None:
         comparable_stages_ms=_warm_stages(agg),
         compared_with=ALL_WARM, comparable_requests=agg.total.count,
         warm_median_total_ms=agg.total.median_ms, input_known=known, first_of_process=first,
+        failed=cold.failed,
     )
 
 
@@ -542,6 +544,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "source": "clickhouse",
         "requests": c.requests,
         "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed + c.set_apart, "failed": c.failed,
+                   "cold_failed": c.cold_failed,
                    "incomplete": c.incomplete},
         "total": None if total is None else total.to_dict(),
         "stages": {n: _stage_stats(agg, s).to_dict() for n, s in agg.stages.items()},

@@ -80,8 +80,20 @@ from otel_stages.analysis.span_issues import OVERLAP_TOLERANCE_MS
 R = requests()
 _TOTAL_MS = "total_ns / 1e6"
 _KNOWN = "width IS NOT NULL AND height IS NOT NULL"
-#: Cold requests in the statistics' sense: first of their process and not failed.
-_COLD = "is_request AND cold AND NOT error"
+#: The cold requests that failed after paying the cold start
+#: (:func:`otel_stages.analysis.cohorts.failed_cold_paid`; :func:`failed_cold_statements`).
+FAILED_COLD_TABLE = "otel_stages_failed_cold"
+
+
+def _cold(alias: str = "") -> str:
+    """Cold requests in the figures' sense (over the row ``alias``, if given): first of their
+    process and not failed, or failed after paying the cold start (:data:`FAILED_COLD_TABLE`)."""
+    p = f"{alias}." if alias else ""
+    return (f"{p}is_request AND {p}cold AND (NOT {p}error OR ({p}trace_key, {p}span_key) IN"
+            f" (SELECT trace_key, span_key FROM {FAILED_COLD_TABLE}))")
+
+
+_COLD = _cold()
 _UNACCOUNTED_MS = "(total_ns - covered_ns) / 1e6"
 #: The cold figures' per-stage rows: each stage that ran, then the untraced time under
 #: :data:`~otel_stages.analysis.figures.COLD_UNTRACED` (one-time setup done lazily in the first
@@ -307,10 +319,53 @@ LEFT JOIN (
 ORDER BY proc"""
 
 
+def failed_cold_count_sql() -> str:
+    """One row, ``n``: cold requests that failed (:func:`failed_cold_statements` reads the warm
+    requests' bars only when there are some)."""
+    return f"SELECT countIf(is_request AND cold AND error) AS n FROM {R}"
+
+
+def failed_cold_statements(method: str, failed: bool) -> list[str]:
+    """(Re)create :data:`FAILED_COLD_TABLE` (``trace_key``, ``span_key``), after the warm flags:
+    the cold requests that failed after running until at least their input's cold bar
+    (:func:`otel_stages.analysis.cohorts.paid_min_ms` over the warm requests of their input when
+    at least :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` share it, else over all
+    warm requests), as :func:`otel_stages.analysis.cohorts.failed_cold_paid`. ``failed``: whether
+    any cold request failed (:func:`failed_cold_count_sql`); without, the table stays empty and no
+    warm request is read."""
+    out = [f"DROP TEMPORARY TABLE IF EXISTS {FAILED_COLD_TABLE}",
+           f"CREATE TEMPORARY TABLE {FAILED_COLD_TABLE} (trace_key UInt128, span_key UInt64)"
+           " ENGINE = Memory"]
+    if not failed:
+        return out
+    def bar(t: str) -> str:  # paid_min_ms over the warm requests summarised as t
+        return f"{t}.q[2] + {COLD_START_MIN_RATIO - 1} * {t}.q[1]"
+    mine = (f"SELECT trace_key, span_key, {_INPUT}, {_KNOWN} AS known, {_TOTAL_MS} AS ms"
+            f" FROM {R} WHERE is_request AND cold AND error")
+    out.append(f"""INSERT INTO {FAILED_COLD_TABLE}
+WITH mine AS ({mine})
+SELECT f.trace_key, f.span_key
+FROM mine AS f
+LEFT JOIN (
+    SELECT {_INPUT}, countIf(warm) AS n, {median_and_p95(_TOTAL_MS, "warm", method)} AS q
+    FROM {R} WHERE is_request AND {_KNOWN}
+        AND ({_INPUT}) IN (SELECT {_INPUT} FROM mine WHERE known)
+    GROUP BY {_INPUT}
+) AS b ON f.width = b.width AND f.height = b.height AND f.fmt = b.fmt AND f.images_sig = b.images_sig
+CROSS JOIN (
+    SELECT countIf(warm) AS n, {median_and_p95(_TOTAL_MS, "warm", method)} AS q
+    FROM {R} WHERE is_request
+) AS a
+WHERE a.n > 0 AND f.ms >= if(f.known AND b.n >= {COMPARABLE_MIN_REQUESTS}, {bar("b")}, {bar("a")})""")
+    return out
+
+
 def cold_sql(method: str) -> str:
-    """One row: the cold requests' total distribution (failed cold ones left out, as in
-    :func:`otel_stages.analysis.diagnosis.diagnose`)."""
-    return f"SELECT {distribution('total', _TOTAL_MS, _COLD, method)} FROM {R}"
+    """One row: the cold requests' total distribution (those that failed before paying the cold
+    start left out, as in :func:`otel_stages.analysis.diagnosis.diagnose`), and ``total_failed``:
+    those in it that failed after paying it."""
+    return (f"SELECT {distribution('total', _TOTAL_MS, _COLD, method)},"
+            f" countIf({_COLD} AND error) AS total_failed FROM {R}")
 
 
 def cold_stages_sql(method: str) -> str:
@@ -356,11 +411,11 @@ def _paid_rows(method: str, inputs: str) -> str:
     requests (:func:`_paid_bars`)."""
     return (f"SELECT r.width AS width, r.height AS height, r.fmt AS fmt, r.images_sig AS images_sig,"
             f" r.total_ns AS total_ns, r.covered_ns AS covered_ns, r.stage_names AS stage_names,"
-            f" r.stage_ns AS stage_ns"
+            f" r.stage_ns AS stage_ns, r.error AS error"
             f" FROM {R} AS r INNER JOIN ({_paid_bars(method, inputs)}) AS t"
             f" ON r.width = t.width AND r.height = t.height AND r.fmt = t.fmt"
             f" AND r.images_sig = t.images_sig"
-            f" WHERE r.is_request AND r.cold AND NOT r.error AND r.total_ns / 1e6 >= t.bar_ms")
+            f" WHERE {_cold('r')} AND r.total_ns / 1e6 >= t.bar_ms")
 
 
 def _summary_rows(side: str, rows: str, method: str) -> str:
@@ -368,11 +423,12 @@ def _summary_rows(side: str, rows: str, method: str) -> str:
     per stage with its median."""
     return f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
     {median(_TOTAL_MS, "1", method)} AS median_ms, toFloat64(0) AS mean_ms,
-    uniqExact({_INPUT}) AS inputs, any(width) AS w, any(height) AS h, any(fmt) AS f
+    uniqExact({_INPUT}) AS inputs, any(width) AS w, any(height) AS h, any(fmt) AS f,
+    countIf(error) AS failed
 FROM ({rows})
 UNION ALL
 SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
-    avg(ms) AS mean_ms, 0 AS inputs, NULL AS w, NULL AS h, '' AS f
+    avg(ms) AS mean_ms, 0 AS inputs, NULL AS w, NULL AS h, '' AS f, 0 AS failed
 FROM ({rows}) {_COLD_STAGES}
 GROUP BY stage"""
 
@@ -386,7 +442,7 @@ def cold_paid_sql(method: str, by_input: bool) -> str:
     comparable inputs (:func:`_paid_bars`); else each against ``{paid_min_ms:Float64}`` (all warm
     requests'). The warm requests of the inputs that paid: :func:`cold_paid_warm_sql`."""
     if not by_input:
-        rows = (f"SELECT {_INPUT}, total_ns, covered_ns, stage_names, stage_ns FROM {R}"
+        rows = (f"SELECT {_INPUT}, total_ns, covered_ns, stage_names, stage_ns, error FROM {R}"
                 f" WHERE {_COLD} AND {_TOTAL_MS} >= {{paid_min_ms:Float64}}")
         return _summary_rows("cold", rows, method)
     return _summary_rows("cold", _paid_rows(method, _comparable_cold_inputs()), method)
@@ -397,7 +453,7 @@ def cold_paid_warm_sql(method: str) -> str:
     (:func:`cold_paid_sql` by input), as its rows; read only when some cold requests did not pay
     (every warm request's stages are read)."""
     paid = _paid_rows(method, _comparable_cold_inputs())
-    warm = (f"SELECT {_INPUT}, total_ns, covered_ns, stage_names, stage_ns FROM {R}"
+    warm = (f"SELECT {_INPUT}, total_ns, covered_ns, stage_names, stage_ns, error FROM {R}"
             f" WHERE warm AND {_KNOWN} AND ({_INPUT}) IN (SELECT {_INPUT} FROM ({paid}))")
     return _summary_rows("warm", warm, method)
 
@@ -432,11 +488,11 @@ def cold_union_sql(method: str) -> str:
     for side, rows in (("warm", "warm"), ("cold", _COLD)):
         where = f"{rows} AND {_KNOWN} AND ({_INPUT}) IN ({inputs})"
         parts.append(f"""SELECT '{side}' AS side, '' AS stage, count() AS n,
-    {median(_TOTAL_MS, "1", method)} AS median_ms, toFloat64(0) AS mean_ms
+    {median(_TOTAL_MS, "1", method)} AS median_ms, toFloat64(0) AS mean_ms, countIf(error) AS failed
 FROM {R} WHERE {where}
 UNION ALL
 SELECT '{side}' AS side, stage, count() AS n, {median("ms", "1", method)} AS median_ms,
-    avg(ms) AS mean_ms
+    avg(ms) AS mean_ms, 0 AS failed
 FROM {R} {_COLD_STAGES}
 WHERE {where}
 GROUP BY stage""")
@@ -607,8 +663,8 @@ REQUEST_HOSTS_TABLE = "otel_stages_request_hosts"
 #: (:func:`forward_owners_statements`).
 FORWARD_OWNERS_TABLE = "otel_stages_forward_owners"
 #: Temporary tables this module creates (dropped after a report).
-TABLES = (COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE, GPU_ASIDE_TABLE,
-          REQUEST_HOSTS_TABLE, FORWARD_OWNERS_TABLE)
+TABLES = (FAILED_COLD_TABLE, COHORTS_TABLE, GPU_POINTS_TABLE, GPU_SAMPLES_TABLE, GPU_PAIRS_TABLE,
+          GPU_ASIDE_TABLE, REQUEST_HOSTS_TABLE, FORWARD_OWNERS_TABLE)
 #: GPU points from processes that ran no request here (a GPU worker, a metrics sidecar) and name
 #: no request process's host are lined up by time with the forwards of every request process
 #: without a known host (of every one, when no host is known), as the file report lines up every

@@ -206,8 +206,9 @@ def _union(rows: Rows) -> ColdComparison | None:
     warm, cold = side("warm"), side("cold")
     if warm is None or cold is None:
         return None
+    failed = next(int(r.get("failed") or 0) for r in rows if r["side"] == "cold" and r["stage"] == "")
     return ColdComparison(*warm, *cold, cold_stages_mean_ms=_per_stage(
-        [r for r in rows if r["side"] == "cold"], "mean_ms"))
+        [r for r in rows if r["side"] == "cold"], "mean_ms"), cold_failed=failed)
 
 
 def _paid(rows: Rows) -> ColdPaid | None:
@@ -227,7 +228,7 @@ def _paid(rows: Rows) -> ColdPaid | None:
                     input=(head.get("w"), head.get("h"), head.get("f") or None),
                     warm=None if warm is None else warm[:3],
                     stages_mean_ms=_per_stage([r for r in rows if r.get("side", "cold") == "cold"],
-                                              "mean_ms"))
+                                              "mean_ms"), failed=int(head.get("failed") or 0))
 
 
 def _per_stage(rows: Rows, column: str = "median_ms") -> dict[str, float]:
@@ -314,6 +315,8 @@ class ColdPaid:
     warm: tuple[int, float, dict[str, float]] | None = None
     #: the per-stage means over those cold requests (the cold figures' ``stages_mean_ms``)
     stages_mean_ms: dict[str, float] = field(default_factory=dict)
+    #: those of them that failed after paying the cold start
+    failed: int = 0
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,8 @@ class ColdComparison:
     cold_median_total_ms: float
     cold_stages_median_ms: dict[str, float]
     cold_stages_mean_ms: dict[str, float] = field(default_factory=dict)
+    #: the cold requests among them that failed after paying the cold start
+    cold_failed: int = 0
 
 
 @dataclass(frozen=True)
@@ -374,6 +379,8 @@ class ColdStartAggregate:
     paid: ColdPaid | None = None
     #: per-stage means over the cold requests where the stage ran
     stages_mean_ms: dict[str, float] = field(default_factory=dict)
+    #: the cold requests in ``total`` that failed after paying the cold start
+    failed: int = 0
 
 
 @dataclass(frozen=True)
@@ -837,6 +844,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
             total=cold_total,
             stages_median_ms=_per_stage(results["cold_stages"]),
             stages_mean_ms=_per_stage(results["cold_stages"], "mean_ms"),
+            failed=int(results["cold"][0].get("total_failed") or 0),
             by_input=[ColdInput(
                 key=input_key(r["width"], r["height"], r["fmt"] or None, formats), width=r["width"],
                 height=r["height"], format=r["fmt"] or None, cold_requests=int(r["cold_n"]),

@@ -283,7 +283,34 @@ def cold_figures(
         left_out=left_out,
         without_penalty=without_penalty,
         stages_mean_ms=_per_stage(cold, statistics.fmean),
+        failed=sum(1 for r in cold if r.error),
     )
+
+
+def failed_cold_paid(cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys
+                     ) -> list[Request]:
+    """The failed ones among ``cold`` (cold requests, any state) that ran until at least the cold
+    bar of their input (:func:`paid_min_ms` over the warm requests of their input when at least
+    :data:`COMPARABLE_MIN_REQUESTS` decoded the same images, else over all ``warm``) before they
+    failed: they paid the cold start (a model load that outlasted the client's deadline), so they
+    belong in the cold figures, their times a lower bound. One that failed sooner (a bad input, a
+    crash at start) says nothing about the cold start and stays out; the request after it may have
+    paid it (:data:`REASON_AFTER_FAILED_START`)."""
+    failed = [r for r in cold if r.error]
+    if not failed or not warm:
+        return []
+    by_key = group(warm, keys)
+    all_bar = paid_min_ms([r.total_ms for r in warm])
+    paid = []
+    for r in failed:
+        key = keys.key(r)
+        peers = [] if key is None else [w for w in by_key.get(key, ())
+                                        if decoded_images(w) == decoded_images(r)]
+        bar = (paid_min_ms([w.total_ms for w in peers]) if len(peers) >= COMPARABLE_MIN_REQUESTS
+               else all_bar)
+        if r.total_ms >= bar:
+            paid.append(r)
+    return paid
 
 
 def paid_min_ms(warm_ms: Sequence[float]) -> float:

@@ -846,9 +846,17 @@ def _cold_sentence(cold: ColdFigures) -> str:
         who = f"{cold.count}{of} cold requests (median)"
         if not cold.first_of_process:
             who += f", some marked cold by {_MARKS} later in their process,"
+    # a cold request that failed after paying the cold start (cohorts.failed_cold_paid)
+    took, failed = "took", ""
+    if cold.failed and cold.count == 1:
+        took = "ended with an error after"
+        failed = "; its times run until the failure, so its cold start took at least this long"
+    elif cold.failed:
+        failed = (f"; {cold.failed} of them ended with an error after paying the cold start: their"
+                  " times run until the failure")
     ratio = cold.ratio
     if ratio is None:
-        return f"{who} took {duration(cold.total_ms)}; no warm request to compare it with"
+        return f"{who} {took} {duration(cold.total_ms)}; no warm request to compare it with{failed}"
     if cold.compared_with == SAME_INPUT:
         against = (f"the median of the {cold.comparable_requests} warm requests with the same input"
                    + (f" ({cold.cohort}, " if cold.cohort else "s as theirs (")
@@ -868,8 +876,8 @@ def _cold_sentence(cold: ColdFigures) -> str:
     unpaid = (f"; the other {others} cold request{'s' if others != 1 else ''} stood within the warm"
               " runs of their input (under their p95 plus their median): no cold-start penalty there"
               if others else "")
-    return (f"{who} took {duration(cold.total_ms)}, {cold_times(ratio)} {against}{left_out}; reported apart"
-            f" from warm runs{unpaid}")
+    return (f"{who} {took} {duration(cold.total_ms)}, {cold_times(ratio)} {against}{left_out}; reported apart"
+            f" from warm runs{unpaid}{failed}")
 
 
 def cold_times(ratio: float) -> str:
@@ -927,6 +935,10 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
         verdict.evidence.append(f"no cold-start penalty{on}: {line}")
     else:
         verdict.evidence.append(line)
+    if cold.failed and _cold_claim(cold):  # (the figures hold only cold requests that paid it)
+        verdict.advice.insert(0 if verdict.cause == CAUSE_COLD_START else len(verdict.advice),
+                              advice_text.COLD_FAILED if verdict.cause == CAUSE_COLD_START
+                              else "also: " + advice_text.COLD_FAILED)
 
 
 def _mix_dominates(fig: Figures) -> bool:

@@ -24,7 +24,14 @@ from otel_stages import semconv
 from otel_stages.analysis.batching import BatchSummary, summarize_batches
 from otel_stages.analysis.calls import remote_calls
 from otel_stages.analysis.caveats import BEFORE_PERCENTILE, OUTLIVED_PERCENTILE
-from otel_stages.analysis.cohorts import CohortKeys, SetApart, cold_figures, group, set_apart_and_warmup
+from otel_stages.analysis.cohorts import (
+    CohortKeys,
+    SetApart,
+    cold_figures,
+    failed_cold_paid,
+    group,
+    set_apart_and_warmup,
+)
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide, verdict_band_ms
@@ -379,6 +386,11 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     apart, warmup = set_apart_and_warmup(requests, keys)
     apart_ids = {id(a.request) for a in apart}
     warm = [r for r in requests if not r.cold and not r.error and id(r) not in apart_ids]
+    counted_cold = len(cold)
+    # a cold request that failed after paying the cold start is the cold start's figures (their
+    # times a lower bound); left out, the report read "stable, 0 cold" after a 2.5 s model load
+    paid = {id(r) for r in failed_cold_paid([r for r in requests if r.cold], warm, keys)}
+    cold = [r for r in requests if r.cold and (not r.error or id(r) in paid)]
     # every warm request's spans read once for the signals; the cohorts take their rows
     table = signal_table(warm, None, ThrottleSeries(recording.metrics),
                          PressureSeries(recording.metrics))
@@ -434,8 +446,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         counts[key or UNKNOWN_INPUT] += 1
     report = Report(
         requests=len(requests),
-        counts=Counts(warm=len(warm), cold=len(cold) + len(apart), failed=len(failed),
-                      incomplete=len(incomplete)),
+        counts=Counts(warm=len(warm), cold=counted_cold + len(apart), failed=len(failed),
+                      incomplete=len(incomplete), cold_failed=sum(1 for r in failed if r.cold)),
         stages=result.stages,
         total=result.total,
         unaccounted=result.unaccounted,

@@ -127,6 +127,9 @@ class ColdFigures:
     (``count``) did: the figures are those that paid it. ``stages_mean_ms``: the same places'
     means over those cold requests (where each ran), for where the extra time of several cold
     starts went (a median over three processes hides one's model load); empty where unread.
+    ``failed``: how many of the ``count`` ended with an error after paying the cold start
+    (:func:`otel_stages.analysis.cohorts.failed_cold_paid`): their times run until the failure,
+    so the figures are a lower bound of the cold start.
     """
 
     count: int
@@ -145,6 +148,7 @@ class ColdFigures:
     left_out: int = 0
     without_penalty: int = 0
     stages_mean_ms: Mapping[str, float] = field(default_factory=dict)
+    failed: int = 0
 
     @property
     def ratio(self) -> float | None:

@@ -115,17 +115,19 @@ class Counts:
     """Requests read: ``warm`` (in the statistics), ``cold`` (first of a process, and warm ones
     set apart as cold), ``failed`` (ended with an error); ``warm + cold + failed`` is the report's
     ``requests``. ``incomplete``: stage spans that form no request (parent never arrived, or no
-    request span above them)."""
+    request span above them). ``cold_failed``: the failed ones that were cold (the first of their
+    process: a cold start can outlast the client's deadline)."""
 
     warm: int
     cold: int
     failed: int
     incomplete: int
+    cold_failed: int = 0
 
     def to_dict(self) -> dict[str, int]:
         """JSON form."""
         return {"warm": self.warm, "cold": self.cold, "failed": self.failed,
-                "incomplete": self.incomplete}
+                "cold_failed": self.cold_failed, "incomplete": self.incomplete}
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,7 @@ def cold_to_dict(cold: ColdFigures) -> dict[str, object]:
         "count": cold.count,
         "left_out": cold.left_out,
         "without_penalty": cold.without_penalty,
+        "failed": cold.failed,
     }
 
 

@@ -72,7 +72,9 @@ def text(agg: FleetAggregates) -> str:
         f"otel-stages: aggregates from {agg.url} ({c.requests} requests: {c.warm} warm,"
         f" {c.cold - c.cold_failed + c.set_apart} cold"
         + (f" ({c.set_apart} of them warm requests set apart)" if c.set_apart else "")
-        + f", {c.failed} failed; {c.incomplete} incomplete; {c.runs}"
+        + f", {c.failed} failed"
+        + (f" ({c.cold_failed} of them cold)" if c.cold_failed else "")
+        + f"; {c.incomplete} incomplete; {c.runs}"
         f" {'process' if c.runs == 1 else 'processes'};"
         f" quantiles: {agg.quantile_function})",
         "",

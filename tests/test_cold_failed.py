@@ -1,0 +1,171 @@
+"""A cold request that failed after paying the cold start (a tester's: the first request loaded the
+model for 2.5 s inside its forward and then hit the client's deadline; the report read "59 warm,
+0 cold, 1 failed ... Verdict: stable" and never said the cold start made the first request fail).
+
+Such a request is in the cold figures (``cohorts.failed_cold_paid``: it ran until at least its
+input's cold bar before failing), marked as failed (its times run until the error: a lower bound);
+one that failed sooner stays out. Both reports, file and ClickHouse (chDB), say the same."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_stages.analysis import advice, load_paths
+from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, CohortKeys, failed_cold_paid, paid_min_ms
+from otel_stages.analysis.decision import decide
+from otel_stages.analysis.figures import ALL_WARM, ColdFigures
+from otel_stages.analysis.requests import group_spans
+from tests import odd_inputs
+from tests.test_clickhouse_issues import engine, reports  # noqa: F401 - the chDB fixture
+from tests.test_decision import figures, stage
+
+_ERROR = {"code": 2, "message": "deadline exceeded"}
+_SIZES = {"small": (320, 240), "large": (1920, 1080)}
+
+
+def _sized(spans: list[dict[str, Any]], size: str) -> None:
+    """Put ``size``'s image attributes on the request's decode span (the telemetry contract's)."""
+    w, h = _SIZES[size]
+    decode = next(s for s in spans if s["name"] == "decode")
+    decode["attributes"] += [odd_inputs._attr("image.width", w), odd_inputs._attr("image.height", h)]
+
+
+def _run(cold_forward_ms: float, *, failed: bool = True, sizes: tuple[str, ...] = (),
+         cold_size: str = "small", n: int = 40) -> list[list[dict[str, Any]]]:
+    """``n`` requests of one process; the first (cold) spends ``cold_forward_ms`` in forward and,
+    when ``failed``, ends with an error (its forward too). ``sizes``: the warm requests' inputs in
+    turn (a large input's forward is 10x); empty: no image size recorded."""
+    def stages(i: int, r: random.Random) -> odd_inputs.Stages:
+        s = odd_inputs.normal(i, r)
+        if i == 0:
+            s[4] = ("forward", cold_forward_ms)
+        elif sizes and sizes[i % len(sizes)] == "large":
+            s[4] = ("forward", 1000 + r.random() * 30)
+        return s
+    rows = odd_inputs.run(n, stages, seed=11)
+    if sizes:
+        for i, spans in enumerate(rows):
+            _sized(spans, cold_size if i == 0 else sizes[i % len(sizes)])
+    if failed:
+        for span in rows[0]:
+            if span["name"] in ("request", "forward"):
+                span["status"] = dict(_ERROR)
+    return rows
+
+
+def _file(tmp_path: Path, rows: list[list[dict[str, Any]]]) -> Path:
+    return odd_inputs.write(tmp_path / "cold_failed.jsonl", rows)
+
+
+# --- the rule: which failed cold requests paid the cold start ---------------------------------------
+
+
+def _requests(tmp_path: Path, rows: list[list[dict[str, Any]]]):
+    recording = load_paths([_file(tmp_path, rows)])
+    reqs = group_spans(recording.spans).requests
+    keys = CohortKeys(reqs)
+    warm = [r for r in reqs if not r.cold and not r.error]
+    return [r for r in reqs if r.cold], warm, keys
+
+
+@pytest.mark.parametrize("above", [False, True])
+def test_a_failed_cold_request_counts_from_the_bar_on(tmp_path: Path, above: bool) -> None:
+    rows = _run(100.0)  # the cold request's total is set below: just under or over the bar
+    cold, warm, keys = _requests(tmp_path, rows)
+    bar = paid_min_ms([r.total_ms for r in warm])
+    # move the cold forward's end so that its request total lands 0.01 ms below / above the bar
+    first = rows[0]
+    req = next(s for s in first if s["name"] == "request")
+    want_ns = int(req["startTimeUnixNano"]) + round((bar + (0.01 if above else -0.01)) * 1e6)
+    delta = want_ns - int(req["endTimeUnixNano"])
+    for s in first:
+        if s["name"] in ("request", "forward"):
+            s["endTimeUnixNano"] = str(int(s["endTimeUnixNano"]) + delta)
+    cold, warm, keys = _requests(tmp_path, rows)
+    assert [r.error for r in cold] == [True]
+    assert (failed_cold_paid(cold, warm, keys) == cold) is above
+
+
+def test_a_successful_cold_request_is_not_one_of_them(tmp_path: Path) -> None:
+    cold, warm, keys = _requests(tmp_path, _run(2500.0, failed=False))
+    assert cold and failed_cold_paid(cold, warm, keys) == []
+
+
+def test_the_bar_is_the_inputs_own_when_enough_warm_requests_share_it(tmp_path: Path) -> None:
+    # a small input's cold request failed after 400 ms: 3x its own warm median, under the bar of
+    # all warm requests (half of them large, at 1 s)
+    rows = _run(280.0, sizes=("small", "large"), cold_size="small")
+    cold, warm, keys = _requests(tmp_path, rows)
+    small = [w for w in warm if w.total_ms < 500]
+    assert len(small) >= COMPARABLE_MIN_REQUESTS
+    assert paid_min_ms([w.total_ms for w in small]) <= cold[0].total_ms < paid_min_ms(
+        [w.total_ms for w in warm])
+    assert failed_cold_paid(cold, warm, keys) == cold
+
+
+def test_without_warm_requests_no_failed_cold_request_counts(tmp_path: Path) -> None:
+    cold, _, keys = _requests(tmp_path, _run(2500.0))
+    assert failed_cold_paid(cold, [], keys) == []
+
+
+# --- the verdict's words ----------------------------------------------------------------------------
+
+
+def _cold(failed: int, count: int = 1) -> ColdFigures:
+    return ColdFigures(count=count, total_ms=2522.0, stages_ms={"forward": 2500.0},
+                       comparable_median_total_ms=124.0, comparable_stages_ms={"forward": 101.0},
+                       compared_with=ALL_WARM, comparable_requests=59, input_known=False,
+                       failed=failed)
+
+
+@pytest.mark.parametrize("failed", [0, 1])
+def test_the_cold_start_says_it_failed_and_advises_on_the_deadline(failed: int) -> None:
+    v = decide(figures(stage("forward", 1.0, explains=0.5), total_swing=1.0, cold=_cold(failed)))
+    assert v.cause == "cold_start"
+    assert v.evidence[0].startswith("first request of the process ended with an error after"
+                                    if failed else "first request of the process took")
+    assert ("so its cold start took at least this long" in v.evidence[0]) is bool(failed)
+    assert (v.advice[0] == advice.COLD_FAILED) is bool(failed)
+    assert v.advice.count(advice.COLD_FAILED) == failed
+
+
+def test_several_cold_requests_say_how_many_failed() -> None:
+    v = decide(figures(stage("forward", 1.0, explains=0.5), total_swing=1.0, cold=_cold(1, count=3)))
+    assert "1 of them ended with an error after paying the cold start" in v.evidence[0]
+    assert v.advice[0] == advice.COLD_FAILED
+
+
+# --- both reports ------------------------------------------------------------------------------------
+
+
+def test_the_tester_case_reads_cold_start_in_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
+    got, want = reports(engine, _file(tmp_path, _run(2500.0)))
+    for out in (got, want):
+        assert out["verdict"]["cause"] == "cold_start", out["verdict"]
+        assert out["verdict"]["stage"] == "forward"
+        assert out["verdict"]["advice"][0] == advice.COLD_FAILED
+        assert out["cold_start"]["failed"] == 1 and out["cold_start"]["count"] == 1
+        assert out["counts"]["cold_failed"] == 1 and out["counts"]["cold"] == 0
+    assert got["verdict"] == want["verdict"]
+    assert got["cold_start"]["total_ms"] == pytest.approx(want["cold_start"]["total_ms"], abs=0.01)
+
+
+def test_a_cold_request_that_failed_at_once_stays_out_in_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
+    got, want = reports(engine, _file(tmp_path, _run(5.0)))
+    for out in (got, want):
+        assert out["cold_start"] is None
+        assert out["verdict"]["cause"] != "cold_start"
+        assert out["counts"]["cold_failed"] == 1
+    assert got["verdict"] == want["verdict"]
+
+
+def test_the_inputs_own_bar_in_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
+    got, want = reports(engine, _file(tmp_path, _run(280.0, sizes=("small", "large"))))
+    for out in (got, want):
+        assert out["cold_start"] is not None and out["cold_start"]["failed"] == 1, out["cold_start"]
+    assert got["cold_start"]["count"] == want["cold_start"]["count"] == 1
+    assert got["verdict"] == want["verdict"]
