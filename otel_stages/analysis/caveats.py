@@ -18,6 +18,9 @@ behind it is thin or odd. Pure; on :class:`~otel_stages.analysis.figures.Figures
   cold start's one dummy request). :func:`warmup_caveat`: a warm-up still standing out after
   :data:`WARMUP_MAX_REQUESTS` requests may not have ended, and the warm runs may hold its tail:
   a verdict on a warm swing is tentative, with the reason first.
+- :func:`episode_caveat`: the slow warm requests fall in one stretch of the run
+  (:mod:`otel_stages.analysis.episode`): the verdict is tentative, the stretch and the advice to
+  look at what ran then first.
 - :func:`outlived_caveat` / :func:`before_caveat`: standard stage spans end after (start before)
   their request span by the noise band or more at the p95 over the warm requests: the request
   span closes before its work or a stage ran on a clock ahead (behind); only the part inside
@@ -70,6 +73,7 @@ from collections.abc import Sequence
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.contention import CAUSE_CPU_CONTENTION
+from otel_stages.analysis.episode import episode_advice, episode_line
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
     REASON_AFTER_IDLE,
@@ -366,6 +370,18 @@ def warmup_caveat(verdict: Verdict, fig: Figures) -> None:
     advice = advice_text.warm_up_with(w.longest_requests, w.longest_ended)
     verdict.advice[:] = [a for a in verdict.advice if a not in (advice, "also: " + advice)]
     verdict.advice.insert(0, advice)
+
+
+def episode_caveat(verdict: Verdict, fig: Figures) -> None:
+    """Tentative, the episode's line and advice first, when the verdict is on a warm swing and
+    its slow requests fall in one stretch of the run (``Figures.episode``,
+    :mod:`otel_stages.analysis.episode`)."""
+    e = fig.episode
+    if e is None or verdict.cause in (None, CAUSE_STABLE, CAUSE_COLD_START):
+        return
+    verdict.tentative = True
+    verdict.evidence.insert(0, episode_line(e))
+    verdict.advice.insert(0, episode_advice(e))
 
 
 def outlived_caveat(verdict: Verdict, fig: Figures, band_ms: float) -> None:

@@ -306,6 +306,9 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             results["cold_paid"] += engine.rows(queries.cold_paid_warm_sql(method), None, settings)
     if cold is not None and any(clickhouse_figures.input_paid_needed(i) for i in cold.by_input):
         results["cold_input_paid"] = engine.rows(queries.cold_input_paid_sql(method), None, settings)
+    if head.total is not None and band is not None:  # do the slow requests fall in one stretch?
+        results["episode"] = engine.rows(queries.episode_sql(),
+                                         {"slow_min_ms": head.total.median_ms + band}, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None

@@ -482,7 +482,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         clash_spans=agg.issues.clash_spans,
         set_apart=tuple(a.figures for a in agg.set_apart), warmup=agg.warmup,
         services=agg.services, service_requests=agg.service_requests,
-        sampling=agg.sampling, calls=agg.calls,
+        sampling=agg.sampling, calls=agg.calls, episode=agg.episode,
     )
 
 

@@ -54,6 +54,7 @@ from otel_stages.analysis.clickhouse_sql import (
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
 from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
+from otel_stages.analysis.episode import EPISODE_BUCKETS
 from otel_stages.analysis.figures import COLD_UNTRACED
 from otel_stages.analysis.gpu import (
     GPU_BUSY_MIN_UTILIZATION,
@@ -589,6 +590,20 @@ FROM (
     GROUP BY trace_key, span_key
     HAVING has_request AND has_queue
 ) SETTINGS max_bytes_before_external_group_by = {QUEUE_SPILL_BYTES}"""
+
+
+def episode_sql() -> str:
+    """Per bucket ``b`` of the warm requests' start times (:func:`otel_stages.analysis.episode
+    .bucket_of`: ``first_ns`` .. ``last_ns`` cut into
+    :data:`~otel_stages.analysis.episode.EPISODE_BUCKETS`), ``n`` warm requests and ``slow``, those
+    whose total is above ``{slow_min_ms:Float64}`` (``slow_min_ms``, repeated on every row); buckets
+    without requests give no row."""
+    return f"""SELECT intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) AS b, count() AS n,
+    countIf(w.total_ns / 1e6 > {{slow_min_ms:Float64}}) AS slow, any(s.lo) AS first_ns,
+    any(s.hi) AS last_ns, {{slow_min_ms:Float64}} AS slow_min_ms
+FROM (SELECT start_ns, total_ns FROM {R} WHERE warm) AS w
+CROSS JOIN (SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm) AS s
+GROUP BY b ORDER BY b"""
 
 
 def slow_forwards_sql() -> str:

@@ -37,6 +37,7 @@ from otel_stages.analysis.clickhouse_sql import (
     LEVELS,
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
+from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, find_episode
 from otel_stages.analysis.figures import COLD_UNTRACED, PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
@@ -634,6 +635,8 @@ class FleetAggregates:
     #: stages that call into another service's requests read here (:mod:`otel_stages.analysis
     #: .clickhouse_calls`), most calls first
     calls: tuple[Call, ...] = ()
+    #: the stretch of the run holding the slow warm requests (:mod:`otel_stages.analysis.episode`)
+    episode: Episode | None = None
     process_mix: ProcessMix | None = None
     window_edge: WindowEdge = field(default_factory=WindowEdge)
     sampling: SeqCoverage | None = None
@@ -943,7 +946,20 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),
         sampling=sampling_of(results.get("seq_coverage"), results.get("sampling_kept"),
                              results.get("sampling_unbiased")),
+        episode=episode_of(results.get("episode")),
     )
+
+
+def episode_of(rows: Rows | None) -> Episode | None:
+    """:func:`~otel_stages.analysis.episode.find_episode` over the answer rows of
+    :func:`~otel_stages.analysis.clickhouse_queries.episode_sql` (``None``: not read)."""
+    if not rows:
+        return None
+    n, slow = [0] * EPISODE_BUCKETS, [0] * EPISODE_BUCKETS
+    for r in rows:
+        n[int(r["b"])], slow[int(r["b"])] = int(r["n"]), int(r["slow"])
+    return find_episode(n, slow, int(rows[0]["first_ns"]), int(rows[0]["last_ns"]),
+                        float(rows[0]["slow_min_ms"]))
 
 
 def window_edge_of(row: Mapping[str, Any] | None) -> WindowEdge:

@@ -57,6 +57,7 @@ from otel_stages.analysis.calls import Call, left_out
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
+    episode_caveat,
     misaligned_gpu_caveat,
     missing_spans_advice,
     offset_line,
@@ -331,6 +332,7 @@ def decide(fig: Figures) -> Verdict:
     if swings is not False:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
+        episode_caveat(verdict, fig)
     warmup_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
     before_caveat(verdict, fig, band.band_ms)

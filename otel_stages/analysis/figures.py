@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from otel_stages.analysis.calls import Call
+from otel_stages.analysis.episode import Episode
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.process_mix import ProcessMix
 from otel_stages.analysis.sampled import SeqCoverage
@@ -402,6 +403,8 @@ class Figures:
     variance between processes (:mod:`otel_stages.analysis.process_mix`). ``sampling``: how much
     of each process's ``request.seq`` range was read, and why the sampler says it kept them
     (:mod:`otel_stages.analysis.sampled`; ``None``: not counted).
+    ``episode``: the stretch of the run that holds the slow warm requests
+    (:mod:`otel_stages.analysis.episode`; ``None``: none, or not looked for).
     """
 
     warm_requests: int
@@ -445,6 +448,7 @@ class Figures:
     #: (:func:`otel_stages.analysis.calls.remote_calls`), most calls first: left out of the
     #: suspects, their time being the called requests'
     calls: Sequence[Call] = ()
+    episode: Episode | None = None
 
     @property
     def reference_ms(self) -> float:
