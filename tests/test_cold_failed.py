@@ -4,7 +4,9 @@ model for 2.5 s inside its forward and then hit the client's deadline; the repor
 
 Such a request is in the cold figures (``cohorts.failed_cold_paid``: it ran until at least its
 input's cold bar before failing), marked as failed (its times run until the error: a lower bound);
-one that failed sooner stays out. Both reports, file and ClickHouse (chDB), say the same."""
+one that failed sooner stays out. Both reports, file and ClickHouse (chDB), say the same. And
+which request is a process's first (its cold one) when two of one trace start in the same
+nanosecond: the one of the smaller span id, in both."""
 
 from __future__ import annotations
 
@@ -169,3 +171,44 @@ def test_the_inputs_own_bar_in_both_reports(engine, tmp_path: Path) -> None:  # 
         assert out["cold_start"] is not None and out["cold_start"]["failed"] == 1, out["cold_start"]
     assert got["cold_start"]["count"] == want["cold_start"]["count"] == 1
     assert got["verdict"] == want["verdict"]
+
+
+# --- two first requests of one trace started in the same nanosecond --------------------------------
+
+
+def test_one_of_two_requests_tied_at_the_start_is_cold_in_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
+    """A tester's: without ``request.seq`` or ``request.cold_start``, two requests of one trace and
+    process started in the same nanosecond (a fan-out at start-up) were both the process's first
+    in ClickHouse (its tie went by start and trace only): two cold requests there, one in the
+    file. The tie now goes by span id in both."""
+    def stages(i: int, r: random.Random) -> odd_inputs.Stages:
+        s = odd_inputs.normal(i, r)
+        if i < 2:  # both pay the model load; the second's forward 100 ms shorter
+            s[4] = ("forward", 1500.0 - 100.0 * i)
+        return s
+    rows = odd_inputs.run(40, stages, seed=11)
+    first_req = next(s for s in rows[0] if s["name"] == "request")
+    second_req = next(s for s in rows[1] if s["name"] == "request")
+    shift = int(first_req["startTimeUnixNano"]) - int(second_req["startTimeUnixNano"])
+    for span in rows[1]:  # same trace, same start, a slow forward too (both pay the load)
+        span["traceId"] = first_req["traceId"]
+        for k in ("startTimeUnixNano", "endTimeUnixNano"):
+            span[k] = str(int(span[k]) + shift)
+    for spans in rows:
+        for span in spans:
+            span["attributes"] = [a for a in span["attributes"] if a["key"] != "request.seq"]
+    # the request read first has the larger span id (so read order and id order disagree)
+    for spans, sid in ((rows[0], "f" * 16), (rows[1], "0" * 15 + "1")):
+        old = next(s for s in spans if s["name"] == "request")["spanId"]
+        for span in spans:
+            span["spanId"] = sid if span["spanId"] == old else span["spanId"]
+            span["parentSpanId"] = sid if span.get("parentSpanId") == old else span.get("parentSpanId")
+    got, want = reports(engine, _file(tmp_path, rows))
+    for out in (got, want):
+        assert out["cold_start"] is not None and out["cold_start"]["count"] == 1, out["cold_start"]
+        # the cold one is the request of the smaller span id: its forward is 100 ms shorter
+        assert out["cold_start"]["stages"]["forward"] == pytest.approx(1400.0, abs=0.01)
+    assert got["counts"] == want["counts"]
+    assert got["verdict"] == want["verdict"]
+    assert [(a["trace_id"], a["reason"]) for a in got["set_apart"]] == [
+        (a["trace_id"], a["reason"]) for a in want["set_apart"]]

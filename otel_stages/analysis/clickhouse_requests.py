@@ -480,8 +480,11 @@ SELECT {_PROC} AS proc, any(if(present, self_svc, kid_svc)) AS svc, any(if(prese
     groupUniqArray({_PROC_HASH}) AS proc_keys,
     max(self_cold IN (1, 2)) AS has_cold_attr, max(self_seq > 0) AS has_seq,
     countIf(self_cold = 3) AS unread_cold, countIf(self_seq = -1) AS unread_seq,
-    argMin((start, trace_key), (start, reinterpretAsFixedString(trace_key))) AS first
-FROM (SELECT *, if(present, self_start, kid_min) AS start FROM {GROUPS_TABLE})
+    -- by start, then trace and span id as hex text order (requests.group_spans)
+    argMin((start, trace_key, span_key), (start, reinterpretAsFixedString(trace_key),
+                                          reinterpretAsFixedString(span_key))) AS first
+FROM (SELECT *, if(present, self_start, kid_min) AS start, if(present, key, 0) AS span_key
+      FROM {GROUPS_TABLE})
 {in_window}
 GROUP BY proc)"""), params
     columns = ", ".join(f"{name} {kind} {UNCOMPRESSED}" for name, kind in REQUEST_SCHEMA)
@@ -679,7 +682,7 @@ def _requests_select(query: AggregateQuery) -> str:
         pr.has_cold_attr, ifNull(cold_attr, 0) = 1,
         pr.has_seq, ifNull(seq, 0) = 1,
         first_of_proc AND NOT pr.started_before)) AS cold,
-    toUInt8((start_ns, p.trace_key) = pr.first) AS first_of_proc,
+    toUInt8((start_ns, p.trace_key, span_key) = pr.first) AS first_of_proc,
     p.dec_bad + x.dec_bad AS decode_bad_sizes,
     {_IMAGES_SIG} AS images_sig,
     toUInt8(is_request AND NOT cold AND NOT error) AS warm

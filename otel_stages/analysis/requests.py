@@ -274,7 +274,8 @@ def group_spans(spans: Iterable[Span]) -> Grouping:
 
 # (trace id, request span id, leaf stage spans, group spans, the request span or None: never read)
 _Unit = tuple[str, str, list[Span], list[Span], "Span | None"]
-_by_start = attrgetter("start_ns", "trace_id")
+#: (requests of one trace started in the same nanosecond: by span id, as the SQL orders them)
+_by_start = attrgetter("start_ns", "trace_id", "span_id")
 
 
 def _trace_units(spans: list[Span], units: list[_Unit], roots: list[Span], clashes: IdClashes) -> None:
