@@ -53,7 +53,7 @@ def _counts(c: ReportCharts) -> str:
             text += f" ({n['cold'] - apart} first of a process, {apart} set apart)"
     if "failed" in n:
         text += f", {n['failed']} failed"
-        if n.get("cold_failed"):
+        if n.get("cold_failed"):  # (a cold start that outlasted the client's deadline)
             text += f" ({n['cold_failed']} of them cold)"
     if n.get("incomplete"):
         text += f"; {n['incomplete']} incomplete traces left out"

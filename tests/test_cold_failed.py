@@ -125,7 +125,7 @@ def _cold(failed: int, count: int = 1) -> ColdFigures:
 
 
 @pytest.mark.parametrize("failed", [0, 1])
-def test_the_cold_start_says_it_failed_and_advises_on_the_deadline(failed: int) -> None:
+def test_the_cold_start_says_it_failed_and_advises_on_its_error(failed: int) -> None:
     v = decide(figures(stage("forward", 1.0, explains=0.5), total_swing=1.0, cold=_cold(failed)))
     assert v.cause == "cold_start"
     assert v.evidence[0].startswith("first request of the process ended with an error after"
@@ -151,7 +151,7 @@ def test_the_tester_case_reads_cold_start_in_both_reports(engine, tmp_path: Path
         assert out["verdict"]["stage"] == "forward"
         assert out["verdict"]["advice"][0] == advice.COLD_FAILED
         assert out["cold_start"]["failed"] == 1 and out["cold_start"]["count"] == 1
-        assert out["counts"]["cold_failed"] == 1 and out["counts"]["cold"] == 0
+        assert out["failures"]["cold"] == 1 and out["counts"]["cold"] == 0
     assert got["verdict"] == want["verdict"]
     assert got["cold_start"]["total_ms"] == pytest.approx(want["cold_start"]["total_ms"], abs=0.01)
 
@@ -161,7 +161,7 @@ def test_a_cold_request_that_failed_at_once_stays_out_in_both_reports(engine, tm
     for out in (got, want):
         assert out["cold_start"] is None
         assert out["verdict"]["cause"] != "cold_start"
-        assert out["counts"]["cold_failed"] == 1
+        assert out["failures"]["cold"] == 1
     assert got["verdict"] == want["verdict"]
 
 

@@ -337,7 +337,8 @@ def test_set_apart_and_cold_requests_are_marked_where_the_report_puts_them() -> 
     charts = report_charts(recording, report=report)
     (apart,) = report.set_apart
     assert apart.reason == "new_input" and apart.cohort == "640x480 PNG"
-    assert charts.counts == {"requests": 19, **report.to_dict()["counts"], "set_apart": 1}
+    assert charts.counts == {"requests": 19, **report.to_dict()["counts"], "set_apart": 1,
+                             "cold_failed": 0}
     forward = next(s for s in charts.stages if s.name == "forward")
     assert forward.apart_ms == (apart.request.stages_ms["forward"],)
     assert len(forward.warm_ms) == report.warm_requests == 17  # set-apart and cold are not warm

@@ -52,9 +52,9 @@ CALL_REPEATED = (
 )
 #: A cold request that failed after paying the cold start (figures.ColdFigures.failed).
 COLD_FAILED = (
-    "the cold start outlasted what waited for the first request (the client's deadline, a proxy"
-    " or server timeout): load and warm the model before the readiness probe passes so no request"
-    " meets the cold start, or give the first requests a deadline longer than the load"
+    "the first request failed during its cold start (its error says how: a client, proxy or server"
+    " deadline shorter than the model load, or the load itself failing, e.g. out of memory): load"
+    " and warm the model before the readiness probe passes so no request meets the cold start"
 )
 WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"

@@ -337,8 +337,10 @@ def report_charts(
     counts = counts if isinstance(counts, dict) else {
         "warm": len(sets.warm), "cold": len(sets.cold) + len(sets.set_apart),
         "failed": len(sets.failed)}
+    failures = contract.get("failures")
     counts = {"requests": len(requests), **{str(k): int(v) for k, v in counts.items()},
-              "set_apart": len(sets.set_apart)}
+              "set_apart": len(sets.set_apart),
+              "cold_failed": int(failures.get("cold") or 0) if isinstance(failures, dict) else 0}
     cohorts = contract.get("cohorts")
     apart = contract.get("set_apart")
     reasons = {str(a.get("trace_id")): str(a.get("reason") or "")

@@ -467,7 +467,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         process_mix=agg.process_mix,
         stage_evidence=with_mechanisms(
             _evidence(stages, lambda n: _sizes(agg.cohorts, n), agg.preprocess), stage_signals(agg)),
-        failed_requests=agg.counts.failed,
+        failed_requests=agg.counts.failed, failed_cold=agg.counts.cold_failed,
         requests=agg.counts.requests,
         failure_kinds=agg.failure_kinds,
         failure_stages=agg.failure_stages,
@@ -544,7 +544,6 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
         "source": "clickhouse",
         "requests": c.requests,
         "counts": {"warm": c.warm, "cold": c.cold - c.cold_failed + c.set_apart, "failed": c.failed,
-                   "cold_failed": c.cold_failed,
                    "incomplete": c.incomplete},
         "total": None if total is None else total.to_dict(),
         "stages": {n: _stage_stats(agg, s).to_dict() for n, s in agg.stages.items()},

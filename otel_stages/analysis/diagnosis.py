@@ -244,6 +244,7 @@ def _warm(
         stage_evidence=with_mechanisms({} if verdict_only else stage_evidence(warm, list(stages)),
                                        signals),
         failed_requests=len(failed),
+        failed_cold=sum(1 for r in failed if r.cold),
         requests=requests,
         failure_kinds=kinds,
         failure_stages=where,

@@ -152,8 +152,9 @@ def failures_to_dict(fig: Figures, band_ms: float | None) -> dict[str, object] |
     ``share`` (of all finished requests), ``kinds`` (error kind -> requests), ``stopped`` (where
     they stopped -> requests), ``median_total_ms``, ``stages`` (stage -> median ms over them, 0
     where a failed request lacks it), ``stage`` (the stage with the largest median),
-    ``slow`` (:func:`failures_slow`; ``None`` without a noise band) and ``leads`` (the failures
-    come first in the verdict: :func:`failures_lead`)."""
+    ``slow`` (:func:`failures_slow`; ``None`` without a noise band), ``leads`` (the failures
+    come first in the verdict: :func:`failures_lead`) and ``cold`` (those that were their
+    process's cold request: ``Figures.failed_cold``)."""
     if fig.failed_requests <= 0 or fig.requests <= 0:
         return None
     total = fig.failed_median_total_ms
@@ -167,5 +168,6 @@ def failures_to_dict(fig: Figures, band_ms: float | None) -> dict[str, object] |
         "stage": failed_stage(fig)[0],
         "slow": None if band_ms is None or fig.total is None else failures_slow(fig, band_ms),
         "leads": failures_lead(fig, band_ms),
+        "cold": fig.failed_cold,
     }
 

@@ -420,6 +420,8 @@ class Figures:
     process_mix: ProcessMix | None = None
     stage_evidence: Mapping[str, StageEvidence] = field(default_factory=dict)
     failed_requests: int = 0
+    #: the failed requests that were their process's cold request
+    failed_cold: int = 0
     requests: int = 0
     failure_kinds: Mapping[str, int] = field(default_factory=dict)
     failure_stages: Mapping[str, int] = field(default_factory=dict)

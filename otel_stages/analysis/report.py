@@ -116,7 +116,7 @@ class Counts:
     set apart as cold), ``failed`` (ended with an error); ``warm + cold + failed`` is the report's
     ``requests``. ``incomplete``: stage spans that form no request (parent never arrived, or no
     request span above them). ``cold_failed``: the failed ones that were cold (the first of their
-    process: a cold start can outlast the client's deadline)."""
+    process: a cold start can outlast the client's deadline; in the JSON as ``failures.cold``)."""
 
     warm: int
     cold: int
@@ -127,7 +127,7 @@ class Counts:
     def to_dict(self) -> dict[str, int]:
         """JSON form."""
         return {"warm": self.warm, "cold": self.cold, "failed": self.failed,
-                "cold_failed": self.cold_failed, "incomplete": self.incomplete}
+                "incomplete": self.incomplete}
 
 
 @dataclass(frozen=True)
