@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from otel_stages.analysis import advice, decision
+import pytest
+
+from otel_stages.analysis import advice, calls, decision
 from otel_stages.analysis.calls import Call
 from otel_stages.analysis.decision import decide
 from otel_stages.analysis.figures import Figures
@@ -76,3 +78,45 @@ def test_unread_own_time_keeps_the_call_out() -> None:
     f = _fig(30.0)
     f = replace(f, calls=(replace(f.calls[0], own_p5_ms=None, own_median_ms=None, own_p95_ms=None),))
     assert decide(f).stage != "POST"
+
+
+# --- where the own time swings: before the called requests start, or after they end ----------------
+
+
+def _sided(before: float, after: float, own: float = 40.0) -> Figures:
+    """``_fig(own)`` with the own time's swing ``before`` the called requests start and ``after``
+    they end (each p5 0.5 ms)."""
+    f = _fig(own)
+    (call,) = f.calls
+    return replace(f, calls=(replace(call, before_p5_ms=0.5, before_p95_ms=0.5 + before,
+                                     after_p5_ms=0.5, after_p95_ms=0.5 + after),))
+
+
+def test_side_constants() -> None:
+    assert calls.CALL_SIDE_MIN_SHARE == 0.75
+
+
+@pytest.mark.parametrize("before, after, side", [
+    (30.0 - 0.1, 1.0, None),  # under 0.75 of the 40 ms own swing
+    (30.0 + 0.1, 1.0, calls.SIDE_BEFORE),
+    (38.0, 10.0 - 0.1, calls.SIDE_BEFORE),  # the other side under the rest (10 ms)
+    (38.0, 10.0 + 0.1, None),
+    (1.0, 30.0 + 0.1, calls.SIDE_AFTER),
+    (1.0, 30.0 - 0.1, None),
+])
+def test_the_side_that_swings_is_named(before: float, after: float, side: str | None) -> None:
+    f = _sided(before, after)
+    assert calls.own_side(f.calls[0]) == side
+    v = decide(f)
+    assert (v.cause, v.stage) == ("call", "POST")
+    want = {calls.SIDE_BEFORE: advice.CALL_OWN_BEFORE, calls.SIDE_AFTER: advice.CALL_OWN_AFTER}.get(
+        side or "", advice.CALL_OWN)
+    assert v.advice[0] == want.format(stage="POST")
+    where = {calls.SIDE_BEFORE: "; it swings before the called requests start (p5 500 µs",
+             calls.SIDE_AFTER: "; it swings after they end (p5 500 µs"}.get(side or "")
+    assert (where is not None and where in v.evidence[0]) or (where is None and "; it swings" not in v.evidence[0])
+
+
+def test_unread_sides_name_no_side() -> None:
+    assert calls.own_side(_fig(40.0).calls[0]) is None
+    assert decide(_fig(40.0)).advice[0] == advice.CALL_OWN.format(stage="POST")

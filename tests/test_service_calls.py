@@ -56,7 +56,8 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
                          gateway: str = GATEWAY, call_name: str = "POST", pool_ms: float = 0.0,
                          slow_forwards: bool | None = None, warmup: tuple[float, ...] = (),
                          fanout: int = 1, unrecorded_ms: float = 0.0, repeat: int = 1,
-                         fail_first_ms: float = 0.0, fanout_gap_ms: float = 1.0) -> Path:
+                         fail_first_ms: float = 0.0, fanout_gap_ms: float = 1.0,
+                         read_ms: float = 0.0) -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
@@ -75,8 +76,9 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
     reaches no recorded worker takes this long (not 55 ms). ``repeat``: every fourth call (from
     the third) makes this many worker requests one after another (retries), the forwards steady;
     ``fail_first_ms``: the first of them fails (status ERROR) after a forward this long.
-    ``fanout_gap_ms``: how far apart a fan-out's requests start (0: in one nanosecond)."""
-    slow_forwards = not pool_ms if slow_forwards is None else slow_forwards
+    ``fanout_gap_ms``: how far apart a fan-out's requests start (0: in one nanosecond).
+    ``read_ms``: as ``pool_ms``, but after the worker's request ends (reading the response)."""
+    slow_forwards = not (pool_ms or read_ms) if slow_forwards is None else slow_forwards
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
     gateway_spans: list[dict[str, Any]] = []
@@ -100,10 +102,11 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
             250.0 + (i % 3) * 20 if slow and slow_forwards else 50.0 + r.uniform(-1, 1))
         waits = i % 4 == (0 if slow_forwards else 2)
         wait = pool_ms * (1 + (i % 3) / 10) if waits else 0.0
+        read = read_ms * (1 + (i % 3) / 10) if waits else 0.0
         inner = 2.0 + forward + 0.2
         calls_made = repeat if slow and repeat > 1 else fanout
         failed_inner = 2.0 + fail_first_ms + 0.2 if calls_made > 1 and fail_first_ms else inner
-        call = (inner + 2.0 + wait + (fanout - 1)
+        call = (inner + 2.0 + wait + read + (fanout - 1)
                 + (calls_made - 1) * (failed_inner + 1.0) * (fanout == 1)
                 if i < calls else
                 (unrecorded_ms if unrecorded_ms and i % 2 else 55.0) + r.uniform(-0.5, 0.5))
@@ -605,3 +608,23 @@ def test_a_fan_out_started_in_one_nanosecond_sets_the_same_requests_apart(engine
     got = _sql(engine, path)
     assert [(a["seq"], a["reason"]) for a in got["set_apart"]] == apart
     assert got["verdict"] == want["verdict"]
+
+
+@pytest.mark.parametrize("pool_ms, read_ms, side", [(200.0, 0.0, "before"), (0.0, 200.0, "after")])
+def test_where_the_calls_own_time_swings_is_said_in_both_reports(
+        engine: Any, tmp_path: Path, pool_ms: float, read_ms: float, side: str) -> None:
+    """A tester's: the caller's own time was said to swing, with every place it might wait in the
+    advice (a pool, connecting, the called server, reading the response). Whether it swings before
+    the called requests start (a pool's wait) or after they end (reading the response) is now
+    read from the spans (:func:`otel_stages.analysis.calls.own_side`), in both reports."""
+    path = gateway_calls_worker(tmp_path / f"{side}.jsonl", pool_ms=pool_ms, read_ms=read_ms)
+    want = _file(path)
+    v = want["verdict"]
+    assert (v["cause"], v["stage"]) == ("call", "POST")
+    line = next(e for e in v["evidence"] if e.startswith("POST is a call into"))
+    assert ("; it swings before the called requests start" in line) is (side == "before")
+    assert ("; it swings after they end" in line) is (side == "after")
+    text = advice.CALL_OWN_BEFORE if side == "before" else advice.CALL_OWN_AFTER
+    assert text.format(stage="POST") in v["advice"]
+    assert advice.CALL_OWN.format(stage="POST") not in v["advice"]
+    assert _sql(engine, path)["verdict"] == v

@@ -44,6 +44,21 @@ CALL_OWN = (
     " for calls that reach no request read here, the service they call; time the client's wait"
     " apart (a stage() around acquiring the connection) to tell them apart"
 )
+#: A call's own time that swings before the requests it calls start (calls.own_side).
+CALL_OWN_BEFORE = (
+    "{stage}'s own time swings before the requests it calls start, so the wait is the caller's"
+    " client or the way in: a pooled connection's wait (a pool limit below the concurrency it"
+    " serves: httpx's Limits(max_connections=...), aiohttp's TCPConnector(limit=...)), new"
+    " connections (DNS, TCP and TLS each time without keep-alive), or the called server accepting"
+    " late (its accept backlog, too few workers); time the client's wait apart (a stage() around"
+    " acquiring the connection) to tell them apart"
+)
+#: ... or after they end.
+CALL_OWN_AFTER = (
+    "{stage}'s own time swings after the requests it calls end: reading the response (a large or"
+    " streamed body, a slow client read) or the network back; check the response size and how the"
+    " client reads it, and whether the called server's request span ends before its body is sent"
+)
 #: A call that makes more calls in some requests than in others (retries, one per item).
 CALL_REPEATED = (
     "{stage} calls {service} more than once in some requests: if these are retries, find why the"

@@ -50,6 +50,13 @@ MAX_CALL_HOPS = 2
 #: that mostly calls an API this report does not read), the stage is the caller's own, ranked as
 #: any other.
 CALL_MIN_SHARE = 0.5
+#: A call's own time is said to swing *before* its called requests start (the client's wait for a
+#: connection, connecting, the called server accepting late) or *after* they end (reading the
+#: response) when that side swings at least this share of the own time's swing and the other side
+#: less than the rest (:func:`own_side`); else neither is named.
+CALL_SIDE_MIN_SHARE = 0.75
+#: :func:`own_side`'s answers.
+SIDE_BEFORE, SIDE_AFTER = "before", "after"
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,9 @@ class Call:
     where unread or no span qualifies. ``repeated``: of the former, the spans that hold more
     called requests than the fewest any holds (retries, or one call per item: the covered time
     then swings with the count); 0 when every span holds as many. ``each_p5_ms`` /
-    ``each_p95_ms``: the percentiles of each successful called request's total over the former
+    ``each_p95_ms``: the percentiles of each successful called request's total over the former;
+    ``before_p5_ms`` / ``before_p95_ms`` and ``after_p5_ms`` / ``after_p95_ms``: those of the own
+    time before the first called request starts and after the last one ends, over the former
     (whether the called requests themselves swing, or only how many there are: a slow failed
     attempt before a retry is the retry's cost)."""
 
@@ -91,6 +100,10 @@ class Call:
     each_p5_ms: float | None = None
     each_p95_ms: float | None = None
     caller: str = ""
+    before_p5_ms: float | None = None
+    before_p95_ms: float | None = None
+    after_p5_ms: float | None = None
+    after_p95_ms: float | None = None
 
     @property
     def each_swing_ms(self) -> float | None:
@@ -103,6 +116,16 @@ class Call:
         return _swing(self.own_p5_ms, self.own_p95_ms)
 
     @property
+    def before_swing_ms(self) -> float | None:
+        """How much the own time before the called requests start swings (ms)."""
+        return _swing(self.before_p5_ms, self.before_p95_ms)
+
+    @property
+    def after_swing_ms(self) -> float | None:
+        """How much the own time after the called requests end swings (ms)."""
+        return _swing(self.after_p5_ms, self.after_p95_ms)
+
+    @property
     def callee_swing_ms(self) -> float | None:
         """``callee_p95_ms - callee_p5_ms`` (ms): how much the time the called requests cover
         swings."""
@@ -111,6 +134,22 @@ class Call:
 
 def _swing(p5_ms: float | None, p95_ms: float | None) -> float | None:
     return None if p5_ms is None or p95_ms is None else p95_ms - p5_ms
+
+
+def own_side(call: Call) -> str | None:
+    """Where ``call``'s own time swings: :data:`SIDE_BEFORE` its called requests start,
+    :data:`SIDE_AFTER` they end, or ``None`` (both, between them, in calls that reach no request
+    read, or unread): one side's swing at least :data:`CALL_SIDE_MIN_SHARE` of the own time's and
+    the other's under the rest."""
+    own, before, after = call.own_swing_ms, call.before_swing_ms, call.after_swing_ms
+    if not own or own <= 0 or before is None or after is None:
+        return None
+    rest = (1 - CALL_SIDE_MIN_SHARE) * own
+    if before >= CALL_SIDE_MIN_SHARE * own and after < rest:
+        return SIDE_BEFORE
+    if after >= CALL_SIDE_MIN_SHARE * own and before < rest:
+        return SIDE_AFTER
+    return None
 
 
 def left_out(calls: Iterable[Call]) -> set[str]:
@@ -189,6 +228,8 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
     callee_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in found}
     held: dict[tuple[str, str, str], list[int]] = {k: [] for k in found}
     each_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in found}
+    # the own time before the first called request starts and after the last one ends
+    sides: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {k: ([], []) for k in found}
     for (up, found_key), called in made.items():
         if steady is not None and not all((c.trace_id, c.span_id) in steady for c in called):
             continue
@@ -199,6 +240,10 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
                              [(c.start_ns, c.start_ns + round(c.total_ms * 1e6)) for c in called])
         own_ms[found_key].append((stage.end_ns - stage.start_ns) / 1e6 - covered)
         callee_ms[found_key].append(covered)
+        first = min(c.start_ns for c in called)
+        last = max(c.start_ns + round(c.total_ms * 1e6) for c in called)
+        sides[found_key][0].append(max(0, min(first, stage.end_ns) - stage.start_ns) / 1e6)
+        sides[found_key][1].append(max(0, stage.end_ns - max(last, stage.start_ns)) / 1e6)
     calling = {up for up, _ in made}
     for key, s in leaves.items():  # a call stage's spans that hold no called request: all own
         if key not in calling:  # (but a name the callees' stages share: theirs, not calls)
@@ -207,7 +252,7 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
                     own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
     # the share is of the name's spans in the calling service's requests (a chain's every hop)
     calls = [_call(key, n, in_service[(key[0], key[2])], key in own, own_ms[key], callee_ms[key],
-                   held[key], each_ms[key])
+                   held[key], each_ms[key], sides[key])
              for key, n in found.items() if n >= CALL_MIN_SHARE * in_service[(key[0], key[2])]]
     return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.caller)))
 
@@ -223,13 +268,17 @@ def covered_ms(start_ns: int, end_ns: int, intervals: Iterable[tuple[int, int]])
 
 
 def _call(key: tuple[str, str, str], n: int, spans: int, callee_stage: bool, own_ms: list[float],
-          callee_ms: list[float], held: list[int], each_ms: list[float]) -> Call:
+          callee_ms: list[float], held: list[int], each_ms: list[float],
+          sides: tuple[list[float], list[float]]) -> Call:
     """The :class:`Call` of ``key`` (stage, called service, calling service) from its values."""
     own = [percentile(own_ms, q) if own_ms else None for q in (5, 50, 95)]
     callee = [percentile(callee_ms, q) if callee_ms else None for q in (5, 95)]
     each = [percentile(each_ms, q) if each_ms else None for q in (5, 95)]
+    before = [percentile(sides[0], q) if sides[0] else None for q in (5, 95)]
+    after = [percentile(sides[1], q) if sides[1] else None for q in (5, 95)]
     return Call(key[0], key[1], n, spans, key[1] == key[2], callee_stage, caller=key[2],
                 own_p5_ms=own[0], own_median_ms=own[1], own_p95_ms=own[2],
                 callee_p5_ms=callee[0], callee_p95_ms=callee[1],
                 repeated=sum(k > min(held) for k in held) if held else 0,
-                each_p5_ms=each[0], each_p95_ms=each[1])
+                each_p5_ms=each[0], each_p95_ms=each[1], before_p5_ms=before[0],
+                before_p95_ms=before[1], after_p5_ms=after[0], after_p95_ms=after[1])

@@ -123,7 +123,7 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
 
 def calls_sql() -> str:
     """``stage, service, caller, calls, spans, shared_name, callee_stage, repeated, each_q,
-    own_q, callee_q``: as :func:`otel_stages.analysis.calls.remote_calls`, per called
+    own_q, callee_q, before_q, after_q``: as :func:`otel_stages.analysis.calls.remote_calls`, per called
     (``service``) and calling service (``caller``), most calls first: the stages whose calling
     spans reach :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the calling
     service's requests read. ``own_q``: the p5, median and p95 (ns, ``quantilesExactInclusive``:
@@ -133,7 +133,9 @@ def calls_sql() -> str:
     service that hold none (their whole duration; not for a name the callees' stages share:
     theirs). ``callee_q``: the p5 and p95 of the covered time over the former; ``repeated``: how
     many of the former hold more called requests than the fewest any of them holds; ``each_q``:
-    the p5 and p95 of each of their successful called requests' totals (ns)."""
+    the p5 and p95 of each of their successful called requests' totals (ns); ``before_q`` /
+    ``after_q``: the p5 and p95 of the own time before the first called request starts and after
+    the last one ends, over the same spans as ``callee_q`` (ns)."""
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.caller AS caller, c.trace_key AS tk, c.sid AS call,
         any(c.start) AS cs, any(c.dur) AS dur, count() AS k,
         groupArrayIf(r.total_ns, NOT r.error) AS totals,
@@ -149,6 +151,9 @@ def calls_sql() -> str:
     GROUP BY name, svc, caller, tk, call"""
     covered = ("arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0), least(v.2, cs + dur)"
                " - greatest(v.1, acc.2, cs)), greatest(acc.2, v.2)), iv, (toInt64(0), cs)).1")
+    # the own time before the first called request starts and after the last one ends
+    before = "greatest(toInt64(0), least(iv[1].1, cs + dur) - cs)"
+    after = "greatest(toInt64(0), cs + dur - greatest(arrayMax(arrayMap(v -> v.2, iv)), cs))"
     lone = (f"SELECT name, svc, groupArray(dur) AS durs FROM {SPANS_TABLE}"
             f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name, svc")
     # a name the callees' stages share is theirs unless their spans of it are calls themselves
@@ -160,13 +165,16 @@ def calls_sql() -> str:
     f.caller = f.svc AS shared_name, f.own AS callee_stage, f.repeated AS repeated, f.each_q AS each_q,
     arrayReduce('quantilesExactInclusive(0.05, 0.5, 0.95)',
                 arrayConcat(f.owns, if(f.own, [], l.durs))) AS own_q,
-    f.callee_q AS callee_q
+    f.callee_q AS callee_q, f.before_q AS before_q, f.after_q AS after_q
 FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns AS owns,
              g.callee_q AS callee_q, g.repeated AS repeated, g.each_q AS each_q,
+             g.before_q AS before_q, g.after_q AS after_q,
              toUInt8(g.named AND ifNull(ins.n, 0) > ifNull(cf.n, 0)) AS own
       FROM (SELECT name, svc, caller, count() AS n, max(o) AS named,
              groupArrayIf(dur - cov, steady) AS owns,
              quantilesExactInclusiveIf(0.05, 0.95)(cov, steady) AS callee_q,
+             quantilesExactInclusiveIf(0.05, 0.95)({before}, steady) AS before_q,
+             quantilesExactInclusiveIf(0.05, 0.95)({after}, steady) AS after_q,
              countIf(steady AND k > fewest) AS repeated,
              arrayReduce('quantilesExactInclusive(0.05, 0.95)', arrayFlatten(groupArrayIf(totals, steady)))
                  AS each_q

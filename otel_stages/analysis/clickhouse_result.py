@@ -247,11 +247,15 @@ def _call(row: Mapping[str, Any]) -> Call:
     """A ``calls`` row (:func:`otel_stages.analysis.clickhouse_calls.calls_sql`) as a :class:`Call`."""
     own, callee = [_ms(q) for q in row["own_q"]], [_ms(q) for q in row["callee_q"]]
     each = [_ms(q) for q in row.get("each_q") or (None, None)]
+    before = [_ms(q) for q in row.get("before_q") or (None, None)]
+    after = [_ms(q) for q in row.get("after_q") or (None, None)]
     return Call(str(row["stage"]), str(row["service"]), int(row["calls"]), int(row["spans"]),
                 bool(row["shared_name"]), bool(row["callee_stage"]),
                 own_p5_ms=own[0], own_median_ms=own[1], own_p95_ms=own[2],
                 callee_p5_ms=callee[0], callee_p95_ms=callee[1], repeated=int(row.get("repeated") or 0),
-                each_p5_ms=each[0], each_p95_ms=each[1], caller=str(row.get("caller") or ""))
+                each_p5_ms=each[0], each_p95_ms=each[1], caller=str(row.get("caller") or ""),
+                before_p5_ms=before[0], before_p95_ms=before[1], after_p5_ms=after[0],
+                after_p95_ms=after[1])
 
 
 def _ms(ns: Any) -> float | None:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
-from otel_stages.analysis.calls import Call, left_out
+from otel_stages.analysis.calls import SIDE_AFTER, SIDE_BEFORE, Call, left_out, own_side
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
@@ -539,7 +539,8 @@ def _call_line(fig: Figures, call: Call, own: bool, repeated: bool = False) -> s
                 " reading the response after it ends, or a call that reaches no request read here)"
                 " swings"
                 f" {d(call.own_p95_ms - call.own_p5_ms)} (p5 {d(call.own_p5_ms)} -> p95"
-                f" {d(call.own_p95_ms)}){theirs}: the wait is the caller's, so {call.stage} is"
+                f" {d(call.own_p95_ms)}){theirs}{_side_clause(call)}: the wait is the caller's,"
+                f" so {call.stage} is"
                 f" ranked as the caller's own time ({call.stage} swings {d(stage.swing_ms)}{also}"
                 + (f", its figures pooling the calls and the called requests' own {call.stage}"
                    " spans)" if call.callee_stage else ")"))
@@ -591,7 +592,29 @@ def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[
                 f"{call.stage}'s own time outside the requests it calls swings {d(own_swing)} too"
                 f" (p5 {d(call.own_p5_ms or 0.0)} -> p95 {d(call.own_p95_ms or 0.0)}), less than"
                 f" the {d(callee_swing)} of the time they cover: the caller's wait is a second place")
-            verdict.advice.append(advice_text.CALL_OWN.format(stage=call.stage))
+            verdict.advice.append(_call_own_advice(fig, call.stage, call))
+
+
+def _call_own_advice(fig: Figures, stage: str, call: Call | None = None) -> str:
+    """The advice on ``stage``'s own time (``call``: the call it is about, else the one of that
+    name with the most calls): where it swings when one side does (:func:`~otel_stages.analysis
+    .calls.own_side`), else every place it may wait."""
+    call = call or next((c for c in fig.calls if c.stage == stage), None)
+    side = None if call is None else own_side(call)
+    text = {SIDE_BEFORE: advice_text.CALL_OWN_BEFORE, SIDE_AFTER: advice_text.CALL_OWN_AFTER}.get(
+        side or "", advice_text.CALL_OWN)
+    return text.format(stage=stage)
+
+
+def _side_clause(call: Call) -> str:
+    """Where the call's own time swings, for its evidence line ('' when neither side alone)."""
+    side = own_side(call)
+    if side is None:
+        return ""
+    p5, p95 = ((call.before_p5_ms, call.before_p95_ms) if side == SIDE_BEFORE
+               else (call.after_p5_ms, call.after_p95_ms))
+    where = "before the called requests start" if side == SIDE_BEFORE else "after they end"
+    return f"; it swings {where} (p5 {duration(p5 or 0.0)} -> p95 {duration(p95 or 0.0)})"
 
 
 def _callee_stage_calls(fig: Figures) -> set[str]:
@@ -626,7 +649,7 @@ def _stage_cause(fig: Figures, name: str, own_calls: Container[str] = (),
         service = next((c.service for c in fig.calls if c.stage == name), "")
         return CAUSE_CALL, [advice_text.CALL_REPEATED.format(stage=name, service=service)], []
     if name in own_calls:
-        return CAUSE_CALL, [advice_text.CALL_OWN.format(stage=name)], []
+        return CAUSE_CALL, [_call_own_advice(fig, name)], []
     evidence = fig.stage_evidence.get(name)
     cause, mechanism = cause_for(name, fig.gpu, evidence.mechanisms if evidence else ())
     lines: list[str] = []
