@@ -361,9 +361,11 @@ def test_a_calls_own_wait_is_the_callers(engine: Any, tmp_path: Path, hops: int)
     own = next(e for e in v["evidence"] if e.startswith("POST is a call into"))
     assert "but its own time outside them" in own and "the wait is the caller's" in own
     assert v["advice"][0] == (f"report each service alone (otel-stages report ... --service {GATEWAY}:"
-                              " the calling service, where POST's swing lies; there POST is a stage of"
-                              f" its own, {WORKER}'s requests left out)")
-    assert v["advice"][1] == advice.CALL_OWN.format(stage="POST")
+                              " the calling service, where POST's swing lies, for its stages' figures"
+                              f" alone; there POST is one stage of its own, {WORKER}'s requests left"
+                              " out, so its split into the caller's wait and the called requests'"
+                              " time is this report's)")
+    assert v["advice"][1] == advice.CALL_OWN_BEFORE.format(stage="POST")  # (the pool's wait)
     assert _sql(engine, path)["verdict"] == v
 
 
@@ -403,7 +405,7 @@ def test_own_wait_with_the_call_named_forward(engine: Any, tmp_path: Path) -> No
     assert (v["cause"], v["stage"], v["tentative"]) == ("call", "forward", True)
     assert any(e.startswith("forward is a call into") and "its figures pooling the calls and the"
                " called requests' own forward spans" in e for e in v["evidence"])
-    assert v["advice"][1] == advice.CALL_OWN.format(stage="forward")
+    assert v["advice"][1] == advice.CALL_OWN_BEFORE.format(stage="forward")
     assert not any("GPU" in a for a in v["advice"])  # (the worker's cold start: warm-up advice)
     assert _sql(engine, path)["verdict"] == v
 
@@ -480,7 +482,7 @@ def test_both_sides_of_a_call_are_said(engine: Any, tmp_path: Path, pool_ms: flo
     else:
         assert any(e.startswith("POST's own time outside the requests it calls swings") and
                    e.endswith("the caller's wait is a second place") for e in v["evidence"])
-        assert advice.CALL_OWN.format(stage="POST") in v["advice"]
+        assert advice.CALL_OWN_BEFORE.format(stage="POST") in v["advice"]
     assert _sql(engine, path)["verdict"] == v
 
 

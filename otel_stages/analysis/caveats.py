@@ -488,8 +488,11 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
         called = max(mine, key=lambda c: (c.own_swing_ms or 0.0, c.repeated))
         first = called.caller or next(
             (name for name, _ in fig.services if name and name != called.service), None)
-        why = (f": the calling service, where {verdict.stage}'s swing lies; there {verdict.stage}"
-               f" is a stage of its own, {called.service}'s requests left out")
+        # (that report sees one stage: the split into the caller's wait and theirs is this one's)
+        why = (f": the calling service, where {verdict.stage}'s swing lies, for its stages' figures"
+               f" alone; there {verdict.stage} is one stage of its own, {called.service}'s requests"
+               f" left out, so its split into the caller's wait and the called requests' time is"
+               " this report's")
     elif called is not None and called.repeated and verdict.stage is None:  # (the count swings)
         first = next((name for name, _ in fig.services if name and name != called.service), None)
         why = f": the service whose {called.stage} calls {called.service} more than once in some requests"
