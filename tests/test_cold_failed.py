@@ -212,3 +212,36 @@ def test_one_of_two_requests_tied_at_the_start_is_cold_in_both_reports(engine, t
     assert got["verdict"] == want["verdict"]
     assert [(a["trace_id"], a["reason"]) for a in got["set_apart"]] == [
         (a["trace_id"], a["reason"]) for a in want["set_apart"]]
+
+
+# --- a failed first request that stopped on its input ------------------------------------------------
+
+
+@pytest.mark.parametrize("stage_name, counted", [
+    ("download", False),  # a ReadTimeout on a 5 s download: the network, not the cold start
+    ("decode", False),    # a decompression bomb after 5 s of decoding
+    ("resize", False),
+    ("queue", True),      # stuck behind the model load in the executor
+    ("forward", True),
+])
+def test_a_failed_cold_request_that_stopped_on_its_input_stays_out_in_both_reports(
+        engine, tmp_path: Path, stage_name: str, counted: bool) -> None:  # noqa: F811
+    """A tester's: a first request whose download timed out after 5 s read as a firm cold start
+    with model-load advice. A failed cold request counts only where it stopped past the input
+    stages (``cohorts.FAILED_COLD_INPUT_STAGES``)."""
+    def stages(i: int, r: random.Random) -> odd_inputs.Stages:
+        s = odd_inputs.normal(i, r)
+        if i == 0:  # the first request stops in stage_name after 5 s there
+            at = [n for n, _ in s].index(stage_name)
+            s = s[:at] + [(stage_name, 5000.0)]
+        return s
+    rows = odd_inputs.run(40, stages, seed=11)
+    for span in rows[0]:
+        if span["name"] in ("request", stage_name):
+            span["status"] = dict(_ERROR)
+    got, want = reports(engine, _file(tmp_path, rows))
+    for out in (got, want):
+        assert (out["cold_start"] is not None) is counted, out["cold_start"]
+        assert (out["verdict"]["cause"] == "cold_start") is counted
+        assert out["failures"]["cold"] == 1
+    assert got["verdict"] == want["verdict"]

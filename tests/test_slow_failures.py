@@ -139,7 +139,8 @@ def test_the_failures_object() -> None:
     got = failures_to_dict(_failing(16), 3.0)
     assert got == {"requests": 16, "share": 0.16, "kinds": {"TimeoutError": 16},
                    "stopped": {"last stage forward": 16}, "median_total_ms": 2000.0,
-                   "stages": TIMEOUT_STAGES, "stage": "forward", "slow": True, "leads": True}
+                   "stages": TIMEOUT_STAGES, "stage": "forward", "slow": True, "leads": True,
+                   "cold": 0}
     fast = failures_to_dict(_failing(16, total_ms=2.0), 3.0)
     assert fast is not None and fast["slow"] is False and fast["leads"] is False
     assert failures_to_dict(_failing(16), None)["slow"] is None  # type: ignore[index]

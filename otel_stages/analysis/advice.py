@@ -67,9 +67,10 @@ CALL_REPEATED = (
 )
 #: A cold request that failed after paying the cold start (figures.ColdFigures.failed).
 COLD_FAILED = (
-    "the first request failed during its cold start (its error says how: a client, proxy or server"
+    "a cold request failed during its cold start (its error says how: a client, proxy or server"
     " deadline shorter than the model load, or the load itself failing, e.g. out of memory): load"
-    " and warm the model before the readiness probe passes so no request meets the cold start"
+    " and warm the model before the process takes traffic (before its readiness probe passes, or"
+    " before a reloaded model is switched in) so no request meets the cold start"
 )
 WARM_UP = (
     "warm the model up at startup: run one dummy request before the readiness probe passes, so"

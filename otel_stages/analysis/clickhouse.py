@@ -261,8 +261,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     method = sql.quantile_function(query, warm)
     # cold requests that failed after paying the cold start count in the cold figures
     failed_cold = int(engine.rows(queries.failed_cold_count_sql(), None, settings)[0]["n"])
-    for statement in queries.failed_cold_statements(method, failed_cold > 0):
-        engine.execute(statement, None, settings)
+    for statement in queries.failed_cold_statements(tables.traces_ref, query, method, failed_cold > 0):
+        engine.execute(statement, sql.query_params(query), settings)
     gauge = metrics_table(engine, tables.database, tables.gauge)
     for statement, params in queries.prepare_statements(tables.traces_ref, gauge[0]["read"], query):
         engine.execute(statement, params, settings)

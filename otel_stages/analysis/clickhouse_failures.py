@@ -36,8 +36,16 @@ def failures_sql(traces: str, query: AggregateQuery) -> str:
     """Rows ``(kind, stopped, n)``: failed requests by error kind (``''``: none recorded) and by
     where they stopped (``''``: no stage span). Params: :func:`~otel_stages.analysis.
     clickhouse_sql.query_params`."""
+    return f"SELECT kind, stopped, count() AS n FROM ({stopped_sql(traces, query)}) GROUP BY kind, stopped"
+
+
+def stopped_sql(traces: str, query: AggregateQuery, which: str = "1") -> str:
+    """Rows ``(trace_key, span_key, kind, stopped)``, one per failed request with a request span
+    (and ``which``, a condition over the per-request table's columns): its error kind and where it
+    stopped (module docstring). Params: :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
     a = "SpanAttributes"
-    failed = f"SELECT trace_key, span_key FROM {REQUESTS_TABLE} WHERE is_request AND error AND span_key != 0"
+    failed = (f"SELECT trace_key, span_key FROM {REQUESTS_TABLE}"
+              f" WHERE is_request AND error AND span_key != 0 AND ({which})")
     # (1 sid, 2 pid, 3 name, 4 start, 5 end, 6 failed, 7 error.type, 8 exception.type)
     spans = f"""SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key,
         groupArray((reinterpretAsUInt64(unhex(SpanId)), reinterpretAsUInt64(unhex(ParentSpanId)),
@@ -51,8 +59,8 @@ def failures_sql(traces: str, query: AggregateQuery) -> str:
     WHERE {span_filter(query, odd=False)}
         AND reinterpretAsUInt128(unhex(TraceId)) IN (SELECT trace_key FROM ({failed}))
     GROUP BY trace_key"""
-    return f"""SELECT kind, stopped, count() AS n FROM (
-    SELECT f.span_key AS q, t.spans AS spans, t.pids AS pids,
+    return f"""SELECT trace_key, q AS span_key, kind, stopped FROM (
+    SELECT f.trace_key AS trace_key, f.span_key AS q, t.spans AS spans, t.pids AS pids,
         arrayMap(x -> x.1, arrayFilter(x -> x.2 = q AND x.3 NOT IN {_STD} AND has(pids, x.1), spans)) AS grp,
         arraySort(x -> (x.4, x.3), arrayFilter(x -> (x.2 = q OR has(grp, x.2)) AND NOT has(grp, x.1),
                                                spans)) AS leaves,
@@ -64,8 +72,7 @@ def failures_sql(traces: str, query: AggregateQuery) -> str:
                 notEmpty(leaves), concat('{LAST_STAGE}', arrayFirst(x -> x.5 = last_end, leaves).3),
                 '') AS stopped
     FROM ({failed}) AS f INNER JOIN ({spans}) AS t ON f.trace_key = t.trace_key
-)
-GROUP BY kind, stopped"""
+)"""
 
 
 def failed_times_sql(method: str) -> str:

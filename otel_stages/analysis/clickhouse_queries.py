@@ -30,6 +30,7 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis import clickhouse_issues as issues
+from otel_stages.analysis.clickhouse_failures import FAILED_IN, LAST_STAGE, stopped_sql
 from otel_stages.analysis.clickhouse_gpu_ids import MODEL_ENGINE, ambiguous_condition
 from otel_stages.analysis.clickhouse_requests import names_sql, request_window
 from otel_stages.analysis.clickhouse_sql import (
@@ -52,7 +53,7 @@ from otel_stages.analysis.clickhouse_sql import (
     utilization_reading,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
-from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS
+from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, FAILED_COLD_INPUT_STAGES
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.episode import EPISODE_BUCKETS
 from otel_stages.analysis.figures import COLD_UNTRACED
@@ -326,14 +327,17 @@ def failed_cold_count_sql() -> str:
     return f"SELECT countIf(is_request AND cold AND error) AS n FROM {R}"
 
 
-def failed_cold_statements(method: str, failed: bool) -> list[str]:
+def failed_cold_statements(traces: str, query: AggregateQuery, method: str, failed: bool
+                           ) -> list[str]:
     """(Re)create :data:`FAILED_COLD_TABLE` (``trace_key``, ``span_key``), after the warm flags:
     the cold requests that failed after running until at least their input's cold bar
     (:func:`otel_stages.analysis.cohorts.paid_min_ms` over the warm requests of their input when
     at least :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` share it, else over all
-    warm requests), as :func:`otel_stages.analysis.cohorts.failed_cold_paid`. ``failed``: whether
-    any cold request failed (:func:`failed_cold_count_sql`); without, the table stays empty and no
-    warm request is read."""
+    warm requests) and stopped past the input stages (where it stopped: :func:`~otel_stages
+    .analysis.clickhouse_failures.stopped_sql`), as :func:`otel_stages.analysis.cohorts
+    .failed_cold_paid`. ``failed``: whether any cold request failed (:func:`failed_cold_count_sql`);
+    without, the table stays empty and no span or warm request is read. Params:
+    :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
     out = [f"DROP TEMPORARY TABLE IF EXISTS {FAILED_COLD_TABLE}",
            f"CREATE TEMPORARY TABLE {FAILED_COLD_TABLE} (trace_key UInt128, span_key UInt64)"
            " ENGINE = Memory"]
@@ -341,8 +345,13 @@ def failed_cold_statements(method: str, failed: bool) -> list[str]:
         return out
     def bar(t: str) -> str:  # paid_min_ms over the warm requests summarised as t
         return f"{t}.q[2] + {COLD_START_MIN_RATIO - 1} * {t}.q[1]"
+    # stopped in an input stage (a network timeout, a bad image), or in no stage: not the cold start
+    stops = ", ".join(f"'{prefix}{name}'" for name in FAILED_COLD_INPUT_STAGES
+                      for prefix in (FAILED_IN, LAST_STAGE))
+    past_input = (f"SELECT trace_key, span_key FROM ({stopped_sql(traces, query, 'cold')})"
+                  f" WHERE stopped NOT IN ('', {stops})")
     mine = (f"SELECT trace_key, span_key, {_INPUT}, {_KNOWN} AS known, {_TOTAL_MS} AS ms"
-            f" FROM {R} WHERE is_request AND cold AND error")
+            f" FROM {R} WHERE is_request AND cold AND error AND (trace_key, span_key) IN ({past_input})")
     out.append(f"""INSERT INTO {FAILED_COLD_TABLE}
 WITH mine AS ({mine})
 SELECT f.trace_key, f.span_key

@@ -287,16 +287,34 @@ def cold_figures(
     )
 
 
+#: A failed cold request that stopped in one of these stages (its first failed stage span, else the
+#: stage span that ended last) failed on its input (a network timeout, a bad image), not on the
+#: cold start: it stays out of the cold figures (:func:`failed_cold_paid`).
+FAILED_COLD_INPUT_STAGES = (semconv.STAGE_DOWNLOAD, semconv.STAGE_DECODE, semconv.STAGE_RESIZE)
+
+
+def stopped_in(r: Request) -> str | None:
+    """The stage a failed request stopped in: its first failed stage span's, else the stage span
+    that ended last (``None``: no stage span), as the failures are counted."""
+    bad = [s for s in r.spans if s.error]
+    if bad:
+        return bad[0].name
+    return max(r.spans, key=lambda s: s.end_ns).name if r.spans else None
+
+
 def failed_cold_paid(cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys
                      ) -> list[Request]:
     """The failed ones among ``cold`` (cold requests, any state) that ran until at least the cold
     bar of their input (:func:`paid_min_ms` over the warm requests of their input when at least
     :data:`COMPARABLE_MIN_REQUESTS` decoded the same images, else over all ``warm``) before they
     failed: they paid the cold start (a model load that outlasted the client's deadline), so they
-    belong in the cold figures, their times a lower bound. One that failed sooner (a bad input, a
-    crash at start) says nothing about the cold start and stays out; the request after it may have
-    paid it (:data:`REASON_AFTER_FAILED_START`)."""
-    failed = [r for r in cold if r.error]
+    belong in the cold figures, their times a lower bound. One that failed sooner (a crash at
+    start), that stopped in an input stage (:data:`FAILED_COLD_INPUT_STAGES`: a download that
+    timed out, a decompression bomb) or in no stage, or that has no request span, says nothing
+    about the cold start and stays out; the request after it may have paid it
+    (:data:`REASON_AFTER_FAILED_START`)."""
+    failed = [r for r in cold if r.error and r.span_id
+              and stopped_in(r) not in (None, *FAILED_COLD_INPUT_STAGES)]
     if not failed or not warm:
         return []
     by_key = group(warm, keys)
