@@ -233,7 +233,7 @@ def test_a_failed_cold_request_that_stopped_on_its_input_stays_out_in_both_repor
         s = odd_inputs.normal(i, r)
         if i == 0:  # the first request stops in stage_name after 5 s there
             at = [n for n, _ in s].index(stage_name)
-            s = s[:at] + [(stage_name, 5000.0)]
+            s = [*s[:at], (stage_name, 5000.0)]
         return s
     rows = odd_inputs.run(40, stages, seed=11)
     for span in rows[0]:

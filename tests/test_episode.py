@@ -24,6 +24,7 @@ from otel_stages.analysis.episode import (
     bucket_of,
     episode_advice,
     find_episode,
+    steady_outside,
 )
 from tests import odd_inputs
 from tests.test_clickhouse_issues import engine, reports  # noqa: F401 - the chDB fixture
@@ -56,7 +57,10 @@ def test_too_few_slow_requests_are_no_episode(slow_requests: int, found: bool) -
     e = _find({3: slow_requests})
     assert (e is not None) is found
     if e is not None:
-        assert e.at_start and e.start_ns == T0 and e.slow_in == e.slow == 10
+        assert e.at_start and e.slow_in == e.slow == 10
+        # said from the first to the last bucket that holds slow requests, not the window's edges
+        assert (e.start_ns, e.end_ns) == (T0 + 3 * 10**9, T0 + 4 * 10**9)
+        assert (e.bucket_lo, e.bucket_hi) == (0, WINDOW)
 
 
 @pytest.mark.parametrize("inside, found", [(31, False), (32, True)])  # of 40: 0.775 / 0.8
@@ -70,7 +74,8 @@ def test_most_slow_requests_fall_in_the_window(inside: int, found: bool) -> None
     if e is not None:
         assert (e.slow_in, e.slow, e.at_start) == (32, 40, False)
         start = 40 - WINDOW + 1  # the earliest window holding bucket 40
-        assert e.start_ns == T0 + start * 10**9 and e.end_ns == T0 + (start + WINDOW) * 10**9
+        assert (e.bucket_lo, e.bucket_hi) == (start, start + WINDOW)
+        assert e.start_ns == T0 + 40 * 10**9 and e.end_ns == T0 + 41 * 10**9
 
 
 @pytest.mark.parametrize("span, found", [(25, True), (26, False)])
@@ -96,7 +101,7 @@ def test_requests_crowding_in_the_window_are_no_episode() -> None:
 
 def test_the_earliest_window_wins_a_tie() -> None:
     e = _find({30: 20})  # every window holding bucket 30 holds them all: the earliest is taken
-    assert e is not None and e.start_ns == T0 + (30 - WINDOW + 1) * 10**9
+    assert e is not None and e.bucket_lo == 30 - WINDOW + 1
 
 
 # --- the verdict ---------------------------------------------------------------------------------
@@ -104,8 +109,10 @@ def test_the_earliest_window_wins_a_tie() -> None:
 
 def _episode(at_start: bool) -> Episode:
     start = T0 if at_start else T0 + 40 * 10**9
+    lo = 0 if at_start else 40
     return Episode(start_ns=start, end_ns=start + WINDOW * 10**9, slow_in=60, slow=60,
-                   requests_in=70, requests=299, slow_min_ms=142.9, first_ns=T0, last_ns=LAST)
+                   requests_in=70, requests=299, slow_min_ms=142.9, first_ns=T0, last_ns=LAST,
+                   bucket_lo=lo, bucket_hi=lo + WINDOW)
 
 
 @pytest.mark.parametrize("at_start", [True, False])
@@ -162,3 +169,52 @@ def test_an_episode_in_the_middle_in_both_reports(engine, tmp_path: Path) -> Non
     v = want["verdict"]
     assert v["tentative"] and v["evidence"][0].startswith("the swing is an episode: 50 of the 50")
     assert v["advice"][0].startswith("look at what ran on these hosts then")
+
+
+# --- what is no episode ------------------------------------------------------------------------------
+
+
+def test_steady_outside_is_judged_against_the_band() -> None:
+    e = _episode(True)
+    assert steady_outside(e, 10.0, 10.0) is e
+    assert steady_outside(e, 10.01, 10.0) is None
+    assert steady_outside(e, None, 10.0) is None and steady_outside(None, 1.0, 10.0) is None
+
+
+def test_a_load_rising_over_the_run_is_no_episode_in_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
+    """The queue wait rises from 2 to 120 ms over the run: the slow requests are its last quarter,
+    but the requests before them are no steady run (they swing beyond the band): no episode."""
+    def stages(i: int, r: random.Random) -> odd_inputs.Stages:
+        s = odd_inputs.normal(i, r)
+        s[3] = ("queue", 2.0 + 118.0 * i / 240)
+        return s
+    got, want = reports(engine, odd_inputs.write(tmp_path / "ramp.jsonl", odd_inputs.run(240, stages)))
+    assert got["verdict"] == want["verdict"]
+    assert (want["verdict"]["cause"], want["verdict"]["tentative"]) == ("queue", False)
+    assert not any("episode" in e for e in want["verdict"]["evidence"])
+
+
+def test_inputs_sent_only_for_a_while_lead_over_the_episode(engine, tmp_path: Path) -> None:  # noqa: F811
+    """A tester's: large images sent only during one stretch; the input mix explains the swing,
+    so its line leads and the episode is not said (was: "look at what ran on these hosts")."""
+    rows = _run(set(range(150, 200)))
+    for i, spans in enumerate(rows):
+        size = (1920, 1080) if 150 <= i < 200 else (640, 480)
+        decode = next(s for s in spans if s["name"] == "decode")
+        decode["attributes"] += [odd_inputs._attr("image.width", size[0]),
+                                 odd_inputs._attr("image.height", size[1])]
+    got, want = reports(engine, odd_inputs.write(tmp_path / "inputs.jsonl", rows))
+    assert got["verdict"] == want["verdict"]
+    assert want["input_mix_explains"] > 0.5
+    assert not any("episode" in e for e in want["verdict"]["evidence"])
+
+
+@pytest.mark.parametrize("explains, said", [(0.499, True), (0.5, False)])
+def test_a_process_that_explains_the_swing_leads_over_the_episode(explains: float, said: bool) -> None:
+    """A tester's: a slower replica alive only for a while; where the processes explain the swing
+    (``PROCESS_MIX_DOMINATES``), their line leads and the episode is not said."""
+    from tests.test_process_mix import _mix
+    fig = replace(figures(stage("forward", 100.0, explains=0.9), total_swing=100.0),
+                  episode=_episode(False), process_mix=_mix(explains))
+    v = decide(fig)
+    assert any(e.startswith("the swing is an episode") for e in v.evidence) is said

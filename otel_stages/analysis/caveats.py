@@ -372,12 +372,13 @@ def warmup_caveat(verdict: Verdict, fig: Figures) -> None:
     verdict.advice.insert(0, advice)
 
 
-def episode_caveat(verdict: Verdict, fig: Figures) -> None:
+def episode_caveat(verdict: Verdict, fig: Figures, *, explained: bool = False) -> None:
     """Tentative, the episode's line and advice first, when the verdict is on a warm swing and
     its slow requests fall in one stretch of the run (``Figures.episode``,
-    :mod:`otel_stages.analysis.episode`)."""
+    :mod:`otel_stages.analysis.episode`); not when the input mix or the processes explain the
+    swing (``explained``: their lines lead)."""
     e = fig.episode
-    if e is None or verdict.cause in (None, CAUSE_STABLE, CAUSE_COLD_START):
+    if e is None or explained or verdict.cause in (None, CAUSE_STABLE, CAUSE_COLD_START):
         return
     verdict.tentative = True
     verdict.evidence.insert(0, episode_line(e))

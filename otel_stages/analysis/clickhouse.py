@@ -42,7 +42,7 @@ from otel_stages.analysis.clickhouse_engine import Target as Target
 from otel_stages.analysis.clickhouse_engine import connect as connect
 from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
-from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates
+from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates, episode_of
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.process_mix import PROCESS_MIX_DOMINATES
 from otel_stages.analysis.sampled import is_sampled
@@ -309,6 +309,11 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if head.total is not None and band is not None:  # do the slow requests fall in one stretch?
         results["episode"] = engine.rows(queries.episode_sql(),
                                          {"slow_min_ms": head.total.median_ms + band}, settings)
+        window = episode_of(results["episode"])
+        if window is not None:  # and are the requests outside it steady?
+            results["episode_outside"] = engine.rows(
+                queries.episode_outside_sql(method),
+                {"lo": window.bucket_lo, "hi": window.bucket_hi, "band_ms": band}, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None

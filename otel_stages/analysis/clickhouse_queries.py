@@ -34,6 +34,7 @@ from otel_stages.analysis.clickhouse_failures import FAILED_IN, LAST_STAGE, stop
 from otel_stages.analysis.clickhouse_gpu_ids import MODEL_ENGINE, ambiguous_condition
 from otel_stages.analysis.clickhouse_requests import names_sql, request_window
 from otel_stages.analysis.clickhouse_sql import (
+    DD_RELATIVE_ACCURACY,
     FORMATS_TABLE,
     GPU_BUCKET_NS,
     GPU_OWNERS_TABLE,
@@ -613,6 +614,22 @@ def episode_sql() -> str:
 FROM (SELECT start_ns, total_ns FROM {R} WHERE warm) AS w
 CROSS JOIN (SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm) AS s
 GROUP BY b ORDER BY b"""
+
+
+def episode_outside_sql(method: str) -> str:
+    """One row: ``swing_ms``, the p95 - p5 of the totals of the warm requests outside the buckets
+    ``{lo:UInt32}`` .. ``{hi:UInt32}`` (excluded) of :func:`episode_sql` (``method``: the quantile
+    function), and ``band_ms``, the ``{band_ms:Float64}`` it is judged against
+    (:func:`otel_stages.analysis.episode.steady_outside`); no row without such requests."""
+    q = ("quantilesExactInclusive(0.05, 0.95)" if method == "exact"
+         else f"quantilesDD({DD_RELATIVE_ACCURACY}, 0.05, 0.95)")
+    return f"""SELECT q[2] - q[1] AS swing_ms, {{band_ms:Float64}} AS band_ms
+FROM (SELECT {q}(w.total_ns / 1e6) AS q, count() AS n
+      FROM (SELECT start_ns, total_ns FROM {R} WHERE warm) AS w
+      CROSS JOIN (SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm) AS s
+      WHERE NOT (intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) >= {{lo:UInt32}}
+                 AND intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) < {{hi:UInt32}}))
+WHERE n > 0"""
 
 
 def slow_forwards_sql() -> str:

@@ -37,7 +37,7 @@ from otel_stages.analysis.clickhouse_sql import (
     LEVELS,
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
-from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, find_episode
+from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, find_episode, steady_outside
 from otel_stages.analysis.figures import COLD_UNTRACED, PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
@@ -950,13 +950,25 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),
         sampling=sampling_of(results.get("seq_coverage"), results.get("sampling_kept"),
                              results.get("sampling_unbiased")),
-        episode=episode_of(results.get("episode")),
+        episode=steady_episode(results.get("episode"), results.get("episode_outside")),
     )
+
+
+def steady_episode(rows: Rows | None, outside: Rows | None) -> Episode | None:
+    """:func:`episode_of` when the warm requests outside its window are steady
+    (:func:`~otel_stages.analysis.episode.steady_outside` on the answer row of
+    :func:`~otel_stages.analysis.clickhouse_queries.episode_outside_sql`)."""
+    if not outside:
+        return None
+    swing = float(outside[0]["swing_ms"])
+    return steady_outside(episode_of(rows), swing if math.isfinite(swing) else None,
+                          float(outside[0]["band_ms"]))
 
 
 def episode_of(rows: Rows | None) -> Episode | None:
     """:func:`~otel_stages.analysis.episode.find_episode` over the answer rows of
-    :func:`~otel_stages.analysis.clickhouse_queries.episode_sql` (``None``: not read)."""
+    :func:`~otel_stages.analysis.clickhouse_queries.episode_sql` (``None``: not read, or none: a
+    candidate, before :func:`steady_episode` looks outside it)."""
     if not rows:
         return None
     n, slow = [0] * EPISODE_BUCKETS, [0] * EPISODE_BUCKETS

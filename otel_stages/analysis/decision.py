@@ -332,7 +332,8 @@ def decide(fig: Figures) -> Verdict:
     if swings is not False:
         _steady_inputs_caveat(verdict, fig)
         _process_caveat(verdict, fig)
-        episode_caveat(verdict, fig)
+        episode_caveat(verdict, fig, explained=_mix_dominates(fig) or bool(
+            fig.process_mix is not None and fig.process_mix.dominates))
     warmup_caveat(verdict, fig)
     outlived_caveat(verdict, fig, band.band_ms)
     before_caveat(verdict, fig, band.band_ms)

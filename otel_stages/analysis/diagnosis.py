@@ -35,7 +35,7 @@ from otel_stages.analysis.cohorts import (
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide, verdict_band_ms
-from otel_stages.analysis.episode import Episode, bucket_counts, find_episode
+from otel_stages.analysis.episode import Episode, bucket_counts, bucket_of, find_episode, steady_outside
 from otel_stages.analysis.evidence import stage_evidence
 from otel_stages.analysis.failures import KIND_UNKNOWN, failures_to_dict
 from otel_stages.analysis.figures import (
@@ -267,17 +267,24 @@ def _warm(
         services=() if verdict_only else services_of([*warm, *cold]),
         service_requests=0 if verdict_only else len(warm) + len(cold),
         episode=None if verdict_only or total_fig is None or band is None else _episode(
-            warm, total_fig.median_ms + band),
+            warm, total_fig.median_ms, band),
     )
     return _Warm(stages, total, gap, gpu, cold_fig, figures, signals)
 
 
-def _episode(warm: Sequence[Request], slow_min_ms: float) -> Episode | None:
-    """The stretch of the run holding the warm requests slower than ``slow_min_ms`` (the median
-    total plus the verdict's band), if they fall in one (:mod:`otel_stages.analysis.episode`)."""
+def _episode(warm: Sequence[Request], median_ms: float, band_ms: float) -> Episode | None:
+    """The stretch of the run holding the warm requests slower than the median total plus the
+    verdict's band, if they fall in one and the rest are steady
+    (:mod:`otel_stages.analysis.episode`)."""
     n, slow, first, last = bucket_counts([r.start_ns for r in warm], [r.total_ms for r in warm],
-                                         slow_min_ms)
-    return find_episode(n, slow, first, last, slow_min_ms)
+                                         median_ms + band_ms)
+    e = find_episode(n, slow, first, last, median_ms + band_ms)
+    if e is None:
+        return None
+    outside = [r.total_ms for r in warm
+               if not e.bucket_lo <= bucket_of(r.start_ns, first, last) < e.bucket_hi]
+    swing = percentile(outside, 95) - percentile(outside, 5) if outside else None
+    return steady_outside(e, swing, band_ms)
 
 
 def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:

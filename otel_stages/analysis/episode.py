@@ -13,9 +13,14 @@ plus the verdict's noise band: the requests that make the swing). The window of
 :data:`EPISODE_MAX_SPAN_SHARE` of the buckets that holds the most slow requests (the earliest on a
 tie) is an episode when it holds at least :data:`EPISODE_MIN_SLOW_SHARE` of them, at most
 :data:`EPISODE_MAX_REQUEST_SHARE` of all warm requests (else the requests themselves crowd there,
-not the slow ones), and there are at least :data:`EPISODE_MIN_SLOW` slow requests (fewer fall
-together by chance). Then the verdict is tentative, the evidence says when, and the advice is to
-look at what ran then.
+not the slow ones), there are at least :data:`EPISODE_MIN_SLOW` slow requests (fewer fall
+together by chance), and the warm requests outside the window are steady: their total swings
+(p95 - p5) within the noise band (:func:`steady_outside`; a load that rises over the run puts its
+slow requests at the end too, but the requests before them are no steady run). Then the verdict
+is tentative, the evidence says when (the first to the last bucket of the window that holds slow
+requests), and the advice is to look at what ran then; unless the input mix or the processes
+explain the swing (a large input sent only for a while, a slower replica alive only for a while):
+their lines lead and the episode is not said.
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ _WINDOW = round(EPISODE_BUCKETS * EPISODE_MAX_SPAN_SHARE)
 @dataclass(frozen=True)
 class Episode:
     """The stretch of the run that holds the slow warm requests: ``start_ns`` .. ``end_ns`` (Unix
-    ns; bucket edges), ``slow_in`` of the ``slow`` requests (total above ``slow_min_ms``) and
-    ``requests_in`` of the ``requests`` warm requests started in it; ``first_ns`` / ``last_ns``:
-    the first and last warm start; ``at_start``: it begins with the first bucket."""
+    ns; the edges of the first and last bucket of the window that hold slow requests), ``slow_in`` of
+    the ``slow`` requests (total above ``slow_min_ms``) and ``requests_in`` of the ``requests`` warm
+    requests started in the window, buckets ``bucket_lo`` .. ``bucket_hi`` (excluded);
+    ``first_ns`` / ``last_ns``: the first and last warm start; ``at_start``: it begins with the
+    bucket of the run's window (the slow requests lie in its first quarter)."""
 
     start_ns: int
     end_ns: int
@@ -56,11 +63,13 @@ class Episode:
     slow_min_ms: float
     first_ns: int
     last_ns: int
+    bucket_lo: int = 0
+    bucket_hi: int = 0
 
     @property
     def at_start(self) -> bool:
-        """The episode begins with the run's first warm requests."""
-        return self.start_ns == self.first_ns
+        """The episode's window begins with the run's first warm requests."""
+        return self.bucket_lo == 0
 
     def to_dict(self) -> dict[str, object]:
         """JSON form (the report's ``episode``)."""
@@ -106,10 +115,21 @@ def find_episode(n: Sequence[int], slow: Sequence[int], first_ns: int, last_ns: 
     if best < EPISODE_MIN_SLOW_SHARE * slow_total or requests_in > EPISODE_MAX_REQUEST_SHARE * requests:
         return None
     width = last_ns - first_ns + 1
-    return Episode(start_ns=first_ns + at * width // EPISODE_BUCKETS,
-                   end_ns=first_ns + (at + _WINDOW) * width // EPISODE_BUCKETS,
+    held = [b for b in range(at, at + _WINDOW) if slow[b]]
+    return Episode(start_ns=first_ns + held[0] * width // EPISODE_BUCKETS,
+                   end_ns=first_ns + (held[-1] + 1) * width // EPISODE_BUCKETS,
                    slow_in=best, slow=slow_total, requests_in=requests_in, requests=requests,
-                   slow_min_ms=slow_min_ms, first_ns=first_ns, last_ns=last_ns)
+                   slow_min_ms=slow_min_ms, first_ns=first_ns, last_ns=last_ns,
+                   bucket_lo=at, bucket_hi=at + _WINDOW)
+
+
+def steady_outside(episode: Episode | None, outside_swing_ms: float | None, band_ms: float
+                   ) -> Episode | None:
+    """``episode`` when the warm requests outside its window swing (total p95 - p5,
+    ``outside_swing_ms``) within ``band_ms`` (the verdict's noise band), else ``None``."""
+    if episode is None or outside_swing_ms is None or outside_swing_ms > band_ms:
+        return None
+    return episode
 
 
 def _clock(ns: int) -> datetime.datetime:
@@ -123,9 +143,10 @@ def episode_line(e: Episode) -> str:
     return (f"the swing is an episode: {e.slow_in} of the {e.slow} slow warm requests (total above"
             f" {e.slow_min_ms:.1f} ms: the median plus the noise band) started between"
             f" {start:%Y-%m-%d %H:%M:%S} and {end:%H:%M:%S} UTC ({(e.start_ns - e.first_ns) / 1e9:.0f} s"
-            f" .. {(e.end_ns - e.first_ns) / 1e9:.0f} s of the {run_s:.0f} s of warm requests),"
-            f" a stretch that holds {pct(e.requests_in / e.requests)} of the warm requests; outside it"
-            " few are slow, so the verdict is tentative: it may not hold for the rest of the run")
+            f" .. {(e.end_ns - e.first_ns) / 1e9:.0f} s of the {run_s:.0f} s of warm requests), a"
+            f" stretch of {pct(e.requests_in / e.requests)} of the warm requests or less; outside it"
+            " the requests are steady (their total swings within the noise band), so the verdict is"
+            " tentative: it may not hold for the rest of the run")
 
 
 def episode_advice(e: Episode) -> str:
