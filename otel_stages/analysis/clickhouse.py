@@ -313,7 +313,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         if window is not None:  # and are the requests outside it steady?
             results["episode_outside"] = engine.rows(
                 queries.episode_outside_sql(method),
-                {"lo": window.bucket_lo, "hi": window.bucket_hi, "band_ms": band}, settings)
+                {"lo": window.bucket_lo, "hi": window.bucket_hi, "band_ms": band,
+                 "slow_min_ms": window.slow_min_ms}, settings)
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None

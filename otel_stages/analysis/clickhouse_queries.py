@@ -602,33 +602,44 @@ FROM (
 ) SETTINGS max_bytes_before_external_group_by = {QUEUE_SPILL_BYTES}"""
 
 
+#: The warm requests with their bucket in their process's run (episode.buckets), a subquery.
+_EPISODE_BUCKETS = f"""(SELECT w.proc AS proc, w.start_ns AS start_ns, w.total_ns AS total_ns,
+        intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) AS b
+    FROM (SELECT proc, start_ns, total_ns FROM {R} WHERE warm) AS w
+    INNER JOIN (SELECT proc, min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm GROUP BY proc)
+        AS s ON w.proc = s.proc)"""
+
+
 def episode_sql() -> str:
-    """Per bucket ``b`` of the warm requests' start times (:func:`otel_stages.analysis.episode
-    .bucket_of`: ``first_ns`` .. ``last_ns`` cut into
-    :data:`~otel_stages.analysis.episode.EPISODE_BUCKETS`), ``n`` warm requests and ``slow``, those
-    whose total is above ``{slow_min_ms:Float64}`` (``slow_min_ms``, repeated on every row); buckets
+    """Per bucket ``b`` of the warm requests' start times in their process's run
+    (:func:`otel_stages.analysis.episode.buckets`), ``n`` warm requests and ``slow``, those whose
+    total is above ``{slow_min_ms:Float64}`` (``slow_min_ms``, repeated on every row); buckets
     without requests give no row."""
-    return f"""SELECT intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) AS b, count() AS n,
-    countIf(w.total_ns / 1e6 > {{slow_min_ms:Float64}}) AS slow, any(s.lo) AS first_ns,
-    any(s.hi) AS last_ns, {{slow_min_ms:Float64}} AS slow_min_ms
-FROM (SELECT start_ns, total_ns FROM {R} WHERE warm) AS w
-CROSS JOIN (SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm) AS s
+    return f"""SELECT b, count() AS n, countIf(total_ns / 1e6 > {{slow_min_ms:Float64}}) AS slow,
+    {{slow_min_ms:Float64}} AS slow_min_ms
+FROM {_EPISODE_BUCKETS}
 GROUP BY b ORDER BY b"""
 
 
 def episode_outside_sql(method: str) -> str:
     """One row: ``swing_ms``, the p95 - p5 of the totals of the warm requests outside the buckets
     ``{lo:UInt32}`` .. ``{hi:UInt32}`` (excluded) of :func:`episode_sql` (``method``: the quantile
-    function), and ``band_ms``, the ``{band_ms:Float64}`` it is judged against
-    (:func:`otel_stages.analysis.episode.steady_outside`); no row without such requests."""
-    q = ("quantilesExactInclusive(0.05, 0.95)" if method == "exact"
-         else f"quantilesDD({DD_RELATIVE_ACCURACY}, 0.05, 0.95)")
-    return f"""SELECT q[2] - q[1] AS swing_ms, {{band_ms:Float64}} AS band_ms
-FROM (SELECT {q}(w.total_ns / 1e6) AS q, count() AS n
-      FROM (SELECT start_ns, total_ns FROM {R} WHERE warm) AS w
-      CROSS JOIN (SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm) AS s
-      WHERE NOT (intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) >= {{lo:UInt32}}
-                 AND intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) < {{hi:UInt32}}))
+    function), ``band_ms``, the ``{band_ms:Float64}`` it is judged against; of the slow requests
+    (total above ``{slow_min_ms:Float64}``) in those buckets, the first and last start
+    (``first_ns``, ``last_ns``), how many processes they ran in (``slow_procs``) and one of them
+    (``one_proc``); and how many processes the warm requests ran in (``procs``)
+    (:func:`otel_stages.analysis.episode.confirm`). No row without requests outside."""
+    q = ("quantilesExactInclusiveIf(0.05, 0.95)" if method == "exact"
+         else f"quantilesDDIf({DD_RELATIVE_ACCURACY}, 0.05, 0.95)")
+    inside = "b >= {lo:UInt32} AND b < {hi:UInt32}"
+    slow = f"{inside} AND total_ns / 1e6 > {{slow_min_ms:Float64}}"
+    return f"""SELECT q[2] - q[1] AS swing_ms, {{band_ms:Float64}} AS band_ms, first_ns, last_ns,
+    slow_procs, one_proc, procs
+FROM (SELECT {q}(total_ns / 1e6, NOT ({inside})) AS q, countIf(NOT ({inside})) AS n,
+          minIf(start_ns, {slow}) AS first_ns, maxIf(start_ns, {slow}) AS last_ns,
+          uniqExactIf(proc, {slow}) AS slow_procs, anyIf(proc, {slow}) AS one_proc,
+          uniqExact(proc) AS procs
+      FROM {_EPISODE_BUCKETS})
 WHERE n > 0"""
 
 

@@ -37,7 +37,7 @@ from otel_stages.analysis.clickhouse_sql import (
     LEVELS,
 )
 from otel_stages.analysis.decision import MIN_WARM_RUNS
-from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, find_episode, steady_outside
+from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, confirm, find_episode
 from otel_stages.analysis.figures import COLD_UNTRACED, PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
@@ -955,27 +955,28 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
 
 
 def steady_episode(rows: Rows | None, outside: Rows | None) -> Episode | None:
-    """:func:`episode_of` when the warm requests outside its window are steady
-    (:func:`~otel_stages.analysis.episode.steady_outside` on the answer row of
-    :func:`~otel_stages.analysis.clickhouse_queries.episode_outside_sql`)."""
+    """:func:`episode_of` confirmed by the answer row of
+    :func:`~otel_stages.analysis.clickhouse_queries.episode_outside_sql`
+    (:func:`~otel_stages.analysis.episode.confirm`)."""
     if not outside:
         return None
-    swing = float(outside[0]["swing_ms"])
-    return steady_outside(episode_of(rows), swing if math.isfinite(swing) else None,
-                          float(outside[0]["band_ms"]))
+    o = outside[0]
+    swing = float(o["swing_ms"])
+    one = str(o["one_proc"]) if int(o["slow_procs"]) == 1 and int(o["procs"]) > 1 else ""
+    return confirm(episode_of(rows), swing if math.isfinite(swing) else None, float(o["band_ms"]),
+                   start_ns=int(o["first_ns"]), end_ns=int(o["last_ns"]), process=one)
 
 
 def episode_of(rows: Rows | None) -> Episode | None:
     """:func:`~otel_stages.analysis.episode.find_episode` over the answer rows of
-    :func:`~otel_stages.analysis.clickhouse_queries.episode_sql` (``None``: not read, or none: a
-    candidate, before :func:`steady_episode` looks outside it)."""
+    :func:`~otel_stages.analysis.clickhouse_queries.episode_sql` (``None``: not read, or none): a
+    candidate, before :func:`steady_episode` looks outside it."""
     if not rows:
         return None
     n, slow = [0] * EPISODE_BUCKETS, [0] * EPISODE_BUCKETS
     for r in rows:
         n[int(r["b"])], slow[int(r["b"])] = int(r["n"]), int(r["slow"])
-    return find_episode(n, slow, int(rows[0]["first_ns"]), int(rows[0]["last_ns"]),
-                        float(rows[0]["slow_min_ms"]))
+    return find_episode(n, slow, float(rows[0]["slow_min_ms"]))
 
 
 def window_edge_of(row: Mapping[str, Any] | None) -> WindowEdge:

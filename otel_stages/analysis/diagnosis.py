@@ -35,7 +35,7 @@ from otel_stages.analysis.cohorts import (
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
 from otel_stages.analysis.decision import MIN_WARM_RUNS, decide, verdict_band_ms
-from otel_stages.analysis.episode import Episode, bucket_counts, bucket_of, find_episode, steady_outside
+from otel_stages.analysis.episode import Episode, bucket_counts, buckets, confirm, find_episode
 from otel_stages.analysis.evidence import stage_evidence
 from otel_stages.analysis.failures import KIND_UNKNOWN, failures_to_dict
 from otel_stages.analysis.figures import (
@@ -276,15 +276,18 @@ def _episode(warm: Sequence[Request], median_ms: float, band_ms: float) -> Episo
     """The stretch of the run holding the warm requests slower than the median total plus the
     verdict's band, if they fall in one and the rest are steady
     (:mod:`otel_stages.analysis.episode`)."""
-    n, slow, first, last = bucket_counts([r.start_ns for r in warm], [r.total_ms for r in warm],
-                                         median_ms + band_ms)
-    e = find_episode(n, slow, first, last, median_ms + band_ms)
+    slow_min = median_ms + band_ms
+    procs = process_keys(warm)
+    at = buckets([r.start_ns for r in warm], procs)
+    e = find_episode(*bucket_counts(at, [r.total_ms for r in warm], slow_min), slow_min)
     if e is None:
         return None
-    outside = [r.total_ms for r in warm
-               if not e.bucket_lo <= bucket_of(r.start_ns, first, last) < e.bucket_hi]
-    swing = percentile(outside, 95) - percentile(outside, 5) if outside else None
-    return steady_outside(e, swing, band_ms)
+    outside = [r.total_ms for r, b in zip(warm, at) if not e.holds(b)]
+    held = [(r, p) for r, b, p in zip(warm, at, procs) if e.holds(b) and r.total_ms > slow_min]
+    ran_in = {p for _, p in held}
+    return confirm(e, percentile(outside, 95) - percentile(outside, 5) if outside else None, band_ms,
+                   start_ns=min(r.start_ns for r, _ in held), end_ns=max(r.start_ns for r, _ in held),
+                   process=next(iter(ran_in)) if len(ran_in) == 1 and len(set(procs)) > 1 else "")
 
 
 def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:

@@ -6,28 +6,33 @@ steady after; the report called the swing firmly and advised on what varies betw
 every minute swung alike. The swing was real, but it was an episode, and a fix for steady-state
 variability may not be needed.
 
-The rule (pure; both reports feed it the same counts): the warm requests' start times, from the
-first warm start to the last, are cut into :data:`EPISODE_BUCKETS` equal buckets; per bucket, how
-many warm requests started and how many of them were *slow* (their total above the warm median
-plus the verdict's noise band: the requests that make the swing). The window of
-:data:`EPISODE_MAX_SPAN_SHARE` of the buckets that holds the most slow requests (the earliest on a
-tie) is an episode when it holds at least :data:`EPISODE_MIN_SLOW_SHARE` of them, at most
-:data:`EPISODE_MAX_REQUEST_SHARE` of all warm requests (else the requests themselves crowd there,
-not the slow ones), there are at least :data:`EPISODE_MIN_SLOW` slow requests (fewer fall
-together by chance), and the warm requests outside the window are steady: their total swings
-(p95 - p5) within the noise band (:func:`steady_outside`; a load that rises over the run puts its
-slow requests at the end too, but the requests before them are no steady run). Then the verdict
-is tentative, the evidence says when (the first to the last bucket of the window that holds slow
-requests), and the advice is to look at what ran then; unless the input mix or the processes
-explain the swing (a large input sent only for a while, a slower replica alive only for a while):
-their lines lead and the episode is not said.
+The rule (pure; both reports feed it the same counts): each process's warm requests' start times,
+from its first warm start to its last, are cut into :data:`EPISODE_BUCKETS` equal buckets (so a
+stretch is a part of each process's run: replicas started at different times that each run slow
+for their first minute meet in the first buckets, and a few requests recorded a day earlier by
+another instance stretch no one's run); per bucket, how many warm requests started and how many
+of them were *slow* (their total above the warm median plus the verdict's noise band: the
+requests that make the swing). The window of :data:`EPISODE_MAX_SPAN_SHARE` of the buckets that
+holds the most slow requests (the earliest on a tie) is a candidate when it holds at least
+:data:`EPISODE_MIN_SLOW_SHARE` of them, at most :data:`EPISODE_MAX_REQUEST_SHARE` of all warm
+requests (else the requests themselves crowd there, not the slow ones), the requests arrive less
+than :data:`EPISODE_MAX_RATE_RATIO` times as fast where the slow ones are as outside the window
+(else a load burst), and there are at least :data:`EPISODE_MIN_SLOW` slow requests (fewer fall
+together by chance). It is an episode
+(:func:`confirm`) when the warm requests outside the window are steady: their total swings (p95 -
+p5) within the noise band (a load that rises over the run puts its slow requests at the end too,
+but the requests before them are no steady run). Then the verdict is tentative, the evidence says
+when (the first and last start of the slow requests in the window, and which process when they
+are all one's of several), and the advice is to look at what ran then; unless the input mix or the
+processes explain the swing (a large input sent only for a while, a slower replica alive only for
+a while): their lines lead and the episode is not said.
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from otel_stages.analysis.units import pct
 
@@ -41,68 +46,76 @@ EPISODE_MIN_SLOW_SHARE = 0.8
 EPISODE_MAX_REQUEST_SHARE = 0.4
 #: Fewer slow requests than this are never called an episode.
 EPISODE_MIN_SLOW = 10
+#: Requests arriving this many times faster in the stretch that holds the slow ones (its first to
+#: its last bucket with a slow request) than outside the window are a load burst, no episode:
+#: the requests crowd there (a window a quarter of the run long dilutes a 10 s burst under
+#: :data:`EPISODE_MAX_REQUEST_SHARE`).
+EPISODE_MAX_RATE_RATIO = 2.0
 
 _WINDOW = round(EPISODE_BUCKETS * EPISODE_MAX_SPAN_SHARE)
 
 
 @dataclass(frozen=True)
 class Episode:
-    """The stretch of the run that holds the slow warm requests: ``start_ns`` .. ``end_ns`` (Unix
-    ns; the edges of the first and last bucket of the window that hold slow requests), ``slow_in`` of
-    the ``slow`` requests (total above ``slow_min_ms``) and ``requests_in`` of the ``requests`` warm
-    requests started in the window, buckets ``bucket_lo`` .. ``bucket_hi`` (excluded);
-    ``first_ns`` / ``last_ns``: the first and last warm start; ``at_start``: it begins with the
-    bucket of the run's window (the slow requests lie in its first quarter)."""
+    """The stretch of the runs that holds the slow warm requests: buckets ``bucket_lo`` ..
+    ``bucket_hi`` (excluded) of each process's run, holding ``slow_in`` of the ``slow`` requests
+    (total above ``slow_min_ms``) and ``requests_in`` of the ``requests`` warm requests.
+    :func:`confirm` adds ``start_ns`` / ``end_ns`` (Unix ns: the first and last start of the slow
+    requests in it) and ``process`` (the process they all ran in, when the warm requests ran in
+    several; ``""`` else); ``0`` / ``""`` before."""
 
-    start_ns: int
-    end_ns: int
     slow_in: int
     slow: int
     requests_in: int
     requests: int
     slow_min_ms: float
-    first_ns: int
-    last_ns: int
-    bucket_lo: int = 0
-    bucket_hi: int = 0
+    bucket_lo: int
+    bucket_hi: int
+    start_ns: int = 0
+    end_ns: int = 0
+    process: str = ""
 
     @property
     def at_start(self) -> bool:
-        """The episode's window begins with the run's first warm requests."""
+        """The window begins with the runs' first warm requests."""
         return self.bucket_lo == 0
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON form (the report's ``episode``)."""
-        return {"start_unix_ns": self.start_ns, "end_unix_ns": self.end_ns, "slow_in": self.slow_in,
-                "slow": self.slow, "requests_in": self.requests_in, "requests": self.requests,
-                "slow_min_ms": round(self.slow_min_ms, 3), "at_start": self.at_start}
+    def holds(self, bucket: int) -> bool:
+        """Whether ``bucket`` lies in the window."""
+        return self.bucket_lo <= bucket < self.bucket_hi
 
 
 def bucket_of(start_ns: int, first_ns: int, last_ns: int) -> int:
     """The bucket (0 .. :data:`EPISODE_BUCKETS` - 1) of a warm request started at ``start_ns``,
-    the warm starts running ``first_ns`` .. ``last_ns`` (integers, as the SQL computes it)."""
+    its process's warm starts running ``first_ns`` .. ``last_ns`` (integers, as the SQL computes
+    it)."""
     return (start_ns - first_ns) * EPISODE_BUCKETS // (last_ns - first_ns + 1)
 
 
-def bucket_counts(starts_ns: Sequence[int], totals_ms: Sequence[float], slow_min_ms: float
-                  ) -> tuple[list[int], list[int], int, int]:
-    """(requests per bucket, slow requests per bucket, first start, last start) of the warm
-    requests (``starts_ns`` / ``totals_ms`` pairwise); empty lists without requests."""
-    if not starts_ns:
-        return [], [], 0, 0
-    first, last = min(starts_ns), max(starts_ns)
+def buckets(starts_ns: Sequence[int], processes: Sequence[str]) -> list[int]:
+    """Each warm request's bucket (:func:`bucket_of`) in its own process's run (``processes``:
+    each request's process, pairwise with ``starts_ns``)."""
+    span: dict[str, tuple[int, int]] = {}
+    for start, p in zip(starts_ns, processes):
+        lo, hi = span.get(p, (start, start))
+        span[p] = (min(lo, start), max(hi, start))
+    return [bucket_of(start, *span[p]) for start, p in zip(starts_ns, processes)]
+
+
+def bucket_counts(at: Sequence[int], totals_ms: Sequence[float], slow_min_ms: float
+                  ) -> tuple[list[int], list[int]]:
+    """(warm requests per bucket, slow ones per bucket), from each request's bucket ``at``
+    (:func:`buckets`) and total."""
     n = [0] * EPISODE_BUCKETS
     slow = [0] * EPISODE_BUCKETS
-    for start, total in zip(starts_ns, totals_ms):
-        b = bucket_of(start, first, last)
+    for b, total in zip(at, totals_ms):
         n[b] += 1
         slow[b] += total > slow_min_ms
-    return n, slow, first, last
+    return n, slow
 
 
-def find_episode(n: Sequence[int], slow: Sequence[int], first_ns: int, last_ns: int,
-                 slow_min_ms: float) -> Episode | None:
-    """The episode of these bucket counts (module docstring), or ``None``."""
+def find_episode(n: Sequence[int], slow: Sequence[int], slow_min_ms: float) -> Episode | None:
+    """The candidate of these bucket counts (module docstring), or ``None``."""
     slow_total, requests = sum(slow), sum(n)
     if slow_total < EPISODE_MIN_SLOW or len(n) != EPISODE_BUCKETS:
         return None
@@ -114,22 +127,24 @@ def find_episode(n: Sequence[int], slow: Sequence[int], first_ns: int, last_ns: 
     requests_in = sum(n[at:at + _WINDOW])
     if best < EPISODE_MIN_SLOW_SHARE * slow_total or requests_in > EPISODE_MAX_REQUEST_SHARE * requests:
         return None
-    width = last_ns - first_ns + 1
     held = [b for b in range(at, at + _WINDOW) if slow[b]]
-    return Episode(start_ns=first_ns + held[0] * width // EPISODE_BUCKETS,
-                   end_ns=first_ns + (held[-1] + 1) * width // EPISODE_BUCKETS,
-                   slow_in=best, slow=slow_total, requests_in=requests_in, requests=requests,
-                   slow_min_ms=slow_min_ms, first_ns=first_ns, last_ns=last_ns,
-                   bucket_lo=at, bucket_hi=at + _WINDOW)
-
-
-def steady_outside(episode: Episode | None, outside_swing_ms: float | None, band_ms: float
-                   ) -> Episode | None:
-    """``episode`` when the warm requests outside its window swing (total p95 - p5,
-    ``outside_swing_ms``) within ``band_ms`` (the verdict's noise band), else ``None``."""
-    if episode is None or outside_swing_ms is None or outside_swing_ms > band_ms:
+    rate_in = sum(n[held[0]:held[-1] + 1]) / (held[-1] + 1 - held[0])
+    rate_out = (requests - requests_in) / (EPISODE_BUCKETS - _WINDOW)
+    if rate_in >= EPISODE_MAX_RATE_RATIO * rate_out:
         return None
-    return episode
+    return Episode(slow_in=best, slow=slow_total, requests_in=requests_in, requests=requests,
+                   slow_min_ms=slow_min_ms, bucket_lo=at, bucket_hi=at + _WINDOW)
+
+
+def confirm(candidate: Episode | None, outside_swing_ms: float | None, band_ms: float, *,
+            start_ns: int, end_ns: int, process: str = "") -> Episode | None:
+    """``candidate`` as an episode when the warm requests outside its window swing (total p95 -
+    p5, ``outside_swing_ms``) within ``band_ms`` (the verdict's noise band), with the first and
+    last start of its slow requests and the one ``process`` they ran in (``""``: several, or the
+    warm requests ran in one); else ``None``."""
+    if candidate is None or outside_swing_ms is None or outside_swing_ms > band_ms:
+        return None
+    return replace(candidate, start_ns=start_ns, end_ns=end_ns, process=process)
 
 
 def _clock(ns: int) -> datetime.datetime:
@@ -137,24 +152,26 @@ def _clock(ns: int) -> datetime.datetime:
 
 
 def episode_line(e: Episode) -> str:
-    """The evidence line: how many slow requests fell when (UTC, and seconds into the run)."""
+    """The evidence line: how many slow requests fell when (UTC, which process, and where in
+    their process's run)."""
     start, end = _clock(e.start_ns), _clock(e.end_ns)
-    run_s = (e.last_ns - e.first_ns) / 1e9
+    where = f", all in {e.process}" if e.process else ""
     return (f"the swing is an episode: {e.slow_in} of the {e.slow} slow warm requests (total above"
             f" {e.slow_min_ms:.1f} ms: the median plus the noise band) started between"
-            f" {start:%Y-%m-%d %H:%M:%S} and {end:%H:%M:%S} UTC ({(e.start_ns - e.first_ns) / 1e9:.0f} s"
-            f" .. {(e.end_ns - e.first_ns) / 1e9:.0f} s of the {run_s:.0f} s of warm requests), a"
-            f" stretch of {pct(e.requests_in / e.requests)} of the warm requests or less; outside it"
-            " the requests are steady (their total swings within the noise band), so the verdict is"
-            " tentative: it may not hold for the rest of the run")
+            f" {start:%Y-%m-%d %H:%M:%S} and {end:%Y-%m-%d %H:%M:%S} UTC{where}, within"
+            f" {pct(e.bucket_lo / EPISODE_BUCKETS)} .. {pct(e.bucket_hi / EPISODE_BUCKETS)} of"
+            f" {'its' if e.process else 'their'} process's run, a stretch of"
+            f" {pct(e.requests_in / e.requests)} of the warm requests or less; outside it the requests"
+            " are steady (their total swings within the noise band), so the verdict is tentative:"
+            " it may not hold for the rest of the run")
 
 
 def episode_advice(e: Episode) -> str:
-    """The advice line: look at what ran then (a warm-up, when it starts the run)."""
+    """The advice line: look at what ran then (a warm-up, when it starts the runs)."""
     first = ("it starts with the run: a warm-up longer than a few requests (lazy compilation or"
              " autotuning per input shape, caches filling): warm up with more requests, then check"
              " that later runs start steady; else " if e.at_start else "")
-    return (f"{first}look at what ran on these hosts then (another job on the GPU, a deploy or"
+    hosts = f"{e.process}'s host" if e.process else "these hosts"
+    return (f"{first}look at what ran on {hosts} then (another job on the GPU, a deploy or"
             " model reload, throttling, a traffic burst) before changing the steady path, which"
             " ran steady outside it")
-
