@@ -245,3 +245,19 @@ def test_a_failed_cold_request_that_stopped_on_its_input_stays_out_in_both_repor
         assert (out["verdict"]["cause"] == "cold_start") is counted
         assert out["failures"]["cold"] == 1
     assert got["verdict"] == want["verdict"]
+
+
+@pytest.mark.parametrize("cold_failed, leads", [(4, False), (0, True)])
+def test_failed_cold_requests_are_not_blamed_twice(cold_failed: int, leads: bool) -> None:
+    """A tester's: four replicas' first requests each hit a 2.5 s deadline during the model load
+    (4 of 60 failed): the slow-failures rule led ("find why the failed requests spend most of
+    their time in forward"), then the cold start explained the same four. Those in the cold
+    figures are the cold start's: the failures lead only where others failed slowly."""
+    from dataclasses import replace
+    fig = figures(stage("forward", 1.0, explains=0.5), total_swing=1.0,
+                  cold=_cold(cold_failed, count=4))
+    fig = replace(fig, failed_requests=4, requests=60, failed_median_total_ms=2522.0,
+                  failed_stages_ms={"forward": 2500.0})
+    v = decide(fig)
+    assert v.cause == "cold_start"
+    assert v.evidence[0].startswith("4 cold requests (median)") is not leads

@@ -55,11 +55,13 @@ def failures_slow(fig: Figures, band_ms: float | None) -> bool:
     """At least :data:`FAILED_SLOW_MIN_FRACTION` of the requests ended with an error, and their
     median total lies beyond the warm requests' p95 plus ``band_ms`` (the run's noise band, ms;
     ``None``: no band, as under ``MIN_WARM_RUNS`` warm requests): the failed requests are the
-    slow tail (a deadline, a stall), not fast rejections."""
+    slow tail (a deadline, a stall), not fast rejections. Cold requests that failed after paying
+    the cold start (``ColdFigures.failed``) are the cold start's, said there: not counted here."""
     failed = fig.failed_median_total_ms
     p95 = None if fig.total is None else fig.total.p95_ms
+    cold = fig.cold.failed if fig.cold is not None else 0
     if (band_ms is None or p95 is None or failed is None or fig.requests <= 0
-            or fig.failed_requests < FAILED_SLOW_MIN_FRACTION * fig.requests):
+            or fig.failed_requests - cold < FAILED_SLOW_MIN_FRACTION * fig.requests):
         return False
     return failed > p95 + band_ms
 
