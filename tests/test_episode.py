@@ -299,3 +299,13 @@ def test_a_load_burst_is_no_episode(rate: int, found: bool) -> None:
     slow = {40 + i: 1 for i in range(10)}
     e = _find(slow, {b: 2 for b in range(EPISODE_BUCKETS)} | {b: rate for b in slow})
     assert (e is not None) is found
+
+
+def test_the_episode_is_in_the_json_of_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
+    got, want = reports(engine, odd_inputs.write(tmp_path / "ep.jsonl", _run(set(range(1, 61)))))
+    assert got["episode"] == want["episode"]
+    e = want["episode"]
+    assert (e["slow_in"], e["slow"], e["at_start"], e["run_share"], e["process"]) == (60, 60, True, [0.0, 0.25], None)
+    assert e["start_unix_ns"] < e["end_unix_ns"]
+    steady, _ = reports(engine, odd_inputs.write(tmp_path / "spread.jsonl", _run(set(range(1, 300, 5)))))
+    assert steady["episode"] is None

@@ -570,6 +570,7 @@ def report_dict(agg: FleetAggregates) -> dict[str, object]:
             "idle_s": None if a.figures.idle_s is None else round(a.figures.idle_s, 1),
         } for a in agg.set_apart],
         "failures": failures_to_dict(fig, verdict_band_ms(fig)),
+        "episode": None if fig.episode is None else fig.episode.to_dict(),
         "runs": [{"service_name": r.service_name or None,
                   "service_instance_id": r.service_instance_id or None,
                   "host_name": r.host_name or None,

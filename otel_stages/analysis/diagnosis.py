@@ -483,6 +483,7 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
         sampling=figures.sampling,
         set_apart=apart,
         failures=failures_to_dict(result.figures, verdict_band_ms(result.figures)),
+        episode=result.figures.episode,
         runs=runs,
         noise=(noise_band(result.figures.stages.values(), result.figures.reference_ms)
                if warm else None),

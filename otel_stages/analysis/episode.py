@@ -84,6 +84,14 @@ class Episode:
         """Whether ``bucket`` lies in the window."""
         return self.bucket_lo <= bucket < self.bucket_hi
 
+    def to_dict(self) -> dict[str, object]:
+        """The report's ``episode`` object (JSON)."""
+        return {"start_unix_ns": self.start_ns, "end_unix_ns": self.end_ns,
+                "run_share": [self.bucket_lo / EPISODE_BUCKETS, self.bucket_hi / EPISODE_BUCKETS],
+                "process": self.process or None, "slow_in": self.slow_in, "slow": self.slow,
+                "requests_in": self.requests_in, "requests": self.requests,
+                "slow_min_ms": round(self.slow_min_ms, 3), "at_start": self.at_start}
+
 
 def bucket_of(start_ns: int, first_ns: int, last_ns: int) -> int:
     """The bucket (0 .. :data:`EPISODE_BUCKETS` - 1) of a warm request started at ``start_ns``,

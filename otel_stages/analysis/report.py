@@ -23,6 +23,7 @@ from otel_stages.analysis.batching import BatchSummary
 from otel_stages.analysis.cohorts import CohortKeys, SetApart
 from otel_stages.analysis.comparison import Comparison
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
+from otel_stages.analysis.episode import Episode
 from otel_stages.analysis.figures import COLD_UNTRACED, CohortFigures, ColdFigures
 from otel_stages.analysis.gpu import GpuEvidence
 from otel_stages.analysis.noise import NoiseBand
@@ -254,6 +255,8 @@ class Report:
     failures: dict[str, object] | None = None
     #: how much of each process's request.seq range was read (analysis.sampled)
     sampling: SeqCoverage | None = None
+    #: the stretch of the run that holds the slow warm requests (analysis.episode); ``None``: none
+    episode: Episode | None = None
 
     @property
     def warm_requests(self) -> int:
@@ -282,6 +285,7 @@ class Report:
             "cold_start": None if self.cold_start is None else cold_to_dict(self.cold_start),
             "set_apart": [a.to_dict() for a in self.set_apart],
             "failures": self.failures,
+            "episode": None if self.episode is None else self.episode.to_dict(),
             "runs": [r.to_dict() for r in self.runs],
             "problems": list(self.problems),
             "verdict": self.verdict.to_dict(),
