@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from otel_stages.analysis import advice, load_paths
-from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, CohortKeys, failed_cold_paid, paid_min_ms
+from otel_stages.analysis.cohorts import (
+    COMPARABLE_MIN_REQUESTS,
+    FAILED_COLD_STOP_MIN_SHARE,
+    CohortKeys,
+    failed_cold_paid,
+    paid_min_ms,
+)
 from otel_stages.analysis.decision import decide
 from otel_stages.analysis.figures import ALL_WARM, ColdFigures
 from otel_stages.analysis.requests import group_spans
@@ -214,36 +220,59 @@ def test_one_of_two_requests_tied_at_the_start_is_cold_in_both_reports(engine, t
         (a["trace_id"], a["reason"]) for a in want["set_apart"]]
 
 
-# --- a failed first request that stopped on its input ------------------------------------------------
+# --- a failed first request counts where it stopped in the model ---------------------------------
 
 
-@pytest.mark.parametrize("stage_name, counted", [
-    ("download", False),  # a ReadTimeout on a 5 s download: the network, not the cold start
-    ("decode", False),    # a decompression bomb after 5 s of decoding
-    ("resize", False),
-    ("queue", True),      # stuck behind the model load in the executor
-    ("forward", True),
-])
-def test_a_failed_cold_request_that_stopped_on_its_input_stays_out_in_both_reports(
-        engine, tmp_path: Path, stage_name: str, counted: bool) -> None:  # noqa: F811
-    """A tester's: a first request whose download timed out after 5 s read as a firm cold start
-    with model-load advice. A failed cold request counts only where it stopped past the input
-    stages (``cohorts.FAILED_COLD_INPUT_STAGES``)."""
+_NORMAL = [("download", 5.0), ("decode", 10.0), ("resize", 4.0), ("queue", 2.0), ("forward", 100.0)]
+
+
+@pytest.mark.parametrize("first, failing, counted", [
+    ([("download", 5000.0)], "download", False),  # a ReadTimeout: the network
+    ([*_NORMAL[:1], ("decode", 5000.0)], "decode", False),  # a decompression bomb
+    ([*_NORMAL[:2], ("resize", 5000.0)], "resize", False),
+    ([*_NORMAL[:3], ("queue", 5000.0)], "queue", True),  # stuck behind the model load
+    ([*_NORMAL[:4], ("forward", 5000.0)], "forward", True),
+    ([*_NORMAL, ("upload", 5000.0)], "upload", False),  # an upload after a warm forward
+    ([("auth", 5000.0)], "auth", False),  # a dependency before any input stage
+    ([("download", 600.0), *_NORMAL[1:3], ("queue", 0.5)], "queue", False),  # rejected at once
+    ([("download", 600.0), *_NORMAL[1:3], ("queue", 0.5), ("forward", 2000.0)], "forward", True),
+], ids=["download", "decode", "resize", "queue", "forward", "upload", "auth", "queue-rejects",
+        "forward-after-slow-download"])
+def test_a_failed_cold_request_counts_where_it_stopped_in_the_model_in_both_reports(
+        engine, tmp_path: Path, first: odd_inputs.Stages, failing: str, counted: bool) -> None:  # noqa: F811
+    """Testers': a first request whose download timed out after 5 s, or whose upload after a warm
+    forward did, read as a firm cold start with model-load advice. A failed cold request counts
+    only where it stopped in ``queue`` or ``forward`` (``cohorts.FAILED_COLD_STAGES``) and that
+    stage holds half its total or more (``FAILED_COLD_STOP_MIN_SHARE``)."""
+    assert FAILED_COLD_STOP_MIN_SHARE == 0.5
     def stages(i: int, r: random.Random) -> odd_inputs.Stages:
-        s = odd_inputs.normal(i, r)
-        if i == 0:  # the first request stops in stage_name after 5 s there
-            at = [n for n, _ in s].index(stage_name)
-            s = [*s[:at], (stage_name, 5000.0)]
-        return s
+        return list(first) if i == 0 else odd_inputs.normal(i, r)
     rows = odd_inputs.run(40, stages, seed=11)
     for span in rows[0]:
-        if span["name"] in ("request", stage_name):
+        if span["name"] in ("request", failing):
+            span["status"] = dict(_ERROR)
+    got, want = reports(engine, _file(tmp_path, rows))
+    for out in (got, want):
+        assert (out["cold_start"] is not None and out["cold_start"]["failed"] == 1) is counted, out["cold_start"]
+        assert (out["verdict"]["cause"] == "cold_start") is counted
+        assert out["failures"]["cold"] == 1
+    assert got["verdict"] == want["verdict"]
+
+
+@pytest.mark.parametrize("forward_ms, counted", [(199.0, False), (201.0, True)])
+def test_the_stopping_stage_holds_half_the_total(
+        engine, tmp_path: Path, forward_ms: float, counted: bool) -> None:  # noqa: F811
+    """A 200 ms download, then a forward that failed after 199 / 201 ms: just under / over half."""
+    first = [("download", 200.0), ("forward", forward_ms)]
+    def stages(i: int, r: random.Random) -> odd_inputs.Stages:
+        return list(first) if i == 0 else odd_inputs.normal(i, r)
+    rows = odd_inputs.run(40, stages, seed=11)
+    for span in rows[0]:
+        if span["name"] in ("request", "forward"):
             span["status"] = dict(_ERROR)
     got, want = reports(engine, _file(tmp_path, rows))
     for out in (got, want):
         assert (out["cold_start"] is not None) is counted, out["cold_start"]
-        assert (out["verdict"]["cause"] == "cold_start") is counted
-        assert out["failures"]["cold"] == 1
     assert got["verdict"] == want["verdict"]
 
 

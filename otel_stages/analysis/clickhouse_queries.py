@@ -54,7 +54,11 @@ from otel_stages.analysis.clickhouse_sql import (
     utilization_reading,
 )
 from otel_stages.analysis.clickhouse_sql import WARM_TABLE as WARM_TABLE
-from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, FAILED_COLD_INPUT_STAGES
+from otel_stages.analysis.cohorts import (
+    COMPARABLE_MIN_REQUESTS,
+    FAILED_COLD_STAGES,
+    FAILED_COLD_STOP_MIN_SHARE,
+)
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.episode import EPISODE_BUCKETS
 from otel_stages.analysis.figures import COLD_UNTRACED
@@ -334,9 +338,10 @@ def failed_cold_statements(traces: str, query: AggregateQuery, method: str, fail
     the cold requests that failed after running until at least their input's cold bar
     (:func:`otel_stages.analysis.cohorts.paid_min_ms` over the warm requests of their input when
     at least :data:`~otel_stages.analysis.cohorts.COMPARABLE_MIN_REQUESTS` share it, else over all
-    warm requests) and stopped past the input stages (where it stopped: :func:`~otel_stages
-    .analysis.clickhouse_failures.stopped_sql`), as :func:`otel_stages.analysis.cohorts
-    .failed_cold_paid`. ``failed``: whether any cold request failed (:func:`failed_cold_count_sql`);
+    warm requests) and stopped in the model's stages, that stage holding most of its time (where it
+    stopped: :func:`~otel_stages.analysis.clickhouse_failures.stopped_sql`), as
+    :func:`otel_stages.analysis.cohorts.failed_cold_paid`. ``failed``: whether any cold request
+    failed (:func:`failed_cold_count_sql`);
     without, the table stays empty and no span or warm request is read. Params:
     :func:`~otel_stages.analysis.clickhouse_sql.query_params`."""
     out = [f"DROP TEMPORARY TABLE IF EXISTS {FAILED_COLD_TABLE}",
@@ -346,13 +351,18 @@ def failed_cold_statements(traces: str, query: AggregateQuery, method: str, fail
         return out
     def bar(t: str) -> str:  # paid_min_ms over the warm requests summarised as t
         return f"{t}.q[2] + {COLD_START_MIN_RATIO - 1} * {t}.q[1]"
-    # stopped in an input stage (a network timeout, a bad image), or in no stage: not the cold start
-    stops = ", ".join(f"'{prefix}{name}'" for name in FAILED_COLD_INPUT_STAGES
-                      for prefix in (FAILED_IN, LAST_STAGE))
-    past_input = (f"SELECT trace_key, span_key FROM ({stopped_sql(traces, query, 'cold')})"
-                  f" WHERE stopped NOT IN ('', {stops})")
-    mine = (f"SELECT trace_key, span_key, {_INPUT}, {_KNOWN} AS known, {_TOTAL_MS} AS ms"
-            f" FROM {R} WHERE is_request AND cold AND error AND (trace_key, span_key) IN ({past_input})")
+    # stopped in the model's stages, that stage holding most of its time (cohorts._stopped_in_the_model)
+    stages = ", ".join(f"'{name}'" for name in FAILED_COLD_STAGES)
+    stops = (f"SELECT trace_key, span_key, replaceRegexpOne(stopped, '^({FAILED_IN}|{LAST_STAGE})', '')"
+             f" AS stage FROM ({stopped_sql(traces, query, 'cold')})")
+    mine = (f"SELECT r.trace_key AS trace_key, r.span_key AS span_key, r.width AS width,"
+            f" r.height AS height, r.fmt AS fmt, r.images_sig AS images_sig,"
+            f" r.width IS NOT NULL AND r.height IS NOT NULL AS known, r.total_ns / 1e6 AS ms"
+            f" FROM {R} AS r INNER JOIN ({stops}) AS t"
+            f" ON r.trace_key = t.trace_key AND r.span_key = t.span_key"
+            f" WHERE r.is_request AND r.cold AND r.error AND t.stage IN ({stages})"
+            f" AND has(r.stage_names, t.stage)"
+            f" AND r.stage_ns[indexOf(r.stage_names, t.stage)] >= {FAILED_COLD_STOP_MIN_SHARE} * r.total_ns")
     out.append(f"""INSERT INTO {FAILED_COLD_TABLE}
 WITH mine AS ({mine})
 SELECT f.trace_key, f.span_key

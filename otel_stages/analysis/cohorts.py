@@ -287,10 +287,14 @@ def cold_figures(
     )
 
 
-#: A failed cold request that stopped in one of these stages (its first failed stage span, else the
-#: stage span that ended last) failed on its input (a network timeout, a bad image), not on the
-#: cold start: it stays out of the cold figures (:func:`failed_cold_paid`).
-FAILED_COLD_INPUT_STAGES = (semconv.STAGE_DOWNLOAD, semconv.STAGE_DECODE, semconv.STAGE_RESIZE)
+#: A failed cold request counts in the cold figures (:func:`failed_cold_paid`) only where it stopped
+#: (its first failed stage span, else the stage span that ended last) in one of these, the model's
+#: stages (waiting for the executor that loads it, the model call) ...
+FAILED_COLD_STAGES = (semconv.STAGE_QUEUE, semconv.STAGE_FORWARD)
+#: ... and that stage holds at least this share of its total: a download that timed out, a
+#: decompression bomb, an upload or an auth call that failed after a warm forward, a queue that
+#: rejected it at once after a slow download, failed on something else than the cold start.
+FAILED_COLD_STOP_MIN_SHARE = 0.5
 
 
 def stopped_in(r: Request) -> str | None:
@@ -302,19 +306,25 @@ def stopped_in(r: Request) -> str | None:
     return max(r.spans, key=lambda s: s.end_ns).name if r.spans else None
 
 
+def _stopped_in_the_model(r: Request) -> bool:
+    stage = stopped_in(r)
+    return stage in FAILED_COLD_STAGES and (
+        r.stages_ms.get(stage or "", 0.0) >= FAILED_COLD_STOP_MIN_SHARE * r.total_ms)
+
+
 def failed_cold_paid(cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys
                      ) -> list[Request]:
     """The failed ones among ``cold`` (cold requests, any state) that ran until at least the cold
     bar of their input (:func:`paid_min_ms` over the warm requests of their input when at least
     :data:`COMPARABLE_MIN_REQUESTS` decoded the same images, else over all ``warm``) before they
     failed: they paid the cold start (a model load that outlasted the client's deadline), so they
-    belong in the cold figures, their times a lower bound. One that failed sooner (a crash at
-    start), that stopped in an input stage (:data:`FAILED_COLD_INPUT_STAGES`: a download that
-    timed out, a decompression bomb) or in no stage, or that has no request span, says nothing
-    about the cold start and stays out; the request after it may have paid it
+    belong in the cold figures, their times a lower bound. Only one that stopped in the model's
+    stages (:data:`FAILED_COLD_STAGES`), that stage holding :data:`FAILED_COLD_STOP_MIN_SHARE` of
+    its total or more, and has a request span: one that failed sooner (a crash at start) or
+    elsewhere (a network timeout, a bad image, an upload after a warm forward) says nothing about
+    the cold start and stays out; the request after it may have paid it
     (:data:`REASON_AFTER_FAILED_START`)."""
-    failed = [r for r in cold if r.error and r.span_id
-              and stopped_in(r) not in (None, *FAILED_COLD_INPUT_STAGES)]
+    failed = [r for r in cold if r.error and r.span_id and _stopped_in_the_model(r)]
     if not failed or not warm:
         return []
     by_key = group(warm, keys)
