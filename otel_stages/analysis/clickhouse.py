@@ -42,7 +42,12 @@ from otel_stages.analysis.clickhouse_engine import Target as Target
 from otel_stages.analysis.clickhouse_engine import connect as connect
 from otel_stages.analysis.clickhouse_engine import parse_url as parse_url
 from otel_stages.analysis.clickhouse_files import iter_export_requests, iter_files
-from otel_stages.analysis.clickhouse_result import FleetAggregates, build_aggregates, episode_of
+from otel_stages.analysis.clickhouse_result import (
+    FleetAggregates,
+    build_aggregates,
+    episode_of,
+    steady_episode,
+)
 from otel_stages.analysis.http_source import SourceError
 from otel_stages.analysis.process_mix import PROCESS_MIX_DOMINATES
 from otel_stages.analysis.sampled import is_sampled
@@ -307,14 +312,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if cold is not None and any(clickhouse_figures.input_paid_needed(i) for i in cold.by_input):
         results["cold_input_paid"] = engine.rows(queries.cold_input_paid_sql(method), None, settings)
     if head.total is not None and band is not None:  # do the slow requests fall in one stretch?
-        results["episode"] = engine.rows(queries.episode_sql(),
-                                         {"slow_min_ms": head.total.median_ms + band}, settings)
-        window = episode_of(results["episode"])
-        if window is not None:  # and are the requests outside it steady?
-            results["episode_outside"] = engine.rows(
-                queries.episode_outside_sql(method),
-                {"lo": window.bucket_lo, "hi": window.bucket_hi, "band_ms": band,
-                 "slow_min_ms": window.slow_min_ms}, settings)
+        results.update(_episode_rows(engine, method, head.total.median_ms, band, settings))
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None
@@ -379,6 +377,27 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                   sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method
+
+
+def _episode_rows(engine: Engine, method: str, median_ms: float, band_ms: float,
+                  settings: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The ``episode`` and ``episode_outside`` answers (:mod:`otel_stages.analysis.episode`): over
+    the recording's time, else each process's run, the first that is an episode (none: the last
+    tried)."""
+    params = {"slow_min_ms": median_ms + band_ms, "band_ms": band_ms}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for per_process in (False, True):
+        out["episode"] = engine.rows(queries.episode_sql(per_process), params, settings)
+        window = episode_of(out["episode"])
+        if window is None:
+            continue
+        out["episode_outside"] = engine.rows(
+            queries.episode_outside_sql(method, per_process),
+            {**params, "lo": window.bucket_lo, "hi": window.bucket_hi}, settings)
+        if steady_episode(out["episode"], out["episode_outside"]) is not None:
+            break
+        del out["episode_outside"]
+    return out
 
 
 def _group_requests(engine: Engine, tables: Tables, query: sql.AggregateQuery,

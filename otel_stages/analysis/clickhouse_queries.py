@@ -612,44 +612,51 @@ FROM (
 ) SETTINGS max_bytes_before_external_group_by = {QUEUE_SPILL_BYTES}"""
 
 
-#: The warm requests with their bucket in their process's run (episode.buckets), a subquery.
-_EPISODE_BUCKETS = f"""(SELECT w.proc AS proc, w.start_ns AS start_ns, w.total_ns AS total_ns,
+def _episode_buckets(per_process: bool) -> str:
+    """The warm requests with their bucket (episode.buckets) in their process's run
+    (``per_process``) or in the recording's time, a subquery."""
+    if per_process:
+        spans = (f"(SELECT proc, min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm"
+                 " GROUP BY proc) AS s ON w.proc = s.proc")
+    else:
+        spans = f"(SELECT min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm) AS s ON 1"
+    return f"""(SELECT w.proc AS proc, w.start_ns AS start_ns, w.total_ns AS total_ns,
         intDiv((w.start_ns - s.lo) * {EPISODE_BUCKETS}, s.hi - s.lo + 1) AS b
     FROM (SELECT proc, start_ns, total_ns FROM {R} WHERE warm) AS w
-    INNER JOIN (SELECT proc, min(start_ns) AS lo, max(start_ns) AS hi FROM {R} WHERE warm GROUP BY proc)
-        AS s ON w.proc = s.proc)"""
+    INNER JOIN {spans})"""
 
 
-def episode_sql() -> str:
+def episode_sql(per_process: bool) -> str:
     """Per bucket ``b`` of the warm requests' start times in their process's run
-    (:func:`otel_stages.analysis.episode.buckets`), ``n`` warm requests and ``slow``, those whose
-    total is above ``{slow_min_ms:Float64}`` (``slow_min_ms``, repeated on every row); buckets
-    without requests give no row."""
+    (``per_process``) or in the recording's time (:func:`otel_stages.analysis.episode.buckets`),
+    ``n`` warm requests and ``slow``, those whose total is above ``{slow_min_ms:Float64}``
+    (``slow_min_ms``, repeated on every row); buckets without requests give no row."""
     return f"""SELECT b, count() AS n, countIf(total_ns / 1e6 > {{slow_min_ms:Float64}}) AS slow,
     {{slow_min_ms:Float64}} AS slow_min_ms
-FROM {_EPISODE_BUCKETS}
+FROM {_episode_buckets(per_process)}
 GROUP BY b ORDER BY b"""
 
 
-def episode_outside_sql(method: str) -> str:
+def episode_outside_sql(method: str, per_process: bool) -> str:
     """One row: ``swing_ms``, the p95 - p5 of the totals of the warm requests outside the buckets
     ``{lo:UInt32}`` .. ``{hi:UInt32}`` (excluded) of :func:`episode_sql` (``method``: the quantile
     function), ``band_ms``, the ``{band_ms:Float64}`` it is judged against; of the slow requests
     (total above ``{slow_min_ms:Float64}``) in those buckets, the first and last start
     (``first_ns``, ``last_ns``), how many processes they ran in (``slow_procs``) and one of them
     (``one_proc``); and how many processes the warm requests ran in (``procs``)
-    (:func:`otel_stages.analysis.episode.confirm`). No row without requests outside."""
+    (:func:`otel_stages.analysis.episode.confirm`); ``per_process`` as given. No row without
+    requests outside."""
     q = ("quantilesExactInclusiveIf(0.05, 0.95)" if method == "exact"
          else f"quantilesDDIf({DD_RELATIVE_ACCURACY}, 0.05, 0.95)")
     inside = "b >= {lo:UInt32} AND b < {hi:UInt32}"
     slow = f"{inside} AND total_ns / 1e6 > {{slow_min_ms:Float64}}"
     return f"""SELECT q[2] - q[1] AS swing_ms, {{band_ms:Float64}} AS band_ms, first_ns, last_ns,
-    slow_procs, one_proc, procs
+    slow_procs, one_proc, procs, {int(per_process)} AS per_process
 FROM (SELECT {q}(total_ns / 1e6, NOT ({inside})) AS q, countIf(NOT ({inside})) AS n,
           minIf(start_ns, {slow}) AS first_ns, maxIf(start_ns, {slow}) AS last_ns,
           uniqExactIf(proc, {slow}) AS slow_procs, anyIf(proc, {slow}) AS one_proc,
           uniqExact(proc) AS procs
-      FROM {_EPISODE_BUCKETS})
+      FROM {_episode_buckets(per_process)})
 WHERE n > 0"""
 
 

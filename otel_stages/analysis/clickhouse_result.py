@@ -964,7 +964,8 @@ def steady_episode(rows: Rows | None, outside: Rows | None) -> Episode | None:
     swing = float(o["swing_ms"])
     one = str(o["one_proc"]) if int(o["slow_procs"]) == 1 and int(o["procs"]) > 1 else ""
     return confirm(episode_of(rows), swing if math.isfinite(swing) else None, float(o["band_ms"]),
-                   start_ns=int(o["first_ns"]), end_ns=int(o["last_ns"]), process=one)
+                   start_ns=int(o["first_ns"]), end_ns=int(o["last_ns"]), process=one,
+                   per_process=bool(int(o.get("per_process") or 0)))
 
 
 def episode_of(rows: Rows | None) -> Episode | None:

@@ -278,16 +278,22 @@ def _episode(warm: Sequence[Request], median_ms: float, band_ms: float) -> Episo
     (:mod:`otel_stages.analysis.episode`)."""
     slow_min = median_ms + band_ms
     procs = process_keys(warm)
-    at = buckets([r.start_ns for r in warm], procs)
-    e = find_episode(*bucket_counts(at, [r.total_ms for r in warm], slow_min), slow_min)
-    if e is None:
-        return None
-    outside = [r.total_ms for r, b in zip(warm, at) if not e.holds(b)]
-    held = [(r, p) for r, b, p in zip(warm, at, procs) if e.holds(b) and r.total_ms > slow_min]
-    ran_in = {p for _, p in held}
-    return confirm(e, percentile(outside, 95) - percentile(outside, 5) if outside else None, band_ms,
-                   start_ns=min(r.start_ns for r, _ in held), end_ns=max(r.start_ns for r, _ in held),
-                   process=next(iter(ran_in)) if len(ran_in) == 1 and len(set(procs)) > 1 else "")
+    for per_process in (False, True):  # the recording's time, else each process's run
+        at = buckets([r.start_ns for r in warm], procs if per_process else [""] * len(warm))
+        e = find_episode(*bucket_counts(at, [r.total_ms for r in warm], slow_min), slow_min)
+        if e is None:
+            continue
+        outside = [r.total_ms for r, b in zip(warm, at) if not e.holds(b)]
+        held = [(r, p) for r, b, p in zip(warm, at, procs) if e.holds(b) and r.total_ms > slow_min]
+        ran_in = {p for _, p in held}
+        found = confirm(
+            e, percentile(outside, 95) - percentile(outside, 5) if outside else None, band_ms,
+            start_ns=min(r.start_ns for r, _ in held), end_ns=max(r.start_ns for r, _ in held),
+            process=next(iter(ran_in)) if len(ran_in) == 1 and len(set(procs)) > 1 else "",
+            per_process=per_process)
+        if found is not None:
+            return found
+    return None
 
 
 def services_of(requests: Sequence[Request]) -> tuple[tuple[str, int], ...]:

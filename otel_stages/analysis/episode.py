@@ -6,11 +6,13 @@ steady after; the report called the swing firmly and advised on what varies betw
 every minute swung alike. The swing was real, but it was an episode, and a fix for steady-state
 variability may not be needed.
 
-The rule (pure; both reports feed it the same counts): each process's warm requests' start times,
-from its first warm start to its last, are cut into :data:`EPISODE_BUCKETS` equal buckets (so a
-stretch is a part of each process's run: replicas started at different times that each run slow
-for their first minute meet in the first buckets, and a few requests recorded a day earlier by
-another instance stretch no one's run); per bucket, how many warm requests started and how many
+The rule (pure; both reports feed it the same counts): the warm requests' start times, from the
+first warm start to the last, are cut into :data:`EPISODE_BUCKETS` equal buckets (an incident at
+one time on every replica, a short-lived one too), and where that finds no episode, each
+process's from its own first warm start to its last (:func:`buckets`: a stretch is then a part of
+each process's run: replicas started at different times that each run slow for their first
+minute meet in the first buckets, and a few requests recorded a day earlier by another instance
+stretch no one's run); per bucket, how many warm requests started and how many
 of them were *slow* (their total above the warm median plus the verdict's noise band: the
 requests that make the swing). The window of :data:`EPISODE_MAX_SPAN_SHARE` of the buckets that
 holds the most slow requests (the earliest on a tie) is a candidate when it holds at least
@@ -22,8 +24,9 @@ together by chance). It is an episode
 (:func:`confirm`) when the warm requests outside the window are steady: their total swings (p95 -
 p5) within the noise band (a load that rises over the run puts its slow requests at the end too,
 but the requests before them are no steady run). Then the verdict is tentative, the evidence says
-when (the first and last start of the slow requests in the window, and which process when they
-are all one's of several), and the advice is to look at what ran then; unless the input mix or the
+when (the first and last start of the slow requests in the window, which process when they are
+all one's of several, the part of the run from their first to their last bucket, and whether it
+runs to the end of the recording), and the advice is to look at what ran then; unless the input mix or the
 processes explain the swing (a large input sent only for a while, a slower replica alive only for
 a while): their lines lead and the episode is not said.
 """
@@ -74,11 +77,21 @@ class Episode:
     start_ns: int = 0
     end_ns: int = 0
     process: str = ""
+    #: the first bucket of the window with a slow request, and the one after its last
+    held_lo: int = 0
+    held_hi: int = 0
+    #: the buckets are each process's run's (else the whole recording's)
+    per_process: bool = False
 
     @property
     def at_start(self) -> bool:
-        """The window begins with the runs' first warm requests."""
-        return self.bucket_lo == 0
+        """The slow requests start in the runs' first bucket."""
+        return self.held_lo == 0
+
+    @property
+    def at_end(self) -> bool:
+        """The slow requests reach the runs' last bucket (it may be going on still)."""
+        return self.held_hi == EPISODE_BUCKETS
 
     def holds(self, bucket: int) -> bool:
         """Whether ``bucket`` lies in the window."""
@@ -87,7 +100,8 @@ class Episode:
     def to_dict(self) -> dict[str, object]:
         """The report's ``episode`` object (JSON)."""
         return {"start_unix_ns": self.start_ns, "end_unix_ns": self.end_ns,
-                "run_share": [self.bucket_lo / EPISODE_BUCKETS, self.bucket_hi / EPISODE_BUCKETS],
+                "run_share": [self.held_lo / EPISODE_BUCKETS, self.held_hi / EPISODE_BUCKETS],
+                "per_process": self.per_process,
                 "process": self.process or None, "slow_in": self.slow_in, "slow": self.slow,
                 "requests_in": self.requests_in, "requests": self.requests,
                 "slow_min_ms": round(self.slow_min_ms, 3), "at_start": self.at_start}
@@ -141,18 +155,22 @@ def find_episode(n: Sequence[int], slow: Sequence[int], slow_min_ms: float) -> E
     if rate_in >= EPISODE_MAX_RATE_RATIO * rate_out:
         return None
     return Episode(slow_in=best, slow=slow_total, requests_in=requests_in, requests=requests,
-                   slow_min_ms=slow_min_ms, bucket_lo=at, bucket_hi=at + _WINDOW)
+                   slow_min_ms=slow_min_ms, bucket_lo=at, bucket_hi=at + _WINDOW,
+                   held_lo=held[0], held_hi=held[-1] + 1)
 
 
 def confirm(candidate: Episode | None, outside_swing_ms: float | None, band_ms: float, *,
-            start_ns: int, end_ns: int, process: str = "") -> Episode | None:
+            start_ns: int, end_ns: int, process: str = "", per_process: bool = False
+            ) -> Episode | None:
     """``candidate`` as an episode when the warm requests outside its window swing (total p95 -
     p5, ``outside_swing_ms``) within ``band_ms`` (the verdict's noise band), with the first and
-    last start of its slow requests and the one ``process`` they ran in (``""``: several, or the
-    warm requests ran in one); else ``None``."""
+    last start of its slow requests, the one ``process`` they ran in (``""``: several, or the
+    warm requests ran in one) and whether the buckets were each process's (``per_process``);
+    else ``None``."""
     if candidate is None or outside_swing_ms is None or outside_swing_ms > band_ms:
         return None
-    return replace(candidate, start_ns=start_ns, end_ns=end_ns, process=process)
+    return replace(candidate, start_ns=start_ns, end_ns=end_ns, process=process,
+                   per_process=per_process)
 
 
 def _clock(ns: int) -> datetime.datetime:
@@ -164,14 +182,17 @@ def episode_line(e: Episode) -> str:
     their process's run)."""
     start, end = _clock(e.start_ns), _clock(e.end_ns)
     where = f", all in {e.process}" if e.process else ""
+    run = (f"{'its' if e.process else 'their'} process's run" if e.per_process
+           else "the recording's time")
+    tail = (", and it runs to the end of the recording (it may be going on still)" if e.at_end
+            else ": it may not hold for the rest of the run")
     return (f"the swing is an episode: {e.slow_in} of the {e.slow} slow warm requests (total above"
             f" {e.slow_min_ms:.1f} ms: the median plus the noise band) started between"
             f" {start:%Y-%m-%d %H:%M:%S} and {end:%Y-%m-%d %H:%M:%S} UTC{where}, within"
-            f" {pct(e.bucket_lo / EPISODE_BUCKETS)} .. {pct(e.bucket_hi / EPISODE_BUCKETS)} of"
-            f" {'its' if e.process else 'their'} process's run, a stretch of"
-            f" {pct(e.requests_in / e.requests)} of the warm requests or less; outside it the requests"
-            " are steady (their total swings within the noise band), so the verdict is tentative:"
-            " it may not hold for the rest of the run")
+            f" {pct(e.held_lo / EPISODE_BUCKETS)} .. {pct(e.held_hi / EPISODE_BUCKETS)} of {run}, a"
+            f" stretch of {pct(e.requests_in / e.requests)} of the warm requests or less; outside it"
+            " the requests are steady (their total swings within the noise band), so the verdict is"
+            f" tentative{tail}")
 
 
 def episode_advice(e: Episode) -> str:
@@ -180,6 +201,7 @@ def episode_advice(e: Episode) -> str:
              " autotuning per input shape, caches filling): warm up with more requests, then check"
              " that later runs start steady; else " if e.at_start else "")
     hosts = f"{e.process}'s host" if e.process else "these hosts"
+    steady = ("; it runs to the end of the recording: record on to see whether it ends" if e.at_end
+              else " before changing the steady path, which ran steady outside it")
     return (f"{first}look at what ran on {hosts} then (another job on the GPU, a deploy or"
-            " model reload, throttling, a traffic burst) before changing the steady path, which"
-            " ran steady outside it")
+            f" model reload, throttling, a traffic burst){steady}")
