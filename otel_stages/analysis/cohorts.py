@@ -297,19 +297,20 @@ FAILED_COLD_STAGES = (semconv.STAGE_QUEUE, semconv.STAGE_FORWARD)
 FAILED_COLD_STOP_MIN_SHARE = 0.5
 
 
-def stopped_in(r: Request) -> str | None:
-    """The stage a failed request stopped in: its first failed stage span's, else the stage span
-    that ended last (``None``: no stage span), as the failures are counted."""
+def stopped_in(r: Request) -> tuple[str, bool] | None:
+    """Where a failed request stopped: ``(stage, True)`` for its first failed stage span, else
+    ``(stage, False)`` for the stage span that ended last; ``None`` without stage spans (the
+    failures' ``stopped``: :func:`otel_stages.analysis.diagnosis.failure_kinds`)."""
     bad = [s for s in r.spans if s.error]
     if bad:
-        return bad[0].name
-    return max(r.spans, key=lambda s: s.end_ns).name if r.spans else None
+        return bad[0].name, True
+    return (max(r.spans, key=lambda s: s.end_ns).name, False) if r.spans else None
 
 
 def _stopped_in_the_model(r: Request) -> bool:
-    stage = stopped_in(r)
-    return stage in FAILED_COLD_STAGES and (
-        r.stages_ms.get(stage or "", 0.0) >= FAILED_COLD_STOP_MIN_SHARE * r.total_ms)
+    stop = stopped_in(r)
+    return stop is not None and stop[0] in FAILED_COLD_STAGES and (
+        r.stages_ms.get(stop[0], 0.0) >= FAILED_COLD_STOP_MIN_SHARE * r.total_ms)
 
 
 def failed_cold_paid(cold: Sequence[Request], warm: Sequence[Request], keys: CohortKeys

@@ -31,6 +31,7 @@ from otel_stages.analysis.cohorts import (
     failed_cold_paid,
     group,
     set_apart_and_warmup,
+    stopped_in,
 )
 from otel_stages.analysis.compact import paused_gc
 from otel_stages.analysis.comparison import compare
@@ -141,12 +142,10 @@ def failure_kinds(failed: Sequence[Request]) -> tuple[dict[str, int], dict[str, 
     kinds: dict[str, int] = defaultdict(int)
     where: dict[str, int] = defaultdict(int)
     for r in failed:
-        bad = [s for s in r.spans if s.error]
         kinds[r.error_type or KIND_UNKNOWN] += 1
-        if bad:
-            where[f"failed in {bad[0].name}"] += 1
-        elif r.spans:
-            where[f"last stage {max(r.spans, key=lambda s: s.end_ns).name}"] += 1
+        stop = stopped_in(r)
+        if stop is not None:
+            where[f"{'failed in' if stop[1] else 'last stage'} {stop[0]}"] += 1
     return dict(kinds), dict(where)
 
 
