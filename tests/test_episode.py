@@ -182,7 +182,7 @@ def test_an_episode_in_the_middle_in_both_reports(engine, tmp_path: Path) -> Non
 # --- what is no episode ------------------------------------------------------------------------------
 
 
-def test_steady_outside_is_judged_against_the_band() -> None:
+def test_confirm_judges_the_requests_outside_against_the_band() -> None:
     e = _episode(True)
     assert confirm(e, 10.0, 10.0, start_ns=T0 + 5, end_ns=T0 + 9, process="p2") == replace(
         e, start_ns=T0 + 5, end_ns=T0 + 9, process="p2")
