@@ -160,6 +160,9 @@ def test_the_tester_case_reads_cold_start_in_both_reports(engine, tmp_path: Path
         assert out["failures"]["cold"] == 1 and out["counts"]["cold"] == 0
     assert got["verdict"] == want["verdict"]
     assert got["cold_start"]["total_ms"] == pytest.approx(want["cold_start"]["total_ms"], abs=0.01)
+    # the failures' line does not say the request in the cold figures was left out of the report
+    assert ("1 of 40 requests ended with an error and was left out of the stage statistics (the"
+            " cold one above: in the cold figures only)") in got["verdict"]["evidence"]
 
 
 def test_a_cold_request_that_failed_at_once_stays_out_in_both_reports(engine, tmp_path: Path) -> None:  # noqa: F811
@@ -168,6 +171,7 @@ def test_a_cold_request_that_failed_at_once_stays_out_in_both_reports(engine, tm
         assert out["cold_start"] is None
         assert out["verdict"]["cause"] != "cold_start"
         assert out["failures"]["cold"] == 1
+        assert not any("cold one above" in e for e in out["verdict"]["evidence"])
     assert got["verdict"] == want["verdict"]
 
 
@@ -290,3 +294,24 @@ def test_failed_cold_requests_are_not_blamed_twice(cold_failed: int, leads: bool
     v = decide(fig)
     assert v.cause == "cold_start"
     assert v.evidence[0].startswith("4 cold requests (median)") is not leads
+
+
+@pytest.mark.parametrize("in_figures, failed, clause", [
+    (0, 2, ""),
+    (1, 1, " (the cold one above: in the cold figures only)"),
+    (2, 2, " (the cold ones above: in the cold figures only)"),
+    (1, 3, " (1 of them the cold ones above: in the cold figures only)"),
+])
+def test_the_failures_line_names_those_in_the_cold_figures(in_figures: int, failed: int,
+                                                         clause: str) -> None:
+    """A failed request in the cold figures is left out of the warm statistics, not of the
+    report: the failures' line says which of them the cold figures hold (a tester read "was left
+    out of the stage statistics" beside the cold start built from it)."""
+    from dataclasses import replace
+    fig = figures(stage("forward", 1.0, explains=0.5), total_swing=1.0,
+                  cold=_cold(in_figures, count=max(in_figures, 1)))
+    fig = replace(fig, failed_requests=failed, requests=60, failed_cold=in_figures)
+    v = decide(fig)
+    lines = [e for e in v.evidence if "ended with an error and w" in e]
+    assert lines == [f"{failed} of 60 requests ended with an error and"
+                     f" {'was' if failed == 1 else 'were'} left out of the stage statistics{clause}"]

@@ -60,8 +60,8 @@ def gaps_sql(traces: str, query: AggregateQuery) -> str:
         AND mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND {base})
         + (SELECT n FROM ({sized_custom_sql()})) AS image_elsewhere,
     (SELECT count() FROM {traces} WHERE SpanName = '{semconv.SPAN_BATCH}' AND {base}) AS batch_spans,
-    (SELECT distinct_names FROM ({custom_names_sql()})) AS custom_names,
-    (SELECT plain_names FROM ({custom_names_sql()})) AS plain_names"""
+    (SELECT (distinct_names, plain_names) FROM ({custom_names_sql()})) AS names,
+    names.1 AS custom_names, names.2 AS plain_names"""
 
 
 def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:

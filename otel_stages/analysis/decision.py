@@ -939,6 +939,20 @@ def _cold_claim(cold: ColdFigures) -> bool:
     return cold.compared_with == SAME_INPUT or not cold.input_known
 
 
+def _cold_failed_clause(fig: Figures) -> str:
+    """Where some failed requests are in the cold figures (:attr:`ColdFigures.failed`: cold ones
+    that failed after paying the cold start), the failures' line says so: they are left out of
+    the warm statistics but not out of the report."""
+    cold = fig.cold.failed if fig.cold is not None else 0
+    if not cold:
+        return ""
+    if cold == fig.failed_requests == 1:
+        return " (the cold one above: in the cold figures only)"
+    if cold == fig.failed_requests:
+        return " (the cold ones above: in the cold figures only)"
+    return f" ({cold} of them the cold ones above: in the cold figures only)"
+
+
 def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False) -> None:
     if cold is None:
         return
@@ -1027,4 +1041,4 @@ def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
         verb = "was" if fig.failed_requests == 1 else "were"
         verdict.evidence.append(
             f"{fig.failed_requests} of {fig.requests} requests ended with an error and {verb} left"
-            " out of the stage statistics")
+            f" out of the stage statistics{_cold_failed_clause(fig)}")
