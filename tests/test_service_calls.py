@@ -208,15 +208,24 @@ def test_the_advised_command_gives_the_workers_own_report(engine: Any, tmp_path:
     assert _sql(engine, path, WORKER)["verdict"] == alone["verdict"]
 
 
+LEFT_OUT = (f"POST is a call into {WORKER}'s requests ({N} of its {N} spans hold one), which"
+            " --service leaves out of this report: its time is theirs and the call's own, which"
+            " this report cannot part")
+
+
 def test_service_gateway_keeps_its_requests_and_their_call(engine: Any, tmp_path: Path) -> None:
     """``--service gateway``: the gateway's requests alone; the worker's request in the same trace
-    is left out, so POST is the gateway's own stage (what it waits for), as the report of a
-    gateway whose worker is not traced reads it."""
+    is left out, so POST is one stage of the gateway's. Its time being the worker's requests' and
+    the call's own, the report says so and advises the worker's report and the pooled one, not a
+    custom stage's sub-steps or a standard stage's name (a tester's: "name its spans forward")."""
     path = gateway_calls_worker(tmp_path / "calls.jsonl")
     want = _file(path, GATEWAY)
     assert want["requests"] == N and "queue" not in want["stages"]
     assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
-    assert not any("pooled" in e or "is a call" in e for e in want["verdict"]["evidence"])
+    assert not any("pooled" in e for e in want["verdict"]["evidence"])
+    assert want["verdict"]["evidence"][0] == LEFT_OUT
+    assert want["verdict"]["advice"][0] == advice.left_out_call("POST", WORKER)
+    assert not {advice.CUSTOM_SUBSTEPS, advice.CUSTOM_IS_STANDARD} & set(want["verdict"]["advice"])
     got = _sql(engine, path, GATEWAY)
     assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
     # the worker's GPU points go with its spans (a process with no span kept), in both reports
@@ -241,6 +250,35 @@ def test_a_stage_is_a_call_from_half_of_its_spans(tmp_path: Path, calls: int, is
     found = remote_calls(group_spans(spans).requests, spans)
     assert [(c.stage, c.service, c.calls, c.spans) for c in found] == (
         [("POST", WORKER, calls, N)] if is_call else [])
+
+
+@pytest.mark.parametrize("calls, is_call", [(20, True), (19, False)])  # of N = 40 (CALL_MIN_SHARE)
+def test_a_call_left_out_by_service_from_half_of_its_spans(engine: Any, tmp_path: Path, calls: int,
+                                                           is_call: bool) -> None:
+    """``--service gateway`` says POST calls the worker's requests it left out from
+    CALL_MIN_SHARE of its spans on, in both reports; below, POST is a custom stage of the
+    gateway's (what it waits for: an API this report does not read) with a custom stage's advice."""
+    path = gateway_calls_worker(tmp_path / f"left_out_{calls}.jsonl", calls=calls)
+    want = _file(path, GATEWAY)
+    assert want["verdict"]["stage"] == "POST"
+    said = [e for e in want["verdict"]["evidence"] if "which --service leaves out" in e]
+    assert said == ([f"POST is a call into {WORKER}'s requests ({calls} of its {N} spans hold one),"
+                     " which --service leaves out of this report: its time is theirs and the call's"
+                     " own, which this report cannot part"] if is_call else [])
+    assert (advice.CUSTOM_SUBSTEPS in want["verdict"]["advice"]) is not is_call
+    assert _sql(engine, path, GATEWAY)["verdict"] == want["verdict"]
+
+
+def test_the_gateways_report_from_the_command_line_says_the_call(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's ``--service`` (its stage-map step rebuilds the recording) keeps what the pick
+    found: the text report says the call and its advice."""
+    from otel_stages.cli import main
+    path = gateway_calls_worker(tmp_path / "calls.jsonl")
+    assert main(["report", str(path), "--service", GATEWAY]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "POST is a call into vlm-worker's requests (40 of its 40 spans hold one)" in out
+    assert f"report {WORKER} alone (otel-stages report ... --service {WORKER})" in out
 
 
 def test_share_parity_just_below(engine: Any, tmp_path: Path) -> None:

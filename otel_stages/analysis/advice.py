@@ -103,6 +103,25 @@ STEADY_INPUTS = (
     " size, prompt or output length); to narrow the spread, cap the costliest inputs (smaller images,"
     " shorter max output length) or serve them on replicas of their own"
 )
+#: ``other``: find which sub-step of a custom stage swings.
+CUSTOM_SUBSTEPS = (
+    "a custom stage swings: time its sub-steps with nested stage() spans to find which one;"
+    " this report counts nested spans named as standard stages (download, decode, resize,"
+    " queue, forward) in place of the custom stage, while sub-steps with other names show"
+    " in the trace waterfall (Jaeger, Tempo), not in its table"
+)
+
+
+def left_out_call(stage: str, service: str) -> str:
+    """The advice on a stage that calls requests ``--service`` left out
+    (:func:`otel_stages.analysis.caveats.calls_left_out_caveat`): the called service's report,
+    and the report of both, which parts the call's own time from the called requests'."""
+    return (f"report {service} alone (otel-stages report ... --service {service}) to see which of"
+            f" its stages makes {stage} swing, and both services without --service to part"
+            f" {stage}'s own time (a connection pool's wait, the network, reading the response)"
+            f" from {service}'s requests")
+
+
 #: ``other``: a custom stage that does a standard stage's work gets that stage's evidence once
 #: named or mapped so (a tester's ``inference`` span: GPU readings during it went unread).
 CUSTOM_IS_STANDARD = (
@@ -221,13 +240,7 @@ _ADVICE: dict[str, list[str]] = {
         "cache compiled kernels / engines (torch.compile cache dir, TensorRT engine) across restarts",
         "load weights before serving and keep at least one replica warm (min replicas > 0)",
     ],
-    "other": [
-        "a custom stage swings: time its sub-steps with nested stage() spans to find which one;"
-        " this report counts nested spans named as standard stages (download, decode, resize,"
-        " queue, forward) in place of the custom stage, while sub-steps with other names show"
-        " in the trace waterfall (Jaeger, Tempo), not in its table",
-        CUSTOM_IS_STANDARD,
-    ],
+    "other": [CUSTOM_SUBSTEPS, CUSTOM_IS_STANDARD],
 }
 
 

@@ -248,6 +248,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     """The statements behind :func:`fetch_aggregates`: the answer rows of every aggregate query
     (by name) and the quantile method used. Temporary tables are dropped afterwards."""
     settings = {**sql.DEFAULT_SETTINGS, **query.settings}
+    left_out_calls: list[dict[str, Any]] = []
     for statement in sql.service_statements(tables.traces_ref, query):
         engine.execute(statement, sql.query_params(query), settings)
     _group_requests(engine, tables, query, settings)
@@ -255,6 +256,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         for statement in service_sql.foreign_statements():
             engine.execute(statement, sql.query_params(query), settings)
         if int(engine.rows(service_sql.foreign_count_sql(), None, settings)[0]["n"]):
+            # the service's stages that call the requests left out, before they are
+            left_out_calls = _calls_left_out(engine, tables, query, settings)
             query = replace(query, leave_out=True)
             for statement in service_sql.names_statements(tables.traces_ref, query):
                 engine.execute(statement, sql.query_params(query), settings)
@@ -321,6 +324,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         results[name] = engine.rows(text, params, settings)
     results.update(_cohort_gpu(engine, query, head, settings, results))
     results["gauge_table"] = gauge
+    results["calls_left_out"] = left_out_calls
     results["forward_owners"] = owned
     results["apart"] = engine.rows(apart.apart_rows_sql(), None, settings)
     if apart.warmup_needed(results["apart"]):  # requests set apart as warm-up: how long it lasted
@@ -398,6 +402,19 @@ def _episode_rows(engine: Engine, method: str, median_ms: float, band_ms: float,
             break
         del out["episode_outside"]
     return out
+
+
+def _calls_left_out(engine: Engine, tables: Tables, query: sql.AggregateQuery,
+                    settings: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``calls_left_out`` answer (:func:`~otel_stages.analysis.clickhouse_calls.left_out_sql`):
+    the call search over the first request pass of ``--service``, its other services' requests
+    still read."""
+    for statement in calls.start_statements():
+        engine.execute(statement, None, settings)
+    for _ in range(MAX_CALL_HOPS):
+        for statement in calls.hop_statements(tables.traces_ref, query):
+            engine.execute(statement, sql.query_params(query), settings)
+    return engine.rows(calls.left_out_sql(), sql.query_params(query), settings)
 
 
 def _group_requests(engine: Engine, tables: Tables, query: sql.AggregateQuery,

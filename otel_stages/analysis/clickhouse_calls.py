@@ -188,3 +188,22 @@ INNER JOIN ({in_service}) AS t ON f.name = t.name AND f.caller = t.svc
 LEFT JOIN ({lone}) AS l ON f.name = l.name AND f.caller = l.svc
 WHERE f.n >= {CALL_MIN_SHARE} * t.n
 ORDER BY calls DESC, stage, service, caller"""
+
+
+def left_out_sql() -> str:
+    """(params: ``service``) ``stage, service, calls, spans``: after a search over the first
+    request pass of ``--service`` (other services' requests still read), the stages of the
+    service's requests that are calls into another service's requests, which the second pass
+    leaves out, as :func:`otel_stages.analysis.services.pick_service` finds them
+    (:attr:`~otel_stages.analysis.model.Recording.calls_left_out`): ``calls`` the calling spans,
+    ``spans`` the stage's spans in the service's requests, most calls first."""
+    in_service = (f"SELECT name, sum(k) AS n FROM {REQUESTS_TABLE} ARRAY JOIN stage_names AS name,"
+                  " stage_counts AS k WHERE is_request AND svc = {service:String} GROUP BY name")
+    return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.n AS spans
+FROM (SELECT name, svc, count() AS n
+      FROM (SELECT DISTINCT name, svc, trace_key, sid FROM {FOUND_TABLE}
+            WHERE caller = {{service:String}} AND svc != {{service:String}})
+      GROUP BY name, svc) AS f
+INNER JOIN ({in_service}) AS t ON f.name = t.name
+WHERE f.n >= {CALL_MIN_SHARE} * t.n
+ORDER BY calls DESC, stage, service"""

@@ -483,6 +483,7 @@ def figures(agg: FleetAggregates, cohort_list: Sequence[CohortFigures] | None = 
         set_apart=tuple(a.figures for a in agg.set_apart), warmup=agg.warmup,
         services=agg.services, service_requests=agg.service_requests,
         sampling=agg.sampling, calls=agg.calls, episode=agg.episode,
+        calls_left_out=agg.calls_left_out,
     )
 
 

@@ -56,6 +56,7 @@ from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.calls import SIDE_AFTER, SIDE_BEFORE, Call, left_out, own_side
 from otel_stages.analysis.caveats import (
     before_caveat,
+    calls_left_out_caveat,
     clash_caveat,
     episode_caveat,
     misaligned_gpu_caveat,
@@ -340,6 +341,7 @@ def decide(fig: Figures) -> Verdict:
     misaligned_gpu_caveat(verdict, fig)
     failures_first(verdict, fig, band.band_ms)
     clash_caveat(verdict, fig)
+    calls_left_out_caveat(verdict, fig)
     services_caveat(verdict, fig)
     sampled_caveat(verdict, fig)  # first: what was read at all
     return verdict

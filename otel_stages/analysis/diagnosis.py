@@ -450,7 +450,8 @@ def _diagnose(recording: Recording, *, baseline: Recording | None, top: int, las
     figures = replace(result.figures, sampling=seq_coverage(requests, warm),
                       calls=remote_calls(requests, screened.spans,
                                          {(r.trace_id, r.span_id) for r in requests
-                                          if not r.cold and id(r) not in apart_ids}))
+                                          if not r.cold and id(r) not in apart_ids}),
+                      calls_left_out=tuple(recording.calls_left_out))
     verdict = decide(_with_batches(figures, batches))
     overlap = overlap_stats(warm, with_explains=len(warm) >= MIN_WARM_RUNS)
     overlap_caveat(verdict, result.figures, overlap)

@@ -85,16 +85,33 @@ class MetricPoint(msgspec.Struct, frozen=True, gc=False):
     unit: str | None = None
 
 
+@dataclass(frozen=True)
+class LeftOutCall:
+    """A stage of the requests ``--service`` picked that calls the requests of another service,
+    which the pick left out (:func:`otel_stages.analysis.services.pick_service`; the rule of
+    :func:`otel_stages.analysis.calls.remote_calls`): ``stage`` its name, ``service`` the called
+    requests' ``service.name``, ``calls`` its spans that hold one, ``spans`` its spans in the
+    picked service's requests."""
+
+    stage: str
+    service: str
+    calls: int
+    spans: int
+
+
 @dataclass
 class Recording:
     """What a loader produced: spans, metric points, and readable problems met on the way.
 
     ``problems`` are messages such as ``"traces.jsonl:12: not JSON (...)"``; the loader kept going.
+    ``calls_left_out``: set by ``--service`` (:func:`otel_stages.analysis.services.pick_service`),
+    the stages of the picked requests that call requests it left out, most calls first.
     """
 
     spans: list[Span] = field(default_factory=list)
     metrics: list[MetricPoint] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    calls_left_out: list[LeftOutCall] = field(default_factory=list)
 
     def extend(self, other: Recording) -> None:
         """Append another load's spans, points and problems to this one (in place)."""

@@ -2,7 +2,9 @@
 spans) is of that ``service.name``, with all their stage spans whatever service recorded them (a
 GPU worker's ``forward`` under a gateway's request stays with it), as the ClickHouse report picks
 them; the requests of other services are left out, even in the same trace (a gateway whose
-request calls a worker's: ``--service worker`` reports the worker's requests alone). And the
+request calls a worker's: ``--service worker`` reports the worker's requests alone; ``--service
+gateway`` keeps the gateway's call as a stage of its own, and the stages that call requests it
+left out, :attr:`~otel_stages.analysis.model.Recording.calls_left_out`, for the rules to say). And the
 sentences when none matches: the services seen (no span of that service), or the services whose
 requests hold its spans (its spans are stages of other services' requests). The same from the
 file report and the ClickHouse report. Pure.
@@ -14,8 +16,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from otel_stages import semconv
-from otel_stages.analysis.model import Recording, Span
-from otel_stages.analysis.requests import trace_members
+from otel_stages.analysis.calls import remote_calls
+from otel_stages.analysis.model import LeftOutCall, Recording, Span
+from otel_stages.analysis.requests import group_spans, trace_members
+from otel_stages.analysis.screen import screen_spans
 
 #: At most this many services are named when ``--service`` matches none.
 MAX_SERVICES_NAMED = 5
@@ -70,7 +74,21 @@ def pick_service(recording: Recording, service: str) -> Recording:
     with_spans = {service_of(s.resource) for s in recording.spans}
     metrics = [p for p in recording.metrics
                if service_of(p.resource) in services or service_of(p.resource) not in with_spans]
-    return Recording(spans=spans, metrics=metrics, problems=list(recording.problems))
+    calls = (_calls_left_out([s for s in recording.spans if s.trace_id in by_trace], service)
+             if left_out else [])
+    return Recording(spans=spans, metrics=metrics, problems=list(recording.problems),
+                     calls_left_out=calls)
+
+
+def _calls_left_out(spans: list[Span], service: str) -> list[LeftOutCall]:
+    """The stages of ``service``'s requests in ``spans`` (the traces picked, before their other
+    services' requests are left out) that are calls (:func:`~otel_stages.analysis.calls
+    .remote_calls`) into the requests of another service, most calls first."""
+    screened = screen_spans(spans)
+    requests = group_spans(screened.spans).requests
+    return [LeftOutCall(c.stage, c.service, c.calls, c.spans)
+            for c in remote_calls(requests, screened.spans)
+            if c.caller == service and c.service != service]
 
 
 def service_hosts(recording: Recording, service: str) -> list[tuple[str, int]]:

@@ -134,6 +134,7 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
         spans=[s for k, s in by_id.items() if k not in replaced] + added,
         metrics=list(recording.metrics),
         problems=[*recording.problems, *summary.problems],
+        calls_left_out=list(recording.calls_left_out),
     )
     if stage_map.label and summary.mapped:
         summary.labels = label_stats(warm_requests(out), stage_map.label)
