@@ -272,13 +272,23 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     for statement in queries.failed_cold_statements(tables.traces_ref, query, method, failed_cold > 0):
         engine.execute(statement, sql.query_params(query), settings)
     gauge = metrics_table(engine, tables.database, tables.gauge)
-    for statement, params in queries.prepare_statements(tables.traces_ref, gauge[0]["read"], query):
+    for statement, params in (*queries.cohort_statements(),
+                              *queries.gpu_points_statements(gauge[0]["read"], query)):
         engine.execute(statement, params, settings)
-    # forwards recorded by a process without requests (a GPU worker under a gateway's request)
-    # join their own process's GPU points; none in the common case, which reads no span here
-    owned = engine.rows(queries.forward_owners_sql(), None, settings)
-    for statement, params in queries.gpu_pairs_statements(bool(owned and int(owned[0]["n"]))):
-        engine.execute(statement, params, settings)
+    # without GPU points in the window the tables lined up with them are empty: not built, and
+    # their answers absent (read as none); a run without GPU metrics plans a third fewer statements
+    points = int(engine.rows(queries.gpu_points_sql(), None, settings)[0]["n"]) if SKIP_EMPTY_GPU else 1
+    results_points = [{"n": points}]
+    owned: list[dict[str, Any]] = [{"n": 0}]
+    if points:
+        for statement, params in queries.gpu_owner_statements(tables.traces_ref, query):
+            engine.execute(statement, params, settings)
+        # forwards recorded by a process without requests (a GPU worker under a gateway's
+        # request) join their own process's GPU points; none in the common case, which reads no
+        # span here
+        owned = engine.rows(queries.forward_owners_sql(), None, settings)
+        for statement, params in queries.gpu_pairs_statements(bool(owned and int(owned[0]["n"]))):
+            engine.execute(statement, params, settings)
     results = {
         name: engine.rows(text, params, settings)
         for name, text, params in queries.aggregate_statements(tables.traces_ref, query, method)
@@ -319,8 +329,10 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["slow_forwards"] = engine.rows(queries.slow_forwards_sql(),
                                            {"band_ns": (band or 0.0) * 1e6}, settings)
     threshold = results["slow_forwards"][0]["slow_min_ns"] if results["slow_forwards"] else None
+    results["gpu_points"] = results_points
     for name, text, params in queries.gpu_statements(
-            float(threshold) if threshold is not None and math.isfinite(threshold) else 0.0):
+            float(threshold) if threshold is not None and math.isfinite(threshold) else 0.0,
+            points=bool(points)):
         results[name] = engine.rows(text, params, settings)
     results.update(_cohort_gpu(engine, query, head, settings, results))
     results["gauge_table"] = gauge
@@ -349,7 +361,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     if query.start_ns is not None:  # requests kept by their own start: those the start cut off
         results["window_edge"] = engine.rows(requests.window_edge_sql(tables.traces_ref, query),
                                              sql.query_params(query), settings)
-    results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(), None, settings)
+    if points:
+        results["foreign_gpu"] = engine.rows(queries.foreign_gpu_sql(), None, settings)
     results["shared_gpu_ids"] = engine.rows(gpu_ids.shared_gpu_ids_sql(gauge[0]["read"], query),
                                             sql.query_params(query), settings)
     results["ambiguous_units"] = engine.rows(gpu_ids.ambiguous_units_sql(gauge[0]["read"], query),
@@ -402,6 +415,11 @@ def _episode_rows(engine: Engine, method: str, median_ms: float, band_ms: float,
             break
         del out["episode_outside"]
     return out
+
+
+#: Skip the GPU tables and answers when the window holds no GPU point (their answers are then
+#: empty; tests compare both ways).
+SKIP_EMPTY_GPU = True
 
 
 def _calls_left_out(engine: Engine, tables: Tables, query: sql.AggregateQuery,
@@ -494,7 +512,9 @@ def signal_results(engine: Engine, tables: Tables, query: sql.AggregateQuery, me
     when some carry signals; nothing comes back when neither is there."""
     out: dict[str, list[dict[str, Any]]] = {}
     spans = bool(results.get("signals") and results["signals"][0]["signals"])
-    forwards = bool(results["summary"] and results["summary"][0].get("n_warm_forwards"))
+    # GPU memory: its points are among the GPU points (none: nothing to read)
+    forwards = bool(results["summary"] and results["summary"][0].get("n_warm_forwards")
+                    and int((results.get("gpu_points") or [{"n": 1}])[0]["n"]))
     tops = {"top_cohorts": query.top_cohorts}
     gpus: list[dict[str, Any]] = []
     gauge = str((results.get("gauge_table") or [{"read": tables.gauge_ref}])[0]["read"])

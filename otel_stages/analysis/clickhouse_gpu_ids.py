@@ -11,7 +11,7 @@ Also the utilization senders whose unit is ambiguous (:func:`ambiguous_condition
 :func:`otel_stages.analysis.gpu_owners.is_ambiguous`, judged per sender over all its undeclared
 points): :func:`ambiguous_units_sql` names their series for the problem line, and the GPU
 samples statement leaves those points out
-(:func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`).
+(:func:`otel_stages.analysis.clickhouse_queries.gpu_pairs_statements`).
 """
 
 from __future__ import annotations

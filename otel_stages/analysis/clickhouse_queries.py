@@ -928,31 +928,28 @@ def series_hw_sql(hw: str, part: str) -> str:
 HW_SENDER_SQL = "\\x1E"
 
 
-def prepare_statements(traces: str, gauge: str, query: AggregateQuery
-                       ) -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` run before :func:`aggregate_statements` (after the warm flags are
-    final): :func:`cohort_statements`, then the GPU tables (:func:`gpu_prepare_statements`)."""
-    return [*cohort_statements(), *gpu_prepare_statements(traces, gauge, query)]
-
-
 def buckets(s: str, e: str) -> str:
     """The :data:`GPU_BUCKET_NS` buckets a window ``s`` .. ``e`` (ns) touches, as an array."""
     return (f"range(toUInt64(intDiv({s}, {GPU_BUCKET_NS})),"
             f" toUInt64(intDiv({e}, {GPU_BUCKET_NS})) + 1)")
 
 
-def gpu_prepare_statements(traces: str, gauge: str, query: AggregateQuery
-                           ) -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` that fill the GPU tables up to their owners: the points
-    (:func:`gpu_points_statements`), the forwards of processes without requests
-    (:func:`forward_owners_statements`), the hosts (:func:`request_hosts_statements`) and the
-    owners (:func:`gpu_owners_statements`); :func:`gpu_pairs_statements` follows."""
-    return [*gpu_points_statements(gauge, query), *forward_owners_statements(traces, query),
-            *request_hosts_statements(traces, query), *gpu_owners_statements()]
+def gpu_points_sql() -> str:
+    """``SELECT n``: the rows of :data:`GPU_POINTS_TABLE` (0: no GPU point in the window, and
+    every table lined up with them would be empty)."""
+    return f"SELECT count() AS n FROM {GPU_POINTS_TABLE}"
+
+
+def gpu_owner_statements(traces: str, query: AggregateQuery) -> list[tuple[str, dict[str, Any]]]:
+    """``(statement, params)`` after :func:`gpu_points_statements`: the forwards of processes
+    without requests (:func:`forward_owners_statements`), the hosts
+    (:func:`request_hosts_statements`) and the owners (:func:`gpu_owners_statements`)."""
+    return [*forward_owners_statements(traces, query), *request_hosts_statements(traces, query),
+            *gpu_owners_statements()]
 
 
 def gpu_pairs_statements(owned: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """``(statement, params)`` after :func:`gpu_prepare_statements`: the ``hw.gpu.utilization``
+    """``(statement, params)`` after :func:`gpu_owner_statements`: the ``hw.gpu.utilization``
     points of the processes with warm requests, or of processes without requests for those with
     no GPU points (per process and ``hw.id``; values scaled to 0..1: a sender's points of one unit,
     every ``hw.id``, whose maximum exceeds :data:`PERCENT_GUESS` read as percent, its ambiguous
@@ -1337,12 +1334,15 @@ def cohort_gpu_statements(thresholds: Sequence[tuple[int, int, str, float]], *,
             *([("cohort_gpu_metrics", cohort_gpu_metrics_sql(n), params)] if metrics else [])]
 
 
-def gpu_statements(slow_min_ns: float) -> list[tuple[str, str, dict[str, Any]]]:
+def gpu_statements(slow_min_ns: float, *, points: bool = True
+                   ) -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, SQL, params)`` of the GPU utilization aggregates, run after
     :func:`aggregate_statements` and :func:`slow_forwards_sql` (whose threshold, from the run's
-    noise band in their answers, is ``slow_min_ns``)."""
+    noise band in their answers, is ``slow_min_ns``): the forward spans' attributes, and the
+    metric points' unless there are none (``points``)."""
     split = {"slow_min_ns": slow_min_ns}
-    return [("gpu_spans", gpu_spans_sql(), split), ("gpu_metrics", gpu_metrics_sql(), split)]
+    return [("gpu_spans", gpu_spans_sql(), split),
+            *([("gpu_metrics", gpu_metrics_sql(), split)] if points else [])]
 
 
 def aggregate_statements(traces: str, query: AggregateQuery, method: str

@@ -362,7 +362,7 @@ def memory_statements(owned: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """``(statement, params)`` filling the two memory tables: ``hw.gpu.memory.usage`` and
     ``hw.gpu.memory.limit`` points of the processes with requests, in the window (from the GPU
     points table, by process through the GPU owners table, and time, as the utilization; after
-    :func:`otel_stages.analysis.clickhouse_queries.gpu_prepare_statements`), and one row per
+    :func:`otel_stages.analysis.clickhouse_queries.gpu_owner_statements`), and one row per
     (warm forward window of a cohort, GPU) with the points inside it (``vmax``, ``vmin``, ``n``;
     ``vdrop``: the memory released between them, the sum of the falls in time order within each
     sending process's points, :func:`otel_stages.analysis.gpu_memory.released_by_sender`;
