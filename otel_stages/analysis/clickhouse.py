@@ -277,7 +277,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         engine.execute(statement, params, settings)
     # without GPU points in the window the tables lined up with them are empty: not built, and
     # their answers absent (read as none); a run without GPU metrics plans a third fewer statements
-    points = int(engine.rows(queries.gpu_points_sql(), None, settings)[0]["n"]) if SKIP_EMPTY_GPU else 1
+    points = int(engine.rows(queries.gpu_points_sql(), None, settings)[0]["n"]) if SKIP_EMPTY else 1
     results_points = [{"n": points}]
     owned: list[dict[str, Any]] = [{"n": 0}]
     if points:
@@ -356,8 +356,10 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         # no request of the service's own: the services whose requests hold its spans
         results["service_hosts"] = engine.rows(service_sql.hosts_sql(tables.traces_ref, query),
                                                sql.query_params(query), settings)
-    results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query), sql.query_params(query),
-                                  settings)
+    custom = not SKIP_EMPTY or int(engine.rows(f"SELECT count() AS n FROM {requests.CUSTOM_TABLE}",
+                                               None, settings)[0]["n"]) > 0
+    results["gaps"] = engine.rows(gaps.gaps_sql(tables.traces_ref, query, custom=custom),
+                                  sql.query_params(query), settings)
     if query.start_ns is not None:  # requests kept by their own start: those the start cut off
         results["window_edge"] = engine.rows(requests.window_edge_sql(tables.traces_ref, query),
                                              sql.query_params(query), settings)
@@ -417,9 +419,10 @@ def _episode_rows(engine: Engine, method: str, median_ms: float, band_ms: float,
     return out
 
 
-#: Skip the GPU tables and answers when the window holds no GPU point (their answers are then
-#: empty; tests compare both ways).
-SKIP_EMPTY_GPU = True
+#: Skip the statements whose tables would be empty: the GPU tables and answers where the window
+#: holds no GPU point, those over custom stage spans and nested groups where none was read (their
+#: answers are then empty; tests compare both ways).
+SKIP_EMPTY = True
 
 
 def _calls_left_out(engine: Engine, tables: Tables, query: sql.AggregateQuery,
@@ -441,7 +444,11 @@ def _group_requests(engine: Engine, tables: Tables, query: sql.AggregateQuery,
     (:mod:`otel_stages.analysis.clickhouse_requests`)."""
     plan = engine.rows(requests.plan_sql(tables.traces_ref, query),
                        sql.query_params(query), settings)[0]
-    for statement, params in requests.prepare_statements(tables.traces_ref, query, plan):
+    def count(table: str) -> int:
+        return int(engine.rows(f"SELECT count() AS n FROM {table}", None, settings)[0]["n"])
+
+    for statement, params in requests.prepare_statements(tables.traces_ref, query, plan,
+                                                         count if SKIP_EMPTY else None):
         engine.execute(statement, params, settings)
 
 

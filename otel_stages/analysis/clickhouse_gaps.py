@@ -47,21 +47,24 @@ def _has_any(keys: tuple[str, ...] | list[str]) -> str:
     return " OR ".join(f"mapContains(SpanAttributes, '{k}')" for k in keys)
 
 
-def gaps_sql(traces: str, query: AggregateQuery) -> str:
+def gaps_sql(traces: str, query: AggregateQuery, *, custom: bool = True) -> str:
     """One row: ``token_spans`` (spans with a prompt or output token count),
     ``image_elsewhere`` (stage spans other than decode with ``image.width``),
     ``batch_spans``, ``custom_names`` / ``plain_names`` (distinct custom stage span names, and of
-    those the ones not read as per-request here; after the request grouping)."""
+    those the ones not read as per-request here; after the request grouping). ``custom``: whether
+    the request grouping read custom stage spans (none: their counts are 0, not read)."""
     base = span_filter(query, odd=False)
     not_decode = "(" + ", ".join(f"'{s}'" for s in _NOT_DECODE) + ")"
+    sized = f"(SELECT n FROM ({sized_custom_sql()}))" if custom else "0"
+    names = (f"(SELECT (distinct_names, plain_names) FROM ({custom_names_sql()}))" if custom
+             else "(toUInt64(0), toUInt64(0))")
     return f"""SELECT
     (SELECT count() FROM {traces} WHERE ({_has_any(_TOKENS)}) AND {base}) AS token_spans,
     (SELECT count() FROM {traces} WHERE SpanName IN {not_decode}
         AND mapContains(SpanAttributes, '{semconv.IMAGE_WIDTH}') AND {base})
-        + (SELECT n FROM ({sized_custom_sql()})) AS image_elsewhere,
+        + {sized} AS image_elsewhere,
     (SELECT count() FROM {traces} WHERE SpanName = '{semconv.SPAN_BATCH}' AND {base}) AS batch_spans,
-    (SELECT (distinct_names, plain_names) FROM ({custom_names_sql()})) AS names,
-    names.1 AS custom_names, names.2 AS plain_names"""
+    {names} AS names, names.1 AS custom_names, names.2 AS plain_names"""
 
 
 def gap_lines(row: Mapping[str, Any], standard_names: int) -> list[str]:

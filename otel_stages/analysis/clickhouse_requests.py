@@ -47,7 +47,7 @@ How, at scale (10 million spans in seconds, memory bounded):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_stages import semconv
@@ -383,11 +383,26 @@ FROM ({inner}) AS g LEFT JOIN {NESTED_TABLE} AS u ON g.trace_key = u.trace_key A
     return inner
 
 
-def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any]
+#: :data:`EXTRAS_TABLE`'s columns as its statement makes them (a test compares): it is created
+#: with them, empty, where no custom stage span and no nested group was read.
+EXTRAS_SCHEMA = (
+    "trace_key UInt128, owner UInt64, err UInt8, dec_w Int64, dec_h Int64, dec_s Int64,"
+    " dec_f String, dec_bad UInt64, first_ns Int64, dec_hsum UInt64, dec_n UInt64, grp_w Int64,"
+    " grp_h Int64, grp_s Int64, grp_f String, k_id Array(UInt64), k_code Array(UInt8),"
+    " k_s Array(Int64), k_e Array(Int64), g_id Array(UInt64), g_u Array(Float64),"
+    " g_c Array(Int64), c_id Array(UInt64), c_name Array(String), c_s Array(Int64),"
+    " c_e Array(Int64)")
+
+
+def prepare_statements(traces: str, query: AggregateQuery, plan: dict[str, Any],
+                       count: Callable[[str], int] | None = None
                        ) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(statement, params)``: (re)create the temporary tables and fill them, slice by slice
     (``plan`` from :func:`plan_sql`); the last ones fill the per-process table the cold rule
-    reads, then the per-request table (created with :data:`REQUEST_SCHEMA`, then filled)."""
+    reads, then the per-request table (created with :data:`REQUEST_SCHEMA`, then filled).
+    ``count``: the rows of a table the statements so far filled (each statement is run before
+    the next is asked for); with it, the statements over custom stage spans and nested groups
+    are left out where there are none (their tables then empty: the common case)."""
     params = query_params(query)
     time_slices = slices(plan, query)
     for table in TABLES:
@@ -409,7 +424,9 @@ SELECT reinterpretAsUInt128(unhex(TraceId)) AS trace_key, reinterpretAsUInt64(un
 FROM {traces}
 WHERE SpanName NOT IN ({_STD[1:-1]}, {_REQUEST}) AND ParentSpanId != '' AND {span_filter(query, odd=False)}
 LIMIT 1 BY trace_key, sid"""), params
-    yield custom_only_insert(traces, query), params
+    custom = count(CUSTOM_TABLE) if count is not None else 1
+    if custom:
+        yield custom_only_insert(traces, query), params
     # nested groups: stage parents (not named request) whose parent is a stage parent
     candidates = (f"SELECT trace_key, key, self_pid FROM {GROUPS_TABLE}"
                   f" WHERE present AND NOT self_isreq AND {_N_TOTAL} > 0")
@@ -417,6 +434,16 @@ LIMIT 1 BY trace_key, sid"""), params
     yield (f"""CREATE TEMPORARY TABLE {NESTED_TABLE} ENGINE = Memory AS
 SELECT trace_key, key, self_pid FROM ({candidates})
 WHERE (trace_key, self_pid) IN ({parents})"""), {}
+    if not custom and count is not None and not count(NESTED_TABLE):
+        yield f"CREATE TEMPORARY TABLE {EXTRAS_TABLE} ({EXTRAS_SCHEMA}) ENGINE = Memory", {}
+    else:
+        yield _extras_statement(), {}
+    yield from _process_statements(traces, query, params)
+
+
+def _extras_statement() -> str:
+    """``CREATE`` :data:`EXTRAS_TABLE`: per request (``owner``), what its custom stage spans and
+    nested groups add (sizes, error, the spans of each)."""
     nested = owner_walk(MAX_GROUP_DEPTH)
     leaves = f"""SELECT c.trace_key AS trace_key, if(o.key != 0, o.owner, c.pid) AS owner, c.sid AS sid,
     c.name AS name, c.start AS start, c.dur AS dur, c.err AS err
@@ -436,7 +463,7 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
 FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
 SETTINGS {_SMALL_RIGHT}"""
-    yield (f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
+    return f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
 SELECT trace_key, owner, max(err) AS err,
     -- each size from the group whose first sized decode span starts first (the largest of each
     -- apart made sizes no image had)
@@ -465,7 +492,13 @@ FROM (
         [sid], [name], [start], [start + dur]
     FROM ({leaves})
 )
-GROUP BY trace_key, owner"""), {}
+GROUP BY trace_key, owner"""
+
+
+def _process_statements(traces: str, query: AggregateQuery, params: dict[str, Any]
+                        ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The last of :func:`prepare_statements`: the per-process table, then the per-request
+    table."""
     # the cold rule per process: whether its requests carry request.cold_start / request.seq,
     # its earliest request, and (with a window start) whether it ran before the window
     in_window = f"WHERE {_IS_REQUEST} {request_window(query, 'start')}"

@@ -1,7 +1,8 @@
-"""A run without GPU points in the window: the ClickHouse report skips the tables lined up with
-them and their answers (``clickhouse.SKIP_EMPTY_GPU``), a fifth of a small report's planning. The
-report it gives is the one the full set of statements gives (real chDB), and runs with GPU points
-run them all."""
+"""Statements whose tables would be empty are skipped (``clickhouse.SKIP_EMPTY``): the tables
+lined up with the GPU points where the window holds none, those over custom stage spans and
+nested groups where none was read (the common case): a third of a small report's planning. The
+report is the one the full set of statements gives (real chDB), the empty table has the columns
+the full statement makes, and runs with GPU points run every GPU statement."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from otel_stages.analysis import clickhouse
 from otel_stages.analysis.clickhouse import Tables, connect, fetch_aggregates, import_files, parse_url
 from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_queries import GPU_PAIRS_TABLE
+from otel_stages.analysis.clickhouse_requests import EXTRAS_SCHEMA, EXTRAS_TABLE
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
 
 TRACES = Path(__file__).parent / "data" / "traces"
@@ -50,8 +52,10 @@ def _without_metrics(source: Path, target: Path, *, span_readings: bool = False)
     return target
 
 
-def _report(engine: Any, database: str, statements: list[str]) -> dict[str, Any]:
-    """The report's JSON on ``database``, each statement's text appended to ``statements``."""
+def _report(engine: Any, database: str, statements: list[str],
+            extras: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The report's JSON on ``database``, each statement's text appended to ``statements`` (and
+    the columns of the extras table, as made, to ``extras``)."""
     rows, execute = engine.rows, engine.execute
 
     def counted_rows(query: str, *args: Any, **kwargs: Any) -> Any:
@@ -60,7 +64,11 @@ def _report(engine: Any, database: str, statements: list[str]) -> dict[str, Any]
 
     def counted_execute(query: str, *args: Any, **kwargs: Any) -> Any:
         statements.append(query)
-        return execute(query, *args, **kwargs)
+        done = execute(query, *args, **kwargs)
+        if extras is not None and query.startswith(f"CREATE TEMPORARY TABLE {EXTRAS_TABLE}"):
+            extras.append([{k: r[k] for k in ("name", "type")}
+                           for r in rows(f"DESCRIBE TABLE {EXTRAS_TABLE}")])
+        return done
 
     engine.rows, engine.execute = counted_rows, counted_execute
     try:
@@ -73,21 +81,27 @@ def _report(engine: Any, database: str, statements: list[str]) -> dict[str, Any]
 @pytest.mark.parametrize("span_readings", [False, True])
 def test_a_run_without_gpu_points_skips_their_tables_and_reports_the_same(
         engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, span_readings: bool) -> None:
-    """The spans alone (the forward spans' own GPU readings or none): the tables lined up with
-    the points are not built, and the report is the full statements' to the byte."""
+    """The spans alone (the forward spans' own GPU readings or none), no custom stage span: the
+    tables lined up with the points and those over custom spans are not built, and the report is
+    the full statements' to the byte."""
     path = _without_metrics(TRACES / "stable.otlp.jsonl", tmp_path / "spans.jsonl",
                             span_readings=span_readings)
     database = f"g_spans_{int(span_readings)}"
     assert import_files(engine, Tables(database=database), [path]).problems == []
     skipped: list[str] = []
-    got = _report(engine, database, skipped)
-    monkeypatch.setattr(clickhouse, "SKIP_EMPTY_GPU", False)
+    extras: list[list[dict[str, Any]]] = []
+    got = _report(engine, database, skipped, extras)
+    monkeypatch.setattr(clickhouse, "SKIP_EMPTY", False)
     full: list[str] = []
-    want = _report(engine, database, full)
+    want = _report(engine, database, full, extras)
     assert got == want
     assert got["gpu"]["source"] == ("span_attributes" if span_readings else None)
     assert not [q for q in skipped if GPU_PAIRS_TABLE in q and "DROP" not in q]
     assert [q for q in full if GPU_PAIRS_TABLE in q and "DROP" not in q]
+    # the extras table: made empty from its columns, or by its statement, the same columns
+    made = [q for q in skipped if q.startswith(f"CREATE TEMPORARY TABLE {EXTRAS_TABLE}")]
+    assert made == [f"CREATE TEMPORARY TABLE {EXTRAS_TABLE} ({EXTRAS_SCHEMA}) ENGINE = Memory"]
+    assert len(extras) == 2 and extras[0] == extras[1]
     assert len(skipped) < len(full) - 10
 
 
