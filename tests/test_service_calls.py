@@ -269,6 +269,20 @@ def test_a_call_left_out_by_service_from_half_of_its_spans(engine: Any, tmp_path
     assert _sql(engine, path, GATEWAY)["verdict"] == want["verdict"]
 
 
+def test_a_call_named_forward_left_out_by_service_gets_no_gpu_advice(engine: Any, tmp_path: Path) -> None:
+    """A tester's: the gateway's call named ``forward`` (its stage around the HTTP call), reported
+    with ``--service gateway``: the worker's GPU points went with its requests, and the report
+    advised enabling the GPU sampler. The call's advice replaces the cause's, in both reports."""
+    path = gateway_calls_worker(tmp_path / "named.jsonl", call_name="forward")
+    want = _file(path, GATEWAY)
+    v = want["verdict"]
+    assert v["stage"] == "forward" and v["evidence"][0].startswith(
+        f"forward is a call into {WORKER}'s requests")
+    assert v["advice"][0] == advice.left_out_call("forward", WORKER)
+    assert not [a for a in v["advice"] if "GPU" in a or "gpu" in a], v["advice"]
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
 def test_the_gateways_report_from_the_command_line_says_the_call(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI's ``--service`` (its stage-map step rebuilds the recording) keeps what the pick

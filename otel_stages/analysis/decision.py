@@ -325,6 +325,7 @@ def decide(fig: Figures) -> Verdict:
             for c in fig.calls
             if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms, fig.total, band)]
         _call_other_sides(verdict, fig, band, own - repeated, repeated)
+        calls_left_out_caveat(verdict, fig)  # (before the caveats add their advice)
     _append_common(verdict, fig, band.band_ms)
     if swings is not False and not _mix_dominates(fig):  # else the inputs move the stages
         together_caveat(verdict, fig)
@@ -341,7 +342,6 @@ def decide(fig: Figures) -> Verdict:
     misaligned_gpu_caveat(verdict, fig)
     failures_first(verdict, fig, band.band_ms)
     clash_caveat(verdict, fig)
-    calls_left_out_caveat(verdict, fig)
     services_caveat(verdict, fig)
     sampled_caveat(verdict, fig)  # first: what was read at all
     return verdict
@@ -952,7 +952,8 @@ def _cold_failed_clause(fig: Figures) -> str:
         return " (the cold one above: in the cold figures only)"
     if cold == fig.failed_requests:
         return " (the cold ones above: in the cold figures only)"
-    return f" ({cold} of them the cold ones above: in the cold figures only)"
+    return (f" ({cold} of them the cold one{'s' if cold != 1 else ''} above: in the cold figures"
+            " only)")
 
 
 def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False) -> None:
