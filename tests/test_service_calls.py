@@ -25,6 +25,7 @@ from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
 from otel_stages.analysis.cohorts import CohortKeys, set_apart_and_warmup
 from otel_stages.analysis.diagnosis import diagnose
+from otel_stages.analysis.model import LeftOutCall
 from otel_stages.analysis.requests import group_spans
 from otel_stages.analysis.services import no_request_line, pick_service
 from otel_stages.cli import main
@@ -646,6 +647,20 @@ def test_a_chain_of_calls_of_one_name(engine: Any, tmp_path: Path, shape: dict[s
     waits = [e for e in v["evidence"] if "but its own time outside them" in e]
     assert len(waits) == (cause == "call")  # (only the hop that waits)
     assert _sql(engine, path)["verdict"] == v
+
+
+@pytest.mark.parametrize("service, called", [("gateway", "router"), ("router", WORKER), (WORKER, None)])
+def test_a_chain_picked_by_service_leaves_out_its_own_calls_only(engine: Any, tmp_path: Path,
+                                                                 service: str, called: str | None) -> None:
+    """``--service`` on the chain: the picked service's own call into the next hop is the call
+    left out (not the router's call into the worker, seen from the gateway; not the gateway's
+    call into the router, seen from the router); the worker calls none. File and ClickHouse."""
+    path = chain(tmp_path / "chain.jsonl", slow_forwards=True)
+    want = [] if called is None else [LeftOutCall("POST", called, N, N)]
+    assert pick_service(load_paths([path]), service).calls_left_out == want
+    tables = Tables(database=f"i{next(_dbs)}")
+    assert import_files(engine, tables, [path]).problems == []
+    assert list(fetch_aggregates(engine, tables, AggregateQuery(service=service)).calls_left_out) == want
 
 
 def test_a_fan_out_started_in_one_nanosecond_sets_the_same_requests_apart(engine: Any,
