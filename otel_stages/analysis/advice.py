@@ -113,13 +113,12 @@ CUSTOM_SUBSTEPS = (
 
 
 def left_out_call(stage: str, service: str) -> str:
-    """The advice on a stage that calls requests ``--service`` left out
-    (:func:`otel_stages.analysis.caveats.calls_left_out_caveat`): the called service's report,
-    and the report of both, which parts the call's own time from the called requests'."""
+    """The advice on a stage whose swing is that of the requests it calls, which ``--service``
+    left out (:func:`otel_stages.analysis.decision.decide`): the called service's report, or the
+    report of both, which reads the called service's stages in place of the call."""
     return (f"report {service} alone (otel-stages report ... --service {service}) to see which of"
-            f" its stages makes {stage} swing, and both services without --service to part"
-            f" {stage}'s own time (a connection pool's wait, the network, reading the response)"
-            f" from {service}'s requests")
+            f" its stages makes {stage} swing, or both services without --service, which reads"
+            f" {service}'s stages in place of {stage}")
 
 
 #: ``other``: a custom stage that does a standard stage's work gets that stage's evidence once

@@ -501,25 +501,6 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
     verdict.advice.insert(0, f"report each service alone (otel-stages report ...{example}{why})")
 
 
-def calls_left_out_caveat(verdict: Verdict, fig: Figures) -> None:
-    """With ``--service``, where the verdict's stage calls the requests of another service, which
-    the pick left out (:attr:`Figures.calls_left_out`): said first in the evidence, and the advice
-    is the called service's report and the pooled one (:func:`~otel_stages.analysis.advice
-    .left_out_call`) in place of the cause's, run before the caveats add theirs: not a custom
-    stage's (nested spans, a standard stage's name), nor a model call's (a call named ``forward``
-    read no GPU data here: the called service's points went with it): its time is the called
-    requests' and the call's own, which this report cannot part (a tester's gateway report
-    advised naming its httpx ``POST`` spans ``forward``)."""
-    call = next((c for c in fig.calls_left_out if c.stage == verdict.stage), None)
-    if call is None:
-        return
-    verdict.evidence.insert(0, (
-        f"{call.stage} is a call into {call.service}'s requests ({call.calls} of its {call.spans}"
-        f" spans hold one), which --service leaves out of this report: its time is theirs and the"
-        f" call's own, which this report cannot part"))
-    verdict.advice[:] = [advice_text.left_out_call(call.stage, call.service)]
-
-
 def _shared_name_caveat(verdict: Verdict, fig: Figures) -> None:
     """:func:`services_caveat`'s reading of one ``service.name`` whose requests call each other."""
     called = next((c for c in fig.calls if c.shared_name), None)

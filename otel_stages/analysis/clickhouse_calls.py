@@ -121,7 +121,7 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
     ]
 
 
-def calls_sql() -> str:
+def calls_sql(*, every_request: bool = False) -> str:
     """``stage, service, caller, calls, spans, shared_name, callee_stage, repeated, each_q,
     own_q, callee_q, before_q, after_q``: as :func:`otel_stages.analysis.calls.remote_calls`, per called
     (``service``) and calling service (``caller``), most calls first: the stages whose calling
@@ -135,12 +135,17 @@ def calls_sql() -> str:
     many of the former hold more called requests than the fewest any of them holds; ``each_q``:
     the p5 and p95 of each of their successful called requests' totals (ns); ``before_q`` /
     ``after_q``: the p5 and p95 of the own time before the first called request starts and after
-    the last one ends, over the same spans as ``callee_q`` (ns)."""
+    the last one ends, over the same spans as ``callee_q`` (ns). ``every_request``: every called
+    request counts as steady (as :func:`~otel_stages.analysis.calls.remote_calls` without
+    ``steady``: the search over ``--service``'s first request pass, before the cold and set-apart
+    flags, :func:`otel_stages.analysis.clickhouse.run_queries`)."""
+    steady = ("toUInt8(1)" if every_request else
+              "min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN"
+              f" (SELECT trace_key, span_key FROM {APART_TABLE}))")
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.caller AS caller, c.trace_key AS tk, c.sid AS call,
         any(c.start) AS cs, any(c.dur) AS dur, count() AS k,
         groupArrayIf(r.total_ns, NOT r.error) AS totals,
-        min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN (SELECT trace_key, span_key FROM {APART_TABLE}))
-            AS steady,
+        {steady} AS steady,
         max(has(r.stage_names, c.name)) AS o,
         arraySort(groupArray((r.start_ns, r.start_ns + r.total_ns))) AS iv
     FROM {FOUND_TABLE} AS c
@@ -189,21 +194,3 @@ LEFT JOIN ({lone}) AS l ON f.name = l.name AND f.caller = l.svc
 WHERE f.n >= {CALL_MIN_SHARE} * t.n
 ORDER BY calls DESC, stage, service, caller"""
 
-
-def left_out_sql() -> str:
-    """(params: ``service``) ``stage, service, calls, spans``: after a search over the first
-    request pass of ``--service`` (other services' requests still read), the stages of the
-    service's requests that are calls into another service's requests, which the second pass
-    leaves out, as :func:`otel_stages.analysis.services.pick_service` finds them
-    (:attr:`~otel_stages.analysis.model.Recording.calls_left_out`): ``calls`` the calling spans,
-    ``spans`` the stage's spans in the service's requests, most calls first."""
-    in_service = (f"SELECT name, sum(k) AS n FROM {REQUESTS_TABLE} ARRAY JOIN stage_names AS name,"
-                  " stage_counts AS k WHERE is_request AND svc = {service:String} GROUP BY name")
-    return f"""SELECT f.name AS stage, f.svc AS service, f.n AS calls, t.n AS spans
-FROM (SELECT name, svc, count() AS n
-      FROM (SELECT DISTINCT name, svc, trace_key, sid FROM {FOUND_TABLE}
-            WHERE caller = {{service:String}} AND svc != {{service:String}})
-      GROUP BY name, svc) AS f
-INNER JOIN ({in_service}) AS t ON f.name = t.name
-WHERE f.n >= {CALL_MIN_SHARE} * t.n
-ORDER BY calls DESC, stage, service"""

@@ -41,7 +41,6 @@ from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, confirm, find
 from otel_stages.analysis.figures import COLD_UNTRACED, PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
-from otel_stages.analysis.model import LeftOutCall
 from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
 from otel_stages.analysis.sampled import SeqCoverage
 from otel_stages.analysis.stage_overlap import Overlap
@@ -642,7 +641,7 @@ class FleetAggregates:
     calls: tuple[Call, ...] = ()
     #: with ``--service``: its stages that call the requests it leaves out
     #: (:func:`otel_stages.analysis.clickhouse_calls.left_out_sql`), most calls first
-    calls_left_out: tuple[LeftOutCall, ...] = ()
+    calls_left_out: tuple[Call, ...] = ()
     #: the stretch of the run holding the slow warm requests (:mod:`otel_stages.analysis.episode`)
     episode: Episode | None = None
     process_mix: ProcessMix | None = None
@@ -949,8 +948,7 @@ def build_aggregates(results: Mapping[str, Rows], *, url: str, method: str,
         service_hosts=tuple((str(r["service_name"]), int(r["n"]))
                             for r in results.get("service_hosts") or ()),
         calls=tuple(_call(r) for r in results.get("calls") or ()),
-        calls_left_out=tuple(LeftOutCall(str(r["stage"]), str(r["service"]), int(r["calls"]),
-                                         int(r["spans"])) for r in results.get("calls_left_out") or ()),
+        calls_left_out=tuple(_call(r) for r in results.get("calls_left_out") or ()),
         process_mix=process_mix_of(next(iter(results.get("process_mix") or ()), None),
                                    results.get("process_versions")),
         window_edge=window_edge_of(next(iter(results.get("window_edge") or ()), None)),

@@ -56,7 +56,6 @@ from otel_stages.analysis import advice as advice_text
 from otel_stages.analysis.calls import SIDE_AFTER, SIDE_BEFORE, Call, left_out, own_side
 from otel_stages.analysis.caveats import (
     before_caveat,
-    calls_left_out_caveat,
     clash_caveat,
     episode_caveat,
     misaligned_gpu_caveat,
@@ -325,7 +324,7 @@ def decide(fig: Figures) -> Verdict:
             for c in fig.calls
             if is_material(fig.stages[c.stage].swing_ms, fig.stages[c.stage].spike_ms, fig.total, band)]
         _call_other_sides(verdict, fig, band, own - repeated, repeated)
-        calls_left_out_caveat(verdict, fig)  # (before the caveats add their advice)
+        _calls_left_out(verdict, fig, band)  # (before the caveats add their advice)
     _append_common(verdict, fig, band.band_ms)
     if swings is not False and not _mix_dominates(fig):  # else the inputs move the stages
         together_caveat(verdict, fig)
@@ -553,6 +552,43 @@ def _call_line(fig: Figures, call: Call, own: bool, repeated: bool = False) -> s
                 f" time being the callees' ({call.stage} swings {duration(stage.swing_ms)}{also})")
     return (f"{call.stage} is a call into {whose} {held}: its time is theirs, so it is not ranked"
             f" against their stages ({call.stage} swings {duration(stage.swing_ms)}{also})")
+
+
+def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
+    """With ``--service``, where the verdict's stage calls the requests of another service, which
+    the pick left out (:attr:`Figures.calls_left_out`, read over every called request): said first
+    in the evidence, with whose the swing is, and the advice in place of the cause's (run before
+    the caveats add theirs). Where its own time outside the called requests swings
+    (:func:`owns_its_swing`), the wait is the picked service's: cause ``call``, the advice on its
+    own time (a connection pool, reading the response), as the pooled report says; else the
+    called service's report (where its stages show) and the pooled one, not a custom stage's
+    advice (nested spans, a standard stage's name) nor a model call's (a call named ``forward``
+    read no GPU data here: the called service's points went with it). Testers' gateway reports
+    advised naming its httpx ``POST`` spans ``forward``, and the worker's report for a swing that
+    was the gateway's own pool wait."""
+    call = next((c for c in fig.calls_left_out if c.stage == verdict.stage), None)
+    if call is None:
+        return
+    d = duration
+    held = (f"{call.stage} is a call into {call.service}'s requests ({call.calls} of its"
+            f" {call.spans} spans hold one), which --service leaves out of this report")
+    own, callee = call.own_swing_ms, call.callee_swing_ms
+    if owns_its_swing(call, fig, band) and call.own_p5_ms is not None and call.own_p95_ms is not None:
+        theirs = f", the time the called requests cover {d(callee)}" if callee is not None else ""
+        verdict.cause = CAUSE_CALL
+        verdict.evidence.insert(0, (
+            f"{held}, but its own time outside them swings {d(call.own_p95_ms - call.own_p5_ms)}"
+            f" (p5 {d(call.own_p5_ms)} -> p95 {d(call.own_p95_ms)}){theirs}{_side_clause(call)}:"
+            f" the wait is {call.caller or 'this service'}'s own"))
+        verdict.advice[:] = [_call_own_advice(fig, call.stage, call)]
+        return
+    if own is not None and callee is not None:
+        whose = (f": the time they cover swings {d(callee)}, its own time outside them {d(own)}, so"
+                 " the swing is theirs")
+    else:
+        whose = ": its time is theirs and the call's own, which this report cannot part"
+    verdict.evidence.insert(0, held + whose)
+    verdict.advice[:] = [advice_text.left_out_call(call.stage, call.service)]
 
 
 def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[str],

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from otel_stages.analysis.calls import Call
 from otel_stages.analysis.episode import Episode
 from otel_stages.analysis.gpu import GpuEvidence
-from otel_stages.analysis.model import LeftOutCall
 from otel_stages.analysis.process_mix import ProcessMix
 from otel_stages.analysis.sampled import SeqCoverage
 
@@ -455,7 +454,7 @@ class Figures:
     #: with ``--service``: the stages of its requests that call requests it left out
     #: (:attr:`otel_stages.analysis.model.Recording.calls_left_out`): their time is the called
     #: service's and the call's own, which this report cannot part
-    calls_left_out: Sequence[LeftOutCall] = ()
+    calls_left_out: Sequence[Call] = ()
 
     @property
     def reference_ms(self) -> float:

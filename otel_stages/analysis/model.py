@@ -86,17 +86,80 @@ class MetricPoint(msgspec.Struct, frozen=True, gc=False):
 
 
 @dataclass(frozen=True)
-class LeftOutCall:
-    """A stage of the requests ``--service`` picked that calls the requests of another service,
-    which the pick left out (:func:`otel_stages.analysis.services.pick_service`; the rule of
-    :func:`otel_stages.analysis.calls.remote_calls`): ``stage`` its name, ``service`` the called
-    requests' ``service.name``, ``calls`` its spans that hold one, ``spans`` its spans in the
-    picked service's requests."""
+class Call:
+    """A stage that calls into other requests: ``stage`` its name, ``service`` the called
+    requests' ``service.name``, ``calls`` how many of its spans hold one, ``spans`` how many spans
+    of that stage the requests read hold; ``shared_name`` when the called requests' service.name
+    is the calling spans' own (one name for two services: ``--service`` cannot part them);
+    ``callee_stage`` when some called request has a stage of the same name that is not itself a
+    call (the calls and the callee's own spans are pooled under it; in a chain whose every hop is
+    an httpx ``POST``, the middle service's POSTs are calls: no stage of its own). ``caller``: the
+    calling spans' ``service.name`` (a name calls per pair of services). ``own_p5_ms`` /
+    ``own_median_ms`` / ``own_p95_ms``:
+    the percentiles (linear interpolation, as every stage's) of each span's own time, its duration
+    less the time its called requests cover (their union within it: calls made at once count
+    once), over the spans whose called requests are all steady (neither cold nor set apart)
+    and (unless ``callee_stage``: those are the callees' own) the spans of that name that hold
+    none (all their time own);
+    ``callee_p5_ms`` / ``callee_p95_ms`` those of the covered time, over the former; ``None``
+    where unread or no span qualifies. ``repeated``: of the former, the spans that hold more
+    called requests than the fewest any holds (retries, or one call per item: the covered time
+    then swings with the count); 0 when every span holds as many. ``each_p5_ms`` /
+    ``each_p95_ms``: the percentiles of each successful called request's total over the former;
+    ``before_p5_ms`` / ``before_p95_ms`` and ``after_p5_ms`` / ``after_p95_ms``: those of the own
+    time before the first called request starts and after the last one ends, over the former
+    (whether the called requests themselves swing, or only how many there are: a slow failed
+    attempt before a retry is the retry's cost)."""
 
     stage: str
     service: str
     calls: int
     spans: int
+    shared_name: bool = False
+    callee_stage: bool = False
+    own_p5_ms: float | None = None
+    own_median_ms: float | None = None
+    own_p95_ms: float | None = None
+    callee_p5_ms: float | None = None
+    callee_p95_ms: float | None = None
+    repeated: int = 0
+    each_p5_ms: float | None = None
+    each_p95_ms: float | None = None
+    caller: str = ""
+    before_p5_ms: float | None = None
+    before_p95_ms: float | None = None
+    after_p5_ms: float | None = None
+    after_p95_ms: float | None = None
+
+    @property
+    def each_swing_ms(self) -> float | None:
+        """``each_p95_ms - each_p5_ms`` (ms): how much each called request swings."""
+        return _swing(self.each_p5_ms, self.each_p95_ms)
+
+    @property
+    def own_swing_ms(self) -> float | None:
+        """``own_p95_ms - own_p5_ms`` (ms): how much the calls' own time swings."""
+        return _swing(self.own_p5_ms, self.own_p95_ms)
+
+    @property
+    def before_swing_ms(self) -> float | None:
+        """How much the own time before the called requests start swings (ms)."""
+        return _swing(self.before_p5_ms, self.before_p95_ms)
+
+    @property
+    def after_swing_ms(self) -> float | None:
+        """How much the own time after the called requests end swings (ms)."""
+        return _swing(self.after_p5_ms, self.after_p95_ms)
+
+    @property
+    def callee_swing_ms(self) -> float | None:
+        """``callee_p95_ms - callee_p5_ms`` (ms): how much the time the called requests cover
+        swings."""
+        return _swing(self.callee_p5_ms, self.callee_p95_ms)
+
+
+def _swing(p5_ms: float | None, p95_ms: float | None) -> float | None:
+    return None if p5_ms is None or p95_ms is None else p95_ms - p5_ms
 
 
 @dataclass
@@ -111,7 +174,7 @@ class Recording:
     spans: list[Span] = field(default_factory=list)
     metrics: list[MetricPoint] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    calls_left_out: list[LeftOutCall] = field(default_factory=list)
+    calls_left_out: list[Call] = field(default_factory=list)
 
     def extend(self, other: Recording) -> None:
         """Append another load's spans, points and problems to this one (in place)."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from otel_stages import semconv
 from otel_stages.analysis.calls import remote_calls
-from otel_stages.analysis.model import LeftOutCall, Recording, Span
+from otel_stages.analysis.model import Call, Recording, Span
 from otel_stages.analysis.requests import group_spans, trace_members
 from otel_stages.analysis.screen import screen_spans
 
@@ -80,14 +80,13 @@ def pick_service(recording: Recording, service: str) -> Recording:
                      calls_left_out=calls)
 
 
-def _calls_left_out(spans: list[Span], service: str) -> list[LeftOutCall]:
+def _calls_left_out(spans: list[Span], service: str) -> list[Call]:
     """The stages of ``service``'s requests in ``spans`` (the traces picked, before their other
     services' requests are left out) that are calls (:func:`~otel_stages.analysis.calls
     .remote_calls`) into the requests of another service, most calls first."""
     screened = screen_spans(spans)
     requests = group_spans(screened.spans).requests
-    return [LeftOutCall(c.stage, c.service, c.calls, c.spans)
-            for c in remote_calls(requests, screened.spans)
+    return [c for c in remote_calls(requests, screened.spans)
             if c.caller == service and c.service != service]
 
 
