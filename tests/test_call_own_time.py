@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 from otel_stages.analysis import advice, calls, decision
-from otel_stages.analysis.calls import Call
 from otel_stages.analysis.decision import decide
 from otel_stages.analysis.figures import Figures
+from otel_stages.analysis.model import Call
 from tests.test_decision import figures, stage
 
 TOTAL_SWING = 60.0  # ms, of a 100 ms median request

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_stages import semconv
-from otel_stages.analysis.calls import Call
 from otel_stages.analysis.clickhouse_apart import (
     ApartRequest,
     apart_requests,
@@ -41,6 +40,7 @@ from otel_stages.analysis.episode import EPISODE_BUCKETS, Episode, confirm, find
 from otel_stages.analysis.figures import COLD_UNTRACED, PreprocessFacts, WarmupFigures
 from otel_stages.analysis.gpu import SplitFigures, judge_level, mixed_unit_lines, prefer_metrics
 from otel_stages.analysis.gpu_owners import ambiguous_unit_lines, hw_of, shared_hw_id_lines, unplaced_lines
+from otel_stages.analysis.model import Call
 from otel_stages.analysis.process_mix import ProcessMean, ProcessMix, one_version
 from otel_stages.analysis.sampled import SeqCoverage
 from otel_stages.analysis.stage_overlap import Overlap

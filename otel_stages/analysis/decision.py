@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from otel_stages import semconv
 from otel_stages.analysis import advice as advice_text
-from otel_stages.analysis.calls import SIDE_AFTER, SIDE_BEFORE, Call, left_out, own_side
+from otel_stages.analysis.calls import SIDE_AFTER, SIDE_BEFORE, left_out, own_side
 from otel_stages.analysis.caveats import (
     before_caveat,
     clash_caveat,
@@ -87,6 +87,7 @@ from otel_stages.analysis.figures import (
 )
 from otel_stages.analysis.gpu import JUDGED_SLOW, LEVEL_NONE, LEVEL_THIN, utilization_level
 from otel_stages.analysis.mechanisms import CAUSE_EVENT_LOOP_BLOCKED
+from otel_stages.analysis.model import Call
 from otel_stages.analysis.noise import (
     MIN_SWING_MS,
     SPIKE_MIN_FRACTION,

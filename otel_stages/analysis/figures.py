@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from otel_stages.analysis.calls import Call
 from otel_stages.analysis.episode import Episode
 from otel_stages.analysis.gpu import GpuEvidence
+from otel_stages.analysis.model import Call
 from otel_stages.analysis.process_mix import ProcessMix
 from otel_stages.analysis.sampled import SeqCoverage
 
