@@ -308,6 +308,47 @@ def test_the_gateways_own_wait_left_out_by_service_is_the_gateways(engine: Any, 
     assert _sql(engine, path, GATEWAY)["verdict"] == v
 
 
+@pytest.mark.parametrize("shape, cause, said, advised", [
+    # retries: every fourth call makes two worker requests, each steady (tester K)
+    ({"repeat": 2, "slow_forwards": False}, "call",
+     "and holds more of them in 10 of its calls than in the others (retries, or one call per item)",
+     [advice.CALL_REPEATED.format(stage="POST", service=WORKER)]),
+    # the worker's warm-up (set apart in its own report) is no swing of the calls (tester K)
+    ({"warmup": (900.0, 700.0, 500.0, 400.0), "pool_ms": 200.0}, "call",
+     "the time the called requests cover 1.7 ms", [advice.CALL_OWN_BEFORE.format(stage="POST")]),
+    # both sides swing, the worker's more: the gateway's wait is a second place (tester K)
+    ({"pool_ms": 180.0, "slow_forwards": True}, "other",
+     "so the swing is theirs, the caller's wait a second place",
+     [advice.left_out_call("POST", WORKER), advice.CALL_OWN_BEFORE.format(stage="POST")]),
+    # both sides swing, the wait more: the worker's report is a second place
+    ({"pool_ms": 360.0, "slow_forwards": True}, "call", "the wait is gateway's own",
+     [advice.CALL_OWN_BEFORE.format(stage="POST"), advice.left_out_call("POST", WORKER)]),
+], ids=["retries", "worker warm-up", "worker first", "wait first"])
+def test_whose_the_left_out_calls_swing_is(engine: Any, tmp_path: Path, shape: dict[str, Any],
+                                           cause: str, said: str, advised: list[str]) -> None:
+    """``--service gateway``: the call's figures over the traces before the pick, its called
+    requests neither cold nor set apart, judged as the pooled report judges a call (its own time,
+    how many calls it makes, the called requests), each side said with its advice; both reports."""
+    path = gateway_calls_worker(tmp_path / "shape.jsonl", **shape)
+    v = _file(path, GATEWAY)["verdict"]
+    assert (v["cause"], v["stage"]) == (cause, "POST")
+    assert said in v["evidence"][0], v["evidence"][0]
+    assert [a for a in v["advice"] if not a.startswith("also: ")] == advised
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+@pytest.mark.parametrize("service, called", [("gateway", "router"), ("router", WORKER)])
+def test_a_left_out_calls_own_time_of_nothing_reads_the_same_in_both(engine: Any, tmp_path: Path,
+                                                                    service: str, called: str) -> None:
+    """A tester's: on the chain the own time swings by a float sum's remainder (1e-14 ms) in the
+    file report, 0 in ClickHouse's integers: "0.0 µs" against "0.0 ms". Both say 0.0 ms."""
+    path = chain(tmp_path / "chain.jsonl", slow_forwards=True)
+    v = _file(path, service)["verdict"]
+    assert v["evidence"][0].endswith("its own time outside them 0.0 ms, so the swing is theirs")
+    assert f"call into {called}'s requests" in v["evidence"][0]
+    assert _sql(engine, path, service)["verdict"] == v
+
+
 def test_the_gateways_report_from_the_command_line_says_the_call(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI's ``--service`` (its stage-map step rebuilds the recording) keeps what the pick

@@ -428,18 +428,19 @@ SKIP_EMPTY = True
 def _calls_left_out(engine: Engine, tables: Tables, query: sql.AggregateQuery,
                     settings: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The ``calls_left_out`` answer: the call search over the first request pass of
-    ``--service``, its other services' requests still read, every called request steady
-    (:func:`~otel_stages.analysis.clickhouse_calls.calls_sql`), and of its calls those the
-    service makes into another's requests, as
-    :func:`otel_stages.analysis.services.pick_service` finds them."""
-    for statement in calls.start_statements():
+    ``--service``, its other services' requests still read (their cold and set-apart requests
+    flagged first: not steady), and of its calls
+    (:func:`~otel_stages.analysis.clickhouse_calls.calls_sql`) those the service makes into
+    another's requests, as :func:`otel_stages.analysis.services.pick_service` finds them."""
+    for statement in (*sql.formats_statements(), *apart.apart_statements(), *sql.warm_statements(),
+                      *calls.start_statements()):
         engine.execute(statement, None, settings)
     for _ in range(MAX_CALL_HOPS):
         for statement in calls.hop_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
     for statement in calls.spans_statements(tables.traces_ref, query):
         engine.execute(statement, sql.query_params(query), settings)
-    return [row for row in engine.rows(calls.calls_sql(every_request=True), None, settings)
+    return [row for row in engine.rows(calls.calls_sql(), None, settings)
             if row["caller"] == query.service and row["service"] != query.service]
 
 

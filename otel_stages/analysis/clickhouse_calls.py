@@ -121,7 +121,7 @@ WHERE NOT (stage AND name != '') AND NOT holder AND pid != 0""",
     ]
 
 
-def calls_sql(*, every_request: bool = False) -> str:
+def calls_sql() -> str:
     """``stage, service, caller, calls, spans, shared_name, callee_stage, repeated, each_q,
     own_q, callee_q, before_q, after_q``: as :func:`otel_stages.analysis.calls.remote_calls`, per called
     (``service``) and calling service (``caller``), most calls first: the stages whose calling
@@ -135,12 +135,8 @@ def calls_sql(*, every_request: bool = False) -> str:
     many of the former hold more called requests than the fewest any of them holds; ``each_q``:
     the p5 and p95 of each of their successful called requests' totals (ns); ``before_q`` /
     ``after_q``: the p5 and p95 of the own time before the first called request starts and after
-    the last one ends, over the same spans as ``callee_q`` (ns). ``every_request``: every called
-    request counts as steady (as :func:`~otel_stages.analysis.calls.remote_calls` without
-    ``steady``: the search over ``--service``'s first request pass, before the cold and set-apart
-    flags, :func:`otel_stages.analysis.clickhouse.run_queries`)."""
-    steady = ("toUInt8(1)" if every_request else
-              "min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN"
+    the last one ends, over the same spans as ``callee_q`` (ns)."""
+    steady = ("min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN"
               f" (SELECT trace_key, span_key FROM {APART_TABLE}))")
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.caller AS caller, c.trace_key AS tk, c.sid AS call,
         any(c.start) AS cs, any(c.dur) AS dur, count() AS k,

@@ -573,23 +573,46 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
     d = duration
     held = (f"{call.stage} is a call into {call.service}'s requests ({call.calls} of its"
             f" {call.spans} spans hold one), which --service leaves out of this report")
-    own, callee = call.own_swing_ms, call.callee_swing_ms
-    if owns_its_swing(call, fig, band) and call.own_p5_ms is not None and call.own_p95_ms is not None:
+    # (a remainder of float sums is no swing: both reports say 0)
+    own, callee = _no_remainder(call.own_swing_ms), _no_remainder(call.callee_swing_ms)
+    owns = owns_its_swing(call, fig, band) and call.own_p5_ms is not None and call.own_p95_ms is not None
+    if not owns and repeats_its_swing(call, fig, band):  # how many calls it makes: the caller's
+        verdict.cause = CAUSE_CALL
+        verdict.evidence.insert(0, (
+            f"{held}, and holds more of them in {call.repeated} of its calls than in the others"
+            f" (retries, or one call per item): the time they cover swings {d(callee or 0.0)} with"
+            f" how many calls it makes, each called request steady (it swings"
+            f" {d(_no_remainder(call.each_swing_ms) or 0.0)})"))
+        verdict.advice[:] = [advice_text.CALL_REPEATED.format(stage=call.stage, service=call.service)]
+        return
+    if owns:
+        assert call.own_p5_ms is not None and call.own_p95_ms is not None
         theirs = f", the time the called requests cover {d(callee)}" if callee is not None else ""
         verdict.cause = CAUSE_CALL
         verdict.evidence.insert(0, (
-            f"{held}, but its own time outside them swings {d(call.own_p95_ms - call.own_p5_ms)}"
+            f"{held}, but its own time outside them swings {d(own or 0.0)}"
             f" (p5 {d(call.own_p5_ms)} -> p95 {d(call.own_p95_ms)}){theirs}{_side_clause(call)}:"
             f" the wait is {call.caller or 'this service'}'s own"))
         verdict.advice[:] = [_call_own_advice(fig, call.stage, call)]
+        if callee is not None and is_material(callee, None, fig.total, band):  # a second place
+            verdict.advice.append(advice_text.left_out_call(call.stage, call.service))
         return
     if own is not None and callee is not None:
         whose = (f": the time they cover swings {d(callee)}, its own time outside them {d(own)}, so"
                  " the swing is theirs")
+        if is_material(own, None, fig.total, band):
+            whose += ", the caller's wait a second place"
     else:
         whose = ": its time is theirs and the call's own, which this report cannot part"
     verdict.evidence.insert(0, held + whose)
     verdict.advice[:] = [advice_text.left_out_call(call.stage, call.service)]
+    if own is not None and is_material(own, None, fig.total, band):
+        verdict.advice.append(_call_own_advice(fig, call.stage, call))
+
+
+def _no_remainder(ms: float | None) -> float | None:
+    """``ms`` rounded to the ns (a float sum's remainder, 1e-14 ms, is 0 as the SQL's integers)."""
+    return None if ms is None else round(ms, 6)
 
 
 def _call_other_sides(verdict: Verdict, fig: Figures, band: NoiseBand, own: set[str],

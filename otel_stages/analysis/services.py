@@ -83,10 +83,17 @@ def pick_service(recording: Recording, service: str) -> Recording:
 def _calls_left_out(spans: list[Span], service: str) -> list[Call]:
     """The stages of ``service``'s requests in ``spans`` (the traces picked, before their other
     services' requests are left out) that are calls (:func:`~otel_stages.analysis.calls
-    .remote_calls`) into the requests of another service, most calls first."""
+    .remote_calls`) into the requests of another service, most calls first; their figures over
+    the called requests neither cold nor set apart (the called service's warm-up is no swing of
+    the calls), as the report of both services reads them."""
+    from otel_stages.analysis.cohorts import CohortKeys, set_apart_and_warmup
+
     screened = screen_spans(spans)
     requests = group_spans(screened.spans).requests
-    return [c for c in remote_calls(requests, screened.spans)
+    apart, _ = set_apart_and_warmup(requests, CohortKeys(requests))
+    apart_ids = {id(a.request) for a in apart}
+    steady = {(r.trace_id, r.span_id) for r in requests if not r.cold and id(r) not in apart_ids}
+    return [c for c in remote_calls(requests, screened.spans, steady)
             if c.caller == service and c.service != service]
 
 
