@@ -276,7 +276,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
                               *queries.gpu_points_statements(gauge[0]["read"], query)):
         engine.execute(statement, params, settings)
     # without GPU points in the window the tables lined up with them are empty: not built, and
-    # their answers absent (read as none); a run without GPU metrics plans a third fewer statements
+    # their answers absent (read as none): a fifth less planning for a run without GPU metrics
     points = int(engine.rows(queries.gpu_points_sql(), None, settings)[0]["n"]) if SKIP_EMPTY else 1
     results_points = [{"n": points}]
     owned: list[dict[str, Any]] = [{"n": 0}]
@@ -344,14 +344,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     results["services"] = engine.rows(requests.services_sql(), None, settings)
     if int(engine.rows(calls.search_needed_sql(), None, settings)[0]["n"]):
         # stages that call into other requests read here (none with one request per trace)
-        for statement in calls.start_statements():
-            engine.execute(statement, None, settings)
-        for _ in range(MAX_CALL_HOPS):
-            for statement in calls.hop_statements(tables.traces_ref, query):
-                engine.execute(statement, sql.query_params(query), settings)
-        for statement in calls.spans_statements(tables.traces_ref, query):
-            engine.execute(statement, sql.query_params(query), settings)
-        results["calls"] = engine.rows(calls.calls_sql(), None, settings)
+        results["calls"] = _search_calls(engine, tables, query, settings)
     if query.leave_out and not (results["summary"] and int(results["summary"][0].get("n_requests") or 0)):
         # no request of the service's own: the services whose requests hold its spans
         results["service_hosts"] = engine.rows(service_sql.hosts_sql(tables.traces_ref, query),
@@ -432,16 +425,24 @@ def _calls_left_out(engine: Engine, tables: Tables, query: sql.AggregateQuery,
     flagged first: not steady), and of its calls
     (:func:`~otel_stages.analysis.clickhouse_calls.calls_sql`) those the service makes into
     another's requests, as :func:`otel_stages.analysis.services.pick_service` finds them."""
-    for statement in (*sql.formats_statements(), *apart.apart_statements(), *sql.warm_statements(),
-                      *calls.start_statements()):
+    for statement in (*sql.formats_statements(), *apart.apart_statements(), *sql.warm_statements()):
+        engine.execute(statement, None, settings)
+    return [row for row in _search_calls(engine, tables, query, settings)
+            if row["caller"] == query.service and row["service"] != query.service]
+
+
+def _search_calls(engine: Engine, tables: Tables, query: sql.AggregateQuery,
+                  settings: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The call search (:mod:`otel_stages.analysis.clickhouse_calls`) over the per-request tables
+    as they stand: the ``calls`` rows."""
+    for statement in calls.start_statements():
         engine.execute(statement, None, settings)
     for _ in range(MAX_CALL_HOPS):
         for statement in calls.hop_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
     for statement in calls.spans_statements(tables.traces_ref, query):
         engine.execute(statement, sql.query_params(query), settings)
-    return [row for row in engine.rows(calls.calls_sql(), None, settings)
-            if row["caller"] == query.service and row["service"] != query.service]
+    return engine.rows(calls.calls_sql(), None, settings)
 
 
 def _group_requests(engine: Engine, tables: Tables, query: sql.AggregateQuery,

@@ -452,8 +452,9 @@ class Figures:
     calls: Sequence[Call] = ()
     episode: Episode | None = None
     #: with ``--service``: the stages of its requests that call requests it left out
-    #: (:attr:`otel_stages.analysis.model.Recording.calls_left_out`): their time is the called
-    #: service's and the call's own, which this report cannot part
+    #: (:attr:`otel_stages.analysis.model.Recording.calls_left_out`), their figures read over the
+    #: traces before the pick: whose their swing is (the call's own wait, how many calls it makes,
+    #: or the called requests)
     calls_left_out: Sequence[Call] = ()
 
     @property
