@@ -215,24 +215,32 @@ LEFT_OUT = (f"POST is a call into {WORKER}'s requests ({N} of its {N} spans hold
             " time outside them 0.0 ms, so the swing is theirs")
 
 
-def test_service_gateway_keeps_its_requests_and_their_call(engine: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("hops", [1, 2])  # the client span's child; under the server span
+def test_service_gateway_keeps_its_requests_and_their_call(engine: Any, tmp_path: Path,
+                                                           hops: int) -> None:
     """``--service gateway``: the gateway's requests alone; the worker's request in the same trace
     is left out, so POST is one stage of the gateway's. Its time being the worker's requests' and
     the call's own, the report says so and advises the worker's report and the pooled one, not a
-    custom stage's sub-steps or a standard stage's name (a tester's: "name its spans forward")."""
-    path = gateway_calls_worker(tmp_path / "calls.jsonl")
+    custom stage's sub-steps or a standard stage's name (a tester's: "name its spans forward").
+    With the worker's HTTP server span between (hops 2) it is left out too, and the worker's GPU
+    points with it: kept, they read as a GPU exporter on a host no request names (a problem
+    printed in both reports)."""
+    path = gateway_calls_worker(tmp_path / "calls.jsonl", hops=hops)
     want = _file(path, GATEWAY)
     assert want["requests"] == N and "queue" not in want["stages"]
     assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
     assert not any("pooled" in e for e in want["verdict"]["evidence"])
-    assert want["verdict"]["evidence"][0] == LEFT_OUT
+    assert want["verdict"]["evidence"][0] == LEFT_OUT.replace("240.9", "241.0" if hops == 2 else "240.9")
     assert want["verdict"]["advice"][0] == advice.left_out_call("POST", WORKER)
     assert not {advice.CUSTOM_SUBSTEPS, advice.CUSTOM_IS_STANDARD} & set(want["verdict"]["advice"])
     got = _sql(engine, path, GATEWAY)
     assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
     # the worker's GPU points go with its spans (a process with no span kept), in both reports
-    assert pick_service(load_paths([path]), GATEWAY).metrics == []
+    picked = pick_service(load_paths([path]), GATEWAY)
+    assert picked.metrics == []
+    assert {str(s.resource.get("service.name")) for s in picked.spans} == {GATEWAY}
     assert got["gpu"] == want["gpu"]
+    assert want["problems"] == got["problems"] == []
 
 
 def test_three_hops_is_no_call(engine: Any, tmp_path: Path) -> None:
@@ -243,6 +251,64 @@ def test_three_hops_is_no_call(engine: Any, tmp_path: Path) -> None:
     assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
     assert not any("is a call" in e for e in want["verdict"]["evidence"])
     assert _sql(engine, path)["verdict"] == want["verdict"]
+
+
+def _moved(path: Path, name: str, service: str, *, gpu: bool = False) -> Path:
+    """``path`` with the spans named ``name`` that the gateway's resource holds (its client span;
+    with 3 hops, its proxy's SERVER spans ``POST /infer``) moved to a resource of ``service``;
+    ``gpu``: which sends GPU points too (a copy of the worker's: a router with a GPU of its own)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    moved: list[dict[str, Any]] = []
+    for line in lines:
+        for rs in line.get("resourceSpans", [])[:1]:
+            if rs["resource"] == _resource(GATEWAY, "gw-0"):
+                for ss in rs["scopeSpans"]:
+                    moved += [s for s in ss["spans"] if s["name"] == name]
+                    ss["spans"] = [s for s in ss["spans"] if s["name"] != name]
+    lines.append({"resourceSpans": [{"resource": _resource(service, "px-0"),
+                                     "scopeSpans": [{"spans": moved}]}]})
+    if gpu:
+        gauge = json.loads(json.dumps(next(line for line in lines if "resourceMetrics" in line)))
+        gauge["resourceMetrics"][0]["resource"] = _resource(service, "px-0")
+        lines.append(gauge)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("proxy", [GATEWAY, "edge-proxy"])
+def test_the_spans_between_a_call_and_the_requests_left_out_go_with_them(
+        engine: Any, tmp_path: Path, proxy: str) -> None:
+    """``--service gateway`` over a worker's request 3 links below the gateway's POST: the spans of
+    other services between them (the worker's server span; a proxy's, when the proxy is a service
+    of its own) are left out with the worker's request, the gateway's own (its proxy span) kept;
+    so the worker's GPU points go too, as with one hop, and no GPU exporter on a host no request
+    names is reported; both reports."""
+    path = gateway_calls_worker(tmp_path / "calls_3.jsonl", hops=3)
+    if proxy != GATEWAY:
+        _moved(path, "POST /infer", proxy, gpu=True)
+    picked = pick_service(load_paths([path]), GATEWAY)
+    assert {str(s.resource.get("service.name")) for s in picked.spans} == {GATEWAY}
+    assert sum(s.name == "POST /infer" for s in picked.spans) == (N if proxy == GATEWAY else 0)
+    assert picked.metrics == []
+    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
+    assert want["problems"] == got["problems"] == []
+    assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+    assert got["gpu"] == want["gpu"]
+
+
+def test_a_stage_recorded_by_another_service_stays_though_it_holds_a_request_left_out(
+        engine: Any, tmp_path: Path) -> None:
+    """The gateway's call span recorded by a sidecar (a service of its own, its spans children of
+    the gateway's request span): it is a stage of the gateway's requests, so ``--service gateway``
+    keeps it though the worker's request under it is left out; both reports."""
+    path = _moved(gateway_calls_worker(tmp_path / "sidecar.jsonl"), "POST", "gateway-sidecar")
+    picked = pick_service(load_paths([path]), GATEWAY)
+    assert sum(s.name == "POST" for s in picked.spans) == N
+    assert not any(s.name == "forward" for s in picked.spans)
+    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
+    assert "POST" in want["stages"] and want["verdict"]["stage"] == "POST"
+    assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+    assert got["stages"]["POST"] == want["stages"]["POST"]
 
 
 @pytest.mark.parametrize("calls, is_call", [(20, True), (19, False)])  # of N = 40 (CALL_MIN_SHARE)

@@ -253,7 +253,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
         engine.execute(statement, sql.query_params(query), settings)
     _group_requests(engine, tables, query, settings)
     if query.service:  # other services' requests in the traces picked: left out, grouped again
-        for statement in service_sql.foreign_statements():
+        for statement in service_sql.foreign_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
         if int(engine.rows(service_sql.foreign_count_sql(), None, settings)[0]["n"]):
             # the service's stages that call the requests left out, before they are
@@ -385,7 +385,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     for table in (*requests.TABLES, *calls.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
                   issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
                   sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.SPAN_SERVICES_TABLE,
-                  sql.SERVICE_FOREIGN_TABLE,
+                  sql.SERVICE_FOREIGN_TABLE, *service_sql.TABLES,
                   sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method

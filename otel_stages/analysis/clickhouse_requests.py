@@ -113,7 +113,7 @@ _REQUEST = f"'{semconv.SPAN_REQUEST}'"
 _N_TOTAL = "n_kids"
 #: For joins whose right side is a small table: build the hash table from it, never from the
 #: large left side (the planner's automatic swap can pick the wrong side for temporary tables).
-_SMALL_RIGHT = "query_plan_join_swap_table = 'false'"
+SMALL_RIGHT = "query_plan_join_swap_table = 'false'"
 
 
 def plan_sql(traces: str, query: AggregateQuery) -> str:
@@ -266,7 +266,7 @@ ANY LEFT JOIN (
     GROUP BY trace_key, key
 ) AS g ON k.trace_key = g.trace_key AND k.key = g.key
 WHERE {anchor} >= {{slice_lo:Int64}} AND {anchor} < {{slice_hi:Int64}}
-SETTINGS {_SMALL_RIGHT}"""
+SETTINGS {SMALL_RIGHT}"""
 
 
 def custom_only_insert(traces: str, query: AggregateQuery) -> str:
@@ -312,14 +312,14 @@ _GROUPS_SCHEMA = (
 _GROUPS_COLUMNS = ", ".join(f"{column} {UNCOMPRESSED}" for column in _GROUPS_SCHEMA.split(", "))
 
 
-def _stage_parents_among(keys: str) -> str:
+def stage_parents_among(keys: str) -> str:
     """(trace, key) of the stage parents among ``keys`` (a query of ``trace_key, key`` rows,
     expected small): spans with standard stage children (present or not), or ``request`` spans
     with custom stage children. Only ``keys`` is hashed, never the whole groups table."""
     return f"""SELECT g.trace_key AS trace_key, g.key AS key
 FROM {GROUPS_TABLE} AS g INNER JOIN ({keys}) AS c ON g.trace_key = c.trace_key AND g.key = c.key
 WHERE g.n_kids > 0 OR (g.self_isreq AND (g.trace_key, g.key) IN (SELECT trace_key, pid FROM {CUSTOM_TABLE}))
-SETTINGS {_SMALL_RIGHT}"""
+SETTINGS {SMALL_RIGHT}"""
 
 
 def names_sql() -> str:
@@ -333,9 +333,9 @@ def names_sql() -> str:
     arraySort(groupUniqArrayIf(name, per_request AND name != '')) AS by_attribute,
     minIf(span_name, per_request) AS example
 FROM {CUSTOM_TABLE}
-WHERE per_request AND (trace_key, pid) IN ({_stage_parents_among(
+WHERE per_request AND (trace_key, pid) IN ({stage_parents_among(
         f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE} WHERE per_request")})
-    AND (trace_key, sid) NOT IN ({_stage_parents_among(
+    AND (trace_key, sid) NOT IN ({stage_parents_among(
         f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE} WHERE per_request")})"""
 
 
@@ -345,8 +345,8 @@ def sized_custom_sql() -> str:
     have none and the SQL does not (:mod:`otel_stages.analysis.clickhouse_gaps`)."""
     sized = f"SELECT DISTINCT trace_key, {{}} AS key FROM {CUSTOM_TABLE} WHERE has_width"
     return f"""SELECT count() AS n FROM {CUSTOM_TABLE}
-WHERE has_width AND (trace_key, pid) IN ({_stage_parents_among(sized.format("pid"))})
-    AND (trace_key, sid) NOT IN ({_stage_parents_among(sized.format("sid"))})"""
+WHERE has_width AND (trace_key, pid) IN ({stage_parents_among(sized.format("pid"))})
+    AND (trace_key, sid) NOT IN ({stage_parents_among(sized.format("sid"))})"""
 
 
 def custom_names_sql() -> str:
@@ -357,8 +357,8 @@ def custom_names_sql() -> str:
     (:func:`otel_stages.analysis.naming.recurring_names`: fewer spans than
     :data:`~otel_stages.analysis.naming.RECURRING_NAME_MIN_SHARE` of the most used name's,
     standard stage names included)."""
-    parents = _stage_parents_among(f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")
-    groups = _stage_parents_among(f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")
+    parents = stage_parents_among(f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")
+    groups = stage_parents_among(f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")
     standard_top = (f"(SELECT greatest({', '.join(f'sum(n{i})' for i in range(1, 6))})"
                     f" FROM {GROUPS_TABLE} WHERE key != 0)")
     return f"""SELECT count() AS distinct_names,
@@ -430,7 +430,7 @@ LIMIT 1 BY trace_key, sid"""), params
     # nested groups: stage parents (not named request) whose parent is a stage parent
     candidates = (f"SELECT trace_key, key, self_pid FROM {GROUPS_TABLE}"
                   f" WHERE present AND NOT self_isreq AND {_N_TOTAL} > 0")
-    parents = _stage_parents_among(f"SELECT DISTINCT trace_key, self_pid AS key FROM ({candidates})")
+    parents = stage_parents_among(f"SELECT DISTINCT trace_key, self_pid AS key FROM ({candidates})")
     yield (f"""CREATE TEMPORARY TABLE {NESTED_TABLE} ENGINE = Memory AS
 SELECT trace_key, key, self_pid FROM ({candidates})
 WHERE (trace_key, self_pid) IN ({parents})"""), {}
@@ -448,9 +448,9 @@ def _extras_statement() -> str:
     leaves = f"""SELECT c.trace_key AS trace_key, if(o.key != 0, o.owner, c.pid) AS owner, c.sid AS sid,
     c.name AS name, c.start AS start, c.dur AS dur, c.err AS err
 FROM {CUSTOM_TABLE} AS c LEFT JOIN ({nested}) AS o ON c.trace_key = o.trace_key AND c.pid = o.key
-WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
+WHERE c.name != '' AND (c.trace_key, c.pid) IN ({stage_parents_among(
         f"SELECT DISTINCT trace_key, pid AS key FROM {CUSTOM_TABLE}")})
-    AND (c.trace_key, c.sid) NOT IN ({_stage_parents_among(
+    AND (c.trace_key, c.sid) NOT IN ({stage_parents_among(
         f"SELECT DISTINCT trace_key, sid AS key FROM {CUSTOM_TABLE}")})"""
     kids = "k_id, k_code, k_s, k_e, g_id, g_u, g_c"
     groups = f"""SELECT g.trace_key AS trace_key, o.owner AS owner, g.kid_err AS err,
@@ -462,7 +462,7 @@ WHERE c.name != '' AND (c.trace_key, c.pid) IN ({_stage_parents_among(
     g.k_id AS k_id, g.k_code AS k_code, g.k_s AS k_s, g.k_e AS k_e,
     g.g_id AS g_id, g.g_u AS g_u, g.g_c AS g_c
 FROM {GROUPS_TABLE} AS g INNER JOIN ({nested}) AS o ON g.trace_key = o.trace_key AND g.key = o.key
-SETTINGS {_SMALL_RIGHT}"""
+SETTINGS {SMALL_RIGHT}"""
     return f"""CREATE TEMPORARY TABLE {EXTRAS_TABLE} ENGINE = Memory AS
 SELECT trace_key, owner, max(err) AS err,
     -- each size from the group whose first sized decode span starts first (the largest of each
@@ -724,7 +724,7 @@ LEFT JOIN {EXTRAS_TABLE} AS x ON p.trace_key = x.trace_key AND p.key = x.owner
 LEFT JOIN {PROCESS_TABLE} AS pr ON {_PROC} = pr.proc
 WHERE (is_request OR incomplete_groups > 0 OR (key = 0 AND n_kids > 0)) {request_window(query, "start_ns")}
     AND (present OR key = 0 OR (p.trace_key, key) NOT IN ({_INSIDE_A_STAGE}))
-SETTINGS {_SMALL_RIGHT}, max_block_size = 8192)"""
+SETTINGS {SMALL_RIGHT}, max_block_size = 8192)"""
 
 
 #: Services listed by :func:`services_sql` (the caveat names those with enough warm requests).

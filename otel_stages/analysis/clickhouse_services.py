@@ -16,7 +16,13 @@ service, or whose other services only record stages of this one's requests: a GP
 
 from __future__ import annotations
 
-from otel_stages.analysis.clickhouse_requests import CUSTOM_TABLE, GROUPS_TABLE, owner_walk
+from otel_stages.analysis.clickhouse_requests import (
+    CUSTOM_TABLE,
+    GROUPS_TABLE,
+    SMALL_RIGHT,
+    owner_walk,
+    stage_parents_among,
+)
 from otel_stages.analysis.clickhouse_sql import (
     MAX_GROUP_DEPTH,
     REQUESTS_TABLE,
@@ -26,17 +32,28 @@ from otel_stages.analysis.clickhouse_sql import (
     AggregateQuery,
     span_filter,
 )
+from otel_stages.analysis.services import MAX_BETWEEN_SPANS
 
 _TRACE_KEY = "reinterpretAsUInt128(unhex(TraceId))"
 _SPAN_KEY = "reinterpretAsUInt64(unhex(SpanId))"
+#: The spans of other services in the traces picked that may lie between a request left out and
+#: the service's own span above it (:func:`foreign_statements`).
+BETWEEN_TABLE = "otel_stages_service_between"
+#: Temporary tables this module creates (dropped after a report).
+TABLES = (BETWEEN_TABLE,)
 
 
-def foreign_statements() -> list[str]:
+def foreign_statements(traces: str, query: AggregateQuery) -> list[str]:
     """(Re)create :data:`~otel_stages.analysis.clickhouse_sql.SERVICE_FOREIGN_TABLE` after the
     first request pass: ``(trace_key, sid, owner, owner_svc)`` for each span of a request whose
     request span is not of the service (param ``service``): the request span itself, the custom
     stage groups it owns (walked up as the request pass does) and the stage spans under either
-    (standard and custom names), with the request (``owner``) and its service."""
+    (standard and custom names), with the request (``owner``) and its service; then the spans
+    between such a request span and the service's own span above it (the worker's HTTP server
+    span under the gateway's client span): walking up from the request span through spans of other
+    services that are no member of a request (their parent no stage parent), at most
+    :data:`~otel_stages.analysis.services.MAX_BETWEEN_SPANS`, as
+    :func:`otel_stages.analysis.services.pick_service` leaves them out."""
     foreign = (f"SELECT trace_key, span_key AS owner, svc AS owner_svc FROM {REQUESTS_TABLE}"
                " WHERE is_request AND svc != {service:String}")
     owned = f"""SELECT o.trace_key AS trace_key, o.key AS key, f.owner AS owner, f.owner_svc AS owner_svc
@@ -56,6 +73,43 @@ SELECT DISTINCT trace_key, sid, owner, owner_svc FROM (
     SELECT h.trace_key AS trace_key, c.sid AS sid, h.owner AS owner, h.owner_svc AS owner_svc
     FROM {CUSTOM_TABLE} AS c INNER JOIN ({holders}) AS h ON c.trace_key = h.trace_key AND c.pid = h.key
 )""",
+        *_between_statements(traces, query),
+    ]
+
+
+def _between_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """The walk of :func:`foreign_statements` (after its table is filled): the candidates, spans of
+    other services in the traces picked, not yet left out, whose parent is no stage parent; then
+    each level's spans, the parents of the last level's (the first: of the request spans left out)."""
+    other = f"""SELECT {_TRACE_KEY} AS trace_key, {_SPAN_KEY} AS sid,
+        reinterpretAsUInt64(unhex(ParentSpanId)) AS pid
+    FROM {traces} WHERE ServiceName != {{service:String}} AND ParentSpanId != ''
+        AND {span_filter(query, odd=False)}
+    LIMIT 1 BY trace_key, sid"""
+    requests = f"""SELECT g.trace_key AS trace_key, g.self_pid AS pid, f.owner AS owner,
+        f.owner_svc AS owner_svc
+    FROM {GROUPS_TABLE} AS g INNER JOIN (
+        SELECT DISTINCT trace_key, owner, owner_svc FROM {SERVICE_FOREIGN_TABLE} WHERE sid = owner) AS f
+        ON g.trace_key = f.trace_key AND g.key = f.owner
+    WHERE g.present AND g.self_pid != 0
+    SETTINGS {SMALL_RIGHT}"""
+    parents = stage_parents_among(f"SELECT DISTINCT trace_key, pid AS key FROM ({other})")
+    levels = [requests]
+    for _ in range(MAX_BETWEEN_SPANS):
+        levels.append(f"""SELECT b.trace_key AS trace_key, b.sid AS sid, b.pid AS pid, f.owner AS owner,
+        f.owner_svc AS owner_svc
+    FROM {BETWEEN_TABLE} AS b INNER JOIN ({levels[-1]}) AS f
+        ON b.trace_key = f.trace_key AND b.sid = f.pid""")
+    walked = "\n    UNION ALL ".join(f"SELECT trace_key, sid, owner, owner_svc FROM ({level})"
+                                     for level in levels[1:])
+    return [
+        f"DROP TEMPORARY TABLE IF EXISTS {BETWEEN_TABLE}",
+        f"""CREATE TEMPORARY TABLE {BETWEEN_TABLE} ENGINE = Memory AS
+SELECT trace_key, sid, pid FROM ({other})
+WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {SERVICE_FOREIGN_TABLE})
+    AND (trace_key, pid) NOT IN ({parents})""",
+        f"""INSERT INTO {SERVICE_FOREIGN_TABLE}
+SELECT DISTINCT trace_key, sid, owner, owner_svc FROM ({walked})""",
     ]
 
 

@@ -37,20 +37,41 @@ def spans_by_service(spans: Iterable[Span]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+#: How far up from another service's request span the spans between it and ``--service``'s own
+#: span are walked (:func:`_foreign_members`); as deep as custom stage groups nest, and the same
+#: bound in the ClickHouse report's walk (:mod:`otel_stages.analysis.clickhouse_services`).
+MAX_BETWEEN_SPANS = 4
+
+
 def _foreign_members(spans: list[Span], service: str) -> Iterator[Span]:
     """The spans of one trace's requests whose request span is not of ``service``: each such
     request span, its stage spans and its groups (:func:`~otel_stages.analysis.requests
-    .trace_members`)."""
-    for request_span, members in trace_members(spans):
+    .trace_members`); and the spans between such a request span and the span of ``service``
+    above it (a worker's HTTP server span under the gateway's client span, a proxy's: the call's
+    far side, whose process ran none of the requests kept): walking up from the request span, each
+    parent of another service that is no member of a request (a stage span, a group, a request
+    span), at most :data:`MAX_BETWEEN_SPANS`."""
+    units = trace_members(spans)
+    members = {m.span_id for request_span, kept in units for m in kept}
+    members.update(r.span_id for r, _ in units if r is not None)
+    by_id = {s.span_id: s for s in spans}
+    for request_span, kept in units:
         if request_span is not None and service_of(request_span.resource) != service:
             yield request_span
-            yield from members
+            yield from kept
+            above = by_id.get(request_span.parent_span_id or "")
+            for _ in range(MAX_BETWEEN_SPANS):
+                if above is None or above.span_id in members or service_of(above.resource) == service:
+                    break
+                yield above
+                above = by_id.get(above.parent_span_id or "")
 
 
 def pick_service(recording: Recording, service: str) -> Recording:
     """The spans of ``service``'s requests (module docstring): every span of the traces that hold
     a span of ``service``, less the requests of other services there (their request span, stage
-    spans and groups; stage spans whose request span never arrived stay, as incomplete ones).
+    spans and groups, and the spans of other services between them and ``service``'s span above:
+    :func:`_foreign_members`; stage spans whose request span never arrived stay, as incomplete ones).
     Metric points: those of the services with a span among the spans kept or with no span at all
     (a metrics-only process: a node's GPU exporter, which the GPU rules then place by its
     ``host.name``), as the ClickHouse SQL's ``metric_filter``; problems kept. Order kept. Empty
