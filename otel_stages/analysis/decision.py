@@ -276,7 +276,7 @@ def decide(fig: Figures) -> Verdict:
     n = fig.warm_requests
     if n == 0 or not fig.stages:
         verdict = Verdict(None, None, ["no warm requests to compare"], [advice_text.MORE_RUNS])
-        _cold_line(verdict, fig.cold)
+        _cold_line(verdict, fig.cold, calls=fig.calls_left_out)
         failures_first(verdict, fig)
         return verdict
     if n < MIN_WARM_RUNS:
@@ -285,7 +285,7 @@ def decide(fig: Figures) -> Verdict:
             [f"not enough data: {n} warm request{'s' if n != 1 else ''}; a verdict needs at least"
              f" {MIN_WARM_RUNS}, a firm one {RECOMMENDED_WARM_RUNS}+"],
             [advice_text.more_runs(RECOMMENDED_WARM_RUNS - n)], tentative=True)
-        _cold_line(verdict, fig.cold)
+        _cold_line(verdict, fig.cold, calls=fig.calls_left_out)
         verdict.evidence.extend(set_apart_lines(fig.set_apart, fig.warmup))
         failures_first(verdict, fig)
         return verdict
@@ -905,6 +905,11 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
                      f" place{'s' if len(rest) > 1 else ''}, each under {pct(COLD_SECOND_MIN_SHARE)}:"
                      f" {each}{under}")
     advice = advice_text.for_cold_start(stage)
+    call = _cold_call(cold, fig.calls_left_out)
+    if call is not None:  # (the place's own line said where; this says whose)
+        lines.append(f"{call.stage} is a call into {call.service}'s requests, which --service leaves"
+                     f" out of this report, so the cold start is {call.service}'s")
+        advice = [advice_text.cold_in_call(call.stage, call.service)]
     at = 1
     for place in [*places[1:], *listed]:  # each place's first line, in order, after the first's
         then = advice_text.for_cold_start(place)[0]
@@ -1016,7 +1021,21 @@ def _cold_failed_clause(fig: Figures) -> str:
             " only)")
 
 
-def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False) -> None:
+def _cold_call(cold: ColdFigures, calls: Sequence[Call]) -> Call | None:
+    """The call ``--service`` left out (:attr:`Figures.calls_left_out`) that holds most of the
+    cold requests' extra time (:func:`_cold_excess`): the gateway's first request paid the
+    worker's cold start inside its call, which is the worker's cold start, not the gateway's."""
+    stage = _cold_excess(cold)[0]
+    return next((c for c in calls if c.stage == stage), None)
+
+
+def _cold_call_clause(call: Call) -> str:
+    return (f", in {call.stage}: a call into {call.service}'s requests, which --service leaves out,"
+            f" so the cold start is {call.service}'s")
+
+
+def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False,
+               calls: Sequence[Call] = ()) -> None:
     if cold is None:
         return
     line = _cold_sentence(cold)
@@ -1029,10 +1048,14 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
         verdict.evidence.append(line + "; not comparable (its input differs), so not called a"
                                 " cold start")
     elif _cold_claim(cold):
+        call = _cold_call(cold, calls)
         verdict.evidence.append(line + (", and a cold start too" if not few_paid(cold) else
                                          f", and a cold start too in {cold.count} of the"
-                                         f" {cold.count + cold.without_penalty}"))
-        verdict.advice.append("also: " + advice_text.for_cold_start(_cold_excess(cold)[0])[0])
+                                         f" {cold.count + cold.without_penalty}")
+                                + (_cold_call_clause(call) if call is not None else ""))
+        verdict.advice.append("also: " + (
+            advice_text.cold_in_call(call.stage, call.service) if call is not None
+            else advice_text.for_cold_start(_cold_excess(cold)[0])[0]))
     elif verdict.cause == CAUSE_STABLE:
         on = " on that request (others are set apart below)" if others_apart else ""
         verdict.evidence.append(f"no cold-start penalty{on}: {line}")
@@ -1080,7 +1103,7 @@ def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
             verdict.evidence.insert(0, mix)
         else:
             verdict.evidence.append(mix)
-    _cold_line(verdict, fig.cold, others_apart=bool(fig.set_apart))
+    _cold_line(verdict, fig.cold, others_apart=bool(fig.set_apart), calls=fig.calls_left_out)
     verdict.evidence.extend(set_apart_lines(fig.set_apart, fig.warmup))
     for reason in dict.fromkeys(a.reason for a in fig.set_apart):
         if reason == REASON_WARM_UP and fig.warmup is not None:

@@ -24,6 +24,7 @@ the standard order by :func:`otel_stages.analysis.stats.pipeline_order`), not al
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import defaultdict
@@ -33,7 +34,7 @@ from typing import Any
 import msgspec
 
 from otel_stages import semconv
-from otel_stages.analysis.model import Recording, Span
+from otel_stages.analysis.model import Call, Recording, Span
 from otel_stages.analysis.stage_map_checks import (
     MAP_OVERLAP_TOLERANCE_MS,
     MapChecks,
@@ -134,11 +135,25 @@ def apply_stage_map(stage_map: StageMap, recording: Recording) -> tuple[Recordin
         spans=[s for k, s in by_id.items() if k not in replaced] + added,
         metrics=list(recording.metrics),
         problems=[*recording.problems, *summary.problems],
-        calls_left_out=list(recording.calls_left_out),
+        calls_left_out=_mapped_calls(stage_map, recording.calls_left_out) if summary.mapped else
+        list(recording.calls_left_out),
     )
     if stage_map.label and summary.mapped:
         summary.labels = label_stats(warm_requests(out), stage_map.label)
     return out, summary
+
+
+def _mapped_calls(stage_map: StageMap, calls: Iterable[Call]) -> list[Call]:
+    """``calls`` (:attr:`Recording.calls_left_out`, found under the spans' own names) under the
+    stage the map times from their spans (``{stage: upstream, span: POST}``); one per stage where
+    the map's variants name several; a call no span rule names is left as it is (its spans were
+    mapped away or kept unmapped, as the map says)."""
+    out: list[Call] = []
+    for call in calls:
+        stages = dict.fromkeys(r.stage for v in stage_map.variants for r in v.stages
+                               if r.span == call.stage)
+        out += [dataclasses.replace(call, stage=stage) for stage in stages] or [call]
+    return out
 
 
 def _unmatched_spans(name: str, spans: Iterable[Span], mapped_traces: set[str]) -> str | None:
