@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from otel_stages.analysis import load_paths
+from otel_stages.analysis import advice, load_paths
 from otel_stages.analysis.caveats import (
     POOLED_SERVICE_MIN_REQUESTS,
     POOLED_SERVICE_MIN_SHARE,
@@ -44,6 +44,20 @@ def test_a_second_service_with_enough_warm_requests_makes_the_verdict_tentative(
     assert v.tentative is pooled
     assert ("services are pooled" in v.evidence[0]) is pooled
     assert (v.advice[0] == "report each service alone (otel-stages report ... --service caption)") is pooled
+
+
+@pytest.mark.parametrize("second, pooled", [(POOLED_SERVICE_MIN_REQUESTS - 1, False),
+                                             (POOLED_SERVICE_MIN_REQUESTS, True)])
+def test_a_pooled_swing_with_no_stage_standing_out_is_no_process_wide_slowdown(second, pooled):
+    """The total swings, no stage stands out: one service's advice is to look for what slows the
+    whole process; pooled services' other stages alone make their totals differ (a tester's
+    gateway and worker, both steady), so that advice goes and the pooled line says why."""
+    fig = figures(stage("forward", 3.0, explains=0.2), stage("decode", 3.0, explains=0.2),
+                  total_swing=40.0, n=100 + second)
+    v = decide(replace_services(fig, (("gateway", 100), ("vlm-worker", second))))
+    assert (v.cause, v.stage) == (None, None)
+    assert (advice.SPREAD in v.advice) is not pooled
+    assert ("the total's swing may be the services' difference alone" in v.evidence[0]) is pooled
 
 
 def test_one_service_or_unnamed_processes_add_nothing():

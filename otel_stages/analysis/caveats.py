@@ -470,11 +470,19 @@ def services_caveat(verdict: Verdict, fig: Figures) -> None:
     named = ", ".join(f"{name or '(no service.name)'} {n}" for name, n in listed)
     if len(fig.services) > len(listed) or total > sum(n for _, n in listed):
         named += ", and more"
+    # a total that swings with no stage standing out: the services' other stages alone make
+    # their totals differ, so "what slows the whole process" is a guess (a tester's gateway and
+    # worker, both steady, pooled: "look for CPU contention")
+    spread = advice_text.SPREAD in verdict.advice
+    if spread:
+        verdict.advice.remove(advice_text.SPREAD)
     verdict.evidence.insert(0, (
         f"requests of {len(fig.services)}{'+' if total > sum(n for _, n in fig.services) else ''}"
         f" services are pooled here ({named}; warm and cold requests): another model or"
         " pipeline per service makes requests differ for reasons no stage shows, so a swing"
-        " across services reads as a stage's swing; the verdict is tentative"))
+        " across services reads as a stage's swing"
+        + ("; with no stage standing out, the total's swing may be the services' difference"
+           " alone" if spread else "") + "; the verdict is tentative"))
     # a called service first (its requests hold the calls' time, and so the cause), else the largest;
     # the calling service first where the calls' own time is the verdict (the wait is the caller's)
     apart = [c for c in fig.calls if c.service and not c.shared_name]
