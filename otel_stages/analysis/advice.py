@@ -121,14 +121,15 @@ def left_out_call(stage: str, service: str) -> str:
             f" {service}'s stages in place of {stage}")
 
 
-def cold_in_call(stage: str, service: str) -> str:
-    """The advice on a cold request whose extra time lies in a call into the requests of another
-    service, which ``--service`` left out (:func:`otel_stages.analysis.decision.decide`): the
-    cold start is that service's."""
-    return (f"the first requests pay {service}'s cold start inside {stage}: load and warm"
-            f" {service}'s model before it takes traffic (before its readiness probe passes) and keep"
-            f" at least one replica warm; otel-stages report ... --service {service} shows where it"
-            " lies")
+def cold_in_call(stage: str, services: Sequence[str]) -> str:
+    """The advice on a cold request whose extra time lies in a call into the requests of other
+    ``services`` (one or more), which ``--service`` left out
+    (:func:`otel_stages.analysis.decision.decide`): the cold start is theirs."""
+    whose = " or ".join(f"{s}'s" for s in services)
+    return (f"the first requests pay {whose} cold start inside {stage}: load and warm"
+            f" {whose} model before it takes traffic (before its readiness probe passes) and keep"
+            f" at least one replica warm; otel-stages report ... --service {services[0]} shows where"
+            " it lies")
 
 
 #: ``other``: a custom stage that does a standard stage's work gets that stage's evidence once

@@ -567,12 +567,14 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
     read no GPU data here: the called service's points went with it). Testers' gateway reports
     advised naming its httpx ``POST`` spans ``forward``, and the worker's report for a swing that
     was the gateway's own pool wait."""
-    call = next((c for c in fig.calls_left_out if c.stage == verdict.stage), None)
+    call = _left_out_call(fig.calls_left_out, verdict.stage)
     if call is None:
         return
     d = duration
+    others = "".join(f"; {c.service}'s in {c.calls} more" for c in fig.calls_left_out
+                     if c.stage == call.stage and c is not call)
     held = (f"{call.stage} is a call into {call.service}'s requests ({call.calls} of its"
-            f" {call.spans} spans hold one), which --service leaves out of this report")
+            f" {call.spans} spans hold one{others}), which --service leaves out of this report")
     # (a remainder of float sums is no swing: both reports say 0)
     own, callee = _no_remainder(call.own_swing_ms), _no_remainder(call.callee_swing_ms)
     owns = owns_its_swing(call, fig, band) and call.own_p5_ms is not None and call.own_p95_ms is not None
@@ -608,6 +610,15 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
     verdict.advice[:] = [advice_text.left_out_call(call.stage, call.service)]
     if own is not None and is_material(own, None, fig.total, band):
         verdict.advice.append(_call_own_advice(fig, call.stage, call))
+
+
+def _left_out_call(calls: Sequence[Call], stage: str | None) -> Call | None:
+    """The call ``--service`` left out under ``stage``; where that stage calls the requests of
+    several services (a gateway's POST to two workers), the one whose covered time swings most,
+    then the one most spans call (a tester's: the first found, the steady one, was said to hold
+    the swing of the other)."""
+    return max((c for c in calls if c.stage == stage), default=None,
+               key=lambda c: (c.callee_swing_ms or 0.0, c.calls, c.service))
 
 
 def _no_remainder(ms: float | None) -> float | None:
@@ -907,9 +918,9 @@ def _cold_verdict(fig: Figures, cold: ColdFigures, band: NoiseBand) -> Verdict:
     advice = advice_text.for_cold_start(stage)
     call = _cold_call(cold, fig.calls_left_out)
     if call is not None:  # (the place's own line said where; this says whose)
-        lines.append(f"{call.stage} is a call into {call.service}'s requests, which --service leaves"
-                     f" out of this report, so the cold start is {call.service}'s")
-        advice = [advice_text.cold_in_call(call.stage, call.service)]
+        lines.append(f"{call[0]} is a call into {_whose(call[1])} requests, which --service leaves"
+                     f" out of this report, so the cold start is {_whose(call[1])}")
+        advice = [advice_text.cold_in_call(*call)]
     at = 1
     for place in [*places[1:], *listed]:  # each place's first line, in order, after the first's
         then = advice_text.for_cold_start(place)[0]
@@ -1021,17 +1032,26 @@ def _cold_failed_clause(fig: Figures) -> str:
             " only)")
 
 
-def _cold_call(cold: ColdFigures, calls: Sequence[Call]) -> Call | None:
-    """The call ``--service`` left out (:attr:`Figures.calls_left_out`) that holds most of the
-    cold requests' extra time (:func:`_cold_excess`): the gateway's first request paid the
-    worker's cold start inside its call, which is the worker's cold start, not the gateway's."""
+def _cold_call(cold: ColdFigures, calls: Sequence[Call]) -> tuple[str, list[str]] | None:
+    """``(stage, services)``: the stage holding most of the cold requests' extra time
+    (:func:`_cold_excess`) where it is a call ``--service`` left out (:attr:`Figures.calls_left_out`),
+    and the services it calls (sorted; several where it calls several: the figures do not say
+    which one the cold request called). The gateway's first request paid the worker's cold start
+    inside its call: the worker's cold start, not the gateway's."""
     stage = _cold_excess(cold)[0]
-    return next((c for c in calls if c.stage == stage), None)
+    services = sorted({c.service for c in calls if c.stage == stage})
+    return (stage, services) if stage is not None and services else None
 
 
-def _cold_call_clause(call: Call) -> str:
-    return (f", in {call.stage}: a call into {call.service}'s requests, which --service leaves out,"
-            f" so the cold start is {call.service}'s")
+def _whose(services: Sequence[str]) -> str:
+    """``a's`` / ``a's or b's``: whose cold start it is."""
+    return " or ".join(f"{s}'s" for s in services)
+
+
+def _cold_call_clause(call: tuple[str, list[str]]) -> str:
+    stage, services = call
+    return (f", in {stage}: a call into {_whose(services)} requests, which --service leaves out,"
+            f" so the cold start is {_whose(services)}")
 
 
 def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool = False,
@@ -1054,7 +1074,7 @@ def _cold_line(verdict: Verdict, cold: ColdFigures | None, *, others_apart: bool
                                          f" {cold.count + cold.without_penalty}")
                                 + (_cold_call_clause(call) if call is not None else ""))
         verdict.advice.append("also: " + (
-            advice_text.cold_in_call(call.stage, call.service) if call is not None
+            advice_text.cold_in_call(*call) if call is not None
             else advice_text.for_cold_start(_cold_excess(cold)[0])[0]))
     elif verdict.cause == CAUSE_STABLE:
         on = " on that request (others are set apart below)" if others_apart else ""

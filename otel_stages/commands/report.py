@@ -207,8 +207,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     remote.add_argument(
         "--service",
         metavar="S",
-        help="service.name: whose traces (--jaeger, --clickhouse, trace files: whole traces with a"
-        " span of it), the default TraceQL (--tempo), a filter (--prometheus)",
+        help="service.name: whose requests (trace files, --jaeger, --tempo, --clickhouse: those whose"
+        " request span is of it, with all their stage spans; other services' requests in the same"
+        " traces are left out), the default TraceQL (--tempo), a filter (--prometheus)",
     )
     remote.add_argument(
         "--query",
