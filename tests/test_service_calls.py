@@ -878,18 +878,27 @@ def test_a_cold_start_outside_the_call_stays_the_services_own(engine: Any, tmp_p
     assert _sql(engine, path, GATEWAY)["verdict"] == v
 
 
-def test_a_stage_map_that_renames_the_call_keeps_it_a_call(tmp_path: Path,
+@pytest.mark.parametrize("pool_ms", [0.0, 200.0])  # the worker's swing; the gateway's own wait
+def test_a_stage_map_that_renames_the_call_keeps_it_a_call(tmp_path: Path, pool_ms: float,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """``--service gateway --stage-map`` with ``{stage: upstream, span: POST}``: the call found
     under its span's name is said under the map's stage (a tester's map lost the call line and got
-    the custom stage's advice)."""
-    path = gateway_calls_worker(tmp_path / "mapped.jsonl")
+    the custom stage's advice); where the gateway's own wait swings, its advice stays (a tester's:
+    the map's "timed from the server's own telemetry ... look at the server's metrics" replaced the
+    pool-wait advice the evidence gave)."""
+    path = gateway_calls_worker(tmp_path / "mapped.jsonl", pool_ms=pool_ms)
     mapfile = tmp_path / "gateway.yaml"
     mapfile.write_text("name: gw\nrequest: request\nstages:\n  - {stage: download, span: download}\n"
                        "  - {stage: decode, span: decode}\n  - {stage: resize, span: resize}\n"
                        "  - {stage: upstream, span: POST}\n")
     assert main(["report", str(path), "--service", GATEWAY, "--stage-map", str(mapfile), "--json"]) == 0
     v = json.loads(capsys.readouterr().out)["verdict"]
+    if pool_ms:
+        assert (v["cause"], v["stage"]) == ("call", "upstream")
+        assert v["evidence"][0].endswith("the wait is gateway's own")
+        assert v["advice"][0] == advice.CALL_OWN_BEFORE.format(stage="upstream")
+        assert not any("server's own telemetry" in a for a in v["advice"])
+        return
     assert (v["cause"], v["stage"]) == ("other", "upstream")
     assert v["evidence"][0] == LEFT_OUT.replace("POST", "upstream")
     assert v["advice"][0] == advice.left_out_call("upstream", WORKER)

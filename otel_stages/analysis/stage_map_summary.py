@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from otel_stages.analysis.stage_map_file import StageMap
 from otel_stages.analysis.stage_map_labels import LabelStats, label_lines, labels_to_dict
-from otel_stages.analysis.verdict import Verdict
+from otel_stages.analysis.verdict import CAUSE_CALL, Verdict
 
 #: Advice text that assumes the user's own Python pipeline instrumented with this library (its
 #: stage() spans, otel_stages.imaging, attributes it records): no help for a stage timed from a
@@ -49,12 +49,16 @@ class MapSummary:
         imaging helpers; code the user does not own) and, for a verdict on a mapped stage, put
         the map's advice for it first (after a tentative verdict's caveat): the entry's
         ``advice``, else (when a line was dropped) where its time comes from and where to look
-        next. Changes ``verdict`` in place."""
+        next. A ``call`` verdict keeps its advice: it is about the calling code's client (a
+        connection pool, reading the response), which whoever maps its spans runs (a tester's map
+        of a gateway's POST replaced the pool-wait advice its evidence gave). Changes ``verdict``
+        in place."""
         if self.stage_map is None:
             return
         stage = verdict.stage
         mapped = stage is not None and stage in self.stage_map.stage_order()
-        markers = _IN_PROCESS_ADVICE if mapped else _IN_PROCESS_ADVICE[:1]
+        markers = (() if verdict.cause == CAUSE_CALL else
+                   _IN_PROCESS_ADVICE if mapped else _IN_PROCESS_ADVICE[:1])
         removed = [i for i, a in enumerate(verdict.advice) if any(m in a for m in markers)]
         kept = [a for i, a in enumerate(verdict.advice) if i not in removed]
         line = self.stage_map.advice_for(stage) if stage is not None and mapped else ""
