@@ -17,7 +17,8 @@ images decoded, ``images_sig``; for an unknown input all of them) have a median 
 it took :data:`~otel_stages.analysis.decision.COLD_START_MIN_RATIO` times that median or more; the
 comparable requests are the warm ones not flagged for another reason than ``warm_up``. A
 ``warm_up`` request is compared with the warm requests flagged for nothing (after the warm-up)
-and must take their p95 plus their median or more (:func:`~otel_stages.analysis.cohorts.paid_min_ms`),
+and must take their p95 (``quantileExactHigh``: an element of them, not interpolated) plus their
+median or more (:func:`~otel_stages.analysis.cohorts.warm_up_min_ms`),
 and it stays set apart only before the first candidate of its process that is not set apart
 (the warm-up is consecutive from the cold request). Each row carries its process's warm-up:
 ``warmup_n`` (the candidates before that first one), ``warmup_ended`` (there is one) and
@@ -37,7 +38,12 @@ from typing import Any
 
 from otel_stages import semconv
 from otel_stages.analysis.clickhouse_sql import APART_TABLE, cohort_requests
-from otel_stages.analysis.cohorts import COMPARABLE_MIN_REQUESTS, IDLE_GAP_MIN_S, WARMUP_MAX_REQUESTS
+from otel_stages.analysis.cohorts import (
+    COMPARABLE_MIN_REQUESTS,
+    IDLE_GAP_MIN_S,
+    WARM_UP_BAR_QUANTILE,
+    WARMUP_MAX_REQUESTS,
+)
 from otel_stages.analysis.decision import COLD_START_MIN_RATIO
 from otel_stages.analysis.figures import (
     REASON_AFTER_FAILED_START,
@@ -142,7 +148,8 @@ WHERE reason != ''"""
     # compared as the warm-up is: with the warm requests flagged for nothing, p95 plus median
     warmish = f"'{REASON_WARM_UP}', '{REASON_BEHIND_COLD}'"
     stats = ("countIf(o) AS n, quantileExactInclusiveIf(0.5)(total_ns, o) AS median_ns,"
-             " countIf(s) AS n_after, quantilesExactInclusiveIf(0.5, 0.95)(total_ns, s) AS q_after")
+             " countIf(s) AS n_after, quantilesExactInclusiveIf(0.5)(total_ns, s) AS q_after,"
+             f" quantileExactHighIf({WARM_UP_BAR_QUANTILE})(total_ns, s) AS high_after")
     create = f"""CREATE TEMPORARY TABLE {APART_TABLE} ENGINE = Memory AS
 WITH comparable AS (
     SELECT k, {stats}
@@ -173,7 +180,7 @@ FROM (
                 if(f.reason IN ({warmish}), c.q_after[1], c.median_ns) AS median_ns,
                 if(f.reason IN ({warmish}),
                    c.n_after >= {COMPARABLE_MIN_REQUESTS} AND c.q_after[1] > 0
-                       AND f.total_ns >= c.q_after[2] + {COLD_START_MIN_RATIO - 1} * c.q_after[1],
+                       AND f.total_ns >= c.high_after + {COLD_START_MIN_RATIO - 1} * c.q_after[1],
                    c.n >= {COMPARABLE_MIN_REQUESTS} AND c.median_ns > 0
                        AND f.total_ns >= {COLD_START_MIN_RATIO} * c.median_ns) AS stands
             FROM {FLAGGED_TABLE} AS f LEFT JOIN comparable AS c ON f.k = c.k
