@@ -944,3 +944,39 @@ def test_a_call_into_two_services_left_out_names_the_one_whose_time_swings(
                          " leaves out, so the cold start is vlm-worker's or xocr-worker's")
     assert v["advice"][-1] == "also: " + advice.cold_in_call("POST", [WORKER, "xocr-worker"])
     assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+def _exporter(path: Path, host: str) -> Path:
+    """``path`` with the worker's GPU points sent by a node exporter of its own service.name
+    (``dcgm-exporter``, no span) on ``host``."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        for rm in line.get("resourceMetrics", []):
+            rm["resource"] = {"attributes": [_attr("service.name", "dcgm-exporter"), _attr("host.name", host)]}
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("host, kept", [("wk-0-node", False), ("gw-0-node", True),
+                                        ("one-node", True)])  # the gateway on the worker's node
+def test_a_node_exporter_on_the_left_out_workers_host_goes_with_it(engine: Any, tmp_path: Path,
+                                                                   host: str, kept: bool) -> None:
+    """A tester's: the worker's GPU points sent by a node exporter (a metrics-only process of its
+    own service.name) on the worker's host. ``--service gateway`` kept them (a metrics-only
+    process's points are kept, for the GPU rules to place by host.name) and printed "GPU points of
+    1 process that ran no request, on hosts no request process names (e.g. host.name wk-0-node)":
+    a host only the requests left out name is theirs, and so are its points; on a host a span kept
+    names (the gateway's), they stay. The worker's own report keeps those on its host, shared with
+    the gateway's too (``one-node``: the gateway's requests left out there, the worker's kept);
+    both reports."""
+    path = _exporter(gateway_calls_worker(tmp_path / "exporter.jsonl"), host)
+    if host == "one-node":
+        path.write_text(path.read_text().replace('"gw-0-node"', '"one-node"').replace('"wk-0-node"', '"one-node"'))
+    assert bool(pick_service(load_paths([path]), GATEWAY).metrics) is kept
+    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
+    assert want["problems"] == got["problems"] == []
+    assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
+    if host != "gw-0-node":
+        worker = _file(path, WORKER)
+        assert (worker["verdict"]["cause"], worker["problems"]) == ("gpu_busy", [])
+        assert _sql(engine, path, WORKER)["verdict"] == worker["verdict"]

@@ -259,7 +259,8 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
             # the service's stages that call the requests left out, before they are
             left_out_calls = _calls_left_out(engine, tables, query, settings)
             query = replace(query, leave_out=True)
-            for statement in service_sql.names_statements(tables.traces_ref, query):
+            for statement in (*service_sql.left_out_hosts_statements(tables.traces_ref, query),
+                              *service_sql.names_statements(tables.traces_ref, query)):
                 engine.execute(statement, sql.query_params(query), settings)
             _group_requests(engine, tables, query, settings)
     # before anything reads the cohorts' format / the warm flag
@@ -385,7 +386,7 @@ def run_queries(engine: Engine, tables: Tables, query: sql.AggregateQuery
     for table in (*requests.TABLES, *calls.TABLES, *queries.TABLES, preprocess.TABLE, *signals.TABLES,
                   issues.CLASH_TABLE, issues.DUPLICATE_TABLE, sql.APART_TABLE, sql.FORMATS_TABLE,
                   sql.WARM_TABLE, sql.SERVICE_TRACES_TABLE, sql.SERVICE_NAMES_TABLE, sql.SPAN_SERVICES_TABLE,
-                  sql.SERVICE_FOREIGN_TABLE, *service_sql.TABLES,
+                  sql.SERVICE_FOREIGN_TABLE, sql.LEFT_OUT_HOSTS_TABLE, *service_sql.TABLES,
                   sql.GPU_OWNERS_TABLE):
         engine.execute(f"DROP TEMPORARY TABLE IF EXISTS {table}", None, settings)
     return results, method

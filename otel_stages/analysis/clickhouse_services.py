@@ -16,6 +16,7 @@ service, or whose other services only record stages of this one's requests: a GP
 
 from __future__ import annotations
 
+from otel_stages import semconv
 from otel_stages.analysis.clickhouse_requests import (
     CUSTOM_TABLE,
     GROUPS_TABLE,
@@ -24,6 +25,7 @@ from otel_stages.analysis.clickhouse_requests import (
     stage_parents_among,
 )
 from otel_stages.analysis.clickhouse_sql import (
+    LEFT_OUT_HOSTS_TABLE,
     MAX_GROUP_DEPTH,
     REQUESTS_TABLE,
     SERVICE_FOREIGN_TABLE,
@@ -111,6 +113,19 @@ WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {SERVICE_FOREIGN_TABLE
         f"""INSERT INTO {SERVICE_FOREIGN_TABLE}
 SELECT DISTINCT trace_key, sid, owner, owner_svc FROM ({walked})""",
     ]
+
+
+def left_out_hosts_statements(traces: str, query: AggregateQuery) -> list[str]:
+    """(Re)create :data:`~otel_stages.analysis.clickhouse_sql.LEFT_OUT_HOSTS_TABLE` after the
+    first request pass (``query.leave_out`` set): the ``host.name`` of the requests of other
+    services there, less those of the service's spans kept, as
+    :func:`otel_stages.analysis.services.pick_service` reads them."""
+    return [f"DROP TEMPORARY TABLE IF EXISTS {LEFT_OUT_HOSTS_TABLE}",
+            f"""CREATE TEMPORARY TABLE {LEFT_OUT_HOSTS_TABLE} ENGINE = Memory AS
+SELECT DISTINCT host FROM {REQUESTS_TABLE}
+WHERE is_request AND svc != {{service:String}} AND host != ''
+    AND host NOT IN (SELECT DISTINCT ResourceAttributes['{semconv.HOST_NAME}'] FROM {traces}
+                     WHERE ServiceName = {{service:String}} AND {span_filter(query, odd=False)})"""]
 
 
 def foreign_count_sql() -> str:

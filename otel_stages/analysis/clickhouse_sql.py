@@ -66,6 +66,10 @@ SPAN_SERVICES_TABLE = "otel_stages_span_services"
 #: :attr:`AggregateQuery.leave_out` is set
 #: (:func:`otel_stages.analysis.clickhouse_services.foreign_statements`).
 SERVICE_FOREIGN_TABLE = "otel_stages_service_foreign"
+#: With ``--service`` and other services' requests left out: the ``host.name`` of those requests'
+#: processes that no span kept of the service names; the points of metrics-only processes there
+#: are theirs (:func:`otel_stages.analysis.clickhouse_services.left_out_hosts_statements`).
+LEFT_OUT_HOSTS_TABLE = "otel_stages_left_out_hosts"
 #: Custom stage groups nest at most this deep under a request (deeper ones stop the walk there).
 MAX_GROUP_DEPTH = 4
 #: Spans starting before this (2000-01-01T00:00:00Z) are broken clocks, left out and counted.
@@ -394,12 +398,16 @@ def metric_filter(query: AggregateQuery, names: str) -> str:
     :data:`WINDOW_SLACK_NS` (params ``scan_lo`` / ``hi``) and, with a service, the services of
     the traces it picked (:data:`SERVICE_NAMES_TABLE`) and the services with no span in the
     window (:data:`SPAN_SERVICES_TABLE`: metrics-only processes, GPU exporters, as
-    :func:`otel_stages.analysis.services.pick_service` keeps them)."""
+    :func:`otel_stages.analysis.services.pick_service` keeps them; with ``query.leave_out``, not
+    those on a host of :data:`LEFT_OUT_HOSTS_TABLE`)."""
     parts = [f"MetricName IN {names}", "isFinite(Value)", NO_RECORDED_VALUE_SQL]
     if query.start_ns is not None:
         parts.append("TimeUnix >= fromUnixTimestamp64Nano({scan_lo:Int64})")
     if query.end_ns is not None:
         parts.append(f"TimeUnix < fromUnixTimestamp64Nano({{hi:Int64}} + {WINDOW_SLACK_NS})")
     if query.service:
-        parts.append(f"(ServiceName IN {SERVICE_NAMES_TABLE} OR ServiceName NOT IN {SPAN_SERVICES_TABLE})")
+        alone = f"ServiceName NOT IN {SPAN_SERVICES_TABLE}"
+        if query.leave_out:  # (not on a host of the requests left out only)
+            alone += f" AND ResourceAttributes['{semconv.HOST_NAME}'] NOT IN {LEFT_OUT_HOSTS_TABLE}"
+        parts.append(f"(ServiceName IN {SERVICE_NAMES_TABLE} OR ({alone}))")
     return " AND ".join(parts)

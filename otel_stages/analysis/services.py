@@ -74,7 +74,9 @@ def pick_service(recording: Recording, service: str) -> Recording:
     :func:`_foreign_members`; stage spans whose request span never arrived stay, as incomplete ones).
     Metric points: those of the services with a span among the spans kept or with no span at all
     (a metrics-only process: a node's GPU exporter, which the GPU rules then place by its
-    ``host.name``), as the ClickHouse SQL's ``metric_filter``; problems kept. Order kept. Empty
+    ``host.name``) unless on a host of the requests left out that no span kept of ``service``
+    names (:func:`_left_out_hosts`), as
+    the ClickHouse SQL's ``metric_filter``; problems kept. Order kept. Empty
     spans when none matches. Only traces with spans of two services or more are grouped."""
     by_trace: dict[str, list[Span]] = {}
     for s in recording.spans:
@@ -93,12 +95,27 @@ def pick_service(recording: Recording, service: str) -> Recording:
              if s.trace_id in by_trace and (s.trace_id, s.span_id) not in left_out]
     services = {service_of(s.resource) for s in spans}
     with_spans = {service_of(s.resource) for s in recording.spans}
+    hosts = _left_out_hosts([by_trace[trace] for trace in mixed], service) - {
+        str(s.resource.get(semconv.HOST_NAME) or "") for s in spans if service_of(s.resource) == service}
     metrics = [p for p in recording.metrics
-               if service_of(p.resource) in services or service_of(p.resource) not in with_spans]
+               if service_of(p.resource) in services or (
+                   service_of(p.resource) not in with_spans
+                   and str(p.resource.get(semconv.HOST_NAME) or "") not in hosts)]
     calls = (_calls_left_out([s for s in recording.spans if s.trace_id in by_trace], service)
              if left_out else [])
     return Recording(spans=spans, metrics=metrics, problems=list(recording.problems),
                      calls_left_out=calls)
+
+
+def _left_out_hosts(traces: Iterable[list[Span]], service: str) -> set[str]:
+    """The ``host.name`` of the request spans of other services in ``traces`` (the mixed traces
+    picked); :func:`pick_service` drops the points of metrics-only processes on those hosts
+    where no span of ``service`` names them too: such a process (a node's GPU exporter of its own
+    service.name) sends the GPU points of the services left out (a tester's: kept, the worker
+    node's exporter read as "GPU points of a process on a host no request process names")."""
+    return {str(r.resource.get(semconv.HOST_NAME) or "") for spans in traces
+            for r, _ in trace_members(spans)
+            if r is not None and service_of(r.resource) != service} - {""}
 
 
 def _calls_left_out(spans: list[Span], service: str) -> list[Call]:
