@@ -60,7 +60,7 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
                          fanout: int = 1, unrecorded_ms: float = 0.0, repeat: int = 1,
                          fail_first_ms: float = 0.0, fanout_gap_ms: float = 1.0,
                          read_ms: float = 0.0, cold_ms: float = 1500.0,
-                         own_cold_ms: float = 0.0) -> Path:
+                         own_cold_ms: float = 0.0, own_warmup: tuple[float, ...] = ()) -> Path:
     """``N`` gateway requests (``download`` 8, ``decode`` 12, ``resize`` 3 ms, then a ``POST``
     CLIENT span); the first ``calls`` of them call the worker: its ``request`` (``queue`` 2 ms,
     ``forward`` 50 ms, every fourth 250-290 ms, the first 1.5 s: its cold start) ``hops`` parent
@@ -82,7 +82,8 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
     ``fanout_gap_ms``: how far apart a fan-out's requests start (0: in one nanosecond).
     ``read_ms``: as ``pool_ms``, but after the worker's request ends (reading the response).
     ``cold_ms``: the worker's first forward; ``own_cold_ms``: what the gateway's first decode
-    takes more (its own cold start)."""
+    takes more (its own cold start); ``own_warmup``: what its decodes after the first take more
+    (ms: its own warm-up)."""
     slow_forwards = not (pool_ms or read_ms) if slow_forwards is None else slow_forwards
     r = random.Random(7)
     ids = iter(f"{r.getrandbits(64):016x}" for _ in range(100 * N))
@@ -100,6 +101,7 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
                                                   "image.size": 150_000, "image.format": "JPEG"}),
                                 ("resize", 3.0, {})):
             ms += r.uniform(-0.2, 0.2) + (own_cold_ms if i == 0 and name == "decode" else 0.0)
+            ms += own_warmup[i - 1] if name == "decode" and 0 < i <= len(own_warmup) else 0.0
             stages.append(_span(trace, next(ids), rid, name, c, c + int(ms * MS), attrs))
             c += int(ms * MS) + MS // 50
         slow = i % 4 == 2
@@ -980,3 +982,30 @@ def test_a_node_exporter_on_the_left_out_workers_host_goes_with_it(engine: Any, 
         worker = _file(path, WORKER)
         assert (worker["verdict"]["cause"], worker["problems"]) == ("gpu_busy", [])
         assert _sql(engine, path, WORKER)["verdict"] == worker["verdict"]
+
+
+@pytest.mark.parametrize("shape, whose", [
+    ({"warmup": (900.0, 600.0, 300.0)}, WORKER),  # the worker's forwards after its cold one
+    ({"own_warmup": (0.0, 700.0), "cold_ms": 50.0, "own_cold_ms": 1400.0, "slow_forwards": False},
+     None),  # the gateway's own decodes
+])
+def test_a_warm_up_paid_inside_a_left_out_call_is_the_callees(engine: Any, tmp_path: Path,
+                                                               shape: dict[str, Any], whose: str | None) -> None:
+    """A tester's: ``--service gateway`` where the worker's forwards warm up after its cold one:
+    the gateway's requests that waited in POST for them were set apart as its warm-up with the
+    advice "warm the model up at startup with 2 dummy requests" (the gateway loads no model). The
+    warm-up is the worker's where every request set apart as warm-up called a worker's request
+    that was cold or set apart there; a warm-up in the gateway's own decode stays its own; both
+    reports."""
+    path = gateway_calls_worker(tmp_path / "warmup.jsonl", **shape)
+    v = _file(path, GATEWAY)["verdict"]
+    line = next(e for e in v["evidence"] if e.startswith("the warm-up lasted 2 requests"))
+    said = ("each of them waited in POST for vlm-worker's requests while those warmed up (a call"
+            " --service leaves out), so the warm-up is vlm-worker's")
+    assert line.endswith(said) is (whose is not None)
+    if whose is not None:
+        assert v["advice"][-1] == "also: " + advice.warm_up_in_call("POST", WORKER, 2, True)
+        assert advice.warm_up_with(2, True) not in " ".join(v["advice"])
+    else:
+        assert any(a.endswith(advice.warm_up_with(2, True)) for a in v["advice"])
+    assert _sql(engine, path, GATEWAY)["verdict"] == v

@@ -94,6 +94,15 @@ def warm_up_with(requests: int, ended: bool) -> str:
             " run after a restart to see where the warm-up ends")
 
 
+def warm_up_in_call(stage: str, service: str, requests: int, ended: bool) -> str:
+    """:func:`warm_up_with` for a warm-up paid inside ``stage``, a call into the requests of
+    ``service``, which ``--service`` left out: that service's warm-up."""
+    many = f"{requests}" if ended else f"more than {requests}"
+    return (f"the requests after the first pay {service}'s warm-up inside {stage}: warm {service}'s"
+            f" model up at startup with {many} dummy requests, not one, before its readiness probe"
+            f" passes; otel-stages report ... --service {service} shows it")
+
+
 #: the last queue advice line, whatever the batches and the GPU say
 QUEUE_DEPTH = "watch queue.depth: a deep queue means arrival rate exceeds throughput, so add replicas"
 #: Leads the advice when the input mix explains the swing and every input is steady

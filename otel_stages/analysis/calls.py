@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Container, Iterable, Sequence
+from dataclasses import replace
 
 from otel_stages import semconv
 from otel_stages.analysis.model import Call, Span
@@ -152,8 +153,10 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
     each_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in found}
     # the own time before the first called request starts and after the last one ends
     sides: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {k: ([], []) for k in found}
+    unsteady: dict[tuple[str, str, str], set[str]] = {k: set() for k in found}
     for (up, found_key), called in made.items():
         if steady is not None and not all((c.trace_id, c.span_id) in steady for c in called):
+            unsteady[found_key].add(up[0])
             continue
         held[found_key].append(len(called))
         each_ms[found_key].extend(c.total_ms for c in called if not c.error)
@@ -173,8 +176,8 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
                 if (found_key[0], found_key[2]) == (s.name, _service(s.resource)) and found_key not in own:
                     own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
     # the share is of the name's spans in the calling service's requests (a chain's every hop)
-    calls = [_call(key, n, in_service[(key[0], key[2])], key in own, own_ms[key], callee_ms[key],
-                   held[key], each_ms[key], sides[key])
+    calls = [replace(_call(key, n, in_service[(key[0], key[2])], key in own, own_ms[key], callee_ms[key],
+                           held[key], each_ms[key], sides[key]), unsteady_traces=tuple(sorted(unsteady[key])))
              for key, n in found.items() if n >= CALL_MIN_SHARE * in_service[(key[0], key[2])]]
     return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.caller)))
 

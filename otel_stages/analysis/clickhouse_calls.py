@@ -135,7 +135,8 @@ def calls_sql() -> str:
     many of the former hold more called requests than the fewest any of them holds; ``each_q``:
     the p5 and p95 of each of their successful called requests' totals (ns); ``before_q`` /
     ``after_q``: the p5 and p95 of the own time before the first called request starts and after
-    the last one ends, over the same spans as ``callee_q`` (ns)."""
+    the last one ends, over the same spans as ``callee_q`` (ns); ``unsteady_traces``: the trace
+    ids of the calling spans whose called requests are not all steady, sorted."""
     steady = ("min(NOT r.cold AND (r.trace_key, r.span_key) NOT IN"
               f" (SELECT trace_key, span_key FROM {APART_TABLE}))")
     per_call = f"""SELECT c.name AS name, c.svc AS svc, c.caller AS caller, c.trace_key AS tk, c.sid AS call,
@@ -166,10 +167,11 @@ def calls_sql() -> str:
     f.caller = f.svc AS shared_name, f.own AS callee_stage, f.repeated AS repeated, f.each_q AS each_q,
     arrayReduce('quantilesExactInclusive(0.05, 0.5, 0.95)',
                 arrayConcat(f.owns, if(f.own, [], l.durs))) AS own_q,
-    f.callee_q AS callee_q, f.before_q AS before_q, f.after_q AS after_q
+    f.callee_q AS callee_q, f.before_q AS before_q, f.after_q AS after_q,
+    f.unsteady_traces AS unsteady_traces
 FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns AS owns,
              g.callee_q AS callee_q, g.repeated AS repeated, g.each_q AS each_q,
-             g.before_q AS before_q, g.after_q AS after_q,
+             g.before_q AS before_q, g.after_q AS after_q, g.unsteady_traces AS unsteady_traces,
              toUInt8(g.named AND ifNull(ins.n, 0) > ifNull(cf.n, 0)) AS own
       FROM (SELECT name, svc, caller, count() AS n, max(o) AS named,
              groupArrayIf(dur - cov, steady) AS owns,
@@ -177,6 +179,8 @@ FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns 
              quantilesExactInclusiveIf(0.05, 0.95)({before}, steady) AS before_q,
              quantilesExactInclusiveIf(0.05, 0.95)({after}, steady) AS after_q,
              countIf(steady AND k > fewest) AS repeated,
+             arraySort(groupUniqArrayIf(lower(hex(reinterpretAsFixedString(tk))), NOT steady))
+                 AS unsteady_traces,
              arrayReduce('quantilesExactInclusive(0.05, 0.95)', arrayFlatten(groupArrayIf(totals, steady)))
                  AS each_q
       FROM (SELECT *, {covered} AS cov,

@@ -255,7 +255,8 @@ def _call(row: Mapping[str, Any]) -> Call:
                 callee_p5_ms=callee[0], callee_p95_ms=callee[1], repeated=int(row.get("repeated") or 0),
                 each_p5_ms=each[0], each_p95_ms=each[1], caller=str(row.get("caller") or ""),
                 before_p5_ms=before[0], before_p95_ms=before[1], after_p5_ms=after[0],
-                after_p95_ms=after[1])
+                after_p95_ms=after[1],
+                unsteady_traces=tuple(str(t) for t in row.get("unsteady_traces") or ()))
 
 
 def _ms(ns: Any) -> float | None:

@@ -1032,6 +1032,18 @@ def _cold_failed_clause(fig: Figures) -> str:
             " only)")
 
 
+def _warm_up_call(fig: Figures) -> Call | None:
+    """The call ``--service`` left out (:attr:`Figures.calls_left_out`) whose spans, in every
+    request set apart here as warm-up, held a called request that was cold or set apart there
+    (:attr:`Call.unsteady_traces <otel_stages.analysis.model.Call.unsteady_traces>`): the warm-up
+    is the called service's (a tester's gateway report advised warming "the model" up with 2
+    dummy requests, the worker's warm-up paid inside its POST)."""
+    traces = {a.trace_id for a in fig.set_apart if a.reason == REASON_WARM_UP}
+    if fig.warmup is None or not traces:
+        return None
+    return next((c for c in fig.calls_left_out if traces <= set(c.unsteady_traces)), None)
+
+
 def _cold_call(cold: ColdFigures, calls: Sequence[Call]) -> tuple[str, list[str]] | None:
     """``(stage, services)``: the stage holding most of the cold requests' extra time
     (:func:`_cold_excess`) where it is a call ``--service`` left out (:attr:`Figures.calls_left_out`),
@@ -1124,9 +1136,17 @@ def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
         else:
             verdict.evidence.append(mix)
     _cold_line(verdict, fig.cold, others_apart=bool(fig.set_apart), calls=fig.calls_left_out)
-    verdict.evidence.extend(set_apart_lines(fig.set_apart, fig.warmup))
+    apart = set_apart_lines(fig.set_apart, fig.warmup)
+    call = _warm_up_call(fig)
+    if call is not None and apart:  # (the warm-up's line is the first)
+        apart[0] += (f"; each of them waited in {call.stage} for {call.service}'s requests while"
+                     f" those warmed up (a call --service leaves out), so the warm-up is {call.service}'s")
+    verdict.evidence.extend(apart)
     for reason in dict.fromkeys(a.reason for a in fig.set_apart):
-        if reason == REASON_WARM_UP and fig.warmup is not None:
+        if reason == REASON_WARM_UP and fig.warmup is not None and call is not None:
+            verdict.advice.append("also: " + advice_text.warm_up_in_call(
+                call.stage, call.service, fig.warmup.longest_requests, fig.warmup.longest_ended))
+        elif reason == REASON_WARM_UP and fig.warmup is not None:
             warm_up_advice(verdict, fig.warmup)  # as many requests as it lasted
         else:
             verdict.advice.append("also: " + advice_text.WARM_UP_AGAIN[reason])

@@ -130,6 +130,9 @@ class Call:
     before_p95_ms: float | None = None
     after_p5_ms: float | None = None
     after_p95_ms: float | None = None
+    #: the trace ids of the calling spans whose called requests are not all steady (cold or set
+    #: apart: the called service's cold start and warm-up), sorted
+    unsteady_traces: tuple[str, ...] = ()
 
     @property
     def each_swing_ms(self) -> float | None:
