@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from otel_stages.analysis import advice, load_paths
-from otel_stages.analysis.calls import remote_calls
+from otel_stages.analysis.calls import MAX_CALL_HOPS, remote_calls
 from otel_stages.analysis.clickhouse import Tables, fetch_aggregates, import_files
 from otel_stages.analysis.clickhouse_figures import report_dict
 from otel_stages.analysis.clickhouse_sql import AggregateQuery
@@ -248,14 +248,24 @@ def test_service_gateway_keeps_its_requests_and_their_call(engine: Any, tmp_path
     assert want["problems"] == got["problems"] == []
 
 
-def test_three_hops_is_no_call(engine: Any, tmp_path: Path) -> None:
-    """A worker's request 3 parent links (past MAX_CALL_HOPS) below the POST (a proxy's span and the
-    worker's server span in between) is not read as called: POST ranks as a custom stage again."""
-    path = gateway_calls_worker(tmp_path / "calls_3.jsonl", hops=3)
+@pytest.mark.parametrize("hops", [3, MAX_CALL_HOPS, MAX_CALL_HOPS + 1])
+def test_a_call_through_proxies_is_a_call_up_to_max_call_hops(engine: Any, tmp_path: Path, hops: int) -> None:
+    """A worker's request ``hops`` parent links below the POST (proxies' spans and the worker's
+    server span in between, none a stage or request): a call up to MAX_CALL_HOPS (a tester's
+    gateway behind one proxy, 3 hops, read its call as a custom stage and, with ``--service``,
+    got a custom stage's advice); past it, POST ranks as a custom stage again; both reports."""
+    assert MAX_CALL_HOPS == 5
+    path = gateway_calls_worker(tmp_path / f"calls_{hops}.jsonl", hops=hops)
     want = _file(path)
-    assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
-    assert not any("is a call" in e for e in want["verdict"]["evidence"])
+    if hops <= MAX_CALL_HOPS:
+        _calls_worker(want)
+    else:
+        assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
+        assert not any("is a call" in e for e in want["verdict"]["evidence"])
     assert _sql(engine, path)["verdict"] == want["verdict"]
+    picked = _file(path, GATEWAY)["verdict"]
+    assert (picked["evidence"][0].startswith("POST is a call into") is (hops <= MAX_CALL_HOPS))
+    assert _sql(engine, path, GATEWAY)["verdict"] == picked
 
 
 def _moved(path: Path, name: str, service: str, *, gpu: bool = False) -> Path:

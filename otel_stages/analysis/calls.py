@@ -14,7 +14,7 @@ advise the report of the called service alone (``--service``), which holds the c
 A stage is a call when at least :data:`CALL_MIN_SHARE` of its spans (in the calling service's
 requests read: each hop of a chain apart) hold another request span within
 :data:`MAX_CALL_HOPS` parent links: the request span's parent is the stage span, or its parent's
-parent is (the callee's HTTP server span in between, itself
+parent is (the callee's HTTP server span in between, a proxy's: each
 neither a stage nor a request or group). Whatever the two requests' ``service.name``: a gateway
 and a worker that share one (told apart only by ``service.namespace`` or instance) call each
 other as much as two services do (:attr:`Call.shared_name`). A call named as a stage of the
@@ -42,9 +42,12 @@ from otel_stages.analysis.stats import percentile
 #: A called request span lies at most this many parent links below the calling stage span: 1,
 #: the request span is the client span's child (context injected by hand or by an SDK that makes
 #: no server span); 2, the callee's HTTP server span (FastAPI's, gRPC's) sits in between, as
-#: OpenTelemetry's instrumentations make it. Deeper chains (a proxy's spans too) are not read as
-#: calls: the farther up, the likelier the stage is other work that happens to hold one.
-MAX_CALL_HOPS = 2
+#: OpenTelemetry's instrumentations make it; up to 5, proxies' spans too (an nginx or Envoy span
+#: each way, a service mesh's sidecars: a tester's gateway behind one proxy read its call as a
+#: custom stage). Only spans that are neither stages nor requests nor groups lie in between (the
+#: walk stops at those), so a deeper link is still a call, not other work; ``--service`` leaves
+#: out the same spans between (:data:`otel_stages.analysis.services.MAX_BETWEEN_SPANS`).
+MAX_CALL_HOPS = 5
 #: A stage name is a call when at least this share of its spans in the calling service's requests
 #: hold a called request: most of its figures are then the callee's time. Below it (a ``POST``
 #: that mostly calls an API this report does not read), the stage is the caller's own, ranked as

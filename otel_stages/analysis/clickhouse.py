@@ -441,6 +441,8 @@ def _search_calls(engine: Engine, tables: Tables, query: sql.AggregateQuery,
     for _ in range(MAX_CALL_HOPS):
         for statement in calls.hop_statements(tables.traces_ref, query):
             engine.execute(statement, sql.query_params(query), settings)
+        if not int(engine.rows(f"SELECT count() AS n FROM {calls.AT_TABLE}", None, settings)[0]["n"]):
+            break  # (no link left to walk up)
     for statement in calls.spans_statements(tables.traces_ref, query):
         engine.execute(statement, sql.query_params(query), settings)
     return engine.rows(calls.calls_sql(), None, settings)

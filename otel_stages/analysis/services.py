@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from otel_stages import semconv
-from otel_stages.analysis.calls import remote_calls
+from otel_stages.analysis.calls import MAX_CALL_HOPS, remote_calls
 from otel_stages.analysis.model import Call, Recording, Span
 from otel_stages.analysis.requests import group_spans, trace_members
 from otel_stages.analysis.screen import screen_spans
@@ -38,9 +38,10 @@ def spans_by_service(spans: Iterable[Span]) -> list[tuple[str, int]]:
 
 
 #: How far up from another service's request span the spans between it and ``--service``'s own
-#: span are walked (:func:`_foreign_members`); as deep as custom stage groups nest, and the same
-#: bound in the ClickHouse report's walk (:mod:`otel_stages.analysis.clickhouse_services`).
-MAX_BETWEEN_SPANS = 4
+#: span are walked (:func:`_foreign_members`): those a call reaches through
+#: (:data:`~otel_stages.analysis.calls.MAX_CALL_HOPS`), and the same bound in the ClickHouse
+#: report's walk (:mod:`otel_stages.analysis.clickhouse_services`).
+MAX_BETWEEN_SPANS = MAX_CALL_HOPS - 1
 
 
 def _foreign_members(spans: list[Span], service: str) -> Iterator[Span]:
