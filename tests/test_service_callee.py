@@ -1,0 +1,284 @@
+"""``--service`` and the far side of a call: the spans between a call and the request it calls
+(proxies, the callee's server span) and the GPU points of the callee's node go with the requests
+left out; a cold start, a warm-up paid inside a left-out call are the callee's; a call into two
+services; stage maps that rename the call; file report and ClickHouse report alike (tester L).
+The recordings: :func:`tests.test_service_calls.gateway_calls_worker`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_stages.analysis import advice, load_paths
+from otel_stages.analysis.calls import MAX_CALL_HOPS
+from otel_stages.analysis.services import pick_service
+from otel_stages.cli import main
+from tests.odd_inputs import _attr
+from tests.test_clickhouse_issues import engine
+from tests.test_service_calls import (
+    GATEWAY,
+    LEFT_OUT,
+    WORKER,
+    N,
+    _calls_worker,
+    _file,
+    _resource,
+    _sql,
+    gateway_calls_worker,
+)
+
+__all__ = ["engine"]  # the chDB fixture
+
+
+@pytest.mark.parametrize("hops", [3, MAX_CALL_HOPS, MAX_CALL_HOPS + 1])
+def test_a_call_through_proxies_is_a_call_up_to_max_call_hops(engine: Any, tmp_path: Path, hops: int) -> None:
+    """A worker's request ``hops`` parent links below the POST (proxies' spans and the worker's
+    server span in between, none a stage or request): a call up to MAX_CALL_HOPS (a tester's
+    gateway behind one proxy, 3 hops, read its call as a custom stage and, with ``--service``,
+    got a custom stage's advice); past it, POST ranks as a custom stage again; both reports."""
+    assert MAX_CALL_HOPS == 5
+    path = gateway_calls_worker(tmp_path / f"calls_{hops}.jsonl", hops=hops)
+    want = _file(path)
+    if hops <= MAX_CALL_HOPS:
+        _calls_worker(want)
+    else:
+        assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
+        assert not any("is a call" in e for e in want["verdict"]["evidence"])
+    assert _sql(engine, path)["verdict"] == want["verdict"]
+    picked = _file(path, GATEWAY)["verdict"]
+    assert (picked["evidence"][0].startswith("POST is a call into") is (hops <= MAX_CALL_HOPS))
+    assert _sql(engine, path, GATEWAY)["verdict"] == picked
+
+
+def _moved(path: Path, name: str, service: str, *, gpu: bool = False) -> Path:
+    """``path`` with the spans named ``name`` that the gateway's resource holds (its client span;
+    with 3 hops, its proxy's SERVER spans ``POST /infer``) moved to a resource of ``service``;
+    ``gpu``: which sends GPU points too (a copy of the worker's: a router with a GPU of its own)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    moved: list[dict[str, Any]] = []
+    for line in lines:
+        for rs in line.get("resourceSpans", [])[:1]:
+            if rs["resource"] == _resource(GATEWAY, "gw-0"):
+                for ss in rs["scopeSpans"]:
+                    moved += [s for s in ss["spans"] if s["name"] == name]
+                    ss["spans"] = [s for s in ss["spans"] if s["name"] != name]
+    lines.append({"resourceSpans": [{"resource": _resource(service, "px-0"),
+                                     "scopeSpans": [{"spans": moved}]}]})
+    if gpu:
+        gauge = json.loads(json.dumps(next(line for line in lines if "resourceMetrics" in line)))
+        gauge["resourceMetrics"][0]["resource"] = _resource(service, "px-0")
+        lines.append(gauge)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("proxy", [GATEWAY, "edge-proxy"])
+def test_the_spans_between_a_call_and_the_requests_left_out_go_with_them(
+        engine: Any, tmp_path: Path, proxy: str) -> None:
+    """``--service gateway`` over a worker's request 3 links below the gateway's POST: the spans of
+    other services between them (the worker's server span; a proxy's, when the proxy is a service
+    of its own) are left out with the worker's request, the gateway's own (its proxy span) kept;
+    so the worker's GPU points go too, as with one hop, and no GPU exporter on a host no request
+    names is reported; both reports."""
+    path = gateway_calls_worker(tmp_path / "calls_3.jsonl", hops=3)
+    if proxy != GATEWAY:
+        _moved(path, "POST /infer", proxy, gpu=True)
+    picked = pick_service(load_paths([path]), GATEWAY)
+    assert {str(s.resource.get("service.name")) for s in picked.spans} == {GATEWAY}
+    assert sum(s.name == "POST /infer" for s in picked.spans) == (N if proxy == GATEWAY else 0)
+    assert picked.metrics == []
+    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
+    assert want["problems"] == got["problems"] == []
+    assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+    assert got["gpu"] == want["gpu"]
+
+
+def test_a_stage_recorded_by_another_service_stays_though_it_holds_a_request_left_out(
+        engine: Any, tmp_path: Path) -> None:
+    """The gateway's call span recorded by a sidecar (a service of its own, its spans children of
+    the gateway's request span): it is a stage of the gateway's requests, so ``--service gateway``
+    keeps it though the worker's request under it is left out; both reports."""
+    path = _moved(gateway_calls_worker(tmp_path / "sidecar.jsonl"), "POST", "gateway-sidecar")
+    picked = pick_service(load_paths([path]), GATEWAY)
+    assert sum(s.name == "POST" for s in picked.spans) == N
+    assert not any(s.name == "forward" for s in picked.spans)
+    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
+    assert "POST" in want["stages"] and want["verdict"]["stage"] == "POST"
+    assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+    assert got["stages"]["POST"] == want["stages"]["POST"]
+
+
+COLD_IN_CALL = (", in POST: a call into vlm-worker's requests, which --service leaves out, so the cold"
+                " start is vlm-worker's")
+
+
+@pytest.mark.parametrize("slow_forwards", [True, False])  # the warm verdict the call's; steady
+def test_the_callees_cold_start_paid_inside_a_left_out_call_is_the_callees(
+        engine: Any, tmp_path: Path, slow_forwards: bool) -> None:
+    """``--service gateway``: the gateway's first request waits out the worker's cold start inside
+    its POST. That cold start is the worker's: the cold line says so and advises warming the
+    worker (a tester's gateway report advised "also: warm the model up" for the gateway, which
+    loads no model); where the warm runs are steady the cold-start verdict names the call and its
+    service; both reports."""
+    path = gateway_calls_worker(tmp_path / "cold.jsonl", slow_forwards=slow_forwards)
+    want = _file(path, GATEWAY)
+    v = want["verdict"]
+    if slow_forwards:
+        assert (v["cause"], v["stage"]) == ("other", "POST")
+        cold = next(e for e in v["evidence"] if e.startswith("first request of the process"))
+        assert cold.endswith("a cold start too" + COLD_IN_CALL)
+        assert v["advice"][-1] == "also: " + advice.cold_in_call("POST", [WORKER])
+    else:
+        assert (v["cause"], v["stage"]) == ("cold_start", "POST")
+        assert v["evidence"][-1] == ("POST is a call into vlm-worker's requests, which --service"
+                                     " leaves out of this report, so the cold start is vlm-worker's")
+        assert v["advice"] == [advice.cold_in_call("POST", [WORKER])]
+    assert not any(a.endswith(advice.WARM_UP) for a in v["advice"])
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+def test_a_cold_start_outside_the_call_stays_the_services_own(engine: Any, tmp_path: Path) -> None:
+    """The gateway's own first decode 1.4 s slower, the worker's first forward as its others: the
+    cold start is the gateway's (its decode's advice, no call named); both reports."""
+    path = gateway_calls_worker(tmp_path / "own_cold.jsonl", slow_forwards=False, cold_ms=50.0,
+                                own_cold_ms=1400.0)
+    v = _file(path, GATEWAY)["verdict"]
+    assert (v["cause"], v["stage"]) == ("cold_start", "decode")
+    assert not any("cold start is" in e for e in v["evidence"])
+    assert v["advice"][0] == advice.for_cold_start("decode")[0]
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+@pytest.mark.parametrize("pool_ms", [0.0, 200.0])  # the worker's swing; the gateway's own wait
+def test_a_stage_map_that_renames_the_call_keeps_it_a_call(tmp_path: Path, pool_ms: float,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``--service gateway --stage-map`` with ``{stage: upstream, span: POST}``: the call found
+    under its span's name is said under the map's stage (a tester's map lost the call line and got
+    the custom stage's advice); where the gateway's own wait swings, its advice stays (a tester's:
+    the map's "timed from the server's own telemetry ... look at the server's metrics" replaced the
+    pool-wait advice the evidence gave)."""
+    path = gateway_calls_worker(tmp_path / "mapped.jsonl", pool_ms=pool_ms)
+    mapfile = tmp_path / "gateway.yaml"
+    mapfile.write_text("name: gw\nrequest: request\nstages:\n  - {stage: download, span: download}\n"
+                       "  - {stage: decode, span: decode}\n  - {stage: resize, span: resize}\n"
+                       "  - {stage: upstream, span: POST}\n")
+    assert main(["report", str(path), "--service", GATEWAY, "--stage-map", str(mapfile), "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)["verdict"]
+    if pool_ms:
+        assert (v["cause"], v["stage"]) == ("call", "upstream")
+        assert v["evidence"][0].endswith("the wait is gateway's own")
+        assert v["advice"][0] == advice.CALL_OWN_BEFORE.format(stage="upstream")
+        assert not any("server's own telemetry" in a for a in v["advice"])
+        return
+    assert (v["cause"], v["stage"]) == ("other", "upstream")
+    assert v["evidence"][0] == LEFT_OUT.replace("POST", "upstream")
+    assert v["advice"][0] == advice.left_out_call("upstream", WORKER)
+    assert not {advice.CUSTOM_SUBSTEPS, advice.CUSTOM_IS_STANDARD} & set(v["advice"])
+
+
+def _two_workers(path: Path) -> Path:
+    """``path`` with every second worker request by start (its queue and forward with it) moved to
+    a resource of ``xocr-worker``: the gateway's POST calls two services, the first call (cold)
+    and every slow forward staying with vlm-worker's."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    worker = [s for line in lines for rs in line.get("resourceSpans", [])
+              if rs["resource"] == _resource(WORKER, "wk-0") for ss in rs["scopeSpans"] for s in ss["spans"]]
+    requests = sorted((s for s in worker if s["name"] == "request"), key=lambda s: int(s["startTimeUnixNano"]))
+    moved_ids = {r["spanId"] for r in requests[1::2]}
+    moved = [s for s in worker if s["spanId"] in moved_ids or s["parentSpanId"] in moved_ids]
+    for line in lines:
+        for rs in line.get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                ss["spans"] = [s for s in ss["spans"] if s not in moved]
+    lines.append({"resourceSpans": [{"resource": _resource("xocr-worker", "ocr-0"),
+                                     "scopeSpans": [{"spans": moved}]}]})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_call_into_two_services_left_out_names_the_one_whose_time_swings(
+        engine: Any, tmp_path: Path) -> None:
+    """A tester's: POST calls vlm-worker (the slow forwards, the cold start) in half its spans and
+    xocr-worker (steady) in the other half; ``--service gateway`` named xocr-worker's requests as
+    holding POST's swing ("the time they cover swings 1.9 ms ... so the swing is theirs" beside a
+    240.9 ms swing) and its cold start. The swing is said over vlm-worker's, the other named; the
+    cold start is one of theirs (the figures do not say whose); both reports. (The other worker's
+    name sorts after the first's: neither the order found nor the name picks the one said.)"""
+    path = _two_workers(gateway_calls_worker(tmp_path / "two.jsonl"))
+    v = _file(path, GATEWAY)["verdict"]
+    assert v["evidence"][0].startswith(
+        f"POST is a call into {WORKER}'s requests (20 of its 40 spans hold one; xocr-worker's in 20"
+        " more), which --service leaves out of this report: the time they cover swings 24")
+    assert v["advice"][0] == advice.left_out_call("POST", WORKER)
+    cold = next(e for e in v["evidence"] if e.startswith("first request of the process"))
+    assert cold.endswith(", in POST: a call into vlm-worker's or xocr-worker's requests, which --service"
+                         " leaves out, so the cold start is vlm-worker's or xocr-worker's")
+    assert v["advice"][-1] == "also: " + advice.cold_in_call("POST", [WORKER, "xocr-worker"])
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+def _exporter(path: Path, host: str) -> Path:
+    """``path`` with the worker's GPU points sent by a node exporter of its own service.name
+    (``dcgm-exporter``, no span) on ``host``."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        for rm in line.get("resourceMetrics", []):
+            rm["resource"] = {"attributes": [_attr("service.name", "dcgm-exporter"), _attr("host.name", host)]}
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("host, kept", [("wk-0-node", False), ("gw-0-node", True),
+                                        ("one-node", True)])  # the gateway on the worker's node
+def test_a_node_exporter_on_the_left_out_workers_host_goes_with_it(engine: Any, tmp_path: Path,
+                                                                   host: str, kept: bool) -> None:
+    """A tester's: the worker's GPU points sent by a node exporter (a metrics-only process of its
+    own service.name) on the worker's host. ``--service gateway`` kept them (a metrics-only
+    process's points are kept, for the GPU rules to place by host.name) and printed "GPU points of
+    1 process that ran no request, on hosts no request process names (e.g. host.name wk-0-node)":
+    a host only the requests left out name is theirs, and so are its points; on a host a span kept
+    names (the gateway's), they stay. The worker's own report keeps those on its host, shared with
+    the gateway's too (``one-node``: the gateway's requests left out there, the worker's kept);
+    both reports."""
+    path = _exporter(gateway_calls_worker(tmp_path / "exporter.jsonl"), host)
+    if host == "one-node":
+        path.write_text(path.read_text().replace('"gw-0-node"', '"one-node"').replace('"wk-0-node"', '"one-node"'))
+    assert bool(pick_service(load_paths([path]), GATEWAY).metrics) is kept
+    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
+    assert want["problems"] == got["problems"] == []
+    assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
+    if host != "gw-0-node":
+        worker = _file(path, WORKER)
+        assert (worker["verdict"]["cause"], worker["problems"]) == ("gpu_busy", [])
+        assert _sql(engine, path, WORKER)["verdict"] == worker["verdict"]
+
+
+@pytest.mark.parametrize("shape, whose", [
+    ({"warmup": (900.0, 600.0, 300.0)}, WORKER),  # the worker's forwards after its cold one
+    ({"own_warmup": (0.0, 700.0), "cold_ms": 50.0, "own_cold_ms": 1400.0, "slow_forwards": False},
+     None),  # the gateway's own decodes
+])
+def test_a_warm_up_paid_inside_a_left_out_call_is_the_callees(engine: Any, tmp_path: Path,
+                                                               shape: dict[str, Any], whose: str | None) -> None:
+    """A tester's: ``--service gateway`` where the worker's forwards warm up after its cold one:
+    the gateway's requests that waited in POST for them were set apart as its warm-up with the
+    advice "warm the model up at startup with 2 dummy requests" (the gateway loads no model). The
+    warm-up is the worker's where every request set apart as warm-up called a worker's request
+    that was cold or set apart there; a warm-up in the gateway's own decode stays its own; both
+    reports."""
+    path = gateway_calls_worker(tmp_path / "warmup.jsonl", **shape)
+    v = _file(path, GATEWAY)["verdict"]
+    line = next(e for e in v["evidence"] if e.startswith("the warm-up lasted 2 requests"))
+    said = ("each of them waited in POST for vlm-worker's requests while those warmed up (a call"
+            " --service leaves out), so the warm-up is vlm-worker's")
+    assert line.endswith(said) is (whose is not None)
+    if whose is not None:
+        assert v["advice"][-1] == "also: " + advice.warm_up_in_call("POST", WORKER, 2, True)
+        assert advice.warm_up_with(2, True) not in " ".join(v["advice"])
+    else:
+        assert any(a.endswith(advice.warm_up_with(2, True)) for a in v["advice"])
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
