@@ -48,10 +48,12 @@ def test_a_call_through_proxies_is_a_call_up_to_max_call_hops(engine: Any, tmp_p
     else:
         assert (want["verdict"]["cause"], want["verdict"]["stage"]) == ("other", "POST")
         assert not any("is a call" in e for e in want["verdict"]["evidence"])
-    assert _sql(engine, path)["verdict"] == want["verdict"]
     picked = _file(path, GATEWAY)["verdict"]
     assert (picked["evidence"][0].startswith("POST is a call into") is (hops <= MAX_CALL_HOPS))
-    assert _sql(engine, path, GATEWAY)["verdict"] == picked
+    if hops >= MAX_CALL_HOPS:  # (the SQL at the bound, both sides; CI time)
+        assert _sql(engine, path)["verdict"] == want["verdict"]
+    if hops == MAX_CALL_HOPS:
+        assert _sql(engine, path, GATEWAY)["verdict"] == picked
 
 
 def _moved(path: Path, name: str, service: str, *, gpu: bool = False) -> Path:
@@ -91,10 +93,13 @@ def test_the_spans_between_a_call_and_the_requests_left_out_go_with_them(
     assert {str(s.resource.get("service.name")) for s in picked.spans} == {GATEWAY}
     assert sum(s.name == "POST /infer" for s in picked.spans) == (N if proxy == GATEWAY else 0)
     assert picked.metrics == []
-    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
-    assert want["problems"] == got["problems"] == []
-    assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
-    assert got["gpu"] == want["gpu"]
+    want = _file(path, GATEWAY)
+    assert want["problems"] == []
+    if proxy != GATEWAY:  # (the SQL where the walk goes furthest; CI time)
+        got = _sql(engine, path, GATEWAY)
+        assert got["problems"] == []
+        assert got["verdict"] == want["verdict"] and got["counts"] == want["counts"]
+        assert got["gpu"] == want["gpu"]
 
 
 def test_a_stage_recorded_by_another_service_stays_though_it_holds_a_request_left_out(
@@ -248,13 +253,16 @@ def test_a_node_exporter_on_the_left_out_workers_host_goes_with_it(engine: Any, 
     if host == "one-node":
         path.write_text(path.read_text().replace('"gw-0-node"', '"one-node"').replace('"wk-0-node"', '"one-node"'))
     assert bool(pick_service(load_paths([path]), GATEWAY).metrics) is kept
-    want, got = _file(path, GATEWAY), _sql(engine, path, GATEWAY)
-    assert want["problems"] == got["problems"] == []
-    assert got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
+    want = _file(path, GATEWAY)
+    assert want["problems"] == []
+    if host == "wk-0-node":  # (the SQL where each side decides; CI time)
+        got = _sql(engine, path, GATEWAY)
+        assert got["problems"] == [] and got["gpu"] == want["gpu"] and got["verdict"] == want["verdict"]
     if host != "gw-0-node":
         worker = _file(path, WORKER)
         assert (worker["verdict"]["cause"], worker["problems"]) == ("gpu_busy", [])
-        assert _sql(engine, path, WORKER)["verdict"] == worker["verdict"]
+        if host == "one-node":
+            assert _sql(engine, path, WORKER)["verdict"] == worker["verdict"]
 
 
 @pytest.mark.parametrize("shape, whose", [
