@@ -1,7 +1,8 @@
 """``--service`` and the far side of a call: the spans between a call and the request it calls
 (proxies, the callee's server span) and the GPU points of the callee's node go with the requests
-left out; a cold start, a warm-up paid inside a left-out call are the callee's; a call into two
-services; stage maps that rename the call; file report and ClickHouse report alike (tester L).
+left out; a cold start, a warm-up (capped too) paid inside a left-out call are the callee's; a
+call into two or three services; stage maps that rename the call; file report and ClickHouse
+report alike (tester L).
 The recordings: :func:`tests.test_service_calls.gateway_calls_worker`.
 """
 
@@ -189,20 +190,79 @@ def _two_workers(path: Path) -> Path:
     """``path`` with every second worker request by start (its queue and forward with it) moved to
     a resource of ``xocr-worker``: the gateway's POST calls two services, the first call (cold)
     and every slow forward staying with vlm-worker's."""
+    return _workers(path, ["xocr-worker"])
+
+
+def _workers(path: Path, others: list[str], *, renumber: bool = False) -> Path:
+    """``path`` with the worker requests by start dealt out in turn to vlm-worker and ``others``
+    (each a resource of its own; a request's queue and forward with it): the first one (cold)
+    stays vlm-worker's. The slow forwards stay where the turn puts them. ``renumber``: each
+    process's ``request.seq`` counts its own requests from 1 (each worker's first one cold)."""
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     worker = [s for line in lines for rs in line.get("resourceSpans", [])
               if rs["resource"] == _resource(WORKER, "wk-0") for ss in rs["scopeSpans"] for s in ss["spans"]]
     requests = sorted((s for s in worker if s["name"] == "request"), key=lambda s: int(s["startTimeUnixNano"]))
-    moved_ids = {r["spanId"] for r in requests[1::2]}
-    moved = [s for s in worker if s["spanId"] in moved_ids or s["parentSpanId"] in moved_ids]
-    for line in lines:
-        for rs in line.get("resourceSpans", []):
-            for ss in rs["scopeSpans"]:
-                ss["spans"] = [s for s in ss["spans"] if s not in moved]
-    lines.append({"resourceSpans": [{"resource": _resource("xocr-worker", "ocr-0"),
-                                     "scopeSpans": [{"spans": moved}]}]})
+    for i, name in enumerate(others, start=1):
+        moved_ids = {r["spanId"] for r in requests[i::len(others) + 1]}
+        moved = [s for s in worker if s["spanId"] in moved_ids or s["parentSpanId"] in moved_ids]
+        for line in lines:
+            for rs in line.get("resourceSpans", []):
+                for ss in rs["scopeSpans"]:
+                    ss["spans"] = [s for s in ss["spans"] if s not in moved]
+        lines.append({"resourceSpans": [{"resource": _resource(name, f"{name}-0"),
+                                         "scopeSpans": [{"spans": moved}]}]})
+        if renumber:
+            _renumber([r for r in requests if r["spanId"] in moved_ids])
+    if renumber:
+        _renumber(requests[::len(others) + 1])
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
+
+
+def test_a_capped_warm_up_paid_inside_a_left_out_call_is_the_callees(engine: Any, tmp_path: Path) -> None:
+    """The worker's warm-up outlasts the WARMUP_MAX_REQUESTS looked at (11 forwards after its cold
+    one, each slower than the warm runs): the gateway's verdict is tentative (the warm runs may hold
+    the warm-up's tail), and its caveat advised "warm the model up at startup with more than 10
+    dummy requests" beside the line saying the warm-up is vlm-worker's. The caveat's sentence keeps
+    whose it is and its advice is to warm vlm-worker up; both reports."""
+    path = gateway_calls_worker(tmp_path / "capped.jsonl", warmup=tuple(1200.0 - 50 * i for i in range(11)))
+    v = _file(path, GATEWAY)["verdict"]
+    assert v["evidence"][0].endswith(
+        "so the warm-up is vlm-worker's, and the warm runs may hold its tail, so this is tentative")
+    assert v["advice"][0] == advice.warm_up_in_call("POST", WORKER, 10, False)
+    assert not [a for a in v["advice"] if "warm the model up" in a]
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+def _renumber(requests: list[dict[str, Any]]) -> None:
+    for i, r in enumerate(requests, start=1):
+        for a in r["attributes"]:
+            if a["key"] == "request.seq":
+                a["value"] = {"intValue": str(i)}
+
+
+def test_a_call_into_three_services_each_under_the_call_share_is_a_call(engine: Any, tmp_path: Path) -> None:
+    """A tester's: POST calls vlm-worker, xocr-worker and xemb-worker in a third of its spans each,
+    each under CALL_MIN_SHARE, and was read as the gateway's custom stage ("time its sub-steps").
+    The share is of the spans that call any service's requests read: a call into each of them,
+    in the pooled report (a line each, never ranked) and with ``--service gateway`` (left out, one
+    said and the others named); both reports."""
+    path = _workers(gateway_calls_worker(tmp_path / "three.jsonl"), ["xocr-worker", "xemb-worker"],
+                    renumber=True)
+    pooled = _file(path)["verdict"]
+    lines = [e for e in pooled["evidence"] if e.startswith("POST is a call into ")]
+    assert [line.split("'s requests")[0] for line in lines] == [
+        f"POST is a call into {WORKER}", "POST is a call into xemb-worker", "POST is a call into xocr-worker"]
+    assert pooled["stage"] != "POST"
+    picked = _file(path, GATEWAY)["verdict"]
+    assert picked["evidence"][0].startswith("POST is a call into ")
+    said = picked["evidence"][0].removeprefix("POST is a call into ").split("'s requests")[0]
+    others = sorted({WORKER, "xocr-worker", "xemb-worker"} - {said})
+    assert all(f"; {name}'s in 13 more" in picked["evidence"][0] or f"; {name}'s in 14 more"
+               in picked["evidence"][0] for name in others)
+    assert picked["advice"][0] == advice.left_out_call("POST", said)
+    assert _sql(engine, path)["verdict"] == pooled
+    assert _sql(engine, path, GATEWAY)["verdict"] == picked
 
 
 def test_a_call_into_two_services_left_out_names_the_one_whose_time_swings(

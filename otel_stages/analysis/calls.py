@@ -12,7 +12,7 @@ stage is a *call*: :func:`remote_calls` finds them, and the rules
 advise the report of the called service alone (``--service``), which holds the cause.
 
 A stage is a call when at least :data:`CALL_MIN_SHARE` of its spans (in the calling service's
-requests read: each hop of a chain apart) hold another request span within
+requests read: each hop of a chain apart) hold another request span (of any service) within
 :data:`MAX_CALL_HOPS` parent links: the request span's parent is the stage span, or its parent's
 parent is (the callee's HTTP server span in between, a proxy's: each
 neither a stage nor a request or group). Whatever the two requests' ``service.name``: a gateway
@@ -49,9 +49,10 @@ from otel_stages.analysis.stats import percentile
 #: out the same spans between (:data:`otel_stages.analysis.services.MAX_BETWEEN_SPANS`).
 MAX_CALL_HOPS = 5
 #: A stage name is a call when at least this share of its spans in the calling service's requests
-#: hold a called request: most of its figures are then the callee's time. Below it (a ``POST``
-#: that mostly calls an API this report does not read), the stage is the caller's own, ranked as
-#: any other.
+#: hold a called request (of any service: a ``POST`` that calls three workers a third of the time
+#: each is a call into each of them, a tester's read as a custom stage): most of its figures are
+#: then the callees' time. Below it (a ``POST`` that mostly calls an API this report does not
+#: read), the stage is the caller's own, ranked as any other.
 CALL_MIN_SHARE = 0.5
 #: A call's own time is said to swing *before* its called requests start (the client's wait for a
 #: connection, connecting, the called server accepting late) or *after* they end (reading the
@@ -179,9 +180,12 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
                 if (found_key[0], found_key[2]) == (s.name, _service(s.resource)) and found_key not in own:
                     own_ms[found_key].append((s.end_ns - s.start_ns) / 1e6)
     # the share is of the name's spans in the calling service's requests (a chain's every hop)
+    # that call any service's: a POST that calls three workers a third of the time each is a call
+    calling_any = Counter((name, caller) for up, name, caller in {(up, k[0], k[2]) for up, k in made})
     calls = [replace(_call(key, n, in_service[(key[0], key[2])], key in own, own_ms[key], callee_ms[key],
                            held[key], each_ms[key], sides[key]), unsteady_traces=tuple(sorted(unsteady[key])))
-             for key, n in found.items() if n >= CALL_MIN_SHARE * in_service[(key[0], key[2])]]
+             for key, n in found.items()
+             if calling_any[(key[0], key[2])] >= CALL_MIN_SHARE * in_service[(key[0], key[2])]]
     return tuple(sorted(calls, key=lambda c: (-c.calls, c.stage, c.service, c.caller)))
 
 

@@ -125,10 +125,11 @@ def calls_sql() -> str:
     """``stage, service, caller, calls, spans, shared_name, callee_stage, repeated, each_q,
     own_q, callee_q, before_q, after_q``: as :func:`otel_stages.analysis.calls.remote_calls`, per called
     (``service``) and calling service (``caller``), most calls first: the stages whose calling
-    spans reach :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE` of their spans in the calling
-    service's requests read. ``own_q``: the p5, median and p95 (ns, ``quantilesExactInclusive``:
-    the file report's interpolation) of each calling span's own time (its duration less the union
-    of its called requests within it) over the spans whose called requests are all steady
+    spans (into any service's requests) reach :data:`~otel_stages.analysis.calls.CALL_MIN_SHARE`
+    of their spans in the calling service's requests read. ``own_q``: the p5, median and p95 (ns,
+    ``quantilesExactInclusive``: the file report's interpolation) of each calling span's own time
+    (its duration less the union of its called requests within it) over the spans whose called
+    requests are all steady
     (neither cold nor set apart: failed ones count), and of the call stage's spans of the calling
     service that hold none (their whole duration; not for a name the callees' stages share:
     theirs). ``callee_q``: the p5 and p95 of the covered time over the former; ``repeated``: how
@@ -163,6 +164,9 @@ def calls_sql() -> str:
                   " stage_counts AS k WHERE is_request GROUP BY name, svc")
     calling_from = (f"SELECT name, caller, count() AS n FROM (SELECT DISTINCT name, svc, caller,"
                     f" trace_key, sid FROM {FOUND_TABLE}) GROUP BY name, caller")
+    # the calling spans of a name that call any service's requests (the share is of those)
+    calling_any = (f"SELECT name, caller, uniqExact(trace_key, sid) AS n FROM {FOUND_TABLE}"
+                   " GROUP BY name, caller")
     return f"""SELECT f.name AS stage, f.svc AS service, f.caller AS caller, f.n AS calls, t.n AS spans,
     f.caller = f.svc AS shared_name, f.own AS callee_stage, f.repeated AS repeated, f.each_q AS each_q,
     arrayReduce('quantilesExactInclusive(0.05, 0.5, 0.95)',
@@ -191,6 +195,7 @@ FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns 
       LEFT JOIN ({calling_from}) AS cf ON g.name = cf.name AND g.svc = cf.caller) AS f
 INNER JOIN ({in_service}) AS t ON f.name = t.name AND f.caller = t.svc
 LEFT JOIN ({lone}) AS l ON f.name = l.name AND f.caller = l.svc
-WHERE f.n >= {CALL_MIN_SHARE} * t.n
+INNER JOIN ({calling_any}) AS a ON f.name = a.name AND f.caller = a.caller
+WHERE a.n >= {CALL_MIN_SHARE} * t.n
 ORDER BY calls DESC, stage, service, caller"""
 

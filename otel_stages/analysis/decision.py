@@ -72,6 +72,7 @@ from otel_stages.analysis.caveats import (
     untraced_is_skew,
     untraced_share_line,
     warm_up_advice,
+    warm_up_call_clause,
     warmup_caveat,
 )
 from otel_stages.analysis.failures import failures_first, failures_lead
@@ -336,7 +337,7 @@ def decide(fig: Figures) -> Verdict:
         _process_caveat(verdict, fig)
         episode_caveat(verdict, fig, explained=_mix_dominates(fig) or bool(
             fig.process_mix is not None and fig.process_mix.dominates))
-    warmup_caveat(verdict, fig)
+    warmup_caveat(verdict, fig, _warm_up_call(fig))
     outlived_caveat(verdict, fig, band.band_ms)
     before_caveat(verdict, fig, band.band_ms)
     misaligned_gpu_caveat(verdict, fig)
@@ -1139,8 +1140,7 @@ def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
     apart = set_apart_lines(fig.set_apart, fig.warmup)
     call = _warm_up_call(fig)
     if call is not None and apart:  # (the warm-up's line is the first)
-        apart[0] += (f"; each of them waited in {call.stage} for {call.service}'s requests while"
-                     f" those warmed up (a call --service leaves out), so the warm-up is {call.service}'s")
+        apart[0] += warm_up_call_clause(call)
     verdict.evidence.extend(apart)
     for reason in dict.fromkeys(a.reason for a in fig.set_apart):
         if reason == REASON_WARM_UP and fig.warmup is not None and call is not None:
