@@ -219,13 +219,18 @@ def _workers(path: Path, others: list[str], *, renumber: bool = False) -> Path:
     return path
 
 
-def test_a_capped_warm_up_paid_inside_a_left_out_call_is_the_callees(engine: Any, tmp_path: Path) -> None:
-    """The worker's warm-up outlasts the WARMUP_MAX_REQUESTS looked at (11 forwards after its cold
-    one, each slower than the warm runs): the gateway's verdict is tentative (the warm runs may hold
-    the warm-up's tail), and its caveat advised "warm the model up at startup with more than 10
-    dummy requests" beside the line saying the warm-up is vlm-worker's. The caveat's sentence keeps
-    whose it is and its advice is to warm vlm-worker up; both reports."""
-    path = gateway_calls_worker(tmp_path / "capped.jsonl", warmup=tuple(1200.0 - 50 * i for i in range(11)))
+@pytest.mark.parametrize("forwards", [11, 12])
+def test_a_capped_warm_up_paid_inside_a_left_out_call_is_the_callees(engine: Any, tmp_path: Path,
+                                                                      forwards: int) -> None:
+    """The worker's warm-up outlasts the WARMUP_MAX_REQUESTS looked at (11 or 12 forwards after its
+    cold one, each slower than the warm runs): the gateway's verdict is tentative (the warm runs may
+    hold the warm-up's tail), and its caveat advised "warm the model up at startup with more than
+    10 dummy requests" beside the line saying the warm-up is vlm-worker's; with 12, one of the
+    gateway's warm-up requests called one the worker keeps warm at its own cap, and the warm-up
+    was said the gateway's (WARM_UP_CALL_MIN_SHARE). The caveat's sentence keeps whose it is and
+    its advice is to warm vlm-worker up; both reports."""
+    path = gateway_calls_worker(tmp_path / "capped.jsonl",
+                                warmup=tuple(1200.0 - 50 * i for i in range(forwards)))
     v = _file(path, GATEWAY)["verdict"]
     assert v["evidence"][0].endswith(
         "so the warm-up is vlm-worker's, and the warm runs may hold its tail, so this is tentative")

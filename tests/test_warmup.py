@@ -23,7 +23,8 @@ from otel_stages.analysis.caveats import WARMUP_MAX_REQUESTS
 from otel_stages.analysis.cohorts import CohortKeys, find_set_apart, paid_min_ms, warm_up_min_ms
 from otel_stages.analysis.decision import decide
 from otel_stages.analysis.diagnosis import diagnose
-from otel_stages.analysis.figures import REASON_WARM_UP, WarmupFigures
+from otel_stages.analysis.figures import REASON_WARM_UP, ApartFigures, WarmupFigures
+from otel_stages.analysis.model import Call
 from otel_stages.analysis.requests import find_requests
 from tests import odd_inputs
 from tests.test_clickhouse_issues import engine, reports
@@ -188,6 +189,29 @@ def test_a_warm_up_cut_at_the_cap_makes_a_swing_tentative(capped: int, tentative
     assert v.evidence[0].endswith("so this is tentative") is tentative
     assert (v.advice[0] == advice.warm_up_with(11, False)) is tentative
     assert sum(1 for a in v.advice if "dummy requests" in a) <= 1  # said once
+
+
+@pytest.mark.parametrize("held, callee", [(15, True), (14, False)])
+def test_a_warm_up_is_the_callees_where_most_of_its_requests_waited_for_one(held: int, callee: bool) -> None:
+    """``--service``: of 20 requests set apart as warm-up, 15 (WARM_UP_CALL_MIN_SHARE 0.75, literal:
+    a changed threshold must fail) waited in POST for a called request that was cold or set apart
+    in the service left out: its warm-up, with its advice, in the line and in the capped
+    warm-up's caveat; 14 of them: the picked service's own."""
+    traces = [f"{i:032x}" for i in range(20)]
+    apart = [ApartFigures(reason=REASON_WARM_UP, seq=i + 2, trace_id=t, total_ms=400.0,
+                          comparable_median_total_ms=100.0, ratio=4.0) for i, t in enumerate(traces)]
+    call = Call(stage="POST", service="vlm-worker", calls=30, spans=30, caller="gateway",
+                unsteady_traces=tuple(traces[:held]))
+    fig = replace(figures(stage("forward", 40.0, explains=0.9), total_swing=40.0),
+                  warmup=replace(_warmup(1), processes=1, requests=20), set_apart=apart,
+                  calls_left_out=[call])
+    v = decide(fig)
+    assert v.tentative and v.evidence[0].endswith("so this is tentative")
+    theirs = advice.warm_up_in_call("POST", "vlm-worker", 11, False)
+    assert (v.advice[0] == theirs) is callee
+    assert (v.advice[0] == advice.warm_up_with(11, False)) is not callee
+    assert ("so the warm-up is vlm-worker's" in v.evidence[0]) is callee
+    assert not [a for a in v.advice if "warm the model up" in a and callee]
 
 
 def test_a_steady_run_after_a_capped_warm_up_stays_firm() -> None:

@@ -163,6 +163,14 @@ CO_SUSPECT_MIN_RATIO = 0.8
 #: worker alone). Where the called requests swing more, the swing is theirs: the call stays out.
 CALL_OWN_MIN_RATIO = 1.0
 
+#: With ``--service``, the warm-up is the called service's when at least this share of the
+#: requests set apart as warm-up waited in a call it left out for a called request that was cold
+#: or set apart there (:func:`_warm_up_call`). Not all of them: each process's warm-up is looked
+#: for in its own first ``cohorts.WARMUP_MAX_REQUESTS`` warm requests, so where the callee's
+#: warm-up outlasts that window the caller's can reach a request or two past it (a called request
+#: the callee keeps warm at its cap), and "every one" advised warming the caller's "model" up.
+WARM_UP_CALL_MIN_SHARE = 0.75
+
 UNACCOUNTED = "unaccounted"  #: name of the untraced-time candidate in rankings
 
 
@@ -1034,15 +1042,18 @@ def _cold_failed_clause(fig: Figures) -> str:
 
 
 def _warm_up_call(fig: Figures) -> Call | None:
-    """The call ``--service`` left out (:attr:`Figures.calls_left_out`) whose spans, in every
-    request set apart here as warm-up, held a called request that was cold or set apart there
-    (:attr:`Call.unsteady_traces <otel_stages.analysis.model.Call.unsteady_traces>`): the warm-up
-    is the called service's (a tester's gateway report advised warming "the model" up with 2
-    dummy requests, the worker's warm-up paid inside its POST)."""
+    """The call ``--service`` left out (:attr:`Figures.calls_left_out`) whose spans, in at least
+    :data:`WARM_UP_CALL_MIN_SHARE` of the requests set apart here as warm-up, held a called request
+    that was cold or set apart there (:attr:`Call.unsteady_traces
+    <otel_stages.analysis.model.Call.unsteady_traces>`; the most such requests, then the first
+    call): the warm-up is the called service's (a tester's gateway report advised warming "the
+    model" up with 2 dummy requests, the worker's warm-up paid inside its POST)."""
     traces = {a.trace_id for a in fig.set_apart if a.reason == REASON_WARM_UP}
     if fig.warmup is None or not traces:
         return None
-    return next((c for c in fig.calls_left_out if traces <= set(c.unsteady_traces)), None)
+    held = [(len(traces & set(c.unsteady_traces)), -i, c) for i, c in enumerate(fig.calls_left_out)]
+    best = max(held, key=lambda h: h[:2], default=None)
+    return best[2] if best is not None and best[0] >= WARM_UP_CALL_MIN_SHARE * len(traces) else None
 
 
 def _cold_call(cold: ColdFigures, calls: Sequence[Call]) -> tuple[str, list[str]] | None:
