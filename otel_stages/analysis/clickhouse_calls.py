@@ -129,11 +129,11 @@ def calls_sql() -> str:
     of their spans in the calling service's requests read. ``own_q``: the p5, median and p95 (ns,
     ``quantilesExactInclusive``: the file report's interpolation) of each calling span's own time
     (its duration less the union of its called requests within it) over the spans whose called
-    requests are all steady
-    (neither cold nor set apart: failed ones count), and of the call stage's spans of the calling
-    service that hold none (their whole duration; not for a name the callees' stages share:
-    theirs). ``callee_q``: the p5 and p95 of the covered time over the former; ``repeated``: how
-    many of the former hold more called requests than the fewest any of them holds; ``each_q``:
+    requests are all steady (neither cold nor set apart: failed ones count), and of the call
+    stage's spans of the calling service that hold none (their whole duration; not for a name the
+    callees' stages share: theirs). ``callee_q``: the p5 and p95 of the covered time over the
+    former; ``repeated``: how many of the former hold more called requests than the fewest any of
+    them holds; ``each_q``:
     the p5 and p95 of each of their successful called requests' totals (ns); ``before_q`` /
     ``after_q``: the p5 and p95 of the own time before the first called request starts and after
     the last one ends, over the same spans as ``callee_q`` (ns); ``unsteady_traces``: the trace
