@@ -18,6 +18,7 @@ from otel_stages.analysis import advice, load_paths
 from otel_stages.analysis.calls import MAX_CALL_HOPS
 from otel_stages.analysis.services import pick_service
 from otel_stages.cli import main
+from tests import fleet_calls
 from tests.odd_inputs import _attr
 from tests.test_clickhouse_issues import engine
 from tests.test_service_calls import (
@@ -235,6 +236,27 @@ def test_a_capped_warm_up_paid_inside_a_left_out_call_is_the_callees(engine: Any
     assert v["evidence"][0].endswith(
         "so the warm-up is vlm-worker's, and the warm runs may hold its tail, so this is tentative")
     assert v["advice"][0] == advice.warm_up_in_call("POST", WORKER, 10, False)
+    assert not [a for a in v["advice"] if "warm the model up" in a]
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
+def test_the_other_workers_cold_starts_inside_a_left_out_call_are_no_warm_up_of_the_gateway(
+        engine: Any, tmp_path: Path) -> None:
+    """Tester M's: POST calls wk-a, wk-b, wk-c in turn, each worker's first request cold
+    (1.5 s): the gateway's second and third requests paid wk-b's and wk-c's cold starts and were
+    set apart as the gateway's warm-up, with "warm the model up at startup with 3 dummy requests"
+    (the gateway loads no model), each call holding only one of the two. The warm-up is the
+    workers' where the stage's calls into any of its services held them; both reports."""
+    workers = [{"name": "wk-a", "cold_ms": 1500.0, "slow_every": 0},
+               {"name": "wk-b", "cold_ms": 1500.0, "slow_every": 0},
+               {"name": "wk-c", "cold_ms": 1500.0, "slow_every": 4}]
+    path = fleet_calls.make(tmp_path / "turns.jsonl", n=45, gap_ms=2000, workers=workers,
+                            server_span=True, route=lambda i: i % 3)
+    v = _file(path, GATEWAY)["verdict"]
+    line = next(e for e in v["evidence"] if e.startswith("the warm-up lasted 3 requests"))
+    assert line.endswith("each of them waited in POST for wk-b's or wk-c's requests while those started"
+                         " cold or warmed up (a call --service leaves out), so the warm-up is theirs")
+    assert "also: " + advice.warm_up_in_call("POST", ["wk-b", "wk-c"], 3, True) in v["advice"]
     assert not [a for a in v["advice"] if "warm the model up" in a]
     assert _sql(engine, path, GATEWAY)["verdict"] == v
 

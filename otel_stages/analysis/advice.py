@@ -94,13 +94,23 @@ def warm_up_with(requests: int, ended: bool) -> str:
             " run after a restart to see where the warm-up ends")
 
 
-def warm_up_in_call(stage: str, service: str, requests: int, ended: bool) -> str:
+def warm_up_in_call(stage: str, services: str | Sequence[str], requests: int, ended: bool) -> str:
     """:func:`warm_up_with` for a warm-up paid inside ``stage``, a call into the requests of
-    ``service``, which ``--service`` left out: that service's warm-up."""
+    ``services`` (one name, or several: each request paid one of them), which ``--service`` left
+    out: their warm-up (or, for several, their processes' cold starts too)."""
+    names = [services] if isinstance(services, str) else list(services)
     many = f"{requests}" if ended else f"more than {requests}"
-    return (f"the requests after the first pay {service}'s warm-up inside {stage}: warm {service}'s"
-            f" model up at startup with {many} dummy requests, not one, before its readiness probe"
-            f" passes; otel-stages report ... --service {service} shows it")
+    if len(names) == 1:
+        (service,) = names
+        return (f"the requests after the first pay {service}'s warm-up inside {stage}: warm"
+                f" {service}'s model up at startup with {many} dummy requests, not one, before its"
+                f" readiness probe passes; otel-stages report ... --service {service} shows it")
+    whose = " or ".join(f"{n}'s" for n in names)
+    upto = f"up to {requests}" if ended else f"more than {requests}"
+    return (f"the requests after the first pay {whose} cold start or warm-up inside {stage}: load"
+            f" and warm each of {', '.join(names)} up at startup ({upto} dummy requests, not one)"
+            " before its readiness probe passes; otel-stages report ... --service NAME shows each"
+            " one's")
 
 
 #: the last queue advice line, whatever the batches and the GPU say

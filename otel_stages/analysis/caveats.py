@@ -85,7 +85,6 @@ from otel_stages.analysis.figures import (
     WarmupFigures,
 )
 from otel_stages.analysis.mechanisms import CAUSE_CPU_THROTTLED, CAUSE_EVENT_LOOP_BLOCKED, CAUSE_GC_PAUSE
-from otel_stages.analysis.model import Call
 from otel_stages.analysis.sampled import is_sampled, sampled_line
 from otel_stages.analysis.units import duration, pct
 from otel_stages.analysis.verdict import CAUSE_CALL, CAUSE_COLD_START, CAUSE_STABLE, Verdict
@@ -355,29 +354,36 @@ def warm_up_advice(verdict: Verdict, w: WarmupFigures) -> None:
     verdict.advice.append("also: " + line)
 
 
-def warm_up_call_clause(call: Call) -> str:
-    """What the warm-up's sentence adds where the warm-up was paid inside ``call``, a call
-    ``--service`` left out: the called service's warm-up."""
-    return (f"; each of them waited in {call.stage} for {call.service}'s requests while those warmed"
-            f" up (a call --service leaves out), so the warm-up is {call.service}'s")
+def warm_up_call_clause(stage: str, services: Sequence[str]) -> str:
+    """What the warm-up's sentence adds where the warm-up was paid inside ``stage``, a call
+    ``--service`` left out, into the requests of ``services``: theirs."""
+    if len(services) == 1:
+        (service,) = services
+        return (f"; each of them waited in {stage} for {service}'s requests while those warmed"
+                f" up (a call --service leaves out), so the warm-up is {service}'s")
+    whose = " or ".join(f"{s}'s" for s in services)
+    return (f"; each of them waited in {stage} for {whose} requests while those started cold or"
+            f" warmed up (a call --service leaves out), so the warm-up is theirs")
 
 
-def warmup_caveat(verdict: Verdict, fig: Figures, call: Call | None = None) -> None:
+def warmup_caveat(verdict: Verdict, fig: Figures,
+                  call: tuple[str, Sequence[str]] | None = None) -> None:
     """Tentative, the warm-up's sentence and advice first, when a warm-up still stood out at
     :data:`WARMUP_MAX_REQUESTS` (``WarmupFigures.capped``) and the verdict is on a warm swing: the
     requests after the cap stay warm, and the swing may be the warm-up's tail. (A steady verdict,
-    or a cold start over steady warm runs, shows the warm runs hold no tail.) ``call``: the
-    warm-up was paid inside that call, which ``--service`` left out: the advice is to warm the
-    called service up (:func:`advice.warm_up_in_call`), never the picked one's model."""
+    or a cold start over steady warm runs, shows the warm runs hold no tail.) ``call``: ``(stage,
+    services)``, the warm-up was paid inside that call, which ``--service`` left out: the advice
+    is to warm the called services up (:func:`advice.warm_up_in_call`), never the picked one's
+    model."""
     w = fig.warmup
     if w is None or not w.capped or verdict.cause in (None, CAUSE_STABLE, CAUSE_COLD_START):
         return
     verdict.tentative = True
-    line = warmup_line(w) + (warm_up_call_clause(call) if call is not None else "")
+    line = warmup_line(w) + (warm_up_call_clause(*call) if call is not None else "")
     if line in verdict.evidence:
         verdict.evidence.remove(line)
     verdict.evidence.insert(0, line + ", and the warm runs may hold its tail, so this is tentative")
-    advice = (advice_text.warm_up_in_call(call.stage, call.service, w.longest_requests, w.longest_ended)
+    advice = (advice_text.warm_up_in_call(call[0], call[1], w.longest_requests, w.longest_ended)
               if call is not None else advice_text.warm_up_with(w.longest_requests, w.longest_ended))
     verdict.advice[:] = [a for a in verdict.advice if a not in (advice, "also: " + advice)]
     verdict.advice.insert(0, advice)

@@ -1041,19 +1041,28 @@ def _cold_failed_clause(fig: Figures) -> str:
             " only)")
 
 
-def _warm_up_call(fig: Figures) -> Call | None:
-    """The call ``--service`` left out (:attr:`Figures.calls_left_out`) whose spans, in at least
-    :data:`WARM_UP_CALL_MIN_SHARE` of the requests set apart here as warm-up, held a called request
-    that was cold or set apart there (:attr:`Call.unsteady_traces
-    <otel_stages.analysis.model.Call.unsteady_traces>`; the most such requests, then the first
-    call): the warm-up is the called service's (a tester's gateway report advised warming "the
+def _warm_up_call(fig: Figures) -> tuple[str, list[str]] | None:
+    """``(stage, services)``: the call ``--service`` left out (:attr:`Figures.calls_left_out`)
+    whose spans, in at least :data:`WARM_UP_CALL_MIN_SHARE` of the requests set apart here as
+    warm-up, held a called request that was cold or set apart there (:attr:`Call.unsteady_traces
+    <otel_stages.analysis.model.Call.unsteady_traces>`, over every service the stage calls: a
+    POST into three workers in turn pays each worker's cold start in a request of its own), and
+    the services whose called requests those were (sorted); of several stages, the one holding
+    the most such requests. The warm-up is theirs (a tester's gateway report advised warming "the
     model" up with 2 dummy requests, the worker's warm-up paid inside its POST)."""
     traces = {a.trace_id for a in fig.set_apart if a.reason == REASON_WARM_UP}
     if fig.warmup is None or not traces:
         return None
-    held = [(len(traces & set(c.unsteady_traces)), -i, c) for i, c in enumerate(fig.calls_left_out)]
-    best = max(held, key=lambda h: h[:2], default=None)
-    return best[2] if best is not None and best[0] >= WARM_UP_CALL_MIN_SHARE * len(traces) else None
+    by_stage: dict[str, list[Call]] = {}
+    for c in fig.calls_left_out:
+        by_stage.setdefault(c.stage, []).append(c)
+    best: tuple[int, str, list[str]] | None = None
+    for stage, calls in by_stage.items():
+        held = traces & {t for c in calls for t in c.unsteady_traces}
+        services = sorted({c.service for c in calls if traces & set(c.unsteady_traces)})
+        if len(held) >= WARM_UP_CALL_MIN_SHARE * len(traces) and (best is None or len(held) > best[0]):
+            best = (len(held), stage, services)
+    return (best[1], best[2]) if best is not None else None
 
 
 def _cold_call(cold: ColdFigures, calls: Sequence[Call]) -> tuple[str, list[str]] | None:
@@ -1151,12 +1160,12 @@ def _append_common(verdict: Verdict, fig: Figures, band_ms: float) -> None:
     apart = set_apart_lines(fig.set_apart, fig.warmup)
     call = _warm_up_call(fig)
     if call is not None and apart:  # (the warm-up's line is the first)
-        apart[0] += warm_up_call_clause(call)
+        apart[0] += warm_up_call_clause(*call)
     verdict.evidence.extend(apart)
     for reason in dict.fromkeys(a.reason for a in fig.set_apart):
         if reason == REASON_WARM_UP and fig.warmup is not None and call is not None:
             verdict.advice.append("also: " + advice_text.warm_up_in_call(
-                call.stage, call.service, fig.warmup.longest_requests, fig.warmup.longest_ended))
+                call[0], call[1], fig.warmup.longest_requests, fig.warmup.longest_ended))
         elif reason == REASON_WARM_UP and fig.warmup is not None:
             warm_up_advice(verdict, fig.warmup)  # as many requests as it lasted
         else:
