@@ -261,6 +261,29 @@ def test_the_other_workers_cold_starts_inside_a_left_out_call_are_no_warm_up_of_
     assert _sql(engine, path, GATEWAY)["verdict"] == v
 
 
+def test_a_fan_out_to_two_services_at_once_has_no_own_time_of_the_others_requests(
+        engine: Any, tmp_path: Path) -> None:
+    """Tester M's: each POST holds one wk-a and one wk-b request at once, wk-b slow in every 4th:
+    the own time was taken per service, POST less wk-a's requests only, so wk-b's slow requests
+    read as the gateway's own wait after wk-a's ended ("reading the response", cause ``call``; the
+    true own time a steady 3 ms). A span's own time is what none of its called requests covers,
+    whichever service's: the swing is wk-b's, pooled and with ``--service gateway``; both
+    reports."""
+    workers = [{"name": "wk-a", "cold_ms": 1500.0, "warmup": [400.0] * 5, "slow_every": 0},
+               {"name": "wk-b", "cold_ms": 1000.0, "warmup": [300.0] * 5, "slow_every": 4}]
+    path = fleet_calls.make(tmp_path / "fan.jsonl", n=45, gap_ms=2000, workers=workers, fanout=2,
+                            fan_workers=[0, 1], server_span=True)
+    for service in (None, GATEWAY):
+        v = _file(path, service)["verdict"]
+        assert v["cause"] != "call"
+        assert not [line for line in v["evidence"] + v["advice"] if "own time swings" in line
+                    or "reading the response" in line]
+        assert _sql(engine, path, service)["verdict"] == v
+    assert v["evidence"][0].startswith("POST is a call into wk-b's requests (45 of its 45 spans hold"
+                                       " one; wk-a's in 45 more)")
+    assert v["advice"][0] == advice.left_out_call("POST", "wk-b")
+
+
 def _renumber(requests: list[dict[str, Any]]) -> None:
     for i, r in enumerate(requests, start=1):
         for a in r["attributes"]:

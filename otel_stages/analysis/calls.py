@@ -158,6 +158,12 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
     # the own time before the first called request starts and after the last one ends
     sides: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {k: ([], []) for k in found}
     unsteady: dict[tuple[str, str, str], set[str]] = {k: set() for k in found}
+    # a span's own time is what none of its called requests covers, whichever service's (a
+    # fan-out to two services at once: the one's requests are no own time of the call into the
+    # other's)
+    every: dict[tuple[str, str], list[Request]] = {}
+    for (up, _), called in made.items():
+        every.setdefault(up, []).extend(called)
     for (up, found_key), called in made.items():
         if steady is not None and not all((c.trace_id, c.span_id) in steady for c in called):
             unsteady[found_key].add(up[0])
@@ -167,10 +173,12 @@ def remote_calls(requests: Sequence[Request], spans: Iterable[Span],
         stage = leaves[up]
         covered = covered_ms(stage.start_ns, stage.end_ns,
                              [(c.start_ns, c.start_ns + round(c.total_ms * 1e6)) for c in called])
-        own_ms[found_key].append((stage.end_ns - stage.start_ns) / 1e6 - covered)
+        covered_all = covered_ms(stage.start_ns, stage.end_ns,
+                                 [(c.start_ns, c.start_ns + round(c.total_ms * 1e6)) for c in every[up]])
+        own_ms[found_key].append((stage.end_ns - stage.start_ns) / 1e6 - covered_all)
         callee_ms[found_key].append(covered)
-        first = min(c.start_ns for c in called)
-        last = max(c.start_ns + round(c.total_ms * 1e6) for c in called)
+        first = min(c.start_ns for c in every[up])
+        last = max(c.start_ns + round(c.total_ms * 1e6) for c in every[up])
         sides[found_key][0].append(max(0, min(first, stage.end_ns) - stage.start_ns) / 1e6)
         sides[found_key][1].append(max(0, stage.end_ns - max(last, stage.start_ns)) / 1e6)
     calling = {up for up, _ in made}

@@ -153,10 +153,11 @@ def calls_sql() -> str:
         ON c.trace_key = r.trace_key AND c.callee = r.span_key
     GROUP BY name, svc, caller, tk, call"""
     covered = ("arrayFold((acc, v) -> (acc.1 + greatest(toInt64(0), least(v.2, cs + dur)"
-               " - greatest(v.1, acc.2, cs)), greatest(acc.2, v.2)), iv, (toInt64(0), cs)).1")
-    # the own time before the first called request starts and after the last one ends
-    before = "greatest(toInt64(0), least(iv[1].1, cs + dur) - cs)"
-    after = "greatest(toInt64(0), cs + dur - greatest(arrayMax(arrayMap(v -> v.2, iv)), cs))"
+               " - greatest(v.1, acc.2, cs)), greatest(acc.2, v.2)), {iv}, (toInt64(0), cs)).1")
+    # the own time is what none of the span's called requests covers, whichever service's (a
+    # fan-out to two at once); before the first one starts and after the last one ends
+    before = "greatest(toInt64(0), least(all_iv[1].1, cs + dur) - cs)"
+    after = "greatest(toInt64(0), cs + dur - greatest(arrayMax(arrayMap(v -> v.2, all_iv)), cs))"
     lone = (f"SELECT name, svc, groupArray(dur) AS durs FROM {SPANS_TABLE}"
             f" WHERE (trace_key, sid) NOT IN (SELECT trace_key, sid FROM {FOUND_TABLE}) GROUP BY name, svc")
     # a name the callees' stages share is theirs unless their spans of it are calls themselves
@@ -178,7 +179,7 @@ FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns 
              g.before_q AS before_q, g.after_q AS after_q, g.unsteady_traces AS unsteady_traces,
              toUInt8(g.named AND ifNull(ins.n, 0) > ifNull(cf.n, 0)) AS own
       FROM (SELECT name, svc, caller, count() AS n, max(o) AS named,
-             groupArrayIf(dur - cov, steady) AS owns,
+             groupArrayIf(dur - cov_all, steady) AS owns,
              quantilesExactInclusiveIf(0.05, 0.95)(cov, steady) AS callee_q,
              quantilesExactInclusiveIf(0.05, 0.95)({before}, steady) AS before_q,
              quantilesExactInclusiveIf(0.05, 0.95)({after}, steady) AS after_q,
@@ -187,9 +188,10 @@ FROM (SELECT g.name AS name, g.svc AS svc, g.caller AS caller, g.n AS n, g.owns 
                  AS unsteady_traces,
              arrayReduce('quantilesExactInclusive(0.05, 0.95)', arrayFlatten(groupArrayIf(totals, steady)))
                  AS each_q
-      FROM (SELECT *, {covered} AS cov,
-                   minIf(k, steady) OVER (PARTITION BY name, svc, caller) AS fewest
-            FROM ({per_call}))
+      FROM (SELECT *, {covered.format(iv="iv")} AS cov, {covered.format(iv="all_iv")} AS cov_all
+            FROM (SELECT *, minIf(k, steady) OVER (PARTITION BY name, svc, caller) AS fewest,
+                         arraySort(arrayFlatten(groupArray(iv) OVER (PARTITION BY tk, call))) AS all_iv
+                  FROM ({per_call})))
       GROUP BY name, svc, caller) AS g
       LEFT JOIN ({in_service}) AS ins ON g.name = ins.name AND g.svc = ins.svc
       LEFT JOIN ({calling_from}) AS cf ON g.name = cf.name AND g.svc = cf.caller) AS f
