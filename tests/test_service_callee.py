@@ -284,6 +284,32 @@ def test_a_fan_out_to_two_services_at_once_has_no_own_time_of_the_others_request
     assert v["advice"][0] == advice.left_out_call("POST", "wk-b")
 
 
+@pytest.mark.parametrize("small_ms, differ", [(300.0, True), (56.0, False)])
+def test_a_call_into_services_of_different_speeds_swings_with_which_one_it_calls(
+        engine: Any, tmp_path: Path, small_ms: float, differ: bool) -> None:
+    """Tester M's: a tenth of the gateway's POSTs call wk-small (a steady 300 ms), the rest wk-big
+    (a steady 50 ms): ``--service gateway`` said wk-big's requests held POST's 250 ms swing ("the
+    time they cover swings 1.8 ms ... so the swing is theirs") and advised wk-big's report, which
+    reads steady. Each callee steady and their ranges a material swing apart: the swing is which
+    one a request calls, with the advice to compare like with like and the slower service; with
+    wk-small at 56 ms (no material swing between them) nothing of the kind is said; both
+    reports."""
+    workers = [{"name": "wk-big", "cold_ms": 1500.0, "slow_every": 0},
+               {"name": "wk-small", "cold_ms": 1500.0, "fwd": small_ms, "slow_every": 0}]
+    path = fleet_calls.make(tmp_path / "speeds.jsonl", n=60, gap_ms=2000, workers=workers,
+                            route=lambda i: 1 if i % 10 == 5 else 0)
+    v = _file(path, GATEWAY)["verdict"]
+    said = [e for e in v["evidence"] if "a request calls, not a swing inside one" in e]
+    assert bool(said) is differ
+    if differ:
+        assert said[0].startswith("POST is a call into wk-big's requests (54 of its 60 spans hold one;"
+                                  " wk-small's in 6 more), which --service leaves out of this report:"
+                                  " each service's requests are steady there")
+        assert v["advice"][0] == advice.calls_differ("POST", "wk-small", ["wk-big", "wk-small"])
+        assert not [a for a in v["advice"] if a.startswith("report wk-big alone")]
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
 def _renumber(requests: list[dict[str, Any]]) -> None:
     for i, r in enumerate(requests, start=1):
         for a in r["attributes"]:

@@ -140,6 +140,15 @@ def left_out_call(stage: str, service: str) -> str:
             f" {service}'s stages in place of {stage}")
 
 
+def calls_differ(stage: str, slower: str, services: Sequence[str]) -> str:
+    """The advice on a stage whose swing is which of several services it calls (each steady
+    there), which ``--service`` left out: compare like with like, and the slower service."""
+    each = " and ".join(f"--service {s}" for s in services)
+    return (f"{stage}'s time follows which service it calls, each steady: compare like with like"
+            f" (otel-stages report ... {each}); to narrow the spread, speed up {slower} (its"
+            f" requests take the longest) or route fewer of these calls to it")
+
+
 def cold_in_call(stage: str, services: Sequence[str]) -> str:
     """The advice on a cold request whose extra time lies in a call into the requests of other
     ``services`` (one or more), which ``--service`` left out

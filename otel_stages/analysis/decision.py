@@ -608,6 +608,11 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
         if callee is not None and is_material(callee, None, fig.total, band):  # a second place
             verdict.advice.append(advice_text.left_out_call(call.stage, call.service))
         return
+    mix = _callees_differ(fig, call, band)
+    if mix is not None:  # each callee steady, one slower than another: which one is the swing
+        verdict.evidence.insert(0, held + mix[0])
+        verdict.advice[:] = [mix[1]]
+        return
     if own is not None and callee is not None:
         whose = (f": the time they cover swings {d(callee)}, its own time outside them {d(own)}, so"
                  " the swing is theirs")
@@ -619,6 +624,28 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
     verdict.advice[:] = [advice_text.left_out_call(call.stage, call.service)]
     if own is not None and is_material(own, None, fig.total, band):
         verdict.advice.append(_call_own_advice(fig, call.stage, call))
+
+
+def _callees_differ(fig: Figures, call: Call, band: NoiseBand) -> tuple[str, str] | None:
+    """``(clause, advice)`` where ``call``'s stage calls the requests of several services left out,
+    the time each one's cover swings less than a material swing (:func:`is_material`) but the
+    lowest p5 to the highest p95 across them does: the stage's swing is which service a request
+    calls (a tester's gateway sending a tenth of its calls to a slower model was told its steady
+    main worker held a 250 ms swing). ``None`` otherwise."""
+    mates = [c for c in fig.calls_left_out if c.stage == call.stage]
+    ranges = [(c.callee_p5_ms, c.callee_p95_ms, c) for c in mates
+              if c.callee_p5_ms is not None and c.callee_p95_ms is not None]
+    if len(ranges) < 2 or any(is_material(hi - lo, None, fig.total, band) for lo, hi, _ in ranges):
+        return None
+    low, high = min(lo for lo, _, _ in ranges), max(hi for _, hi, _ in ranges)
+    if not is_material(high - low, None, fig.total, band):
+        return None
+    d = duration
+    each = "; ".join(f"{c.service}'s {d(lo)} .. {d(hi)}" for lo, hi, c in sorted(ranges, key=lambda r: r[0]))
+    slower = max(ranges, key=lambda r: (r[1], r[2].service))[2].service
+    clause = (f": each service's requests are steady there (the time they cover, p5 .. p95: {each}),"
+              f" so {call.stage}'s swing is which of them a request calls, not a swing inside one")
+    return clause, advice_text.calls_differ(call.stage, slower, sorted(c.service for _, _, c in ranges))
 
 
 def _left_out_call(calls: Sequence[Call], stage: str | None) -> Call | None:
