@@ -310,6 +310,22 @@ def test_a_call_into_services_of_different_speeds_swings_with_which_one_it_calls
     assert _sql(engine, path, GATEWAY)["verdict"] == v
 
 
+def test_a_co_suspects_advice_stays_beside_the_left_out_calls(engine: Any, tmp_path: Path) -> None:
+    """Tester M's: the gateway's own decode slower for its first 12 requests while POST swings with
+    the worker's forwards: "decode swings about as much ... so the advice covers both", yet the
+    advice held the call's lines alone. The co-suspect's lines stay (headed ``decode:``), the
+    call's headed ``POST:``; both reports."""
+    workers = [{"name": "vlm-worker", "cold_ms": 1500.0, "warmup": [400.0] * 5, "slow_every": 4}]
+    path = fleet_calls.make(tmp_path / "both.jsonl", n=50, gap_ms=2000, workers=workers,
+                            gw_cold_ms=400.0, gw_warmup=[250.0] * 12)
+    v = _file(path, GATEWAY)["verdict"]
+    assert any(e.startswith("decode swings about as much") and e.endswith("so the advice covers both")
+               for e in v["evidence"])
+    assert v["advice"][0] == "POST: " + advice.left_out_call("POST", WORKER)
+    assert [a for a in v["advice"] if a.startswith("decode: ")]
+    assert _sql(engine, path, GATEWAY)["verdict"] == v
+
+
 def _renumber(requests: list[dict[str, Any]]) -> None:
     for i, r in enumerate(requests, start=1):
         for a in r["attributes"]:

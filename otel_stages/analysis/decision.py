@@ -594,7 +594,8 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
             f" (retries, or one call per item): the time they cover swings {d(callee or 0.0)} with"
             f" how many calls it makes, each called request steady (it swings"
             f" {d(_no_remainder(call.each_swing_ms) or 0.0)})"))
-        verdict.advice[:] = [advice_text.CALL_REPEATED.format(stage=call.stage, service=call.service)]
+        _call_advice(verdict, fig, call.stage,
+                     [advice_text.CALL_REPEATED.format(stage=call.stage, service=call.service)])
         return
     if owns:
         assert call.own_p5_ms is not None and call.own_p95_ms is not None
@@ -604,14 +605,15 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
             f"{held}, but its own time outside them swings {d(own or 0.0)}"
             f" (p5 {d(call.own_p5_ms)} -> p95 {d(call.own_p95_ms)}){theirs}{_side_clause(call)}:"
             f" the wait is {call.caller or 'this service'}'s own"))
-        verdict.advice[:] = [_call_own_advice(fig, call.stage, call)]
+        lines = [_call_own_advice(fig, call.stage, call)]
         if callee is not None and is_material(callee, None, fig.total, band):  # a second place
-            verdict.advice.append(advice_text.left_out_call(call.stage, call.service))
+            lines.append(advice_text.left_out_call(call.stage, call.service))
+        _call_advice(verdict, fig, call.stage, lines)
         return
     mix = _callees_differ(fig, call, band)
     if mix is not None:  # each callee steady, one slower than another: which one is the swing
         verdict.evidence.insert(0, held + mix[0])
-        verdict.advice[:] = [mix[1]]
+        _call_advice(verdict, fig, call.stage, [mix[1]])
         return
     if own is not None and callee is not None:
         whose = (f": the time they cover swings {d(callee)}, its own time outside them {d(own)}, so"
@@ -621,9 +623,20 @@ def _calls_left_out(verdict: Verdict, fig: Figures, band: NoiseBand) -> None:
     else:
         whose = ": its time is theirs and the call's own, which this report cannot part"
     verdict.evidence.insert(0, held + whose)
-    verdict.advice[:] = [advice_text.left_out_call(call.stage, call.service)]
+    lines = [advice_text.left_out_call(call.stage, call.service)]
     if own is not None and is_material(own, None, fig.total, band):
-        verdict.advice.append(_call_own_advice(fig, call.stage, call))
+        lines.append(_call_own_advice(fig, call.stage, call))
+    _call_advice(verdict, fig, call.stage, lines)
+
+
+def _call_advice(verdict: Verdict, fig: Figures, stage: str, lines: list[str]) -> None:
+    """The advice on a call ``--service`` left out (``lines``) in place of the stage's; a
+    co-suspect's lines (headed by its name, :func:`_warm_verdict`) stay, and the call's are then
+    headed by ``stage`` too (a tester's: "decode swings about as much ... so the advice covers
+    both" beside advice on the call alone)."""
+    other = [a for a in verdict.advice
+             if (head := a.split(": ", 1)[0]) != stage and head in fig.stages]
+    verdict.advice[:] = [f"{stage}: {line}" for line in lines] + other if other else lines
 
 
 def _callees_differ(fig: Figures, call: Call, band: NoiseBand) -> tuple[str, str] | None:
