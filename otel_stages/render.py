@@ -218,7 +218,7 @@ def _set_apart_list(report: Report) -> RenderableType:
         elif a.reason == REASON_WARM_UP:
             why = "warm-up after the process's cold request"
         elif a.reason == REASON_BEHIND_COLD:
-            why = "started during the process's cold request and waited for it"
+            why = "started during the process's cold request (waiting for it, or on a process still warming)"
         elif a.idle_s is not None:
             why = f"after {a.idle_s:.0f} s idle"
         else:

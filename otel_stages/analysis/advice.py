@@ -22,9 +22,10 @@ WARM_UP_AGAIN: dict[str, str] = {
     "after_failed_start": ("the first request failed and the next paid the cold start: find why"
                            " the first failed (its error above) and warm the model up before"
                            " serving"),
-    "behind_cold_start": ("requests that arrived during the cold start waited for it: keep the"
-                          " replica out of the load balancer until its warm-up is done (a"
-                          " readiness probe that passes only after it)"),
+    "behind_cold_start": ("requests that arrived during the cold start waited for it or ran on a"
+                          " process still warming: keep the replica out of the load balancer"
+                          " until its warm-up is done (a readiness probe that passes only after"
+                          " it)"),
     # (the rules word it with the warm-up's length: :func:`warm_up_with`)
     "warm_up": ("the requests right after the cold one were slow too: warm the model up with"
                 " several requests at startup (each input shape and code path), not one"),

@@ -305,8 +305,9 @@ def set_apart_lines(apart: Sequence[ApartFigures], warmup: WarmupFigures | None 
             why = ("right after the process's first request failed: the cold start may have moved"
                    " to it")
         elif a.reason == REASON_BEHIND_COLD:
-            why = ("it started while the process's cold request still ran and waited for it (a"
-                   " start-up burst), so it pays the cold start, not a warm-up of its own")
+            why = ("it started while the process's cold request still ran (a start-up burst:"
+                   " waiting for it, or served by a process still warming), so it pays the cold"
+                   " start, not a warm-up of its own")
         else:
             why = "the first request with its input in this process"
         out.append(f"{who} took {duration(a.total_ms)}, {a.ratio:.1f}x the median of comparable"
