@@ -13,18 +13,10 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tests.odd_inputs import _attr as attr
+
 BASE_NS = 1_790_000_000_000_000_000
 MS = 10**6
-
-
-def attr(k: str, v: object) -> dict[str, Any]:
-    if isinstance(v, bool):
-        return {"key": k, "value": {"boolValue": v}}
-    if isinstance(v, int):
-        return {"key": k, "value": {"intValue": str(v)}}
-    if isinstance(v, float):
-        return {"key": k, "value": {"doubleValue": v}}
-    return {"key": k, "value": {"stringValue": str(v)}}
 
 
 def resource(service: str, instance: str) -> dict[str, Any]:
