@@ -16,6 +16,12 @@ from typing import Any
 from tests.odd_inputs import _attr as attr
 
 BASE_NS = 1_790_000_000_000_000_000
+#: The gateway's own stages before its POST: (name, ms, attributes).
+GATEWAY_STAGES: tuple[tuple[str, float, dict[str, Any]], ...] = (
+    ("download", 8.0, {}),
+    ("decode", 12.0, {"image.width": 1024, "image.height": 768, "image.size": 150_000,
+                      "image.format": "JPEG"}),
+    ("resize", 3.0, {}))
 MS = 10**6
 
 
@@ -47,10 +53,7 @@ def make(path: Any, n: int = 40, workers: list[dict[str, Any]] | None = None,
         rid = nid()
         stages = []
         c = t + MS // 20
-        for name, ms, attrs in (("download", 8.0, {}),
-                                ("decode", 12.0, {"image.width": 1024, "image.height": 768,
-                                                  "image.size": 150_000, "image.format": "JPEG"}),
-                                ("resize", 3.0, {})):
+        for name, ms, attrs in GATEWAY_STAGES:
             ms += r.uniform(-0.2, 0.2)
             if name == "decode":
                 ms += gw_cold_ms if i == 0 else 0.0

@@ -27,6 +27,7 @@ from otel_stages.analysis.diagnosis import diagnose
 from otel_stages.analysis.requests import group_spans
 from otel_stages.analysis.services import no_request_line, pick_service
 from otel_stages.cli import main
+from tests.fleet_calls import GATEWAY_STAGES
 from tests.odd_inputs import _attr
 from tests.test_clickhouse_issues import _dbs, engine
 
@@ -93,10 +94,7 @@ def gateway_calls_worker(path: Path, *, hops: int = 1, calls: int = N, worker_on
         rid = next(ids)
         stages = []
         c = t + MS // 20
-        for name, ms, attrs in (("download", 8.0, {}),
-                                ("decode", 12.0, {"image.width": 1024, "image.height": 768,
-                                                  "image.size": 150_000, "image.format": "JPEG"}),
-                                ("resize", 3.0, {})):
+        for name, ms, attrs in GATEWAY_STAGES:
             ms += r.uniform(-0.2, 0.2) + (own_cold_ms if i == 0 and name == "decode" else 0.0)
             ms += own_warmup[i - 1] if name == "decode" and 0 < i <= len(own_warmup) else 0.0
             stages.append(_span(trace, next(ids), rid, name, c, c + int(ms * MS), attrs))
